@@ -1,0 +1,281 @@
+// The `mtc` command line: subcommands, options, and the compile flow
+// (spec -> IR -> pipeline -> output). tools/mtc.cpp only calls runMtc.
+#include "compiler/Driver.h"
+
+#include "compiler/ImportSpec.h"
+#include "compiler/ModelSummary.h"
+#include "dialects/mt/MtOps.h"
+#include "passes/Passes.h"
+#include "runtime/atomic_file.h"
+#include "spec/MegatronImport.h"
+#include "spec/Spec.h"
+#include "spec/SpecKeys.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <string>
+#include <vector>
+
+using namespace mlir;
+
+namespace mt {
+namespace {
+
+const char *kVersion = "0.1.0";
+
+void printMainHelp(llvm::raw_ostream &os) {
+  os << R"(mtc - the mt compiler for training GPT-style language models
+
+usage: mtc <command> [options]
+
+commands:
+  compile SPEC.toml       validate a spec, build its IR, run the pipeline, and
+                          print the model summary (see 'mtc compile --help')
+  import-megatron ARGS    turn a Megatron-LM pretrain_gpt.py command line into a
+                          spec (see 'mtc import-megatron --help')
+  spec-keys               print the reference of every spec key (docs/spec.md)
+  help                    this text
+
+options:
+  --help, -h              this text
+  --version               print the version
+)";
+}
+
+void printCompileHelp(llvm::raw_ostream &os) {
+  os << R"(usage: mtc compile SPEC.toml [options]
+
+Validates SPEC.toml, imports it into the mt dialect, runs the pass pipeline
+(mt-train-pipeline) and prints the model summary.
+
+options:
+  -o FILE, --output FILE   write what --emit selects to FILE (atomically)
+                           instead of standard output
+  --set SECTION.KEY=VALUE  override a spec key; VALUE in TOML syntax
+                           (repeatable; later ones win), e.g.
+                           --set parallel.tensor_model_parallel_size=2
+                           --set training.precision=bf16
+  --emit=summary|mlir      what to produce: the model summary (default), or
+                           the IR after the pipeline
+  --report=text|json       format of the summary (default text)
+  --mlir-print-ir-after-all
+                           print the IR after every pass (to standard error)
+  --mlir-print-ir-after=PASS
+                           print the IR after the named pass (e.g. cse)
+  --mlir-print-ir-before=PASS, --mlir-print-ir-after-failure,
+  --mlir-print-debuginfo, --mlir-timing and other --mlir-* options of MLIR
+                           are accepted as well
+  --help, -h               this text
+
+On any error, mtc prints one line saying where and what to change, exits
+with status 1 and writes no output file.
+)";
+}
+
+// Applies the --mlir-* options through LLVM's option parser, which owns them.
+bool parseMlirOptions(const std::vector<std::string> &mlirArgs) {
+  static bool registered = false;
+  if (!registered) {
+    registerAsmPrinterCLOptions();
+    registerMLIRContextCLOptions();
+    registerPassManagerCLOptions();
+    registerMtPasses();
+    registered = true;
+  }
+  std::vector<const char *> argv = {"mtc"};
+  for (const auto &a : mlirArgs)
+    argv.push_back(a.c_str());
+  std::string err;
+  llvm::raw_string_ostream errs(err);
+  bool ok = llvm::cl::ParseCommandLineOptions(static_cast<int>(argv.size()),
+                                              argv.data(), "mtc", &errs);
+  if (!ok) {
+    // LLVM's message is multi-line; keep its first line.
+    std::string first = err.substr(0, err.find('\n'));
+    llvm::errs() << "mtc compile: error: " << first
+                 << "; see 'mtc compile --help'\n";
+  }
+  return ok;
+}
+
+struct CompileOptions {
+  std::string specPath;
+  std::string output;
+  std::vector<spec::Override> overrides;
+  std::string emit = "summary";
+  std::string report = "text";
+  std::vector<std::string> mlirArgs;
+};
+
+int usageError(const std::string &msg) {
+  llvm::errs() << "mtc compile: error: " << msg << "; see 'mtc compile --help'\n";
+  return 1;
+}
+
+// Reads `--name VALUE` or `--name=VALUE`; advances i past the value.
+bool takeValue(const std::vector<std::string> &args, size_t &i,
+               const std::string &name, std::string &value, bool &missing) {
+  const std::string &a = args[i];
+  missing = false;
+  if (a == name) {
+    if (i + 1 >= args.size()) {
+      missing = true;
+      return true;
+    }
+    value = args[++i];
+    return true;
+  }
+  if (a.rfind(name + "=", 0) == 0) {
+    value = a.substr(name.size() + 1);
+    return true;
+  }
+  return false;
+}
+
+int runCompile(const std::vector<std::string> &args) {
+  CompileOptions opts;
+  static const std::vector<std::string> known = {
+      "--output", "--set", "--emit", "--report", "--help",
+      "--mlir-print-ir-after-all", "--mlir-print-ir-after"};
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string &a = args[i];
+    std::string value;
+    bool missing = false;
+    if (a == "--help" || a == "-h") {
+      printCompileHelp(llvm::outs());
+      return 0;
+    }
+    if (a.rfind("--mlir-", 0) == 0) {
+      opts.mlirArgs.push_back(a);
+      continue;
+    }
+    if (a == "-o" || takeValue(args, i, "--output", value, missing)) {
+      if (a == "-o") {
+        if (i + 1 >= args.size())
+          return usageError("-o needs a file name");
+        value = args[++i];
+      }
+      if (missing || value.empty())
+        return usageError("--output needs a file name");
+      opts.output = value;
+    } else if (takeValue(args, i, "--set", value, missing)) {
+      if (missing)
+        return usageError("--set needs SECTION.KEY=VALUE");
+      opts.overrides.push_back({value});
+    } else if (takeValue(args, i, "--emit", value, missing)) {
+      if (value != "summary" && value != "mlir")
+        return usageError("--emit must be 'summary' or 'mlir', got '" + value + "'");
+      opts.emit = value;
+    } else if (takeValue(args, i, "--report", value, missing)) {
+      if (value != "text" && value != "json")
+        return usageError("--report must be 'text' or 'json', got '" + value + "'");
+      opts.report = value;
+    } else if (!a.empty() && a[0] == '-') {
+      std::string name = a.substr(0, a.find('='));
+      std::string hint = spec::didYouMean(name, known);
+      return usageError("unknown option '" + a + "'" +
+                        (hint.empty() ? "" : "; did you mean '" + hint + "'?"));
+    } else if (opts.specPath.empty()) {
+      opts.specPath = a;
+    } else {
+      return usageError("more than one spec given ('" + opts.specPath + "' and '" +
+                        a + "'); compile one spec at a time");
+    }
+  }
+  if (opts.specPath.empty())
+    return usageError("no spec given: mtc compile SPEC.toml");
+  if (!parseMlirOptions(opts.mlirArgs))
+    return 1;
+
+  absl::StatusOr<spec::Spec> parsed = spec::parseSpecFile(opts.specPath, opts.overrides);
+  if (!parsed.ok()) {
+    llvm::errs() << std::string(parsed.status().message()) << "\n";
+    return 1;
+  }
+  const spec::Spec &spec = *parsed;
+
+  MLIRContext context;
+  context.loadDialect<MtDialect, func::FuncDialect>();
+  OwningOpRef<ModuleOp> module = importSpec(context, spec);
+  if (failed(verify(*module))) {
+    llvm::errs() << "mtc: internal error: the imported IR of '" << opts.specPath
+                 << "' does not verify; please report this with the spec\n";
+    return 1;
+  }
+
+  PassManager pm(&context);
+  if (failed(applyPassManagerCLOptions(pm)))
+    return usageError("invalid pass manager options");
+  buildTrainPipeline(pm);
+  if (failed(pm.run(*module))) {
+    llvm::errs() << "mtc: error: the pass pipeline failed on '" << opts.specPath
+                 << "' (diagnostics above); rerun with "
+                    "--mlir-print-ir-after-failure to see the IR\n";
+    return 1;
+  }
+
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  if (opts.emit == "mlir") {
+    module->print(os);
+  } else {
+    ModelSummary summary = summarizeModel(*module, spec);
+    if (opts.report == "json")
+      printSummaryJson(os, summary, spec);
+    else
+      printSummaryText(os, summary, spec);
+  }
+  os.flush();
+  if (opts.output.empty()) {
+    llvm::outs() << text;
+    return 0;
+  }
+  std::string err = rt::write_file_atomically(opts.output, text);
+  if (!err.empty()) {
+    llvm::errs() << "mtc: error: " << err << "; check the directory exists and is writable\n";
+    return 1;
+  }
+  return 0;
+}
+
+} // namespace
+
+int runMtc(int argc, char **argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    printMainHelp(llvm::errs());
+    return 1;
+  }
+  std::string cmd = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    printMainHelp(llvm::outs());
+    return 0;
+  }
+  if (cmd == "--version") {
+    llvm::outs() << "mtc " << kVersion << "\n";
+    return 0;
+  }
+  if (cmd == "compile")
+    return runCompile(rest);
+  if (cmd == "import-megatron")
+    return spec::runImportMegatronCommand(rest);
+  if (cmd == "spec-keys") {
+    llvm::outs() << spec::renderKeyReferenceMarkdown();
+    return 0;
+  }
+  std::string hint =
+      spec::didYouMean(cmd, {"compile", "import-megatron", "spec-keys", "help"});
+  llvm::errs() << "mtc: error: unknown command '" << cmd << "'"
+               << (hint.empty() ? "" : "; did you mean '" + hint + "'?")
+               << "; run 'mtc --help' for the list\n";
+  return 1;
+}
+
+} // namespace mt

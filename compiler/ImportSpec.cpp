@@ -1,0 +1,184 @@
+// Spec -> mt IR. Mirrors Megatron-LM's GPT: pre-norm blocks, fused QKV laid out
+// by query group, parameter names and initialisation as Megatron chooses them.
+#include "compiler/ImportSpec.h"
+
+#include "dialects/mt/MtOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+
+#include <cmath>
+#include <string>
+
+using namespace mlir;
+
+namespace mt {
+namespace {
+
+class GraphBuilder {
+public:
+  GraphBuilder(MLIRContext &ctx, const spec::Spec &spec)
+      : spec(spec), m(spec.model), b(&ctx),
+        loc(FileLineColLoc::get(&ctx, spec.source, 1, 1)) {
+    switch (spec.training.precision) {
+    case spec::Precision::FP32: dtype = b.getF32Type(); break;
+    case spec::Precision::FP16: dtype = b.getF16Type(); break;
+    case spec::Precision::BF16: dtype = b.getBF16Type(); break;
+    }
+    batch = spec.training.micro_batch_size;
+    seq = m.seq_length;
+    hidden = m.hidden_size;
+    headDim = m.kv_channels;
+  }
+
+  OwningOpRef<ModuleOp> build() {
+    OwningOpRef<ModuleOp> module = ModuleOp::create(loc, StringRef("gpt"));
+    Type idsType = RankedTensorType::get({batch, seq}, b.getI32Type());
+    Type lossType = RankedTensorType::get({}, b.getF32Type());
+    b.setInsertionPointToEnd(module->getBody());
+    func = b.create<func::FuncOp>(
+        loc, "forward", b.getFunctionType({idsType, idsType}, {lossType}));
+    func.setArgAttr(0, "mt.name", b.getStringAttr("tokens"));
+    func.setArgAttr(1, "mt.name", b.getStringAttr("labels"));
+    Block *entry = func.addEntryBlock();
+    Value tokens = entry->getArgument(0), labels = entry->getArgument(1);
+    b.setInsertionPointToEnd(entry);
+
+    // Embedding (+ learned positions), then embedding dropout.
+    int64_t vocab = spec.paddedVocabSize();
+    Value wordTable =
+        param("embedding.word_embeddings.weight", {vocab, hidden}, normal());
+    Value x = b.create<EmbeddingOp>(loc, act({batch, seq, hidden}), wordTable, tokens);
+    if (m.position_embedding_type == spec::PositionEmbedding::LearnedAbsolute) {
+      Value posTable = param("embedding.position_embeddings.weight",
+                             {m.max_position_embeddings, hidden}, normal());
+      Value pos = b.create<PositionIdsOp>(loc, idsType);
+      Value pe = b.create<EmbeddingOp>(loc, act({batch, seq, hidden}), posTable, pos);
+      x = b.create<AddOp>(loc, x, pe);
+    }
+    x = dropout(x, m.hidden_dropout);
+
+    for (int64_t i = 0; i < m.num_layers; ++i)
+      x = layer("decoder.layers." + std::to_string(i) + ".", x);
+
+    x = norm("decoder.final_layernorm.", x);
+    Value outWeight =
+        m.untie_embeddings_and_output_weights
+            ? param("output_layer.weight", {vocab, hidden}, normal())
+            : ref("embedding.word_embeddings.weight", {vocab, hidden});
+    Value logits = b.create<MatmulOp>(loc, act({batch, seq, vocab}), x, outWeight);
+    Value loss = b.create<CrossEntropyOp>(loc, lossType, logits, labels);
+    b.create<func::ReturnOp>(loc, loss);
+    return module;
+  }
+
+private:
+  struct Init {
+    InitKind kind;
+    double std;
+  };
+  Init normal() const { return {InitKind::Normal, m.init_method_std}; }
+  // Megatron scales the init of each block's output projections (attention
+  // projection, FC2) by 1/sqrt(2 * num_layers).
+  Init scaledNormal() const {
+    return {InitKind::Normal,
+            m.init_method_std / std::sqrt(2.0 * static_cast<double>(m.num_layers))};
+  }
+  static Init zeros() { return {InitKind::Zeros, 0}; }
+  static Init ones() { return {InitKind::Ones, 0}; }
+
+  RankedTensorType act(ArrayRef<int64_t> shape) {
+    return RankedTensorType::get(shape, dtype);
+  }
+
+  Value ref(const std::string &name, ArrayRef<int64_t> shape) {
+    return b.create<ParamRefOp>(loc, act(shape), name);
+  }
+
+  // Declares the parameter before the function and reads it where we are.
+  Value param(const std::string &name, ArrayRef<int64_t> shape, Init init) {
+    OpBuilder decl(func);
+    FloatAttr stdAttr =
+        init.kind == InitKind::Normal ? decl.getF64FloatAttr(init.std) : FloatAttr();
+    decl.create<ParamOp>(loc, name, act(shape), init.kind, stdAttr);
+    return ref(name, shape);
+  }
+
+  Value norm(const std::string &prefix, Value x) {
+    Value w = param(prefix + "weight", {hidden}, ones());
+    FloatAttr eps = b.getF64FloatAttr(m.norm_epsilon);
+    if (m.normalization == spec::Normalization::RMSNorm)
+      return b.create<RMSNormOp>(loc, x.getType(), x, w, eps);
+    Value bias = param(prefix + "bias", {hidden}, zeros());
+    return b.create<LayerNormOp>(loc, x.getType(), x, w, bias, eps);
+  }
+
+  Value linear(const std::string &prefix, Value x, int64_t out, Init init) {
+    auto in = cast<RankedTensorType>(x.getType());
+    Value w = param(prefix + "weight", {out, in.getShape().back()}, init);
+    SmallVector<int64_t> shape(in.getShape().drop_back());
+    shape.push_back(out);
+    Value y = b.create<MatmulOp>(loc, act(shape), x, w);
+    if (m.add_bias_linear)
+      y = b.create<BiasAddOp>(loc, y.getType(), y, param(prefix + "bias", {out}, zeros()));
+    return y;
+  }
+
+  Value dropout(Value x, double rate) {
+    if (rate == 0.0)
+      return x;
+    return b.create<DropoutOp>(loc, x, b.getF64FloatAttr(rate),
+                               b.getI64IntegerAttr(nextStream++));
+  }
+
+  Value layer(const std::string &p, Value x) {
+    int64_t heads = m.num_attention_heads, groups = m.num_query_groups;
+    // Attention block.
+    Value h = norm(p + "input_layernorm.", x);
+    Value qkv = linear(p + "self_attention.linear_qkv.", h,
+                       (heads + 2 * groups) * headDim, normal());
+    auto split = b.create<SplitQKVOp>(
+        loc, act({batch, seq, heads, headDim}), act({batch, seq, groups, headDim}),
+        act({batch, seq, groups, headDim}), qkv);
+    Value q = split.getQuery(), k = split.getKey(), v = split.getValue();
+    if (m.position_embedding_type == spec::PositionEmbedding::Rope) {
+      FloatAttr base = b.getF64FloatAttr(static_cast<double>(m.rotary_base));
+      q = b.create<RopeOp>(loc, q, base);
+      k = b.create<RopeOp>(loc, k, base);
+    }
+    Value o = b.create<AttentionOp>(
+        loc, q.getType(), q, k, v, b.getUnitAttr(),
+        b.getF64FloatAttr(1.0 / std::sqrt(static_cast<double>(headDim))),
+        b.getF64FloatAttr(m.attention_dropout), b.getI64IntegerAttr(nextStream++));
+    o = b.create<ReshapeOp>(loc, act({batch, seq, heads * headDim}), o);
+    Value proj = linear(p + "self_attention.linear_proj.", o, hidden, scaledNormal());
+    x = b.create<AddOp>(loc, x, dropout(proj, m.hidden_dropout));
+
+    // MLP block.
+    h = norm(p + "pre_mlp_layernorm.", x);
+    int64_t ffn = m.ffn_hidden_size;
+    Value fc1 = linear(p + "mlp.linear_fc1.", h, m.swiglu ? 2 * ffn : ffn, normal());
+    Value a = m.swiglu ? Value(b.create<SwiGLUOp>(loc, act({batch, seq, ffn}), fc1))
+                       : Value(b.create<GeluOp>(loc, fc1, GeluApproximation::Tanh));
+    Value fc2 = linear(p + "mlp.linear_fc2.", a, hidden, scaledNormal());
+    return b.create<AddOp>(loc, x, dropout(fc2, m.hidden_dropout));
+  }
+
+  const spec::Spec &spec;
+  const spec::ModelConfig &m;
+  OpBuilder b;
+  Location loc;
+  func::FuncOp func;
+  Type dtype;
+  int64_t batch, seq, hidden, headDim;
+  int64_t nextStream = 0;
+};
+
+} // namespace
+
+OwningOpRef<ModuleOp> importSpec(MLIRContext &context, const spec::Spec &spec) {
+  context.loadDialect<MtDialect, func::FuncDialect>();
+  return GraphBuilder(context, spec).build();
+}
+
+} // namespace mt

@@ -1,0 +1,220 @@
+// Model summary from the IR (see ModelSummary.h).
+#include "compiler/ModelSummary.h"
+
+#include "dialects/mt/MtOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
+
+using namespace mlir;
+
+namespace mt {
+namespace {
+
+// Component of a parameter, from its Megatron-LM name.
+const char *componentOf(StringRef name) {
+  if (name.starts_with("embedding.word_embeddings"))
+    return "word embeddings";
+  if (name.starts_with("embedding.position_embeddings"))
+    return "position embeddings";
+  if (name.contains(".self_attention."))
+    return "attention";
+  if (name.contains(".mlp."))
+    return "mlp";
+  if (name.starts_with("decoder.layers."))
+    return "layer norms";
+  if (name.starts_with("decoder.final_layernorm"))
+    return "final norm";
+  if (name.starts_with("output_layer"))
+    return "output layer";
+  return "other";
+}
+
+std::string withCommas(int64_t v) {
+  std::string digits = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0)
+      out += ',';
+    out += digits[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+std::string typeName(Type t) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << t;
+  return s;
+}
+
+std::string dims(const std::vector<int64_t> &d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+// The parameter read by `v`, if `v` is an mt.param_ref.
+StringRef paramName(Value v) {
+  if (auto ref = v.getDefiningOp<ParamRefOp>())
+    return ref.getName();
+  return "";
+}
+
+} // namespace
+
+ModelSummary summarizeModel(ModuleOp module, const spec::Spec &spec) {
+  ModelSummary s;
+  static const char *order[] = {"word embeddings", "position embeddings",
+                                "attention",       "mlp",
+                                "layer norms",     "final norm",
+                                "output layer",    "other"};
+  for (const char *c : order)
+    s.components.push_back({c, 0});
+  for (auto param : module.getOps<ParamOp>()) {
+    const char *c = componentOf(param.getSymName());
+    for (auto &comp : s.components)
+      if (comp.name == c)
+        comp.params += param.getNumElements();
+    s.totalParams += param.getNumElements();
+    ++s.numParamTensors;
+  }
+  s.analyticParams =
+      spec::countParameters(spec.model, spec.paddedVocabSize()).total(spec.model.num_layers);
+
+  auto addShape = [&](const char *name, Value v) {
+    auto t = cast<RankedTensorType>(v.getType());
+    s.shapes.push_back({name, std::vector<int64_t>(t.getShape().begin(), t.getShape().end()),
+                        typeName(t.getElementType())});
+  };
+  auto func = module.lookupSymbol<func::FuncOp>("forward");
+  if (!func)
+    return s;
+  s.numOps = 0;
+  func.walk([&](Operation *) { ++s.numOps; });
+  --s.numOps; // the function itself
+  addShape("tokens", func.getArgument(0));
+  bool haveHidden = false, haveQKV = false, haveFFN = false;
+  func.walk([&](Operation *op) {
+    if (auto e = dyn_cast<EmbeddingOp>(op); e && !haveHidden) {
+      addShape("hidden", e.getResult());
+      haveHidden = true;
+    } else if (auto q = dyn_cast<SplitQKVOp>(op); q && !haveQKV) {
+      addShape("qkv", q.getInput());
+      addShape("query", q.getQuery());
+      addShape("key/value", q.getKey());
+      haveQKV = true;
+    } else if (auto mm = dyn_cast<MatmulOp>(op)) {
+      StringRef w = paramName(mm.getWeight());
+      if (!haveFFN && w.contains("linear_fc1")) {
+        addShape("mlp intermediate", mm.getResult());
+        haveFFN = true;
+      }
+    } else if (auto ce = dyn_cast<CrossEntropyOp>(op)) {
+      addShape("logits", ce.getLogits());
+    }
+  });
+  return s;
+}
+
+void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
+                      const spec::Spec &spec) {
+  const auto &m = spec.model;
+  const auto &p = spec.parallel;
+  const auto &t = spec.training;
+  bool rope = m.position_embedding_type == spec::PositionEmbedding::Rope;
+  os << "mtc: " << spec.source << "\n\n";
+  os << "model\n";
+  os << llvm::formatv("  layers {0}, hidden {1}, FFN {2} ({3}), heads {4}, "
+                      "query groups {5}, head dim {6}\n",
+                      m.num_layers, m.hidden_size, m.ffn_hidden_size,
+                      m.swiglu ? "SwiGLU" : "GeLU", m.num_attention_heads,
+                      m.num_query_groups, m.kv_channels);
+  os << "  positions " << (rope ? "rope (base " + std::to_string(m.rotary_base) + ")"
+                                : "learned_absolute (" +
+                                      std::to_string(m.max_position_embeddings) + ")")
+     << ", " << spec::toString(m.normalization) << " (eps "
+     << llvm::formatv("{0}", m.norm_epsilon) << "), "
+     << (m.untie_embeddings_and_output_weights ? "untied" : "tied")
+     << " embeddings, " << (m.add_bias_linear ? "with" : "no") << " linear biases\n";
+  os << llvm::formatv("  dropout hidden {0}, attention {1}; init std {2}\n",
+                      m.hidden_dropout, m.attention_dropout, m.init_method_std);
+  int64_t padded = spec.paddedVocabSize();
+  os << "  vocabulary " << m.vocab_size;
+  if (padded != m.vocab_size)
+    os << " padded to " << padded << " (multiple of "
+       << m.make_vocab_size_divisible_by << " x tp " << p.tensor_model_parallel_size
+       << ")";
+  os << "\n\n";
+
+  os << "run\n";
+  os << llvm::formatv("  sequence {0}, micro-batch {1}, global batch {2} "
+                      "({3} micro-batches x dp {4}), {5} iterations\n",
+                      m.seq_length, t.micro_batch_size, t.global_batch_size,
+                      spec.numMicroBatches(), p.data_parallel_size, t.train_iters);
+  os << llvm::formatv("  tp {0} x pp {1} x dp {2} = {3} GPUs ({4} node(s) x {5}, {6})",
+                      p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
+                      p.data_parallel_size, spec.worldSize(), spec.cluster.nodes,
+                      spec.cluster.gpus_per_node, spec.cluster.device);
+  if (p.virtual_pipeline_model_parallel_size > 1)
+    os << ", interleaved x" << p.virtual_pipeline_model_parallel_size;
+  if (p.sequence_parallel)
+    os << ", sequence parallel";
+  if (p.use_distributed_optimizer)
+    os << ", distributed optimizer";
+  os << "\n  precision " << spec::toString(t.precision) << ", recompute "
+     << spec::toString(p.recompute_granularity) << "\n\n";
+
+  os << llvm::formatv("{0,-24}{1,16}{2,9}\n", "parameters", "count", "share");
+  for (const auto &c : s.components) {
+    if (c.params == 0 && c.name != "output layer")
+      continue;
+    std::string label = c.name;
+    if (c.name == "attention" || c.name == "mlp" || c.name == "layer norms")
+      label += " (x" + std::to_string(m.num_layers) + ")";
+    if (c.name == "output layer" && c.params == 0)
+      label += " (tied)";
+    double share = s.totalParams ? 100.0 * c.params / s.totalParams : 0.0;
+    os << llvm::formatv("  {0,-22}{1,16}{2,8:F1}%\n", label, withCommas(c.params), share);
+  }
+  os << llvm::formatv("  {0,-22}{1,16}\n", "total", withCommas(s.totalParams));
+  os << llvm::formatv("  {0,-22}{1,16}  {2}\n", "analytic formula",
+                      withCommas(s.analyticParams),
+                      s.analyticParams == s.totalParams ? "(matches the IR)"
+                                                        : "(DIFFERS from the IR)");
+  os << "\n";
+
+  os << "activations (per micro-batch)\n";
+  for (const auto &sh : s.shapes)
+    os << llvm::formatv("  {0,-18}{1} {2}\n", sh.name, dims(sh.dims), sh.dtype);
+  os << "\nIR: " << s.numParamTensors << " parameter tensors, " << s.numOps
+     << " operations in @forward\n";
+}
+
+void printSummaryJson(llvm::raw_ostream &os, const ModelSummary &s,
+                      const spec::Spec &spec) {
+  llvm::json::Object components;
+  for (const auto &c : s.components)
+    components[c.name] = c.params;
+  llvm::json::Array shapes;
+  for (const auto &sh : s.shapes)
+    shapes.push_back(llvm::json::Object{
+        {"name", sh.name}, {"shape", llvm::json::Array(sh.dims)}, {"dtype", sh.dtype}});
+  llvm::json::Object root{
+      {"spec", spec.source},
+      {"parameters", llvm::json::Object{{"total", s.totalParams},
+                                        {"analytic", s.analyticParams},
+                                        {"tensors", s.numParamTensors},
+                                        {"components", std::move(components)}}},
+      {"vocab_size", spec.model.vocab_size},
+      {"padded_vocab_size", spec.paddedVocabSize()},
+      {"world_size", spec.worldSize()},
+      {"micro_batches", spec.numMicroBatches()},
+      {"activations", std::move(shapes)},
+      {"forward_ops", s.numOps},
+  };
+  os << llvm::formatv("{0:2}", llvm::json::Value(std::move(root))) << "\n";
+}
+
+} // namespace mt

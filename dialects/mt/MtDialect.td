@@ -1,0 +1,55 @@
+// The mt dialect: declaration, enums and shared type constraints.
+#ifndef MT_DIALECT_TD
+#define MT_DIALECT_TD
+
+include "mlir/IR/OpBase.td"
+include "mlir/IR/EnumAttr.td"
+
+def Mt_Dialect : Dialect {
+  let name = "mt";
+  let cppNamespace = "::mt";
+  let summary = "A dialect for training GPT-style language models";
+  let description = [{
+    The `mt` dialect describes one training step of a transformer language
+    model at several levels. At the model-graph level, parameters are
+    module-level `mt.param` symbols that carry their shape, element type and
+    initialisation, and the forward graph is a `func.func` whose operations
+    (`mt.embedding`, `mt.layer_norm`, `mt.matmul`, `mt.attention`, ...) work on
+    statically shaped tensors: batch, sequence and every parallel degree are
+    known at compile time, so later passes can plan memory exactly.
+
+    Layers are unrolled: each layer's operations appear once per layer and
+    refer to that layer's parameters by symbol name, using Megatron-LM's
+    parameter names (`decoder.layers.3.self_attention.linear_qkv.weight`) so
+    that users and checkpoints speak the same language.
+  }];
+  let dependentDialects = ["::mlir::func::FuncDialect"];
+}
+
+def Mt_InitKind : I32EnumAttr<"InitKind", "how a parameter is initialised", [
+    I32EnumAttrCase<"Zeros", 0, "zeros">,
+    I32EnumAttrCase<"Ones", 1, "ones">,
+    I32EnumAttrCase<"Normal", 2, "normal">,
+  ]> {
+  let cppNamespace = "::mt";
+}
+
+def Mt_GeluApproximation : I32EnumAttr<"GeluApproximation",
+    "which GeLU formula is used", [
+    I32EnumAttrCase<"Tanh", 0, "tanh">,
+    I32EnumAttrCase<"Erf", 1, "erf">,
+  ]> {
+  let cppNamespace = "::mt";
+}
+
+// Floating-point tensors with a static shape: every activation and parameter.
+def Mt_FloatTensor : StaticShapeTensorOf<[F32, F16, BF16]>;
+// Token ids, labels and positions.
+def Mt_IndexTensor : StaticShapeTensorOf<[I32, I64]>;
+// The scalar loss.
+def Mt_ScalarF32 : 0DTensorOf<[F32]>;
+
+class Mt_Op<string mnemonic, list<Trait> traits = []>
+    : Op<Mt_Dialect, mnemonic, traits>;
+
+#endif // MT_DIALECT_TD

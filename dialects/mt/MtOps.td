@@ -1,0 +1,331 @@
+// Operations of the mt dialect's model-graph level (DESIGN.md, IR level 1).
+#ifndef MT_OPS_TD
+#define MT_OPS_TD
+
+include "dialects/mt/MtDialect.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+
+//===----------------------------------------------------------------------===//
+// Parameters
+//===----------------------------------------------------------------------===//
+
+def Mt_ParamOp : Mt_Op<"param", [Symbol, HasParent<"::mlir::ModuleOp">]> {
+  let summary = "a trainable parameter";
+  let description = [{
+    Declares one trainable tensor of the model: its name (a symbol, spelled as
+    Megatron-LM names the parameter), its full logical shape and element type,
+    and how it is initialised. `normal` draws from N(0, std^2); `zeros` and
+    `ones` are constant and take no std. Later levels add sharding.
+
+    ```mlir
+    mt.param @"decoder.layers.0.mlp.linear_fc1.weight" : tensor<3072x768xf32>, normal(2.000000e-02)
+    mt.param @"decoder.final_layernorm.weight" : tensor<768xf32>, ones
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       TypeAttrOf<Mt_FloatTensor>:$type,
+                       Mt_InitKind:$init,
+                       OptionalAttr<F64Attr>:$std);
+  let assemblyFormat = "$sym_name `:` $type `,` $init (`(` $std^ `)`)? attr-dict";
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    ::mlir::RankedTensorType getTensorType() {
+      return ::llvm::cast<::mlir::RankedTensorType>(getType());
+    }
+    int64_t getNumElements() { return getTensorType().getNumElements(); }
+  }];
+}
+
+def Mt_ParamRefOp : Mt_Op<"param_ref", [Pure,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "reads a parameter into the graph";
+  let description = [{
+    Produces the value of the `mt.param` named by `name`. The result type must
+    equal the parameter's declared type.
+
+    ```mlir
+    %w = mt.param_ref @"output_layer.weight" : tensor<50304x768xf32>
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$name);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$name attr-dict `:` type($result)";
+}
+
+//===----------------------------------------------------------------------===//
+// Embeddings and positions
+//===----------------------------------------------------------------------===//
+
+def Mt_PositionIdsOp : Mt_Op<"position_ids", [Pure]> {
+  let summary = "position of each token in its sequence";
+  let description = [{
+    A `[batch, seq]` tensor whose row `b` is `0, 1, ..., seq - 1`: the
+    indices into a learned position embedding.
+
+    ```mlir
+    %pos = mt.position_ids : tensor<4x1024xi32>
+    ```
+  }];
+  let results = (outs Mt_IndexTensor:$result);
+  let assemblyFormat = "attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Mt_EmbeddingOp : Mt_Op<"embedding", [Pure]> {
+  let summary = "table lookup: one row per index";
+  let description = [{
+    Gathers row `ids[i...]` of `table` (`[num_rows, dim]`) for each index. The
+    result shape is the ids' shape followed by `dim`, in the table's element
+    type. Out-of-range ids are undefined behaviour at run time; the data
+    loader guarantees `id < vocab_size`.
+
+    ```mlir
+    %h = mt.embedding %table, %ids : (tensor<50304x768xf32>, tensor<4x1024xi32>) -> tensor<4x1024x768xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$table, Mt_IndexTensor:$ids);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$table `,` $ids attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Normalisation
+//===----------------------------------------------------------------------===//
+
+def Mt_LayerNormOp : Mt_Op<"layer_norm", [Pure,
+    AllTypesMatch<["input", "result"]>, AllTypesMatch<["weight", "bias"]>]> {
+  let summary = "layer normalisation over the last dimension";
+  let description = [{
+    `y = (x - mean(x)) / sqrt(var(x) + epsilon) * weight + bias`, with mean and
+    (biased) variance over the last dimension; `weight` and `bias` have that
+    dimension's size.
+
+    ```mlir
+    %y = mt.layer_norm %x, %w, %b {epsilon = 1.000000e-05 : f64} : tensor<4x1024x768xf32>, tensor<768xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input, Mt_FloatTensor:$weight,
+                       Mt_FloatTensor:$bias, F64Attr:$epsilon);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $weight `,` $bias attr-dict `:` type($input) `,` type($weight)";
+  let hasVerifier = 1;
+}
+
+def Mt_RMSNormOp : Mt_Op<"rms_norm", [Pure, AllTypesMatch<["input", "result"]>]> {
+  let summary = "root-mean-square normalisation over the last dimension";
+  let description = [{
+    `y = x / sqrt(mean(x^2) + epsilon) * weight`, over the last dimension.
+
+    ```mlir
+    %y = mt.rms_norm %x, %w {epsilon = 1.000000e-05 : f64} : tensor<2x2048x4096xbf16>, tensor<4096xbf16>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input, Mt_FloatTensor:$weight, F64Attr:$epsilon);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $weight attr-dict `:` type($input) `,` type($weight)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Linear algebra and elementwise
+//===----------------------------------------------------------------------===//
+
+def Mt_MatmulOp : Mt_Op<"matmul", [Pure]> {
+  let summary = "a linear layer's product: x times the transposed weight";
+  let description = [{
+    `result[..., n] = sum_k input[..., k] * weight[n, k]`. The weight is
+    stored `[out_features, in_features]`, as Megatron-LM and PyTorch store
+    linear weights, so the same op serves every linear layer and the output
+    layer (whose weight may be the word-embedding table).
+
+    ```mlir
+    %y = mt.matmul %x, %w : (tensor<4x1024x768xf32>, tensor<2304x768xf32>) -> tensor<4x1024x2304xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input, Mt_FloatTensor:$weight);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $weight attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Mt_BiasAddOp : Mt_Op<"bias_add", [Pure, AllTypesMatch<["input", "result"]>]> {
+  let summary = "adds a bias along the last dimension";
+  let description = [{
+    `result[..., n] = input[..., n] + bias[n]`.
+
+    ```mlir
+    %y = mt.bias_add %x, %b : tensor<4x1024x2304xf32>, tensor<2304xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input, Mt_FloatTensor:$bias);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $bias attr-dict `:` type($input) `,` type($bias)";
+  let hasVerifier = 1;
+}
+
+def Mt_AddOp : Mt_Op<"add", [Pure, Commutative, SameOperandsAndResultType]> {
+  let summary = "elementwise sum (residual connections)";
+  let description = [{
+    ```mlir
+    %r = mt.add %a, %b : tensor<4x1024x768xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$lhs, Mt_FloatTensor:$rhs);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
+}
+
+def Mt_GeluOp : Mt_Op<"gelu", [Pure, SameOperandsAndResultType]> {
+  let summary = "Gaussian error linear unit";
+  let description = [{
+    `tanh`: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, the form
+    Megatron-LM's fused bias-GeLU computes; `erf`: `0.5 x (1 + erf(x / sqrt 2))`.
+
+    ```mlir
+    %y = mt.gelu %x tanh : tensor<4x1024x3072xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input, Mt_GeluApproximation:$approximation);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$input $approximation attr-dict `:` type($result)";
+}
+
+def Mt_SwiGLUOp : Mt_Op<"swiglu", [Pure]> {
+  let summary = "SiLU-gated linear unit over two halves of the last dimension";
+  let description = [{
+    Splits the last dimension (size `2f`) into `a = input[..., :f]` and
+    `b = input[..., f:]` and returns `silu(a) * b`, as Megatron-LM's `--swiglu`
+    does with the fused FC1 output.
+
+    ```mlir
+    %y = mt.swiglu %x : (tensor<2x2048x28672xbf16>) -> tensor<2x2048x14336xbf16>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Mt_DropoutOp : Mt_Op<"dropout", [SameOperandsAndResultType]> {
+  let summary = "zeroes elements with probability `rate`, scales the rest";
+  let description = [{
+    Keeps each element with probability `1 - rate` and scales kept elements by
+    `1 / (1 - rate)`. The mask comes from a counter-based generator keyed by
+    the run's seed, the iteration, the micro-batch and `stream`, a number
+    unique to this op, so recomputation reproduces the same mask.
+
+    ```mlir
+    %y = mt.dropout %x {rate = 1.000000e-01 : f64, stream = 3 : i64} : tensor<4x1024x768xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input, F64Attr:$rate, I64Attr:$stream);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Mt_ReshapeOp : Mt_Op<"reshape", [Pure]> {
+  let summary = "the same elements in another shape";
+  let description = [{
+    Row-major reinterpretation; element count and type are unchanged.
+
+    ```mlir
+    %y = mt.reshape %x : (tensor<4x1024x12x64xf32>) -> tensor<4x1024x768xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Attention
+//===----------------------------------------------------------------------===//
+
+def Mt_SplitQKVOp : Mt_Op<"split_qkv", [Pure]> {
+  let summary = "splits the fused QKV projection into heads";
+  let description = [{
+    The fused QKV linear produces, per token, `num_query_groups` groups laid
+    out as Megatron-LM lays them out: each group holds its
+    `num_heads / num_query_groups` query heads, then one key head, then one
+    value head, each `head_dim` wide. This op returns queries
+    `[batch, seq, num_heads, head_dim]` and keys and values
+    `[batch, seq, num_query_groups, head_dim]`. Keeping groups contiguous is
+    what lets tensor parallelism split QKV by query group.
+
+    ```mlir
+    %q, %k, %v = mt.split_qkv %qkv : (tensor<4x1024x2304xf32>) -> (tensor<4x1024x12x64xf32>, tensor<4x1024x12x64xf32>, tensor<4x1024x12x64xf32>)
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input);
+  let results = (outs Mt_FloatTensor:$query, Mt_FloatTensor:$key, Mt_FloatTensor:$value);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Mt_RopeOp : Mt_Op<"rope", [Pure, SameOperandsAndResultType]> {
+  let summary = "rotary position embedding";
+  let description = [{
+    Rotates pairs `(x[i], x[i + d/2])` of each head (`[batch, seq, heads, d]`)
+    at position `p` by angle `p * base^(-2i/d)`, the non-interleaved form
+    Megatron-LM uses.
+
+    ```mlir
+    %q2 = mt.rope %q {base = 5.000000e+05 : f64} : tensor<2x2048x32x128xbf16>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input, F64Attr:$base);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Mt_AttentionOp : Mt_Op<"attention", [Pure,
+    AllTypesMatch<["query", "result"]>, AllTypesMatch<["key", "value"]>]> {
+  let summary = "scaled dot-product attention with grouped keys and values";
+  let description = [{
+    For each head `h` of `query` (`[batch, seq, heads, d]`), attends over the
+    keys and values of group `h / (heads / groups)` (`[batch, seq, groups, d]`):
+    `softmax(scale * q k^T + causal mask) v`, then dropout of rate
+    `dropout_rate` on the attention probabilities (RNG stream `stream`). The
+    result has the query's shape.
+
+    ```mlir
+    %o = mt.attention %q, %k, %v {causal, scale = 1.250000e-01 : f64, dropout_rate = 1.000000e-01 : f64, stream = 1 : i64} : tensor<4x1024x12x64xf32>, tensor<4x1024x12x64xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$query, Mt_FloatTensor:$key,
+                       Mt_FloatTensor:$value, UnitAttr:$causal, F64Attr:$scale,
+                       F64Attr:$dropout_rate, I64Attr:$stream);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$query `,` $key `,` $value attr-dict `:` type($query) `,` type($key)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Loss
+//===----------------------------------------------------------------------===//
+
+def Mt_CrossEntropyOp : Mt_Op<"cross_entropy", [Pure]> {
+  let summary = "mean next-token cross-entropy";
+  let description = [{
+    `mean over tokens of (logsumexp(logits[t, :]) - logits[t, label[t]])`,
+    computed in f32 whatever the logits' type. Logits are over the padded
+    vocabulary; labels are below the unpadded vocabulary size.
+
+    ```mlir
+    %loss = mt.cross_entropy %logits, %labels : (tensor<4x1024x50304xf32>, tensor<4x1024xi32>) -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$logits, Mt_IndexTensor:$labels);
+  let results = (outs Mt_ScalarF32:$loss);
+  let assemblyFormat = "$logits `,` $labels attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+#endif // MT_OPS_TD

@@ -1,0 +1,27 @@
+// The named pipeline `mt-train-pipeline`. Passes are added here in the order
+// DESIGN.md lists them, as they are written (see docs/architecture.md).
+#include "passes/Passes.h"
+
+#include "mlir/Pass/PassRegistry.h"
+#include "mlir/Transforms/Passes.h"
+
+using namespace mlir;
+
+namespace mt {
+
+void buildTrainPipeline(OpPassManager &pm) {
+  // The importer reads tied weights once per use; CSE folds the duplicate
+  // reads and canonicalisation removes what became dead.
+  pm.addPass(createCSEPass());
+  pm.addPass(createCanonicalizerPass());
+}
+
+void registerMtPasses() {
+  registerCSEPass();
+  registerCanonicalizerPass();
+  PassPipelineRegistration<>("mt-train-pipeline",
+                             "The full mt training pipeline that `mtc compile` runs",
+                             [](OpPassManager &pm) { buildTrainPipeline(pm); });
+}
+
+} // namespace mt

@@ -1,0 +1,63 @@
+// Atomic whole-file writes (see atomic_file.h).
+#include "runtime/atomic_file.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace mt::rt {
+
+namespace {
+std::string dir_of(const std::string &path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos)
+    return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+std::string os_error(const std::string &what, const std::string &path) {
+  return what + " '" + path + "': " + std::strerror(errno);
+}
+} // namespace
+
+std::string write_file_atomically(const std::string &path, std::string_view bytes) {
+  std::string tmpl = path + ".tmp.XXXXXX";
+  int fd = mkstemp(tmpl.data());
+  if (fd < 0)
+    return os_error("cannot create a temporary file for", path);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      std::string err = os_error("cannot write", tmpl);
+      ::close(fd);
+      ::unlink(tmpl.c_str());
+      return err;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fchmod(fd, 0644) != 0 || ::fsync(fd) != 0) {
+    std::string err = os_error("cannot flush", tmpl);
+    ::close(fd);
+    ::unlink(tmpl.c_str());
+    return err;
+  }
+  ::close(fd);
+  if (::rename(tmpl.c_str(), path.c_str()) != 0) {
+    std::string err = os_error("cannot rename the temporary file onto", path);
+    ::unlink(tmpl.c_str());
+    return err;
+  }
+  // Persist the rename itself.
+  int dfd = ::open(dir_of(path).c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return "";
+}
+
+} // namespace mt::rt

@@ -1,0 +1,178 @@
+// The validated run description: what `spec.toml` says, with Megatron-LM's defaults
+// filled in and every cross-key rule checked. Plain C++; no MLIR, no TOML types.
+#ifndef MT_SPEC_SPEC_H
+#define MT_SPEC_SPEC_H
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace mt::spec {
+
+enum class PositionEmbedding { LearnedAbsolute, Rope };
+enum class Normalization { LayerNorm, RMSNorm };
+enum class Precision { FP32, FP16, BF16 };
+enum class LrDecayStyle { Constant, Linear, Cosine };
+enum class RecomputeGranularity { None, Selective, Full };
+enum class RecomputeMethod { None, Uniform, Block };
+
+const char *toString(PositionEmbedding v);
+const char *toString(Normalization v);
+const char *toString(Precision v);
+const char *toString(LrDecayStyle v);
+const char *toString(RecomputeGranularity v);
+const char *toString(RecomputeMethod v);
+
+// [model]: the network. Names mirror Megatron-LM's flags.
+struct ModelConfig {
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;
+  int64_t ffn_hidden_size = 0;       // default 4h, or Megatron's SwiGLU rule
+  int64_t num_attention_heads = 0;
+  int64_t num_query_groups = 0;      // default num_attention_heads (no GQA)
+  int64_t kv_channels = 0;           // default hidden_size / num_attention_heads
+  int64_t seq_length = 0;
+  int64_t max_position_embeddings = 0; // default seq_length
+  int64_t vocab_size = 0;            // tokenizer vocabulary, before padding
+  int64_t make_vocab_size_divisible_by = 128;
+  PositionEmbedding position_embedding_type = PositionEmbedding::LearnedAbsolute;
+  int64_t rotary_base = 10000;
+  Normalization normalization = Normalization::LayerNorm;
+  double norm_epsilon = 1e-5;
+  bool swiglu = false;
+  bool untie_embeddings_and_output_weights = false;
+  bool add_bias_linear = true;
+  double hidden_dropout = 0.1;
+  double attention_dropout = 0.1;
+  double init_method_std = 0.02;
+};
+
+// [parallel]: how the model is split over GPUs.
+struct ParallelConfig {
+  int64_t tensor_model_parallel_size = 1;
+  int64_t pipeline_model_parallel_size = 1;
+  int64_t data_parallel_size = 1;
+  int64_t virtual_pipeline_model_parallel_size = 1; // 1 = not interleaved
+  bool sequence_parallel = false;
+  bool use_distributed_optimizer = false;
+  RecomputeGranularity recompute_granularity = RecomputeGranularity::None;
+  RecomputeMethod recompute_method = RecomputeMethod::None;
+  int64_t recompute_num_layers = 0;
+};
+
+// [training]: batch, optimizer, schedule, precision, logging, checkpoints.
+struct TrainingConfig {
+  int64_t micro_batch_size = 0;
+  int64_t global_batch_size = 0;     // default micro_batch_size * data_parallel_size
+  int64_t train_iters = 0;
+  double lr = 0.0;
+  double min_lr = 0.0;
+  LrDecayStyle lr_decay_style = LrDecayStyle::Linear;
+  int64_t lr_decay_iters = 0;        // default train_iters
+  int64_t lr_warmup_iters = 0;       // lr_warmup_fraction, when given, is resolved into this
+  double weight_decay = 0.01;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double clip_grad = 1.0;
+  Precision precision = Precision::FP32;
+  double initial_loss_scale = 4294967296.0; // 2^32
+  double min_loss_scale = 1.0;
+  int64_t loss_scale_window = 1000;
+  int64_t hysteresis = 2;
+  int64_t seed = 1234;
+  int64_t log_interval = 100;
+  int64_t eval_interval = 1000;
+  int64_t eval_iters = 100;
+  int64_t save_interval = 0;         // 0 = only at the end (when `save` is set)
+  std::string save;
+  std::string load;
+};
+
+// [data]: where tokens come from.
+struct DataConfig {
+  // A blend: (weight, prefix). A single prefix has weight 1.
+  std::vector<std::pair<double, std::string>> data_path;
+  std::string split = "969,30,1";
+  std::string tokenizer_type = "GPT2BPETokenizer";
+  std::string vocab_file;
+  std::string merge_file;
+  bool mock_data = false;
+};
+
+// [cluster]: what the job runs on.
+struct ClusterConfig {
+  std::string device = "H100-80GB"; // preset name, or "custom" when given in GiB
+  int64_t device_memory_bytes = 0;
+  int64_t gpus_per_node = 0;        // default: enough for the world size
+  int64_t nodes = 1;
+};
+
+struct Spec {
+  std::string source;               // file the spec came from
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainingConfig training;
+  DataConfig data;
+  ClusterConfig cluster;
+
+  // Megatron's rule: ceil(V / (divisible_by * tp)) * divisible_by * tp.
+  int64_t paddedVocabSize() const;
+  int64_t worldSize() const {
+    return parallel.tensor_model_parallel_size *
+           parallel.pipeline_model_parallel_size * parallel.data_parallel_size;
+  }
+  int64_t numMicroBatches() const {
+    return training.global_batch_size /
+           (training.micro_batch_size * parallel.data_parallel_size);
+  }
+};
+
+// A `--set section.key=VALUE` override (VALUE in TOML syntax).
+struct Override {
+  std::string text; // as the user typed it, e.g. "model.num_layers=24"
+};
+
+// Parse and validate. On failure the status message is one line:
+//   FILE:LINE:COL: error: what is wrong; what to do
+absl::StatusOr<Spec> parseSpecFile(const std::string &path,
+                                   const std::vector<Override> &overrides = {});
+absl::StatusOr<Spec> parseSpecString(const std::string &text,
+                                     const std::string &sourceName,
+                                     const std::vector<Override> &overrides = {});
+
+// Renders a validated spec back to TOML with every key explicit (the echo
+// stored in plans and checkpoints; parsing it gives the same Spec).
+std::string toToml(const Spec &spec);
+
+// Analytic parameter count, independent of the IR (Megatron's GPT layout).
+struct ParamCount {
+  int64_t word_embeddings = 0;
+  int64_t position_embeddings = 0;
+  int64_t per_layer_attention = 0;  // QKV + projection, with biases
+  int64_t per_layer_mlp = 0;        // FC1 (+gate) + FC2, with biases
+  int64_t per_layer_norms = 0;      // both norms of one layer
+  int64_t final_norm = 0;
+  int64_t output_layer = 0;         // 0 when tied
+  int64_t perLayer() const { return per_layer_attention + per_layer_mlp + per_layer_norms; }
+  int64_t total(int64_t numLayers) const {
+    return word_embeddings + position_embeddings + numLayers * perLayer() +
+           final_norm + output_layer;
+  }
+};
+ParamCount countParameters(const ModelConfig &model, int64_t paddedVocab);
+
+// Named device-memory presets, bytes as the driver reports total memory.
+struct DevicePreset {
+  const char *name;
+  int64_t bytes;
+};
+const std::vector<DevicePreset> &devicePresets();
+
+} // namespace mt::spec
+
+#endif // MT_SPEC_SPEC_H

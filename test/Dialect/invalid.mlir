@@ -1,0 +1,293 @@
+// Every verifier of the mt dialect rejects what it must, with its message.
+// RUN: mtc-opt %s -split-input-file -verify-diagnostics
+
+// expected-error @+1 {{normal initialisation needs a standard deviation}}
+mt.param @w : tensor<4x4xf32>, normal
+
+// -----
+
+// expected-error @+1 {{standard deviation must be positive and finite, got -1.000000e+00}}
+mt.param @w : tensor<4x4xf32>, normal(-1.0)
+
+// -----
+
+// expected-error @+1 {{ones initialisation takes no standard deviation}}
+mt.param @w : tensor<4xf32>, ones(0.02)
+
+// -----
+
+// expected-error @+1 {{parameter has no elements}}
+mt.param @w : tensor<0x4xf32>, zeros
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{'mt.param' op expects parent op 'builtin.module'}}
+  "mt.param"() {sym_name = "w", type = tensor<4xf32>, init = 0 : i32} : () -> ()
+  return
+}
+
+// -----
+
+func.func @f() -> tensor<4xf32> {
+  // expected-error @+1 {{'missing' does not name an mt.param}}
+  %w = mt.param_ref @missing : tensor<4xf32>
+  return %w : tensor<4xf32>
+}
+
+// -----
+
+mt.param @w : tensor<4xf32>, zeros
+func.func @f() -> tensor<8xf32> {
+  // expected-error @+1 {{result type 'tensor<8xf32>' differs from the parameter's declared type 'tensor<4xf32>'}}
+  %w = mt.param_ref @w : tensor<8xf32>
+  return %w : tensor<8xf32>
+}
+
+// -----
+
+func.func @f() -> tensor<8xi32> {
+  // expected-error @+1 {{result must be [batch, seq], got [8]}}
+  %p = mt.position_ids : tensor<8xi32>
+  return %p : tensor<8xi32>
+}
+
+// -----
+
+func.func @f(%t: tensor<16x8xf32>, %ids: tensor<2x4xi32>) -> tensor<2x4x16xf32> {
+  // expected-error @+1 {{result shape [2, 4, 16] should be the ids' shape followed by the table's dim: [2, 4, 8]}}
+  %e = mt.embedding %t, %ids : (tensor<16x8xf32>, tensor<2x4xi32>) -> tensor<2x4x16xf32>
+  return %e : tensor<2x4x16xf32>
+}
+
+// -----
+
+func.func @f(%t: tensor<16xf32>, %ids: tensor<2x4xi32>) -> tensor<2x4x16xf32> {
+  // expected-error @+1 {{table must be [rows, dim], got [16]}}
+  %e = mt.embedding %t, %ids : (tensor<16xf32>, tensor<2x4xi32>) -> tensor<2x4x16xf32>
+  return %e : tensor<2x4x16xf32>
+}
+
+// -----
+
+func.func @f(%t: tensor<16x8xf32>, %ids: tensor<2x4xf32>) {
+  // expected-error @+1 {{operand #1 must be statically shaped tensor of 32-bit signless integer or 64-bit signless integer values}}
+  %e = mt.embedding %t, %ids : (tensor<16x8xf32>, tensor<2x4xf32>) -> tensor<2x4x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x8xf32>, %w: tensor<4xf32>, %b: tensor<4xf32>) {
+  // expected-error @+1 {{weight has 4 elements but the input's last dimension is 8}}
+  %y = mt.layer_norm %x, %w, %b {epsilon = 1.0e-5 : f64} : tensor<2x8xf32>, tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x8xf32>, %w: tensor<8xf32>, %b: tensor<8xf32>) {
+  // expected-error @+1 {{epsilon must be positive}}
+  %y = mt.layer_norm %x, %w, %b {epsilon = 0.0 : f64} : tensor<2x8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x8xf32>, %w: tensor<8xbf16>) {
+  // expected-error @+1 {{weight element type 'bf16' differs from the input's 'f32'}}
+  %y = mt.rms_norm %x, %w {epsilon = 1.0e-5 : f64} : tensor<2x8xf32>, tensor<8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x8xf32>, %w: tensor<2x8xf32>) {
+  // expected-error @+1 {{weight must be rank 1, got [2, 8]}}
+  %y = mt.rms_norm %x, %w {epsilon = 1.0e-5 : f64} : tensor<2x8xf32>, tensor<2x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4x8xf32>, %w: tensor<16x4xf32>) {
+  // expected-error @+1 {{weight [16, 4] expects 4 input features but the input's last dimension is 8}}
+  %y = mt.matmul %x, %w : (tensor<2x4x8xf32>, tensor<16x4xf32>) -> tensor<2x4x16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4x8xf32>, %w: tensor<16x8xf32>) {
+  // expected-error @+1 {{result shape [2, 4, 8] should be [2, 4, 16]}}
+  %y = mt.matmul %x, %w : (tensor<2x4x8xf32>, tensor<16x8xf32>) -> tensor<2x4x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<8xf32>, %w: tensor<16x8xf32>) {
+  // expected-error @+1 {{input must have rank >= 2, got [8]}}
+  %y = mt.matmul %x, %w : (tensor<8xf32>, tensor<16x8xf32>) -> tensor<16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x8xf32>, %w: tensor<4x8xbf16>) {
+  // expected-error @+1 {{input, weight and result must share an element type}}
+  %y = mt.matmul %x, %w : (tensor<2x8xf32>, tensor<4x8xbf16>) -> tensor<2x4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x8xf32>, %b: tensor<4xf32>) {
+  // expected-error @+1 {{bias has 4 elements but the input's last dimension is 8}}
+  %y = mt.bias_add %x, %b : tensor<2x8xf32>, tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x7xf32>) {
+  // expected-error @+1 {{input's last dimension must be even (two halves)}}
+  %y = mt.swiglu %x : (tensor<2x7xf32>) -> tensor<2x3xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x8xf32>) {
+  // expected-error @+1 {{result shape [2, 8] should be [2, 4]}}
+  %y = mt.swiglu %x : (tensor<2x8xf32>) -> tensor<2x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x8xf32>) {
+  // expected-error @+1 {{rate must be in [0, 1), got 1.000000e+00}}
+  %y = mt.dropout %x {rate = 1.0 : f64, stream = 0 : i64} : tensor<2x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x8xf32>) {
+  // expected-error @+1 {{cannot reshape [2, 8] (16 elements) to [3, 5] (15 elements)}}
+  %y = mt.reshape %x : (tensor<2x8xf32>) -> tensor<3x5xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x8xf32>) {
+  // expected-error @+1 {{reshape cannot change the element type}}
+  %y = mt.reshape %x : (tensor<2x8xf32>) -> tensor<16xf16>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4x60xf32>) {
+  // expected-error @+1 {{input has 60 features but (heads + 2 * groups) * head_dim = (4 + 2 * 2) * 8 = 64}}
+  %q, %k, %v = mt.split_qkv %x : (tensor<2x4x60xf32>) -> (tensor<2x4x4x8xf32>, tensor<2x4x2x8xf32>, tensor<2x4x2x8xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4x88xf32>) {
+  // expected-error @+1 {{5 query heads cannot be split evenly into 3 groups}}
+  %q, %k, %v = mt.split_qkv %x : (tensor<2x4x88xf32>) -> (tensor<2x4x5x8xf32>, tensor<2x4x3x8xf32>, tensor<2x4x3x8xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4x64xf32>) {
+  // expected-error @+1 {{key and value must have the same type}}
+  %q, %k, %v = mt.split_qkv %x : (tensor<2x4x64xf32>) -> (tensor<2x4x4x8xf32>, tensor<2x4x2x8xf32>, tensor<2x4x2x4xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4x64xf32>) {
+  // expected-error @+1 {{query must be [batch, seq, heads, head_dim] with the input's batch and seq, got [2, 5, 4, 8]}}
+  %q, %k, %v = mt.split_qkv %x : (tensor<2x4x64xf32>) -> (tensor<2x5x4x8xf32>, tensor<2x4x2x8xf32>, tensor<2x4x2x8xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4x3x7xf32>) {
+  // expected-error @+1 {{head_dim must be even to rotate pairs}}
+  %y = mt.rope %x {base = 10000.0 : f64} : tensor<2x4x3x7xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4x3x8xf32>) {
+  // expected-error @+1 {{base must be greater than 1}}
+  %y = mt.rope %x {base = 1.0 : f64} : tensor<2x4x3x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<2x4x6x8xf32>, %k: tensor<2x4x4x8xf32>) {
+  // expected-error @+1 {{6 query heads cannot share 4 key/value groups evenly}}
+  %o = mt.attention %q, %k, %k {causal, scale = 0.35 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : tensor<2x4x6x8xf32>, tensor<2x4x4x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<2x4x4x8xf32>, %k: tensor<2x5x4x8xf32>) {
+  // expected-error @+1 {{query [2, 4, 4, 8] and key [2, 5, 4, 8] must agree in batch, seq and head_dim}}
+  %o = mt.attention %q, %k, %k {causal, scale = 0.35 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : tensor<2x4x4x8xf32>, tensor<2x5x4x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<2x4x4x8xf32>) {
+  // expected-error @+1 {{scale must be positive}}
+  %o = mt.attention %q, %q, %q {causal, scale = 0.0 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<2x4x4x8xf32>) {
+  // expected-error @+1 {{dropout_rate must be in [0, 1), got -1.000000e-01}}
+  %o = mt.attention %q, %q, %q {causal, scale = 0.35 : f64, dropout_rate = -0.1 : f64, stream = 0 : i64} : tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%l: tensor<2x4x16xf32>, %y: tensor<2x5xi32>) {
+  // expected-error @+1 {{logits [2, 4, 16] must be the labels' shape [2, 5] plus a vocabulary dimension}}
+  %loss = mt.cross_entropy %l, %y : (tensor<2x4x16xf32>, tensor<2x5xi32>) -> tensor<f32>
+  return
+}
+
+// -----
+
+func.func @f(%l: tensor<2x4x16xf32>, %y: tensor<2x4xi32>) {
+  // expected-error @+1 {{result #0 must be 0D tensor of 32-bit float values}}
+  %loss = mt.cross_entropy %l, %y : (tensor<2x4x16xf32>, tensor<2x4xi32>) -> tensor<1xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x8xf32>) {
+  // expected-error @+1 {{must be statically shaped tensor}}
+  %y = mt.gelu %x tanh : tensor<?x8xf32>
+  return
+}

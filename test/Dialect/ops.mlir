@@ -1,0 +1,91 @@
+// Round trip of every model-graph op: parse, print, parse again.
+// RUN: mtc-opt %s -split-input-file | mtc-opt -split-input-file | FileCheck %s
+// RUN: mtc-opt %s -split-input-file --mlir-print-op-generic | mtc-opt -split-input-file | FileCheck %s
+
+// CHECK-LABEL: module @params
+module @params {
+  // CHECK: mt.param @embedding.word_embeddings.weight : tensor<128x16xf32>, normal(2.000000e-02)
+  mt.param @"embedding.word_embeddings.weight" : tensor<128x16xf32>, normal(2.000000e-02)
+  // CHECK: mt.param @decoder.final_layernorm.weight : tensor<16xbf16>, ones
+  mt.param @"decoder.final_layernorm.weight" : tensor<16xbf16>, ones
+  // CHECK: mt.param @decoder.final_layernorm.bias : tensor<16xf16>, zeros
+  mt.param @"decoder.final_layernorm.bias" : tensor<16xf16>, zeros
+  // CHECK: func.func @read
+  func.func @read() -> tensor<128x16xf32> {
+    // CHECK: mt.param_ref @embedding.word_embeddings.weight : tensor<128x16xf32>
+    %w = mt.param_ref @"embedding.word_embeddings.weight" : tensor<128x16xf32>
+    return %w : tensor<128x16xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func @embedding
+func.func @embedding(%table: tensor<128x16xf32>, %ids: tensor<2x8xi32>) -> tensor<2x8x16xf32> {
+  // CHECK: %[[POS:.*]] = mt.position_ids : tensor<2x8xi32>
+  %pos = mt.position_ids : tensor<2x8xi32>
+  // CHECK: mt.embedding %{{.*}}, %[[POS]] : (tensor<128x16xf32>, tensor<2x8xi32>) -> tensor<2x8x16xf32>
+  %e = mt.embedding %table, %pos : (tensor<128x16xf32>, tensor<2x8xi32>) -> tensor<2x8x16xf32>
+  // CHECK: mt.add
+  %s = mt.add %e, %e : tensor<2x8x16xf32>
+  return %s : tensor<2x8x16xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @norms
+func.func @norms(%x: tensor<2x8x16xf32>, %w: tensor<16xf32>, %b: tensor<16xf32>) -> tensor<2x8x16xf32> {
+  // CHECK: mt.layer_norm %{{.*}}, %{{.*}}, %{{.*}} {epsilon = 1.000000e-05 : f64} : tensor<2x8x16xf32>, tensor<16xf32>
+  %y = mt.layer_norm %x, %w, %b {epsilon = 1.0e-5 : f64} : tensor<2x8x16xf32>, tensor<16xf32>
+  // CHECK: mt.rms_norm %{{.*}}, %{{.*}} {epsilon = 1.000000e-05 : f64} : tensor<2x8x16xf32>, tensor<16xf32>
+  %z = mt.rms_norm %y, %w {epsilon = 1.0e-5 : f64} : tensor<2x8x16xf32>, tensor<16xf32>
+  return %z : tensor<2x8x16xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @mlp
+func.func @mlp(%x: tensor<2x8x16xbf16>, %w1: tensor<64x16xbf16>, %b1: tensor<64xbf16>,
+               %w2: tensor<16x32xbf16>, %w3: tensor<16x64xbf16>) -> (tensor<2x8x16xbf16>, tensor<2x8x16xbf16>) {
+  // CHECK: mt.matmul %{{.*}}, %{{.*}} : (tensor<2x8x16xbf16>, tensor<64x16xbf16>) -> tensor<2x8x64xbf16>
+  %h = mt.matmul %x, %w1 : (tensor<2x8x16xbf16>, tensor<64x16xbf16>) -> tensor<2x8x64xbf16>
+  // CHECK: mt.bias_add %{{.*}}, %{{.*}} : tensor<2x8x64xbf16>, tensor<64xbf16>
+  %hb = mt.bias_add %h, %b1 : tensor<2x8x64xbf16>, tensor<64xbf16>
+  // CHECK: mt.swiglu %{{.*}} : (tensor<2x8x64xbf16>) -> tensor<2x8x32xbf16>
+  %a = mt.swiglu %hb : (tensor<2x8x64xbf16>) -> tensor<2x8x32xbf16>
+  // CHECK: mt.gelu %{{.*}} tanh : tensor<2x8x64xbf16>
+  %g = mt.gelu %hb tanh : tensor<2x8x64xbf16>
+  // CHECK: mt.gelu %{{.*}} erf : tensor<2x8x64xbf16>
+  %g2 = mt.gelu %g erf : tensor<2x8x64xbf16>
+  %o = mt.matmul %a, %w2 : (tensor<2x8x32xbf16>, tensor<16x32xbf16>) -> tensor<2x8x16xbf16>
+  %o2 = mt.matmul %g2, %w3 : (tensor<2x8x64xbf16>, tensor<16x64xbf16>) -> tensor<2x8x16xbf16>
+  // CHECK: mt.dropout %{{.*}} {rate = 1.000000e-01 : f64, stream = 4 : i64} : tensor<2x8x16xbf16>
+  %d = mt.dropout %o {rate = 0.1 : f64, stream = 4 : i64} : tensor<2x8x16xbf16>
+  return %d, %o2 : tensor<2x8x16xbf16>, tensor<2x8x16xbf16>
+}
+
+// -----
+
+// Grouped-query attention: 4 query heads share 2 key/value groups.
+// CHECK-LABEL: func.func @attention
+func.func @attention(%qkv: tensor<2x8x64xf32>) -> tensor<2x8x32xf32> {
+  // CHECK: mt.split_qkv %{{.*}} : (tensor<2x8x64xf32>) -> (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>)
+  %q, %k, %v = mt.split_qkv %qkv : (tensor<2x8x64xf32>) -> (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>)
+  // CHECK: mt.rope %{{.*}} {base = 1.000000e+04 : f64} : tensor<2x8x4x8xf32>
+  %qr = mt.rope %q {base = 10000.0 : f64} : tensor<2x8x4x8xf32>
+  %kr = mt.rope %k {base = 10000.0 : f64} : tensor<2x8x2x8xf32>
+  // CHECK: mt.attention %{{.*}}, %{{.*}}, %{{.*}} {causal, dropout_rate = 0.000000e+00 : f64, scale = 3.535530e-01 : f64, stream = 0 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
+  %o = mt.attention %qr, %kr, %v {causal, scale = 0.353553 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
+  // CHECK: mt.reshape %{{.*}} : (tensor<2x8x4x8xf32>) -> tensor<2x8x32xf32>
+  %r = mt.reshape %o : (tensor<2x8x4x8xf32>) -> tensor<2x8x32xf32>
+  return %r : tensor<2x8x32xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @loss
+func.func @loss(%logits: tensor<2x8x128xf16>, %labels: tensor<2x8xi64>) -> tensor<f32> {
+  // CHECK: mt.cross_entropy %{{.*}}, %{{.*}} : (tensor<2x8x128xf16>, tensor<2x8xi64>) -> tensor<f32>
+  %l = mt.cross_entropy %logits, %labels : (tensor<2x8x128xf16>, tensor<2x8xi64>) -> tensor<f32>
+  return %l : tensor<f32>
+}
