@@ -15,10 +15,13 @@
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
+#include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassManager.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -78,14 +81,58 @@ with status 1 and writes no output file.
 )";
 }
 
+// The pass arguments of mt-train-pipeline, in order.
+std::vector<std::string> pipelinePassNames(MLIRContext &context) {
+  PassManager pm(&context);
+  buildTrainPipeline(pm);
+  std::vector<std::string> names;
+  for (Pass &pass : pm.getPasses())
+    names.push_back(pass.getArgument().str());
+  return names;
+}
+
+// LLVM reports an unknown pass name on its own, over several lines; check the
+// names of --mlir-print-ir-{before,after}=A,B first so the error is ours.
+bool checkPassNameOptions(const std::vector<std::string> &mlirArgs) {
+  MLIRContext context;
+  context.loadDialect<MtDialect, func::FuncDialect>();
+  std::vector<std::string> passes = pipelinePassNames(context);
+  for (const std::string &arg : mlirArgs) {
+    for (const char *opt : {"--mlir-print-ir-after", "--mlir-print-ir-before"}) {
+      std::string prefix = std::string(opt) + "=";
+      if (arg.rfind(prefix, 0) != 0)
+        continue;
+      llvm::SmallVector<llvm::StringRef> names;
+      llvm::StringRef(arg).drop_front(prefix.size()).split(names, ',');
+      for (llvm::StringRef name : names) {
+        if (std::find(passes.begin(), passes.end(), name.str()) != passes.end())
+          continue;
+        std::string hint = spec::didYouMean(name.str(), passes);
+        llvm::errs() << "mtc compile: error: " << opt
+                     << " names no pass of the pipeline: '" << name << "'; ";
+        if (!hint.empty())
+          llvm::errs() << "did you mean '" << hint << "'?\n";
+        else
+          llvm::errs() << "passes are: " << llvm::join(passes, ", ") << "\n";
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 // Applies the --mlir-* options through LLVM's option parser, which owns them.
 bool parseMlirOptions(const std::vector<std::string> &mlirArgs) {
+  if (!checkPassNameOptions(mlirArgs))
+    return false;
   static bool registered = false;
   if (!registered) {
+    // Passes first: the pass-name options list what is registered when they
+    // are created.
+    registerMtPasses();
     registerAsmPrinterCLOptions();
     registerMLIRContextCLOptions();
     registerPassManagerCLOptions();
-    registerMtPasses();
     registered = true;
   }
   std::vector<const char *> argv = {"mtc"};

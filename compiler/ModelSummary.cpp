@@ -7,6 +7,8 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 
+#include <cstdio>
+
 using namespace mlir;
 
 namespace mt {
@@ -39,6 +41,13 @@ std::string withCommas(int64_t v) {
     out += digits[i];
   }
   return v < 0 ? "-" + out : out;
+}
+
+// Shortest faithful form of a small float: 1e-05, 0.1, 0.02.
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
 }
 
 std::string typeName(Type t) {
@@ -135,11 +144,11 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
                                 : "learned_absolute (" +
                                       std::to_string(m.max_position_embeddings) + ")")
      << ", " << spec::toString(m.normalization) << " (eps "
-     << llvm::formatv("{0}", m.norm_epsilon) << "), "
+     << num(m.norm_epsilon) << "), "
      << (m.untie_embeddings_and_output_weights ? "untied" : "tied")
      << " embeddings, " << (m.add_bias_linear ? "with" : "no") << " linear biases\n";
-  os << llvm::formatv("  dropout hidden {0}, attention {1}; init std {2}\n",
-                      m.hidden_dropout, m.attention_dropout, m.init_method_std);
+  os << "  dropout hidden " << num(m.hidden_dropout) << ", attention "
+     << num(m.attention_dropout) << "; init std " << num(m.init_method_std) << "\n";
   int64_t padded = spec.paddedVocabSize();
   os << "  vocabulary " << m.vocab_size;
   if (padded != m.vocab_size)
@@ -153,10 +162,13 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
                       "({3} micro-batches x dp {4}), {5} iterations\n",
                       m.seq_length, t.micro_batch_size, t.global_batch_size,
                       spec.numMicroBatches(), p.data_parallel_size, t.train_iters);
-  os << llvm::formatv("  tp {0} x pp {1} x dp {2} = {3} GPUs ({4} node(s) x {5}, {6})",
+  os << llvm::formatv("  tp {0} x pp {1} x dp {2} = {3} GPU{4} ({5} node{6} x {7} "
+                      "GPU{8}, {9})",
                       p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
-                      p.data_parallel_size, spec.worldSize(), spec.cluster.nodes,
-                      spec.cluster.gpus_per_node, spec.cluster.device);
+                      p.data_parallel_size, spec.worldSize(),
+                      spec.worldSize() == 1 ? "" : "s", spec.cluster.nodes,
+                      spec.cluster.nodes == 1 ? "" : "s", spec.cluster.gpus_per_node,
+                      spec.cluster.gpus_per_node == 1 ? "" : "s", spec.cluster.device);
   if (p.virtual_pipeline_model_parallel_size > 1)
     os << ", interleaved x" << p.virtual_pipeline_model_parallel_size;
   if (p.sequence_parallel)

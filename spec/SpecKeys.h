@@ -32,6 +32,7 @@ struct KeyInfo {
   double min;               // inclusive lower bound for numbers
   double max;               // inclusive upper bound for numbers
   bool minExclusive;        // lower bound is exclusive (e.g. lr > 0)
+  bool maxExclusive = false; // upper bound is exclusive (e.g. dropout < 1)
 };
 
 const std::vector<KeyInfo> &specKeys();
@@ -44,6 +45,11 @@ std::string didYouMean(const std::string &word,
 
 // docs/spec.md's key reference, rendered from the table.
 std::string renderKeyReferenceMarkdown();
+
+// Shortest decimal that reads back as the same double ("1e-05", "0.1").
+std::string formatNumber(double v);
+// A key's numeric range as docs and errors show it: ">= 1", "in [0, 1)", or "".
+std::string rangeText(const KeyInfo &key);
 
 } // namespace mt::spec
 

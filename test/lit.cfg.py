@@ -22,6 +22,7 @@ path = os.pathsep.join([config.mt_tools_dir, config.llvm_tools_dir,
                         config.environment.get("PATH", os.environ["PATH"])])
 config.environment["PATH"] = path
 config.substitutions.append(("%mt_src_root", config.mt_src_root))
+config.substitutions.append(("%mt_obj_root", config.mt_obj_root))
 
 # GPT-2's real vocabulary lives beside the checkout on development machines.
 shared = os.path.join(config.mt_src_root, "..", "shared", "data", "gpt2")

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Times `mtc compile` on every preset and records the result.
+
+Usage: bench/compile_time.py [--mtc build/bin/mtc] [--repeat 5] [--record]
+
+Prints a table (preset, layers, IR ops, median wall time). With --record it
+appends the table, with the date, the machine and the commit, to
+bench/results/compile-time.md. Numbers are for the front end as it stands
+(import + mt-train-pipeline + summary).
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mtc", default=os.path.join(ROOT, "build", "bin", "mtc"))
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--record", action="store_true")
+    args = ap.parse_args()
+
+    models = sorted(f for f in os.listdir(os.path.join(ROOT, "models")) if f.endswith(".toml"))
+    rows = []
+    for name in models:
+        path = os.path.join(ROOT, "models", name)
+        report = json.loads(subprocess.run([args.mtc, "compile", path, "--report=json"],
+                                           check=True, capture_output=True, text=True).stdout)
+        times = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            subprocess.run([args.mtc, "compile", path], check=True, capture_output=True)
+            times.append(time.perf_counter() - t0)
+        rows.append((name[:-5], report["forward_ops"], report["parameters"]["total"],
+                     statistics.median(times) * 1000.0))
+
+    lines = ["| preset | ops in @forward | parameters | median wall (ms) |",
+             "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {n} | {ops} | {p:,} | {ms:.1f} |" for n, ops, p, ms in rows]
+    table = "\n".join(lines)
+    print(table)
+
+    if args.record:
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True).stdout.strip() or "unknown"
+        header = (f"\n## {datetime.date.today().isoformat()} - {cpu_name()}, "
+                  f"{os.cpu_count()} cores - commit {commit}\n\n"
+                  f"`bench/compile_time.py --repeat {args.repeat}`; whole `mtc compile` process, "
+                  f"start-up included.\n\n")
+        out = os.path.join(ROOT, "bench", "results", "compile-time.md")
+        new = not os.path.exists(out)
+        with open(out, "a") as f:
+            if new:
+                f.write("# mtc compile time per preset\n")
+            f.write(header + table + "\n")
+        print(f"recorded in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

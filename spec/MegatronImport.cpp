@@ -1,0 +1,1481 @@
+// `mtc import-megatron`: a Megatron-LM pretrain_gpt.py command line -> spec.toml.
+#include "spec/MegatronImport.h"
+
+#include "runtime/atomic_file.h"
+
+#include "spec/Spec.h"
+#include "spec/SpecKeys.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace mt::spec {
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Shell word splitting
+//===----------------------------------------------------------------------===//
+
+// A word as the shell would see it, plus the expansions it would have made;
+// we refuse those instead of guessing their values.
+struct Word {
+  std::string text;
+  std::vector<std::string> expansions; // "$VAR", "${VAR}", "$(cmd)", "`cmd`"
+};
+using Command = std::vector<Word>;
+
+// strchr() also finds the terminating NUL; a NUL in the text is no operator.
+bool isOneOf(char c, const char *set) { return c != '\0' && std::strchr(set, c); }
+
+bool isNameStart(char c) {
+  return std::isalpha(static_cast<unsigned char>(c)) || c == '_';
+}
+bool isNameChar(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+}
+
+// Index one past the parenthesis that closes the one at `open`, or npos.
+size_t matchParen(const std::string &s, size_t open) {
+  int depth = 0;
+  for (size_t i = open; i < s.size(); ++i) {
+    if (s[i] == '(')
+      ++depth;
+    else if (s[i] == ')' && --depth == 0)
+      return i + 1;
+  }
+  return std::string::npos;
+}
+
+// At s[i] == '$': reads a parameter expansion or command substitution and
+// returns its text, advancing i past it. Returns "" (i unchanged) when the
+// dollar is literal, as the shell treats `$` before a non-name character.
+absl::StatusOr<std::string> readExpansion(const std::string &s, size_t &i) {
+  size_t n = s.size();
+  if (i + 1 >= n)
+    return std::string();
+  char c = s[i + 1];
+  size_t end;
+  if (c == '{') {
+    end = s.find('}', i + 2);
+    if (end == std::string::npos)
+      return absl::InvalidArgumentError(
+          "unterminated '${' in the command line; close it with '}'");
+    ++end;
+  } else if (c == '(') {
+    end = matchParen(s, i + 1);
+    if (end == std::string::npos)
+      return absl::InvalidArgumentError(
+          "unterminated '$(' in the command line; close it with ')'");
+  } else if (isNameStart(c)) {
+    end = i + 2;
+    while (end < n && isNameChar(s[end]))
+      ++end;
+  } else if (std::isdigit(static_cast<unsigned char>(c)) || isOneOf(c, "@*#?$!-")) {
+    end = i + 2;
+  } else {
+    return std::string();
+  }
+  std::string text = s.substr(i, end - i);
+  i = end;
+  return text;
+}
+
+// Splits text into commands (newline, `;`, `&`, `|` end one) of words.
+// Redirections (`> log`, `2>&1`) are dropped with their target.
+absl::StatusOr<std::vector<Command>> tokenize(const std::string &s) {
+  std::vector<Command> commands;
+  Command cmd;
+  Word cur;
+  bool inWord = false;
+  bool dropNextWord = false; // the target of a redirection
+  auto endWord = [&] {
+    if (inWord) {
+      if (dropNextWord)
+        dropNextWord = false;
+      else
+        cmd.push_back(std::move(cur));
+    }
+    cur = Word();
+    inWord = false;
+  };
+  auto endCommand = [&] {
+    endWord();
+    dropNextWord = false;
+    if (!cmd.empty())
+      commands.push_back(std::move(cmd));
+    cmd.clear();
+  };
+  auto addExpansion = [&](size_t &i) -> absl::Status {
+    absl::StatusOr<std::string> e = readExpansion(s, i);
+    if (!e.ok())
+      return e.status();
+    if (e->empty()) {
+      cur.text += '$';
+      ++i;
+    } else {
+      cur.text += *e;
+      cur.expansions.push_back(*e);
+    }
+    inWord = true;
+    return absl::OkStatus();
+  };
+
+  size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    char c = s[i];
+    if (c == ' ' || c == '\t' || c == '\r') {
+      endWord();
+      ++i;
+    } else if (c == '\n') {
+      endCommand();
+      ++i;
+    } else if (c == '#' && !inWord) {
+      while (i < n && s[i] != '\n')
+        ++i;
+    } else if (c == '\\') {
+      // Backslash-newline joins lines; any other backslash quotes one char.
+      if (i + 1 < n && s[i + 1] == '\n') {
+        i += 2;
+      } else if (i + 2 < n && s[i + 1] == '\r' && s[i + 2] == '\n') {
+        i += 3;
+      } else if (i + 1 < n) {
+        cur.text += s[i + 1];
+        inWord = true;
+        i += 2;
+      } else {
+        ++i;
+      }
+    } else if (c == '\'') {
+      size_t close = s.find('\'', i + 1);
+      if (close == std::string::npos)
+        return absl::InvalidArgumentError(
+            "unterminated single quote in the command line; close it with '");
+      cur.text += s.substr(i + 1, close - i - 1);
+      inWord = true;
+      i = close + 1;
+    } else if (c == '"') {
+      inWord = true;
+      ++i;
+      bool closed = false;
+      while (i < n) {
+        char d = s[i];
+        if (d == '"') {
+          closed = true;
+          ++i;
+          break;
+        }
+        if (d == '\\' && i + 1 < n && isOneOf(s[i + 1], "$`\"\\\n")) {
+          if (s[i + 1] != '\n')
+            cur.text += s[i + 1];
+          i += 2;
+        } else if (d == '$') {
+          if (absl::Status st = addExpansion(i); !st.ok())
+            return st;
+        } else if (d == '`') {
+          size_t close = s.find('`', i + 1);
+          if (close == std::string::npos)
+            return absl::InvalidArgumentError(
+                "unterminated '`' in the command line; close it with '`'");
+          std::string e = s.substr(i, close + 1 - i);
+          cur.text += e;
+          cur.expansions.push_back(e);
+          i = close + 1;
+        } else {
+          cur.text += d;
+          ++i;
+        }
+      }
+      if (!closed)
+        return absl::InvalidArgumentError(
+            "unterminated double quote in the command line; close it with \"");
+    } else if (c == '$') {
+      if (i + 1 < n && (s[i + 1] == '\'' || s[i + 1] == '"')) {
+        ++i; // bash's $'...' and $"...": the quotes do the work
+        continue;
+      }
+      if (absl::Status st = addExpansion(i); !st.ok())
+        return st;
+    } else if (c == '`') {
+      size_t close = s.find('`', i + 1);
+      if (close == std::string::npos)
+        return absl::InvalidArgumentError(
+            "unterminated '`' in the command line; close it with '`'");
+      std::string e = s.substr(i, close + 1 - i);
+      cur.text += e;
+      cur.expansions.push_back(e);
+      inWord = true;
+      i = close + 1;
+    } else if (c == '>' || c == '<') {
+      // A redirection: a file-descriptor number just before it belongs to it.
+      bool fdNumber = inWord && cur.expansions.empty() && !cur.text.empty() &&
+                      cur.text.find_first_not_of("0123456789") == std::string::npos;
+      if (fdNumber) {
+        cur = Word();
+        inWord = false;
+      } else {
+        endWord();
+      }
+      while (i < n && isOneOf(s[i], "<>&|"))
+        ++i;
+      dropNextWord = true;
+      // `2>&1` names its target inside the operator's word.
+      size_t j = i;
+      while (j < n && std::isdigit(static_cast<unsigned char>(s[j])))
+        ++j;
+      if (j > i && s[i - 1] == '&' &&
+          (j == n || std::isspace(static_cast<unsigned char>(s[j])))) {
+        i = j;
+        dropNextWord = false;
+      }
+    } else if (c == ';' || c == '&' || c == '|') {
+      endCommand();
+      while (i < n && isOneOf(s[i], ";&|"))
+        ++i;
+    } else {
+      cur.text += c;
+      inWord = true;
+      ++i;
+    }
+  }
+  endCommand();
+  return commands;
+}
+
+bool isAssignment(const std::string &w) {
+  if (w.empty() || !isNameStart(w[0]))
+    return false;
+  size_t i = 1;
+  while (i < w.size() && isNameChar(w[i]))
+    ++i;
+  return i < w.size() && w[i] == '=';
+}
+
+// `set -x` prefixes traced commands with `+`, one per nesting level.
+bool isTracePrefix(const std::string &w) {
+  return !w.empty() && w.find_first_not_of('+') == std::string::npos;
+}
+
+bool endsWith(const std::string &s, const std::string &suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool startsWith(const std::string &s, const std::string &prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// Words before the command proper: env assignments and `set -x` markers.
+template <typename T, typename GetText>
+size_t leadingNoise(const std::vector<T> &words, GetText text) {
+  size_t k = 0;
+  while (k < words.size() &&
+         (isAssignment(text(words[k])) || isTracePrefix(text(words[k]))))
+    ++k;
+  return k;
+}
+
+const char kScript[] = "pretrain_gpt.py";
+
+//===----------------------------------------------------------------------===//
+// Spec values
+//===----------------------------------------------------------------------===//
+
+std::string tomlString(const std::string &s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+    case '"':
+      out += "\\\"";
+      break;
+    case '\\':
+      out += "\\\\";
+      break;
+    case '\n':
+      out += "\\n";
+      break;
+    case '\t':
+      out += "\\t";
+      break;
+    default:
+      if (static_cast<unsigned char>(c) < 0x20) {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\u%04x", c);
+        out += buf;
+      } else {
+        out += c;
+      }
+    }
+  }
+  return out + "\"";
+}
+
+// Shortest text that reads back as the same double, in TOML float syntax.
+std::string tomlFloat(double v) {
+  char buf[40];
+  int prec = 1;
+  for (; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v)
+      break;
+  }
+  // Small rates read better as 3e-4 than 0.0003.
+  if (v != 0 && std::fabs(v) < 1e-3)
+    std::snprintf(buf, sizeof buf, "%.*e", std::min(prec, 17) - 1, v);
+  std::string s = buf;
+  // "1e-05" -> "1e-5": TOML allows either; people write the short one.
+  size_t e = s.find('e');
+  if (e != std::string::npos) {
+    std::string mant = s.substr(0, e);
+    std::string sign = (s[e + 1] == '-' || s[e + 1] == '+') ? s.substr(e + 1, 1) : "";
+    std::string digits = s.substr(e + 1 + sign.size());
+    digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size() - 1));
+    s = mant + "e" + (sign == "-" ? "-" : "") + digits;
+  } else if (s.find_first_of(".ni") == std::string::npos) {
+    s += ".0";
+  }
+  return s;
+}
+
+std::optional<int64_t> parseInt(const std::string &s) {
+  if (s.empty())
+    return std::nullopt;
+  errno = 0;
+  char *end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0')
+    return std::nullopt;
+  return static_cast<int64_t>(v);
+}
+
+std::optional<double> parseFloat(const std::string &s) {
+  if (s.empty())
+    return std::nullopt;
+  errno = 0;
+  char *end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (errno != 0 || *end != '\0' || !std::isfinite(v))
+    return std::nullopt;
+  return v;
+}
+
+// Quotes a word for the header comment so it reads back as one word.
+std::string shellQuote(const std::string &w) {
+  if (!w.empty() &&
+      w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                          "0123456789-_./=:,+@%") == std::string::npos)
+    return w;
+  std::string out = "'";
+  for (char c : w) {
+    if (c == '\'')
+      out += "'\\''";
+    else if (c == '\n')
+      out += ' ';
+    else
+      out += c;
+  }
+  return out + "'";
+}
+
+//===----------------------------------------------------------------------===//
+// The translation
+//===----------------------------------------------------------------------===//
+
+// One spec key as the translation sets it.
+struct Setting {
+  std::string value;   // TOML text
+  std::string source;  // the flag (and value) it came from, for messages
+  std::string comment; // written on the line above, when not empty
+};
+
+// Megatron flags that exist but mean nothing for mt, and why.
+struct IgnoredFlag {
+  const char *flag;
+  bool takesValue;
+  const char *reason;
+};
+
+const IgnoredFlag kIgnored[] = {
+    {"--use-mcore-models", false, "mt has one model implementation"},
+    {"--use-legacy-models", false, "mt has one model implementation"},
+    {"--transformer-impl", true, "not applicable: mt generates its own kernels"},
+    {"--use-flash-attn", false, "not applicable: mt generates its own attention kernels"},
+    {"--attention-backend", true,
+     "not applicable: mt generates its own attention kernels"},
+    {"--distributed-backend", true, "not applicable: mt picks NCCL or Gloo itself"},
+    {"--attention-softmax-in-fp32", false,
+     "not applicable: mt chooses the precision inside its attention kernels"},
+    {"--accumulate-allreduce-grads-in-fp32", false,
+     "not applicable: mt chooses the gradient accumulation precision"},
+    {"--no-persist-layer-norm", false, "mt always fuses"},
+    {"--no-async-tensor-model-parallel-allreduce", false,
+     "not applicable: mt schedules communication itself"},
+    {"--overlap-grad-reduce", false, "not applicable: mt schedules communication itself"},
+    {"--overlap-param-gather", false,
+     "not applicable: mt schedules communication itself"},
+    {"--tp-comm-overlap", false, "not applicable: mt schedules communication itself"},
+    {"--num-workers", true, "not applicable: mt's data loader has no worker processes"},
+    {"--dataloader-type", true,
+     "not applicable: mt has one data loader (Megatron's single)"},
+    {"--data-impl", true, "not applicable: mt reads Megatron's mmap format"},
+    {"--exit-duration-in-mins", true, "not part of the spec: job control"},
+    {"--exit-interval", true, "not part of the spec: job control"},
+    {"--exit-signal-handler", false, "not part of the spec: job control"},
+    {"--tensorboard-dir", true, "not part of the spec: logging"},
+    {"--tensorboard-queue-size", true, "not part of the spec: logging"},
+    {"--timing-log-level", true, "not part of the spec: logging"},
+    {"--timing-log-option", true, "not part of the spec: logging"},
+    {"--wandb-project", true, "not part of the spec: logging"},
+    {"--wandb-exp-name", true, "not part of the spec: logging"},
+    {"--wandb-save-dir", true, "not part of the spec: logging"},
+    {"--ckpt-format", true, "not applicable: mt has one checkpoint format"},
+    {"--use-dist-ckpt", false, "not applicable: mt has one checkpoint format"},
+    {"--async-save", false, "not applicable: mt has one checkpoint format"},
+    {"--empty-unused-memory-level", true,
+     "not applicable: mt plans memory at compile time"},
+    {"--manual-gc", false, "not applicable: mt plans memory at compile time"},
+    {"--manual-gc-interval", true, "not applicable: mt plans memory at compile time"},
+};
+
+const IgnoredFlag *findIgnored(const std::string &flag) {
+  for (const IgnoredFlag &f : kIgnored)
+    if (flag == f.flag)
+      return &f;
+  return nullptr;
+}
+
+// Families of ignored flags matched by shape rather than listed one by one.
+const char *ignoredFamily(const std::string &flag) {
+  if (flag.find("fusion") != std::string::npos)
+    return "mt always fuses";
+  if (startsWith(flag, "--log-") || startsWith(flag, "--tensorboard-") ||
+      startsWith(flag, "--wandb-"))
+    return "not part of the spec: logging";
+  return nullptr;
+}
+
+// Keys that need more than the key table to translate.
+bool isSpecialKey(const KeyInfo &k) {
+  std::string key = std::string(k.section) + "." + k.name;
+  return key == "model.add_bias_linear" || key == "training.precision" ||
+         key == "parallel.virtual_pipeline_model_parallel_size" ||
+         key == "parallel.data_parallel_size" || key == "data.data_path" ||
+         key == "model.num_query_groups";
+}
+
+// The table's flag for a key when it is a plain `--name`.
+bool plainFlag(const char *flag) {
+  if (!flag || flag[0] != '-' || flag[1] != '-')
+    return false;
+  for (const char *p = flag + 2; *p; ++p)
+    if (!std::islower(static_cast<unsigned char>(*p)) &&
+        !std::isdigit(static_cast<unsigned char>(*p)) && *p != '-')
+      return false;
+  return true;
+}
+
+const KeyInfo *keyForFlag(const std::string &flag) {
+  for (const KeyInfo &k : specKeys())
+    if (plainFlag(k.megatronFlag) && flag == k.megatronFlag && !isSpecialKey(k))
+      return &k;
+  return nullptr;
+}
+
+const KeyInfo &key(const char *section, const char *name) {
+  const KeyInfo *k = findKey(section, name);
+  if (!k) {
+    std::cerr << "mtc: internal error: spec key " << section << "." << name
+              << " is missing from the key table\n";
+    std::abort();
+  }
+  return *k;
+}
+
+std::string flagOf(const KeyInfo &k) {
+  return plainFlag(k.megatronFlag) ? k.megatronFlag : "";
+}
+
+class Translator {
+public:
+  explicit Translator(const std::vector<std::string> &args) : args_(args) {}
+
+  absl::StatusOr<MegatronImportResult> run();
+  // Things the user should know that are neither ignored nor unknown flags.
+  const std::vector<std::string> &notes() const { return notes_; }
+
+private:
+  absl::Status parseLauncher(size_t begin, size_t end);
+  absl::Status parseFlags(size_t begin);
+  absl::Status finish();
+  std::string render() const;
+  std::string flagAt(const std::string &msg, size_t &end) const;
+
+  void set(const char *section, const char *name, std::string value, std::string source,
+           std::string comment = "") {
+    settings_[std::string(section) + "." + name] = {std::move(value), std::move(source),
+                                                    std::move(comment)};
+  }
+  bool has(const std::string &key) const { return settings_.count(key) != 0; }
+  std::optional<int64_t> intOf(const std::string &key) const {
+    auto it = settings_.find(key);
+    if (it == settings_.end())
+      return std::nullopt;
+    return parseInt(it->second.value);
+  }
+  void unknown(const std::string &flag, const std::string &text) {
+    result_.unknownFlags.push_back(flag);
+    unknownText_.push_back(text);
+  }
+  void ignore(const std::string &flag, const std::string &reason) {
+    result_.ignoredFlags.push_back(flag + ": " + reason);
+  }
+
+  const std::vector<std::string> &args_;
+  MegatronImportResult result_;
+  std::map<std::string, Setting> settings_;
+
+  // Facts gathered while reading flags, resolved in finish().
+  std::optional<int64_t> nnodes_, nprocPerNode_, worldSize_;
+  std::string worldSource_;
+  std::optional<std::string> precisionFlag_;
+  bool gqa_ = false;
+  bool otherTokenizer_ = false; // --tokenizer-type mt does not have
+  bool noPositionEmbedding_ = false;
+  std::optional<std::pair<int64_t, std::string>> queryGroups_;
+  std::optional<std::pair<int64_t, std::string>> layersPerVirtualStage_;
+  std::optional<std::pair<int64_t, std::string>> trainSamples_, decaySamples_,
+      warmupSamples_;
+  std::vector<std::pair<std::string, std::string>> lossScaleSettings_; // key, flag
+  std::vector<std::string> unknownText_; // each unknown flag with its values
+  std::vector<std::string> notes_;
+  size_t flagsBegin_ = 0;                          // first word after the launcher
+  std::vector<std::string> settingsNote_;          // why data_parallel_size stays 1
+  mutable std::map<int, std::string> lineSources_; // TOML line -> its flag
+};
+
+// torchrun / torch.distributed.launch / srun options that fix the world size.
+absl::Status Translator::parseLauncher(size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    std::string w = args_[i];
+    std::string name = w, value;
+    bool inlineValue = false;
+    if (size_t eq = w.find('='); startsWith(w, "-") && eq != std::string::npos) {
+      name = w.substr(0, eq);
+      value = w.substr(eq + 1);
+      inlineValue = true;
+    }
+    std::optional<int64_t> *target = nullptr;
+    if (name == "--nproc_per_node" || name == "--nproc-per-node" ||
+        name == "--ntasks-per-node" || name == "--gpus-per-node")
+      target = &nprocPerNode_;
+    else if (name == "--nnodes" || name == "--nodes" || name == "-N")
+      target = &nnodes_;
+    else
+      continue;
+    if (!inlineValue) {
+      if (i + 1 >= end)
+        return absl::InvalidArgumentError(name + " needs a value");
+      value = args_[++i];
+    }
+    // Elastic ranges (`--nnodes 2:4`): the job may run at its largest size.
+    std::string count =
+        value.substr(value.find(':') == std::string::npos ? 0 : value.find(':') + 1);
+    std::optional<int64_t> v = parseInt(count);
+    if (!v || *v < 1)
+      return absl::InvalidArgumentError(
+          absl::StrCat("launcher option ", name, " ", value,
+                       " is not a positive number; write a literal count"));
+    *target = *v;
+    worldSource_ += (worldSource_.empty() ? "" : " ") + name + " " + value;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Translator::parseFlags(size_t begin) {
+  const size_t n = args_.size();
+  bool afterUnknown = false;
+  for (size_t i = begin; i < n; ++i) {
+    const std::string &w = args_[i];
+    if (!startsWith(w, "-")) {
+      // A further value of a flag we do not know belongs to it; anywhere
+      // else argparse would refuse the word, and so do we.
+      if (afterUnknown) {
+        unknownText_.back() += " " + shellQuote(w);
+        continue;
+      }
+      return absl::InvalidArgumentError(
+          "'" + w + "'" + (i > begin ? " after " + args_[i - 1] : std::string()) +
+          " is no flag's value; remove it or add the flag it belongs to");
+    }
+    afterUnknown = false;
+    std::string flag = w, inlineValue;
+    bool hasInline = false;
+    if (size_t eq = w.find('='); eq != std::string::npos) {
+      flag = w.substr(0, eq);
+      inlineValue = w.substr(eq + 1);
+      hasInline = true;
+    }
+    // torchrun takes both --nproc_per_node and --nproc-per-node; Megatron
+    // spells its flags with dashes, and reading `_` the same way loses nothing.
+    std::string dashed = flag;
+    for (size_t k = 2; k < dashed.size(); ++k)
+      if (dashed[k] == '_')
+        dashed[k] = '-';
+
+    auto takeValue = [&](std::string &value) -> absl::Status {
+      if (hasInline) {
+        value = inlineValue;
+        return absl::OkStatus();
+      }
+      if (i + 1 >= n || startsWith(args_[i + 1], "--"))
+        return absl::InvalidArgumentError(flag + " needs a value; write " + flag +
+                                          " VALUE");
+      value = args_[++i];
+      return absl::OkStatus();
+    };
+    auto noValue = [&]() -> absl::Status {
+      if (hasInline)
+        return absl::InvalidArgumentError(
+            flag + " is a switch and takes no value; write " + flag + " alone");
+      return absl::OkStatus();
+    };
+    auto takeInt = [&](int64_t &out, std::string &text) -> absl::Status {
+      if (absl::Status st = takeValue(text); !st.ok())
+        return st;
+      std::optional<int64_t> v = parseInt(text);
+      if (!v)
+        return absl::InvalidArgumentError(flag + " expects an integer, got '" + text +
+                                          "'");
+      out = *v;
+      return absl::OkStatus();
+    };
+
+    std::string value;
+    int64_t iv = 0;
+
+    // mtc's own options, and torchrun's when they come after the script.
+    if (dashed == "--world-size" || dashed == "--nnodes" ||
+        dashed == "--nproc-per-node") {
+      if (absl::Status st = takeInt(iv, value); !st.ok())
+        return st;
+      if (iv < 1)
+        return absl::InvalidArgumentError(flag + " must be at least 1, got " + value);
+      (dashed == "--world-size" ? worldSize_
+       : dashed == "--nnodes"   ? nnodes_
+                                : nprocPerNode_) = iv;
+      worldSource_ += (worldSource_.empty() ? "" : " ") + flag + " " + value;
+      continue;
+    }
+
+    // Flags whose meaning is more than one key = one value.
+    if (dashed == "--fp16" || dashed == "--bf16") {
+      if (absl::Status st = noValue(); !st.ok())
+        return st;
+      if (precisionFlag_ && *precisionFlag_ != dashed)
+        return absl::InvalidArgumentError(
+            "both --fp16 and --bf16 are given; keep the one you mean");
+      precisionFlag_ = dashed;
+      set("training", "precision", tomlString(dashed.substr(2)), dashed);
+      continue;
+    }
+    if (dashed == "--disable-bias-linear") {
+      if (absl::Status st = noValue(); !st.ok())
+        return st;
+      set("model", "add_bias_linear", "false", dashed);
+      continue;
+    }
+    if (dashed == "--add-bias-linear") {
+      if (absl::Status st = noValue(); !st.ok())
+        return st;
+      set("model", "add_bias_linear", "true", dashed);
+      continue;
+    }
+    if (dashed == "--group-query-attention") {
+      if (absl::Status st = noValue(); !st.ok())
+        return st;
+      gqa_ = true;
+      continue;
+    }
+    if (dashed == "--num-query-groups") {
+      if (absl::Status st = takeInt(iv, value); !st.ok())
+        return st;
+      queryGroups_ = {iv, flag + " " + value};
+      continue;
+    }
+    if (dashed == "--use-rotary-position-embeddings") {
+      if (absl::Status st = noValue(); !st.ok())
+        return st;
+      set("model", "position_embedding_type", "\"rope\"", dashed);
+      continue;
+    }
+    if (dashed == "--recompute-activations") {
+      if (absl::Status st = noValue(); !st.ok())
+        return st;
+      set("parallel", "recompute_granularity", "\"selective\"", dashed);
+      continue;
+    }
+    if (dashed == "--checkpoint-activations") {
+      // Megatron's old spelling of full recomputation, one layer per chunk.
+      if (absl::Status st = noValue(); !st.ok())
+        return st;
+      set("parallel", "recompute_granularity", "\"full\"", dashed,
+          "--checkpoint-activations: Megatron's former name for full recomputation");
+      set("parallel", "recompute_method", "\"uniform\"", dashed);
+      if (!has("parallel.recompute_num_layers"))
+        set("parallel", "recompute_num_layers", "1", dashed);
+      continue;
+    }
+    if (dashed == "--checkpoint-num-layers") {
+      if (absl::Status st = takeInt(iv, value); !st.ok())
+        return st;
+      set("parallel", "recompute_num_layers", std::to_string(iv), flag + " " + value);
+      continue;
+    }
+    if (dashed == "--num-layers-per-virtual-pipeline-stage") {
+      if (absl::Status st = takeInt(iv, value); !st.ok())
+        return st;
+      if (iv < 1)
+        return absl::InvalidArgumentError(flag + " must be at least 1, got " + value);
+      layersPerVirtualStage_ = {iv, flag + " " + value};
+      continue;
+    }
+    if (dashed == "--num-virtual-stages-per-pipeline-rank") {
+      if (absl::Status st = takeInt(iv, value); !st.ok())
+        return st;
+      set("parallel", "virtual_pipeline_model_parallel_size", std::to_string(iv),
+          flag + " " + value);
+      continue;
+    }
+    if (dashed == "--data-path") {
+      // A single prefix, or a blend: weight prefix weight prefix ...
+      std::vector<std::string> words;
+      if (hasInline)
+        words.push_back(inlineValue);
+      while (i + 1 < n && !startsWith(args_[i + 1], "--"))
+        words.push_back(args_[++i]);
+      if (words.empty())
+        return absl::InvalidArgumentError(
+            "--data-path needs a prefix, or weight-prefix pairs for a blend");
+      std::vector<std::string> items;
+      if (words.size() == 1) {
+        set("data", "data_path", tomlString(words[0]), "--data-path " + words[0]);
+        continue;
+      } else {
+        if (words.size() % 2 != 0)
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--data-path has ", words.size(),
+              " words; a blend is pairs of weight and prefix (--data-path 0.3 A 0.7 B)"));
+        for (size_t k = 0; k < words.size(); k += 2) {
+          std::optional<double> weight = parseFloat(words[k]);
+          if (!weight || *weight <= 0)
+            return absl::InvalidArgumentError(
+                "--data-path blend weight '" + words[k] + "' (before '" + words[k + 1] +
+                "') is not a positive number; a blend is pairs of weight and prefix");
+          items.push_back(tomlFloat(*weight));
+          items.push_back(tomlString(words[k + 1]));
+        }
+      }
+      set("data", "data_path", "[" + absl::StrJoin(items, ", ") + "]",
+          "--data-path " + absl::StrJoin(words, " "));
+      continue;
+    }
+    if (dashed == "--encoder-seq-length" || dashed == "--layernorm-epsilon") {
+      // Megatron's older names for --seq-length and --norm-epsilon.
+      const KeyInfo &k = dashed == "--encoder-seq-length" ? key("model", "seq_length")
+                                                          : key("model", "norm_epsilon");
+      if (absl::Status st = takeValue(value); !st.ok())
+        return st;
+      if (k.type == KeyType::Int) {
+        std::optional<int64_t> v = parseInt(value);
+        if (!v)
+          return absl::InvalidArgumentError(flag + " expects an integer, got '" + value +
+                                            "'");
+        set(k.section, k.name, std::to_string(*v), flag + " " + value);
+      } else {
+        std::optional<double> v = parseFloat(value);
+        if (!v)
+          return absl::InvalidArgumentError(flag + " expects a number, got '" + value +
+                                            "'");
+        set(k.section, k.name, tomlFloat(*v), flag + " " + value);
+      }
+      continue;
+    }
+    if (dashed == "--train-samples" || dashed == "--lr-decay-samples" ||
+        dashed == "--lr-warmup-samples") {
+      // mt counts iterations; finish() divides by the global batch size.
+      if (absl::Status st = takeInt(iv, value); !st.ok())
+        return st;
+      auto &slot = dashed == "--train-samples"      ? trainSamples_
+                   : dashed == "--lr-decay-samples" ? decaySamples_
+                                                    : warmupSamples_;
+      slot = {iv, flag + " " + value};
+      continue;
+    }
+    if (dashed == "--optimizer" || dashed == "--context-parallel-size") {
+      if (absl::Status st = takeValue(value); !st.ok())
+        return st;
+      bool neutral = dashed == "--optimizer" ? value == "adam" : value == "1";
+      if (neutral)
+        ignore(flag, dashed == "--optimizer"
+                         ? "Adam (AdamW) is mt's optimizer, as Megatron's default"
+                         : "1 is mt's only context-parallel size");
+      else
+        unknown(flag, flag + " " + shellQuote(value));
+      continue;
+    }
+
+    if (dashed == "--no-position-embedding") {
+      // Megatron's Llama recipes pair it with rope; finish() checks that.
+      if (absl::Status st = noValue(); !st.ok())
+        return st;
+      noPositionEmbedding_ = true;
+      continue;
+    }
+    if (dashed == "--rotary-percent") {
+      if (absl::Status st = takeValue(value); !st.ok())
+        return st;
+      std::optional<double> v = parseFloat(value);
+      if (v && *v == 1.0)
+        ignore(flag, "1.0 is what mt does: rotary embeddings cover the whole head");
+      else
+        unknown(flag, flag + " " + shellQuote(value));
+      continue;
+    }
+    if (dashed == "--tokenizer-type") {
+      // mt trains on tokenized data, so another tokenizer does not stop the
+      // translation; it is reported, and the vocabulary must come from
+      // --vocab-size.
+      if (absl::Status st = takeValue(value); !st.ok())
+        return st;
+      const KeyInfo &k = key("data", "tokenizer_type");
+      if (std::find(k.choices.begin(), k.choices.end(), value) != k.choices.end()) {
+        set("data", "tokenizer_type", tomlString(value), flag + " " + value);
+      } else {
+        unknown(flag, flag + " " + shellQuote(value) + "  (mt knows " +
+                          absl::StrJoin(k.choices, ", ") + ")");
+        otherTokenizer_ = true;
+        notes_.push_back(flag + " " + value + ": mt has " +
+                         absl::StrJoin(k.choices, ", ") +
+                         " only; it trains on tokenized data, so give your tokenizer's "
+                         "vocabulary with --vocab-size");
+      }
+      continue;
+    }
+
+    // One key, one value: the key table names the flag.
+    if (const KeyInfo *k = keyForFlag(dashed)) {
+      std::string src = flag;
+      std::string toml;
+      switch (k->type) {
+      case KeyType::Bool: {
+        if (absl::Status st = noValue(); !st.ok())
+          return st;
+        bool negative = startsWith(dashed, "--no-") || startsWith(dashed, "--disable-");
+        toml = negative ? "false" : "true";
+        break;
+      }
+      case KeyType::Int: {
+        if (absl::Status st = takeInt(iv, value); !st.ok())
+          return st;
+        toml = std::to_string(iv);
+        src += " " + value;
+        break;
+      }
+      case KeyType::Float:
+      case KeyType::DeviceMemory: {
+        if (absl::Status st = takeValue(value); !st.ok())
+          return st;
+        std::optional<double> v = parseFloat(value);
+        if (!v)
+          return absl::InvalidArgumentError(flag + " expects a number, got '" + value +
+                                            "'");
+        toml = tomlFloat(*v);
+        src += " " + value;
+        break;
+      }
+      case KeyType::Enum: {
+        if (absl::Status st = takeValue(value); !st.ok())
+          return st;
+        const std::string *match = nullptr;
+        for (const std::string &c : k->choices)
+          if (c == value)
+            match = &c;
+        if (!match)
+          return absl::InvalidArgumentError(flag + " " + value +
+                                            " is not supported by mt; use one of " +
+                                            absl::StrJoin(k->choices, ", "));
+        toml = tomlString(*match);
+        src += " " + value;
+        break;
+      }
+      case KeyType::String:
+      case KeyType::DataPath: {
+        if (absl::Status st = takeValue(value); !st.ok())
+          return st;
+        toml = tomlString(value);
+        src += " " + value;
+        break;
+      }
+      }
+      if (std::string(k->section) == "training" &&
+          (std::string(k->name) == "initial_loss_scale" ||
+           std::string(k->name) == "min_loss_scale" ||
+           std::string(k->name) == "loss_scale_window" ||
+           std::string(k->name) == "hysteresis"))
+        lossScaleSettings_.push_back({std::string(k->section) + "." + k->name, flag});
+      set(k->section, k->name, toml, src);
+      continue;
+    }
+
+    // Known to Megatron, meaningless here.
+    bool takes = false;
+    const char *reason = nullptr;
+    if (const IgnoredFlag *f = findIgnored(dashed)) {
+      takes = f->takesValue;
+      reason = f->reason;
+    } else {
+      reason = ignoredFamily(dashed);
+    }
+    if (reason) {
+      // Its value goes with it: listed flags say whether they take one, a
+      // family member has one when a plain word follows.
+      if (!hasInline && i + 1 < n && !startsWith(args_[i + 1], "--") &&
+          (takes || !startsWith(args_[i + 1], "-")))
+        ++i;
+      ignore(flag, reason);
+      continue;
+    }
+
+    // Unknown: keep it, with the value it seems to have, for the user.
+    std::string text = shellQuote(w);
+    if (!hasInline && i + 1 < n && !startsWith(args_[i + 1], "--"))
+      text += " " + shellQuote(args_[++i]);
+    unknown(flag, text);
+    afterUnknown = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Translator::finish() {
+  // Loss scaling is fp16's; Megatron ignores these flags otherwise, and the
+  // spec refuses them, so they move to the ignored list.
+  if (!precisionFlag_ || *precisionFlag_ != "--fp16") {
+    for (const auto &[k, flag] : lossScaleSettings_) {
+      if (settings_.erase(k))
+        ignore(flag, "only used with --fp16 (dynamic loss scaling)");
+    }
+  }
+
+  // Megatron reads --num-query-groups only under --group-query-attention.
+  if (gqa_) {
+    if (!queryGroups_)
+      return absl::InvalidArgumentError(
+          "--group-query-attention needs --num-query-groups N (the number of "
+          "key/value heads); add it");
+    set("model", "num_query_groups", std::to_string(queryGroups_->first),
+        queryGroups_->second);
+  } else if (queryGroups_) {
+    ignore("--num-query-groups",
+           "Megatron uses it only with --group-query-attention; add that flag for GQA");
+  }
+
+  // Without a learned table only rotary positions remain, which mt has.
+  if (noPositionEmbedding_) {
+    auto pos = settings_.find("model.position_embedding_type");
+    if (pos != settings_.end() && pos->second.value == "\"rope\"")
+      ignore("--no-position-embedding", "rope has no learned position table anyway");
+    else
+      unknown("--no-position-embedding",
+              "--no-position-embedding  (mt needs learned or "
+              "rotary positions; add --position-embedding-type rope)");
+  }
+
+  int64_t tp = intOf("parallel.tensor_model_parallel_size").value_or(1);
+  int64_t pp = intOf("parallel.pipeline_model_parallel_size").value_or(1);
+
+  if (layersPerVirtualStage_) {
+    std::optional<int64_t> layers = intOf("model.num_layers");
+    if (!layers)
+      return absl::InvalidArgumentError(
+          layersPerVirtualStage_->second +
+          " needs --num-layers to compute the number of virtual stages; add it");
+    int64_t per = layersPerVirtualStage_->first;
+    if (pp < 1 || tp < 1 || *layers % (pp * per) != 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat(layersPerVirtualStage_->second, ": num_layers ", *layers,
+                       " is not a multiple of pipeline size ", pp, " x ", per,
+                       " layers per virtual stage; choose a divisor of ",
+                       *layers / std::max<int64_t>(pp, 1)));
+    set("parallel", "virtual_pipeline_model_parallel_size",
+        std::to_string(*layers / (pp * per)), layersPerVirtualStage_->second,
+        absl::StrCat(*layers, " layers / (pp ", pp, " x ", per,
+                     " layers per virtual stage), from ",
+                     layersPerVirtualStage_->second));
+  }
+
+  // The world size is the launcher's business in Megatron; it fixes dp.
+  std::optional<int64_t> world = worldSize_;
+  if (nnodes_ || nprocPerNode_) {
+    int64_t nodes = nnodes_.value_or(1);
+    int64_t perNode = nprocPerNode_.value_or(1);
+    if (world && *world != nodes * perNode)
+      return absl::InvalidArgumentError(
+          absl::StrCat("--world-size ", *world, " disagrees with ", nodes, " nodes x ",
+                       perNode, " processes per node; give one or make them agree"));
+    world = nodes * perNode;
+    set("cluster", "nodes", std::to_string(nodes), worldSource_);
+    set("cluster", "gpus_per_node", std::to_string(perNode), worldSource_);
+  }
+  if (world) {
+    if (tp < 1 || pp < 1 || *world % (tp * pp) != 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "world size ", *world, " (", worldSource_,
+          ") is not a multiple of tensor x pipeline parallel size ", tp, " x ", pp,
+          "; fix the launcher's process count or the parallel sizes"));
+    set("parallel", "data_parallel_size", std::to_string(*world / (tp * pp)),
+        worldSource_,
+        absl::StrCat("world size ", *world, " (", worldSource_, ") / (tp ", tp, " x pp ",
+                     pp, ")"));
+  } else {
+    notes_.push_back(
+        "the command line does not give the world size, so data_parallel_size "
+        "stays 1; set parallel.data_parallel_size and [cluster] nodes / "
+        "gpus_per_node to match your job (or pass the torchrun command, or "
+        "--world-size N)");
+    settingsNote_ = {
+        "Megatron takes data_parallel_size from the launcher's world size, which",
+        "the command line does not give: set it, and [cluster] nodes and",
+        "gpus_per_node, to match your job."};
+  }
+
+  // Sample counts become iteration counts, as Megatron does without rampup.
+  if (trainSamples_ || decaySamples_ || warmupSamples_) {
+    std::optional<int64_t> gbs = intOf("training.global_batch_size");
+    if (!gbs) {
+      std::optional<int64_t> mbs = intOf("training.micro_batch_size");
+      std::optional<int64_t> dp = intOf("parallel.data_parallel_size");
+      if (mbs && (dp || !world))
+        gbs = *mbs * dp.value_or(1);
+    }
+    const auto &any = trainSamples_   ? trainSamples_
+                      : decaySamples_ ? decaySamples_
+                                      : warmupSamples_;
+    if (!gbs || *gbs < 1)
+      return absl::InvalidArgumentError(
+          any->second + " counts samples and mt counts iterations; add "
+                        "--global-batch-size so the samples can be converted");
+    auto convert = [&](const std::optional<std::pair<int64_t, std::string>> &s,
+                       const char *name) {
+      if (!s)
+        return;
+      int64_t iters = s->first / *gbs;
+      std::string why = absl::StrCat(s->second, " / global batch ", *gbs);
+      if (s->first % *gbs != 0)
+        why += " (rounded down)";
+      set("training", name, std::to_string(iters), s->second, why);
+    };
+    convert(trainSamples_, "train_iters");
+    convert(decaySamples_, "lr_decay_iters");
+    convert(warmupSamples_, "lr_warmup_iters");
+  }
+
+  // The vocabulary size is the tokenizer's; GPT-2's BPE files give 50257.
+  if (!has("model.vocab_size") && has("data.vocab_file") && !otherTokenizer_) {
+    auto tok = settings_.find("data.tokenizer_type");
+    if (tok == settings_.end() || tok->second.value == "\"GPT2BPETokenizer\"")
+      set("model", "vocab_size", "50257", settings_["data.vocab_file"].source,
+          "GPT-2 BPE vocabulary (--vocab-file with GPT2BPETokenizer): 50257 tokens");
+  }
+
+  // Required keys: name the flag that provides each one.
+  std::vector<std::string> missing;
+  for (const KeyInfo &k : specKeys()) {
+    std::string full = std::string(k.section) + "." + k.name;
+    if (!k.required || has(full))
+      continue;
+    std::string how;
+    if (full == "model.vocab_size")
+      how = "--vocab-size N, or --vocab-file with GPT-2's BPE vocabulary";
+    else if (full == "training.train_iters")
+      how = "--train-iters N (or --train-samples with --global-batch-size)";
+    else if (!flagOf(k).empty())
+      how = flagOf(k) + " N";
+    else
+      how = "set " + full + " in the spec";
+    missing.push_back(full + " (" + how + ")");
+  }
+  if (!missing.empty())
+    return absl::InvalidArgumentError("the command line lacks what a spec requires: " +
+                                      absl::StrJoin(missing, ", ") + "; add these flags");
+  return absl::OkStatus();
+}
+
+std::string Translator::render() const {
+  std::ostringstream os;
+  // The source command, one flag per line so it reads like the script.
+  os << "# Translated by `mtc import-megatron` from:\n#  ";
+  for (size_t i = 0; i < args_.size(); ++i) {
+    if (i > 0 && i >= flagsBegin_ && startsWith(args_[i], "--"))
+      os << " \\\n#    ";
+    else if (i > 0)
+      os << ' ';
+    os << shellQuote(args_[i]);
+  }
+  os << "\n";
+
+  std::string text = os.str();
+  int line = 1 + static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+  std::ostringstream body;
+  auto emit = [&](const std::string &s) {
+    body << s << "\n";
+    ++line;
+  };
+  for (const std::string &section : specSections()) {
+    bool opened = false;
+    for (const KeyInfo &k : specKeys()) {
+      if (section != k.section)
+        continue;
+      std::string full = section + "." + k.name;
+      auto it = settings_.find(full);
+      bool dpNote = full == "parallel.data_parallel_size" && !settingsNote_.empty();
+      if (it == settings_.end() && !dpNote)
+        continue;
+      if (!opened) {
+        emit("");
+        emit("[" + section + "]");
+        opened = true;
+      }
+      if (dpNote && it == settings_.end()) {
+        for (const std::string &l : settingsNote_)
+          emit("# " + l);
+        emit("# " + std::string(k.name) + " = 1");
+        continue;
+      }
+      if (!it->second.comment.empty())
+        emit("# " + it->second.comment);
+      lineSources_[line] = it->second.source;
+      emit(std::string(k.name) + " = " + it->second.value);
+    }
+  }
+  if (!result_.ignoredFlags.empty()) {
+    emit("");
+    emit("# Megatron flags with no meaning for mt:");
+    for (const std::string &f : result_.ignoredFlags)
+      emit("#   " + f);
+  }
+  if (!result_.unknownFlags.empty()) {
+    emit("");
+    emit("# Flags not translated (unknown to mtc import-megatron); check them by hand:");
+    for (const std::string &f : unknownText_)
+      emit("#   " + f);
+  }
+  return text + body.str();
+}
+
+// At msg[end..] is "LINE:COL" after the source name: returns the flag that
+// line came from and moves `end` past the position.
+std::string Translator::flagAt(const std::string &msg, size_t &end) const {
+  auto digits = [&] {
+    size_t start = end;
+    while (end < msg.size() && std::isdigit(static_cast<unsigned char>(msg[end])))
+      ++end;
+    return msg.substr(start, end - start);
+  };
+  std::string line = digits();
+  if (end + 1 < msg.size() && msg[end] == ':' &&
+      std::isdigit(static_cast<unsigned char>(msg[end + 1]))) {
+    ++end;
+    digits();
+  }
+  auto src = lineSources_.find(std::atoi(line.c_str()));
+  return src != lineSources_.end() ? src->second : "line " + line + " of the translation";
+}
+
+absl::StatusOr<MegatronImportResult> Translator::run() {
+  // Skip env assignments and `set -x` markers, then the launcher.
+  size_t begin = leadingNoise(args_, [](const std::string &w) { return w; });
+  size_t script = std::string::npos;
+  for (size_t i = begin; i < args_.size(); ++i)
+    if (endsWith(args_[i], kScript)) {
+      script = i;
+      break;
+    }
+  if (script == std::string::npos && begin < args_.size() &&
+      !startsWith(args_[begin], "-")) {
+    // Another training script (pretrain_llama.py, a wrapper): same launcher rule.
+    for (size_t i = begin; i < args_.size(); ++i)
+      if (endsWith(args_[i], ".py")) {
+        script = i;
+        break;
+      }
+    if (script == std::string::npos)
+      return absl::InvalidArgumentError(
+          "'" + args_[begin] +
+          "' is not a Megatron flag and no pretrain_gpt.py follows it; pass the "
+          "flags of pretrain_gpt.py, or the whole torchrun/python command");
+  }
+  size_t flagsBegin = begin;
+  if (script != std::string::npos) {
+    if (absl::Status st = parseLauncher(begin, script); !st.ok())
+      return st;
+    flagsBegin = script + 1;
+  }
+  flagsBegin_ = flagsBegin;
+  if (absl::Status st = parseFlags(flagsBegin); !st.ok())
+    return st;
+  if (absl::Status st = finish(); !st.ok())
+    return st;
+
+  std::string toml = render();
+  absl::StatusOr<Spec> spec = parseSpecString(toml, "<import-megatron>");
+  if (!spec.ok()) {
+    // Name the flags behind the lines the message cites: the user wrote
+    // flags and never saw the translated lines.
+    std::string msg(spec.status().message());
+    const std::string prefix = "<import-megatron>:";
+    std::string primary;
+    if (startsWith(msg, prefix)) {
+      size_t end = prefix.size();
+      primary = flagAt(msg, end);
+      size_t err = msg.find("error: ");
+      msg = err == std::string::npos ? msg : msg.substr(err + 7);
+    }
+    for (size_t at = msg.find(prefix); at != std::string::npos;
+         at = msg.find(prefix, at)) {
+      size_t end = at + prefix.size();
+      std::string src = flagAt(msg, end);
+      msg.replace(at, end - at, src);
+      at += src.size();
+    }
+    if (!primary.empty())
+      msg += " (" + (startsWith(primary, "-") ? "from " + primary : primary) + ")";
+    return absl::InvalidArgumentError("the translated spec is invalid: " + msg);
+  }
+  result_.toml = toml;
+  return result_;
+}
+
+} // namespace
+
+absl::StatusOr<std::vector<std::string>> splitCommandLine(const std::string &text) {
+  absl::StatusOr<std::vector<Command>> tokens = tokenize(text);
+  if (!tokens.ok())
+    return tokens.status();
+
+  // Drop env assignments and `set -x` markers; a line that starts with a flag
+  // continues the command before it (argument files list one flag a line).
+  std::vector<Command> commands;
+  for (Command &c : *tokens) {
+    size_t k = leadingNoise(c, [](const Word &w) { return w.text; });
+    c.erase(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(k));
+    if (c.empty())
+      continue;
+    if (startsWith(c[0].text, "-") && !commands.empty())
+      commands.back().insert(commands.back().end(), c.begin(), c.end());
+    else
+      commands.push_back(std::move(c));
+  }
+  if (commands.empty())
+    return absl::InvalidArgumentError(
+        "the command line is empty; give the pretrain_gpt.py command or its flags");
+
+  // A script holds other commands too (export, mkdir): take the training one.
+  const Command *chosen = nullptr;
+  if (commands.size() == 1) {
+    chosen = &commands[0];
+  } else {
+    int runs = 0;
+    for (const Command &c : commands)
+      for (const Word &w : c)
+        if (endsWith(w.text, kScript)) {
+          chosen = &c;
+          ++runs;
+          break;
+        }
+    if (runs == 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the text holds ", commands.size(),
+          " commands and none runs pretrain_gpt.py; pass only the training command"));
+    if (runs > 1)
+      return absl::InvalidArgumentError(
+          absl::StrCat("the text runs pretrain_gpt.py ", runs,
+                       " times; pass only the training command you want translated"));
+  }
+
+  std::vector<std::string> expansions;
+  std::vector<std::string> words;
+  for (const Word &w : *chosen) {
+    for (const std::string &e : w.expansions)
+      if (std::find(expansions.begin(), expansions.end(), e) == expansions.end())
+        expansions.push_back(e);
+    words.push_back(w.text);
+  }
+  if (!expansions.empty())
+    return absl::InvalidArgumentError(
+        "the command line uses shell variables mtc cannot know: " +
+        absl::StrJoin(expansions, ", ") +
+        "; expand them first (run the script with `set -x` and pass the command "
+        "it prints, or write literal values)");
+  return words;
+}
+
+absl::StatusOr<MegatronImportResult>
+importMegatronArgs(const std::vector<std::string> &args) {
+  Translator t(args);
+  return t.run();
+}
+
+namespace {
+
+void printImportHelp(std::ostream &os) {
+  os << R"(usage: mtc import-megatron [options] ARGS...
+       mtc import-megatron [options] --args-file FILE   (or @FILE)
+
+Translates a Megatron-LM pretrain_gpt.py command line into a spec. ARGS is
+the command as you run it (torchrun ... pretrain_gpt.py --num-layers 24 ...)
+or just its flags; FILE holds it as shell text (a launch script is fine:
+comments, quotes, `\` line continuations, VAR=value lines and other commands
+are handled). Shell variables must be expanded first: run the script with
+`set -x` and pass the command it prints.
+
+torchrun's --nnodes and --nproc_per_node (or --world-size N) give the world
+size, from which data_parallel_size and [cluster] follow; without them
+data_parallel_size stays 1.
+
+options:
+  -o FILE, --output FILE  write the spec to FILE (atomically) instead of
+                          standard output
+  --args-file FILE        read the command line from FILE
+  --strict                fail when a flag is not understood
+  --help, -h              this text
+
+Flags with no meaning for mt are reported as ignored, with the reason; flags
+mtc does not know are reported and listed at the end of the spec.
+)";
+}
+
+int importError(const std::string &msg) {
+  std::cerr << "mtc import-megatron: error: " << msg << "\n";
+  return 1;
+}
+
+} // namespace
+
+int runImportMegatronCommand(const std::vector<std::string> &args) {
+  std::string output, argsFile;
+  bool strict = false;
+  std::vector<std::string> words;
+  bool optionsDone = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string &a = args[i];
+    // mtc's options may come anywhere: Megatron has none of these names.
+    // After `--` everything is Megatron's.
+    if (!optionsDone) {
+      if (a == "--") {
+        optionsDone = true;
+        continue;
+      }
+      if (a == "--help" || a == "-h") {
+        printImportHelp(std::cout);
+        return 0;
+      }
+      if (a == "--strict") {
+        strict = true;
+        continue;
+      }
+      if (a == "-o" || a == "--output" || a == "--args-file") {
+        if (i + 1 >= args.size())
+          return importError(a + " needs a file name; see 'mtc import-megatron --help'");
+        (a == "--args-file" ? argsFile : output) = args[++i];
+        continue;
+      }
+      if (startsWith(a, "--output=")) {
+        output = a.substr(9);
+        continue;
+      }
+      if (startsWith(a, "--args-file=")) {
+        argsFile = a.substr(12);
+        continue;
+      }
+      if (startsWith(a, "@") && a.size() > 1 && words.empty() && argsFile.empty()) {
+        argsFile = a.substr(1);
+        continue;
+      }
+    }
+    words.push_back(a);
+  }
+  if (!argsFile.empty() && !words.empty())
+    return importError("both --args-file and a command line are given ('" + words[0] +
+                       "'); give one");
+
+  if (!argsFile.empty()) {
+    std::ifstream in(argsFile, std::ios::binary);
+    if (!in)
+      return importError("cannot read '" + argsFile + "': " + std::strerror(errno) +
+                         "; check the path");
+    std::stringstream buf;
+    buf << in.rdbuf();
+    absl::StatusOr<std::vector<std::string>> split = splitCommandLine(buf.str());
+    if (!split.ok())
+      return importError(std::string(split.status().message()));
+    words = std::move(*split);
+  } else if (words.size() == 1 && words[0].find_first_of(" \t\n") != std::string::npos) {
+    // The whole command passed as one quoted argument.
+    absl::StatusOr<std::vector<std::string>> split = splitCommandLine(words[0]);
+    if (!split.ok())
+      return importError(std::string(split.status().message()));
+    words = std::move(*split);
+  }
+  if (words.empty())
+    return importError("no command line given: mtc import-megatron ARGS... or "
+                       "--args-file FILE; see 'mtc import-megatron --help'");
+
+  Translator t(words);
+  absl::StatusOr<MegatronImportResult> result = t.run();
+  if (!result.ok())
+    return importError(std::string(result.status().message()));
+
+  for (const std::string &f : result->ignoredFlags) {
+    size_t colon = f.find(": ");
+    std::cerr << "mtc import-megatron: ignored " << f.substr(0, colon)
+              << (colon == std::string::npos ? "" : ": " + f.substr(colon + 2)) << "\n";
+  }
+  for (const std::string &f : result->unknownFlags)
+    std::cerr << "mtc import-megatron: warning: unknown flag " << f
+              << " (not translated)\n";
+  for (const std::string &n : t.notes())
+    std::cerr << "mtc import-megatron: note: " << n << "\n";
+  if (strict && !result->unknownFlags.empty())
+    return importError(absl::StrCat(result->unknownFlags.size(),
+                                    " flag(s) not translated and --strict is given; "
+                                    "remove them or drop --strict"));
+
+  if (output.empty()) {
+    std::cout << result->toml;
+    std::cout.flush();
+    return std::cout ? 0 : 1;
+  }
+  std::string err = rt::write_file_atomically(output, result->toml);
+  if (!err.empty())
+    return importError(err + "; check the directory exists and is writable");
+  return 0;
+}
+
+} // namespace mt::spec

@@ -1,0 +1,328 @@
+// Enum spellings, vocabulary padding, the analytic parameter count, device
+// presets and the resolved-spec echo (toToml).
+#include "spec/Spec.h"
+
+#include <sstream>
+
+#include "spec/SpecKeys.h"
+
+namespace mt::spec {
+
+const char *toString(PositionEmbedding v) {
+  switch (v) {
+  case PositionEmbedding::LearnedAbsolute:
+    return "learned_absolute";
+  case PositionEmbedding::Rope:
+    return "rope";
+  }
+  return "";
+}
+
+const char *toString(Normalization v) {
+  switch (v) {
+  case Normalization::LayerNorm:
+    return "LayerNorm";
+  case Normalization::RMSNorm:
+    return "RMSNorm";
+  }
+  return "";
+}
+
+const char *toString(Precision v) {
+  switch (v) {
+  case Precision::FP32:
+    return "fp32";
+  case Precision::FP16:
+    return "fp16";
+  case Precision::BF16:
+    return "bf16";
+  }
+  return "";
+}
+
+const char *toString(LrDecayStyle v) {
+  switch (v) {
+  case LrDecayStyle::Constant:
+    return "constant";
+  case LrDecayStyle::Linear:
+    return "linear";
+  case LrDecayStyle::Cosine:
+    return "cosine";
+  }
+  return "";
+}
+
+const char *toString(RecomputeGranularity v) {
+  switch (v) {
+  case RecomputeGranularity::None:
+    return "none";
+  case RecomputeGranularity::Selective:
+    return "selective";
+  case RecomputeGranularity::Full:
+    return "full";
+  }
+  return "";
+}
+
+const char *toString(RecomputeMethod v) {
+  switch (v) {
+  case RecomputeMethod::None:
+    return "none";
+  case RecomputeMethod::Uniform:
+    return "uniform";
+  case RecomputeMethod::Block:
+    return "block";
+  }
+  return "";
+}
+
+int64_t Spec::paddedVocabSize() const {
+  // Megatron pads so every tensor-parallel rank gets an equal, aligned slice
+  // of the embedding (megatron/training/tokenizer: _vocab_size_with_padding).
+  int64_t multiple = model.make_vocab_size_divisible_by * parallel.tensor_model_parallel_size;
+  if (multiple <= 0)
+    return model.vocab_size;
+  return (model.vocab_size + multiple - 1) / multiple * multiple;
+}
+
+ParamCount countParameters(const ModelConfig &m, int64_t paddedVocab) {
+  ParamCount c;
+  const int64_t h = m.hidden_size;
+  const int64_t bias = m.add_bias_linear ? 1 : 0;
+  const int64_t norm = m.normalization == Normalization::LayerNorm ? 2 * h : h;
+  c.word_embeddings = paddedVocab * h;
+  if (m.position_embedding_type == PositionEmbedding::LearnedAbsolute)
+    c.position_embeddings = m.max_position_embeddings * h;
+  // Fused QKV: n query heads plus g key and g value heads, d channels each.
+  const int64_t qkvOut =
+      m.num_attention_heads * m.kv_channels + 2 * m.num_query_groups * m.kv_channels;
+  const int64_t projIn = m.num_attention_heads * m.kv_channels;
+  c.per_layer_attention = h * qkvOut + bias * qkvOut + projIn * h + bias * h;
+  // SwiGLU's FC1 holds the gate and the up projection side by side.
+  const int64_t fc1Out = m.ffn_hidden_size * (m.swiglu ? 2 : 1);
+  c.per_layer_mlp = h * fc1Out + bias * fc1Out + m.ffn_hidden_size * h + bias * h;
+  c.per_layer_norms = 2 * norm;
+  c.final_norm = norm;
+  if (m.untie_embeddings_and_output_weights)
+    c.output_layer = paddedVocab * h;
+  return c;
+}
+
+const std::vector<DevicePreset> &devicePresets() {
+  // Total memory as the driver reports it (nvidia-smi's MiB * 2^20).
+  static const std::vector<DevicePreset> presets = {
+      {"H100-80GB", 85520809984LL},    // 81559 MiB
+      {"H200-141GB", 150754820096LL},  // 143771 MiB
+      {"A100-80GB", 85899345920LL},    // 81920 MiB
+      {"A100-40GB", 42949672960LL},    // 40960 MiB
+      {"RTX5080-16GB", 17094934528LL}, // 16303 MiB
+  };
+  return presets;
+}
+
+namespace {
+
+std::string quote(const std::string &s) {
+  std::string r = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+    case '"':
+      r += "\\\"";
+      break;
+    case '\\':
+      r += "\\\\";
+      break;
+    case '\n':
+      r += "\\n";
+      break;
+    case '\t':
+      r += "\\t";
+      break;
+    case '\r':
+      r += "\\r";
+      break;
+    default:
+      if (c < 0x20 || c == 0x7f) {
+        char buf[8];
+        std::snprintf(buf, sizeof(buf), "\\u%04X", c);
+        r += buf;
+      } else {
+        r += static_cast<char>(c);
+      }
+    }
+  }
+  return r + "\"";
+}
+
+// A TOML float literal that reads back bit-exact.
+std::string tomlFloat(double v) {
+  std::string s = formatNumber(v);
+  if (s.find_first_of(".eEn") == std::string::npos)
+    s += ".0";
+  return s;
+}
+
+class TomlWriter {
+public:
+  explicit TomlWriter(std::ostringstream &os) : os(os) {}
+  void section(const char *name) {
+    os << (first ? "" : "\n") << "[" << name << "]\n";
+    first = false;
+  }
+  void integer(const char *key, int64_t v) { os << key << " = " << v << "\n"; }
+  void real(const char *key, double v) { os << key << " = " << tomlFloat(v) << "\n"; }
+  void boolean(const char *key, bool v) { os << key << " = " << (v ? "true" : "false") << "\n"; }
+  void string(const char *key, const std::string &v) { os << key << " = " << quote(v) << "\n"; }
+  // Keys without a value stay visible, so the echo still lists every key.
+  void unset(const char *key, const char *why) { os << "# " << key << ": " << why << "\n"; }
+
+private:
+  std::ostringstream &os;
+  bool first = true;
+};
+
+} // namespace
+
+std::string toToml(const Spec &spec) {
+  std::ostringstream os;
+  os << "# Resolved mt spec: every key explicit, defaults filled in";
+  if (!spec.source.empty()) {
+    std::string src = spec.source;
+    for (char &c : src)
+      if (c == '\n' || c == '\r')
+        c = ' ';
+    os << " (from " << src << ")";
+  }
+  os << ".\n";
+  TomlWriter w(os);
+  const ModelConfig &m = spec.model;
+  w.section("model");
+  w.integer("num_layers", m.num_layers);
+  w.integer("hidden_size", m.hidden_size);
+  w.integer("ffn_hidden_size", m.ffn_hidden_size);
+  w.integer("num_attention_heads", m.num_attention_heads);
+  w.integer("num_query_groups", m.num_query_groups);
+  w.integer("kv_channels", m.kv_channels);
+  w.integer("seq_length", m.seq_length);
+  w.integer("max_position_embeddings", m.max_position_embeddings);
+  w.integer("vocab_size", m.vocab_size);
+  w.integer("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
+  w.string("position_embedding_type", toString(m.position_embedding_type));
+  if (m.position_embedding_type == PositionEmbedding::Rope)
+    w.integer("rotary_base", m.rotary_base);
+  else
+    w.unset("rotary_base", "only with position_embedding_type = \"rope\"");
+  w.string("normalization", toString(m.normalization));
+  w.real("norm_epsilon", m.norm_epsilon);
+  w.boolean("swiglu", m.swiglu);
+  w.boolean("untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights);
+  w.boolean("add_bias_linear", m.add_bias_linear);
+  w.real("hidden_dropout", m.hidden_dropout);
+  w.real("attention_dropout", m.attention_dropout);
+  w.real("init_method_std", m.init_method_std);
+
+  const ParallelConfig &p = spec.parallel;
+  w.section("parallel");
+  w.integer("tensor_model_parallel_size", p.tensor_model_parallel_size);
+  w.integer("pipeline_model_parallel_size", p.pipeline_model_parallel_size);
+  w.integer("data_parallel_size", p.data_parallel_size);
+  w.integer("virtual_pipeline_model_parallel_size", p.virtual_pipeline_model_parallel_size);
+  w.boolean("sequence_parallel", p.sequence_parallel);
+  w.boolean("use_distributed_optimizer", p.use_distributed_optimizer);
+  if (p.recompute_granularity != RecomputeGranularity::None)
+    w.string("recompute_granularity", toString(p.recompute_granularity));
+  else
+    w.unset("recompute_granularity", "not set (no recomputation)");
+  if (p.recompute_method != RecomputeMethod::None)
+    w.string("recompute_method", toString(p.recompute_method));
+  else
+    w.unset("recompute_method", "not set");
+  if (p.recompute_num_layers > 0)
+    w.integer("recompute_num_layers", p.recompute_num_layers);
+  else
+    w.unset("recompute_num_layers", "not set");
+
+  const TrainingConfig &t = spec.training;
+  const bool fp16 = t.precision == Precision::FP16;
+  const char *fp16Only = "only with precision = \"fp16\"";
+  w.section("training");
+  w.integer("micro_batch_size", t.micro_batch_size);
+  w.integer("global_batch_size", t.global_batch_size);
+  w.integer("train_iters", t.train_iters);
+  w.real("lr", t.lr);
+  w.real("min_lr", t.min_lr);
+  w.string("lr_decay_style", toString(t.lr_decay_style));
+  w.integer("lr_decay_iters", t.lr_decay_iters);
+  w.integer("lr_warmup_iters", t.lr_warmup_iters);
+  w.unset("lr_warmup_fraction", "resolved into lr_warmup_iters");
+  w.real("weight_decay", t.weight_decay);
+  w.real("adam_beta1", t.adam_beta1);
+  w.real("adam_beta2", t.adam_beta2);
+  w.real("adam_eps", t.adam_eps);
+  w.real("clip_grad", t.clip_grad);
+  w.string("precision", toString(t.precision));
+  if (fp16) {
+    w.real("initial_loss_scale", t.initial_loss_scale);
+    w.real("min_loss_scale", t.min_loss_scale);
+    w.integer("loss_scale_window", t.loss_scale_window);
+    w.integer("hysteresis", t.hysteresis);
+  } else {
+    w.unset("initial_loss_scale", fp16Only);
+    w.unset("min_loss_scale", fp16Only);
+    w.unset("loss_scale_window", fp16Only);
+    w.unset("hysteresis", fp16Only);
+  }
+  w.integer("seed", t.seed);
+  w.integer("log_interval", t.log_interval);
+  w.integer("eval_interval", t.eval_interval);
+  w.integer("eval_iters", t.eval_iters);
+  w.integer("save_interval", t.save_interval);
+  if (!t.save.empty())
+    w.string("save", t.save);
+  else
+    w.unset("save", "not set");
+  if (!t.load.empty())
+    w.string("load", t.load);
+  else
+    w.unset("load", "not set");
+
+  const DataConfig &d = spec.data;
+  w.section("data");
+  if (d.data_path.size() == 1 && d.data_path[0].first == 1.0) {
+    w.string("data_path", d.data_path[0].second);
+  } else if (!d.data_path.empty()) {
+    os << "data_path = [";
+    for (size_t i = 0; i < d.data_path.size(); ++i)
+      os << (i ? ", " : "") << tomlFloat(d.data_path[i].first) << ", "
+         << quote(d.data_path[i].second);
+    os << "]\n";
+  } else {
+    w.unset("data_path", "not set");
+  }
+  w.string("split", d.split);
+  w.string("tokenizer_type", d.tokenizer_type);
+  if (!d.vocab_file.empty())
+    w.string("vocab_file", d.vocab_file);
+  else
+    w.unset("vocab_file", "not set");
+  if (!d.merge_file.empty())
+    w.string("merge_file", d.merge_file);
+  else
+    w.unset("merge_file", "not set");
+  w.boolean("mock_data", d.mock_data);
+
+  const ClusterConfig &c = spec.cluster;
+  w.section("cluster");
+  bool preset = false;
+  for (const DevicePreset &dp : devicePresets())
+    preset |= c.device == dp.name && c.device_memory_bytes == dp.bytes;
+  if (preset)
+    w.string("device_memory", c.device);
+  else
+    w.real("device_memory", static_cast<double>(c.device_memory_bytes) / (1LL << 30));
+  w.integer("gpus_per_node", c.gpus_per_node);
+  w.integer("nodes", c.nodes);
+  return os.str();
+}
+
+} // namespace mt::spec

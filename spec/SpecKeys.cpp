@@ -1,0 +1,420 @@
+// The spec key table, did-you-mean and the markdown key reference built from it.
+#include "spec/SpecKeys.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+
+namespace mt::spec {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Range {
+  double min = -kInf;
+  double max = kInf;
+  bool minExclusive = false;
+  bool maxExclusive = false;
+};
+
+Range none() { return {}; }
+Range atLeast(double v) { return {v, kInf, false, false}; }
+Range above(double v) { return {v, kInf, true, false}; }
+// [0, 1): probabilities that must leave something (dropout) or decay (betas).
+Range unitOpen() { return {0, 1, false, true}; }
+Range unitClosed() { return {0, 1, false, false}; }
+
+KeyInfo key(const char *section, const char *name, KeyType type, bool required,
+            const char *defaultText, const char *unit, const char *flag, const char *doc,
+            Range range = none(), std::vector<std::string> choices = {}) {
+  KeyInfo k{};
+  k.section = section;
+  k.name = name;
+  k.type = type;
+  k.required = required;
+  k.defaultText = defaultText;
+  k.unit = unit;
+  k.megatronFlag = flag;
+  k.doc = doc;
+  k.choices = std::move(choices);
+  k.min = range.min;
+  k.max = range.max;
+  k.minExclusive = range.minExclusive;
+  k.maxExclusive = range.maxExclusive;
+  return k;
+}
+
+std::vector<KeyInfo> buildTable() {
+  const KeyType I = KeyType::Int, F = KeyType::Float, B = KeyType::Bool, S = KeyType::String,
+                E = KeyType::Enum;
+  std::vector<KeyInfo> t;
+  // [model]
+  t.push_back(key("model", "num_layers", I, true, "", "layers", "--num-layers",
+                  "Number of transformer layers.", atLeast(1)));
+  t.push_back(key("model", "hidden_size", I, true, "", "", "--hidden-size",
+                  "Width of the residual stream.", atLeast(1)));
+  t.push_back(key("model", "ffn_hidden_size", I, false,
+                  "4 * hidden_size; with swiglu int((4 * hidden_size * 2 / 3) / 64) * 64", "",
+                  "--ffn-hidden-size", "Inner width of the MLP (per branch with swiglu).",
+                  atLeast(1)));
+  t.push_back(key("model", "num_attention_heads", I, true, "", "heads", "--num-attention-heads",
+                  "Number of query heads.", atLeast(1)));
+  t.push_back(key("model", "num_query_groups", I, false, "num_attention_heads", "groups",
+                  "--num-query-groups",
+                  "Key/value heads for grouped-query attention; Megatron also needs "
+                  "--group-query-attention. Equal to num_attention_heads means plain "
+                  "multi-head attention.",
+                  atLeast(1)));
+  t.push_back(key("model", "kv_channels", I, false, "hidden_size / num_attention_heads", "",
+                  "--kv-channels",
+                  "Width of one attention head. When given, hidden_size need not be "
+                  "divisible by num_attention_heads.",
+                  atLeast(1)));
+  t.push_back(key("model", "seq_length", I, true, "", "tokens", "--seq-length",
+                  "Tokens per training sample.", atLeast(1)));
+  t.push_back(key("model", "max_position_embeddings", I, false, "seq_length", "tokens",
+                  "--max-position-embeddings",
+                  "Rows of the learned position table; must be >= seq_length with "
+                  "learned_absolute positions.",
+                  atLeast(1)));
+  t.push_back(key("model", "vocab_size", I, true, "", "tokens", "--vocab-size",
+                  "The tokenizer's vocabulary, unpadded (50257 for GPT-2).", atLeast(1)));
+  t.push_back(key("model", "make_vocab_size_divisible_by", I, false, "128", "",
+                  "--make-vocab-size-divisible-by",
+                  "The embedding is padded to a multiple of this times "
+                  "tensor_model_parallel_size; 1 keeps vocab_size (with tp 1).",
+                  atLeast(1)));
+  t.push_back(key("model", "position_embedding_type", E, false, "\"learned_absolute\"", "",
+                  "--position-embedding-type", "Position encoding.", none(),
+                  {"learned_absolute", "rope"}));
+  t.push_back(key("model", "rotary_base", I, false, "10000", "", "--rotary-base",
+                  "RoPE base period; only with position_embedding_type = \"rope\".", atLeast(1)));
+  t.push_back(key("model", "normalization", E, false, "\"LayerNorm\"", "", "--normalization",
+                  "Normalization layer.", none(), {"LayerNorm", "RMSNorm"}));
+  t.push_back(key("model", "norm_epsilon", F, false, "1e-5", "", "--norm-epsilon",
+                  "Epsilon of the normalization layers.", above(0)));
+  t.push_back(key("model", "swiglu", B, false, "false", "", "--swiglu",
+                  "SwiGLU MLP (gated SiLU) instead of GELU."));
+  t.push_back(key("model", "untie_embeddings_and_output_weights", B, false, "false", "",
+                  "--untie-embeddings-and-output-weights",
+                  "Give the output layer its own weights instead of reusing the word "
+                  "embeddings."));
+  t.push_back(key("model", "add_bias_linear", B, false, "true", "", "--disable-bias-linear",
+                  "Biases in the linear layers. Megatron's --disable-bias-linear sets "
+                  "this to false."));
+  t.push_back(key("model", "hidden_dropout", F, false, "0.1", "probability", "--hidden-dropout",
+                  "Dropout after the attention and MLP blocks.", unitOpen()));
+  t.push_back(key("model", "attention_dropout", F, false, "0.1", "probability",
+                  "--attention-dropout", "Dropout on the attention probabilities.", unitOpen()));
+  t.push_back(key("model", "init_method_std", F, false, "0.02", "", "--init-method-std",
+                  "Standard deviation of the normal weight init (output projections are "
+                  "scaled by 1 / sqrt(2 * num_layers)).",
+                  above(0)));
+
+  // [parallel]
+  t.push_back(key("parallel", "tensor_model_parallel_size", I, false, "1", "GPUs",
+                  "--tensor-model-parallel-size",
+                  "Tensor parallelism (tp): each layer's matrices are split over tp GPUs.",
+                  atLeast(1)));
+  t.push_back(key("parallel", "pipeline_model_parallel_size", I, false, "1", "GPUs",
+                  "--pipeline-model-parallel-size",
+                  "Pipeline parallelism (pp): the layers are split into pp stages.", atLeast(1)));
+  t.push_back(key("parallel", "data_parallel_size", I, false, "1", "GPUs", "",
+                  "Data parallelism (dp). Megatron derives it from the world size "
+                  "(world / (tp * pp)); here it is explicit and the world size is "
+                  "tp * pp * dp.",
+                  atLeast(1)));
+  t.push_back(key("parallel", "virtual_pipeline_model_parallel_size", I, false, "1", "stages",
+                  "--num-virtual-stages-per-pipeline-rank",
+                  "Model chunks per pipeline rank (vp) for the interleaved schedule; 1 = "
+                  "not interleaved. Megatron's --num-layers-per-virtual-pipeline-stage L "
+                  "means vp = num_layers / (pp * L).",
+                  atLeast(1)));
+  t.push_back(key("parallel", "sequence_parallel", B, false, "false", "", "--sequence-parallel",
+                  "Split norms and dropout along the sequence over the tp group; needs "
+                  "tensor_model_parallel_size > 1."));
+  t.push_back(key("parallel", "use_distributed_optimizer", B, false, "false", "",
+                  "--use-distributed-optimizer",
+                  "Shard optimizer state over the data-parallel group (ZeRO-1). Allowed "
+                  "with dp = 1, where it changes nothing."));
+  t.push_back(key("parallel", "recompute_granularity", E, false, "not set", "",
+                  "--recompute-granularity",
+                  "Activation recomputation: \"selective\" recomputes the attention core, "
+                  "\"full\" whole layers (then recompute_method and recompute_num_layers "
+                  "are required).",
+                  none(), {"full", "selective"}));
+  t.push_back(key("parallel", "recompute_method", E, false, "not set", "", "--recompute-method",
+                  "With full recomputation: \"uniform\" checkpoints groups of "
+                  "recompute_num_layers layers, \"block\" recomputes the first "
+                  "recompute_num_layers layers of each model chunk.",
+                  none(), {"uniform", "block"}));
+  t.push_back(key("parallel", "recompute_num_layers", I, false, "not set", "layers",
+                  "--recompute-num-layers",
+                  "Counted per model chunk (num_layers / (pp * vp) layers). uniform: "
+                  "group size, must divide the chunk; block: layers recomputed, at most "
+                  "the chunk.",
+                  atLeast(1)));
+
+  // [training]
+  t.push_back(key("training", "micro_batch_size", I, true, "", "samples", "--micro-batch-size",
+                  "Samples per GPU per forward/backward pass.", atLeast(1)));
+  t.push_back(key("training", "global_batch_size", I, false,
+                  "micro_batch_size * data_parallel_size", "samples", "--global-batch-size",
+                  "Samples per optimizer step; a multiple of micro_batch_size * "
+                  "data_parallel_size (the quotient is the number of micro-batches).",
+                  atLeast(1)));
+  t.push_back(key("training", "train_iters", I, true, "", "iterations", "--train-iters",
+                  "Optimizer steps to train.", atLeast(1)));
+  t.push_back(key("training", "lr", F, true, "", "", "--lr", "Peak learning rate.", above(0)));
+  t.push_back(key("training", "min_lr", F, false, "0.0", "", "--min-lr",
+                  "Learning rate at the end of the decay; at most lr.", atLeast(0)));
+  t.push_back(key("training", "lr_decay_style", E, false, "\"linear\"", "", "--lr-decay-style",
+                  "Decay from lr to min_lr after the warmup.", none(),
+                  {"constant", "linear", "cosine"}));
+  t.push_back(key("training", "lr_decay_iters", I, false, "train_iters", "iterations",
+                  "--lr-decay-iters", "Iterations over which the learning rate decays.",
+                  atLeast(1)));
+  t.push_back(key("training", "lr_warmup_iters", I, false, "0", "iterations", "--lr-warmup-iters",
+                  "Linear warmup from 0 to lr; at most lr_decay_iters.", atLeast(0)));
+  t.push_back(key("training", "lr_warmup_fraction", F, false, "not set", "", "--lr-warmup-fraction",
+                  "Warmup as a fraction of lr_decay_iters, resolved to "
+                  "floor(fraction * lr_decay_iters) iterations. Give this or "
+                  "lr_warmup_iters, not both.",
+                  unitClosed()));
+  t.push_back(key("training", "weight_decay", F, false, "0.01", "", "--weight-decay",
+                  "AdamW weight decay.", atLeast(0)));
+  t.push_back(key("training", "adam_beta1", F, false, "0.9", "", "--adam-beta1",
+                  "Adam first-moment decay.", unitOpen()));
+  t.push_back(key("training", "adam_beta2", F, false, "0.999", "", "--adam-beta2",
+                  "Adam second-moment decay.", unitOpen()));
+  t.push_back(key("training", "adam_eps", F, false, "1e-8", "", "--adam-eps",
+                  "Adam denominator epsilon.", above(0)));
+  t.push_back(key("training", "clip_grad", F, false, "1.0", "", "--clip-grad",
+                  "Gradient clipping by global L2 norm; 0 turns it off.", atLeast(0)));
+  t.push_back(key("training", "precision", E, false, "\"fp32\"", "", "--fp16 / --bf16",
+                  "Parameter and compute precision; Megatron's --fp16 and --bf16 flags "
+                  "select the two half formats.",
+                  none(), {"fp32", "fp16", "bf16"}));
+  t.push_back(key("training", "initial_loss_scale", F, false, "4294967296 (2^32)", "",
+                  "--initial-loss-scale",
+                  "Starting dynamic loss scale; only with precision = \"fp16\".", above(0)));
+  t.push_back(key("training", "min_loss_scale", F, false, "1.0", "", "--min-loss-scale",
+                  "Lower bound of the dynamic loss scale; only with precision = \"fp16\".",
+                  above(0)));
+  t.push_back(key("training", "loss_scale_window", I, false, "1000", "iterations",
+                  "--loss-scale-window",
+                  "Overflow-free iterations before the loss scale grows; only with "
+                  "precision = \"fp16\".",
+                  atLeast(1)));
+  t.push_back(key("training", "hysteresis", I, false, "2", "iterations", "--hysteresis",
+                  "Overflows tolerated before the loss scale shrinks; only with "
+                  "precision = \"fp16\".",
+                  atLeast(1)));
+  t.push_back(key("training", "seed", I, false, "1234", "", "--seed",
+                  "Random seed for init, dropout and data order.", atLeast(0)));
+  t.push_back(key("training", "log_interval", I, false, "100", "iterations", "--log-interval",
+                  "Iterations between log lines.", atLeast(1)));
+  t.push_back(key("training", "eval_interval", I, false, "1000", "iterations", "--eval-interval",
+                  "Iterations between evaluations.", atLeast(1)));
+  t.push_back(key("training", "eval_iters", I, false, "100", "iterations", "--eval-iters",
+                  "Batches per evaluation; 0 skips evaluation.", atLeast(0)));
+  t.push_back(key("training", "save_interval", I, false, "0", "iterations", "--save-interval",
+                  "Iterations between checkpoints; 0 saves only at the end (when save is "
+                  "set).",
+                  atLeast(0)));
+  t.push_back(key("training", "save", S, false, "not set", "path", "--save",
+                  "Checkpoint directory to write."));
+  t.push_back(key("training", "load", S, false, "not set", "path", "--load",
+                  "Checkpoint directory to resume from."));
+
+  // [data]
+  t.push_back(key("data", "data_path", KeyType::DataPath, false, "not set", "path", "--data-path",
+                  "Dataset prefix (\"corpus_text_document\"), or a blend [w1, \"p1\", w2, "
+                  "\"p2\", ...] with weights > 0 (numbers or numeric strings). May be "
+                  "absent at compile time."));
+  t.push_back(key("data", "split", S, false, "\"969,30,1\"", "", "--split",
+                  "Train, validation and test proportions: 1 to 3 non-negative numbers "
+                  "separated by \",\" (or \"/\"), not all zero."));
+  t.push_back(key("data", "tokenizer_type", E, false, "\"GPT2BPETokenizer\"", "",
+                  "--tokenizer-type", "Tokenizer; only GPT-2's BPE for now.", none(),
+                  {"GPT2BPETokenizer"}));
+  t.push_back(
+      key("data", "vocab_file", S, false, "not set", "path", "--vocab-file", "GPT-2 vocab.json."));
+  t.push_back(
+      key("data", "merge_file", S, false, "not set", "path", "--merge-file", "GPT-2 merges.txt."));
+  t.push_back(key("data", "mock_data", B, false, "false", "", "--mock-data",
+                  "Train on synthetic tokens; excludes data_path."));
+
+  // [cluster]
+  t.push_back(key("cluster", "device_memory", KeyType::DeviceMemory, false, "\"H100-80GB\"", "GiB",
+                  "",
+                  "Memory of one GPU: a preset (\"H100-80GB\", \"H200-141GB\", "
+                  "\"A100-80GB\", \"A100-40GB\", \"RTX5080-16GB\") or a number of GiB.",
+                  above(0)));
+  t.push_back(key("cluster", "gpus_per_node", I, false, "tp * pp * dp / nodes", "GPUs", "",
+                  "GPUs per node (torchrun --nproc-per-node); nodes * gpus_per_node must "
+                  "equal tp * pp * dp.",
+                  atLeast(1)));
+  t.push_back(key("cluster", "nodes", I, false, "1", "nodes", "",
+                  "Number of nodes (torchrun --nnodes).", atLeast(1)));
+  return t;
+}
+
+const char *sectionDoc(const std::string &section) {
+  if (section == "model")
+    return "The network: a GPT decoder in Megatron-LM's layout.";
+  if (section == "parallel")
+    return "How the model is split over GPUs: world size = tp * pp * dp.";
+  if (section == "training")
+    return "Batch, optimizer, learning-rate schedule, precision, logging and checkpoints.";
+  if (section == "data")
+    return "Where tokens come from. No data source is needed to compile.";
+  return "What the job runs on.";
+}
+
+std::string lower(const std::string &s) {
+  std::string r = s;
+  for (char &c : r)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return r;
+}
+
+size_t editDistance(const std::string &a, const std::string &b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j)
+    prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+const char *typeName(KeyType t) {
+  switch (t) {
+  case KeyType::Int:
+    return "int";
+  case KeyType::Float:
+    return "float";
+  case KeyType::Bool:
+    return "bool";
+  case KeyType::String:
+    return "string";
+  case KeyType::Enum:
+    return "enum";
+  case KeyType::DataPath:
+    return "string or array";
+  case KeyType::DeviceMemory:
+    return "string or number";
+  }
+  return "";
+}
+
+std::string cell(const std::string &s) { return s.empty() ? " " : s; }
+
+} // namespace
+
+const std::vector<KeyInfo> &specKeys() {
+  static const std::vector<KeyInfo> table = buildTable();
+  return table;
+}
+
+const std::vector<std::string> &specSections() {
+  static const std::vector<std::string> sections = {"model", "parallel", "training", "data",
+                                                    "cluster"};
+  return sections;
+}
+
+const KeyInfo *findKey(const std::string &section, const std::string &name) {
+  for (const KeyInfo &k : specKeys())
+    if (section == k.section && name == k.name)
+      return &k;
+  return nullptr;
+}
+
+std::string didYouMean(const std::string &word, const std::vector<std::string> &candidates) {
+  // Case-insensitive, so "rmsnorm" finds "RMSNorm". A candidate that shares
+  // nothing with the word (distance = the longer length) is no hint at all.
+  std::string w = lower(word);
+  size_t limit = std::max<size_t>(2, word.size() / 3);
+  std::string best;
+  size_t bestDist = std::numeric_limits<size_t>::max();
+  for (const std::string &c : candidates) {
+    size_t d = editDistance(w, lower(c));
+    if (d <= limit && d < std::max(w.size(), c.size()) && d < bestDist) {
+      best = c;
+      bestDist = d;
+    }
+  }
+  return best;
+}
+
+std::string formatNumber(double v) {
+  // Docs and messages show 1e-05, not 1.0000000000000001e-05.
+  if (std::isnan(v))
+    return "nan";
+  if (std::isinf(v))
+    return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof(buf), "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v)
+      break;
+  }
+  return buf;
+}
+
+std::string rangeText(const KeyInfo &k) {
+  bool hasMin = std::isfinite(k.min), hasMax = std::isfinite(k.max);
+  if (hasMin && hasMax)
+    return std::string("in ") + (k.minExclusive ? "(" : "[") + formatNumber(k.min) + ", " +
+           formatNumber(k.max) + (k.maxExclusive ? ")" : "]");
+  if (hasMin)
+    return std::string(k.minExclusive ? "> " : ">= ") + formatNumber(k.min);
+  if (hasMax)
+    return std::string(k.maxExclusive ? "< " : "<= ") + formatNumber(k.max);
+  return "";
+}
+
+std::string renderKeyReferenceMarkdown() {
+  std::ostringstream os;
+  bool first = true;
+  for (const std::string &section : specSections()) {
+    if (!first)
+      os << "\n";
+    first = false;
+    os << "### [" << section << "]\n\n" << sectionDoc(section) << "\n\n";
+    os << "| key | type | default | unit | Megatron flag | meaning |\n";
+    os << "|---|---|---|---|---|---|\n";
+    for (const KeyInfo &k : specKeys()) {
+      if (section != k.section)
+        continue;
+      std::string def = k.required ? "required" : k.defaultText;
+      std::string flag = *k.megatronFlag ? std::string("`") + k.megatronFlag + "`" : "";
+      std::string meaning = k.doc;
+      if (!k.choices.empty()) {
+        meaning += " Allowed: ";
+        for (size_t i = 0; i < k.choices.size(); ++i)
+          meaning += (i ? ", `\"" : "`\"") + k.choices[i] + "\"`";
+        meaning += ".";
+      }
+      std::string range = rangeText(k);
+      if (!range.empty() && k.type != KeyType::Bool)
+        meaning += " Range: " + range + ".";
+      os << "| `" << k.name << "` | " << typeName(k.type) << " | " << cell(def) << " | "
+         << cell(k.unit) << " | " << cell(flag) << " | " << meaning << " |\n";
+    }
+  }
+  return os.str();
+}
+
+} // namespace mt::spec

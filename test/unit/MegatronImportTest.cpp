@@ -1,0 +1,452 @@
+// Tests of `mtc import-megatron`: shell splitting, flag mapping, refusals.
+#include "spec/MegatronImport.h"
+#include "spec/Spec.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
+
+namespace mt::spec {
+namespace {
+
+using Words = std::vector<std::string>;
+
+// The checkout, found above the test binary or the working directory (build
+// trees live inside it) or from this file's path; MT_SOURCE_DIR wins when the
+// build defines it.
+std::string sourceRoot() {
+  std::vector<std::string> starts;
+#ifdef MT_SOURCE_DIR
+  starts.push_back(MT_SOURCE_DIR);
+#endif
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n > 0)
+    starts.push_back(std::string(buf, static_cast<size_t>(n)));
+  if (getcwd(buf, sizeof buf))
+    starts.push_back(buf);
+  std::string self = __FILE__;
+  starts.push_back(
+      self.substr(0, self.rfind('/') == std::string::npos ? 0 : self.rfind('/')));
+  for (std::string dir : starts) {
+    for (int up = 0; up < 8 && !dir.empty(); ++up) {
+      if (std::ifstream(dir + "/models/gpt-350m-4node.toml") &&
+          std::ifstream(dir + "/spec/MegatronImport.h"))
+        return dir;
+      size_t slash = dir.rfind('/');
+      dir = slash == std::string::npos || slash == 0 ? "" : dir.substr(0, slash);
+    }
+  }
+  return "";
+}
+
+std::string readFile(const std::string &path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Splits, translates and parses; fails the test on any error.
+Spec importOk(const std::string &commandLine, MegatronImportResult *out = nullptr) {
+  absl::StatusOr<Words> words = splitCommandLine(commandLine);
+  EXPECT_TRUE(words.ok()) << words.status();
+  if (!words.ok())
+    return Spec();
+  absl::StatusOr<MegatronImportResult> r = importMegatronArgs(*words);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok())
+    return Spec();
+  absl::StatusOr<Spec> spec = parseSpecString(r->toml, "<test>");
+  EXPECT_TRUE(spec.ok()) << spec.status() << "\n" << r->toml;
+  if (out)
+    *out = *r;
+  return spec.ok() ? *spec : Spec();
+}
+
+std::string importError(const std::string &commandLine) {
+  absl::StatusOr<Words> words = splitCommandLine(commandLine);
+  if (!words.ok())
+    return std::string(words.status().message());
+  absl::StatusOr<MegatronImportResult> r = importMegatronArgs(*words);
+  EXPECT_FALSE(r.ok()) << r->toml;
+  return r.ok() ? "" : std::string(r.status().message());
+}
+
+// The smallest complete command line; tests add what they look at.
+const char kBase[] = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+                     "--seq-length 128 --vocab-size 1000 --micro-batch-size 2 "
+                     "--train-iters 10 --lr 1e-3 ";
+
+//===----------------------------------------------------------------------===//
+// splitCommandLine
+//===----------------------------------------------------------------------===//
+
+TEST(SplitCommandLine, QuotesEscapesAndContinuations) {
+  absl::StatusOr<Words> w = splitCommandLine(
+      "python pretrain_gpt.py --a 'single $X \"q\"' --b \"dq \\\"x\\\" \\$Y\" \\\n"
+      "  --c a\\ b --d=\"\" --e 'it'\\''s'\n");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, (Words{"python", "pretrain_gpt.py", "--a", "single $X \"q\"", "--b",
+                       "dq \"x\" $Y", "--c", "a b", "--d=", "--e", "it's"}));
+}
+
+TEST(SplitCommandLine, CommentsAssignmentsAndTraceMarkers) {
+  absl::StatusOr<Words> w = splitCommandLine(
+      "#!/bin/bash\n"
+      "# a comment with $VARS that do not matter\n"
+      "+ CUDA_DEVICE_MAX_CONNECTIONS=1 OMP_NUM_THREADS=4 torchrun pretrain_gpt.py \\\n"
+      "  --num-layers 2 # trailing comment\n");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, (Words{"torchrun", "pretrain_gpt.py", "--num-layers", "2"}));
+}
+
+TEST(SplitCommandLine, HashInsideAWordIsNotAComment) {
+  absl::StatusOr<Words> w = splitCommandLine("--save /ckpt/run#3 --x '#y'");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, (Words{"--save", "/ckpt/run#3", "--x", "#y"}));
+}
+
+TEST(SplitCommandLine, PicksTheTrainingCommandOfAScript) {
+  absl::StatusOr<Words> w = splitCommandLine(
+      "export CUDA_DEVICE_MAX_CONNECTIONS=1\n"
+      "mkdir -p /ckpt; cd /work\n"
+      "torchrun --nnodes 1 pretrain_gpt.py --num-layers 2 2>&1 | tee log.txt\n"
+      "echo done > status\n");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w,
+            (Words{"torchrun", "--nnodes", "1", "pretrain_gpt.py", "--num-layers", "2"}));
+}
+
+TEST(SplitCommandLine, OneFlagPerLineContinuesTheCommand) {
+  absl::StatusOr<Words> w =
+      splitCommandLine("--num-layers 2\n--hidden-size 64\n\n--bf16\n");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, (Words{"--num-layers", "2", "--hidden-size", "64", "--bf16"}));
+}
+
+TEST(SplitCommandLine, RefusesUnexpandedVariablesNamingEach) {
+  absl::StatusOr<Words> w = splitCommandLine(
+      "torchrun $DISTRIBUTED_ARGS pretrain_gpt.py --data-path \"${DATA}\" "
+      "--save $(pwd)/ckpt --load `pwd` --seed $DATA");
+  ASSERT_FALSE(w.ok());
+  std::string msg(w.status().message());
+  EXPECT_NE(msg.find("$DISTRIBUTED_ARGS, ${DATA}, $(pwd), `pwd`"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("set -x"), std::string::npos) << msg;
+}
+
+TEST(SplitCommandLine, QuotedOrEscapedDollarIsLiteral) {
+  absl::StatusOr<Words> w = splitCommandLine("--a '$HOME' --b \\$X --c cost$ --d $");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, (Words{"--a", "$HOME", "--b", "$X", "--c", "cost$", "--d", "$"}));
+}
+
+TEST(SplitCommandLine, Errors) {
+  EXPECT_FALSE(splitCommandLine("--a 'open").ok());
+  EXPECT_FALSE(splitCommandLine("--a \"open").ok());
+  EXPECT_FALSE(splitCommandLine("# only a comment\n").ok());
+  absl::StatusOr<Words> two =
+      splitCommandLine("python pretrain_gpt.py --a 1\npython pretrain_gpt.py --a 2\n");
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.status().message().find("2 times"), std::string::npos);
+  absl::StatusOr<Words> none = splitCommandLine("echo a\necho b\n");
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("none runs pretrain_gpt.py"), std::string::npos);
+}
+
+//===----------------------------------------------------------------------===//
+// importMegatronArgs
+//===----------------------------------------------------------------------===//
+
+TEST(ImportMegatron, GptFlags) {
+  Spec s = importOk(
+      "torchrun --nproc_per_node=8 pretrain_gpt.py --num-layers 24 --hidden-size 1024 "
+      "--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 4096 "
+      "--vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --micro-batch-size 2 "
+      "--global-batch-size 64 --train-iters 100 --lr 3.0e-4 --min-lr 3e-5 "
+      "--lr-decay-style cosine --lr-warmup-iters 10 --weight-decay 0.1 "
+      "--adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --clip-grad 1.0 "
+      "--hidden-dropout 0.0 --attention-dropout 0 --init-method-std 0.006 --seed 7 "
+      "--make-vocab-size-divisible-by 64 --tensor-model-parallel-size 2 "
+      "--sequence-parallel --use-distributed-optimizer --recompute-activations "
+      "--log-interval 5 --eval-interval 50 --eval-iters 2 --save-interval 20 "
+      "--save /ckpt --load /ckpt --split 98,2,0 --bf16");
+  EXPECT_EQ(s.model.num_layers, 24);
+  EXPECT_EQ(s.model.hidden_size, 1024);
+  EXPECT_EQ(s.model.num_attention_heads, 16);
+  EXPECT_EQ(s.model.seq_length, 2048);
+  EXPECT_EQ(s.model.max_position_embeddings, 4096);
+  EXPECT_EQ(s.model.vocab_size, 50257); // GPT-2 BPE from --vocab-file
+  EXPECT_EQ(s.model.make_vocab_size_divisible_by, 64);
+  EXPECT_DOUBLE_EQ(s.model.hidden_dropout, 0.0);
+  EXPECT_DOUBLE_EQ(s.model.attention_dropout, 0.0);
+  EXPECT_DOUBLE_EQ(s.model.init_method_std, 0.006);
+  EXPECT_EQ(s.parallel.tensor_model_parallel_size, 2);
+  EXPECT_EQ(s.parallel.data_parallel_size, 4); // 8 / tp 2
+  EXPECT_TRUE(s.parallel.sequence_parallel);
+  EXPECT_TRUE(s.parallel.use_distributed_optimizer);
+  EXPECT_EQ(s.parallel.recompute_granularity, RecomputeGranularity::Selective);
+  EXPECT_EQ(s.training.micro_batch_size, 2);
+  EXPECT_EQ(s.training.global_batch_size, 64);
+  EXPECT_EQ(s.training.train_iters, 100);
+  EXPECT_DOUBLE_EQ(s.training.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(s.training.min_lr, 3e-5);
+  EXPECT_EQ(s.training.lr_decay_style, LrDecayStyle::Cosine);
+  EXPECT_EQ(s.training.lr_warmup_iters, 10);
+  EXPECT_DOUBLE_EQ(s.training.weight_decay, 0.1);
+  EXPECT_DOUBLE_EQ(s.training.adam_beta2, 0.95);
+  EXPECT_EQ(s.training.precision, Precision::BF16);
+  EXPECT_EQ(s.training.seed, 7);
+  EXPECT_EQ(s.training.log_interval, 5);
+  EXPECT_EQ(s.training.eval_interval, 50);
+  EXPECT_EQ(s.training.eval_iters, 2);
+  EXPECT_EQ(s.training.save_interval, 20);
+  EXPECT_EQ(s.training.save, "/ckpt");
+  EXPECT_EQ(s.training.load, "/ckpt");
+  EXPECT_EQ(s.data.split, "98,2,0");
+  EXPECT_EQ(s.data.vocab_file, "gpt2-vocab.json");
+  EXPECT_EQ(s.data.merge_file, "gpt2-merges.txt");
+  EXPECT_EQ(s.cluster.nodes, 1);
+  EXPECT_EQ(s.cluster.gpus_per_node, 8);
+}
+
+TEST(ImportMegatron, LlamaFlags) {
+  Spec s = importOk(
+      std::string(kBase) +
+      "--hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 "
+      "--group-query-attention --num-query-groups 8 --use-rotary-position-embeddings "
+      "--rotary-base 500000 --normalization RMSNorm --norm-epsilon 1e-5 --swiglu "
+      "--untie-embeddings-and-output-weights --disable-bias-linear "
+      "--vocab-size 128256 --world-size 8 --tensor-model-parallel-size 4");
+  EXPECT_EQ(s.model.hidden_size, 4096); // the later flag wins, as in argparse
+  EXPECT_EQ(s.model.ffn_hidden_size, 14336);
+  EXPECT_EQ(s.model.num_query_groups, 8);
+  EXPECT_EQ(s.model.position_embedding_type, PositionEmbedding::Rope);
+  EXPECT_EQ(s.model.rotary_base, 500000);
+  EXPECT_EQ(s.model.normalization, Normalization::RMSNorm);
+  EXPECT_TRUE(s.model.swiglu);
+  EXPECT_TRUE(s.model.untie_embeddings_and_output_weights);
+  EXPECT_FALSE(s.model.add_bias_linear);
+  EXPECT_EQ(s.model.vocab_size, 128256);
+  EXPECT_EQ(s.parallel.data_parallel_size, 2);
+}
+
+TEST(ImportMegatron, FlagEqualsValueAndUnderscores) {
+  Spec s = importOk("--num-layers=4 --hidden-size=64 --num-attention-heads=4 "
+                    "--seq-length=32 --vocab-size=100 --micro-batch-size=1 "
+                    "--train-iters=5 --lr=0.1 --position-embedding-type=rope");
+  EXPECT_EQ(s.model.num_layers, 4);
+  EXPECT_EQ(s.model.position_embedding_type, PositionEmbedding::Rope);
+}
+
+TEST(ImportMegatron, GqaNeedsGroupsAndGroupsNeedGqa) {
+  std::string err = importError(std::string(kBase) + "--group-query-attention");
+  EXPECT_NE(err.find("--num-query-groups"), std::string::npos) << err;
+
+  MegatronImportResult r;
+  Spec s = importOk(std::string(kBase) + "--num-query-groups 2", &r);
+  EXPECT_EQ(s.model.num_query_groups, s.model.num_attention_heads);
+  ASSERT_EQ(r.ignoredFlags.size(), 1u);
+  EXPECT_NE(r.ignoredFlags[0].find("--group-query-attention"), std::string::npos);
+}
+
+TEST(ImportMegatron, VirtualPipelineFromLayersPerStage) {
+  Spec s = importOk("--num-layers 24 --hidden-size 64 --num-attention-heads 4 "
+                    "--seq-length 32 --vocab-size 100 --micro-batch-size 1 "
+                    "--global-batch-size 8 --train-iters 5 --lr 0.1 "
+                    "--pipeline-model-parallel-size 4 "
+                    "--num-layers-per-virtual-pipeline-stage 3");
+  EXPECT_EQ(s.parallel.virtual_pipeline_model_parallel_size, 2); // 24 / (4 * 3)
+
+  std::string err =
+      importError(std::string(kBase) + "--num-layers 24 --pipeline-model-parallel-size 4 "
+                                       "--num-layers-per-virtual-pipeline-stage 5");
+  EXPECT_NE(err.find("not a multiple"), std::string::npos) << err;
+}
+
+TEST(ImportMegatron, SamplesBecomeIterations) {
+  MegatronImportResult r;
+  Spec s = importOk("--num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+                    "--seq-length 32 --vocab-size 100 --micro-batch-size 1 --lr 0.1 "
+                    "--global-batch-size 16 --train-samples 1600 "
+                    "--lr-decay-samples 800 --lr-warmup-samples 160",
+                    &r);
+  EXPECT_EQ(s.training.train_iters, 100);
+  EXPECT_EQ(s.training.lr_decay_iters, 50);
+  EXPECT_EQ(s.training.lr_warmup_iters, 10);
+  EXPECT_NE(r.toml.find("--train-samples 1600 / global batch 16"), std::string::npos);
+}
+
+TEST(ImportMegatron, LossScaleFlagsOnlyWithFp16) {
+  MegatronImportResult r;
+  Spec fp16 = importOk(std::string(kBase) + "--fp16 --initial-loss-scale 65536 "
+                                            "--loss-scale-window 500 --hysteresis 4");
+  EXPECT_DOUBLE_EQ(fp16.training.initial_loss_scale, 65536);
+  EXPECT_EQ(fp16.training.loss_scale_window, 500);
+  EXPECT_EQ(fp16.training.hysteresis, 4);
+  importOk(std::string(kBase) + "--bf16 --initial-loss-scale 65536", &r);
+  ASSERT_EQ(r.ignoredFlags.size(), 1u);
+  EXPECT_EQ(r.ignoredFlags[0].rfind("--initial-loss-scale: ", 0), 0u);
+
+  std::string err = importError(std::string(kBase) + "--fp16 --bf16");
+  EXPECT_NE(err.find("both --fp16 and --bf16"), std::string::npos) << err;
+}
+
+TEST(ImportMegatron, DataBlends) {
+  Spec one = importOk(std::string(kBase) + "--data-path /data/web_text_document");
+  ASSERT_EQ(one.data.data_path.size(), 1u);
+  EXPECT_EQ(one.data.data_path[0].second, "/data/web_text_document");
+  EXPECT_DOUBLE_EQ(one.data.data_path[0].first, 1.0);
+
+  Spec blend = importOk(std::string(kBase) +
+                        "--data-path 0.3 /data/web 0.7 '/data/my books' --split 99,1,0");
+  ASSERT_EQ(blend.data.data_path.size(), 2u);
+  EXPECT_DOUBLE_EQ(blend.data.data_path[0].first, 0.3);
+  EXPECT_EQ(blend.data.data_path[0].second, "/data/web");
+  EXPECT_DOUBLE_EQ(blend.data.data_path[1].first, 0.7);
+  EXPECT_EQ(blend.data.data_path[1].second, "/data/my books");
+  EXPECT_EQ(blend.data.split, "99,1,0");
+
+  std::string odd = importError(std::string(kBase) + "--data-path 0.3 /a /b");
+  EXPECT_NE(odd.find("pairs of weight and prefix"), std::string::npos) << odd;
+  std::string weight = importError(std::string(kBase) + "--data-path /a 0.3 /b 0.7");
+  EXPECT_NE(weight.find("blend weight '/a'"), std::string::npos) << weight;
+  std::string empty = importError(std::string(kBase) + "--data-path --bf16");
+  EXPECT_NE(empty.find("--data-path needs"), std::string::npos) << empty;
+}
+
+TEST(ImportMegatron, UnknownAndIgnoredFlagsAreListed) {
+  MegatronImportResult r;
+  importOk(std::string(kBase) +
+               "--use-mcore-models --transformer-impl transformer_engine "
+               "--no-masked-softmax-fusion --tensorboard-dir /tb --log-throughput "
+               "--frobnicate 3 --rampup-batch-size 16 16 1000 --switchy "
+               "--distributed-backend nccl --num-workers 2 --dataloader-type cyclic",
+           &r);
+  EXPECT_EQ(r.unknownFlags, (Words{"--frobnicate", "--rampup-batch-size", "--switchy"}));
+  EXPECT_NE(r.toml.find("#   --rampup-batch-size 16 16 1000"), std::string::npos)
+      << r.toml;
+  EXPECT_NE(r.toml.find("#   --frobnicate 3"), std::string::npos) << r.toml;
+  std::vector<std::string> ignored;
+  for (const std::string &f : r.ignoredFlags)
+    ignored.push_back(f.substr(0, f.find(':')));
+  EXPECT_EQ(ignored,
+            (Words{"--use-mcore-models", "--transformer-impl",
+                   "--no-masked-softmax-fusion", "--tensorboard-dir", "--log-throughput",
+                   "--distributed-backend", "--num-workers", "--dataloader-type"}));
+  for (const std::string &f : r.ignoredFlags)
+    EXPECT_GT(f.size(), f.find(": ") + 3) << "no reason given: " << f;
+  // Both lists reach the spec as comments.
+  EXPECT_NE(r.toml.find("#   --use-mcore-models: "), std::string::npos);
+}
+
+TEST(ImportMegatron, MissingRequiredKeysNameTheirFlags) {
+  std::string err = importError("--num-layers 2 --hidden-size 64 --lr 0.1");
+  EXPECT_NE(err.find("--num-attention-heads"), std::string::npos) << err;
+  EXPECT_NE(err.find("--seq-length"), std::string::npos) << err;
+  EXPECT_NE(err.find("--micro-batch-size"), std::string::npos) << err;
+  EXPECT_NE(err.find("--train-iters"), std::string::npos) << err;
+  EXPECT_NE(err.find("model.vocab_size"), std::string::npos) << err;
+  EXPECT_NE(err.find("--vocab-file"), std::string::npos) << err;
+  EXPECT_EQ(err.find("--num-layers N"), std::string::npos) << err;
+}
+
+TEST(ImportMegatron, BadValues) {
+  EXPECT_NE(importError(std::string(kBase) + "--num-layers two").find("integer"),
+            std::string::npos);
+  EXPECT_NE(importError(std::string(kBase) + "--lr fast").find("number"),
+            std::string::npos);
+  EXPECT_NE(importError(std::string(kBase) + "--lr-decay-style inverse-square-root")
+                .find("use one of constant, linear, cosine"),
+            std::string::npos);
+  EXPECT_NE(importError(std::string(kBase) + "--swiglu=true").find("takes no value"),
+            std::string::npos);
+  EXPECT_NE(importError(std::string(kBase) + "--swiglu yes").find("'yes' after --swiglu"),
+            std::string::npos);
+  EXPECT_NE(importError(std::string(kBase) + "--seq-length").find("needs a value"),
+            std::string::npos);
+  EXPECT_NE(importError("train.sh --num-layers 2").find("not a Megatron flag"),
+            std::string::npos);
+}
+
+TEST(ImportMegatron, WorldSizeMustSplitOverTpAndPp) {
+  std::string err =
+      importError("torchrun --nnodes 1 --nproc-per-node 6 pretrain_gpt.py " +
+                  std::string(kBase) + "--tensor-model-parallel-size 4");
+  EXPECT_NE(err.find("world size 6"), std::string::npos) << err;
+}
+
+TEST(ImportMegatron, WithoutWorldSizeDataParallelStaysOneWithANote) {
+  MegatronImportResult r;
+  Spec s = importOk(kBase, &r);
+  EXPECT_EQ(s.parallel.data_parallel_size, 1);
+  EXPECT_NE(r.toml.find("# data_parallel_size = 1"), std::string::npos) << r.toml;
+}
+
+TEST(ImportMegatron, ValidationErrorsNameTheFlag) {
+  std::string err = importError(std::string(kBase) + "--num-attention-heads 5");
+  EXPECT_NE(err.find("(from --num-attention-heads 5)"), std::string::npos) << err;
+}
+
+TEST(ImportMegatron, LaunchersGiveTheWorldSize) {
+  Spec launch = importOk("python -m torch.distributed.launch --nproc_per_node 4 "
+                         "--nnodes=2 --node_rank 1 /opt/megatron/pretrain_gpt.py " +
+                         std::string(kBase) + "--tensor-model-parallel-size 2");
+  EXPECT_EQ(launch.parallel.data_parallel_size, 4);
+  EXPECT_EQ(launch.cluster.nodes, 2);
+  EXPECT_EQ(launch.cluster.gpus_per_node, 4);
+
+  Spec srun = importOk("srun -N 2 --ntasks-per-node=8 python pretrain_gpt.py " +
+                       std::string(kBase) + "--pipeline-model-parallel-size 2");
+  EXPECT_EQ(srun.parallel.data_parallel_size, 8);
+  EXPECT_EQ(srun.cluster.nodes, 2);
+
+  // mtc's own --world-size, for flag lists without their launcher.
+  Spec world = importOk(std::string(kBase) + "--world-size 16");
+  EXPECT_EQ(world.parallel.data_parallel_size, 16);
+
+  // The flags of another training script are read the same way.
+  Spec other = importOk("python pretrain_llama.py " + std::string(kBase));
+  EXPECT_EQ(other.model.num_layers, 2);
+}
+
+// Megatron's 4-node example script becomes models/gpt-350m-4node.toml.
+TEST(ImportMegatron, FourNodeGuideScriptMatchesThePreset) {
+  std::string root = sourceRoot();
+  ASSERT_FALSE(root.empty()) << "cannot find the checkout (models/, spec/)";
+  MegatronImportResult r;
+  Spec got = importOk(readFile(root + "/test/mtc/Inputs/megatron-gpt-350m-4node.sh"), &r);
+  absl::StatusOr<Spec> want = parseSpecFile(root + "/models/gpt-350m-4node.toml");
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  // The preset trains on mock data without checkpoints; the script names files.
+  EXPECT_EQ(got.data.data_path.size(), 1u);
+  EXPECT_EQ(got.data.vocab_file, "/data/gpt2-vocab.json");
+  EXPECT_EQ(got.training.save, "/checkpoints/gpt-350m");
+  got.data.data_path.clear();
+  got.data.vocab_file.clear();
+  got.data.merge_file.clear();
+  got.data.mock_data = true;
+  got.training.save.clear();
+  got.training.load.clear();
+  got.source = want->source;
+  EXPECT_EQ(toToml(got), toToml(*want));
+
+  EXPECT_EQ(got.model.num_layers, 24);
+  EXPECT_EQ(got.parallel.tensor_model_parallel_size, 4);
+  EXPECT_EQ(got.parallel.pipeline_model_parallel_size, 2);
+  EXPECT_EQ(got.parallel.data_parallel_size, 4);
+  EXPECT_EQ(got.cluster.nodes, 4);
+  EXPECT_EQ(got.cluster.gpus_per_node, 8);
+  EXPECT_EQ(got.training.precision, Precision::FP16);
+  EXPECT_EQ(got.training.lr_warmup_iters, 3200); // .01 * 320000
+  EXPECT_EQ(r.unknownFlags, Words{});
+  ASSERT_EQ(r.ignoredFlags.size(), 1u);
+  EXPECT_EQ(r.ignoredFlags[0].rfind("--distributed-backend: ", 0), 0u);
+}
+
+} // namespace
+} // namespace mt::spec
