@@ -570,6 +570,23 @@ private:
   mutable std::map<int, std::string> lineSources_; // TOML line -> its flag
 };
 
+// Megatron switches (flags without a value) that set one key to a fixed value.
+struct Switch {
+  const char *flag, *section, *key, *value;
+};
+const Switch *findSwitch(const std::string &flag) {
+  static const Switch switches[] = {
+      {"--disable-bias-linear", "model", "add_bias_linear", "false"},
+      {"--add-bias-linear", "model", "add_bias_linear", "true"},
+      {"--use-rotary-position-embeddings", "model", "position_embedding_type", "\"rope\""},
+      {"--recompute-activations", "parallel", "recompute_granularity", "\"selective\""},
+  };
+  for (const Switch &sw : switches)
+    if (flag == sw.flag)
+      return &sw;
+  return nullptr;
+}
+
 // torchrun / torch.distributed.launch / srun options that fix the world size.
 absl::Status Translator::parseLauncher(size_t begin, size_t end) {
   for (size_t i = begin; i < end; ++i) {
@@ -695,16 +712,10 @@ absl::Status Translator::parseFlags(size_t begin) {
       set("training", "precision", tomlString(dashed.substr(2)), dashed);
       continue;
     }
-    if (dashed == "--disable-bias-linear") {
+    if (const Switch *sw = findSwitch(dashed)) {
       if (absl::Status st = noValue(); !st.ok())
         return st;
-      set("model", "add_bias_linear", "false", dashed);
-      continue;
-    }
-    if (dashed == "--add-bias-linear") {
-      if (absl::Status st = noValue(); !st.ok())
-        return st;
-      set("model", "add_bias_linear", "true", dashed);
+      set(sw->section, sw->key, sw->value, dashed);
       continue;
     }
     if (dashed == "--group-query-attention") {
@@ -717,18 +728,6 @@ absl::Status Translator::parseFlags(size_t begin) {
       if (absl::Status st = takeInt(iv, value); !st.ok())
         return st;
       queryGroups_ = {iv, flag + " " + value};
-      continue;
-    }
-    if (dashed == "--use-rotary-position-embeddings") {
-      if (absl::Status st = noValue(); !st.ok())
-        return st;
-      set("model", "position_embedding_type", "\"rope\"", dashed);
-      continue;
-    }
-    if (dashed == "--recompute-activations") {
-      if (absl::Status st = noValue(); !st.ok())
-        return st;
-      set("parallel", "recompute_granularity", "\"selective\"", dashed);
       continue;
     }
     if (dashed == "--checkpoint-activations") {
