@@ -1,0 +1,419 @@
+// `mt-dataset`: inspect and verify Megatron indexed datasets (see dataset_tool.h).
+#include "runtime/dataset_tool.h"
+
+#include "runtime/gpt2_tokenizer.h"
+#include "runtime/indexed_dataset.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mt::rt {
+namespace {
+
+const char *kMainHelp = R"TXT(usage: mt-dataset <command> [options]
+
+Inspects and checks Megatron-LM indexed datasets (PREFIX.bin + PREFIX.idx), as
+written by mt-preprocess or Megatron-LM's tools/preprocess_data.py.
+
+commands:
+  inspect PREFIX        counts, document lengths and the first documents
+                        (see 'mt-dataset inspect --help')
+  verify PREFIX...      check every dataset is consistent and usable
+                        (see 'mt-dataset verify --help')
+  help, --help, -h      this text
+
+PREFIX is the path without suffix; a trailing .bin or .idx is ignored.
+)TXT";
+
+const char *kInspectHelp = R"TXT(usage: mt-dataset inspect PREFIX [options]
+
+Prints the dataset's dtype, counts of documents, sequences and tokens, the
+min/mean/max document length, and the first tokens of the first documents.
+
+options:
+  --documents N         how many documents to show (default 1)
+  --vocab-file FILE     GPT-2 vocab.json, to show the documents' text too
+  --merge-file FILE     GPT-2 merges.txt (needed with --vocab-file)
+  --help, -h            this text
+)TXT";
+
+const char *kVerifyHelp = R"TXT(usage: mt-dataset verify PREFIX [PREFIX...] [options]
+
+Checks each dataset as the runtime does before training: header, counts,
+sequence lengths and offsets, document indices and the .bin size. With a
+vocabulary it also reads every token and checks its id is in [0, vocab size).
+Prints "PREFIX: ok (...)" or one error line per dataset; exits 1 if any fails.
+
+options:
+  --vocab-size N        check token ids are below N
+  --vocab-file FILE     GPT-2 vocab.json: check ids against its size
+  --merge-file FILE     GPT-2 merges.txt (needed with --vocab-file)
+  --help, -h            this text
+)TXT";
+
+// How many token ids and how many characters of text inspect shows. Byte-level
+// BPE tokens are at least one byte and a character at most four, so decoding
+// 4 * kShownChars tokens always yields enough text to clip.
+constexpr size_t kShownIds = 32;
+constexpr size_t kShownChars = 400;
+constexpr size_t kDecodedTokens = 4 * kShownChars;
+
+size_t edit_distance(const std::string &a, const std::string &b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j)
+    row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// "; did you mean 'X'?" for the closest candidate, or "" when none is close.
+std::string did_you_mean(const std::string &word, const std::vector<std::string> &candidates) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const std::string &c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  if (best.empty() || best_d > std::max<size_t>(2, best.size() / 3))
+    return "";
+  return "; did you mean '" + best + "'?";
+}
+
+int usage_error(const std::string &cmd, const std::string &msg) {
+  std::fprintf(stderr, "mt-dataset %s: error: %s; see 'mt-dataset %s --help'\n", cmd.c_str(),
+               msg.c_str(), cmd.c_str());
+  return 2;
+}
+
+std::string strip_suffix(std::string prefix) {
+  for (const char *s : {".bin", ".idx"})
+    if (prefix.size() > 4 && prefix.compare(prefix.size() - 4, 4, s) == 0)
+      return prefix.substr(0, prefix.size() - 4);
+  return prefix;
+}
+
+bool parse_count(const std::string &s, uint64_t *out) {
+  if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos)
+    return false;
+  *out = std::strtoull(s.c_str(), nullptr, 10);
+  return true;
+}
+
+struct Args {
+  std::vector<std::string> positional;
+  std::string vocab_file, merge_file;
+  uint64_t documents = 1, vocab_size = 0;
+  bool has_vocab_size = false, help = false;
+};
+
+// Parses `--opt VALUE` / `--opt=VALUE`; returns "" or the usage error.
+std::string parse_args(const std::vector<std::string> &args, const std::vector<std::string> &known,
+                       Args *out) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string &a = args[i];
+    if (a == "--help" || a == "-h") {
+      out->help = true;
+      continue;
+    }
+    if (a.size() < 2 || a[0] != '-') {
+      out->positional.push_back(a);
+      continue;
+    }
+    std::string name = a, value;
+    bool inline_value = false;
+    size_t eq = a.find('=');
+    if (eq != std::string::npos) {
+      name = a.substr(0, eq);
+      value = a.substr(eq + 1);
+      inline_value = true;
+    }
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      return "unknown option '" + a + "'" + did_you_mean(name, known);
+    if (!inline_value) {
+      if (i + 1 == args.size())
+        return name + " needs a value";
+      value = args[++i];
+    }
+    if (name == "--vocab-file") {
+      out->vocab_file = value;
+    } else if (name == "--merge-file") {
+      out->merge_file = value;
+    } else if (name == "--documents") {
+      if (!parse_count(value, &out->documents))
+        return "--documents needs a whole number, got '" + value + "'";
+    } else if (name == "--vocab-size") {
+      if (!parse_count(value, &out->vocab_size) || out->vocab_size == 0)
+        return "--vocab-size needs a whole number above 0, got '" + value + "'";
+      out->has_vocab_size = true;
+    }
+  }
+  if (out->vocab_file.empty() != out->merge_file.empty())
+    return out->vocab_file.empty() ? "--merge-file needs --vocab-file too"
+                                   : "--vocab-file needs --merge-file too";
+  return "";
+}
+
+uint64_t file_size(const std::string &path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+
+// Tokens of document `doc` (all its sequences in order), at most `limit`.
+std::vector<int32_t> document_tokens(const IndexedDataset &ds, uint64_t doc, size_t limit) {
+  std::vector<int32_t> out;
+  const int64_t *di = ds.document_indices();
+  for (int64_t s = di[doc]; s < di[doc + 1] && out.size() < limit; ++s) {
+    size_t n = std::min<size_t>(static_cast<size_t>(ds.sequence_length(s)), limit - out.size());
+    size_t at = out.size();
+    out.resize(at + n);
+    ds.read(static_cast<uint64_t>(s), 0, n, out.data() + at);
+  }
+  return out;
+}
+
+uint64_t document_length(const IndexedDataset &ds, uint64_t doc) {
+  const int64_t *di = ds.document_indices();
+  uint64_t n = 0;
+  for (int64_t s = di[doc]; s < di[doc + 1]; ++s)
+    n += static_cast<uint64_t>(ds.sequence_length(s));
+  return n;
+}
+
+// Text on one line: control characters escaped, clipped on a UTF-8 boundary.
+std::string quote_clipped(const std::string &text, bool more) {
+  std::string out = "\"";
+  size_t shown = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (shown >= kShownChars && (static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) {
+      more = true;
+      break;
+    }
+    unsigned char c = static_cast<unsigned char>(text[i]);
+    char esc[8];
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '"' || c == '\\')
+      out += std::string("\\") + static_cast<char>(c);
+    else if (c < 0x20 || c == 0x7f) {
+      std::snprintf(esc, sizeof(esc), "\\x%02x", c);
+      out += esc;
+    } else
+      out += static_cast<char>(c);
+    if ((c & 0xC0) != 0x80)
+      ++shown;
+  }
+  out += "\"";
+  if (more)
+    out += "...";
+  return out;
+}
+
+std::shared_ptr<const Gpt2Vocabulary> load_vocab(const Args &a, bool *failed) {
+  *failed = false;
+  if (a.vocab_file.empty())
+    return nullptr;
+  std::string err;
+  auto vocab = Gpt2Vocabulary::load(a.vocab_file, a.merge_file, &err);
+  if (!vocab) {
+    std::fprintf(stderr, "%s\n", err.c_str());
+    *failed = true;
+  }
+  return vocab;
+}
+
+int run_inspect(const std::vector<std::string> &args) {
+  Args a;
+  std::string err = parse_args(args, {"--documents", "--vocab-file", "--merge-file", "--help"}, &a);
+  if (!err.empty())
+    return usage_error("inspect", err);
+  if (a.help) {
+    std::fputs(kInspectHelp, stdout);
+    return 0;
+  }
+  if (a.positional.empty())
+    return usage_error("inspect", "no dataset given: mt-dataset inspect PREFIX");
+  if (a.positional.size() > 1)
+    return usage_error("inspect", "more than one dataset given ('" + a.positional[0] + "' and '" +
+                                      a.positional[1] + "'); inspect takes one");
+  bool vocab_failed;
+  auto vocab = load_vocab(a, &vocab_failed);
+  if (vocab_failed)
+    return 1;
+  std::unique_ptr<Gpt2Encoder> encoder;
+  if (vocab)
+    encoder = std::make_unique<Gpt2Encoder>(vocab);
+
+  const std::string prefix = strip_suffix(a.positional[0]);
+  auto ds = IndexedDataset::open(prefix, &err);
+  if (!ds) {
+    std::fprintf(stderr, "%s\n", err.c_str());
+    return 1;
+  }
+  const uint64_t docs = ds->num_documents();
+  std::printf("path:      %s (.bin %llu bytes, .idx %llu bytes)\n", prefix.c_str(),
+              static_cast<unsigned long long>(file_size(prefix + ".bin")),
+              static_cast<unsigned long long>(file_size(prefix + ".idx")));
+  std::printf("dtype:     %s\n", dtype_name(ds->dtype()));
+  std::printf("documents: %llu\n", static_cast<unsigned long long>(docs));
+  std::printf("sequences: %llu\n", static_cast<unsigned long long>(ds->num_sequences()));
+  std::printf("tokens:    %llu\n", static_cast<unsigned long long>(ds->num_tokens()));
+  if (docs == 0) {
+    std::printf("document length: no documents\n");
+    return 0;
+  }
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (uint64_t d = 0; d < docs; ++d) {
+    uint64_t n = document_length(*ds, d);
+    lo = std::min(lo, n);
+    hi = std::max(hi, n);
+  }
+  std::printf("document length: min %llu, mean %.1f, max %llu tokens\n",
+              static_cast<unsigned long long>(lo),
+              static_cast<double>(ds->num_tokens()) / static_cast<double>(docs),
+              static_cast<unsigned long long>(hi));
+
+  const int64_t *di = ds->document_indices();
+  for (uint64_t d = 0; d < std::min(docs, a.documents); ++d) {
+    uint64_t n = document_length(*ds, d);
+    std::printf("document %llu: %llu tokens in %llu sequence%s\n",
+                static_cast<unsigned long long>(d), static_cast<unsigned long long>(n),
+                static_cast<unsigned long long>(di[d + 1] - di[d]),
+                di[d + 1] - di[d] == 1 ? "" : "s");
+    std::vector<int32_t> ids = document_tokens(*ds, d, std::max(kShownIds, kDecodedTokens));
+    std::string line = "  ids:  [";
+    for (size_t i = 0; i < std::min(ids.size(), kShownIds); ++i)
+      line += (i ? ", " : "") + std::to_string(ids[i]);
+    line += "]";
+    if (n > kShownIds)
+      line += " ... (" + std::to_string(n - kShownIds) + " more)";
+    std::printf("%s\n", line.c_str());
+    if (!encoder)
+      continue;
+    auto bad = std::find_if(ids.begin(), ids.end(), [&](int32_t id) {
+      return id < 0 || static_cast<size_t>(id) >= vocab->size();
+    });
+    if (bad != ids.end()) {
+      std::printf("  text: (not shown: token id %d is outside the vocabulary of %zu ids)\n", *bad,
+                  vocab->size());
+      continue;
+    }
+    std::string text = encoder->decode(ids.data(), ids.size());
+    std::printf("  text: %s\n", quote_clipped(text, n > ids.size()).c_str());
+  }
+  return 0;
+}
+
+// Every token id in [0, vocab); returns "" or the error line.
+std::string check_token_ids(const IndexedDataset &ds, const std::string &prefix, uint64_t vocab) {
+  constexpr uint64_t kChunk = 1 << 16;
+  std::vector<int32_t> buf(kChunk);
+  const int64_t *di = ds.document_indices();
+  for (uint64_t s = 0; s < ds.num_sequences(); ++s) {
+    uint64_t len = static_cast<uint64_t>(ds.sequence_length(s));
+    for (uint64_t at = 0; at < len; at += kChunk) {
+      uint64_t n = std::min(kChunk, len - at);
+      ds.read(s, at, n, buf.data());
+      for (uint64_t i = 0; i < n; ++i) {
+        if (buf[i] >= 0 && static_cast<uint64_t>(buf[i]) < vocab)
+          continue;
+        uint64_t doc = static_cast<uint64_t>(
+            std::upper_bound(di, di + ds.num_documents() + 1, static_cast<int64_t>(s)) - di - 1);
+        return prefix + ".bin: error: token id " + std::to_string(buf[i]) + " (document " +
+               std::to_string(doc) + ", sequence " + std::to_string(s) + ", position " +
+               std::to_string(at + i) + ") is outside the vocabulary [0, " + std::to_string(vocab) +
+               "); check the vocabulary matches the one the dataset was made with";
+      }
+    }
+  }
+  return "";
+}
+
+int run_verify(const std::vector<std::string> &args) {
+  Args a;
+  std::string err =
+      parse_args(args, {"--vocab-size", "--vocab-file", "--merge-file", "--help"}, &a);
+  if (!err.empty())
+    return usage_error("verify", err);
+  if (a.help) {
+    std::fputs(kVerifyHelp, stdout);
+    return 0;
+  }
+  if (a.positional.empty())
+    return usage_error("verify", "no dataset given: mt-dataset verify PREFIX [PREFIX...]");
+  if (a.has_vocab_size && !a.vocab_file.empty())
+    return usage_error("verify", "give --vocab-size or --vocab-file/--merge-file, not both");
+  bool vocab_failed;
+  auto vocab = load_vocab(a, &vocab_failed);
+  if (vocab_failed)
+    return 1;
+  uint64_t vocab_size = vocab ? vocab->size() : a.vocab_size;
+
+  int status = 0;
+  for (const std::string &given : a.positional) {
+    const std::string prefix = strip_suffix(given);
+    err.clear();
+    auto ds = IndexedDataset::open(prefix, &err);
+    if (ds && vocab_size)
+      err = check_token_ids(*ds, prefix, vocab_size);
+    if (!ds || !err.empty()) {
+      std::fprintf(stderr, "%s\n", err.c_str());
+      status = 1;
+      continue;
+    }
+    std::printf("%s: ok (%llu documents, %llu sequences, %llu tokens)\n", prefix.c_str(),
+                static_cast<unsigned long long>(ds->num_documents()),
+                static_cast<unsigned long long>(ds->num_sequences()),
+                static_cast<unsigned long long>(ds->num_tokens()));
+    std::fflush(stdout);
+  }
+  return status;
+}
+
+} // namespace
+
+int run_mt_dataset(const std::vector<std::string> &args) {
+  if (args.empty()) {
+    std::fputs(kMainHelp, stderr);
+    return 2;
+  }
+  const std::string &cmd = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    std::fputs(kMainHelp, stdout);
+    return 0;
+  }
+  if (cmd == "inspect")
+    return run_inspect(rest);
+  if (cmd == "verify")
+    return run_verify(rest);
+  std::string what = cmd.rfind("-", 0) == 0 ? "option" : "command";
+  std::fprintf(stderr,
+               "mt-dataset: error: unknown %s '%s'%s; run 'mt-dataset --help' for the list\n",
+               what.c_str(), cmd.c_str(),
+               did_you_mean(cmd, {"inspect", "verify", "help", "--help"}).c_str());
+  return 2;
+}
+
+} // namespace mt::rt

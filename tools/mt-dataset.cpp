@@ -1,0 +1,9 @@
+// mt-dataset: inspect and verify Megatron indexed datasets (runtime/dataset_tool.h).
+#include "runtime/dataset_tool.h"
+
+#include <string>
+#include <vector>
+
+int main(int argc, char **argv) {
+  return mt::rt::run_mt_dataset(std::vector<std::string>(argv + 1, argv + argc));
+}
