@@ -3,10 +3,13 @@
 #include "compiler/Driver.h"
 
 #include "compiler/ImportSpec.h"
+#include "compiler/MemoryReport.h"
 #include "compiler/ModelSummary.h"
+#include "compiler/PlanWriter.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
 #include "runtime/atomic_file.h"
+#include "runtime/plan_reader.h"
 #include "spec/MegatronImport.h"
 #include "spec/Spec.h"
 #include "spec/SpecKeys.h"
@@ -55,18 +58,23 @@ void printCompileHelp(llvm::raw_ostream &os) {
   os << R"(usage: mtc compile SPEC.toml [options]
 
 Validates SPEC.toml, imports it into the mt dialect, runs the pass pipeline
-(mt-train-pipeline) and prints the model summary.
+(mt-train-pipeline) and prints the model summary and the memory plan per
+GPU. With -o it also writes the plan that `mtrun` executes.
 
 options:
-  -o FILE, --output FILE   write what --emit selects to FILE (atomically)
-                           instead of standard output
+  -o FILE, --output FILE   write what --emit selects to FILE (atomically):
+                           the plan (default), the summary or the IR
   --set SECTION.KEY=VALUE  override a spec key; VALUE in TOML syntax
                            (repeatable; later ones win), e.g.
                            --set parallel.tensor_model_parallel_size=2
                            --set training.precision=bf16
-  --emit=summary|mlir      what to produce: the model summary (default), or
-                           the IR after the pipeline
-  --report=text|json       format of the summary (default text)
+  --emit=plan|summary|mlir what -o receives: plan.bin (default; the summary
+                           still goes to standard output), the summary and
+                           memory plan, or the IR after the pipeline
+  --report=text|json       format of the summary and memory plan (default text)
+  --no-fuse                skip mt-fuse: every op runs as its own kernel (to
+                           compare against the fused plan, which trains the
+                           same numbers on the CPU executor)
   --mlir-print-ir-after-all
                            print the IR after every pass (to standard error)
   --mlir-print-ir-after=PASS
@@ -155,9 +163,10 @@ struct CompileOptions {
   std::string specPath;
   std::string output;
   std::vector<spec::Override> overrides;
-  std::string emit = "summary";
+  std::string emit = "plan";
   std::string report = "text";
   std::vector<std::string> mlirArgs;
+  PipelineOptions pipeline;
 };
 
 int usageError(const std::string &msg) {
@@ -185,10 +194,38 @@ bool takeValue(const std::vector<std::string> &args, size_t &i,
   return false;
 }
 
+// Spec -> IR -> mt-train-pipeline. `cliOptions` applies the --mlir-* options
+// (IR printing) to this run; variants planned for suggestions run quietly.
+OwningOpRef<ModuleOp> compileSpec(MLIRContext &context, const spec::Spec &spec,
+                                  const std::string &specPath, bool cliOptions,
+                                  const PipelineOptions &pipeline) {
+  OwningOpRef<ModuleOp> module = importSpec(context, spec);
+  if (failed(verify(*module))) {
+    llvm::errs() << "mtc: internal error: the imported IR of '" << specPath
+                 << "' does not verify; please report this with the spec\n";
+    return nullptr;
+  }
+  PassManager pm(&context);
+  if (cliOptions && failed(applyPassManagerCLOptions(pm))) {
+    llvm::errs() << "mtc compile: error: invalid pass manager options; see 'mtc compile --help'\n";
+    return nullptr;
+  }
+  buildTrainPipeline(pm, pipeline);
+  if (failed(pm.run(*module))) {
+    if (cliOptions)
+      llvm::errs() << "mtc: error: the pass pipeline failed on '" << specPath
+                   << "' (diagnostics above); rerun with "
+                      "--mlir-print-ir-after-failure to see the IR\n";
+    return nullptr;
+  }
+  return module;
+}
+
 int runCompile(const std::vector<std::string> &args) {
+
   CompileOptions opts;
   static const std::vector<std::string> known = {
-      "--output", "--set", "--emit", "--report", "--help",
+      "--output", "--set", "--emit", "--report", "--no-fuse", "--help",
       "--mlir-print-ir-after-all", "--mlir-print-ir-after"};
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string &a = args[i];
@@ -216,13 +253,15 @@ int runCompile(const std::vector<std::string> &args) {
         return usageError("--set needs SECTION.KEY=VALUE");
       opts.overrides.push_back({value});
     } else if (takeValue(args, i, "--emit", value, missing)) {
-      if (value != "summary" && value != "mlir")
-        return usageError("--emit must be 'summary' or 'mlir', got '" + value + "'");
+      if (value != "plan" && value != "summary" && value != "mlir")
+        return usageError("--emit must be 'plan', 'summary' or 'mlir', got '" + value + "'");
       opts.emit = value;
     } else if (takeValue(args, i, "--report", value, missing)) {
       if (value != "text" && value != "json")
         return usageError("--report must be 'text' or 'json', got '" + value + "'");
       opts.report = value;
+    } else if (a == "--no-fuse") {
+      opts.pipeline.fuse = false;
     } else if (!a.empty() && a[0] == '-') {
       std::string name = a.substr(0, a.find('='));
       std::string hint = spec::didYouMean(name, known);
@@ -249,36 +288,64 @@ int runCompile(const std::vector<std::string> &args) {
 
   MLIRContext context;
   context.loadDialect<MtDialect, func::FuncDialect>();
-  OwningOpRef<ModuleOp> module = importSpec(context, spec);
-  if (failed(verify(*module))) {
-    llvm::errs() << "mtc: internal error: the imported IR of '" << opts.specPath
-                 << "' does not verify; please report this with the spec\n";
+  OwningOpRef<ModuleOp> module = compileSpec(context, spec, opts.specPath, true, opts.pipeline);
+  if (!module)
     return 1;
-  }
 
-  PassManager pm(&context);
-  if (failed(applyPassManagerCLOptions(pm)))
-    return usageError("invalid pass manager options");
-  buildTrainPipeline(pm);
-  if (failed(pm.run(*module))) {
-    llvm::errs() << "mtc: error: the pass pipeline failed on '" << opts.specPath
-                 << "' (diagnostics above); rerun with "
-                    "--mlir-print-ir-after-failure to see the IR\n";
-    return 1;
+  MemoryPlan memory = memoryPlanOf(*module, spec);
+  suggestFixes(memory, spec, [&](const spec::Spec &variant) -> std::optional<int64_t> {
+    MLIRContext ctx;
+    ctx.loadDialect<MtDialect, func::FuncDialect>();
+    ScopedDiagnosticHandler quiet(&ctx, [](Diagnostic &) { return success(); });
+    OwningOpRef<ModuleOp> m = compileSpec(ctx, variant, opts.specPath, false, opts.pipeline);
+    if (!m)
+      return std::nullopt;
+    MemoryPlan p = memoryPlanOf(*m, variant);
+    return p.ranks[p.heaviest].total();
+  });
+
+  std::string report;
+  {
+    llvm::raw_string_ostream os(report);
+    ModelSummary summary = summarizeModel(*module, spec);
+    if (opts.report == "json") {
+      std::string js;
+      llvm::raw_string_ostream jos(js);
+      printSummaryJson(jos, summary, spec);
+      llvm::Expected<llvm::json::Value> v = llvm::json::parse(jos.str());
+      llvm::json::Object root;
+      if (v && v->getAsObject())
+        root = *v->getAsObject();
+      else if (!v)
+        llvm::consumeError(v.takeError());
+      root["memory"] = memoryPlanJson(memory);
+      os << llvm::formatv("{0:2}", llvm::json::Value(std::move(root))) << "\n";
+    } else {
+      printSummaryText(os, summary, spec);
+      os << "\n";
+      printMemoryPlanText(os, memory);
+    }
   }
 
   std::string text;
-  llvm::raw_string_ostream os(text);
   if (opts.emit == "mlir") {
+    llvm::raw_string_ostream os(text);
     module->print(os);
+  } else if (opts.emit == "summary") {
+    text = report;
   } else {
-    ModelSummary summary = summarizeModel(*module, spec);
-    if (opts.report == "json")
-      printSummaryJson(os, summary, spec);
-    else
-      printSummaryText(os, summary, spec);
+    llvm::outs() << report;
+    if (opts.output.empty())
+      return 0;
+    FailureOr<std::string> payload = buildPlanPayload(*module, spec);
+    if (failed(payload)) {
+      llvm::errs() << "mtc: internal error: could not lower '" << opts.specPath
+                   << "' to a plan (diagnostics above); please report this with the spec\n";
+      return 1;
+    }
+    text = rt::wrap_plan_payload(reinterpret_cast<const uint8_t *>(payload->data()),
+                                 payload->size());
   }
-  os.flush();
   if (opts.output.empty()) {
     llvm::outs() << text;
     return 0;

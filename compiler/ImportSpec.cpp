@@ -31,8 +31,50 @@ public:
     headDim = m.kv_channels;
   }
 
+  // What the training passes need from the spec (mt-autodiff, mt-optimizer,
+  // mt-recompute, mt-plan-memory read it), kept in the IR so each pass can be
+  // run alone in mtc-opt.
+  DictionaryAttr trainingAttr() {
+    const spec::TrainingConfig &t = spec.training;
+    const spec::ParallelConfig &p = spec.parallel;
+    auto i64 = [&](int64_t v) { return b.getI64IntegerAttr(v); };
+    auto f64 = [&](double v) { return b.getF64FloatAttr(v); };
+    const char *style = t.lr_decay_style == spec::LrDecayStyle::Constant ? "constant"
+                        : t.lr_decay_style == spec::LrDecayStyle::Linear ? "linear"
+                                                                         : "cosine";
+    const char *precision = t.precision == spec::Precision::FP32   ? "fp32"
+                            : t.precision == spec::Precision::BF16 ? "bf16"
+                                                                   : "fp16";
+    const char *granularity =
+        p.recompute_granularity == spec::RecomputeGranularity::None       ? "none"
+        : p.recompute_granularity == spec::RecomputeGranularity::Selective ? "selective"
+                                                                           : "full";
+    const char *method = p.recompute_method == spec::RecomputeMethod::Uniform ? "uniform"
+                         : p.recompute_method == spec::RecomputeMethod::Block ? "block"
+                                                                              : "none";
+    NamedAttribute attrs[] = {
+        b.getNamedAttr("num_micro_batches", i64(spec.numMicroBatches())),
+        b.getNamedAttr("precision", b.getStringAttr(precision)),
+        b.getNamedAttr("lr", f64(t.lr)),
+        b.getNamedAttr("min_lr", f64(t.min_lr)),
+        b.getNamedAttr("lr_decay_style", b.getStringAttr(style)),
+        b.getNamedAttr("lr_warmup_iters", i64(t.lr_warmup_iters)),
+        b.getNamedAttr("lr_decay_iters", i64(t.lr_decay_iters)),
+        b.getNamedAttr("weight_decay", f64(t.weight_decay)),
+        b.getNamedAttr("adam_beta1", f64(t.adam_beta1)),
+        b.getNamedAttr("adam_beta2", f64(t.adam_beta2)),
+        b.getNamedAttr("adam_eps", f64(t.adam_eps)),
+        b.getNamedAttr("clip_grad", f64(t.clip_grad)),
+        b.getNamedAttr("recompute_granularity", b.getStringAttr(granularity)),
+        b.getNamedAttr("recompute_method", b.getStringAttr(method)),
+        b.getNamedAttr("recompute_num_layers", i64(p.recompute_num_layers)),
+    };
+    return b.getDictionaryAttr(attrs);
+  }
+
   OwningOpRef<ModuleOp> build() {
     OwningOpRef<ModuleOp> module = ModuleOp::create(loc, StringRef("gpt"));
+    (*module)->setAttr("mt.training", trainingAttr());
     Type idsType = RankedTensorType::get({batch, seq}, b.getI32Type());
     Type lossType = RankedTensorType::get({}, b.getF32Type());
     b.setInsertionPointToEnd(module->getBody());
@@ -58,8 +100,15 @@ public:
     }
     x = dropout(x, m.hidden_dropout);
 
-    for (int64_t i = 0; i < m.num_layers; ++i)
+    // Each transformer layer's ops carry `mt.layer`: mt-recompute chooses
+    // layers by it, and mt-autodiff copies it onto their backward ops.
+    for (int64_t i = 0; i < m.num_layers; ++i) {
+      Operation *last = entry->empty() ? nullptr : &entry->back();
       x = layer("decoder.layers." + std::to_string(i) + ".", x);
+      for (Operation *op = last ? last->getNextNode() : &entry->front(); op;
+           op = op->getNextNode())
+        op->setAttr("mt.layer", b.getI64IntegerAttr(i));
+    }
 
     x = norm("decoder.final_layernorm.", x);
     Value outWeight =

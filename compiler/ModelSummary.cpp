@@ -97,9 +97,16 @@ ModelSummary summarizeModel(ModuleOp module, const spec::Spec &spec) {
     s.shapes.push_back({name, std::vector<int64_t>(t.getShape().begin(), t.getShape().end()),
                         typeName(t.getElementType())});
   };
+  // The forward graph: @forward before mt-autodiff, @eval_step after it.
   auto func = module.lookupSymbol<func::FuncOp>("forward");
   if (!func)
+    func = module.lookupSymbol<func::FuncOp>("eval_step");
+  if (!func)
     return s;
+  if (auto train = module.lookupSymbol<func::FuncOp>("train_step")) {
+    train.walk([&](Operation *) { ++s.numTrainOps; });
+    --s.numTrainOps;
+  }
   s.numOps = 0;
   func.walk([&](Operation *) { ++s.numOps; });
   --s.numOps; // the function itself
@@ -201,7 +208,7 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
   for (const auto &sh : s.shapes)
     os << llvm::formatv("  {0,-18}{1} {2}\n", sh.name, dims(sh.dims), sh.dtype);
   os << "\nIR: " << s.numParamTensors << " parameter tensors, " << s.numOps
-     << " operations in @forward\n";
+     << " forward operations, " << s.numTrainOps << " in the training step\n";
 }
 
 void printSummaryJson(llvm::raw_ostream &os, const ModelSummary &s,
@@ -225,6 +232,7 @@ void printSummaryJson(llvm::raw_ostream &os, const ModelSummary &s,
       {"micro_batches", spec.numMicroBatches()},
       {"activations", std::move(shapes)},
       {"forward_ops", s.numOps},
+      {"train_step_ops", s.numTrainOps},
   };
   os << llvm::formatv("{0:2}", llvm::json::Value(std::move(root))) << "\n";
 }

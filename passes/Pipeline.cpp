@@ -5,20 +5,32 @@
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/Passes.h"
 
+namespace mt {
+#define GEN_PASS_REGISTRATION
+#include "passes/Passes.h.inc"
+} // namespace mt
+
 using namespace mlir;
 
 namespace mt {
 
-void buildTrainPipeline(OpPassManager &pm) {
+void buildTrainPipeline(OpPassManager &pm, const PipelineOptions &options) {
   // The importer reads tied weights once per use; CSE folds the duplicate
   // reads and canonicalisation removes what became dead.
   pm.addPass(createCSEPass());
   pm.addPass(createCanonicalizerPass());
+  pm.addPass(createMtAutodiffPass());
+  pm.addPass(createMtOptimizerPass());
+  pm.addPass(createMtRecomputePass());
+  if (options.fuse)
+    pm.addPass(createMtFusePass());
+  pm.addPass(createMtPlanMemoryPass());
 }
 
 void registerMtPasses() {
   registerCSEPass();
   registerCanonicalizerPass();
+  registerMtTransformsPasses();
   PassPipelineRegistration<>("mt-train-pipeline",
                              "The full mt training pipeline that `mtc compile` runs",
                              [](OpPassManager &pm) { buildTrainPipeline(pm); });

@@ -127,7 +127,8 @@ void split_qkv_bwd(const T *dq, const T *dk, const T *dv, int64_t n,
                    int64_t heads, int64_t groups, int64_t d, T *dqkv);
 
 // Rotary embedding on x [batch, seq, heads, d], non-interleaved: pairs
-// (x[j], x[j + d/2]) at position p rotate by p * base^(-2j/d), j < d/2.
+// (x[j], x[j + d/2]) at position p rotate by p * base^(-2j/d), j < d/2
+// (y[j] = x[j] cos - x[j + d/2] sin, y[j + d/2] = x[j + d/2] cos + x[j] sin).
 // Backward rotates by the opposite angle.
 template <class T>
 void rope_fwd(const T *x, int64_t batch, int64_t seq, int64_t heads, int64_t d,
@@ -159,8 +160,9 @@ void attention_bwd(const T *dout, const T *q, const T *k, const T *v,
 // ---------------------------------------------------------------------------
 // Cross-entropy over logits [n, vocab] (vocab may be the padded size):
 // loss = sum_i mask_i (logsumexp(logits_i) - logits_i[label_i]) / sum_i mask_i,
-// mask = 1 everywhere when loss_mask is null. Computed in double. Returns
-// false when a label is outside [0, vocab) (the executor reports it).
+// mask = 1 everywhere when loss_mask is null; a mask summing to 0 gives loss 0
+// and zero gradients. Computed in double. Returns false when a label is
+// outside [0, vocab) (the executor reports it).
 template <class T>
 bool cross_entropy_fwd(const T *logits, const int32_t *labels,
                        const float *loss_mask, int64_t n, int64_t vocab,
@@ -197,7 +199,9 @@ void round_to_bf16(float *x, int64_t count);
 void round_to_fp16(float *x, int64_t count);
 
 // Normal(0, std) initialisation, reproducible from (seed, stream): Box-Muller
-// over rng_uniform with key {seed, stream, 0}.
+// over rng_uniform with key {seed, stream, 0}. Elements 2k and 2k+1 come from
+// u1 = uniform(2k), u2 = uniform(2k+1): r = std * sqrt(-2 ln(1 - u1)),
+// x[2k] = r cos(2 pi u2), x[2k+1] = r sin(2 pi u2).
 void init_normal(float *x, int64_t count, double std, uint64_t seed, uint64_t stream);
 
 } // namespace mt::cpu

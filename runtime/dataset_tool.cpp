@@ -1,12 +1,15 @@
-// `mt-dataset`: inspect and verify Megatron indexed datasets (see dataset_tool.h).
+// `mt-dataset`: inspect and verify Megatron indexed datasets, and print the
+// training samples Megatron would build from them (see dataset_tool.h).
 #include "runtime/dataset_tool.h"
 
 #include "runtime/gpt2_tokenizer.h"
+#include "runtime/gpt_dataset.h"
 #include "runtime/indexed_dataset.h"
 
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -20,13 +23,16 @@ namespace {
 const char *kMainHelp = R"TXT(usage: mt-dataset <command> [options]
 
 Inspects and checks Megatron-LM indexed datasets (PREFIX.bin + PREFIX.idx), as
-written by mt-preprocess or Megatron-LM's tools/preprocess_data.py.
+written by mt-preprocess or Megatron-LM's tools/preprocess_data.py, and prints
+the training samples Megatron-LM builds from them.
 
 commands:
   inspect PREFIX        counts, document lengths and the first documents
                         (see 'mt-dataset inspect --help')
   verify PREFIX...      check every dataset is consistent and usable
                         (see 'mt-dataset verify --help')
+  samples PREFIX        the token ids of training samples, in Megatron's order
+                        (see 'mt-dataset samples --help')
   help, --help, -h      this text
 
 PREFIX is the path without suffix; a trailing .bin or .idx is ignored.
@@ -55,6 +61,33 @@ options:
   --vocab-size N        check token ids are below N
   --vocab-file FILE     GPT-2 vocab.json: check ids against its size
   --merge-file FILE     GPT-2 merges.txt (needed with --vocab-file)
+  --help, -h            this text
+)TXT";
+
+const char *kSamplesHelp = R"TXT(usage: mt-dataset samples PREFIX [options]
+       mt-dataset samples W1 PREFIX1 W2 PREFIX2 ... [options]
+       mt-dataset samples --mock --vocab-size V [options]
+
+Builds (or loads from the index cache) the indices of one split exactly as
+Megatron-LM's GPTDataset does (BlendedDataset for weighted prefixes,
+MockGPTDataset with --mock) and prints samples 0, 1, ... one line each: the
+seq-length + 1 token ids, separated by spaces. What was built (split range,
+epochs, cache file) goes to stderr.
+
+options:
+  --seq-length L        Megatron's --seq-length: a sample is L + 1 ids (required)
+  --num-samples N       samples to build the indices for (required)
+  --which SPLIT         train (default), valid or test
+  --split S             Megatron's split string (default 969,30,1; mock data
+                        always uses 1,1,1)
+  --seed S              Megatron's --seed (default 1234)
+  --show K              how many samples to print (default 10; at most the
+                        split's size)
+  --cache-dir DIR       where index files are cached (default
+                        PREFIX/cache/GPTDataset_indices, Megatron's)
+  --vocab-size V        check every token id is below V; mock data needs it
+                        (its end-of-document id is V - 1)
+  --mock                Megatron's mock data instead of a dataset
   --help, -h            this text
 )TXT";
 
@@ -122,6 +155,10 @@ struct Args {
   std::string vocab_file, merge_file;
   uint64_t documents = 1, vocab_size = 0;
   bool has_vocab_size = false, help = false;
+  // samples
+  uint64_t seq_length = 0, num_samples = 0, seed = 1234, show = 10;
+  bool has_seq_length = false, has_num_samples = false, mock = false;
+  std::string which = "train", split = "969,30,1", cache_dir;
 };
 
 // Parses `--opt VALUE` / `--opt=VALUE`; returns "" or the usage error.
@@ -147,6 +184,12 @@ std::string parse_args(const std::vector<std::string> &args, const std::vector<s
     }
     if (std::find(known.begin(), known.end(), name) == known.end())
       return "unknown option '" + a + "'" + did_you_mean(name, known);
+    if (name == "--mock") {
+      if (inline_value)
+        return "--mock takes no value";
+      out->mock = true;
+      continue;
+    }
     if (!inline_value) {
       if (i + 1 == args.size())
         return name + " needs a value";
@@ -163,6 +206,29 @@ std::string parse_args(const std::vector<std::string> &args, const std::vector<s
       if (!parse_count(value, &out->vocab_size) || out->vocab_size == 0)
         return "--vocab-size needs a whole number above 0, got '" + value + "'";
       out->has_vocab_size = true;
+    } else if (name == "--seq-length") {
+      if (!parse_count(value, &out->seq_length) || out->seq_length < 2)
+        return "--seq-length needs a whole number of at least 2, got '" + value + "'";
+      out->has_seq_length = true;
+    } else if (name == "--num-samples") {
+      if (!parse_count(value, &out->num_samples))
+        return "--num-samples needs a whole number, got '" + value + "'";
+      out->has_num_samples = true;
+    } else if (name == "--seed") {
+      if (!parse_count(value, &out->seed))
+        return "--seed needs a whole number, got '" + value + "'";
+    } else if (name == "--show") {
+      if (!parse_count(value, &out->show))
+        return "--show needs a whole number, got '" + value + "'";
+    } else if (name == "--which") {
+      if (value != "train" && value != "valid" && value != "test")
+        return "--which needs train, valid or test, got '" + value + "'" +
+               did_you_mean(value, {"train", "valid", "test"});
+      out->which = value;
+    } else if (name == "--split") {
+      out->split = value;
+    } else if (name == "--cache-dir") {
+      out->cache_dir = value;
     }
   }
   if (out->vocab_file.empty() != out->merge_file.empty())
@@ -391,6 +457,93 @@ int run_verify(const std::vector<std::string> &args) {
   return status;
 }
 
+// A blend weight: a finite number >= 0, as Python's float() reads it.
+bool parse_weight(const std::string &s, double *out) {
+  if (s.empty())
+    return false;
+  char *end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || !std::isfinite(v) || v < 0)
+    return false;
+  *out = v;
+  return true;
+}
+
+int run_samples(const std::vector<std::string> &args) {
+  Args a;
+  std::string err = parse_args(args,
+                               {"--seq-length", "--num-samples", "--which", "--split", "--seed",
+                                "--show", "--cache-dir", "--vocab-size", "--mock", "--help"},
+                               &a);
+  if (!err.empty())
+    return usage_error("samples", err);
+  if (a.help) {
+    std::fputs(kSamplesHelp, stdout);
+    return 0;
+  }
+  GptDataConfig config;
+  if (a.mock) {
+    if (!a.positional.empty())
+      return usage_error("samples", "--mock takes no dataset, got '" + a.positional[0] + "'");
+    if (!a.has_vocab_size)
+      return usage_error("samples", "--mock needs --vocab-size (its end-of-document id is V - 1)");
+    config.mock = true;
+  } else if (a.positional.empty()) {
+    return usage_error("samples", "no dataset given: mt-dataset samples PREFIX, or weighted "
+                                  "prefixes W1 PREFIX1 W2 PREFIX2, or --mock");
+  } else if (a.positional.size() == 1) {
+    config.blend.push_back({1.0, strip_suffix(a.positional[0])});
+  } else {
+    if (a.positional.size() % 2 != 0)
+      return usage_error("samples", std::to_string(a.positional.size()) +
+                                        " words given; a blend is pairs of weight and prefix "
+                                        "(0.3 A 0.7 B)");
+    for (size_t i = 0; i < a.positional.size(); i += 2) {
+      double w;
+      if (!parse_weight(a.positional[i], &w))
+        return usage_error("samples", "blend weight '" + a.positional[i] + "' (before '" +
+                                          a.positional[i + 1] +
+                                          "') is not a number >= 0; a blend is pairs of weight "
+                                          "and prefix");
+      config.blend.push_back({w, strip_suffix(a.positional[i + 1])});
+    }
+  }
+  if (!a.has_seq_length)
+    return usage_error("samples", "--seq-length is required");
+  if (!a.has_num_samples)
+    return usage_error("samples", "--num-samples is required");
+  config.split = a.split;
+  config.seq_length = static_cast<int64_t>(a.seq_length);
+  config.seed = a.seed;
+  config.vocab_size = static_cast<int64_t>(a.vocab_size);
+  config.cache_dir = a.cache_dir;
+  DataSplit which = a.which == "train" ? DataSplit::Train
+                    : a.which == "valid" ? DataSplit::Valid
+                                         : DataSplit::Test;
+
+  auto ds = GptDataset::build(config, which, static_cast<int64_t>(a.num_samples), &err);
+  if (!ds) {
+    std::fprintf(stderr, "%s\n", err.c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "%s\n", ds->describe().c_str());
+  const int64_t show = std::min<int64_t>(static_cast<int64_t>(a.show), ds->size());
+  std::vector<int32_t> tokens(static_cast<size_t>(ds->seq_length() + 1));
+  std::string line;
+  for (int64_t i = 0; i < show; ++i) {
+    ds->sample(i, tokens.data());
+    line.clear();
+    for (size_t k = 0; k < tokens.size(); ++k) {
+      if (k)
+        line += ' ';
+      line += std::to_string(tokens[k]);
+    }
+    line += '\n';
+    std::fputs(line.c_str(), stdout);
+  }
+  return 0;
+}
+
 } // namespace
 
 int run_mt_dataset(const std::vector<std::string> &args) {
@@ -408,11 +561,13 @@ int run_mt_dataset(const std::vector<std::string> &args) {
     return run_inspect(rest);
   if (cmd == "verify")
     return run_verify(rest);
+  if (cmd == "samples")
+    return run_samples(rest);
   std::string what = cmd.rfind("-", 0) == 0 ? "option" : "command";
   std::fprintf(stderr,
                "mt-dataset: error: unknown %s '%s'%s; run 'mt-dataset --help' for the list\n",
                what.c_str(), cmd.c_str(),
-               did_you_mean(cmd, {"inspect", "verify", "help", "--help"}).c_str());
+               did_you_mean(cmd, {"inspect", "verify", "samples", "help", "--help"}).c_str());
   return 2;
 }
 

@@ -1,4 +1,5 @@
-// `mt-dataset`: inspect and verify Megatron indexed datasets.
+// `mt-dataset`: inspect and verify Megatron indexed datasets, and print the
+// training samples Megatron builds from them.
 #ifndef MT_RUNTIME_DATASET_TOOL_H
 #define MT_RUNTIME_DATASET_TOOL_H
 

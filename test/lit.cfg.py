@@ -21,6 +21,26 @@ for var in ["MT_SHARED_DATA"]:
 path = os.pathsep.join([config.mt_tools_dir, config.llvm_tools_dir,
                         config.environment.get("PATH", os.environ["PATH"])])
 config.environment["PATH"] = path
+
+# Tests against numpy (Megatron's random streams) need it in the python3 that
+# RUN lines call.
+import shutil
+import subprocess
+
+# %python is the first python3 with numpy (PATH's, then Debian's, where
+# setup.sh installs python3-numpy); without any, PATH's python3.
+def _has_numpy(exe):
+    return exe and subprocess.call([exe, "-c", "import numpy"], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL) == 0
+
+_candidates = [shutil.which("python3", path=path), "/usr/bin/python3"]
+_python3 = next((c for c in _candidates if c and os.path.exists(c) and _has_numpy(c)), None)
+if _python3:
+    config.available_features.add("numpy")
+else:
+    _python3 = _candidates[0] or "python3"
+
+config.substitutions.append(("%python", _python3))
 config.substitutions.append(("%mt_src_root", config.mt_src_root))
 config.substitutions.append(("%mt_obj_root", config.mt_obj_root))
 

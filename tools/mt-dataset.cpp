@@ -1,4 +1,5 @@
-// mt-dataset: inspect and verify Megatron indexed datasets (runtime/dataset_tool.h).
+// mt-dataset: inspect and verify Megatron indexed datasets, print training
+// samples (runtime/dataset_tool.h).
 #include "runtime/dataset_tool.h"
 
 #include <string>

@@ -4,6 +4,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
 
 #include <cmath>
@@ -255,5 +256,318 @@ LogicalResult CrossEntropyOp::verify() {
     return emitOpError() << "logits " << shapeStr(logits.getShape())
                          << " must be the labels' shape "
                          << shapeStr(labels.getShape()) << " plus a vocabulary dimension";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Training-step level
+//===----------------------------------------------------------------------===//
+
+namespace {
+// The mt.param named `sym`, which must have type `expected` (when given).
+LogicalResult verifyParamUse(Operation *op, SymbolTableCollection &symbolTable,
+                             FlatSymbolRefAttr sym, Type expected, StringRef what) {
+  auto param = symbolTable.lookupNearestSymbolFrom<ParamOp>(op, sym);
+  if (!param)
+    return op->emitOpError() << what << " '" << sym.getValue()
+                             << "' does not name an mt.param";
+  if (expected && param.getType() != expected)
+    return op->emitOpError() << what << " '" << sym.getValue() << "' has type "
+                             << param.getType() << " but the gradient is for "
+                             << expected;
+  return success();
+}
+
+// The parameter type a gradient op accumulates into.
+RankedTensorType withShape(RankedTensorType like, ArrayRef<int64_t> shape) {
+  return RankedTensorType::get(shape, like.getElementType());
+}
+} // namespace
+
+LogicalResult EmbeddingGradOp::verify() {
+  RankedTensorType g = tensorOf(getGrad()), ids = tensorOf(getIds());
+  if (g.getRank() != ids.getRank() + 1 || g.getShape().drop_back() != ids.getShape())
+    return emitOpError() << "gradient " << shapeStr(g.getShape())
+                         << " must be the ids' shape " << shapeStr(ids.getShape())
+                         << " plus the embedding dim";
+  return success();
+}
+
+LogicalResult EmbeddingGradOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  auto param = symbolTable.lookupNearestSymbolFrom<ParamOp>(*this, getParamAttr());
+  if (failed(verifyParamUse(*this, symbolTable, getParamAttr(), {}, "table")))
+    return failure();
+  RankedTensorType t = param.getTensorType(), g = tensorOf(getGrad());
+  if (t.getRank() != 2 || t.getDimSize(1) != g.getShape().back() ||
+      t.getElementType() != g.getElementType())
+    return emitOpError() << "table " << t << " does not match the gradient " << g;
+  return success();
+}
+
+LogicalResult MatmulInputGradOp::verify() {
+  RankedTensorType dy = tensorOf(getGrad()), w = tensorOf(getWeight()),
+                   dx = getType();
+  if (w.getRank() != 2 || dy.getRank() < 2)
+    return emitOpError("weight must be [out, in] and the gradient of rank >= 2");
+  if (dy.getShape().back() != w.getDimSize(0))
+    return emitOpError() << "gradient's last dim " << dy.getShape().back()
+                         << " differs from the weight's out features " << w.getDimSize(0);
+  SmallVector<int64_t> expected(dy.getShape().drop_back());
+  expected.push_back(w.getDimSize(1));
+  if (dx.getShape() != ArrayRef<int64_t>(expected))
+    return emitOpError() << "result shape " << shapeStr(dx.getShape())
+                         << " should be " << shapeStr(expected);
+  return success();
+}
+
+LogicalResult MatmulWeightGradOp::verify() {
+  RankedTensorType dy = tensorOf(getGrad()), x = tensorOf(getInput());
+  if (dy.getRank() < 2 || dy.getShape().drop_back() != x.getShape().drop_back())
+    return emitOpError() << "gradient " << shapeStr(dy.getShape()) << " and input "
+                         << shapeStr(x.getShape()) << " must share leading dims";
+  return success();
+}
+
+LogicalResult MatmulWeightGradOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  RankedTensorType dy = tensorOf(getGrad()), x = tensorOf(getInput());
+  return verifyParamUse(*this, symbolTable, getParamAttr(),
+                        withShape(dy, {dy.getShape().back(), x.getShape().back()}),
+                        "weight");
+}
+
+LogicalResult BiasGradOp::verify() {
+  if (tensorOf(getGrad()).getRank() < 1)
+    return emitOpError("gradient must have rank >= 1");
+  return success();
+}
+
+LogicalResult BiasGradOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  RankedTensorType dy = tensorOf(getGrad());
+  return verifyParamUse(*this, symbolTable, getParamAttr(),
+                        withShape(dy, {dy.getShape().back()}), "bias");
+}
+
+LogicalResult LayerNormGradOp::verify() {
+  if (failed(verifyFeatureVector(*this, "weight", getInput(), getWeight())))
+    return failure();
+  if (!(getEpsilon().convertToDouble() > 0.0))
+    return emitOpError("epsilon must be positive");
+  return success();
+}
+
+LogicalResult LayerNormGradOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  Type w = getWeight().getType();
+  if (failed(verifyParamUse(*this, symbolTable, getWeightParamAttr(), w, "weight")))
+    return failure();
+  return verifyParamUse(*this, symbolTable, getBiasParamAttr(), w, "bias");
+}
+
+LogicalResult RMSNormGradOp::verify() {
+  if (failed(verifyFeatureVector(*this, "weight", getInput(), getWeight())))
+    return failure();
+  if (!(getEpsilon().convertToDouble() > 0.0))
+    return emitOpError("epsilon must be positive");
+  return success();
+}
+
+LogicalResult RMSNormGradOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  return verifyParamUse(*this, symbolTable, getWeightParamAttr(),
+                        getWeight().getType(), "weight");
+}
+
+LogicalResult SwiGLUGradOp::verify() {
+  RankedTensorType dy = tensorOf(getGrad()), x = tensorOf(getInput());
+  SmallVector<int64_t> expected(x.getShape());
+  if (expected.empty() || expected.back() % 2 != 0)
+    return emitOpError("input's last dimension must be even");
+  expected.back() /= 2;
+  if (dy.getShape() != ArrayRef<int64_t>(expected))
+    return emitOpError() << "gradient shape " << shapeStr(dy.getShape())
+                         << " should be " << shapeStr(expected);
+  return success();
+}
+
+LogicalResult SplitQKVGradOp::verify() {
+  RankedTensorType q = tensorOf(getQueryGrad()), k = tensorOf(getKeyGrad()),
+                   v = tensorOf(getValueGrad()), out = getType();
+  if (q.getRank() != 4 || k != v || k.getRank() != 4)
+    return emitOpError("query, key and value gradients must be [batch, seq, heads, "
+                       "head_dim], key and value of one type");
+  int64_t heads = q.getDimSize(2), groups = k.getDimSize(2), d = q.getDimSize(3);
+  if (groups == 0 || heads % groups != 0 || k.getDimSize(3) != d)
+    return emitOpError("query heads must split evenly over key/value groups of the same head_dim");
+  SmallVector<int64_t> expected{q.getDimSize(0), q.getDimSize(1), (heads + 2 * groups) * d};
+  if (out.getShape() != ArrayRef<int64_t>(expected))
+    return emitOpError() << "result shape " << shapeStr(out.getShape())
+                         << " should be " << shapeStr(expected);
+  return success();
+}
+
+LogicalResult CrossEntropyGradOp::verify() {
+  RankedTensorType logits = tensorOf(getLogits()), labels = tensorOf(getLabels());
+  if (logits.getRank() < 2 || logits.getShape().drop_back() != labels.getShape())
+    return emitOpError() << "logits " << shapeStr(logits.getShape())
+                         << " must be the labels' shape "
+                         << shapeStr(labels.getShape()) << " plus a vocabulary dimension";
+  return success();
+}
+
+LogicalResult LrScheduleOp::verify() {
+  double lr = getLr().convertToDouble(), minLr = getMinLr().convertToDouble();
+  if (!(lr >= 0.0) || !(minLr >= 0.0) || minLr > lr)
+    return emitOpError() << "need 0 <= min_lr <= lr, got lr " << lr << " and min_lr " << minLr;
+  int64_t warmup = int64_t(getWarmupIters()), decay = int64_t(getDecayIters());
+  if (warmup < 0 || decay < 0)
+    return emitOpError("warmup_iters and decay_iters must not be negative");
+  if (getStyle() != LrStyle::Constant && getStyle() != LrStyle::InverseSquareRoot &&
+      decay <= warmup)
+    return emitOpError() << "decay_iters (" << decay << ") must exceed warmup_iters ("
+                         << warmup << ")";
+  return success();
+}
+
+LogicalResult AdamWOp::verify() {
+  double b1 = getBeta1().convertToDouble(), b2 = getBeta2().convertToDouble();
+  if (!(b1 >= 0.0 && b1 < 1.0) || !(b2 >= 0.0 && b2 < 1.0))
+    return emitOpError("beta1 and beta2 must be in [0, 1)");
+  if (!(getEpsilon().convertToDouble() > 0.0))
+    return emitOpError("epsilon must be positive");
+  if (!(getWeightDecay().convertToDouble() >= 0.0))
+    return emitOpError("weight_decay must not be negative");
+  return success();
+}
+
+LogicalResult AdamWOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  return verifyParamUse(*this, symbolTable, getParamAttr(), {}, "parameter");
+}
+
+//===----------------------------------------------------------------------===//
+// Kernel level
+//===----------------------------------------------------------------------===//
+
+bool FusedOp::isRowReduction(Operation *op) { return isa<LayerNormOp, RMSNormOp>(op); }
+
+bool FusedOp::isFusible(Operation *op, FusionKind kind) {
+  if (isa<BiasAddOp, AddOp, GeluOp, GeluGradOp, SwiGLUOp, SwiGLUGradOp, DropoutOp>(op))
+    return true;
+  if (isa<ReshapeOp>(op))
+    return kind == FusionKind::Elementwise;
+  return kind == FusionKind::RowReduction && isRowReduction(op);
+}
+
+// mt.fused KIND "NAME" (%arg = %operand, ...) : (types) -> types
+//     attributes {...} { body }
+ParseResult FusedOp::parse(OpAsmParser &parser, OperationState &result) {
+  MLIRContext *ctx = parser.getContext();
+  SMLoc kindLoc = parser.getCurrentLocation();
+  StringRef kindWord;
+  if (parser.parseKeyword(&kindWord))
+    return failure();
+  std::optional<FusionKind> kind = symbolizeFusionKind(kindWord);
+  if (!kind)
+    return parser.emitError(kindLoc, "expected 'elementwise' or 'row_reduction', got '")
+           << kindWord << "'";
+  result.addAttribute(getKindAttrName(result.name), FusionKindAttr::get(ctx, *kind));
+  StringAttr name;
+  if (parser.parseAttribute(name, getNameAttrName(result.name).getValue(),
+                            result.attributes))
+    return failure();
+
+  SmallVector<OpAsmParser::Argument> args;
+  SmallVector<OpAsmParser::UnresolvedOperand> operands;
+  if (parser.parseCommaSeparatedList(OpAsmParser::Delimiter::Paren, [&]() -> ParseResult {
+        OpAsmParser::Argument arg;
+        OpAsmParser::UnresolvedOperand operand;
+        if (parser.parseArgument(arg) || parser.parseEqual() ||
+            parser.parseOperand(operand))
+          return failure();
+        args.push_back(arg);
+        operands.push_back(operand);
+        return success();
+      }))
+    return failure();
+  SMLoc typeLoc = parser.getCurrentLocation();
+  FunctionType type;
+  if (parser.parseColonType(type))
+    return failure();
+  if (type.getNumInputs() != operands.size())
+    return parser.emitError(typeLoc) << "the type lists " << type.getNumInputs()
+                                     << " inputs but " << operands.size() << " are bound";
+  for (auto [arg, t] : llvm::zip(args, type.getInputs()))
+    arg.type = t;
+  if (parser.resolveOperands(operands, type.getInputs(), typeLoc, result.operands))
+    return failure();
+  result.addTypes(type.getResults());
+  if (parser.parseOptionalAttrDictWithKeyword(result.attributes))
+    return failure();
+  Region *body = result.addRegion();
+  return parser.parseRegion(*body, args);
+}
+
+void FusedOp::print(OpAsmPrinter &p) {
+  p << ' ' << stringifyFusionKind(getKind()) << ' ';
+  p.printAttributeWithoutType(getNameAttr());
+  p << " (";
+  llvm::interleaveComma(llvm::zip(getBodyBlock().getArguments(), getInputs()), p,
+                        [&](auto pair) {
+                          p << std::get<0>(pair) << " = " << std::get<1>(pair);
+                        });
+  p << ") : ";
+  p.printFunctionalType(getInputs().getTypes(), getResultTypes());
+  p.printOptionalAttrDictWithKeyword((*this)->getAttrs(),
+                                     {getNameAttrName(), getKindAttrName()});
+  p << ' ';
+  p.printRegion(getBody(), /*printEntryBlockArgs=*/false);
+}
+
+LogicalResult FusedOp::verifyRegions() {
+  Block &body = getBodyBlock();
+  if (body.getNumArguments() != getNumOperands())
+    return emitOpError() << "body has " << body.getNumArguments()
+                         << " arguments but the op has " << getNumOperands() << " operands";
+  for (auto [i, arg, operand] : llvm::enumerate(body.getArguments(), getInputs()))
+    if (arg.getType() != operand.getType())
+      return emitOpError() << "body argument #" << i << " has type " << arg.getType()
+                           << " but operand #" << i << " has type " << operand.getType();
+  if (getNumResults() == 0)
+    return emitOpError("has no results; a kernel must compute at least one value");
+
+  const FusionKind kind = getKind();
+  int rowOps = 0;
+  for (Operation &op : body.without_terminator()) {
+    if (!isFusible(&op, kind))
+      return op.emitOpError() << "cannot be part of a kernel of kind '"
+                              << stringifyFusionKind(kind) << "'"
+                              << (isRowReduction(&op)
+                                      ? "; a row-wise op needs kind row_reduction"
+                                  : isa<ReshapeOp>(op)
+                                      ? "; a reshape may change what a row is"
+                                      : "; see mt.fused for the ops a kernel can hold");
+    rowOps += isRowReduction(&op);
+  }
+  if (kind == FusionKind::RowReduction && rowOps != 1)
+    return emitOpError() << "a row_reduction kernel holds exactly one mt.layer_norm or "
+                            "mt.rms_norm, found "
+                         << rowOps;
+
+  auto yield = dyn_cast<YieldOp>(body.getTerminator());
+  if (!yield)
+    return emitOpError("body must end in mt.yield");
+  if (yield.getNumOperands() != getNumResults())
+    return yield.emitOpError() << "yields " << yield.getNumOperands()
+                               << " values but the kernel has " << getNumResults()
+                               << " results";
+  llvm::SmallDenseSet<Value, 4> seen;
+  for (auto [i, v, r] : llvm::enumerate(yield.getValues(), getResults())) {
+    if (v.getType() != r.getType())
+      return yield.emitOpError() << "value #" << i << " has type " << v.getType()
+                                 << " but result #" << i << " has type " << r.getType();
+    if (isa<BlockArgument>(v))
+      return yield.emitOpError() << "value #" << i
+                                 << " is a body argument; results must be computed by the kernel";
+    if (!seen.insert(v).second)
+      return yield.emitOpError() << "value #" << i
+                                 << " is yielded twice; each result must be its own value";
+  }
   return success();
 }

@@ -13,6 +13,21 @@
 #include "dialects/mt/MtDialect.h"
 #include "dialects/mt/MtEnums.h.inc"
 
+namespace mt {
+// Side-effect resources: the gradient buffers that backward ops add into, and
+// the weights and optimizer state that mt.adamw updates.
+struct GradBuffersResource
+    : public mlir::SideEffects::Resource::Base<GradBuffersResource> {
+  llvm::StringRef getName() final { return "mt.grad_buffers"; }
+};
+struct ParamStateResource
+    : public mlir::SideEffects::Resource::Base<ParamStateResource> {
+  llvm::StringRef getName() final { return "mt.param_state"; }
+};
+} // namespace mt
+
+#include "dialects/mt/MtInterfaces.h.inc"
+
 #define GET_OP_CLASSES
 #include "dialects/mt/MtOps.h.inc"
 

@@ -6,6 +6,7 @@ include "dialects/mt/MtDialect.td"
 include "mlir/IR/SymbolInterfaces.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
+include "dialects/mt/MtInterfaces.td"
 
 //===----------------------------------------------------------------------===//
 // Parameters
@@ -73,7 +74,7 @@ def Mt_PositionIdsOp : Mt_Op<"position_ids", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Mt_EmbeddingOp : Mt_Op<"embedding", [Pure]> {
+def Mt_EmbeddingOp : Mt_Op<"embedding", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure]> {
   let summary = "table lookup: one row per index";
   let description = [{
     Gathers row `ids[i...]` of `table` (`[num_rows, dim]`) for each index. The
@@ -95,7 +96,7 @@ def Mt_EmbeddingOp : Mt_Op<"embedding", [Pure]> {
 // Normalisation
 //===----------------------------------------------------------------------===//
 
-def Mt_LayerNormOp : Mt_Op<"layer_norm", [Pure,
+def Mt_LayerNormOp : Mt_Op<"layer_norm", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure,
     AllTypesMatch<["input", "result"]>, AllTypesMatch<["weight", "bias"]>]> {
   let summary = "layer normalisation over the last dimension";
   let description = [{
@@ -114,7 +115,7 @@ def Mt_LayerNormOp : Mt_Op<"layer_norm", [Pure,
   let hasVerifier = 1;
 }
 
-def Mt_RMSNormOp : Mt_Op<"rms_norm", [Pure, AllTypesMatch<["input", "result"]>]> {
+def Mt_RMSNormOp : Mt_Op<"rms_norm", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure, AllTypesMatch<["input", "result"]>]> {
   let summary = "root-mean-square normalisation over the last dimension";
   let description = [{
     `y = x / sqrt(mean(x^2) + epsilon) * weight`, over the last dimension.
@@ -133,7 +134,7 @@ def Mt_RMSNormOp : Mt_Op<"rms_norm", [Pure, AllTypesMatch<["input", "result"]>]>
 // Linear algebra and elementwise
 //===----------------------------------------------------------------------===//
 
-def Mt_MatmulOp : Mt_Op<"matmul", [Pure]> {
+def Mt_MatmulOp : Mt_Op<"matmul", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure]> {
   let summary = "a linear layer's product: x times the transposed weight";
   let description = [{
     `result[..., n] = sum_k input[..., k] * weight[n, k]`. The weight is
@@ -151,7 +152,7 @@ def Mt_MatmulOp : Mt_Op<"matmul", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Mt_BiasAddOp : Mt_Op<"bias_add", [Pure, AllTypesMatch<["input", "result"]>]> {
+def Mt_BiasAddOp : Mt_Op<"bias_add", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure, AllTypesMatch<["input", "result"]>]> {
   let summary = "adds a bias along the last dimension";
   let description = [{
     `result[..., n] = input[..., n] + bias[n]`.
@@ -166,7 +167,7 @@ def Mt_BiasAddOp : Mt_Op<"bias_add", [Pure, AllTypesMatch<["input", "result"]>]>
   let hasVerifier = 1;
 }
 
-def Mt_AddOp : Mt_Op<"add", [Pure, Commutative, SameOperandsAndResultType]> {
+def Mt_AddOp : Mt_Op<"add", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure, Commutative, SameOperandsAndResultType]> {
   let summary = "elementwise sum (residual connections)";
   let description = [{
     ```mlir
@@ -178,7 +179,7 @@ def Mt_AddOp : Mt_Op<"add", [Pure, Commutative, SameOperandsAndResultType]> {
   let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
 }
 
-def Mt_GeluOp : Mt_Op<"gelu", [Pure, SameOperandsAndResultType]> {
+def Mt_GeluOp : Mt_Op<"gelu", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure, SameOperandsAndResultType]> {
   let summary = "Gaussian error linear unit";
   let description = [{
     `tanh`: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, the form
@@ -193,7 +194,7 @@ def Mt_GeluOp : Mt_Op<"gelu", [Pure, SameOperandsAndResultType]> {
   let assemblyFormat = "$input $approximation attr-dict `:` type($result)";
 }
 
-def Mt_SwiGLUOp : Mt_Op<"swiglu", [Pure]> {
+def Mt_SwiGLUOp : Mt_Op<"swiglu", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure]> {
   let summary = "SiLU-gated linear unit over two halves of the last dimension";
   let description = [{
     Splits the last dimension (size `2f`) into `a = input[..., :f]` and
@@ -210,7 +211,7 @@ def Mt_SwiGLUOp : Mt_Op<"swiglu", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Mt_DropoutOp : Mt_Op<"dropout", [SameOperandsAndResultType]> {
+def Mt_DropoutOp : Mt_Op<"dropout", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, SameOperandsAndResultType]> {
   let summary = "zeroes elements with probability `rate`, scales the rest";
   let description = [{
     Keeps each element with probability `1 - rate` and scales kept elements by
@@ -228,7 +229,7 @@ def Mt_DropoutOp : Mt_Op<"dropout", [SameOperandsAndResultType]> {
   let hasVerifier = 1;
 }
 
-def Mt_ReshapeOp : Mt_Op<"reshape", [Pure]> {
+def Mt_ReshapeOp : Mt_Op<"reshape", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure]> {
   let summary = "the same elements in another shape";
   let description = [{
     Row-major reinterpretation; element count and type are unchanged.
@@ -247,7 +248,7 @@ def Mt_ReshapeOp : Mt_Op<"reshape", [Pure]> {
 // Attention
 //===----------------------------------------------------------------------===//
 
-def Mt_SplitQKVOp : Mt_Op<"split_qkv", [Pure]> {
+def Mt_SplitQKVOp : Mt_Op<"split_qkv", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure]> {
   let summary = "splits the fused QKV projection into heads";
   let description = [{
     The fused QKV linear produces, per token, `num_query_groups` groups laid
@@ -268,7 +269,7 @@ def Mt_SplitQKVOp : Mt_Op<"split_qkv", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Mt_RopeOp : Mt_Op<"rope", [Pure, SameOperandsAndResultType]> {
+def Mt_RopeOp : Mt_Op<"rope", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure, SameOperandsAndResultType]> {
   let summary = "rotary position embedding";
   let description = [{
     Rotates pairs `(x[i], x[i + d/2])` of each head (`[batch, seq, heads, d]`)
@@ -285,7 +286,7 @@ def Mt_RopeOp : Mt_Op<"rope", [Pure, SameOperandsAndResultType]> {
   let hasVerifier = 1;
 }
 
-def Mt_AttentionOp : Mt_Op<"attention", [Pure,
+def Mt_AttentionOp : Mt_Op<"attention", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure,
     AllTypesMatch<["query", "result"]>, AllTypesMatch<["key", "value"]>]> {
   let summary = "scaled dot-product attention with grouped keys and values";
   let description = [{
@@ -311,7 +312,7 @@ def Mt_AttentionOp : Mt_Op<"attention", [Pure,
 // Loss
 //===----------------------------------------------------------------------===//
 
-def Mt_CrossEntropyOp : Mt_Op<"cross_entropy", [Pure]> {
+def Mt_CrossEntropyOp : Mt_Op<"cross_entropy", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure]> {
   let summary = "mean next-token cross-entropy";
   let description = [{
     `mean over tokens of (logsumexp(logits[t, :]) - logits[t, label[t]])`,
@@ -327,5 +328,8 @@ def Mt_CrossEntropyOp : Mt_Op<"cross_entropy", [Pure]> {
   let assemblyFormat = "$logits `,` $labels attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }
+
+include "dialects/mt/MtTrainOps.td"
+include "dialects/mt/MtKernelOps.td"
 
 #endif // MT_OPS_TD

@@ -1,0 +1,480 @@
+// IR after mt-plan-memory -> plan.bin's FlatBuffer: parameter table, one
+// program per function, the memory plan and the training settings.
+#include "compiler/PlanWriter.h"
+
+#include "dialects/mt/MtOps.h"
+#include "plan_generated.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+#include <map>
+
+using namespace mlir;
+namespace fb = flatbuffers;
+namespace pl = mt::plan;
+
+namespace mt {
+namespace {
+
+constexpr const char *kProducer = "mtc 0.1.0";
+
+pl::DType dtypeOf(Type t) {
+  if (t.isF32()) return pl::DType::F32;
+  if (t.isBF16()) return pl::DType::BF16;
+  if (t.isF16()) return pl::DType::F16;
+  if (t.isInteger(64)) return pl::DType::I64;
+  return pl::DType::I32;
+}
+
+std::string shapeKey(RankedTensorType t) {
+  std::string s;
+  for (int64_t d : t.getShape())
+    s += std::to_string(d) + "x";
+  std::string ty;
+  llvm::raw_string_ostream os(ty);
+  os << t.getElementType();
+  return s + os.str();
+}
+
+// "decoder.layers.3" from "decoder.layers.3.mlp.linear_fc1.weight".
+std::string layerOf(StringRef param) {
+  SmallVector<StringRef> parts;
+  param.split(parts, '.');
+  if (parts.size() >= 3 && parts[0] == "decoder" && parts[1] == "layers")
+    return (parts[0] + "." + parts[1] + "." + parts[2]).str();
+  return parts.empty() ? std::string() : parts[0].str();
+}
+
+class Writer {
+public:
+  Writer(ModuleOp module, const spec::Spec &spec) : module(module), spec(spec) {}
+
+  FailureOr<std::string> run() {
+    int index = 0;
+    for (ParamOp p : module.getOps<ParamOp>())
+      paramIndex[p.getSymName()] = index++;
+
+    std::vector<fb::Offset<pl::Param>> params;
+    for (ParamOp p : module.getOps<ParamOp>()) {
+      auto shape = p.getTensorType().getShape();
+      bool decays = p.getTensorType().getRank() > 1 && !p.getSymName().ends_with(".bias");
+      auto attr = [&](StringRef n) {
+        auto a = p->getAttrOfType<IntegerAttr>(n);
+        return a ? a.getInt() : int64_t(-1);
+      };
+      if (attr("mt.weight_offset") < 0) {
+        p.emitError("plan writer: parameter has no memory plan; run mt-plan-memory first");
+        return failure();
+      }
+      pl::Init init = p.getInit() == InitKind::Zeros  ? pl::Init::ZEROS
+                      : p.getInit() == InitKind::Ones ? pl::Init::ONES
+                                                      : pl::Init::NORMAL;
+      params.push_back(pl::CreateParam(
+          fbb, fbb.CreateString(p.getSymName().str()),
+          fbb.CreateVector(std::vector<int64_t>(shape.begin(), shape.end())),
+          dtypeOf(p.getTensorType().getElementType()), init,
+          p.getStd() ? p.getStd()->convertToDouble() : 0.0, decays,
+          attr("mt.weight_offset"), attr("mt.grad_offset"), attr("mt.master_offset"),
+          attr("mt.exp_avg_offset"), attr("mt.exp_avg_sq_offset")));
+    }
+
+    std::vector<fb::Offset<pl::Program>> programs;
+    for (auto f : module.getOps<func::FuncOp>()) {
+      auto prog = program(f);
+      if (failed(prog))
+        return failure();
+      programs.push_back(*prog);
+    }
+
+    auto i64 = [&](StringRef n) {
+      auto a = module->getAttrOfType<IntegerAttr>(n);
+      return a ? a.getInt() : int64_t(0);
+    };
+    auto memAttr = module->getAttrOfType<DictionaryAttr>("mt.memory");
+    auto mem = [&](StringRef n) -> uint64_t {
+      if (!memAttr)
+        return 0;
+      auto a = memAttr.getAs<IntegerAttr>(n);
+      return a ? a.getInt() : 0;
+    };
+    auto memory = pl::CreateMemory(fbb, mem("weights"), mem("grads"), mem("master_weights"),
+                                   mem("optimizer_moments"), mem("activations"),
+                                   mem("workspace"), mem("context_reserve"),
+                                   spec.cluster.device_memory_bytes);
+    auto rank = pl::CreateRank(fbb, 0, 0, 0, 0, fbb.CreateVector(params),
+                               i64("mt.state_bytes"), i64("mt.arena_bytes"),
+                               fbb.CreateVector(programs), memory);
+
+    const spec::TrainingConfig &t = spec.training;
+    std::vector<std::string> paths;
+    std::vector<double> weights;
+    for (const auto &[w, path] : spec.data.data_path) {
+      weights.push_back(w);
+      paths.push_back(path);
+    }
+    const char *precision = t.precision == spec::Precision::FP32   ? "fp32"
+                            : t.precision == spec::Precision::BF16 ? "bf16"
+                                                                   : "fp16";
+    auto training = pl::CreateTraining(
+        fbb, t.train_iters, t.micro_batch_size, t.global_batch_size,
+        spec.numMicroBatches(), spec.model.seq_length, spec.model.vocab_size,
+        spec.paddedVocabSize(), t.seed, t.log_interval, t.eval_interval, t.eval_iters,
+        t.save_interval, fbb.CreateString(t.save), fbb.CreateString(t.load),
+        fbb.CreateString(precision), t.initial_loss_scale, t.min_loss_scale,
+        t.loss_scale_window, t.hysteresis, fbb.CreateVectorOfStrings(paths),
+        fbb.CreateVector(weights), fbb.CreateString(spec.data.split), spec.data.mock_data);
+
+    std::vector<fb::Offset<pl::Rank>> ranks{rank};
+    auto plan = pl::CreatePlan(
+        fbb, fbb.CreateString(kProducer), fbb.CreateString(modelFingerprint(module)),
+        fbb.CreateString(spec::toToml(spec)), int32_t(spec.worldSize()),
+        int32_t(spec.parallel.tensor_model_parallel_size),
+        int32_t(spec.parallel.pipeline_model_parallel_size),
+        int32_t(spec.parallel.data_parallel_size), training,
+        fbb.CreateVector(kernels), fbb.CreateVector(ranks));
+    fbb.Finish(plan, "MTPL");
+    return std::string(reinterpret_cast<const char *>(fbb.GetBufferPointer()), fbb.GetSize());
+  }
+
+private:
+  struct Inst {
+    pl::Opcode op;
+    std::vector<uint32_t> in, out, params;
+    std::vector<int64_t> ints;
+    std::vector<double> floats;
+  };
+
+  FailureOr<fb::Offset<pl::Program>> program(func::FuncOp f) {
+    values.clear();
+    valueIndex.clear();
+    valueNames.clear();
+    Block &body = f.getBody().front();
+    std::vector<uint32_t> inputs, outputs;
+    std::vector<std::string> inputNames, outputNames;
+    for (BlockArgument a : body.getArguments()) {
+      auto off = f.getArgAttrOfType<IntegerAttr>(a.getArgNumber(), "mt.offset");
+      auto name = f.getArgAttrOfType<StringAttr>(a.getArgNumber(), "mt.name");
+      if (!off) {
+        f.emitError("plan writer: argument has no arena offset; run mt-plan-memory first");
+        return failure();
+      }
+      std::string n = name ? name.str() : "arg" + std::to_string(a.getArgNumber());
+      inputs.push_back(addValue(a, pl::Region::ARENA, off.getInt(), n));
+      inputNames.push_back(n);
+    }
+
+    std::vector<fb::Offset<pl::Instruction>> insts;
+    for (Operation &op : body) {
+      if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+        for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+          outputs.push_back(valueIndex.lookup(v));
+          outputNames.push_back(f.getName() == "optimizer_step" ? (i == 0 ? "lr" : "next_lr")
+                                : f.getName() == "grad_norm"    ? "grad_norm"
+                                                                : "loss");
+        }
+        continue;
+      }
+      if (auto ref = dyn_cast<ParamRefOp>(op)) {
+        addValue(ref.getResult(), pl::Region::WEIGHT, paramIndex.lookup(ref.getName()),
+                 ref.getName().str());
+        continue;
+      }
+      auto offsets = op.getAttrOfType<DenseI64ArrayAttr>("mt.offsets");
+      if (op.getNumResults() && !offsets) {
+        op.emitError("plan writer: op has no arena offsets; run mt-plan-memory first");
+        return failure();
+      }
+      for (auto [i, r] : llvm::enumerate(op.getResults()))
+        addValue(r, pl::Region::ARENA, offsets[i], "");
+      FailureOr<Inst> inst = lower(op, valueIndex);
+      if (failed(inst))
+        return failure();
+      std::string where = whereOf(op, insts.size());
+      insts.push_back(pl::CreateInstruction(
+          fbb, inst->op, fbb.CreateVector(inst->in), fbb.CreateVector(inst->out),
+          fbb.CreateVector(inst->params), fbb.CreateVector(inst->ints),
+          fbb.CreateVector(inst->floats), fbb.CreateString(where)));
+    }
+    auto valuesVec = fbb.CreateVector(values);
+    return pl::CreateProgram(fbb, fbb.CreateString(f.getName().str()), valuesVec,
+                             fbb.CreateVector(inputs), fbb.CreateVectorOfStrings(inputNames),
+                             fbb.CreateVector(outputs), fbb.CreateVectorOfStrings(outputNames),
+                             fbb.CreateVector(insts));
+  }
+
+  fb::Offset<pl::Value> valueEntry(Value v, pl::Region region, int64_t offset,
+                                   const std::string &name) {
+    auto t = cast<RankedTensorType>(v.getType());
+    auto shape = t.getShape();
+    return pl::CreateValue(fbb, fbb.CreateString(name), region, uint64_t(offset),
+                           fbb.CreateVector(std::vector<int64_t>(shape.begin(), shape.end())),
+                           dtypeOf(t.getElementType()));
+  }
+
+  uint32_t addValue(Value v, pl::Region region, int64_t offset, std::string name) {
+    if (name.empty())
+      name = "%" + std::to_string(values.size());
+    values.push_back(valueEntry(v, region, offset, name));
+    uint32_t index = values.size() - 1;
+    valueIndex[v] = index;
+    return index;
+  }
+
+  // "decoder.layers.1 mt.attention_grad (#57)": the layer comes from the
+  // parameters the op or its neighbours touch.
+  std::string whereOf(Operation &op, size_t index) {
+    if (auto fused = dyn_cast<FusedOp>(op))
+      return "mt.fused " + fused.getName().str() + " (#" + std::to_string(index) + ")";
+    std::string layer;
+    auto fromSym = [&](Attribute a) {
+      if (auto s = dyn_cast_or_null<FlatSymbolRefAttr>(a))
+        if (layer.empty())
+          layer = layerOf(s.getValue());
+    };
+    for (NamedAttribute a : op.getAttrs())
+      fromSym(a.getValue());
+    for (Value v : op.getOperands())
+      if (auto ref = v.getDefiningOp<ParamRefOp>())
+        fromSym(ref.getNameAttr());
+    std::string s = (layer.empty() ? "" : layer + " ") + op.getName().getStringRef().str();
+    return s + " (#" + std::to_string(index) + ")";
+  }
+
+  uint32_t param(FlatSymbolRefAttr s) { return paramIndex.lookup(s.getValue()); }
+
+  // One op -> one instruction over the value numbers of the program or
+  // kernel it belongs to.
+  FailureOr<Inst> lower(Operation &op, const DenseMap<Value, uint32_t> &numbers) {
+    Inst i;
+    for (Value v : op.getOperands())
+      i.in.push_back(numbers.lookup(v));
+    for (Value r : op.getResults())
+      i.out.push_back(numbers.lookup(r));
+    auto eps = [&](FloatAttr a) { i.floats.push_back(a.getValueAsDouble()); };
+    bool ok = true;
+    llvm::TypeSwitch<Operation *>(&op)
+        .Case([&](PositionIdsOp) { i.op = pl::Opcode::POSITION_IDS; })
+        .Case([&](EmbeddingOp) { i.op = pl::Opcode::EMBEDDING; })
+        .Case([&](LayerNormOp o) { i.op = pl::Opcode::LAYER_NORM; eps(o.getEpsilonAttr()); })
+        .Case([&](RMSNormOp o) { i.op = pl::Opcode::RMS_NORM; eps(o.getEpsilonAttr()); })
+        .Case([&](MatmulOp) { i.op = pl::Opcode::MATMUL; })
+        .Case([&](BiasAddOp) { i.op = pl::Opcode::BIAS_ADD; })
+        .Case([&](AddOp) { i.op = pl::Opcode::ADD; })
+        .Case([&](GeluOp o) {
+          i.op = pl::Opcode::GELU;
+          i.ints.push_back(o.getApproximation() == GeluApproximation::Tanh);
+        })
+        .Case([&](SwiGLUOp) { i.op = pl::Opcode::SWIGLU; })
+        .Case([&](DropoutOp o) {
+          i.op = pl::Opcode::DROPOUT;
+          i.ints.push_back(o.getStream());
+          eps(o.getRateAttr());
+        })
+        .Case([&](ReshapeOp) { i.op = pl::Opcode::RESHAPE; })
+        .Case([&](FusedOp o) {
+          FailureOr<int64_t> k = kernel(o);
+          ok = succeeded(k);
+          i.op = pl::Opcode::FUSED;
+          i.ints = {ok ? *k : -1};
+        })
+        .Case([&](SplitQKVOp) { i.op = pl::Opcode::SPLIT_QKV; })
+        .Case([&](RopeOp o) { i.op = pl::Opcode::ROPE; eps(o.getBaseAttr()); })
+        .Case([&](AttentionOp o) {
+          i.op = pl::Opcode::ATTENTION;
+          i.ints = {o.getCausal() ? 1 : 0, o.getStream()};
+          i.floats = {o.getScale().convertToDouble(), o.getDropoutRate().convertToDouble()};
+        })
+        .Case([&](CrossEntropyOp) { i.op = pl::Opcode::CROSS_ENTROPY; })
+        .Case([&](GradSeedOp o) { i.op = pl::Opcode::GRAD_SEED; eps(o.getScaleAttr()); })
+        .Case([&](EmbeddingGradOp o) {
+          i.op = pl::Opcode::EMBEDDING_GRAD;
+          i.params = {param(o.getParamAttr())};
+        })
+        .Case([&](MatmulInputGradOp) { i.op = pl::Opcode::MATMUL_INPUT_GRAD; })
+        .Case([&](MatmulWeightGradOp o) {
+          i.op = pl::Opcode::MATMUL_WEIGHT_GRAD;
+          i.params = {param(o.getParamAttr())};
+        })
+        .Case([&](BiasGradOp o) {
+          i.op = pl::Opcode::BIAS_GRAD;
+          i.params = {param(o.getParamAttr())};
+        })
+        .Case([&](LayerNormGradOp o) {
+          i.op = pl::Opcode::LAYER_NORM_GRAD;
+          i.params = {param(o.getWeightParamAttr()), param(o.getBiasParamAttr())};
+          eps(o.getEpsilonAttr());
+        })
+        .Case([&](RMSNormGradOp o) {
+          i.op = pl::Opcode::RMS_NORM_GRAD;
+          i.params = {param(o.getWeightParamAttr())};
+          eps(o.getEpsilonAttr());
+        })
+        .Case([&](GeluGradOp o) {
+          i.op = pl::Opcode::GELU_GRAD;
+          i.ints.push_back(o.getApproximation() == GeluApproximation::Tanh);
+        })
+        .Case([&](SwiGLUGradOp) { i.op = pl::Opcode::SWIGLU_GRAD; })
+        .Case([&](SplitQKVGradOp) { i.op = pl::Opcode::SPLIT_QKV_GRAD; })
+        .Case([&](RopeGradOp o) { i.op = pl::Opcode::ROPE_GRAD; eps(o.getBaseAttr()); })
+        .Case([&](AttentionGradOp o) {
+          i.op = pl::Opcode::ATTENTION_GRAD;
+          i.ints = {o.getCausal() ? 1 : 0, o.getStream()};
+          i.floats = {o.getScale().convertToDouble(), o.getDropoutRate().convertToDouble()};
+        })
+        .Case([&](CrossEntropyGradOp) { i.op = pl::Opcode::CROSS_ENTROPY_GRAD; })
+        .Case([&](GradNormOp) { i.op = pl::Opcode::GRAD_NORM; })
+        .Case([&](LrScheduleOp o) {
+          i.op = pl::Opcode::LR_SCHEDULE;
+          i.ints = {int64_t(o.getStyle()), o.getWarmupIters(), o.getDecayIters()};
+          i.floats = {o.getLr().convertToDouble(), o.getMinLr().convertToDouble()};
+        })
+        .Case([&](ClipCoeffOp o) { i.op = pl::Opcode::CLIP_COEFF; eps(o.getMaxNormAttr()); })
+        .Case([&](AdamWOp o) {
+          i.op = pl::Opcode::ADAMW;
+          i.params = {param(o.getParamAttr())};
+          i.floats = {o.getBeta1().convertToDouble(), o.getBeta2().convertToDouble(),
+                      o.getEpsilon().convertToDouble(), o.getWeightDecay().convertToDouble()};
+        })
+        .Default([&](Operation *o) {
+          o->emitError("plan writer: no instruction for this op");
+          ok = false;
+        });
+    if (!ok)
+      return failure();
+    return i;
+  }
+
+  // Kernel-local scratch for the values a fused body keeps to itself
+  // (`inside`): each lives from the op that defines it to its last use in
+  // the body, and is placed best-fit among the values live at that point,
+  // 256-byte aligned as in the arena. Returns the scratch size in bytes.
+  static int64_t layoutScratch(Block &body, const DenseSet<Value> &inside,
+                               DenseMap<Value, int64_t> &offsets) {
+    constexpr int64_t kAlign = 256;
+    DenseMap<Operation *, int64_t> index;
+    int64_t n = 0;
+    for (Operation &op : body)
+      index[&op] = n++;
+    struct Live {
+      int64_t last, offset, size;
+    };
+    std::vector<Live> live; // by offset
+    int64_t top = 0;
+    for (Operation &op : body) {
+      const int64_t i = index.lookup(&op);
+      // Operands of op i stay live while its results are placed.
+      llvm::erase_if(live, [&](const Live &l) { return l.last < i; });
+      for (Value r : op.getResults()) {
+        if (!inside.contains(r))
+          continue;
+        int64_t last = i;
+        for (Operation *user : r.getUsers())
+          last = std::max(last, index.lookup(body.findAncestorOpInBlock(*user)));
+        auto t = cast<RankedTensorType>(r.getType());
+        int64_t bytes = t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
+        int64_t size = std::max<int64_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+        int64_t at = 0, best = -1, bestGap = 0;
+        for (const Live &l : live) {
+          int64_t gap = l.offset - at;
+          if (gap >= size && (best < 0 || gap < bestGap)) {
+            best = at;
+            bestGap = gap;
+          }
+          at = std::max(at, l.offset + l.size);
+        }
+        if (best < 0)
+          best = at;
+        offsets[r] = best;
+        live.push_back({last, best, size});
+        llvm::sort(live, [](const Live &a, const Live &b) { return a.offset < b.offset; });
+        top = std::max(top, best + size);
+      }
+    }
+    return top;
+  }
+
+  // One mt.fused -> one entry of the plan's kernel table; returns its index.
+  // cpu_values: the body's arguments (bound to the FUSED inputs), the
+  // yielded values (bound to its outputs), then the body's other values in
+  // kernel-local scratch. cpu_instructions: the body's ops, lowered as
+  // unfused ops are. The CUDA source and launch geometry are left empty
+  // here; the CUDA backend's kernel generator fills them.
+  FailureOr<int64_t> kernel(FusedOp fused) {
+    Block &body = fused.getBodyBlock();
+    auto yield = cast<YieldOp>(body.getTerminator());
+    std::vector<fb::Offset<pl::Value>> kvalues;
+    DenseMap<Value, uint32_t> numbers;
+    auto add = [&](Value v, int64_t offset, const std::string &name) {
+      numbers[v] = kvalues.size();
+      kvalues.push_back(valueEntry(v, pl::Region::ARENA, offset, name));
+    };
+    for (BlockArgument a : body.getArguments())
+      add(a, 0, "in" + std::to_string(a.getArgNumber()));
+    for (auto [i, v] : llvm::enumerate(yield.getValues()))
+      add(v, 0, "out" + std::to_string(i));
+    DenseSet<Value> inside;
+    for (Operation &op : body.without_terminator())
+      for (Value r : op.getResults())
+        if (!numbers.count(r))
+          inside.insert(r);
+    DenseMap<Value, int64_t> offsets;
+    int64_t scratch = layoutScratch(body, inside, offsets);
+    for (Operation &op : body.without_terminator())
+      for (Value r : op.getResults())
+        if (inside.contains(r))
+          add(r, offsets.lookup(r), "%" + std::to_string(kvalues.size()));
+
+    std::vector<fb::Offset<pl::Instruction>> insts;
+    for (Operation &op : body.without_terminator()) {
+      FailureOr<Inst> inst = lower(op, numbers);
+      if (failed(inst))
+        return failure();
+      std::string where = whereOf(op, insts.size());
+      insts.push_back(pl::CreateInstruction(
+          fbb, inst->op, fbb.CreateVector(inst->in), fbb.CreateVector(inst->out),
+          fbb.CreateVector(inst->params), fbb.CreateVector(inst->ints),
+          fbb.CreateVector(inst->floats), fbb.CreateString(where)));
+    }
+    kernels.push_back(pl::CreateKernel(
+        fbb, fbb.CreateString(fused.getName().str()), fbb.CreateString(""),
+        fbb.CreateVector(std::vector<uint32_t>{}), fbb.CreateVector(std::vector<uint32_t>{}),
+        0, fbb.CreateVector(kvalues), fbb.CreateVector(insts), uint64_t(scratch)));
+    return int64_t(kernels.size() - 1);
+  }
+
+  ModuleOp module;
+  const spec::Spec &spec;
+  fb::FlatBufferBuilder fbb{1 << 16};
+  llvm::StringMap<uint32_t> paramIndex;
+  std::vector<fb::Offset<pl::Value>> values;
+  DenseMap<Value, uint32_t> valueIndex;
+  std::vector<fb::Offset<pl::Kernel>> kernels; // one per mt.fused, in program order
+  std::vector<std::string> valueNames;
+};
+
+} // namespace
+
+std::string modelFingerprint(ModuleOp module) {
+  std::string s;
+  for (ParamOp p : module.getOps<ParamOp>())
+    s += p.getSymName().str() + ":" + shapeKey(p.getTensorType()) + ";";
+  // FNV-1a keeps the fingerprint short; the parameter count makes a
+  // mismatch readable at a glance.
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s)
+    h = (h ^ c) * 1099511628211ull;
+  int64_t count = 0;
+  for (ParamOp p : module.getOps<ParamOp>())
+    count += p.getNumElements();
+  char buf[64];
+  snprintf(buf, sizeof buf, "%lld params, shapes %016llx", (long long)count,
+           (unsigned long long)h);
+  return buf;
+}
+
+FailureOr<std::string> buildPlanPayload(ModuleOp module, const spec::Spec &spec) {
+  return Writer(module, spec).run();
+}
+
+} // namespace mt

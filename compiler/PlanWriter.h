@@ -1,0 +1,25 @@
+// Lowers the planned training IR (after mt-plan-memory) to plan.bin's
+// FlatBuffer (schema: runtime/plan.fbs).
+#ifndef MT_COMPILER_PLANWRITER_H
+#define MT_COMPILER_PLANWRITER_H
+
+#include "spec/Spec.h"
+
+#include "mlir/IR/BuiltinOps.h"
+
+#include <string>
+
+namespace mt {
+
+// The plan's FlatBuffer payload (without the file header), or failure with a
+// diagnostic emitted on the op that could not be lowered.
+mlir::FailureOr<std::string> buildPlanPayload(mlir::ModuleOp module,
+                                              const spec::Spec &spec);
+
+// A fingerprint of every parameter's name, shape and type: checkpoints carry
+// it, so a checkpoint of another model is refused by name.
+std::string modelFingerprint(mlir::ModuleOp module);
+
+} // namespace mt
+
+#endif // MT_COMPILER_PLANWRITER_H

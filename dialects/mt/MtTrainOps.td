@@ -1,0 +1,313 @@
+// Operations of the training-step level (DESIGN.md, IR level 2): gradients
+// (`mt-autodiff`) and the optimizer (`mt-optimizer`). Included by MtOps.td.
+#ifndef MT_TRAIN_OPS_TD
+#define MT_TRAIN_OPS_TD
+
+// Ops that add into a parameter's gradient buffer write to this resource.
+def Mt_GradBuffers : Resource<"::mt::GradBuffersResource">;
+// mt.adamw updates weights and optimizer state in place.
+def Mt_ParamState : Resource<"::mt::ParamStateResource">;
+
+//===----------------------------------------------------------------------===//
+// Backward
+//===----------------------------------------------------------------------===//
+
+def Mt_GradSeedOp : Mt_Op<"grad_seed", [MemoryEffects<[MemRead<Mt_ParamState>]>]> {
+  let summary = "the gradient of the loss with respect to itself";
+  let description = [{
+    Starts backpropagation: `scale` times the run's loss scale (1 unless fp16
+    dynamic loss scaling is on). `scale` is `1 / num_micro_batches`, so the
+    gradients accumulated over a step's micro-batches are those of the mean
+    loss, as in Megatron-LM.
+
+    ```mlir
+    %seed = mt.grad_seed {scale = 2.500000e-01 : f64} : tensor<f32>
+    ```
+  }];
+  let arguments = (ins F64Attr:$scale);
+  let results = (outs Mt_ScalarF32:$result);
+  let assemblyFormat = "attr-dict `:` type($result)";
+}
+
+def Mt_EmbeddingGradOp : Mt_Op<"embedding_grad", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+    MemoryEffects<[MemWrite<Mt_GradBuffers>]>]> {
+  let summary = "adds the embedding's gradient into its table's gradient";
+  let description = [{
+    `grad(table)[ids[i], :] += grad[i, :]` for every position `i`.
+
+    ```mlir
+    mt.embedding_grad %dy, %tokens into @embedding.word_embeddings.weight : tensor<4x128x64xf32>, tensor<4x128xi32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$grad, Mt_IndexTensor:$ids,
+                       FlatSymbolRefAttr:$param);
+  let assemblyFormat = "$grad `,` $ids `into` $param attr-dict `:` type($grad) `,` type($ids)";
+  let hasVerifier = 1;
+}
+
+def Mt_MatmulInputGradOp : Mt_Op<"matmul_input_grad", [Pure]> {
+  let summary = "gradient of a linear layer's input: dy times the weight";
+  let description = [{
+    `dx[..., in] = dy[..., out] * w[out, in]`.
+
+    ```mlir
+    %dx = mt.matmul_input_grad %dy, %w : (tensor<4x128x256xf32>, tensor<256x64xf32>) -> tensor<4x128x64xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$weight);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$grad `,` $weight attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Mt_MatmulWeightGradOp : Mt_Op<"matmul_weight_grad", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+    MemoryEffects<[MemWrite<Mt_GradBuffers>]>]> {
+  let summary = "adds a linear layer's weight gradient into the parameter's gradient";
+  let description = [{
+    `grad(param)[out, in] += sum over rows of dy[r, out] * x[r, in]`.
+
+    ```mlir
+    mt.matmul_weight_grad %dy, %x into @decoder.layers.0.mlp.linear_fc1.weight : tensor<4x128x256xf32>, tensor<4x128x64xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$input,
+                       FlatSymbolRefAttr:$param);
+  let assemblyFormat = "$grad `,` $input `into` $param attr-dict `:` type($grad) `,` type($input)";
+  let hasVerifier = 1;
+}
+
+def Mt_BiasGradOp : Mt_Op<"bias_grad", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+    MemoryEffects<[MemWrite<Mt_GradBuffers>]>]> {
+  let summary = "adds the column sums of dy into a bias's gradient";
+  let description = [{
+    ```mlir
+    mt.bias_grad %dy into @decoder.layers.0.mlp.linear_fc1.bias : tensor<4x128x256xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$grad, FlatSymbolRefAttr:$param);
+  let assemblyFormat = "$grad `into` $param attr-dict `:` type($grad)";
+  let hasVerifier = 1;
+}
+
+def Mt_LayerNormGradOp : Mt_Op<"layer_norm_grad", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+    MemoryEffects<[MemWrite<Mt_GradBuffers>]>,
+    AllTypesMatch<["grad", "input", "result"]>]> {
+  let summary = "LayerNorm backward: input gradient, and weight and bias gradients added in place";
+  let description = [{
+    Recomputes the row statistics from `input` (nothing else is saved by the
+    forward), returns the input's gradient and adds the weight's and bias's
+    gradients into the parameters `weight_param` and `bias_param`.
+
+    ```mlir
+    %dx = mt.layer_norm_grad %dy, %x, %w into @l.weight, @l.bias {epsilon = 1.000000e-05 : f64} : tensor<4x128x64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$input,
+                       Mt_FloatTensor:$weight, FlatSymbolRefAttr:$weight_param,
+                       FlatSymbolRefAttr:$bias_param, F64Attr:$epsilon);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$grad `,` $input `,` $weight `into` $weight_param `,` $bias_param attr-dict `:` type($grad) `,` type($weight)";
+  let hasVerifier = 1;
+}
+
+def Mt_RMSNormGradOp : Mt_Op<"rms_norm_grad", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+    MemoryEffects<[MemWrite<Mt_GradBuffers>]>,
+    AllTypesMatch<["grad", "input", "result"]>]> {
+  let summary = "RMSNorm backward: input gradient, and the weight gradient added in place";
+  let description = [{
+    ```mlir
+    %dx = mt.rms_norm_grad %dy, %x, %w into @l.weight {epsilon = 1.000000e-05 : f64} : tensor<4x128x64xf32>, tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$input,
+                       Mt_FloatTensor:$weight, FlatSymbolRefAttr:$weight_param,
+                       F64Attr:$epsilon);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$grad `,` $input `,` $weight `into` $weight_param attr-dict `:` type($grad) `,` type($weight)";
+  let hasVerifier = 1;
+}
+
+def Mt_GeluGradOp : Mt_Op<"gelu_grad", [Pure, SameOperandsAndResultType]> {
+  let summary = "GeLU backward";
+  let description = [{
+    `dx = dy * gelu'(x)` for the same formula as the forward.
+
+    ```mlir
+    %dx = mt.gelu_grad %dy, %x tanh : tensor<4x128x256xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$input,
+                       Mt_GeluApproximation:$approximation);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$grad `,` $input $approximation attr-dict `:` type($result)";
+}
+
+def Mt_SwiGLUGradOp : Mt_Op<"swiglu_grad", [Pure, AllTypesMatch<["input", "result"]>]> {
+  let summary = "SwiGLU backward";
+  let description = [{
+    `dy` has the forward result's shape (`[..., f]`); the result has the
+    input's (`[..., 2f]`).
+
+    ```mlir
+    %dx = mt.swiglu_grad %dy, %x : (tensor<4x128x256xf32>, tensor<4x128x512xf32>) -> tensor<4x128x512xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$input);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$grad `,` $input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Mt_SplitQKVGradOp : Mt_Op<"split_qkv_grad", [Pure]> {
+  let summary = "gathers query, key and value gradients back into the fused QKV layout";
+  let description = [{
+    The inverse of `mt.split_qkv`'s layout.
+
+    ```mlir
+    %dqkv = mt.split_qkv_grad %dq, %dk, %dv : (tensor<4x128x4x16xf32>, tensor<4x128x4x16xf32>, tensor<4x128x4x16xf32>) -> tensor<4x128x192xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$query_grad, Mt_FloatTensor:$key_grad,
+                       Mt_FloatTensor:$value_grad);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$query_grad `,` $key_grad `,` $value_grad attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Mt_RopeGradOp : Mt_Op<"rope_grad", [Pure, SameOperandsAndResultType]> {
+  let summary = "rotary embedding backward: the rotation by the opposite angle";
+  let description = [{
+    ```mlir
+    %dq = mt.rope_grad %dq2 {base = 1.000000e+04 : f64} : tensor<4x128x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$grad, F64Attr:$base);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$grad attr-dict `:` type($result)";
+}
+
+def Mt_AttentionGradOp : Mt_Op<"attention_grad", [Pure,
+    AllTypesMatch<["grad", "query", "query_grad"]>,
+    AllTypesMatch<["key", "value", "key_grad", "value_grad"]>]> {
+  let summary = "attention backward; recomputes the probabilities from q and k";
+  let description = [{
+    Returns the gradients of query, key and value. Nothing of size
+    `seq x seq` is kept from the forward: the probabilities (and the dropout
+    mask, from the same RNG `stream`) are recomputed.
+
+    ```mlir
+    %dq, %dk, %dv = mt.attention_grad %do, %q, %k, %v {causal, dropout_rate = 1.000000e-01 : f64, scale = 2.500000e-01 : f64, stream = 1 : i64} : tensor<4x128x4x16xf32>, tensor<4x128x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$query,
+                       Mt_FloatTensor:$key, Mt_FloatTensor:$value,
+                       UnitAttr:$causal, F64Attr:$scale, F64Attr:$dropout_rate,
+                       I64Attr:$stream);
+  let results = (outs Mt_FloatTensor:$query_grad, Mt_FloatTensor:$key_grad,
+                      Mt_FloatTensor:$value_grad);
+  let assemblyFormat = "$grad `,` $query `,` $key `,` $value attr-dict `:` type($query) `,` type($key)";
+}
+
+def Mt_CrossEntropyGradOp : Mt_Op<"cross_entropy_grad", [Pure,
+    AllTypesMatch<["logits", "result"]>]> {
+  let summary = "gradient of the mean cross-entropy with respect to the logits";
+  let description = [{
+    `dlogits[t, :] = dloss * (softmax(logits[t, :]) - onehot(labels[t])) / tokens`.
+
+    ```mlir
+    %dlogits = mt.cross_entropy_grad %logits, %labels, %dloss : (tensor<4x128x50304xf32>, tensor<4x128xi32>, tensor<f32>) -> tensor<4x128x50304xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$logits, Mt_IndexTensor:$labels,
+                       Mt_ScalarF32:$loss_grad);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$logits `,` $labels `,` $loss_grad attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Optimizer
+//===----------------------------------------------------------------------===//
+
+def Mt_LrStyle : I32EnumAttr<"LrStyle", "learning-rate decay after warm-up", [
+    I32EnumAttrCase<"Constant", 0, "constant">,
+    I32EnumAttrCase<"Linear", 1, "linear">,
+    I32EnumAttrCase<"Cosine", 2, "cosine">,
+    I32EnumAttrCase<"InverseSquareRoot", 3, "inverse_square_root">,
+  ]> {
+  let cppNamespace = "::mt";
+}
+
+def Mt_GradNormOp : Mt_Op<"grad_norm", [MemoryEffects<[MemRead<Mt_GradBuffers>]>]> {
+  let summary = "global L2 norm of every parameter's gradient";
+  let description = [{
+    ```mlir
+    %norm = mt.grad_norm : tensor<f32>
+    ```
+  }];
+  let results = (outs Mt_ScalarF32:$result);
+  let assemblyFormat = "attr-dict `:` type($result)";
+}
+
+def Mt_LrScheduleOp : Mt_Op<"lr_schedule", [Pure]> {
+  let summary = "Megatron-LM's learning-rate schedule at an optimizer step";
+  let description = [{
+    Linear warm-up from 0 to `lr` over `warmup_iters` steps, then `style`
+    decay to `min_lr` at `decay_iters`, then `min_lr`. `steps` is the number of
+    optimizer steps taken so far (skipped iterations do not count), so the
+    schedule advances once per optimizer step, never per micro-batch.
+
+    ```mlir
+    %lr = mt.lr_schedule %steps cosine {lr = 1.000000e-03 : f64, min_lr = 1.000000e-04 : f64, warmup_iters = 10 : i64, decay_iters = 100 : i64} : tensor<i64> -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins 0DTensorOf<[I64]>:$steps, Mt_LrStyle:$style,
+                       F64Attr:$lr, F64Attr:$min_lr, I64Attr:$warmup_iters,
+                       I64Attr:$decay_iters);
+  let results = (outs Mt_ScalarF32:$result);
+  let assemblyFormat = "$steps $style attr-dict `:` type($steps) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Mt_ClipCoeffOp : Mt_Op<"clip_coeff", [Pure, AllTypesMatch<["norm", "result"]>]> {
+  let summary = "gradient clipping factor";
+  let description = [{
+    `min(1, max_norm / (norm + 1e-6))`, Megatron-LM's `clip_grad_norm_fp32`;
+    1 when `max_norm` is 0 (clipping off).
+
+    ```mlir
+    %c = mt.clip_coeff %norm {max_norm = 1.000000e+00 : f64} : tensor<f32>
+    ```
+  }];
+  let arguments = (ins Mt_ScalarF32:$norm, F64Attr:$max_norm);
+  let results = (outs Mt_ScalarF32:$result);
+  let assemblyFormat = "$norm attr-dict `:` type($result)";
+}
+
+def Mt_AdamWOp : Mt_Op<"adamw", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+    MemoryEffects<[MemRead<Mt_GradBuffers>, MemWrite<Mt_ParamState>]>]> {
+  let summary = "one AdamW update of a parameter";
+  let description = [{
+    Decoupled weight decay and bias correction, on the gradient times the
+    clipping factor. `step` counts updates from 1. Parameters with a reduced-
+    precision model copy are updated in their f32 master copy, then rounded.
+
+    ```mlir
+    mt.adamw @decoder.layers.0.mlp.linear_fc1.weight, %lr, %clip, %step {beta1 = 9.000000e-01 : f64, beta2 = 9.990000e-01 : f64, epsilon = 1.000000e-08 : f64, weight_decay = 1.000000e-02 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$param, Mt_ScalarF32:$lr,
+                       Mt_ScalarF32:$clip, 0DTensorOf<[I64]>:$step,
+                       F64Attr:$beta1, F64Attr:$beta2, F64Attr:$epsilon,
+                       F64Attr:$weight_decay);
+  let assemblyFormat = "$param `,` $lr `,` $clip `,` $step attr-dict `:` type($lr) `,` type($clip) `,` type($step)";
+  let hasVerifier = 1;
+}
+
+#endif // MT_TRAIN_OPS_TD

@@ -1,0 +1,153 @@
+// Vector-Jacobian products of the model-graph ops (DifferentiableOpInterface),
+// the rules mt-autodiff composes into the backward graph.
+#include "dialects/mt/MtOps.h"
+
+#include "mlir/IR/Builders.h"
+
+using namespace mlir;
+using namespace mt;
+
+#include "dialects/mt/MtInterfaces.cpp.inc"
+
+namespace {
+// The parameter a weight operand reads, or null when it is not a parameter.
+FlatSymbolRefAttr paramOf(Value v) {
+  if (auto ref = v.getDefiningOp<ParamRefOp>())
+    return ref.getNameAttr();
+  return {};
+}
+
+// Weights must be parameters: their gradients go straight into the
+// parameter's gradient buffer instead of flowing as values.
+LogicalResult needParam(Operation *op, Value v, StringRef what,
+                        FlatSymbolRefAttr &sym) {
+  sym = paramOf(v);
+  if (!sym)
+    return op->emitOpError() << "cannot differentiate: its " << what
+                             << " is not read from an mt.param";
+  return success();
+}
+} // namespace
+
+LogicalResult EmbeddingOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                    SmallVectorImpl<Value> &out) {
+  FlatSymbolRefAttr table;
+  if (failed(needParam(*this, getTable(), "table", table)))
+    return failure();
+  b.create<EmbeddingGradOp>(getLoc(), grads[0], getIds(), table);
+  out.append({Value(), Value()});
+  return success();
+}
+
+LogicalResult LayerNormOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                    SmallVectorImpl<Value> &out) {
+  FlatSymbolRefAttr w, bias;
+  if (failed(needParam(*this, getWeight(), "weight", w)) ||
+      failed(needParam(*this, getBias(), "bias", bias)))
+    return failure();
+  Value dx = b.create<LayerNormGradOp>(getLoc(), getType(), grads[0], getInput(),
+                                       getWeight(), w, bias, getEpsilonAttr());
+  out.append({dx, Value(), Value()});
+  return success();
+}
+
+LogicalResult RMSNormOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                  SmallVectorImpl<Value> &out) {
+  FlatSymbolRefAttr w;
+  if (failed(needParam(*this, getWeight(), "weight", w)))
+    return failure();
+  Value dx = b.create<RMSNormGradOp>(getLoc(), getType(), grads[0], getInput(),
+                                     getWeight(), w, getEpsilonAttr());
+  out.append({dx, Value()});
+  return success();
+}
+
+LogicalResult MatmulOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                 SmallVectorImpl<Value> &out) {
+  FlatSymbolRefAttr w;
+  if (failed(needParam(*this, getWeight(), "weight", w)))
+    return failure();
+  Value dx = b.create<MatmulInputGradOp>(getLoc(), getInput().getType(), grads[0],
+                                         getWeight());
+  b.create<MatmulWeightGradOp>(getLoc(), grads[0], getInput(), w);
+  out.append({dx, Value()});
+  return success();
+}
+
+LogicalResult BiasAddOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                  SmallVectorImpl<Value> &out) {
+  FlatSymbolRefAttr bias;
+  if (failed(needParam(*this, getBias(), "bias", bias)))
+    return failure();
+  b.create<BiasGradOp>(getLoc(), grads[0], bias);
+  out.append({grads[0], Value()});
+  return success();
+}
+
+LogicalResult AddOp::buildVJP(OpBuilder &, ArrayRef<Value> grads,
+                              SmallVectorImpl<Value> &out) {
+  out.append({grads[0], grads[0]});
+  return success();
+}
+
+LogicalResult GeluOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                               SmallVectorImpl<Value> &out) {
+  out.push_back(b.create<GeluGradOp>(getLoc(), getType(), grads[0], getInput(),
+                                     getApproximationAttr()));
+  return success();
+}
+
+LogicalResult SwiGLUOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                 SmallVectorImpl<Value> &out) {
+  out.push_back(b.create<SwiGLUGradOp>(getLoc(), getInput().getType(), grads[0],
+                                       getInput()));
+  return success();
+}
+
+// The mask is a function of (seed, stream, call), so applying the same
+// dropout to the gradient multiplies by exactly the forward's mask / (1 - p).
+LogicalResult DropoutOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                  SmallVectorImpl<Value> &out) {
+  out.push_back(b.create<DropoutOp>(getLoc(), getType(), grads[0], getRateAttr(),
+                                    getStreamAttr()));
+  return success();
+}
+
+LogicalResult ReshapeOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                  SmallVectorImpl<Value> &out) {
+  out.push_back(b.create<ReshapeOp>(getLoc(), getInput().getType(), grads[0]));
+  return success();
+}
+
+LogicalResult SplitQKVOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                   SmallVectorImpl<Value> &out) {
+  if (!grads[0] || !grads[1] || !grads[2])
+    return emitOpError("cannot differentiate: query, key and value must all reach the loss");
+  out.push_back(b.create<SplitQKVGradOp>(getLoc(), getInput().getType(), grads[0],
+                                         grads[1], grads[2]));
+  return success();
+}
+
+LogicalResult RopeOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                               SmallVectorImpl<Value> &out) {
+  out.push_back(b.create<RopeGradOp>(getLoc(), getType(), grads[0], getBaseAttr()));
+  return success();
+}
+
+LogicalResult AttentionOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                    SmallVectorImpl<Value> &out) {
+  auto g = b.create<AttentionGradOp>(
+      getLoc(), TypeRange{getQuery().getType(), getKey().getType(), getValue().getType()},
+      grads[0], getQuery(), getKey(), getValue(), getCausalAttr(), getScaleAttr(),
+      getDropoutRateAttr(), getStreamAttr());
+  out.append({g.getQueryGrad(), g.getKeyGrad(), g.getValueGrad()});
+  return success();
+}
+
+LogicalResult CrossEntropyOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                       SmallVectorImpl<Value> &out) {
+  out.push_back(b.create<CrossEntropyGradOp>(getLoc(), getLogits().getType(),
+                                             getLogits(), getLabels(), grads[0]));
+  out.push_back(Value());
+  return success();
+}

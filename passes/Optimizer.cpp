@@ -1,0 +1,102 @@
+// mt-optimizer: @grad_norm and @optimizer_step (LR schedule, clipping, AdamW).
+#include "passes/Passes.h"
+
+#include "dialects/mt/MtOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+
+namespace mt {
+#define GEN_PASS_DEF_MTOPTIMIZERPASS
+#include "passes/Passes.h.inc"
+} // namespace mt
+
+using namespace mlir;
+
+namespace mt {
+namespace {
+
+struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto t = module->getAttrOfType<DictionaryAttr>("mt.training");
+    if (!t) {
+      module.emitError("mt-optimizer: the module has no mt.training settings "
+                       "(mtc's importer writes them)");
+      return signalPassFailure();
+    }
+    bool ok = true;
+    auto f64 = [&](StringRef name) {
+      if (auto a = t.getAs<FloatAttr>(name))
+        return a.getValueAsDouble();
+      module.emitError() << "mt-optimizer: mt.training." << name << " is missing";
+      ok = false;
+      return 0.0;
+    };
+    auto i64 = [&](StringRef name) -> int64_t {
+      if (auto a = t.getAs<IntegerAttr>(name))
+        return a.getInt();
+      module.emitError() << "mt-optimizer: mt.training." << name << " is missing";
+      ok = false;
+      return 0;
+    };
+    double lr = f64("lr"), minLr = f64("min_lr"), wd = f64("weight_decay"),
+           beta1 = f64("adam_beta1"), beta2 = f64("adam_beta2"),
+           eps = f64("adam_eps"), clip = f64("clip_grad");
+    int64_t warmup = i64("lr_warmup_iters"), decay = i64("lr_decay_iters");
+    std::optional<LrStyle> style;
+    if (auto s = t.getAs<StringAttr>("lr_decay_style"))
+      style = symbolizeLrStyle(s.getValue());
+    if (!style) {
+      module.emitError("mt-optimizer: mt.training.lr_decay_style is missing or unknown");
+      ok = false;
+    }
+    if (!ok)
+      return signalPassFailure();
+
+    Location loc = module.getLoc();
+    OpBuilder b(module.getBodyRegion());
+    b.setInsertionPointToEnd(module.getBody());
+    auto f32 = RankedTensorType::get({}, b.getF32Type());
+    auto i64t = RankedTensorType::get({}, b.getI64Type());
+
+    auto normFn = b.create<func::FuncOp>(loc, "grad_norm", b.getFunctionType({}, {f32}));
+    {
+      OpBuilder::InsertionGuard g(b);
+      b.setInsertionPointToEnd(normFn.addEntryBlock());
+      Value norm = b.create<GradNormOp>(loc, f32);
+      b.create<func::ReturnOp>(loc, norm);
+    }
+
+    auto step = b.create<func::FuncOp>(loc, "optimizer_step",
+                                       b.getFunctionType({i64t, i64t, f32}, {f32, f32}));
+    step.setArgAttr(0, "mt.name", b.getStringAttr("steps"));
+    step.setArgAttr(1, "mt.name", b.getStringAttr("step"));
+    step.setArgAttr(2, "mt.name", b.getStringAttr("grad_norm"));
+    Block *entry = step.addEntryBlock();
+    b.setInsertionPointToEnd(entry);
+    Value lrValue = b.create<LrScheduleOp>(
+        loc, f32, entry->getArgument(0), LrStyleAttr::get(b.getContext(), *style), b.getF64FloatAttr(lr),
+        b.getF64FloatAttr(minLr), b.getI64IntegerAttr(warmup), b.getI64IntegerAttr(decay));
+    Value coeff = b.create<ClipCoeffOp>(loc, entry->getArgument(2), b.getF64FloatAttr(clip));
+    for (auto param : module.getOps<ParamOp>()) {
+      // Megatron-LM: no weight decay for biases and 1-D parameters (norms).
+      bool decays = param.getTensorType().getRank() > 1 &&
+                    !param.getSymName().ends_with(".bias");
+      b.create<AdamWOp>(loc, FlatSymbolRefAttr::get(param.getSymNameAttr()), lrValue,
+                        coeff, entry->getArgument(1), b.getF64FloatAttr(beta1),
+                        b.getF64FloatAttr(beta2), b.getF64FloatAttr(eps),
+                        b.getF64FloatAttr(decays ? wd : 0.0));
+    }
+    // Megatron logs the rate after its scheduler has stepped: the one the
+    // next update will use.
+    Value nextLr = b.create<LrScheduleOp>(
+        loc, f32, entry->getArgument(1), LrStyleAttr::get(b.getContext(), *style),
+        b.getF64FloatAttr(lr), b.getF64FloatAttr(minLr), b.getI64IntegerAttr(warmup),
+        b.getI64IntegerAttr(decay));
+    b.create<func::ReturnOp>(loc, ValueRange{lrValue, nextLr});
+  }
+};
+
+} // namespace
+} // namespace mt

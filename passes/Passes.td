@@ -1,0 +1,217 @@
+// The mt passes, in the order mt-train-pipeline runs them (DESIGN.md).
+#ifndef MT_PASSES_TD
+#define MT_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def MtAutodiffPass : Pass<"mt-autodiff", "mlir::ModuleOp"> {
+  let summary = "Builds the training step: forward, loss and backward";
+  let description = [{
+    Turns `func.func @forward` into two programs:
+
+    - `@train_step`: the forward graph, then the backward graph built from
+      each op's vector-Jacobian product (`DifferentiableOpInterface`), in
+      reverse order. Backpropagation starts from `mt.grad_seed` with scale
+      `1 / num_micro_batches` (from the module's `mt.training`), so
+      gradients summed over a step's micro-batches are those of the mean
+      loss, as in Megatron-LM. Every parameter's gradient is added into its
+      gradient buffer (`mt.matmul_weight_grad ... into @w`); values read
+      more than once get the sum of their gradients.
+    - `@eval_step`: the forward graph without dropout (Megatron evaluates
+      with the model in eval mode).
+
+    ```mlir
+    // before
+    func.func @forward(%tokens: tensor<4x128xi32>, %labels: tensor<4x128xi32>) -> tensor<f32>
+    // after
+    func.func @train_step(%tokens: tensor<4x128xi32>, %labels: tensor<4x128xi32>) -> tensor<f32> {
+      ...
+      %loss = mt.cross_entropy %logits, %labels : ...
+      %seed = mt.grad_seed {scale = 2.500000e-01 : f64} : tensor<f32>
+      %dlogits = mt.cross_entropy_grad %logits, %labels, %seed : ...
+      ...
+      return %loss : tensor<f32>
+    }
+    func.func @eval_step(...) -> tensor<f32>
+    ```
+  }];
+  let dependentDialects = ["::mt::MtDialect"];
+}
+
+def MtOptimizerPass : Pass<"mt-optimizer", "mlir::ModuleOp"> {
+  let summary = "Adds the optimizer step: gradient norm, clipping, LR schedule, AdamW";
+  let description = [{
+    Adds two programs, from the module's `mt.training` settings:
+
+    - `@grad_norm() -> f32`: the global L2 norm of all gradients. The
+      runtime skips the update (and counts the iteration as skipped) when it
+      is not finite, as Megatron-LM does.
+    - `@optimizer_step(%steps, %step, %grad_norm) -> (lr, next_lr)`:
+      Megatron's learning rate at `%steps` optimizer steps taken
+      (`mt.lr_schedule`), the clipping factor, and one `mt.adamw` per
+      parameter with bias correction for update number `%step`. Biases and
+      other one-dimensional parameters get no weight decay (Megatron's
+      default rule). `next_lr` is the rate after this step, the one
+      Megatron's iteration line shows.
+
+    ```mlir
+    func.func @optimizer_step(%steps: tensor<i64>, %step: tensor<i64>, %norm: tensor<f32>) -> (tensor<f32>, tensor<f32>) {
+      %lr = mt.lr_schedule %steps cosine {...} : tensor<i64> -> tensor<f32>
+      %clip = mt.clip_coeff %norm {max_norm = 1.000000e+00 : f64} : tensor<f32>
+      mt.adamw @embedding.word_embeddings.weight, %lr, %clip, %step {...} : ...
+      ...
+      %next = mt.lr_schedule %step cosine {...} : tensor<i64> -> tensor<f32>
+      return %lr, %next : tensor<f32>, tensor<f32>
+    }
+    ```
+  }];
+  let dependentDialects = ["::mt::MtDialect"];
+}
+
+def MtRecomputePass : Pass<"mt-recompute", "mlir::ModuleOp"> {
+  let summary = "Activation recomputation: re-executes layers' forward ops in the backward";
+  let description = [{
+    Megatron-LM's `--recompute-granularity`, `--recompute-method` and
+    `--recompute-num-layers`, read from the module's `mt.training`
+    (`recompute_granularity`, `recompute_method`, `recompute_num_layers`) and
+    applied to `@train_step`, whose ops carry their transformer layer in
+    `mt.layer`. Everything before `mt.grad_seed` is the forward, everything
+    after it the backward.
+
+    - `full` splits the layers into chunks: `uniform` makes consecutive
+      groups of `recompute_num_layers` layers, `block` makes each of the
+      first `recompute_num_layers` layers a chunk of its own and leaves the
+      others alone. For each chunk, the forward ops that compute what the
+      backward reads (and what those depend on inside the chunk) are cloned
+      right before the first backward op that reads one of their results,
+      and the backward reads the clones. What the chunk hands on (its
+      output, the next chunk's input), what enters it and parameter reads
+      are used as they are. The original forward values then die inside the
+      forward, and mt-plan-memory reuses their bytes.
+      Clones keep their attributes, so `mt.dropout` and `mt.attention`
+      reproduce their masks from the same RNG `stream`; they get
+      `mt.recomputed`, which also keeps CSE from folding them back into the
+      originals.
+    - `selective` changes nothing: Megatron recomputes the core attention
+      to avoid keeping the `seq x seq` probabilities, and `mt.attention_grad`
+      already recomputes them from q and k (with the same dropout mask), so
+      nothing of that size is saved in the first place.
+    - `none` changes nothing.
+
+    `@train_step` gets `mt.recompute` (what was done, in words) and
+    `mt.recomputed_layers` (the layers whose forward runs twice).
+
+    ```mlir
+    // before: %a and %d (layer 3) live from the forward to the backward
+    %a = mt.matmul %x, %w1 {mt.layer = 3 : i64} : ...
+    %d = mt.dropout %a {mt.layer = 3 : i64, rate = 1.000000e-01 : f64, stream = 7 : i64} : ...
+    %y = mt.matmul %d, %w2 {mt.layer = 3 : i64} : ...
+    %x4 = mt.add %x, %y {mt.layer = 3 : i64} : ...
+    ...
+    %seed = mt.grad_seed {scale = 1.000000e+00 : f64} : tensor<f32>
+    ...
+    mt.matmul_weight_grad %dx4, %d into @decoder.layers.3.mlp.linear_fc2.weight {mt.layer = 3 : i64} : ...
+
+    // after (recompute_granularity = "full", recompute_method = "uniform",
+    // recompute_num_layers = 1): %a and %d die after %y in the forward
+    %a_1 = mt.matmul %x, %w1 {mt.layer = 3 : i64, mt.recomputed} : ...
+    %d_1 = mt.dropout %a_1 {mt.layer = 3 : i64, mt.recomputed, rate = 1.000000e-01 : f64, stream = 7 : i64} : ...
+    mt.matmul_weight_grad %dx4, %d_1 into @decoder.layers.3.mlp.linear_fc2.weight {mt.layer = 3 : i64} : ...
+    ```
+  }];
+  let dependentDialects = ["::mt::MtDialect"];
+}
+
+def MtFusePass : Pass<"mt-fuse", "mlir::ModuleOp"> {
+  let summary = "Groups chains of elementwise ops into mt.fused kernels; marks GEMM epilogues";
+  let description = [{
+    Runs on every function, in two steps.
+
+    **GEMM epilogues.** An `mt.matmul` whose only user is the `mt.bias_add`
+    of its result gets `mt.epilogue = "bias"`: the CUDA backend runs the
+    bias add inside the cuBLASLt GEMM. If that bias_add feeds exactly one
+    `mt.gelu` of the `tanh` form (the form cuBLASLt's GELU epilogue
+    computes), the mark is `"bias_gelu"` and the gelu is absorbed too; the
+    epilogue's aux output is the pre-activation that the backward's
+    `mt.gelu_grad` reads. Absorbed ops stay where they are, outside every
+    fused kernel, so the CPU executor still runs them one by one. A bias
+    add into a GEMM costs nothing extra, so the epilogue wins over a fused
+    kernel. A bias added after a collective (tensor-parallel row-parallel
+    layers) has no GEMM as its input's only producer and is fused instead.
+
+    **Chains.** Candidates are the ops `mt.fused` allows (`mt.bias_add`,
+    `mt.add`, `mt.gelu`, `mt.gelu_grad`, `mt.swiglu`, `mt.swiglu_grad`,
+    `mt.dropout`, `mt.reshape`, and the row-wise `mt.layer_norm` and
+    `mt.rms_norm`). In program order, each candidate not yet taken starts a
+    chain, which grows while the last op's result has all its uses in one
+    next op that is a candidate, not absorbed by an epilogue, and adjacent
+    (only parameter reads, which take neither time nor arena bytes, may lie
+    between). So every intermediate value is used only inside the chain
+    and only the last op's result leaves it. A chain holds at most one
+    row-wise op (then it is a `row_reduction` kernel and holds no reshape);
+    a trailing reshape is dropped (alone it aliases its input for free, as
+    a kernel output it would be a copy). Chains of two or more ops become
+    one `mt.fused` at the position of their last op: its operands are the
+    values the chain reads from outside (first use first), its result the
+    last op's. Moving the earlier ops down to that position crosses only
+    parameter reads, so no value lives longer than before. The kernel is
+    named after its layer (`mt.layer`) and its ops; attributes that every
+    op of the chain carries alike (`mt.layer`, `mt.recomputed`) are copied
+    onto it.
+
+    The algorithm is one walk in program order over each function, with no
+    cost model: the result depends only on the IR.
+
+    ```mlir
+    // before
+    %y = mt.matmul %x, %w : (tensor<4x128x64xf32>, tensor<64x64xf32>) -> tensor<4x128x64xf32>
+    %b = mt.param_ref @decoder.layers.0.self_attention.linear_proj.bias : tensor<64xf32>
+    %yb = mt.bias_add %y, %b : tensor<4x128x64xf32>, tensor<64xf32>
+    %d = mt.dropout %yb {rate = 1.000000e-01 : f64, stream = 2 : i64} : tensor<4x128x64xf32>
+    %h = mt.add %res, %d : tensor<4x128x64xf32>
+
+    // after
+    %y = mt.matmul %x, %w {mt.epilogue = "bias"} : (tensor<4x128x64xf32>, tensor<64x64xf32>) -> tensor<4x128x64xf32>
+    %b = mt.param_ref @decoder.layers.0.self_attention.linear_proj.bias : tensor<64xf32>
+    %yb = mt.bias_add %y, %b : tensor<4x128x64xf32>, tensor<64xf32>
+    %h = mt.fused elementwise "decoder.layers.0 dropout+add" (%a = %yb, %r = %res)
+        : (tensor<4x128x64xf32>, tensor<4x128x64xf32>) -> tensor<4x128x64xf32> {
+      %d = mt.dropout %a {rate = 1.000000e-01 : f64, stream = 2 : i64} : tensor<4x128x64xf32>
+      %s = mt.add %r, %d : tensor<4x128x64xf32>
+      mt.yield %s : tensor<4x128x64xf32>
+    }
+    ```
+  }];
+  let dependentDialects = ["::mt::MtDialect"];
+}
+
+def MtPlanMemoryPass : Pass<"mt-plan-memory", "mlir::ModuleOp"> {
+  let summary = "Assigns every value a place: persistent state and the activation arena";
+  let description = [{
+    Persistent state: each `mt.param` gets byte offsets for its weights, f32
+    gradient, f32 master copy (reduced-precision models only) and the two
+    f32 Adam moments (`mt.weight_offset`, `mt.grad_offset`,
+    `mt.master_offset`, `mt.exp_avg_offset`, `mt.exp_avg_sq_offset`), each
+    region 256-byte aligned; the module gets `mt.state_bytes`.
+
+    Activations: liveness over each program's op order (the schedule the
+    runtime executes), then best-fit placement in one arena shared by all
+    programs (they never run at the same time). A value lives from the op
+    that defines it to its last use; an op's results never overlap its
+    operands; `mt.reshape` results alias their input. Each op gets
+    `mt.offsets` (one byte offset per result), each program argument
+    `mt.offset`, each function `mt.arena_bytes`, and the module
+    `mt.arena_bytes`, the peak over programs. Liveness is over the
+    function's top-level ops only: an `mt.fused` op's operands and results
+    take arena bytes like any op's, the values inside its body take none
+    (the kernel keeps them in registers; the plan writer gives the CPU
+    executor a kernel-local scratch for them).
+
+    ```mlir
+    %5 = mt.add %1, %4 {mt.offsets = array<i64: 1048576>} : tensor<4x128x64xf32>
+    ```
+  }];
+  let dependentDialects = ["::mt::MtDialect"];
+}
+
+#endif // MT_PASSES_TD

@@ -1,0 +1,223 @@
+// mt-plan-memory: persistent-state layout and best-fit activation arena.
+#include "passes/Passes.h"
+
+#include "dialects/mt/MtOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+
+#include <map>
+
+namespace mt {
+#define GEN_PASS_DEF_MTPLANMEMORYPASS
+#include "passes/Passes.h.inc"
+} // namespace mt
+
+using namespace mlir;
+
+namespace mt {
+namespace {
+
+constexpr int64_t kAlign = 256; // cudaMalloc's alignment; cuBLASLt wants 16+
+
+int64_t alignUp(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+int64_t bytesOf(Type t) {
+  auto rt = cast<RankedTensorType>(t);
+  return rt.getNumElements() * ((rt.getElementTypeBitWidth() + 7) / 8);
+}
+
+// Best-fit allocator over one address range that grows at the top.
+class Arena {
+public:
+  int64_t allocate(int64_t size) {
+    size = alignUp(std::max<int64_t>(size, 1));
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if (it->second >= size && (best == free_.end() || it->second < best->second))
+        best = it;
+    if (best != free_.end()) {
+      int64_t off = best->first, rest = best->second - size;
+      free_.erase(best);
+      if (rest > 0)
+        free_[off + size] = rest;
+      return off;
+    }
+    // Grow: reuse a free block that ends at the top.
+    int64_t off = top_;
+    if (!free_.empty()) {
+      auto last = std::prev(free_.end());
+      if (last->first + last->second == top_) {
+        off = last->first;
+        free_.erase(last);
+      }
+    }
+    top_ = off + size;
+    peak_ = std::max(peak_, top_);
+    return off;
+  }
+  void release(int64_t off, int64_t size) {
+    size = alignUp(std::max<int64_t>(size, 1));
+    auto it = free_.emplace(off, size).first;
+    auto next = std::next(it);
+    if (next != free_.end() && it->first + it->second == next->first) {
+      it->second += next->second;
+      free_.erase(next);
+    }
+    if (it != free_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + prev->second == it->first) {
+        prev->second += it->second;
+        free_.erase(it);
+      }
+    }
+  }
+  int64_t peak() const { return peak_; }
+
+private:
+  std::map<int64_t, int64_t> free_; // offset -> size
+  int64_t top_ = 0, peak_ = 0;
+};
+
+// Values whose bytes are not in the arena: parameters read in place.
+bool inArena(Value v) {
+  return isa<RankedTensorType>(v.getType()) && !v.getDefiningOp<ParamRefOp>();
+}
+
+// Places one program's values; returns its arena size. Only the function's
+// top-level ops are numbered and only their results placed: a value defined
+// inside an op's region (an mt.fused body) lives in the kernel, not in the
+// arena, and a use inside a region counts as a use by its top-level op.
+int64_t planFunction(func::FuncOp f) {
+  Block &body = f.getBody().front();
+  DenseMap<Operation *, int64_t> index;
+  int64_t n = 0;
+  for (Operation &op : body)
+    index[&op] = n++;
+  const int64_t end = n; // the return op's index: outputs live to the end
+
+  // Reshape results share their input's bytes: map each value to its root.
+  DenseMap<Value, Value> root;
+  auto rootOf = [&](Value v) {
+    while (root.count(v))
+      v = root.lookup(v);
+    return v;
+  };
+  for (Operation &op : body)
+    if (auto r = dyn_cast<ReshapeOp>(op))
+      if (inArena(r.getInput()))
+        root[r.getResult()] = r.getInput();
+
+  DenseMap<Value, int64_t> lastUse;
+  auto noteUses = [&](Value v) {
+    if (!inArena(v))
+      return;
+    int64_t last = -1;
+    for (Operation *user : v.getUsers()) {
+      user = body.findAncestorOpInBlock(*user);
+      last = std::max(last, isa<func::ReturnOp>(user) ? end : index.lookup(user));
+    }
+    Value r = rootOf(v);
+    lastUse[r] = std::max(lastUse.lookup(r), last);
+  };
+  for (BlockArgument a : body.getArguments())
+    noteUses(a);
+  for (Operation &op : body)
+    for (Value r : op.getResults())
+      noteUses(r);
+
+  Arena arena;
+  DenseMap<Value, int64_t> offset;
+  std::map<int64_t, SmallVector<Value>> freeAt;
+  auto place = [&](Value v, int64_t defIndex) {
+    Value r = rootOf(v);
+    if (r != v) {
+      offset[v] = offset.lookup(r);
+      return;
+    }
+    offset[v] = arena.allocate(bytesOf(v.getType()));
+    freeAt[std::max(lastUse.lookup(v), defIndex)].push_back(v);
+  };
+  for (BlockArgument a : body.getArguments())
+    if (inArena(a))
+      place(a, -1);
+
+  OpBuilder b(f.getContext());
+  for (Operation &op : body) {
+    int64_t i = index.lookup(&op);
+    SmallVector<int64_t> offsets;
+    for (Value r : op.getResults()) {
+      if (inArena(r)) {
+        place(r, i);
+        offsets.push_back(offset.lookup(r));
+      } else {
+        offsets.push_back(-1);
+      }
+    }
+    if (op.getNumResults() > 0)
+      op.setAttr("mt.offsets", b.getDenseI64ArrayAttr(offsets));
+    // Release after this op's results are placed: results never overlap
+    // the operands they are computed from.
+    if (auto it = freeAt.find(i); it != freeAt.end()) {
+      for (Value v : it->second)
+        arena.release(offset.lookup(v), bytesOf(v.getType()));
+      freeAt.erase(it);
+    }
+  }
+  for (BlockArgument a : body.getArguments())
+    if (inArena(a))
+      f.setArgAttr(a.getArgNumber(), "mt.offset", b.getI64IntegerAttr(offset.lookup(a)));
+  f->setAttr("mt.arena_bytes", b.getI64IntegerAttr(arena.peak()));
+  return arena.peak();
+}
+
+struct MtPlanMemoryPass : impl::MtPlanMemoryPassBase<MtPlanMemoryPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    OpBuilder b(module.getContext());
+
+    // Persistent state, grouped by kind so each kind is one contiguous
+    // region (flat buffers for the fused optimizer and gradient reductions).
+    SmallVector<ParamOp> params(module.getOps<ParamOp>());
+    int64_t cursor = 0;
+    int64_t weights = 0, grads = 0, masters = 0, moments = 0;
+    auto region = [&](StringRef attr, bool f32, bool present, int64_t &total) {
+      for (ParamOp p : params) {
+        if (!present || (attr == "mt.master_offset" &&
+                         p.getTensorType().getElementType().isF32())) {
+          p->setAttr(attr, b.getI64IntegerAttr(-1));
+          continue;
+        }
+        int64_t bytes = f32 ? p.getNumElements() * 4 : bytesOf(p.getType());
+        p->setAttr(attr, b.getI64IntegerAttr(cursor));
+        cursor += alignUp(bytes);
+        total += alignUp(bytes);
+      }
+    };
+    region("mt.weight_offset", false, true, weights);
+    region("mt.grad_offset", true, true, grads);
+    region("mt.master_offset", true, true, masters);
+    int64_t m1 = 0, m2 = 0;
+    region("mt.exp_avg_offset", true, true, m1);
+    region("mt.exp_avg_sq_offset", true, true, m2);
+    moments = m1 + m2;
+
+    int64_t arenaBytes = 0;
+    for (auto f : module.getOps<func::FuncOp>())
+      arenaBytes = std::max(arenaBytes, planFunction(f));
+
+    module->setAttr("mt.state_bytes", b.getI64IntegerAttr(cursor));
+    module->setAttr("mt.arena_bytes", b.getI64IntegerAttr(arenaBytes));
+    NamedAttribute memory[] = {
+        b.getNamedAttr("weights", b.getI64IntegerAttr(weights)),
+        b.getNamedAttr("grads", b.getI64IntegerAttr(grads)),
+        b.getNamedAttr("master_weights", b.getI64IntegerAttr(masters)),
+        b.getNamedAttr("optimizer_moments", b.getI64IntegerAttr(moments)),
+        b.getNamedAttr("activations", b.getI64IntegerAttr(arenaBytes)),
+    };
+    module->setAttr("mt.memory", b.getDictionaryAttr(memory));
+  }
+};
+
+} // namespace
+} // namespace mt

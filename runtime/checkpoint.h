@@ -1,0 +1,135 @@
+// Training checkpoints: one atomic save per iteration and an exact resume,
+// laid out as Megatron-LM lays out its own so its users find their way.
+//
+// Directory layout (SAVE is --save, LOAD is --load):
+//   SAVE/latest_checkpointed_iteration.txt   the iteration as decimal text, no
+//                                             newline, as Megatron writes it
+//   SAVE/iter_0000100/mp_rank_00.mtckpt      one file per model-parallel rank:
+//                                             mp_rank_{tp:02d} when pp == 1,
+//                                             mp_rank_{tp:02d}_{pp:03d} otherwise
+// Every checkpoint is kept (Megatron deletes none either). Names starting with
+// ".tmp.iter_" or "latest_checkpointed_iteration.txt.tmp." are the leftovers
+// of an interrupted save: loads never look at them and the next save deletes
+// them. There is no data-parallel rank in the name: data-parallel replicas
+// hold identical state and only data-parallel rank 0 saves, as in Megatron.
+//
+// Rank file, format version 1 (all integers little-endian):
+//   0   char[8] magic "MTCKPT\0\0"
+//   8   u32     format version (1)
+//   12  u32     CRC32C of bytes [16, 64), then of the metadata, then of the table
+//   16  u64     file size in bytes
+//   24  u64     metadata offset (64)           32  u64  metadata size
+//   40  u64     table offset (after metadata)  48  u64  table size
+//   56  u64     tensor count
+//   64  metadata: one UTF-8 JSON object (see CheckpointMeta), written as
+//       {"format": "mt-checkpoint", "iteration": N, "consumed_train_samples": N,
+//        "consumed_valid_samples": N, "model_fingerprint": "...",
+//        "spec_toml": "...", "rng_state": [u64, ...], "loss_scale": X,
+//        "loss_scale_growth_tracker": N, "loss_scale_hysteresis_tracker": N,
+//        "tp_rank": N, "pp_rank": N, "pp_size": N, "values": {"k": "v", ...}}
+//   table: per tensor, u16 name size, name (UTF-8), u8 dtype code
+//       (1 f32, 2 bf16, 3 f16, 4 i32, 5 i64, 6 u64, 7 u8), u8 rank,
+//       i64 dims[rank], u64 data offset, u64 data size, u32 CRC32C of the data
+//   data: each tensor's bytes at a 64-byte aligned offset, zeros between; the
+//       file ends with the last tensor's bytes.
+// CRC32C is the Castagnoli CRC (iSCSI, ext4): init and final xor 0xFFFFFFFF.
+// tools/mt_checkpoint.py reads the same format with numpy.
+#ifndef MT_RUNTIME_CHECKPOINT_H
+#define MT_RUNTIME_CHECKPOINT_H
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mt::rt {
+
+// One tensor to save. dtype is "f32", "bf16", "f16", "i32", "i64", "u64" or
+// "u8"; bytes must equal the product of shape times the element size.
+struct CheckpointTensor {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  const void *data = nullptr;
+  size_t bytes = 0;
+};
+
+// Everything besides tensors that an exact resume needs.
+struct CheckpointMeta {
+  int64_t iteration = 0;
+  // Also the data position: like Megatron's samplers, the loader resumes at
+  // sample consumed_train_samples of the (seeded, deterministic) sample order.
+  int64_t consumed_train_samples = 0;
+  int64_t consumed_valid_samples = 0;
+  std::string spec_toml;           // the spec the run was compiled from, verbatim
+  std::string model_fingerprint;   // the caller's identity of the model's shapes
+  std::vector<uint64_t> rng_state; // opaque to the checkpoint
+  // Dynamic loss scaling, as Megatron's DynamicGradScaler keeps it.
+  double loss_scale = 1.0;
+  int64_t loss_scale_growth_tracker = 0;
+  int64_t loss_scale_hysteresis_tracker = 0;
+  std::map<std::string, std::string> values; // anything else, free-form
+};
+
+// Saves SAVE/iter_XXXXXXX/<rank file> and then points the tracker at it.
+// Order: a directory SAVE/.tmp.iter_XXXXXXX.?????? is made; the rank file is
+// written into it and fsync'd; the directory is fsync'd and renamed to
+// iter_XXXXXXX; SAVE is fsync'd; only then is the tracker replaced (write a
+// temporary, fsync, rename, fsync SAVE). A crash at any point leaves the
+// previous checkpoint as the latest and intact. An existing iter_XXXXXXX is
+// replaced by exchanging the two directories in one rename (RENAME_EXCHANGE),
+// so the name never points at nothing; on a file system that cannot exchange,
+// the save is refused rather than leave a moment without the old checkpoint.
+// The whole iteration is one process's save: it is not a collective, and one
+// process at a time may save into SAVE. Returns "" or one error line.
+std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &meta,
+                            const std::vector<CheckpointTensor> &tensors, int tp_rank = 0,
+                            int pp_rank = 0, int pp_size = 1);
+
+// True when LOAD has a tracker file: whether a run resumes or starts fresh.
+bool checkpoint_exists(const std::string &load_dir);
+
+// "mp_rank_00" (pp_size 1) or "mp_rank_00_000", as Megatron names ranks.
+std::string checkpoint_rank_name(int tp_rank, int pp_rank, int pp_size);
+
+// A validated rank file, mapped read-only.
+class CheckpointReader {
+public:
+  // Reads the tracker (iteration -1) or opens iter_XXXXXXX for the given
+  // iteration, then validates magic, version, sizes, the table's bounds and
+  // every checksum before returning. On any problem returns null and sets
+  // *error to one line naming the file, what is wrong and what to do.
+  static std::unique_ptr<CheckpointReader> open(const std::string &load_dir, int64_t iteration,
+                                                int tp_rank, int pp_rank, int pp_size,
+                                                std::string *error);
+  ~CheckpointReader();
+
+  const CheckpointMeta &meta() const;
+  const std::string &path() const;               // the rank file
+  std::vector<std::string> tensor_names() const; // in file order
+  bool has(const std::string &name) const;
+  // Copies tensor NAME into dst after checking that its dtype and shape are
+  // the expected ones and that bytes fits them. Returns "" or one error line.
+  std::string read(const std::string &name, const std::string &dtype,
+                   const std::vector<int64_t> &shape, void *dst, size_t bytes) const;
+
+  struct Impl;
+
+private:
+  explicit CheckpointReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// CRC32C of data, continuing from crc (0 to start).
+uint32_t crc32c(const void *data, size_t n, uint32_t crc = 0);
+
+// For crash tests: save_checkpoint calls the hook before each step that
+// changes the disk (step names: "mkdir", "write", "fsync", "rename", "tracker",
+// "cleanup"), so a test can kill the process there. Null (the default) is off.
+void set_checkpoint_step_hook(void (*hook)(const char *step));
+
+} // namespace mt::rt
+
+#endif // MT_RUNTIME_CHECKPOINT_H

@@ -1,0 +1,788 @@
+// The CPU reference executor (see cpu_executor.h): one switch over opcodes,
+// shapes taken from the values, arithmetic in runtime/cpu_kernels.
+#include "runtime/cpu_executor.h"
+
+#include "runtime/cpu_kernels.h"
+#include "runtime/plan_reader.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+namespace mt::rt {
+
+namespace pl = mt::plan;
+
+namespace {
+
+using Values = flatbuffers::Vector<flatbuffers::Offset<pl::Value>>;
+
+template <class T> size_t vsize(const flatbuffers::Vector<T> *v) { return v ? v->size() : 0; }
+
+bool is_half(pl::DType d) { return d == pl::DType::BF16 || d == pl::DType::F16; }
+
+// Bytes per element in the CPU layout: every float type is held as f32.
+size_t cpu_element_bytes(pl::DType d) { return is_float_dtype(d) ? 4 : element_bytes(d); }
+
+std::string value_label(const pl::Value &v, uint32_t index) {
+  std::string name = v.name() ? v.name()->str() : "";
+  if (name.empty())
+    return "%" + std::to_string(index);
+  if (name[0] == '%' || name[0] == '@')
+    return name;
+  return "%" + name;
+}
+
+std::string where_of(const pl::Instruction &ins) {
+  return ins.where() ? ins.where()->str() : "";
+}
+
+// "#57 (decoder.layers.1 attention) ATTENTION"
+std::string instruction_label(const pl::Instruction &ins, size_t index) {
+  return "#" + std::to_string(index) + " (" + where_of(ins) + ") " + opcode_name(ins.op());
+}
+
+// A 64-byte-aligned, zero-filled allocation.
+class Buffer {
+public:
+  explicit Buffer(uint64_t bytes, const char *what) : size_(bytes) {
+    if (bytes == 0)
+      return;
+    uint64_t rounded = (bytes + 63) / 64 * 64;
+    data_ = static_cast<uint8_t *>(std::aligned_alloc(64, rounded));
+    if (!data_) {
+      std::fprintf(stderr, "mtrun: error: cannot allocate the %s (%llu bytes) on the CPU\n", what,
+                   static_cast<unsigned long long>(bytes));
+      std::abort();
+    }
+    std::memset(data_, 0, rounded);
+  }
+  ~Buffer() { std::free(data_); }
+  Buffer(const Buffer &) = delete;
+  Buffer &operator=(const Buffer &) = delete;
+  uint8_t *data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+private:
+  uint8_t *data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// Values of one instruction stream and where their bytes are on the CPU.
+struct Frame {
+  const Values *values = nullptr;
+  std::vector<uint8_t *> ptr;
+  const pl::Value &value(uint32_t v) const { return *values->Get(v); }
+};
+
+// Which value last wrote each arena byte (plan address space), as disjoint
+// intervals keyed by their first byte.
+class OwnerMap {
+public:
+  struct Owner {
+    uint64_t end;
+    uint32_t value, root;
+    int64_t instruction; // -1: a program input, written before run()
+  };
+  void clear() { map_.clear(); }
+  void assign(uint64_t begin, uint64_t end, Owner o) {
+    o.end = end;
+    auto it = map_.lower_bound(begin);
+    if (it != map_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->second.end > begin) {
+        Owner tail = prev->second;
+        prev->second.end = begin;
+        if (tail.end > end)
+          map_[end] = tail;
+      }
+    }
+    while (it != map_.end() && it->first < end) {
+      if (it->second.end > end) {
+        Owner tail = it->second;
+        map_.erase(it);
+        map_[end] = tail;
+        break;
+      }
+      it = map_.erase(it);
+    }
+    map_[begin] = o;
+  }
+  // The first part of [begin, end) not owned by `root`: its owner, or null
+  // with *unwritten set when no value owns that byte.
+  const Owner *foreign(uint64_t begin, uint64_t end, uint32_t root, bool *unwritten) const {
+    *unwritten = false;
+    uint64_t at = begin;
+    auto it = map_.upper_bound(begin);
+    if (it != map_.begin())
+      --it;
+    for (; at < end; ++it) {
+      if (it == map_.end() || it->first > at) {
+        *unwritten = true;
+        return nullptr;
+      }
+      if (it->second.end <= at)
+        continue;
+      if (it->second.root != root)
+        return &it->second;
+      at = it->second.end;
+    }
+    return nullptr;
+  }
+
+private:
+  std::map<uint64_t, Owner> map_;
+};
+
+// Megatron-LM's OptimizerParamScheduler.get_lr (init_lr 0) at `steps`
+// optimizer steps taken; see cpu_executor.h for the convention.
+double megatron_lr(pl::LrStyle style, int64_t warmup, int64_t decay_steps, double max_lr,
+                   double min_lr, int64_t steps) {
+  if (warmup > 0 && steps <= warmup)
+    return max_lr * double(steps) / double(warmup);
+  if (style == pl::LrStyle::CONSTANT)
+    return max_lr;
+  if (steps > decay_steps)
+    return min_lr;
+  if (style == pl::LrStyle::INVERSE_SQUARE_ROOT) {
+    double w = double(std::max<int64_t>(warmup, 1)), s = double(std::max<int64_t>(steps, 1));
+    return std::max(min_lr, max_lr * std::sqrt(w) / std::sqrt(s));
+  }
+  double ratio = double(steps - warmup) / double(decay_steps - warmup);
+  double coeff = style == pl::LrStyle::LINEAR ? 1.0 - ratio
+                                              : 0.5 * (std::cos(M_PI * ratio) + 1.0);
+  return min_lr + coeff * (max_lr - min_lr);
+}
+
+// Index of the first id outside [0, limit), or -1.
+int64_t first_out_of_range(const int32_t *ids, int64_t n, int64_t limit) {
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= limit)
+      return i;
+  return -1;
+}
+
+} // namespace
+
+struct CpuExecutor::Impl {
+  // Per program: CPU addresses of its values and, for --check-memory-plan,
+  // the lifetime of each arena value.
+  struct ProgramState {
+    const pl::Program *program = nullptr;
+    std::string name;
+    Frame frame;
+    std::vector<uint32_t> root;              // RESHAPE aliases -> the value owning the bytes
+    std::vector<std::vector<uint32_t>> dead; // dead[i]: roots whose last reader is #i - 1
+    std::vector<uint32_t> input_roots;
+  };
+
+  const pl::Plan &plan;
+  const pl::Rank &rank;
+  std::string rank_name;
+  uint64_t arena_scale = 1, state_scale = 1;
+  Buffer arena, state, scratch;
+  std::vector<ProgramState> programs;
+  std::unordered_map<const pl::Program *, size_t> program_index;
+  uint64_t seed = 0;
+  float loss_scale = 1.0f;
+  bool check = false;
+  OwnerMap owners;
+  std::vector<float> clipped; // ADAMW's grad * clip_coeff
+
+  static uint64_t scale_for_arena(const pl::Plan &plan, const pl::Rank &rank) {
+    auto any_half = [](const Values *vals) {
+      for (size_t i = 0; i < vsize(vals); ++i) {
+        const pl::Value &v = *vals->Get(uint32_t(i));
+        if (v.region() == pl::Region::ARENA && is_half(v.dtype()))
+          return true;
+      }
+      return false;
+    };
+    for (size_t p = 0; p < vsize(rank.programs()); ++p)
+      if (any_half(rank.programs()->Get(uint32_t(p))->values()))
+        return 2;
+    for (size_t k = 0; k < vsize(plan.kernels()); ++k)
+      if (any_half(plan.kernels()->Get(uint32_t(k))->cpu_values()))
+        return 2;
+    return 1;
+  }
+  static uint64_t scale_for_state(const pl::Rank &rank) {
+    for (size_t p = 0; p < vsize(rank.params()); ++p)
+      if (is_half(rank.params()->Get(uint32_t(p))->dtype()))
+        return 2;
+    return 1;
+  }
+  static uint64_t max_scratch(const pl::Plan &plan) {
+    uint64_t m = 0;
+    for (size_t k = 0; k < vsize(plan.kernels()); ++k)
+      m = std::max<uint64_t>(m, plan.kernels()->Get(uint32_t(k))->cpu_scratch_bytes());
+    return m;
+  }
+
+  Impl(const pl::Plan &p, const pl::Rank &r)
+      : plan(p), rank(r), rank_name("rank " + std::to_string(r.rank())),
+        arena_scale(scale_for_arena(p, r)), state_scale(scale_for_state(r)),
+        arena(r.arena_bytes() * arena_scale, "activation arena"),
+        state(r.state_bytes() * state_scale, "parameter state"),
+        scratch(max_scratch(p) * arena_scale, "kernel scratch") {
+    programs.resize(vsize(r.programs()));
+    for (size_t i = 0; i < programs.size(); ++i) {
+      const pl::Program *prog = r.programs()->Get(uint32_t(i));
+      ProgramState &ps = programs[i];
+      ps.program = prog;
+      ps.name = prog->name() ? prog->name()->str() : "";
+      ps.frame.values = prog->values();
+      ps.frame.ptr.resize(vsize(prog->values()));
+      for (uint32_t v = 0; v < ps.frame.ptr.size(); ++v)
+        ps.frame.ptr[v] = address(ps.frame.value(v), arena.data());
+      plan_lifetimes(ps);
+      program_index[prog] = i;
+    }
+  }
+
+  const pl::Param &param(uint32_t i) const { return *rank.params()->Get(i); }
+
+  float *state_floats(int64_t offset) const {
+    return offset < 0 ? nullptr
+                      : reinterpret_cast<float *>(state.data() + uint64_t(offset) * state_scale);
+  }
+
+  // CPU address of a value whose ARENA offsets are relative to `base`.
+  uint8_t *address(const pl::Value &v, uint8_t *base) const {
+    switch (v.region()) {
+    case pl::Region::ARENA:
+      return base + v.offset() * arena_scale;
+    case pl::Region::WEIGHT:
+      return reinterpret_cast<uint8_t *>(state_floats(param(uint32_t(v.offset())).weight_offset()));
+    case pl::Region::GRAD:
+      return reinterpret_cast<uint8_t *>(state_floats(param(uint32_t(v.offset())).grad_offset()));
+    }
+    return nullptr;
+  }
+
+  bool in_arena(const Frame &f, uint32_t v) const {
+    return f.value(v).region() == pl::Region::ARENA;
+  }
+
+  // Lifetimes per cpu_executor.h: defined at the first write, dead after the
+  // last read; inputs from the start, outputs to the end.
+  void plan_lifetimes(ProgramState &ps) {
+    const pl::Program &prog = *ps.program;
+    const Frame &f = ps.frame;
+    const size_t nv = f.ptr.size(), ni = vsize(prog.instructions());
+    ps.root.resize(nv);
+    for (uint32_t v = 0; v < nv; ++v)
+      ps.root[v] = v;
+    for (size_t i = 0; i < ni; ++i) {
+      const pl::Instruction &ins = *prog.instructions()->Get(uint32_t(i));
+      if (ins.op() != pl::Opcode::RESHAPE)
+        continue;
+      uint32_t x = ins.in()->Get(0), y = ins.out()->Get(0);
+      if (in_arena(f, x) && in_arena(f, y) && f.value(x).offset() == f.value(y).offset())
+        ps.root[y] = ps.root[x];
+    }
+    std::vector<int64_t> def(nv, LLONG_MAX), last(nv, -1);
+    for (size_t k = 0; k < vsize(prog.inputs()); ++k) {
+      uint32_t r = ps.root[prog.inputs()->Get(uint32_t(k))];
+      def[r] = -1;
+      ps.input_roots.push_back(r);
+    }
+    for (size_t i = 0; i < ni; ++i) {
+      const pl::Instruction &ins = *prog.instructions()->Get(uint32_t(i));
+      for (size_t k = 0; k < vsize(ins.out()); ++k) {
+        uint32_t r = ps.root[ins.out()->Get(uint32_t(k))];
+        def[r] = std::min<int64_t>(def[r], int64_t(i));
+      }
+      for (size_t k = 0; k < vsize(ins.in()); ++k) {
+        uint32_t r = ps.root[ins.in()->Get(uint32_t(k))];
+        last[r] = std::max<int64_t>(last[r], int64_t(i));
+      }
+    }
+    for (size_t k = 0; k < vsize(prog.outputs()); ++k)
+      last[ps.root[prog.outputs()->Get(uint32_t(k))]] = int64_t(ni);
+    ps.dead.assign(ni + 1, {});
+    for (uint32_t v = 0; v < nv; ++v) {
+      if (ps.root[v] != v || !in_arena(f, v) || def[v] == LLONG_MAX)
+        continue;
+      int64_t end = std::max(last[v], def[v]);
+      if (end + 1 <= int64_t(ni) && end + 1 >= 0)
+        ps.dead[size_t(end + 1)].push_back(v);
+    }
+  }
+
+  // Plan-space byte range of an arena value.
+  static std::pair<uint64_t, uint64_t> range(const Frame &f, uint32_t v) {
+    const pl::Value &val = f.value(v);
+    return {val.offset(), val.offset() + plan_bytes(val)};
+  }
+
+  void poison(uint64_t begin, uint64_t end) {
+    if (end > begin)
+      std::memset(arena.data() + begin * arena_scale, 0xff, (end - begin) * arena_scale);
+  }
+
+  // Fills every arena byte outside the inputs, which the caller has written.
+  void poison_all_but_inputs(const ProgramState &ps) {
+    std::vector<std::pair<uint64_t, uint64_t>> keep;
+    for (uint32_t r : ps.input_roots)
+      keep.push_back(range(ps.frame, r));
+    std::sort(keep.begin(), keep.end());
+    uint64_t at = 0;
+    for (auto [b, e] : keep) {
+      poison(at, std::max(at, b));
+      at = std::max(at, e);
+    }
+    poison(at, rank.arena_bytes());
+  }
+
+  // Owner-map checks before instruction #i; "" or the violation.
+  std::string check_before(const ProgramState &ps, const pl::Instruction &ins, size_t i) {
+    const Frame &f = ps.frame;
+    auto who = [&]() { return rank_name + ": memory plan violation: " + ps.name + " " +
+                              instruction_label(ins, i); };
+    for (size_t k = 0; k < vsize(ins.in()); ++k) {
+      uint32_t v = ins.in()->Get(uint32_t(k));
+      if (!in_arena(f, v))
+        continue;
+      auto [b, e] = range(f, v);
+      bool unwritten = false;
+      const OwnerMap::Owner *o = owners.foreign(b, e, ps.root[v], &unwritten);
+      if (unwritten)
+        return who() + " reads " + value_label(f.value(v), v) +
+               " but part of its bytes were never written";
+      if (o) {
+        std::string by = value_label(f.value(o->value), o->value);
+        std::string at = o->instruction < 0 ? "before the program started"
+                                            : "at " + instruction_label(*ps.program->instructions()->Get(
+                                                                            uint32_t(o->instruction)),
+                                                                        size_t(o->instruction));
+        return who() + " reads " + value_label(f.value(v), v) +
+               " whose bytes were overwritten by " + by + " " + at;
+      }
+    }
+    for (size_t k = 0; k < vsize(ins.out()); ++k) {
+      uint32_t y = ins.out()->Get(uint32_t(k));
+      auto [yb, ye] = range(f, y);
+      auto overlaps = [&](uint32_t x) {
+        auto [xb, xe] = range(f, x);
+        return in_arena(f, x) && ps.root[x] != ps.root[y] && xb < ye && yb < xe;
+      };
+      for (size_t j = 0; j < vsize(ins.in()); ++j) {
+        uint32_t x = ins.in()->Get(uint32_t(j));
+        if (overlaps(x))
+          return who() + " writes " + value_label(f.value(y), y) + " over " +
+                 value_label(f.value(x), x) + ", which it reads";
+      }
+      for (size_t j = 0; j < k; ++j) {
+        uint32_t x = ins.out()->Get(uint32_t(j));
+        if (overlaps(x))
+          return who() + " writes " + value_label(f.value(x), x) + " and " +
+                 value_label(f.value(y), y) + " to overlapping bytes";
+      }
+    }
+    return "";
+  }
+
+  void record_after(const ProgramState &ps, const pl::Instruction &ins, size_t i) {
+    for (size_t k = 0; k < vsize(ins.out()); ++k) {
+      uint32_t y = ins.out()->Get(uint32_t(k));
+      auto [b, e] = range(ps.frame, y);
+      owners.assign(b, e, {0, y, ps.root[y], int64_t(i)});
+    }
+  }
+
+  std::string run(const ProgramState &ps, uint64_t rng_offset) {
+    const pl::Program &prog = *ps.program;
+    const size_t ni = vsize(prog.instructions());
+    if (check) {
+      poison_all_but_inputs(ps);
+      owners.clear();
+      for (uint32_t r : ps.input_roots) {
+        auto [b, e] = range(ps.frame, r);
+        owners.assign(b, e, {0, r, r, -1});
+      }
+    }
+    for (size_t i = 0; i < ni; ++i) {
+      const pl::Instruction &ins = *prog.instructions()->Get(uint32_t(i));
+      if (check) {
+        for (uint32_t r : ps.dead[i])
+          poison(range(ps.frame, r).first, range(ps.frame, r).second);
+        if (std::string e = check_before(ps, ins, i); !e.empty())
+          return e;
+      }
+      std::string e = execute(ins, ps.frame, rng_offset);
+      if (!e.empty())
+        return rank_name + ": " + ps.name + " " + instruction_label(ins, i) + ": " + e;
+      if (check)
+        record_after(ps, ins, i);
+    }
+    return "";
+  }
+
+  // Runs a FUSED instruction's kernel over the outer frame's operands.
+  std::string run_kernel(const pl::Instruction &ins, const Frame &outer, uint64_t rng_offset) {
+    const uint32_t index = uint32_t(ins.ints()->Get(0));
+    const pl::Kernel &kern = *plan.kernels()->Get(index);
+    const size_t nin = vsize(ins.in()), nout = vsize(ins.out());
+    Frame f;
+    f.values = kern.cpu_values();
+    f.ptr.resize(vsize(f.values));
+    for (size_t k = 0; k < nin; ++k)
+      f.ptr[k] = outer.ptr[ins.in()->Get(uint32_t(k))];
+    for (size_t k = 0; k < nout; ++k)
+      f.ptr[nin + k] = outer.ptr[ins.out()->Get(uint32_t(k))];
+    for (size_t v = nin + nout; v < f.ptr.size(); ++v)
+      f.ptr[v] = address(f.value(uint32_t(v)), scratch.data());
+    if (check)
+      std::memset(scratch.data(), 0xff, kern.cpu_scratch_bytes() * arena_scale);
+    for (size_t i = 0; i < vsize(kern.cpu_instructions()); ++i) {
+      const pl::Instruction &sub = *kern.cpu_instructions()->Get(uint32_t(i));
+      if (std::string e = execute(sub, f, rng_offset); !e.empty())
+        return "kernel " + std::to_string(index) + " (" +
+               (kern.name() ? kern.name()->str() : std::string()) + ") " +
+               instruction_label(sub, i) + ": " + e;
+    }
+    return "";
+  }
+
+  // Executes one verified instruction; "" or what went wrong (the caller
+  // names the instruction).
+  std::string execute(const pl::Instruction &ins, const Frame &f, uint64_t rng_offset) {
+    auto vin = [&](size_t k) -> const pl::Value & { return f.value(ins.in()->Get(uint32_t(k))); };
+    auto vout = [&](size_t k) -> const pl::Value & { return f.value(ins.out()->Get(uint32_t(k))); };
+    auto fin = [&](size_t k) { return reinterpret_cast<const float *>(f.ptr[ins.in()->Get(uint32_t(k))]); };
+    auto fout = [&](size_t k) { return reinterpret_cast<float *>(f.ptr[ins.out()->Get(uint32_t(k))]); };
+    auto iin = [&](size_t k) { return reinterpret_cast<const int32_t *>(f.ptr[ins.in()->Get(uint32_t(k))]); };
+    auto lin = [&](size_t k) { return reinterpret_cast<const int64_t *>(f.ptr[ins.in()->Get(uint32_t(k))]); };
+    auto pid = [&](size_t k) { return ins.params()->Get(uint32_t(k)); };
+    auto pgrad = [&](size_t k) { return state_floats(param(pid(k)).grad_offset()); };
+    auto ival = [&](size_t k) { return ins.ints()->Get(uint32_t(k)); };
+    auto fval = [&](size_t k) { return ins.floats()->Get(uint32_t(k)); };
+    auto n = [](const pl::Value &v) { return element_count(v); };
+    auto dim = [](const pl::Value &v, int64_t i) {
+      int64_t r = int64_t(vsize(v.shape()));
+      return v.shape()->Get(uint32_t(i < 0 ? i + r : i));
+    };
+    auto key = [&](int64_t stream) { return cpu::RngKey{seed, uint64_t(stream), rng_offset}; };
+    auto bad_id = [&](size_t k, int64_t at, int64_t limit, const char *what) {
+      return std::string(what) + " " + std::to_string(iin(k)[at]) + " at position " +
+             std::to_string(at) + " of " + value_label(vin(k), ins.in()->Get(uint32_t(k))) +
+             " is outside [0, " + std::to_string(limit) +
+             "); check that the data was tokenized for this model's vocabulary";
+    };
+    auto attention_shape = [&](const pl::Value &q, const pl::Value &k) {
+      return cpu::AttentionShape{dim(q, 0), dim(q, 1), dim(q, 2), dim(k, 2), dim(q, 3),
+                                 ival(0) != 0, fval(0), fval(1)};
+    };
+
+    switch (ins.op()) {
+    case pl::Opcode::POSITION_IDS: {
+      int64_t seq = dim(vout(0), -1);
+      cpu::position_ids(n(vout(0)) / seq, seq, reinterpret_cast<int32_t *>(fout(0)));
+      break;
+    }
+    case pl::Opcode::EMBEDDING: {
+      int64_t vocab = dim(vin(0), 0), h = dim(vin(0), 1), rows = n(vin(1));
+      if (!cpu::embedding_fwd(fin(0), vocab, h, iin(1), rows, fout(0)))
+        return bad_id(1, std::max<int64_t>(first_out_of_range(iin(1), rows, vocab), 0), vocab,
+                      "token id");
+      break;
+    }
+    case pl::Opcode::LAYER_NORM: {
+      int64_t h = dim(vin(0), -1);
+      cpu::layer_norm_fwd(fin(0), fin(1), fin(2), n(vin(0)) / h, h, fval(0), fout(0));
+      break;
+    }
+    case pl::Opcode::RMS_NORM: {
+      int64_t h = dim(vin(0), -1);
+      cpu::rms_norm_fwd(fin(0), fin(1), n(vin(0)) / h, h, fval(0), fout(0));
+      break;
+    }
+    case pl::Opcode::MATMUL: {
+      int64_t out = dim(vin(1), 0), in = dim(vin(1), 1);
+      cpu::matmul_fwd(fin(0), fin(1), n(vin(0)) / in, in, out, fout(0));
+      break;
+    }
+    case pl::Opcode::BIAS_ADD: {
+      int64_t h = dim(vin(0), -1);
+      cpu::bias_add_fwd(fin(0), fin(1), n(vin(0)) / h, h, fout(0));
+      break;
+    }
+    case pl::Opcode::ADD:
+      cpu::add(fin(0), fin(1), n(vout(0)), fout(0));
+      break;
+    case pl::Opcode::GELU:
+      cpu::gelu_fwd(fin(0), n(vin(0)), ival(0) != 0, fout(0));
+      break;
+    case pl::Opcode::SWIGLU: {
+      int64_t ff = dim(vout(0), -1);
+      cpu::swiglu_fwd(fin(0), n(vout(0)) / ff, ff, fout(0));
+      break;
+    }
+    case pl::Opcode::DROPOUT:
+      cpu::dropout_fwd(fin(0), n(vin(0)), fval(0), key(ival(0)), fout(0));
+      break;
+    case pl::Opcode::RESHAPE: {
+      const uint8_t *src = f.ptr[ins.in()->Get(0)];
+      uint8_t *dst = f.ptr[ins.out()->Get(0)];
+      if (src != dst)
+        std::memmove(dst, src, size_t(n(vin(0))) * cpu_element_bytes(vin(0).dtype()));
+      break;
+    }
+    case pl::Opcode::SPLIT_QKV: {
+      int64_t heads = dim(vout(0), -2), d = dim(vout(0), -1), groups = dim(vout(1), -2);
+      cpu::split_qkv_fwd(fin(0), n(vout(0)) / (heads * d), heads, groups, d, fout(0), fout(1),
+                         fout(2));
+      break;
+    }
+    case pl::Opcode::ROPE:
+      cpu::rope_fwd(fin(0), dim(vin(0), 0), dim(vin(0), 1), dim(vin(0), 2), dim(vin(0), 3),
+                    fval(0), fout(0));
+      break;
+    case pl::Opcode::ATTENTION:
+      cpu::attention_fwd(fin(0), fin(1), fin(2), attention_shape(vin(0), vin(1)), key(ival(1)),
+                         fout(0));
+      break;
+    case pl::Opcode::CROSS_ENTROPY: {
+      int64_t vocab = dim(vin(0), -1), rows = n(vin(1));
+      double loss = 0;
+      if (!cpu::cross_entropy_fwd(fin(0), iin(1), nullptr, rows, vocab, &loss))
+        return bad_id(1, std::max<int64_t>(first_out_of_range(iin(1), rows, vocab), 0), vocab,
+                      "label");
+      *fout(0) = float(loss);
+      break;
+    }
+    case pl::Opcode::GRAD_SEED:
+      *fout(0) = float(fval(0) * double(loss_scale));
+      break;
+    case pl::Opcode::EMBEDDING_GRAD: {
+      const pl::Param &t = param(pid(0));
+      int64_t vocab = t.shape()->Get(0), h = t.shape()->Get(1), rows = n(vin(1));
+      // The backward kernel trusts its ids; a bad one would write outside the table.
+      if (int64_t at = first_out_of_range(iin(1), rows, vocab); at >= 0)
+        return bad_id(1, at, vocab, "token id");
+      cpu::embedding_bwd(fin(0), iin(1), rows, h, pgrad(0));
+      break;
+    }
+    case pl::Opcode::MATMUL_INPUT_GRAD: {
+      int64_t out = dim(vin(1), 0), in = dim(vin(1), 1);
+      cpu::matmul_bwd_input(fin(0), fin(1), n(vin(0)) / out, in, out, fout(0), false);
+      break;
+    }
+    case pl::Opcode::MATMUL_WEIGHT_GRAD: {
+      const pl::Param &w = param(pid(0));
+      int64_t out = w.shape()->Get(0), in = w.shape()->Get(1);
+      cpu::matmul_bwd_weight(fin(0), fin(1), n(vin(0)) / out, in, out, pgrad(0));
+      break;
+    }
+    case pl::Opcode::BIAS_GRAD: {
+      int64_t h = dim(vin(0), -1);
+      cpu::bias_grad(fin(0), n(vin(0)) / h, h, pgrad(0));
+      break;
+    }
+    case pl::Opcode::LAYER_NORM_GRAD: {
+      int64_t h = dim(vin(1), -1);
+      cpu::layer_norm_bwd(fin(0), fin(1), fin(2), n(vin(1)) / h, h, fval(0), fout(0), pgrad(0),
+                          pgrad(1));
+      break;
+    }
+    case pl::Opcode::RMS_NORM_GRAD: {
+      int64_t h = dim(vin(1), -1);
+      cpu::rms_norm_bwd(fin(0), fin(1), fin(2), n(vin(1)) / h, h, fval(0), fout(0), pgrad(0));
+      break;
+    }
+    case pl::Opcode::GELU_GRAD:
+      cpu::gelu_bwd(fin(0), fin(1), n(vin(1)), ival(0) != 0, fout(0));
+      break;
+    case pl::Opcode::SWIGLU_GRAD: {
+      int64_t ff = dim(vin(0), -1);
+      cpu::swiglu_bwd(fin(0), fin(1), n(vin(0)) / ff, ff, fout(0));
+      break;
+    }
+    case pl::Opcode::SPLIT_QKV_GRAD: {
+      int64_t heads = dim(vin(0), -2), d = dim(vin(0), -1), groups = dim(vin(1), -2);
+      cpu::split_qkv_bwd(fin(0), fin(1), fin(2), n(vin(0)) / (heads * d), heads, groups, d,
+                         fout(0));
+      break;
+    }
+    case pl::Opcode::ROPE_GRAD:
+      cpu::rope_bwd(fin(0), dim(vin(0), 0), dim(vin(0), 1), dim(vin(0), 2), dim(vin(0), 3),
+                    fval(0), fout(0));
+      break;
+    case pl::Opcode::ATTENTION_GRAD:
+      cpu::attention_bwd(fin(0), fin(1), fin(2), fin(3), attention_shape(vin(1), vin(2)),
+                         key(ival(1)), fout(0), fout(1), fout(2));
+      break;
+    case pl::Opcode::CROSS_ENTROPY_GRAD: {
+      int64_t vocab = dim(vin(0), -1), rows = n(vin(1));
+      if (int64_t at = first_out_of_range(iin(1), rows, vocab); at >= 0)
+        return bad_id(1, at, vocab, "label");
+      cpu::cross_entropy_bwd(fin(0), iin(1), nullptr, rows, vocab, double(*fin(2)), fout(0));
+      break;
+    }
+    case pl::Opcode::GRAD_NORM: {
+      double sum = 0;
+      for (uint32_t p = 0; p < vsize(rank.params()); ++p)
+        if (const float *g = state_floats(param(p).grad_offset()))
+          sum += cpu::sum_squares(g, element_count(param(p).shape()));
+      *fout(0) = float(std::sqrt(sum));
+      break;
+    }
+    case pl::Opcode::LR_SCHEDULE: {
+      int64_t steps = *lin(0);
+      if (steps < 0)
+        return "the iteration input is " + std::to_string(steps) +
+               "; it counts optimizer steps taken and cannot be negative";
+      *fout(0) = float(megatron_lr(pl::LrStyle(ival(0)), ival(1), ival(2), fval(0), fval(1), steps));
+      break;
+    }
+    case pl::Opcode::CLIP_COEFF: {
+      double max_norm = fval(0), coeff = 1.0;
+      if (max_norm > 0) {
+        double c = max_norm / (double(*fin(0)) + 1e-6);
+        if (c < 1.0)
+          coeff = c;
+      }
+      *fout(0) = float(coeff);
+      break;
+    }
+    case pl::Opcode::ADAMW:
+      return adamw(ins, *fin(0), *fin(1), *lin(2));
+    case pl::Opcode::FUSED:
+      if (std::string e = run_kernel(ins, f, rng_offset); !e.empty())
+        return e;
+      break;
+    }
+    // Reduced-precision results: computed in f32, then rounded to their type.
+    for (size_t k = 0; k < vsize(ins.out()); ++k) {
+      const pl::Value &v = vout(k);
+      if (v.dtype() == pl::DType::BF16)
+        cpu::round_to_bf16(fout(k), n(v));
+      else if (v.dtype() == pl::DType::F16)
+        cpu::round_to_fp16(fout(k), n(v));
+    }
+    return "";
+  }
+
+  std::string adamw(const pl::Instruction &ins, float lr, float clip, int64_t step) {
+    if (step < 1)
+      return "the step input is " + std::to_string(step) + "; AdamW counts steps from 1";
+    const pl::Param &p = param(ins.params()->Get(0));
+    const int64_t count = element_count(p.shape());
+    const float *g = state_floats(p.grad_offset());
+    if (clip != 1.0f) {
+      // Clipping scales what the update sees; the gradient buffer stays as is.
+      clipped.resize(size_t(count));
+      for (int64_t i = 0; i < count; ++i)
+        clipped[size_t(i)] = g[i] * clip;
+      g = clipped.data();
+    }
+    float *w = state_floats(p.weight_offset());
+    float *m = state_floats(p.master_offset());
+    cpu::AdamWParams a{lr, ins.floats()->Get(0), ins.floats()->Get(1), ins.floats()->Get(2),
+                       ins.floats()->Get(3), step};
+    cpu::adamw_step(m ? m : w, g, state_floats(p.exp_avg_offset()),
+                    state_floats(p.exp_avg_sq_offset()), count, a);
+    if (m)
+      std::memcpy(w, m, size_t(count) * sizeof(float));
+    round_weights(p, w);
+    return "";
+  }
+
+  static void round_weights(const pl::Param &p, float *w) {
+    if (p.dtype() == pl::DType::BF16)
+      cpu::round_to_bf16(w, element_count(p.shape()));
+    else if (p.dtype() == pl::DType::F16)
+      cpu::round_to_fp16(w, element_count(p.shape()));
+  }
+};
+
+CpuExecutor::CpuExecutor(const pl::Plan &plan, int rank) {
+  const pl::Rank *r = find_rank(plan, rank);
+  if (!r) {
+    std::fprintf(stderr, "mtrun: error: the plan has no rank %d; run with a rank below its "
+                         "world size\n", rank);
+    std::abort();
+  }
+  impl_ = std::make_unique<Impl>(plan, *r);
+}
+
+CpuExecutor::~CpuExecutor() = default;
+
+void CpuExecutor::init_params(uint64_t seed) {
+  Impl &s = *impl_;
+  for (uint32_t i = 0; i < vsize(s.rank.params()); ++i) {
+    const pl::Param &p = s.param(i);
+    const int64_t count = element_count(p.shape());
+    if (float *w = s.state_floats(p.weight_offset())) {
+      switch (p.init()) {
+      case pl::Init::ZEROS: std::fill(w, w + count, 0.0f); break;
+      case pl::Init::ONES: std::fill(w, w + count, 1.0f); break;
+      case pl::Init::NORMAL: cpu::init_normal(w, count, p.init_std(), seed, i); break;
+      }
+      Impl::round_weights(p, w);
+      if (float *m = s.state_floats(p.master_offset()))
+        std::copy(w, w + count, m);
+    }
+    for (float *b : {s.state_floats(p.grad_offset()), s.state_floats(p.exp_avg_offset()),
+                     s.state_floats(p.exp_avg_sq_offset())})
+      if (b)
+        std::fill(b, b + count, 0.0f);
+  }
+}
+
+float *CpuExecutor::weight(int param) { return impl_->state_floats(impl_->param(uint32_t(param)).weight_offset()); }
+float *CpuExecutor::grad(int param) { return impl_->state_floats(impl_->param(uint32_t(param)).grad_offset()); }
+float *CpuExecutor::master(int param) { return impl_->state_floats(impl_->param(uint32_t(param)).master_offset()); }
+float *CpuExecutor::exp_avg(int param) { return impl_->state_floats(impl_->param(uint32_t(param)).exp_avg_offset()); }
+float *CpuExecutor::exp_avg_sq(int param) {
+  return impl_->state_floats(impl_->param(uint32_t(param)).exp_avg_sq_offset());
+}
+int64_t CpuExecutor::param_elements(int param) const {
+  return element_count(impl_->param(uint32_t(param)).shape());
+}
+
+void *CpuExecutor::value_data(const pl::Program &program, uint32_t value) {
+  auto it = impl_->program_index.find(&program);
+  if (it == impl_->program_index.end())
+    return nullptr;
+  const Frame &f = impl_->programs[it->second].frame;
+  return value < f.ptr.size() ? f.ptr[value] : nullptr;
+}
+
+const pl::Program *CpuExecutor::program(const std::string &name) const {
+  for (const auto &ps : impl_->programs)
+    if (ps.name == name)
+      return ps.program;
+  return nullptr;
+}
+
+std::string CpuExecutor::run(const pl::Program &program, uint64_t rng_offset) {
+  auto it = impl_->program_index.find(&program);
+  if (it == impl_->program_index.end())
+    return impl_->rank_name + ": internal error: run() was given a program that is not one of "
+                              "this rank's";
+  impl_->loss_scale = loss_scale;
+  return impl_->run(impl_->programs[it->second], rng_offset);
+}
+
+void CpuExecutor::set_seed(uint64_t seed) { impl_->seed = seed; }
+
+void CpuExecutor::zero_grads() {
+  for (uint32_t i = 0; i < vsize(impl_->rank.params()); ++i)
+    if (float *g = grad(int(i)))
+      std::fill(g, g + param_elements(int(i)), 0.0f);
+}
+
+void CpuExecutor::set_check_memory_plan(bool on) { impl_->check = on; }
+
+uint64_t CpuExecutor::cpu_arena_bytes() const { return impl_->arena.size(); }
+uint64_t CpuExecutor::cpu_state_bytes() const { return impl_->state.size(); }
+
+} // namespace mt::rt

@@ -1,0 +1,118 @@
+// The CPU reference executor: runs one rank's programs of a verified plan,
+// instruction by instruction, over the kernels of cpu_kernels.h.
+//
+// Storage. Every float value (F32, BF16, F16) is held as 4-byte floats; a
+// BF16/F16 result is rounded to its type after it is computed in f32
+// (cpu::round_to_bf16 / round_to_fp16), so the numbers are those of the
+// reduced type while the bytes stay f32. I32 and I64 values keep their
+// widths. The plan's offsets are those of the GPU layout, where a BF16 value
+// of n elements takes 2n bytes, so the CPU scales the address space:
+//   - When any arena value of the rank (or of a kernel's cpu_values) is BF16
+//     or F16, the CPU arena is 2 * arena_bytes and the value at plan offset o
+//     lives at CPU byte 2 * o. A value of plan size s then owns [2o, 2o + 2s):
+//     a 2-byte float needs exactly 2s as floats, F32/I32/I64 need only s. So
+//     values that do not overlap in the plan do not overlap on the CPU, and
+//     offsets aligned to the element size stay aligned. Otherwise the scale is
+//     1 and the CPU arena is exactly arena_bytes.
+//   - The state buffer is scaled the same way, by 2 when any parameter of the
+//     rank is BF16/F16 (its weights are then floats), else by 1. Gradients,
+//     master copies and Adam moments are f32 in the plan already.
+//   - A kernel's scratch is cpu_scratch_bytes times the arena's scale.
+//
+// FUSED. The instruction's ints[0] names a Kernel; its cpu_values are bound
+// positionally: cpu_values[0, in.size()) are the instruction's inputs and the
+// next out.size() its outputs (their own region and offset are ignored; the
+// reader checks dtype and element count against the operands). Every further
+// ARENA value is kernel-local scratch at its offset; WEIGHT/GRAD values refer
+// to parameters as everywhere else. The kernel's cpu_instructions then run
+// in order.
+//
+// LR_SCHEDULE is Megatron-LM's OptimizerParamScheduler.get_lr with init_lr 0,
+// in iteration units (Megatron counts samples, warmup and decay both scaled by
+// the global batch size, which gives the same ratios). Its `iteration` input
+// is the number of optimizer steps already taken: Megatron calls get_lr from
+// OptimizerParamScheduler.step() *after* optimizer.step(), so the update
+// number k (from 1) uses get_lr(num_steps = k - 1), and the first update of a
+// warm-up runs at lr 0. Skipped iterations do not advance it.
+//
+// CLIP_COEFF is clip_grad_norm_fp32's max_norm / (norm + 1e-6), used only
+// when below 1 (so a NaN norm gives 1, as in Megatron); max_norm <= 0 gives 1.
+#ifndef MT_RUNTIME_CPU_EXECUTOR_H
+#define MT_RUNTIME_CPU_EXECUTOR_H
+
+#include "plan_generated.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace mt::rt {
+
+class CpuExecutor {
+public:
+  // Allocates the rank's arena and state buffer (sizes as described above).
+  // `rank` must be in the plan's rank table (see find_rank); the plan must
+  // have been verified by PlanFile and outlive the executor.
+  CpuExecutor(const mt::plan::Plan &plan, int rank);
+  ~CpuExecutor();
+  CpuExecutor(const CpuExecutor &) = delete;
+  CpuExecutor &operator=(const CpuExecutor &) = delete;
+
+  // Initialises weights from each Param's init (zeros, ones, or normal with
+  // init_std via cpu::init_normal(seed, stream = parameter index)), rounded
+  // to the parameter's dtype; copies them to the master copies; zeroes
+  // gradients and Adam moments.
+  void init_params(uint64_t seed);
+
+  // A parameter's buffers, as floats; null when the rank does not hold it.
+  float *weight(int param);
+  float *grad(int param);
+  float *master(int param);
+  float *exp_avg(int param);
+  float *exp_avg_sq(int param);
+  int64_t param_elements(int param) const;
+
+  // The bytes of a value of `program` in the CPU layout: the caller writes
+  // program inputs (i32 token ids, i64 iteration counts, floats) here before
+  // every run() (the arena is shared by all programs, and under
+  // --check-memory-plan an input is poisoned after its last reader) and reads
+  // outputs after it, before running another program.
+  void *value_data(const mt::plan::Program &program, uint32_t value);
+  const mt::plan::Program *program(const std::string &name) const; // null if absent
+
+  // Runs one program. `rng_offset` is RngKey.offset of every dropout and
+  // attention instruction (RngKey.seed is set_seed's, .stream the
+  // instruction's). Returns "" or one error line naming the rank, program,
+  // instruction index, its `where` and the problem. Non-finite numbers are
+  // not errors: they are the training loop's to detect.
+  std::string run(const mt::plan::Program &program, uint64_t rng_offset);
+
+  void set_seed(uint64_t seed);
+  // GRAD_SEED multiplies its scale by this (fp16 dynamic loss scaling).
+  float loss_scale = 1.0f;
+  void zero_grads();
+
+  // --check-memory-plan. Before each instruction every arena byte that holds
+  // no live value is filled with all-ones bytes (a NaN as float, -1 as an
+  // integer). A value is live from the instruction that writes it to its
+  // last reader; program inputs from the start, outputs to the end; a RESHAPE
+  // whose result has its input's offset shares the input's lifetime. An
+  // owner map records which value last wrote each arena byte; an instruction
+  // that reads a value whose bytes another value has since overwritten, or
+  // that writes a result over one of its own operands, fails run() with a
+  // line naming both values and instructions.
+  void set_check_memory_plan(bool on);
+
+  // Bytes allocated for the CPU arena and state buffer.
+  uint64_t cpu_arena_bytes() const;
+  uint64_t cpu_state_bytes() const;
+
+  struct Impl;
+
+private:
+  std::unique_ptr<Impl> impl_;
+};
+
+} // namespace mt::rt
+
+#endif // MT_RUNTIME_CPU_EXECUTOR_H

@@ -1,0 +1,961 @@
+// plan.bin reader: header, checksum, FlatBuffers verification and the
+// semantic checks that make every later index and offset safe to follow.
+#include "runtime/plan_reader.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <set>
+#include <sys/stat.h>
+#include <tuple>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+namespace mt::rt {
+
+namespace pl = mt::plan;
+
+namespace {
+
+constexpr char kMagic[8] = {'M', 'T', 'P', 'L', 'A', 'N', '\0', '\0'};
+constexpr uint64_t kFnvOffsetBasis = 0xcbf29ce484222325ull;
+constexpr uint64_t kFnvPrime = 0x100000001b3ull;
+// Dimensions and element counts beyond these are rejected before any
+// arithmetic on them can overflow.
+constexpr int64_t kMaxElements = int64_t(1) << 48;
+
+// ---------------------------------------------------------------------------
+// The operand signature of every opcode, as listed beside it in plan.fbs.
+// Operand kinds, one letter per operand:
+//   f  a float tensor (F32, BF16 or F16)     i  an I32 tensor (ids, labels)
+//   s  an F32 scalar                         l  an I64 scalar
+//   a  a value of any dtype
+// FUSED takes any number of operands of any kind (in and out are null).
+struct OpSignature {
+  pl::Opcode op;
+  const char *in;
+  const char *out;
+  int params, ints, floats;
+};
+
+constexpr OpSignature kSignatures[] = {
+    {pl::Opcode::POSITION_IDS, "", "i", 0, 0, 0},
+    {pl::Opcode::EMBEDDING, "fi", "f", 0, 0, 0},
+    {pl::Opcode::LAYER_NORM, "fff", "f", 0, 0, 1},
+    {pl::Opcode::RMS_NORM, "ff", "f", 0, 0, 1},
+    {pl::Opcode::MATMUL, "ff", "f", 0, 0, 0},
+    {pl::Opcode::BIAS_ADD, "ff", "f", 0, 0, 0},
+    {pl::Opcode::ADD, "ff", "f", 0, 0, 0},
+    {pl::Opcode::GELU, "f", "f", 0, 1, 0},
+    {pl::Opcode::SWIGLU, "f", "f", 0, 0, 0},
+    {pl::Opcode::DROPOUT, "f", "f", 0, 1, 1},
+    {pl::Opcode::RESHAPE, "a", "a", 0, 0, 0},
+    {pl::Opcode::SPLIT_QKV, "f", "fff", 0, 0, 0},
+    {pl::Opcode::ROPE, "f", "f", 0, 0, 1},
+    {pl::Opcode::ATTENTION, "fff", "f", 0, 2, 2},
+    {pl::Opcode::CROSS_ENTROPY, "fi", "s", 0, 0, 0},
+    {pl::Opcode::GRAD_SEED, "", "s", 0, 0, 1},
+    {pl::Opcode::EMBEDDING_GRAD, "fi", "", 1, 0, 0},
+    {pl::Opcode::MATMUL_INPUT_GRAD, "ff", "f", 0, 0, 0},
+    {pl::Opcode::MATMUL_WEIGHT_GRAD, "ff", "", 1, 0, 0},
+    {pl::Opcode::BIAS_GRAD, "f", "", 1, 0, 0},
+    {pl::Opcode::LAYER_NORM_GRAD, "fff", "f", 2, 0, 1},
+    {pl::Opcode::RMS_NORM_GRAD, "fff", "f", 1, 0, 1},
+    {pl::Opcode::GELU_GRAD, "ff", "f", 0, 1, 0},
+    {pl::Opcode::SWIGLU_GRAD, "ff", "f", 0, 0, 0},
+    {pl::Opcode::SPLIT_QKV_GRAD, "fff", "f", 0, 0, 0},
+    {pl::Opcode::ROPE_GRAD, "f", "f", 0, 0, 1},
+    {pl::Opcode::ATTENTION_GRAD, "ffff", "fff", 0, 2, 2},
+    {pl::Opcode::CROSS_ENTROPY_GRAD, "fis", "f", 0, 0, 0},
+    {pl::Opcode::GRAD_NORM, "", "s", 0, 0, 0},
+    {pl::Opcode::LR_SCHEDULE, "l", "s", 0, 3, 2},
+    {pl::Opcode::CLIP_COEFF, "s", "s", 0, 0, 1},
+    {pl::Opcode::ADAMW, "ssl", "", 1, 0, 4},
+    {pl::Opcode::FUSED, nullptr, nullptr, 0, 1, 0},
+};
+constexpr size_t kNumOpcodes = sizeof(kSignatures) / sizeof(kSignatures[0]);
+static_assert(kNumOpcodes == size_t(pl::Opcode::MAX) + 1,
+              "every opcode of plan.fbs needs its signature here");
+
+constexpr bool signatures_in_order() {
+  for (size_t i = 0; i < kNumOpcodes; ++i)
+    if (size_t(kSignatures[i].op) != i)
+      return false;
+  return true;
+}
+static_assert(signatures_in_order(), "kSignatures must be in opcode order");
+
+const char *kind_name(char k) {
+  switch (k) {
+  case 'f': return "a float tensor (f32, bf16 or f16)";
+  case 'i': return "an i32 tensor";
+  case 's': return "an f32 scalar";
+  case 'l': return "an i64 scalar";
+  default: return "a value";
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Formatting.
+
+std::string grouped(uint64_t v) {
+  std::string digits = std::to_string(v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0)
+      out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+template <class T> size_t vsize(const flatbuffers::Vector<T> *v) { return v ? v->size() : 0; }
+
+// The FlatBuffers verifier aligns vectors only to their 4-byte length; 8-byte
+// elements must be 8-aligned to be read in place (an empty vector has none).
+template <class T> bool aligned(const flatbuffers::Vector<T> *v) {
+  return vsize(v) == 0 || reinterpret_cast<uintptr_t>(v->data()) % alignof(T) == 0;
+}
+
+const char *dtype_label(pl::DType d) {
+  switch (d) {
+  case pl::DType::F32: return "f32";
+  case pl::DType::BF16: return "bf16";
+  case pl::DType::F16: return "f16";
+  case pl::DType::I32: return "i32";
+  case pl::DType::I64: return "i64";
+  }
+  return "unknown-dtype";
+}
+
+std::string shape_text(const flatbuffers::Vector<int64_t> *shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < vsize(shape); ++i)
+    s += (i ? "," : "") + std::to_string(shape->Get(i));
+  return s + "]";
+}
+
+std::string value_label(const pl::Value *v, uint32_t index) {
+  std::string name = v && v->name() ? v->name()->str() : "";
+  if (name.empty())
+    return "%" + std::to_string(index);
+  if (name[0] == '%' || name[0] == '@')
+    return name;
+  return "%" + name;
+}
+
+// ---------------------------------------------------------------------------
+// Semantic checks. Each returns "" or the part of the error line after the
+// file name; the caller adds the file name and the remedy.
+
+class Checker {
+public:
+  explicit Checker(const pl::Plan &plan) : plan_(plan) {}
+
+  std::string check() {
+    if (vsize(plan_.ranks()) == 0)
+      return "the plan has no ranks";
+    std::set<int> seen;
+    for (const pl::Rank *rank : *plan_.ranks()) {
+      if (!seen.insert(rank->rank()).second)
+        return "rank " + std::to_string(rank->rank()) + " appears twice in the rank table";
+      if (std::string e = check_rank(*rank); !e.empty())
+        return e;
+    }
+    return "";
+  }
+
+private:
+  // Where the instructions being checked live and what their values mean.
+  struct Scope {
+    std::string name;  // "rank 0, program train_step" / "rank 0, kernel k (...)"
+    const flatbuffers::Vector<flatbuffers::Offset<pl::Value>> *values = nullptr;
+    uint64_t arena_limit = 0;   // arena_bytes, or a kernel's cpu_scratch_bytes
+    size_t bound_in = 0;        // kernel values bound to the FUSED inputs
+    size_t bound_out = 0;       // ... and outputs, after the inputs
+    bool kernel = false;
+    size_t num_values() const { return vsize(values); }
+    const pl::Value *value(uint32_t i) const { return values->Get(i); }
+    bool bound(size_t i) const { return kernel && i < bound_in + bound_out; }
+  };
+
+  std::string check_rank(const pl::Rank &rank) {
+    rank_ = &rank;
+    rank_name_ = "rank " + std::to_string(rank.rank());
+    if (std::string e = check_params(rank); !e.empty())
+      return e;
+    std::set<std::string> names;
+    for (size_t p = 0; p < vsize(rank.programs()); ++p) {
+      const pl::Program *prog = rank.programs()->Get(p);
+      std::string name = prog->name() ? prog->name()->str() : "";
+      if (name.empty())
+        return rank_name_ + ": program " + std::to_string(p) + " has no name";
+      if (!names.insert(name).second)
+        return rank_name_ + ": two programs are named '" + name + "'";
+      if (std::string e = check_program(*prog, name); !e.empty())
+        return e;
+    }
+    return "";
+  }
+
+  uint64_t param_numel(const pl::Param &p) const { return uint64_t(element_count(p.shape())); }
+
+  std::string check_params(const pl::Rank &rank) {
+    struct Range {
+      uint64_t begin, end;
+      size_t param;
+      const char *what;
+    };
+    std::vector<Range> ranges;
+    const uint64_t state = rank.state_bytes();
+    for (size_t i = 0; i < vsize(rank.params()); ++i) {
+      const pl::Param &p = *rank.params()->Get(i);
+      std::string who = rank_name_ + ": parameter " + std::to_string(i) + " (" +
+                        (p.name() ? p.name()->str() : std::string("unnamed")) + ")";
+      if (std::string e = check_shape(p.shape()); !e.empty())
+        return who + ": shape " + e;
+      if (!is_float_dtype(p.dtype()))
+        return who + " has dtype " + dtype_label(p.dtype()) + "; parameters are f32, bf16 or f16";
+      if (p.init() > pl::Init::MAX)
+        return who + " has unknown init code " + std::to_string(int(p.init()));
+      if (!(p.init_std() >= 0) || !std::isfinite(p.init_std()))
+        return who + " has init_std " + std::to_string(p.init_std()) + "; it must be finite and >= 0";
+      const uint64_t n = param_numel(p);
+      const std::pair<const char *, std::pair<int64_t, uint64_t>> slots[] = {
+          {"weight", {p.weight_offset(), n * element_bytes(p.dtype())}},
+          {"grad", {p.grad_offset(), n * 4}},
+          {"master", {p.master_offset(), n * 4}},
+          {"exp_avg", {p.exp_avg_offset(), n * 4}},
+          {"exp_avg_sq", {p.exp_avg_sq_offset(), n * 4}},
+      };
+      for (const auto &[what, slot] : slots) {
+        auto [offset, bytes] = slot;
+        if (offset == -1)
+          continue;
+        std::string field = std::string(what) + "_offset " + std::to_string(offset);
+        if (offset < 0)
+          return who + ": " + field + " is negative (only -1, absent, is allowed)";
+        if (uint64_t(offset) % kStateAlignment != 0)
+          return who + ": " + field + " is not a multiple of " +
+                 std::to_string(kStateAlignment) + " bytes";
+        if (uint64_t(offset) > state || bytes > state - uint64_t(offset))
+          return who + ": " + field + " + " + grouped(bytes) + " bytes ends past state_bytes " +
+                 grouped(state);
+        if (bytes > 0)
+          ranges.push_back({uint64_t(offset), uint64_t(offset) + bytes, i, what});
+      }
+    }
+    std::sort(ranges.begin(), ranges.end(),
+              [](const Range &a, const Range &b) { return a.begin < b.begin; });
+    for (size_t i = 1; i < ranges.size(); ++i)
+      if (ranges[i].begin < ranges[i - 1].end)
+        return rank_name_ + ": the " + ranges[i - 1].what + " of parameter " +
+               std::to_string(ranges[i - 1].param) + " and the " + ranges[i].what +
+               " of parameter " + std::to_string(ranges[i].param) +
+               " overlap in the state buffer";
+    return "";
+  }
+
+  // Dimensions >= 1 and a product that stays far from overflow.
+  static std::string check_shape(const flatbuffers::Vector<int64_t> *shape) {
+    if (!aligned(shape))
+      return "is not 8-byte aligned in the file";
+    int64_t n = 1;
+    for (size_t i = 0; i < vsize(shape); ++i) {
+      int64_t d = shape->Get(i);
+      if (d < 1)
+        return shape_text(shape) + " has a dimension below 1";
+      if (d > kMaxElements || n > kMaxElements / d)
+        return shape_text(shape) + " has more than 2^48 elements";
+      n *= d;
+    }
+    return "";
+  }
+
+  std::string check_value(const Scope &s, uint32_t i) {
+    const pl::Value *v = s.value(i);
+    std::string who = s.name + ": value " + std::to_string(i) + " (" + value_label(v, i) + ")";
+    if (v->dtype() > pl::DType::MAX)
+      return who + " has unknown dtype code " + std::to_string(int(v->dtype()));
+    if (v->region() > pl::Region::MAX)
+      return who + " has unknown region code " + std::to_string(int(v->region()));
+    if (std::string e = check_shape(v->shape()); !e.empty())
+      return who + ": shape " + e;
+    if (s.bound(i))
+      return ""; // bound to the FUSED operand: its own region and offset are unused
+    const uint64_t bytes = plan_bytes(*v);
+    switch (v->region()) {
+    case pl::Region::ARENA: {
+      const uint64_t o = v->offset();
+      const char *space = s.kernel ? "cpu_scratch_bytes" : "arena_bytes";
+      if (o > s.arena_limit || bytes > s.arena_limit - o)
+        return who + " at arena offset " + grouped(o) + " with " + grouped(bytes) +
+               " bytes ends past " + space + " " + grouped(s.arena_limit);
+      if (o % element_bytes(v->dtype()) != 0)
+        return who + " at arena offset " + grouped(o) + " is not aligned to its " +
+               std::to_string(element_bytes(v->dtype())) + "-byte elements";
+      return "";
+    }
+    case pl::Region::WEIGHT:
+    case pl::Region::GRAD: {
+      const bool weight = v->region() == pl::Region::WEIGHT;
+      const size_t np = vsize(rank_->params());
+      if (v->offset() >= np)
+        return who + " refers to parameter " + std::to_string(v->offset()) + ", but " +
+               rank_name_ + " has " + std::to_string(np) + " parameters";
+      const pl::Param &p = *rank_->params()->Get(uint32_t(v->offset()));
+      std::string pname = "parameter " + std::to_string(v->offset());
+      if ((weight ? p.weight_offset() : p.grad_offset()) < 0)
+        return who + " reads the " + (weight ? "weights" : "gradient") + " of " + pname +
+               ", which this rank does not hold";
+      if (shape_text(v->shape()) != shape_text(p.shape()))
+        return who + " has shape " + shape_text(v->shape()) + ", but " + pname + " has " +
+               shape_text(p.shape());
+      pl::DType want = weight ? p.dtype() : pl::DType::F32;
+      if (v->dtype() != want)
+        return who + " has dtype " + dtype_label(v->dtype()) + ", but the " +
+               (weight ? "weights" : "gradient") + " of " + pname + " are " + dtype_label(want);
+      return "";
+    }
+    }
+    return "";
+  }
+
+  std::string check_program(const pl::Program &prog, const std::string &name) {
+    Scope s;
+    s.name = rank_name_ + ", program " + name;
+    s.values = prog.values();
+    s.arena_limit = rank_->arena_bytes();
+    const size_t nv = s.num_values();
+    for (uint32_t i = 0; i < nv; ++i)
+      if (std::string e = check_value(s, i); !e.empty())
+        return e;
+    std::vector<char> written(nv, 0);
+    const size_t ni = vsize(prog.inputs());
+    if (prog.input_names() && vsize(prog.input_names()) != ni)
+      return s.name + " has " + std::to_string(ni) + " inputs but " +
+             std::to_string(vsize(prog.input_names())) + " input names";
+    for (size_t k = 0; k < ni; ++k) {
+      uint32_t v = prog.inputs()->Get(k);
+      if (v >= nv)
+        return s.name + ": input " + std::to_string(k) + " is value " + std::to_string(v) +
+               ", but the program has " + std::to_string(nv) + " values";
+      if (s.value(v)->region() != pl::Region::ARENA)
+        return s.name + ": input " + std::to_string(k) + " (" + value_label(s.value(v), v) +
+               ") is not an arena value; inputs are filled by the runtime";
+      written[v] = 1;
+    }
+    const size_t no = vsize(prog.outputs());
+    if (prog.output_names() && vsize(prog.output_names()) != no)
+      return s.name + " has " + std::to_string(no) + " outputs but " +
+             std::to_string(vsize(prog.output_names())) + " output names";
+    for (size_t k = 0; k < no; ++k)
+      if (prog.outputs()->Get(k) >= nv)
+        return s.name + ": output " + std::to_string(k) + " is value " +
+               std::to_string(prog.outputs()->Get(k)) + ", but the program has " +
+               std::to_string(nv) + " values";
+    if (std::string e = check_instructions(s, prog.instructions(), written); !e.empty())
+      return e;
+    for (size_t k = 0; k < no; ++k) {
+      uint32_t v = prog.outputs()->Get(k);
+      if (!written[v] && s.value(v)->region() == pl::Region::ARENA)
+        return s.name + ": output " + std::to_string(k) + " (" + value_label(s.value(v), v) +
+               ") is never written";
+    }
+    return "";
+  }
+
+  std::string check_instructions(
+      const Scope &s, const flatbuffers::Vector<flatbuffers::Offset<pl::Instruction>> *instrs,
+      std::vector<char> &written) {
+    for (size_t i = 0; i < vsize(instrs); ++i) {
+      const pl::Instruction &ins = *instrs->Get(i);
+      std::string where = ins.where() ? ins.where()->str() : "";
+      std::string who = s.name + " #" + std::to_string(i) + " (" + where + ") " +
+                        opcode_name(ins.op());
+      if (std::string e = check_instruction(s, ins, written); !e.empty())
+        return who + ": " + e;
+    }
+    return "";
+  }
+
+  // A value's description for messages: "%x [2,3] f32".
+  static std::string describe(const Scope &s, uint32_t v) {
+    const pl::Value *val = s.value(v);
+    return value_label(val, v) + " " + shape_text(val->shape()) + " " + dtype_label(val->dtype());
+  }
+
+  bool kind_matches(const pl::Value &v, char kind) const {
+    switch (kind) {
+    case 'f': return is_float_dtype(v.dtype());
+    case 'i': return v.dtype() == pl::DType::I32;
+    case 's': return v.dtype() == pl::DType::F32 && element_count(v) == 1;
+    case 'l': return v.dtype() == pl::DType::I64 && element_count(v) == 1;
+    default: return true;
+    }
+  }
+
+  std::string check_instruction(const Scope &s, const pl::Instruction &ins,
+                                std::vector<char> &written) {
+    if (ins.op() > pl::Opcode::MAX)
+      return "unknown opcode; this mtrun knows opcodes 0 to " + std::to_string(kNumOpcodes - 1);
+    const OpSignature &sig = kSignatures[size_t(ins.op())];
+    if (!aligned(ins.ints()) || !aligned(ins.floats()))
+      return "its ints or floats are not 8-byte aligned in the file";
+    const size_t nin = vsize(ins.in()), nout = vsize(ins.out()), npar = vsize(ins.params());
+    auto count = [](const char *what, size_t got, size_t want) {
+      return std::string("has ") + std::to_string(got) + " " + what + ", its signature has " +
+             std::to_string(want);
+    };
+    if (sig.in && nin != std::strlen(sig.in))
+      return count("inputs", nin, std::strlen(sig.in));
+    if (sig.out && nout != std::strlen(sig.out))
+      return count("outputs", nout, std::strlen(sig.out));
+    if (npar != size_t(sig.params))
+      return count("parameters", npar, sig.params);
+    if (vsize(ins.ints()) != size_t(sig.ints))
+      return count("ints", vsize(ins.ints()), sig.ints);
+    if (vsize(ins.floats()) != size_t(sig.floats))
+      return count("floats", vsize(ins.floats()), sig.floats);
+
+    const size_t nv = s.num_values();
+    for (size_t k = 0; k < nin + nout; ++k) {
+      const bool is_in = k < nin;
+      const size_t j = is_in ? k : k - nin;
+      uint32_t v = is_in ? ins.in()->Get(j) : ins.out()->Get(j);
+      std::string slot = std::string(is_in ? "in[" : "out[") + std::to_string(j) + "]";
+      if (v >= nv)
+        return slot + " is value " + std::to_string(v) + ", but " +
+               (s.kernel ? "the kernel" : "the program") + " has " + std::to_string(nv) +
+               " values";
+      const char *kinds = is_in ? sig.in : sig.out;
+      if (kinds && !kind_matches(*s.value(v), kinds[j]))
+        return slot + " (" + describe(s, v) + ") must be " + kind_name(kinds[j]);
+    }
+    const size_t np = vsize(rank_->params());
+    for (size_t k = 0; k < npar; ++k)
+      if (ins.params()->Get(k) >= np)
+        return "params[" + std::to_string(k) + "] is parameter " +
+               std::to_string(ins.params()->Get(k)) + ", but " + rank_name_ + " has " +
+               std::to_string(np) + " parameters";
+
+    // Dataflow: a value is read only after it is written, and written once.
+    for (size_t k = 0; k < nin; ++k) {
+      uint32_t v = ins.in()->Get(k);
+      // Kernel inputs are marked written before the kernel's instructions.
+      if ((s.bound(v) || s.value(v)->region() == pl::Region::ARENA) && !written[v])
+        return "in[" + std::to_string(k) + "] (" + value_label(s.value(v), v) +
+               ") is read before any instruction writes it";
+    }
+    for (size_t k = 0; k < nout; ++k) {
+      uint32_t v = ins.out()->Get(k);
+      if (!s.bound(v) && s.value(v)->region() != pl::Region::ARENA)
+        return "out[" + std::to_string(k) + "] (" + value_label(s.value(v), v) +
+               ") is not an arena value; instructions write only activations";
+      if (s.bound(v) && v < s.bound_in)
+        return "out[" + std::to_string(k) + "] (" + value_label(s.value(v), v) +
+               ") overwrites a kernel input";
+      if (written[v])
+        return "out[" + std::to_string(k) + "] (" + value_label(s.value(v), v) +
+               ") is written a second time";
+      written[v] = 1;
+    }
+
+    if (std::string e = check_params_held(ins); !e.empty())
+      return e;
+    if (std::string e = check_attributes(ins); !e.empty())
+      return e;
+    if (ins.op() == pl::Opcode::FUSED)
+      return check_fused(s, ins);
+    return check_shapes(s, ins);
+  }
+
+  // Parameters an instruction updates must have the buffers it updates.
+  std::string check_params_held(const pl::Instruction &ins) {
+    for (size_t k = 0; k < vsize(ins.params()); ++k) {
+      const pl::Param &p = *rank_->params()->Get(ins.params()->Get(k));
+      std::string who = "params[" + std::to_string(k) + "] (" +
+                        (p.name() ? p.name()->str() : std::string("unnamed")) + ")";
+      if (p.grad_offset() < 0)
+        return who + " has no gradient buffer on this rank";
+      if (ins.op() == pl::Opcode::ADAMW &&
+          (p.weight_offset() < 0 || p.exp_avg_offset() < 0 || p.exp_avg_sq_offset() < 0))
+        return who + " lacks weights or Adam moments on this rank";
+    }
+    return "";
+  }
+
+  std::string check_attributes(const pl::Instruction &ins) {
+    auto ints = [&](size_t k) { return ins.ints()->Get(k); };
+    auto floats = [&](size_t k) { return ins.floats()->Get(k); };
+    auto rate_ok = [](double r) { return r >= 0 && r < 1; };
+    for (size_t k = 0; k < vsize(ins.floats()); ++k)
+      if (!std::isfinite(floats(k)))
+        return "floats[" + std::to_string(k) + "] is not finite";
+    switch (ins.op()) {
+    case pl::Opcode::GELU:
+    case pl::Opcode::GELU_GRAD:
+      if (ints(0) != 0 && ints(0) != 1)
+        return "ints[0] (tanh) is " + std::to_string(ints(0)) + "; it must be 0 or 1";
+      break;
+    case pl::Opcode::DROPOUT:
+      if (ints(0) < 0)
+        return "ints[0] (stream) is negative";
+      if (!rate_ok(floats(0)))
+        return "floats[0] (rate) is " + std::to_string(floats(0)) + "; it must be in [0, 1)";
+      break;
+    case pl::Opcode::ATTENTION:
+    case pl::Opcode::ATTENTION_GRAD:
+      if (ints(0) != 0 && ints(0) != 1)
+        return "ints[0] (causal) is " + std::to_string(ints(0)) + "; it must be 0 or 1";
+      if (ints(1) < 0)
+        return "ints[1] (stream) is negative";
+      if (!rate_ok(floats(1)))
+        return "floats[1] (dropout) is " + std::to_string(floats(1)) + "; it must be in [0, 1)";
+      break;
+    case pl::Opcode::LR_SCHEDULE: {
+      int64_t style = ints(0), warmup = ints(1), decay = ints(2);
+      if (style < 0 || style > int64_t(pl::LrStyle::MAX))
+        return "ints[0] (style) is " + std::to_string(style) + "; LrStyle has codes 0 to " +
+               std::to_string(int(pl::LrStyle::MAX));
+      if (warmup < 0)
+        return "ints[1] (warmup) is negative";
+      // Megatron's OptimizerParamScheduler asserts both.
+      bool decays = style == int64_t(pl::LrStyle::LINEAR) || style == int64_t(pl::LrStyle::COSINE);
+      if (decays && decay <= warmup)
+        return "ints[2] (decay_iters " + std::to_string(decay) +
+               ") must exceed ints[1] (warmup " + std::to_string(warmup) + ")";
+      if (floats(1) < 0 || floats(0) < floats(1))
+        return "needs 0 <= min_lr <= lr, got lr " + std::to_string(floats(0)) + ", min_lr " +
+               std::to_string(floats(1));
+      break;
+    }
+    case pl::Opcode::FUSED: {
+      int64_t k = ints(0);
+      if (k < 0 || uint64_t(k) >= vsize(plan_.kernels()))
+        return "ints[0] is kernel " + std::to_string(k) + ", but the plan has " +
+               std::to_string(vsize(plan_.kernels())) + " kernels";
+      break;
+    }
+    default:
+      break;
+    }
+    return "";
+  }
+
+  std::string check_fused(const Scope &outer, const pl::Instruction &ins) {
+    if (outer.kernel)
+      return "a kernel's cpu_instructions cannot contain FUSED";
+    const uint32_t index = uint32_t(ins.ints()->Get(0));
+    const pl::Kernel &kern = *plan_.kernels()->Get(index);
+    const size_t nin = vsize(ins.in()), nout = vsize(ins.out());
+    Scope s;
+    s.name = rank_name_ + ", kernel " + std::to_string(index) + " (" +
+             (kern.name() ? kern.name()->str() : std::string("unnamed")) + ")";
+    s.values = kern.cpu_values();
+    s.arena_limit = kern.cpu_scratch_bytes();
+    s.bound_in = nin;
+    s.bound_out = nout;
+    s.kernel = true;
+    if (s.num_values() < nin + nout)
+      return "binds " + std::to_string(nin + nout) + " operands, but kernel " +
+             std::to_string(index) + " has " + std::to_string(s.num_values()) + " cpu_values";
+    // A kernel is checked once per binding arity in this rank.
+    const bool first = checked_kernels_.insert({rank_, index, nin, nout}).second;
+    if (first)
+      for (uint32_t i = 0; i < s.num_values(); ++i)
+        if (std::string e = check_value(s, i); !e.empty())
+          return e;
+    for (size_t k = 0; k < nin + nout; ++k) {
+      uint32_t v = k < nin ? ins.in()->Get(k) : ins.out()->Get(k - nin);
+      const pl::Value &outer_v = *outer.value(v);
+      const pl::Value &kv = *s.value(uint32_t(k));
+      if (kv.dtype() != outer_v.dtype() || element_count(kv) != element_count(outer_v))
+        return (k < nin ? "in[" + std::to_string(k) : "out[" + std::to_string(k - nin)) +
+               "] (" + describe(outer, v) + ") does not match the kernel's cpu_values[" +
+               std::to_string(k) + "] (" + describe(s, uint32_t(k)) + ")";
+    }
+    if (!first)
+      return "";
+    std::vector<char> written(s.num_values(), 0);
+    for (size_t k = 0; k < nin; ++k)
+      written[k] = 1;
+    if (std::string e = check_instructions(s, kern.cpu_instructions(), written); !e.empty())
+      return e;
+    for (size_t k = nin; k < nin + nout; ++k)
+      if (!written[k])
+        return s.name + ": cpu_values[" + std::to_string(k) +
+               "] is bound to an output but no cpu_instruction writes it";
+    return "";
+  }
+
+  // The shape relations the executor relies on to stay within every buffer.
+  std::string check_shapes(const Scope &s, const pl::Instruction &ins) {
+    auto in = [&](size_t k) -> const pl::Value & { return *s.value(ins.in()->Get(k)); };
+    auto out = [&](size_t k) -> const pl::Value & { return *s.value(ins.out()->Get(k)); };
+    auto par = [&](size_t k) -> const pl::Param & {
+      return *rank_->params()->Get(ins.params()->Get(k));
+    };
+    auto rank = [](const flatbuffers::Vector<int64_t> *sh) { return int64_t(vsize(sh)); };
+    auto dim = [](const flatbuffers::Vector<int64_t> *sh, int64_t i) -> int64_t {
+      int64_t r = int64_t(vsize(sh));
+      if (i < 0)
+        i += r;
+      return i >= 0 && i < r ? sh->Get(uint32_t(i)) : -1;
+    };
+    auto n = [](const pl::Value &v) { return element_count(v); };
+    auto last = [&](const pl::Value &v) { return dim(v.shape(), -1); };
+    auto all = [&]() {
+      std::string t;
+      for (size_t k = 0; k < vsize(ins.in()); ++k)
+        t += (t.empty() ? "" : ", ") + describe(s, ins.in()->Get(k));
+      if (vsize(ins.out()))
+        t += " -> ";
+      for (size_t k = 0; k < vsize(ins.out()); ++k)
+        t += (k ? ", " : "") + describe(s, ins.out()->Get(k));
+      for (size_t k = 0; k < vsize(ins.params()); ++k)
+        t += std::string(k ? ", " : "; params ") + shape_text(par(k).shape());
+      return t;
+    };
+    auto bad = [&](const char *rule) { return std::string("needs ") + rule + ", got " + all(); };
+
+    switch (ins.op()) {
+    case pl::Opcode::POSITION_IDS:
+      if (rank(out(0).shape()) < 1)
+        return bad("ids[b, s]");
+      break;
+    case pl::Opcode::EMBEDDING: {
+      int64_t h = dim(in(0).shape(), 1);
+      if (rank(in(0).shape()) != 2 || last(out(0)) != h || n(out(0)) != n(in(1)) * h)
+        return bad("table[v, h], ids[...] -> y[..., h]");
+      break;
+    }
+    case pl::Opcode::LAYER_NORM:
+    case pl::Opcode::RMS_NORM: {
+      int64_t h = last(in(0));
+      bool ok = h > 0 && n(in(1)) == h && n(out(0)) == n(in(0));
+      if (ins.op() == pl::Opcode::LAYER_NORM)
+        ok = ok && n(in(2)) == h;
+      if (!ok)
+        return bad("x[..., h], weights of h elements -> y shaped as x");
+      break;
+    }
+    case pl::Opcode::MATMUL: {
+      const auto *w = in(1).shape();
+      int64_t o = dim(w, 0), i = dim(w, 1);
+      if (rank(w) != 2 || last(in(0)) != i || last(out(0)) != o ||
+          n(in(0)) / i != n(out(0)) / o)
+        return bad("x[..., in], w[out, in] -> y[..., out]");
+      break;
+    }
+    case pl::Opcode::BIAS_ADD:
+      if (last(in(0)) < 1 || n(in(1)) != last(in(0)) || n(out(0)) != n(in(0)))
+        return bad("x[..., h], b[h] -> y shaped as x");
+      break;
+    case pl::Opcode::ADD:
+      if (n(in(0)) != n(in(1)) || n(out(0)) != n(in(0)))
+        return bad("a, b and y of one element count");
+      break;
+    case pl::Opcode::GELU:
+    case pl::Opcode::DROPOUT:
+      if (n(out(0)) != n(in(0)))
+        return bad("x and y of one element count");
+      break;
+    case pl::Opcode::RESHAPE:
+      if (n(out(0)) != n(in(0)) || out(0).dtype() != in(0).dtype())
+        return bad("x and y of one element count and dtype");
+      break;
+    case pl::Opcode::SWIGLU:
+      if (last(in(0)) % 2 != 0 || last(out(0)) * 2 != last(in(0)) || n(out(0)) * 2 != n(in(0)))
+        return bad("x[..., 2f] -> y[..., f]");
+      break;
+    case pl::Opcode::SPLIT_QKV:
+      if (!qkv_ok(in(0), out(0), out(1), out(2)))
+        return bad("qkv[n, groups * (heads/groups + 2) * d] -> q[..., heads, d], "
+                   "k[..., groups, d], v[..., groups, d] with groups dividing heads");
+      break;
+    case pl::Opcode::SPLIT_QKV_GRAD:
+      if (!qkv_ok(out(0), in(0), in(1), in(2)))
+        return bad("dq[..., heads, d], dk[..., groups, d], dv[..., groups, d] -> "
+                   "dqkv[n, groups * (heads/groups + 2) * d] with groups dividing heads");
+      break;
+    case pl::Opcode::ROPE:
+    case pl::Opcode::ROPE_GRAD:
+      if (rank(in(0).shape()) != 4 || last(in(0)) % 2 != 0 || n(out(0)) != n(in(0)))
+        return bad("x[b, s, h, d] with even d -> y shaped as x");
+      break;
+    case pl::Opcode::ATTENTION:
+      if (!attention_ok(in(0), in(1), in(2)) || n(out(0)) != n(in(0)))
+        return bad("q[b, s, heads, d], k and v [b, s, groups, d] with groups dividing heads "
+                   "-> o shaped as q");
+      break;
+    case pl::Opcode::ATTENTION_GRAD:
+      if (!attention_ok(in(1), in(2), in(3)) || n(in(0)) != n(in(1)) ||
+          n(out(0)) != n(in(1)) || n(out(1)) != n(in(2)) || n(out(2)) != n(in(3)))
+        return bad("dout and q [b, s, heads, d], k and v [b, s, groups, d] -> dq, dk, dv "
+                   "shaped as q, k, v");
+      break;
+    case pl::Opcode::CROSS_ENTROPY:
+      if (last(in(0)) < 1 || n(in(0)) != n(in(1)) * last(in(0)))
+        return bad("logits[..., vocab], labels[...]");
+      break;
+    case pl::Opcode::CROSS_ENTROPY_GRAD:
+      if (last(in(0)) < 1 || n(in(0)) != n(in(1)) * last(in(0)) || n(out(0)) != n(in(0)))
+        return bad("logits[..., vocab], labels[...], dloss -> dlogits shaped as logits");
+      break;
+    case pl::Opcode::EMBEDDING_GRAD: {
+      const auto *t = par(0).shape();
+      if (rank(t) != 2 || last(in(0)) != dim(t, 1) || n(in(0)) != n(in(1)) * dim(t, 1))
+        return bad("dy[..., h], ids[...] into table[v, h]");
+      break;
+    }
+    case pl::Opcode::MATMUL_INPUT_GRAD: {
+      const auto *w = in(1).shape();
+      int64_t o = dim(w, 0), i = dim(w, 1);
+      if (rank(w) != 2 || last(in(0)) != o || last(out(0)) != i ||
+          n(in(0)) / o != n(out(0)) / i)
+        return bad("dy[..., out], w[out, in] -> dx[..., in]");
+      break;
+    }
+    case pl::Opcode::MATMUL_WEIGHT_GRAD: {
+      const auto *w = par(0).shape();
+      int64_t o = dim(w, 0), i = dim(w, 1);
+      if (rank(w) != 2 || last(in(0)) != o || last(in(1)) != i ||
+          n(in(0)) / o != n(in(1)) / i)
+        return bad("dy[..., out], x[..., in] into w[out, in]");
+      break;
+    }
+    case pl::Opcode::BIAS_GRAD:
+      if (last(in(0)) < 1 || int64_t(param_numel(par(0))) != last(in(0)))
+        return bad("dy[..., h] into b[h]");
+      break;
+    case pl::Opcode::LAYER_NORM_GRAD:
+    case pl::Opcode::RMS_NORM_GRAD: {
+      int64_t h = last(in(1));
+      bool ok = h > 0 && n(in(0)) == n(in(1)) && n(out(0)) == n(in(1)) && n(in(2)) == h;
+      for (size_t k = 0; k < vsize(ins.params()); ++k)
+        ok = ok && int64_t(param_numel(par(k))) == h;
+      if (!ok)
+        return bad("dy and x [..., h], w[h] -> dx shaped as x, into parameters of h elements");
+      break;
+    }
+    case pl::Opcode::GELU_GRAD:
+      if (n(in(0)) != n(in(1)) || n(out(0)) != n(in(1)))
+        return bad("dy, x and dx of one element count");
+      break;
+    case pl::Opcode::SWIGLU_GRAD:
+      if (last(in(1)) != 2 * last(in(0)) || n(in(1)) != 2 * n(in(0)) || n(out(0)) != n(in(1)))
+        return bad("dy[..., f], x[..., 2f] -> dx shaped as x");
+      break;
+    default:
+      break; // scalars only (checked by kind) or no operands
+    }
+    return "";
+  }
+
+  static bool qkv_ok(const pl::Value &qkv, const pl::Value &q, const pl::Value &k,
+                     const pl::Value &v) {
+    auto d2 = [](const pl::Value &x, int from_end) {
+      size_t r = vsize(x.shape());
+      return r >= 2 ? x.shape()->Get(uint32_t(r - from_end)) : -1;
+    };
+    int64_t heads = d2(q, 2), d = d2(q, 1), groups = d2(k, 2);
+    if (heads < 1 || groups < 1 || heads % groups != 0 || d2(k, 1) != d || d2(v, 1) != d ||
+        d2(v, 2) != groups)
+      return false;
+    int64_t n = element_count(q) / (heads * d);
+    return element_count(k) == n * groups * d && element_count(v) == n * groups * d &&
+           element_count(qkv) == n * groups * (heads / groups + 2) * d;
+  }
+
+  static bool attention_ok(const pl::Value &q, const pl::Value &k, const pl::Value &v) {
+    auto r4 = [](const pl::Value &x) { return vsize(x.shape()) == 4; };
+    if (!r4(q) || !r4(k) || !r4(v))
+      return false;
+    auto d = [](const pl::Value &x, uint32_t i) { return x.shape()->Get(i); };
+    return d(k, 0) == d(q, 0) && d(k, 1) == d(q, 1) && d(k, 3) == d(q, 3) &&
+           shape_text(k.shape()) == shape_text(v.shape()) && d(q, 2) % d(k, 2) == 0;
+  }
+
+  const pl::Plan &plan_;
+  const pl::Rank *rank_ = nullptr;
+  std::string rank_name_;
+  std::set<std::tuple<const pl::Rank *, uint32_t, size_t, size_t>> checked_kernels_;
+};
+
+template <class T> T load_le(const unsigned char *p) {
+  // Every target we build for is little-endian, as the format is.
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+template <class T> void store_le(std::string &out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  out.append(b, sizeof(T));
+}
+
+} // namespace
+
+uint64_t plan_checksum(const uint8_t *data, size_t size) {
+  uint64_t h = kFnvOffsetBasis;
+  for (size_t i = 0; i < size; ++i) {
+    h ^= data[i];
+    h *= kFnvPrime;
+  }
+  return h;
+}
+
+std::string wrap_plan_payload(const uint8_t *payload, size_t size) {
+  std::string out;
+  out.reserve(kPlanHeaderSize + size);
+  out.append(kMagic, sizeof(kMagic));
+  store_le<uint32_t>(out, kPlanFormatVersion);
+  store_le<uint32_t>(out, 0);
+  store_le<uint64_t>(out, size);
+  store_le<uint64_t>(out, plan_checksum(payload, size));
+  out.append(reinterpret_cast<const char *>(payload), size);
+  return out;
+}
+
+size_t element_bytes(pl::DType dtype) {
+  switch (dtype) {
+  case pl::DType::F32:
+  case pl::DType::I32: return 4;
+  case pl::DType::BF16:
+  case pl::DType::F16: return 2;
+  case pl::DType::I64: return 8;
+  }
+  return 0;
+}
+
+bool is_float_dtype(pl::DType dtype) {
+  return dtype == pl::DType::F32 || dtype == pl::DType::BF16 || dtype == pl::DType::F16;
+}
+
+int64_t element_count(const flatbuffers::Vector<int64_t> *shape) {
+  int64_t n = 1;
+  for (size_t i = 0; i < vsize(shape); ++i)
+    n *= shape->Get(uint32_t(i));
+  return n;
+}
+
+uint64_t plan_bytes(const pl::Value &v) {
+  return uint64_t(element_count(v)) * element_bytes(v.dtype());
+}
+
+std::string opcode_name(pl::Opcode op) {
+  if (op > pl::Opcode::MAX)
+    return "opcode " + std::to_string(unsigned(op));
+  return pl::EnumNameOpcode(op);
+}
+
+const pl::Rank *find_rank(const pl::Plan &plan, int rank) {
+  for (size_t i = 0; i < vsize(plan.ranks()); ++i)
+    if (plan.ranks()->Get(uint32_t(i))->rank() == rank)
+      return plan.ranks()->Get(uint32_t(i));
+  return nullptr;
+}
+
+std::unique_ptr<PlanFile> PlanFile::open(const std::string &path, std::string *error) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    *error = path + ": error: cannot open: " + std::strerror(errno) +
+             "; check the path given to mtrun";
+    return nullptr;
+  }
+  std::string bytes;
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && st.st_size > 0)
+    bytes.reserve(size_t(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t r = ::read(fd, buf, sizeof(buf));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0) {
+      *error = path + ": error: cannot read: " + std::strerror(errno);
+      ::close(fd);
+      return nullptr;
+    }
+    if (r == 0)
+      break;
+    bytes.append(buf, size_t(r));
+  }
+  ::close(fd);
+  return from_bytes(std::move(bytes), path, error);
+}
+
+std::unique_ptr<PlanFile> PlanFile::from_bytes(std::string bytes, const std::string &name,
+                                               std::string *error) {
+  const std::string recompile = "recompile it with `mtc compile`";
+  auto fail = [&](const std::string &msg) {
+    *error = name + ": error: " + msg;
+    return nullptr;
+  };
+  const auto *p = reinterpret_cast<const unsigned char *>(bytes.data());
+  if (bytes.empty())
+    return fail("is empty; pass the file written by `mtc compile -o`");
+  // A short file that starts like the magic is a cut-off plan, not another format.
+  if (std::memcmp(p, kMagic, std::min(bytes.size(), sizeof(kMagic))) != 0)
+    return fail("not an mt plan (the file does not start with MTPLAN); pass the file "
+                "written by `mtc compile -o`");
+  if (bytes.size() < kPlanHeaderSize)
+    return fail("is truncated: the file has " + grouped(bytes.size()) +
+                " bytes, fewer than the " + std::to_string(kPlanHeaderSize) +
+                "-byte header; " + recompile);
+  // The version comes first: a different version may lay out the rest of the
+  // header differently.
+  const uint32_t version = load_le<uint32_t>(p + 8);
+  if (version != kPlanFormatVersion)
+    return fail("was written by plan format version " + std::to_string(version) +
+                "; this mtrun reads version " + std::to_string(kPlanFormatVersion) +
+                "; recompile it with the mtc that matches this mtrun");
+  const uint32_t flags = load_le<uint32_t>(p + 12);
+  if (flags != 0) {
+    char hex[16];
+    std::snprintf(hex, sizeof(hex), "0x%x", flags);
+    return fail(std::string("has header flags ") + hex +
+                ", but plan format version 1 defines none; " + recompile);
+  }
+  const uint64_t payload = load_le<uint64_t>(p + 16);
+  const uint64_t have = bytes.size() - kPlanHeaderSize;
+  if (payload > have)
+    return fail("is truncated: header says " + grouped(payload) + " payload bytes, file has " +
+                grouped(have) + "; " + recompile);
+  if (payload < have)
+    return fail("is corrupt: header says " + grouped(payload) + " payload bytes, but " +
+                grouped(have - payload) + " more bytes follow them; " + recompile);
+  const unsigned char *body = p + kPlanHeaderSize;
+  if (plan_checksum(body, payload) != load_le<uint64_t>(p + 24))
+    return fail("is corrupt: checksum mismatch; " + recompile);
+  if (payload >= FLATBUFFERS_MAX_BUFFER_SIZE)
+    return fail("has a payload of " + grouped(payload) + " bytes, more than FlatBuffers " +
+                "can address; recompile with fewer kernels or ranks per plan");
+  if (payload < 8 || !pl::PlanBufferHasIdentifier(body))
+    return fail("the payload is not an mt plan FlatBuffer (file identifier is not MTPL); " +
+                recompile);
+  flatbuffers::Verifier::Options opts;
+  opts.max_tables = 0xffffffffu; // large models have millions of values
+  flatbuffers::Verifier verifier(body, size_t(payload), opts);
+  if (!pl::VerifyPlanBuffer(verifier))
+    return fail("the payload fails FlatBuffers verification (a table or vector points "
+                "outside it); " + recompile);
+  const pl::Plan *plan = pl::GetPlan(body);
+  if (std::string e = Checker(*plan).check(); !e.empty())
+    return fail(e + "; " + recompile + " (if the same mtc wrote it, report an mtc bug)");
+
+  std::unique_ptr<PlanFile> file(new PlanFile());
+  file->bytes_ = std::move(bytes);
+  file->name_ = name;
+  // Moving a std::string keeps its heap buffer, but re-derive the root anyway.
+  file->plan_ = pl::GetPlan(reinterpret_cast<const uint8_t *>(file->bytes_.data()) +
+                            kPlanHeaderSize);
+  return file;
+}
+
+} // namespace mt::rt

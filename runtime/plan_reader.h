@@ -1,0 +1,75 @@
+// plan.bin's container and its verification: nothing in a plan is used before
+// every index, offset and operand signature in it has been checked.
+//
+// File layout (little-endian), then the FlatBuffer of plan.fbs:
+//   offset  0  char[8]  magic "MTPLAN\0\0"
+//   offset  8  u32      format version (kPlanFormatVersion)
+//   offset 12  u32      flags, 0 (no flag is defined)
+//   offset 16  u64      payload size in bytes
+//   offset 24  u64      payload checksum: 64-bit FNV-1a over the payload bytes
+//                       (offset basis 0xcbf29ce484222325, prime 0x100000001b3)
+//   offset 32  payload  the FlatBuffer, file identifier "MTPL"
+// The header size keeps the payload 8-byte aligned for the FlatBuffers
+// verifier.
+#ifndef MT_RUNTIME_PLAN_READER_H
+#define MT_RUNTIME_PLAN_READER_H
+
+#include "plan_generated.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace mt::rt {
+
+// Bump whenever plan.fbs or the header changes meaning.
+constexpr uint32_t kPlanFormatVersion = 1;
+constexpr size_t kPlanHeaderSize = 32;
+// Every persistent-state offset of a Param is a multiple of this.
+constexpr uint64_t kStateAlignment = 64;
+
+// The checksum stored in the header (64-bit FNV-1a).
+uint64_t plan_checksum(const uint8_t *data, size_t size);
+
+// Wraps a finished FlatBuffer payload in the header (used by the compiler's
+// plan writer and by tests).
+std::string wrap_plan_payload(const uint8_t *payload, size_t size);
+
+// Bytes per element of a dtype as the plan (and the GPU) stores it.
+size_t element_bytes(mt::plan::DType dtype);
+// F32, BF16 or F16.
+bool is_float_dtype(mt::plan::DType dtype);
+// Product of the dimensions (1 for a scalar shape []). Only meaningful on a
+// verified plan, where every dimension is non-negative and the product fits.
+int64_t element_count(const flatbuffers::Vector<int64_t> *shape);
+inline int64_t element_count(const mt::plan::Value &v) { return element_count(v.shape()); }
+// element_count * element_bytes: the value's size in the plan's address space.
+uint64_t plan_bytes(const mt::plan::Value &v);
+// "MATMUL", or "opcode 417" for a number the schema does not know.
+std::string opcode_name(mt::plan::Opcode op);
+// The Rank table for `rank`, or null.
+const mt::plan::Rank *find_rank(const mt::plan::Plan &plan, int rank);
+
+class PlanFile {
+public:
+  // Reads and verifies everything before returning; on any problem returns
+  // null and sets *error to one line that starts with the file name.
+  static std::unique_ptr<PlanFile> open(const std::string &path, std::string *error);
+  // The same on bytes already in memory; `name` stands for the file in errors.
+  static std::unique_ptr<PlanFile> from_bytes(std::string bytes, const std::string &name,
+                                              std::string *error);
+
+  const mt::plan::Plan *plan() const { return plan_; }
+  const std::string &name() const { return name_; }
+
+private:
+  PlanFile() = default;
+  std::string bytes_; // the whole file; plan_ points into it
+  std::string name_;
+  const mt::plan::Plan *plan_ = nullptr;
+};
+
+} // namespace mt::rt
+
+#endif // MT_RUNTIME_PLAN_READER_H

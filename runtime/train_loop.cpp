@@ -1,0 +1,513 @@
+// mtrun: load and verify the plan, then train as Megatron-LM's train() does.
+#include "runtime/train_loop.h"
+
+#include "runtime/checkpoint.h"
+#include "runtime/cpu_executor.h"
+#include "runtime/gpt_dataset.h"
+#include "runtime/plan_reader.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <vector>
+
+namespace mt::rt {
+namespace {
+
+namespace pl = mt::plan;
+
+// One line on stderr. Library errors that already name their file as
+// "FILE: error: ..." keep that form.
+int fail(const std::string &msg) {
+  if (msg.find(": error: ") != std::string::npos)
+    std::fprintf(stderr, "mtrun: %s\n", msg.c_str());
+  else
+    std::fprintf(stderr, "mtrun: error: %s\n", msg.c_str());
+  return 1;
+}
+
+std::string str(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
+
+const char *dtype_name(pl::DType d) {
+  switch (d) {
+  case pl::DType::F32: return "f32";
+  case pl::DType::BF16: return "bf16";
+  case pl::DType::F16: return "f16";
+  case pl::DType::I32: return "i32";
+  case pl::DType::I64: return "i64";
+  }
+  return "f32";
+}
+
+std::vector<int64_t> shape_of(const pl::Param *p) {
+  std::vector<int64_t> s;
+  if (p->shape())
+    for (int64_t d : *p->shape())
+      s.push_back(d);
+  return s;
+}
+
+// The positions of a program's named inputs and outputs.
+struct ProgramIO {
+  const pl::Program *program = nullptr;
+  uint32_t find(const flatbuffers::Vector<uint32_t> *ids,
+                const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>> *names,
+                const char *name) const {
+    for (uint32_t i = 0; ids && names && i < ids->size() && i < names->size(); ++i)
+      if (names->Get(i)->str() == name)
+        return ids->Get(i);
+    return UINT32_MAX;
+  }
+  uint32_t input(const char *name) const {
+    return find(program->inputs(), program->input_names(), name);
+  }
+  uint32_t output(const char *name) const {
+    return find(program->outputs(), program->output_names(), name);
+  }
+};
+
+std::string timestamp() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+  return buf;
+}
+
+class Trainer {
+public:
+  Trainer(const pl::Plan &plan, const RunOptions &opts) : plan(plan), opts(opts) {}
+
+  int run() {
+    const pl::Training *t = plan.training();
+    if (!t)
+      return fail(opts.plan_path + " has no training settings; recompile it with mtc");
+    if (plan.world_size() != 1)
+      return fail(opts.plan_path + " is for " + std::to_string(plan.world_size()) +
+                  " ranks; this mtrun runs single-rank plans only (compile with "
+                  "tensor, pipeline and data parallel sizes of 1)");
+    trainIters = opts.train_iters >= 0 ? opts.train_iters : t->train_iters();
+    mbs = t->micro_batch_size();
+    gbs = t->global_batch_size();
+    microBatches = t->num_micro_batches();
+    seq = t->seq_length();
+    save = !opts.save.empty() ? opts.save : str(t->save());
+    load = !opts.load.empty() ? opts.load : str(t->load());
+
+    exec = std::make_unique<CpuExecutor>(plan, 0);
+    exec->set_seed(uint64_t(t->seed()));
+    exec->set_check_memory_plan(opts.check_memory_plan);
+    trainStep.program = exec->program("train_step");
+    evalStep.program = exec->program("eval_step");
+    normProg.program = exec->program("grad_norm");
+    optStep.program = exec->program("optimizer_step");
+    if (!trainStep.program || !normProg.program || !optStep.program)
+      return fail(opts.plan_path + " lacks the train_step, grad_norm or optimizer_step "
+                                   "program; recompile it with this mtc");
+
+    if (!opts.log_file.empty()) {
+      log.open(opts.log_file, std::ios::app);
+      if (!log)
+        return fail("cannot open the log file " + opts.log_file +
+                    " for appending; check the directory exists and is writable");
+    }
+
+    if (std::string err = restoreOrInit(); !err.empty())
+      return fail(err);
+    if (std::string err = buildData(); !err.empty())
+      return fail(err);
+
+    say("training: " + std::to_string(trainIters) + " iterations from iteration " +
+        std::to_string(iteration) + ", global batch " + std::to_string(gbs) + " (" +
+        std::to_string(microBatches) + " micro-batches of " + std::to_string(mbs) +
+        "), sequence " + std::to_string(seq));
+
+    auto intervalStart = std::chrono::steady_clock::now();
+    double lossSum = 0;
+    int64_t lossCount = 0, intervalSkipped = 0, intervalNan = 0, intervalIters = 0;
+    while (iteration < trainIters) {
+      double loss = 0;
+      if (std::string err = forwardBackward(&loss); !err.empty())
+        return fail(err);
+      float norm = 0;
+      if (std::string err = runScalar(normProg, "grad_norm", 0, &norm); !err.empty())
+        return fail(err);
+      bool finite = std::isfinite(norm) && std::isfinite(loss);
+      if (finite) {
+        if (std::string err = update(norm); !err.empty())
+          return fail(err);
+      } else {
+        ++skipped;
+        ++intervalSkipped;
+      }
+      if (!std::isfinite(loss))
+        ++intervalNan;
+      exec->zero_grads();
+      ++iteration;
+      consumedTrain += gbs;
+      ++intervalIters;
+      if (std::isfinite(loss)) {
+        lossSum += loss;
+        ++lossCount;
+      }
+      lastNorm = norm;
+
+      if (t->log_interval() > 0 && iteration % t->log_interval() == 0) {
+        double ms = std::chrono::duration<double, std::milli>(
+                        std::chrono::steady_clock::now() - intervalStart).count() /
+                    double(intervalIters);
+        logIteration(ms, lossCount ? lossSum / double(lossCount) : NAN, intervalSkipped,
+                     intervalNan);
+        lossSum = 0;
+        lossCount = intervalSkipped = intervalNan = intervalIters = 0;
+        intervalStart = std::chrono::steady_clock::now();
+      }
+      if (t->eval_interval() > 0 && iteration % t->eval_interval() == 0 && valid)
+        if (std::string err = evaluate(); !err.empty())
+          return fail(err);
+      if (!save.empty() && t->save_interval() > 0 && iteration % t->save_interval() == 0 &&
+          iteration < trainIters)
+        if (std::string err = saveCheckpoint(); !err.empty())
+          return fail(err);
+    }
+    if (!save.empty() && savedIteration != iteration)
+      if (std::string err = saveCheckpoint(); !err.empty())
+        return fail(err);
+    return 0;
+  }
+
+private:
+  void say(const std::string &line) {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+    if (log.is_open()) {
+      log << line << "\n";
+      log.flush();
+    }
+  }
+
+  // Megatron-LM's iteration line, field for field.
+  void logIteration(double ms, double loss, int64_t intervalSkipped, int64_t intervalNan) {
+    char buf[1024];
+    std::snprintf(buf, sizeof buf,
+                  " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per "
+                  "iteration (ms): %.1f | learning rate: %.6E | global batch size: %5lld | "
+                  "lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | number of skipped "
+                  "iterations: %3lld | number of nan iterations: %3lld |",
+                  timestamp().c_str(), (long long)iteration, (long long)trainIters,
+                  (long long)consumedTrain, ms, lastLr, (long long)gbs, loss,
+                  double(exec->loss_scale), lastNorm, (long long)intervalSkipped,
+                  (long long)intervalNan);
+    say(buf);
+  }
+
+  std::string restoreOrInit() {
+    if (load.empty() || !checkpoint_exists(load)) {
+      if (!load.empty())
+        say("no checkpoint in " + load + "; starting from scratch");
+      exec->init_params(uint64_t(plan.training()->seed()));
+      return "";
+    }
+    std::string err;
+    auto reader = CheckpointReader::open(load, -1, 0, 0, 1, &err);
+    if (!reader)
+      return err;
+    const CheckpointMeta &m = reader->meta();
+    std::string want = str(plan.model_fingerprint());
+    if (m.model_fingerprint != want)
+      return "checkpoint " + reader->path() + " is of another model (" +
+             m.model_fingerprint + ") than this plan (" + want +
+             "); load a checkpoint of this model or start without --load";
+    const pl::Rank *rank = plan.ranks()->Get(0);
+    for (uint32_t i = 0; i < rank->params()->size(); ++i) {
+      const pl::Param *p = rank->params()->Get(i);
+      std::string name = str(p->name());
+      std::vector<int64_t> shape = shape_of(p);
+      size_t bytes = size_t(exec->param_elements(int(i))) * 4;
+      struct Part { std::string suffix; float *dst; };
+      std::vector<Part> parts = {{"", exec->weight(int(i))},
+                                 {".exp_avg", exec->exp_avg(int(i))},
+                                 {".exp_avg_sq", exec->exp_avg_sq(int(i))}};
+      if (exec->master(int(i)))
+        parts.push_back({".master", exec->master(int(i))});
+      for (const Part &part : parts) {
+        if (!part.dst)
+          continue;
+        if (std::string e = reader->read(name + part.suffix, "f32", shape, part.dst, bytes);
+            !e.empty())
+          return e;
+      }
+    }
+    exec->zero_grads();
+    iteration = m.iteration;
+    consumedTrain = m.consumed_train_samples;
+    consumedValid = m.consumed_valid_samples;
+    exec->loss_scale = float(m.loss_scale);
+    auto value = [&](const char *k) -> int64_t {
+      auto it = m.values.find(k);
+      return it == m.values.end() ? 0 : std::stoll(it->second);
+    };
+    stepsTaken = value("optimizer_steps");
+    skipped = value("skipped_iterations");
+    savedIteration = iteration;
+    say("loaded checkpoint " + reader->path() + " at iteration " + std::to_string(iteration));
+    return "";
+  }
+
+  std::string saveCheckpoint() {
+    const pl::Rank *rank = plan.ranks()->Get(0);
+    std::vector<CheckpointTensor> tensors;
+    for (uint32_t i = 0; i < rank->params()->size(); ++i) {
+      const pl::Param *p = rank->params()->Get(i);
+      std::string name = str(p->name());
+      std::vector<int64_t> shape = shape_of(p);
+      size_t bytes = size_t(exec->param_elements(int(i))) * 4;
+      // The CPU executor keeps every float tensor as f32.
+      tensors.push_back({name, "f32", shape, exec->weight(int(i)), bytes});
+      if (exec->master(int(i)))
+        tensors.push_back({name + ".master", "f32", shape, exec->master(int(i)), bytes});
+      tensors.push_back({name + ".exp_avg", "f32", shape, exec->exp_avg(int(i)), bytes});
+      tensors.push_back({name + ".exp_avg_sq", "f32", shape, exec->exp_avg_sq(int(i)), bytes});
+    }
+    CheckpointMeta m;
+    m.iteration = iteration;
+    m.consumed_train_samples = consumedTrain;
+    m.consumed_valid_samples = consumedValid;
+    m.spec_toml = str(plan.spec_toml());
+    m.model_fingerprint = str(plan.model_fingerprint());
+    m.loss_scale = exec->loss_scale;
+    m.values["optimizer_steps"] = std::to_string(stepsTaken);
+    m.values["skipped_iterations"] = std::to_string(skipped);
+    m.values["weights_dtype_in_plan"] = dtype_name(rank->params()->Get(0)->dtype());
+    if (std::string err = save_checkpoint(save, m, tensors); !err.empty())
+      return err;
+    savedIteration = iteration;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "iter_%07lld", (long long)iteration);
+    say("saved checkpoint at iteration " + std::to_string(iteration) + " to " + save + "/" + buf);
+    return "";
+  }
+
+  std::string buildData() {
+    const pl::Training *t = plan.training();
+    GptDataConfig cfg;
+    cfg.mock = t->mock_data();
+    if (t->data_paths())
+      for (uint32_t i = 0; i < t->data_paths()->size(); ++i)
+        cfg.blend.push_back({t->data_weights() && i < t->data_weights()->size()
+                                 ? t->data_weights()->Get(i)
+                                 : 1.0,
+                             t->data_paths()->Get(i)->str()});
+    if (!cfg.mock && cfg.blend.empty())
+      return "the plan names no data: set [data] data_path, or mock_data = true, and recompile";
+    cfg.split = str(t->split());
+    cfg.seq_length = seq;
+    cfg.seed = uint64_t(t->seed());
+    cfg.vocab_size = t->vocab_size();
+    auto counts = megatron_num_samples(trainIters, gbs, t->eval_interval(), t->eval_iters());
+    std::string err;
+    train = GptDataset::build(cfg, DataSplit::Train, counts[0], &err);
+    if (!train)
+      return err;
+    say(train->describe());
+    if (t->eval_iters() > 0 && t->eval_interval() > 0 && counts[1] > 0) {
+      valid = GptDataset::build(cfg, DataSplit::Valid, counts[1], &err);
+      if (!valid)
+        return err;
+    }
+    return "";
+  }
+
+  // Fills the program's tokens and labels with micro-batch `m` of the batch
+  // starting at sample `first`.
+  void fillBatch(const ProgramIO &io, const GptDataset &data, int64_t first) {
+    auto *tokens = static_cast<int32_t *>(exec->value_data(*io.program, io.input("tokens")));
+    auto *labels = static_cast<int32_t *>(exec->value_data(*io.program, io.input("labels")));
+    std::vector<int32_t> sample(size_t(seq + 1));
+    for (int64_t b = 0; b < mbs; ++b) {
+      data.sample((first + b) % data.size(), sample.data());
+      std::memcpy(tokens + b * seq, sample.data(), size_t(seq) * 4);
+      std::memcpy(labels + b * seq, sample.data() + 1, size_t(seq) * 4);
+    }
+  }
+
+  std::string runScalar(const ProgramIO &io, const char *output, uint64_t rngOffset,
+                        float *out) {
+    if (std::string err = exec->run(*io.program, rngOffset); !err.empty())
+      return err;
+    *out = *static_cast<float *>(exec->value_data(*io.program, io.output(output)));
+    return "";
+  }
+
+  // Dropout masks differ per iteration and micro-batch, and are reproduced
+  // exactly on resume: the RNG is counter-based, keyed by this offset.
+  uint64_t rngOffset(int64_t micro, bool eval) const {
+    return ((uint64_t(iteration) << 20) + uint64_t(micro)) * 2 + (eval ? 1 : 0);
+  }
+
+  std::string forwardBackward(double *meanLoss) {
+    double sum = 0;
+    for (int64_t m = 0; m < microBatches; ++m) {
+      fillBatch(trainStep, *train, consumedTrain + m * mbs);
+      float loss = 0;
+      if (std::string err = runScalar(trainStep, "loss", rngOffset(m, false), &loss); !err.empty())
+        return err;
+      sum += loss;
+    }
+    *meanLoss = sum / double(microBatches);
+    return "";
+  }
+
+  std::string update(float norm) {
+    auto *steps = static_cast<int64_t *>(exec->value_data(*optStep.program, optStep.input("steps")));
+    auto *step = static_cast<int64_t *>(exec->value_data(*optStep.program, optStep.input("step")));
+    auto *gn = static_cast<float *>(exec->value_data(*optStep.program, optStep.input("grad_norm")));
+    *steps = stepsTaken;
+    *step = stepsTaken + 1;
+    *gn = norm;
+    float next = 0;
+    if (std::string err = runScalar(optStep, "next_lr", 0, &next); !err.empty())
+      return err;
+    lastLr = next; // what Megatron logs: the rate after the scheduler's step
+    ++stepsTaken;
+    return "";
+  }
+
+  std::string evaluate() {
+    const pl::Training *t = plan.training();
+    if (!evalStep.program)
+      return opts.plan_path + " lacks the eval_step program; recompile it with this mtc";
+    double sum = 0;
+    int64_t n = 0;
+    for (int64_t it = 0; it < t->eval_iters(); ++it) {
+      for (int64_t m = 0; m < microBatches; ++m) {
+        fillBatch(evalStep, *valid, consumedValid + m * mbs);
+        float loss = 0;
+        if (std::string err = runScalar(evalStep, "loss", rngOffset(m, true), &loss); !err.empty())
+          return err;
+        sum += loss;
+        ++n;
+      }
+      consumedValid += gbs;
+    }
+    double loss = sum / double(n);
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: "
+                  "%.6E | ",
+                  (long long)iteration, loss, std::exp(std::min(20.0, loss)));
+    std::string line(buf);
+    std::string rule(line.size() + 1, '-');
+    say(rule);
+    say(line);
+    say(rule);
+    return "";
+  }
+
+  const pl::Plan &plan;
+  const RunOptions &opts;
+  std::unique_ptr<CpuExecutor> exec;
+  std::unique_ptr<GptDataset> train, valid;
+  ProgramIO trainStep, evalStep, normProg, optStep;
+  std::ofstream log;
+  std::string save, load;
+  int64_t trainIters = 0, mbs = 0, gbs = 0, microBatches = 1, seq = 0;
+  int64_t iteration = 0, consumedTrain = 0, consumedValid = 0, stepsTaken = 0, skipped = 0;
+  int64_t savedIteration = -1;
+  float lastLr = 0, lastNorm = 0;
+};
+
+const char *kUsage = R"(usage: mtrun PLAN [options]
+
+Trains the model of PLAN (written by `mtc compile SPEC.toml -o PLAN`).
+
+options:
+  --device cpu|cuda     where to run (default cpu; cuda arrives with the CUDA backend)
+  --save DIR            save checkpoints to DIR (overrides [training] save)
+  --load DIR            resume from the latest checkpoint in DIR (overrides [training] load)
+  --train-iters N       stop after iteration N (overrides [training] train_iters)
+  --log-file FILE       also append the log lines to FILE
+  --check-memory-plan   poison dead arena bytes and fail if a value is read
+                        after its planned lifetime (slow; for testing plans)
+  --help, -h            this text
+)";
+
+} // namespace
+
+int run_training(const RunOptions &opts) {
+  if (opts.device == "cuda")
+    return fail("--device cuda needs the CUDA backend, which this mtrun does not have "
+                "yet; use --device cpu");
+  if (opts.device != "cpu")
+    return fail("--device must be 'cpu' or 'cuda', got '" + opts.device + "'");
+  std::string err;
+  std::unique_ptr<PlanFile> file = PlanFile::open(opts.plan_path, &err);
+  if (!file)
+    return fail(err);
+  return Trainer(*file->plan(), opts).run();
+}
+
+int mtrun_main(int argc, char **argv) {
+  RunOptions o;
+  auto usage = [](const std::string &msg) {
+    std::fprintf(stderr, "mtrun: error: %s; see 'mtrun --help'\n", msg.c_str());
+    return 1;
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const char *name, std::string *out) -> int {
+      std::string n(name);
+      if (a == n) {
+        if (i + 1 >= argc)
+          return -1;
+        *out = argv[++i];
+        return 1;
+      }
+      if (a.rfind(n + "=", 0) == 0) {
+        *out = a.substr(n.size() + 1);
+        return 1;
+      }
+      return 0;
+    };
+    std::string v;
+    int r;
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    } else if (a == "--check-memory-plan") {
+      o.check_memory_plan = true;
+    } else if ((r = value("--device", &o.device))) {
+      if (r < 0) return usage("--device needs cpu or cuda");
+    } else if ((r = value("--save", &o.save))) {
+      if (r < 0 || o.save.empty()) return usage("--save needs a directory");
+    } else if ((r = value("--load", &o.load))) {
+      if (r < 0 || o.load.empty()) return usage("--load needs a directory");
+    } else if ((r = value("--log-file", &o.log_file))) {
+      if (r < 0 || o.log_file.empty()) return usage("--log-file needs a file name");
+    } else if ((r = value("--train-iters", &v))) {
+      char *end = nullptr;
+      long long n = r < 0 ? -1 : std::strtoll(v.c_str(), &end, 10);
+      if (r < 0 || v.empty() || *end != '\0' || n < 0)
+        return usage("--train-iters needs a number >= 0, got '" + v + "'");
+      o.train_iters = n;
+    } else if (a == "--rank" || a == "--world-size" || a == "--nproc" ||
+               a.rfind("--rank=", 0) == 0 || a.rfind("--world-size=", 0) == 0 ||
+               a.rfind("--nproc=", 0) == 0) {
+      return usage("'" + a + "' is reserved for multi-rank plans, which this mtrun does not run yet");
+    } else if (!a.empty() && a[0] == '-') {
+      return usage("unknown option '" + a + "'");
+    } else if (o.plan_path.empty()) {
+      o.plan_path = a;
+    } else {
+      return usage("more than one plan given ('" + o.plan_path + "' and '" + a + "')");
+    }
+  }
+  if (o.plan_path.empty())
+    return usage("no plan given: mtrun PLAN");
+  return run_training(o);
+}
+
+} // namespace mt::rt

@@ -1,0 +1,31 @@
+// mtrun's training loop: sequences a plan's programs the way Megatron-LM's
+// train() does (micro-batches, grad norm, update or skip, logging, evaluation,
+// checkpoints), with every number computed by the plan's instructions.
+#ifndef MT_RUNTIME_TRAIN_LOOP_H
+#define MT_RUNTIME_TRAIN_LOOP_H
+
+#include <cstdint>
+#include <string>
+
+namespace mt::rt {
+
+struct RunOptions {
+  std::string plan_path;
+  std::string device = "cpu";
+  std::string save;          // overrides the plan's [training] save
+  std::string load;          // overrides the plan's [training] load
+  int64_t train_iters = -1;  // overrides the plan's train_iters when >= 0
+  std::string log_file;      // iteration lines are also appended here
+  bool check_memory_plan = false;
+};
+
+// Runs the whole job; returns the process exit status. Errors are printed as
+// one line "mtrun: error: ..." on stderr.
+int run_training(const RunOptions &options);
+
+// mtrun's command line (tools/mtrun.cpp is a one-line main).
+int mtrun_main(int argc, char **argv);
+
+} // namespace mt::rt
+
+#endif // MT_RUNTIME_TRAIN_LOOP_H

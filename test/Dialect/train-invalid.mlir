@@ -1,0 +1,241 @@
+// Every verifier of the training-step ops rejects what it must.
+// RUN: mtc-opt %s -split-input-file -verify-diagnostics
+
+mt.param @emb : tensor<64x16xf32>, normal(2.000000e-02)
+func.func @f(%x: tensor<2x8x16xf32>, %ids: tensor<2x4xi32>) {
+  // expected-error @+1 {{gradient [2, 8, 16] must be the ids' shape [2, 4] plus the embedding dim}}
+  mt.embedding_grad %x, %ids into @emb : tensor<2x8x16xf32>, tensor<2x4xi32>
+  return
+}
+
+// -----
+
+mt.param @emb : tensor<64x32xf32>, normal(2.000000e-02)
+func.func @f(%x: tensor<2x8x16xf32>, %ids: tensor<2x8xi32>) {
+  // expected-error @+1 {{table 'tensor<64x32xf32>' does not match the gradient 'tensor<2x8x16xf32>'}}
+  mt.embedding_grad %x, %ids into @emb : tensor<2x8x16xf32>, tensor<2x8xi32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x8x16xf32>, %ids: tensor<2x8xi32>) {
+  // expected-error @+1 {{table 'nope' does not name an mt.param}}
+  mt.embedding_grad %x, %ids into @nope : tensor<2x8x16xf32>, tensor<2x8xi32>
+  return
+}
+
+// -----
+
+func.func @f(%dy: tensor<2x8x48xf32>, %w: tensor<32x16xf32>) {
+  // expected-error @+1 {{gradient's last dim 48 differs from the weight's out features 32}}
+  %dx = mt.matmul_input_grad %dy, %w : (tensor<2x8x48xf32>, tensor<32x16xf32>) -> tensor<2x8x16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%dy: tensor<2x8x48xf32>, %w: tensor<48x16xf32>) {
+  // expected-error @+1 {{result shape [2, 8, 48] should be [2, 8, 16]}}
+  %dx = mt.matmul_input_grad %dy, %w : (tensor<2x8x48xf32>, tensor<48x16xf32>) -> tensor<2x8x48xf32>
+  return
+}
+
+// -----
+
+func.func @f(%dy: tensor<48xf32>, %w: tensor<48x16xf32>) {
+  // expected-error @+1 {{weight must be [out, in] and the gradient of rank >= 2}}
+  %dx = mt.matmul_input_grad %dy, %w : (tensor<48xf32>, tensor<48x16xf32>) -> tensor<16xf32>
+  return
+}
+
+// -----
+
+mt.param @w : tensor<48x16xf32>, normal(2.000000e-02)
+func.func @f(%dy: tensor<2x8x48xf32>, %x: tensor<2x4x16xf32>) {
+  // expected-error @+1 {{gradient [2, 8, 48] and input [2, 4, 16] must share leading dims}}
+  mt.matmul_weight_grad %dy, %x into @w : tensor<2x8x48xf32>, tensor<2x4x16xf32>
+  return
+}
+
+// -----
+
+mt.param @w : tensor<16x48xf32>, normal(2.000000e-02)
+func.func @f(%dy: tensor<2x8x48xf32>, %x: tensor<2x8x16xf32>) {
+  // expected-error @+1 {{weight 'w' has type 'tensor<16x48xf32>' but the gradient is for 'tensor<48x16xf32>'}}
+  mt.matmul_weight_grad %dy, %x into @w : tensor<2x8x48xf32>, tensor<2x8x16xf32>
+  return
+}
+
+// -----
+
+mt.param @b : tensor<16xf32>, zeros
+func.func @f(%dy: tensor<f32>) {
+  // expected-error @+1 {{gradient must have rank >= 1}}
+  mt.bias_grad %dy into @b : tensor<f32>
+  return
+}
+
+// -----
+
+mt.param @b : tensor<16xf32>, zeros
+func.func @f(%dy: tensor<2x48xf32>) {
+  // expected-error @+1 {{bias 'b' has type 'tensor<16xf32>' but the gradient is for 'tensor<48xf32>'}}
+  mt.bias_grad %dy into @b : tensor<2x48xf32>
+  return
+}
+
+// -----
+
+mt.param @w : tensor<16xf32>, ones
+mt.param @b : tensor<16xf32>, zeros
+func.func @f(%dy: tensor<2x8xf32>, %lnw: tensor<16xf32>) {
+  // expected-error @+1 {{weight has 16 elements but the input's last dimension is 8}}
+  %d = mt.layer_norm_grad %dy, %dy, %lnw into @w, @b {epsilon = 1.0e-05 : f64} : tensor<2x8xf32>, tensor<16xf32>
+  return
+}
+
+// -----
+
+mt.param @w : tensor<16xf32>, ones
+mt.param @b : tensor<16xf32>, zeros
+func.func @f(%dy: tensor<2x16xf32>, %lnw: tensor<16xf32>) {
+  // expected-error @+1 {{epsilon must be positive}}
+  %d = mt.layer_norm_grad %dy, %dy, %lnw into @w, @b {epsilon = 0.0 : f64} : tensor<2x16xf32>, tensor<16xf32>
+  return
+}
+
+// -----
+
+mt.param @w : tensor<16xf32>, ones
+mt.param @b : tensor<8xf32>, zeros
+func.func @f(%dy: tensor<2x16xf32>, %lnw: tensor<16xf32>) {
+  // expected-error @+1 {{bias 'b' has type 'tensor<8xf32>' but the gradient is for 'tensor<16xf32>'}}
+  %d = mt.layer_norm_grad %dy, %dy, %lnw into @w, @b {epsilon = 1.0e-05 : f64} : tensor<2x16xf32>, tensor<16xf32>
+  return
+}
+
+// -----
+
+mt.param @w : tensor<16xf32>, ones
+func.func @f(%dy: tensor<2x8xf32>, %lnw: tensor<16xf32>) {
+  // expected-error @+1 {{weight has 16 elements but the input's last dimension is 8}}
+  %d = mt.rms_norm_grad %dy, %dy, %lnw into @w {epsilon = 1.0e-05 : f64} : tensor<2x8xf32>, tensor<16xf32>
+  return
+}
+
+// -----
+
+mt.param @w : tensor<16xf32>, ones
+func.func @f(%dy: tensor<2x16xf32>, %lnw: tensor<16xf32>) {
+  // expected-error @+1 {{epsilon must be positive}}
+  %d = mt.rms_norm_grad %dy, %dy, %lnw into @w {epsilon = -1.0 : f64} : tensor<2x16xf32>, tensor<16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%dy: tensor<2x16xf32>, %x: tensor<2x30xf32>) {
+  // expected-error @+1 {{gradient shape [2, 16] should be [2, 15]}}
+  %d = mt.swiglu_grad %dy, %x : (tensor<2x16xf32>, tensor<2x30xf32>) -> tensor<2x30xf32>
+  return
+}
+
+// -----
+
+func.func @f(%dy: tensor<2x16xf32>, %x: tensor<2x31xf32>) {
+  // expected-error @+1 {{input's last dimension must be even}}
+  %d = mt.swiglu_grad %dy, %x : (tensor<2x16xf32>, tensor<2x31xf32>) -> tensor<2x31xf32>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<2x8x3x8xf32>, %kv: tensor<2x8x2x8xf32>) {
+  // expected-error @+1 {{query heads must split evenly over key/value groups of the same head_dim}}
+  %d = mt.split_qkv_grad %q, %kv, %kv : (tensor<2x8x3x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>) -> tensor<2x8x56xf32>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<2x8x3x8xf32>, %k: tensor<2x8x3x8xf32>, %v: tensor<2x8x1x8xf32>) {
+  // expected-error @+1 {{query, key and value gradients must be [batch, seq, heads, head_dim], key and value of one type}}
+  %d = mt.split_qkv_grad %q, %k, %v : (tensor<2x8x3x8xf32>, tensor<2x8x3x8xf32>, tensor<2x8x1x8xf32>) -> tensor<2x8x72xf32>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<2x8x2x8xf32>, %kv: tensor<2x8x1x8xf32>) {
+  // expected-error @+1 {{result shape [2, 8, 64] should be [2, 8, 32]}}
+  %d = mt.split_qkv_grad %q, %kv, %kv : (tensor<2x8x2x8xf32>, tensor<2x8x1x8xf32>, tensor<2x8x1x8xf32>) -> tensor<2x8x64xf32>
+  return
+}
+
+// -----
+
+func.func @f(%l: tensor<2x8x64xf32>, %ids: tensor<2x4xi32>, %s: tensor<f32>) {
+  // expected-error @+1 {{logits [2, 8, 64] must be the labels' shape [2, 4] plus a vocabulary dimension}}
+  %d = mt.cross_entropy_grad %l, %ids, %s : (tensor<2x8x64xf32>, tensor<2x4xi32>, tensor<f32>) -> tensor<2x8x64xf32>
+  return
+}
+
+// -----
+
+func.func @f(%s: tensor<i64>) {
+  // expected-error @+1 {{need 0 <= min_lr <= lr, got lr 1.000000e-04 and min_lr 1.000000e-03}}
+  %lr = mt.lr_schedule %s cosine {lr = 1.0e-04 : f64, min_lr = 1.0e-03 : f64, warmup_iters = 1 : i64, decay_iters = 10 : i64} : tensor<i64> -> tensor<f32>
+  return
+}
+
+// -----
+
+func.func @f(%s: tensor<i64>) {
+  // expected-error @+1 {{warmup_iters and decay_iters must not be negative}}
+  %lr = mt.lr_schedule %s linear {lr = 1.0e-03 : f64, min_lr = 0.0 : f64, warmup_iters = -1 : i64, decay_iters = 10 : i64} : tensor<i64> -> tensor<f32>
+  return
+}
+
+// -----
+
+func.func @f(%s: tensor<i64>) {
+  // expected-error @+1 {{decay_iters (10) must exceed warmup_iters (10)}}
+  %lr = mt.lr_schedule %s linear {lr = 1.0e-03 : f64, min_lr = 0.0 : f64, warmup_iters = 10 : i64, decay_iters = 10 : i64} : tensor<i64> -> tensor<f32>
+  return
+}
+
+// -----
+
+mt.param @w : tensor<4x4xf32>, normal(2.000000e-02)
+func.func @f(%lr: tensor<f32>, %s: tensor<i64>) {
+  // expected-error @+1 {{beta1 and beta2 must be in [0, 1)}}
+  mt.adamw @w, %lr, %lr, %s {beta1 = 1.0 : f64, beta2 = 0.999 : f64, epsilon = 1.0e-08 : f64, weight_decay = 0.0 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+  return
+}
+
+// -----
+
+mt.param @w : tensor<4x4xf32>, normal(2.000000e-02)
+func.func @f(%lr: tensor<f32>, %s: tensor<i64>) {
+  // expected-error @+1 {{epsilon must be positive}}
+  mt.adamw @w, %lr, %lr, %s {beta1 = 0.9 : f64, beta2 = 0.999 : f64, epsilon = 0.0 : f64, weight_decay = 0.0 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+  return
+}
+
+// -----
+
+mt.param @w : tensor<4x4xf32>, normal(2.000000e-02)
+func.func @f(%lr: tensor<f32>, %s: tensor<i64>) {
+  // expected-error @+1 {{weight_decay must not be negative}}
+  mt.adamw @w, %lr, %lr, %s {beta1 = 0.9 : f64, beta2 = 0.999 : f64, epsilon = 1.0e-08 : f64, weight_decay = -0.1 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+  return
+}
+
+// -----
+
+func.func @f(%lr: tensor<f32>, %s: tensor<i64>) {
+  // expected-error @+1 {{parameter 'w' does not name an mt.param}}
+  mt.adamw @w, %lr, %lr, %s {beta1 = 0.9 : f64, beta2 = 0.999 : f64, epsilon = 1.0e-08 : f64, weight_decay = 0.0 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+  return
+}

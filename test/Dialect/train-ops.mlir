@@ -1,0 +1,55 @@
+// The training-step ops (backward and optimizer) parse, verify and print back.
+// RUN: mtc-opt %s | mtc-opt | FileCheck %s
+// RUN: mtc-opt %s --mlir-print-op-generic | mtc-opt | FileCheck %s
+
+mt.param @emb : tensor<64x16xf32>, normal(2.000000e-02)
+mt.param @w : tensor<48x16xf32>, normal(2.000000e-02)
+mt.param @b : tensor<48xf32>, zeros
+mt.param @ln.weight : tensor<16xf32>, ones
+mt.param @ln.bias : tensor<16xf32>, zeros
+
+// CHECK-LABEL: func.func @backward
+func.func @backward(%x: tensor<2x8x16xf32>, %ids: tensor<2x8xi32>, %dy: tensor<2x8x48xf32>,
+                    %lnw: tensor<16xf32>, %w: tensor<48x16xf32>, %logits: tensor<2x8x64xf32>,
+                    %u: tensor<2x8x32xf32>, %dq: tensor<2x8x2x8xf32>, %dkv: tensor<2x8x1x8xf32>) {
+  // CHECK: mt.grad_seed {scale = 2.500000e-01 : f64} : tensor<f32>
+  %seed = mt.grad_seed {scale = 0.25 : f64} : tensor<f32>
+  // CHECK: mt.cross_entropy_grad
+  %dl = mt.cross_entropy_grad %logits, %ids, %seed : (tensor<2x8x64xf32>, tensor<2x8xi32>, tensor<f32>) -> tensor<2x8x64xf32>
+  // CHECK: mt.embedding_grad %{{.*}}, %{{.*}} into @emb
+  mt.embedding_grad %x, %ids into @emb : tensor<2x8x16xf32>, tensor<2x8xi32>
+  // CHECK: mt.matmul_input_grad
+  %dx = mt.matmul_input_grad %dy, %w : (tensor<2x8x48xf32>, tensor<48x16xf32>) -> tensor<2x8x16xf32>
+  // CHECK: mt.matmul_weight_grad %{{.*}}, %{{.*}} into @w
+  mt.matmul_weight_grad %dy, %x into @w : tensor<2x8x48xf32>, tensor<2x8x16xf32>
+  // CHECK: mt.bias_grad %{{.*}} into @b
+  mt.bias_grad %dy into @b : tensor<2x8x48xf32>
+  // CHECK: mt.layer_norm_grad %{{.*}} into @ln.weight, @ln.bias
+  %dn = mt.layer_norm_grad %dx, %x, %lnw into @ln.weight, @ln.bias {epsilon = 1.0e-05 : f64} : tensor<2x8x16xf32>, tensor<16xf32>
+  // CHECK: mt.rms_norm_grad %{{.*}} into @ln.weight
+  %dr = mt.rms_norm_grad %dx, %x, %lnw into @ln.weight {epsilon = 1.0e-05 : f64} : tensor<2x8x16xf32>, tensor<16xf32>
+  // CHECK: mt.gelu_grad %{{.*}}, %{{.*}} erf
+  %dg = mt.gelu_grad %dx, %x erf : tensor<2x8x16xf32>
+  // CHECK: mt.swiglu_grad
+  %ds = mt.swiglu_grad %x, %u : (tensor<2x8x16xf32>, tensor<2x8x32xf32>) -> tensor<2x8x32xf32>
+  // CHECK: mt.rope_grad
+  %dro = mt.rope_grad %dq {base = 1.0e+04 : f64} : tensor<2x8x2x8xf32>
+  // CHECK: mt.attention_grad
+  %a, %k, %v = mt.attention_grad %dq, %dq, %dkv, %dkv {causal, scale = 0.35 : f64, dropout_rate = 0.0 : f64, stream = 1 : i64} : tensor<2x8x2x8xf32>, tensor<2x8x1x8xf32>
+  // CHECK: mt.split_qkv_grad
+  %dqkv = mt.split_qkv_grad %a, %k, %v : (tensor<2x8x2x8xf32>, tensor<2x8x1x8xf32>, tensor<2x8x1x8xf32>) -> tensor<2x8x32xf32>
+  return
+}
+
+// CHECK-LABEL: func.func @optimizer
+func.func @optimizer(%steps: tensor<i64>, %step: tensor<i64>) -> tensor<f32> {
+  // CHECK: mt.grad_norm : tensor<f32>
+  %n = mt.grad_norm : tensor<f32>
+  // CHECK: mt.lr_schedule %{{.*}} cosine
+  %lr = mt.lr_schedule %steps cosine {lr = 1.0e-03 : f64, min_lr = 1.0e-04 : f64, warmup_iters = 10 : i64, decay_iters = 100 : i64} : tensor<i64> -> tensor<f32>
+  // CHECK: mt.clip_coeff
+  %c = mt.clip_coeff %n {max_norm = 1.0 : f64} : tensor<f32>
+  // CHECK: mt.adamw @w, %{{.*}}, %{{.*}}, %{{.*}} {beta1
+  mt.adamw @w, %lr, %c, %step {beta1 = 0.9 : f64, beta2 = 0.999 : f64, epsilon = 1.0e-08 : f64, weight_decay = 0.01 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+  return %lr : tensor<f32>
+}

@@ -1,0 +1,27 @@
+// mt-autodiff's errors, one per case.
+// RUN: mtc-opt %s -mt-autodiff -split-input-file -verify-diagnostics
+
+// expected-error @below {{mt-autodiff: the module has no func.func @forward}}
+module {
+}
+
+// -----
+
+module {
+  func.func @forward(%x: tensor<2x4x8xf32>, %w: tensor<16x8xf32>, %labels: tensor<2x4xi32>) -> tensor<f32> {
+    // expected-error @below {{cannot differentiate: its weight is not read from an mt.param}}
+    %h = mt.matmul %x, %w : (tensor<2x4x8xf32>, tensor<16x8xf32>) -> tensor<2x4x16xf32>
+    %loss = mt.cross_entropy %h, %labels : (tensor<2x4x16xf32>, tensor<2x4xi32>) -> tensor<f32>
+    return %loss : tensor<f32>
+  }
+}
+
+// -----
+
+// expected-error @below {{mt-autodiff: mt.training.num_micro_batches must be >= 1}}
+module attributes {mt.training = {num_micro_batches = 0 : i64}} {
+  func.func @forward(%x: tensor<2x4x8xf32>, %labels: tensor<2x4xi32>) -> tensor<f32> {
+    %loss = mt.cross_entropy %x, %labels : (tensor<2x4x8xf32>, tensor<2x4xi32>) -> tensor<f32>
+    return %loss : tensor<f32>
+  }
+}

@@ -1,0 +1,242 @@
+// mt-fuse: GEMM epilogues first (bias, bias_gelu), then maximal chains of
+// adjacent fusible ops whose intermediates stay inside the chain become
+// mt.fused kernels at the position of their last op. A second run changes
+// nothing.
+// RUN: mtc-opt %s -split-input-file -mt-fuse | FileCheck %s
+// RUN: mtc-opt %s -split-input-file -mt-fuse -mt-fuse | FileCheck %s
+
+// The bias add goes into the GEMM's epilogue; dropout and the residual add
+// become one kernel, named after its layer, reading the bias add's result.
+// CHECK-LABEL: func.func @epilogue_bias(
+// CHECK-SAME:      %[[X:.*]]: tensor<2x4x16xf32>, %[[RES:.*]]: tensor<2x4x16xf32>)
+// CHECK:         %[[Y:.*]] = mt.matmul %[[X]], %{{.*}} {mt.epilogue = "bias", mt.layer = 0 : i64}
+// CHECK-NEXT:    %[[B:.*]] = mt.param_ref @l0.proj.bias
+// CHECK-NEXT:    %[[YB:.*]] = mt.bias_add %[[Y]], %[[B]] {mt.layer = 0 : i64}
+// CHECK-NEXT:    %[[H:.*]] = mt.fused elementwise "decoder.layers.0 dropout+add" (%[[A:.*]] = %[[YB]], %[[R:.*]] = %[[RES]]) : (tensor<2x4x16xf32>, tensor<2x4x16xf32>) -> tensor<2x4x16xf32> attributes {mt.layer = 0 : i64} {
+// CHECK-NEXT:      %[[D:.*]] = mt.dropout %[[A]] {mt.layer = 0 : i64, rate = 1.000000e-01 : f64, stream = 2 : i64}
+// CHECK-NEXT:      %[[S:.*]] = mt.add %[[R]], %[[D]] {mt.layer = 0 : i64}
+// CHECK-NEXT:      mt.yield %[[S]] : tensor<2x4x16xf32>
+// CHECK-NEXT:    }
+// CHECK-NEXT:    return %[[H]]
+mt.param @l0.proj.weight : tensor<16x16xf32>, normal(2.000000e-02)
+mt.param @l0.proj.bias : tensor<16xf32>, zeros
+func.func @epilogue_bias(%x: tensor<2x4x16xf32>, %res: tensor<2x4x16xf32>) -> tensor<2x4x16xf32> {
+  %w = mt.param_ref @l0.proj.weight : tensor<16x16xf32>
+  %y = mt.matmul %x, %w {mt.layer = 0 : i64} : (tensor<2x4x16xf32>, tensor<16x16xf32>) -> tensor<2x4x16xf32>
+  %b = mt.param_ref @l0.proj.bias : tensor<16xf32>
+  %yb = mt.bias_add %y, %b {mt.layer = 0 : i64} : tensor<2x4x16xf32>, tensor<16xf32>
+  %d = mt.dropout %yb {mt.layer = 0 : i64, rate = 0.1 : f64, stream = 2 : i64} : tensor<2x4x16xf32>
+  %h = mt.add %res, %d {mt.layer = 0 : i64} : tensor<2x4x16xf32>
+  return %h : tensor<2x4x16xf32>
+}
+
+// -----
+
+// A tanh GeLU after the bias add joins the epilogue, whose aux output is the
+// pre-activation the backward's gelu_grad reads; the dropout after the
+// absorbed gelu is left alone (a chain of one).
+// CHECK-LABEL: func.func @epilogue_bias_gelu(
+// CHECK:         mt.matmul {{.*}} {mt.epilogue = "bias_gelu"}
+// CHECK-NEXT:    mt.param_ref
+// CHECK-NEXT:    %[[YB:.*]] = mt.bias_add
+// CHECK-NEXT:    %[[G:.*]] = mt.gelu %[[YB]] tanh
+// CHECK-NEXT:    mt.dropout %[[G]]
+// CHECK-NEXT:    mt.gelu_grad %{{.*}}, %[[YB]] tanh
+// CHECK-NOT:     mt.fused
+mt.param @l0.fc1.weight : tensor<32x16xf32>, normal(2.000000e-02)
+mt.param @l0.fc1.bias : tensor<32xf32>, zeros
+func.func @epilogue_bias_gelu(%x: tensor<2x4x16xf32>, %dy: tensor<2x4x32xf32>) -> (tensor<2x4x32xf32>, tensor<2x4x32xf32>) {
+  %w = mt.param_ref @l0.fc1.weight : tensor<32x16xf32>
+  %y = mt.matmul %x, %w : (tensor<2x4x16xf32>, tensor<32x16xf32>) -> tensor<2x4x32xf32>
+  %b = mt.param_ref @l0.fc1.bias : tensor<32xf32>
+  %yb = mt.bias_add %y, %b : tensor<2x4x32xf32>, tensor<32xf32>
+  %g = mt.gelu %yb tanh : tensor<2x4x32xf32>
+  %d = mt.dropout %g {rate = 0.1 : f64, stream = 3 : i64} : tensor<2x4x32xf32>
+  %dg = mt.gelu_grad %dy, %yb tanh : tensor<2x4x32xf32>
+  return %d, %dg : tensor<2x4x32xf32>, tensor<2x4x32xf32>
+}
+
+// -----
+
+// cuBLASLt's GELU epilogue is the tanh form: an erf GeLU stays out of the
+// GEMM and fuses with what follows it.
+// CHECK-LABEL: func.func @erf_gelu(
+// CHECK:         mt.matmul {{.*}} {mt.epilogue = "bias"}
+// CHECK:         %[[YB:.*]] = mt.bias_add
+// CHECK-NEXT:    mt.fused elementwise "gelu+dropout" (%[[A:.*]] = %[[YB]])
+// CHECK-NEXT:      mt.gelu %[[A]] erf
+// CHECK-NEXT:      mt.dropout
+// CHECK-NEXT:      mt.yield
+mt.param @l0.fc1.weight : tensor<32x16xf32>, normal(2.000000e-02)
+mt.param @l0.fc1.bias : tensor<32xf32>, zeros
+func.func @erf_gelu(%x: tensor<2x4x16xf32>) -> tensor<2x4x32xf32> {
+  %w = mt.param_ref @l0.fc1.weight : tensor<32x16xf32>
+  %y = mt.matmul %x, %w : (tensor<2x4x16xf32>, tensor<32x16xf32>) -> tensor<2x4x32xf32>
+  %b = mt.param_ref @l0.fc1.bias : tensor<32xf32>
+  %yb = mt.bias_add %y, %b : tensor<2x4x32xf32>, tensor<32xf32>
+  %g = mt.gelu %yb erf : tensor<2x4x32xf32>
+  %d = mt.dropout %g {rate = 0.1 : f64, stream = 3 : i64} : tensor<2x4x32xf32>
+  return %d : tensor<2x4x32xf32>
+}
+
+// -----
+
+// A bias add whose input comes from no GEMM (after a collective, say) starts
+// a chain: bias_add -> gelu -> dropout -> residual add is one kernel, and the
+// bias parameter is one of its inputs.
+// CHECK-LABEL: func.func @no_gemm_producer(
+// CHECK-SAME:      %[[Y:[^:]*]]: tensor<2x4x32xf32>)
+// CHECK-NEXT:    %[[B:.*]] = mt.param_ref @l3.fc1.bias
+// CHECK-NEXT:    %[[R:.*]] = mt.fused elementwise "decoder.layers.3 bias_add+gelu+dropout+add" (%[[A0:.*]] = %[[Y]], %[[A1:.*]] = %[[B]]) : (tensor<2x4x32xf32>, tensor<32xf32>) -> tensor<2x4x32xf32> attributes {mt.layer = 3 : i64} {
+// CHECK-NEXT:      %[[V0:.*]] = mt.bias_add %[[A0]], %[[A1]]
+// CHECK-NEXT:      %[[V1:.*]] = mt.gelu %[[V0]] tanh
+// CHECK-NEXT:      %[[V2:.*]] = mt.dropout %[[V1]]
+// CHECK-NEXT:      %[[V3:.*]] = mt.add %[[V2]], %[[A0]]
+// CHECK-NEXT:      mt.yield %[[V3]]
+// CHECK-NEXT:    }
+// CHECK-NEXT:    return %[[R]]
+mt.param @l3.fc1.bias : tensor<32xf32>, zeros
+func.func @no_gemm_producer(%y: tensor<2x4x32xf32>) -> tensor<2x4x32xf32> {
+  %b = mt.param_ref @l3.fc1.bias : tensor<32xf32>
+  %yb = mt.bias_add %y, %b {mt.layer = 3 : i64} : tensor<2x4x32xf32>, tensor<32xf32>
+  %g = mt.gelu %yb tanh {mt.layer = 3 : i64} : tensor<2x4x32xf32>
+  %d = mt.dropout %g {mt.layer = 3 : i64, rate = 0.1 : f64, stream = 3 : i64} : tensor<2x4x32xf32>
+  %r = mt.add %d, %y {mt.layer = 3 : i64} : tensor<2x4x32xf32>
+  return %r : tensor<2x4x32xf32>
+}
+
+// -----
+
+// A GEMM result read twice gets no epilogue; its bias add fuses instead.
+// Ops of different layers give a kernel name without a layer.
+// CHECK-LABEL: func.func @matmul_used_twice(
+// CHECK:         %[[Y:.*]] = mt.matmul
+// CHECK-NOT:     mt.epilogue
+// CHECK-SAME:    -> tensor<2x4x32xf32>
+// CHECK:         %[[G:.*]] = mt.fused elementwise "bias_add+gelu" (%{{.*}} = %[[Y]], %{{.*}} = %{{.*}})
+// CHECK-NOT:     attributes
+// CHECK-SAME:    {
+// CHECK:         return %[[G]], %[[Y]]
+mt.param @l0.fc1.weight : tensor<32x16xf32>, normal(2.000000e-02)
+mt.param @l0.fc1.bias : tensor<32xf32>, zeros
+func.func @matmul_used_twice(%x: tensor<2x4x16xf32>) -> (tensor<2x4x32xf32>, tensor<2x4x32xf32>) {
+  %w = mt.param_ref @l0.fc1.weight : tensor<32x16xf32>
+  %y = mt.matmul %x, %w : (tensor<2x4x16xf32>, tensor<32x16xf32>) -> tensor<2x4x32xf32>
+  %b = mt.param_ref @l0.fc1.bias : tensor<32xf32>
+  %yb = mt.bias_add %y, %b {mt.layer = 0 : i64} : tensor<2x4x32xf32>, tensor<32xf32>
+  %g = mt.gelu %yb tanh {mt.layer = 1 : i64} : tensor<2x4x32xf32>
+  return %g, %y : tensor<2x4x32xf32>, tensor<2x4x32xf32>
+}
+
+// -----
+
+// An intermediate read outside the chain ends it: no kernel.
+// CHECK-LABEL: func.func @escaping_intermediate(
+// CHECK-NOT:     mt.fused
+// CHECK:         return
+func.func @escaping_intermediate(%a: tensor<2x4x16xf32>, %b: tensor<2x4x16xf32>) -> (tensor<2x4x16xf32>, tensor<2x4x16xf32>) {
+  %s = mt.add %a, %b : tensor<2x4x16xf32>
+  %d = mt.dropout %s {rate = 0.1 : f64, stream = 1 : i64} : tensor<2x4x16xf32>
+  return %s, %d : tensor<2x4x16xf32>, tensor<2x4x16xf32>
+}
+
+// -----
+
+// Only parameter reads may lie between two ops of a chain; a GEMM between
+// them keeps them apart (moving either across it would change lifetimes).
+// CHECK-LABEL: func.func @not_adjacent(
+// CHECK-NOT:     mt.fused
+// CHECK:         return
+mt.param @w : tensor<16x16xf32>, normal(2.000000e-02)
+func.func @not_adjacent(%a: tensor<2x4x16xf32>, %b: tensor<2x4x16xf32>, %x: tensor<2x4x16xf32>) -> (tensor<2x4x16xf32>, tensor<2x4x16xf32>) {
+  %s = mt.add %a, %b : tensor<2x4x16xf32>
+  %w = mt.param_ref @w : tensor<16x16xf32>
+  %m = mt.matmul %x, %w : (tensor<2x4x16xf32>, tensor<16x16xf32>) -> tensor<2x4x16xf32>
+  %d = mt.dropout %s {rate = 0.1 : f64, stream = 1 : i64} : tensor<2x4x16xf32>
+  return %d, %m : tensor<2x4x16xf32>, tensor<2x4x16xf32>
+}
+
+// -----
+
+// The backward's sum of gradients and its dropout: the last op's result may
+// have any number of users.
+// CHECK-LABEL: func.func @backward_add_dropout(
+// CHECK-NEXT:    %[[D:.*]] = mt.fused elementwise "add+dropout"
+// CHECK:         mt.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    mt.bias_grad %[[D]] into @b
+// CHECK:         mt.matmul_input_grad %[[D]]
+mt.param @w : tensor<16x16xf32>, normal(2.000000e-02)
+mt.param @b : tensor<16xf32>, zeros
+func.func @backward_add_dropout(%g1: tensor<2x4x16xf32>, %g2: tensor<2x4x16xf32>) -> tensor<2x4x16xf32> {
+  %s = mt.add %g1, %g2 : tensor<2x4x16xf32>
+  %d = mt.dropout %s {rate = 0.1 : f64, stream = 0 : i64} : tensor<2x4x16xf32>
+  mt.bias_grad %d into @b : tensor<2x4x16xf32>
+  %w = mt.param_ref @w : tensor<16x16xf32>
+  %dx = mt.matmul_input_grad %d, %w : (tensor<2x4x16xf32>, tensor<16x16xf32>) -> tensor<2x4x16xf32>
+  return %dx : tensor<2x4x16xf32>
+}
+
+// -----
+
+// A chain holds one row-wise op: add -> layer_norm is one row_reduction
+// kernel, rms_norm -> gelu the next. The parameter reads in between stay in
+// place and feed both kernels.
+// CHECK-LABEL: func.func @row_reduction(
+// CHECK-NEXT:    %[[W:.*]] = mt.param_ref @ln.weight
+// CHECK-NEXT:    %[[B:.*]] = mt.param_ref @ln.bias
+// CHECK-NEXT:    %[[N:.*]] = mt.fused row_reduction "add+layer_norm" (%{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}, %{{.*}} = %[[W]], %{{.*}} = %[[B]])
+// CHECK-NEXT:      mt.add
+// CHECK-NEXT:      mt.layer_norm
+// CHECK-NEXT:      mt.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    %[[G:.*]] = mt.fused row_reduction "rms_norm+gelu" (%{{.*}} = %[[N]], %{{.*}} = %[[W]])
+// CHECK-NEXT:      mt.rms_norm
+// CHECK-NEXT:      mt.gelu
+// CHECK-NEXT:      mt.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    return %[[G]]
+mt.param @ln.weight : tensor<16xf32>, ones
+mt.param @ln.bias : tensor<16xf32>, zeros
+func.func @row_reduction(%a: tensor<2x4x16xf32>, %b: tensor<2x4x16xf32>) -> tensor<2x4x16xf32> {
+  %s = mt.add %a, %b : tensor<2x4x16xf32>
+  %w = mt.param_ref @ln.weight : tensor<16xf32>
+  %bias = mt.param_ref @ln.bias : tensor<16xf32>
+  %n = mt.layer_norm %s, %w, %bias {epsilon = 1.0e-05 : f64} : tensor<2x4x16xf32>, tensor<16xf32>
+  %r = mt.rms_norm %n, %w {epsilon = 1.0e-05 : f64} : tensor<2x4x16xf32>, tensor<16xf32>
+  %g = mt.gelu %r tanh : tensor<2x4x16xf32>
+  return %g : tensor<2x4x16xf32>
+}
+
+// -----
+
+// A reshape inside a chain is kept (free in a kernel); a trailing one is
+// left outside (alone it aliases its input); one before a row-wise op ends
+// the chain (a row_reduction kernel holds no reshape).
+// CHECK-LABEL: func.func @reshapes(
+// CHECK-NEXT:    %[[K:.*]] = mt.fused elementwise "gelu+reshape+dropout+gelu"
+// CHECK-NEXT:      mt.gelu
+// CHECK-NEXT:      mt.reshape
+// CHECK-NEXT:      mt.dropout
+// CHECK-NEXT:      mt.gelu
+// CHECK-NEXT:      mt.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    mt.reshape %[[K]]
+// CHECK-NEXT:    mt.matmul
+// CHECK-NEXT:    mt.reshape
+// CHECK-NEXT:    mt.param_ref
+// CHECK-NEXT:    mt.rms_norm
+// CHECK-NEXT:    return
+mt.param @ln.weight : tensor<16xf32>, ones
+func.func @reshapes(%a: tensor<2x4x16xf32>, %w: tensor<16x16xf32>) -> (tensor<8x16xf32>, tensor<2x4x16xf32>) {
+  %g = mt.gelu %a tanh : tensor<2x4x16xf32>
+  %r = mt.reshape %g : (tensor<2x4x16xf32>) -> tensor<8x16xf32>
+  %d = mt.dropout %r {rate = 0.1 : f64, stream = 1 : i64} : tensor<8x16xf32>
+  %g2 = mt.gelu %d tanh : tensor<8x16xf32>
+  %r2 = mt.reshape %g2 : (tensor<8x16xf32>) -> tensor<2x4x16xf32>
+  %m = mt.matmul %r2, %w : (tensor<2x4x16xf32>, tensor<16x16xf32>) -> tensor<2x4x16xf32>
+  %r3 = mt.reshape %m : (tensor<2x4x16xf32>) -> tensor<8x16xf32>
+  %wn = mt.param_ref @ln.weight : tensor<16xf32>
+  %ln = mt.rms_norm %r3, %wn {epsilon = 1.0e-05 : f64} : tensor<8x16xf32>, tensor<16xf32>
+  return %ln, %m : tensor<8x16xf32>, tensor<2x4x16xf32>
+}

@@ -1,0 +1,1473 @@
+// plan.bin's reader (header, checksum, FlatBuffers and semantic checks) and
+// the CPU reference executor, on plans built here with the FlatBuffers builder.
+#include "runtime/cpu_executor.h"
+#include "runtime/plan_reader.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+namespace pl = mt::plan;
+using mt::rt::CpuExecutor;
+using mt::rt::PlanFile;
+using pl::DType;
+using pl::Opcode;
+using pl::Region;
+
+#define EXPECT_CONTAINS(text, part)                                                          \
+  EXPECT_NE(std::string(text).find(part), std::string::npos)                                 \
+      << "expected to find: " << (part) << "\n in: " << (text)
+
+// ---------------------------------------------------------------------------
+// A compact description of a one-rank plan, and its FlatBuffer.
+
+struct V {
+  std::string name;
+  Region region = Region::ARENA;
+  uint64_t offset = 0;
+  std::vector<int64_t> shape;
+  DType dtype = DType::F32;
+};
+
+struct I {
+  Opcode op;
+  std::vector<uint32_t> in, out, params;
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+  std::string where;
+};
+
+struct Prog {
+  std::string name;
+  std::vector<V> values;
+  std::vector<uint32_t> inputs, outputs;
+  std::vector<std::string> input_names, output_names;
+  std::vector<I> code;
+  uint64_t top = 0; // bump allocator of arena offsets
+};
+
+struct Par {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::F32;
+  pl::Init init = pl::Init::NORMAL;
+  double init_std = 0.02;
+  int64_t weight = -1, grad = -1, master = -1, exp_avg = -1, exp_avg_sq = -1;
+};
+
+struct Kern {
+  std::string name;
+  std::vector<V> values;
+  std::vector<I> code;
+  uint64_t scratch = 0;
+};
+
+uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+int64_t numel(const std::vector<int64_t> &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+uint64_t dtype_bytes(DType d) { return mt::rt::element_bytes(d); }
+
+// 123456 -> "123,456", as the reader prints byte counts.
+std::string grouped(uint64_t v) {
+  std::string digits = std::to_string(v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0)
+      out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+struct PlanDesc {
+  std::vector<Par> params;
+  std::deque<Prog> programs; // stable references while programs are added
+  std::vector<Kern> kernels;
+  uint64_t state_bytes = 0, arena_bytes = 0;
+
+  int64_t state_alloc(uint64_t bytes) {
+    int64_t o = int64_t(state_bytes);
+    state_bytes += round_up(bytes, 64);
+    return o;
+  }
+  int param(const std::string &name, std::vector<int64_t> shape, pl::Init init = pl::Init::NORMAL,
+            DType dtype = DType::F32, bool adam = false, bool master = false) {
+    Par p;
+    p.name = name;
+    p.shape = shape;
+    p.dtype = dtype;
+    p.init = init;
+    p.init_std = 0.5;
+    uint64_t n = uint64_t(numel(shape));
+    p.weight = state_alloc(n * dtype_bytes(dtype));
+    p.grad = state_alloc(n * 4);
+    if (master)
+      p.master = state_alloc(n * 4);
+    if (adam) {
+      p.exp_avg = state_alloc(n * 4);
+      p.exp_avg_sq = state_alloc(n * 4);
+    }
+    params.push_back(p);
+    return int(params.size() - 1);
+  }
+  Prog &program(const std::string &name) {
+    programs.emplace_back();
+    programs.back().name = name;
+    return programs.back();
+  }
+  uint32_t arena(Prog &p, const std::string &name, std::vector<int64_t> shape,
+                 DType dtype = DType::F32) {
+    V v{name, Region::ARENA, p.top, shape, dtype};
+    p.top += round_up(uint64_t(numel(shape)) * dtype_bytes(dtype), 64);
+    arena_bytes = std::max(arena_bytes, p.top);
+    p.values.push_back(v);
+    return uint32_t(p.values.size() - 1);
+  }
+  uint32_t input(Prog &p, const std::string &name, std::vector<int64_t> shape,
+                 DType dtype = DType::F32) {
+    uint32_t v = arena(p, name, shape, dtype);
+    p.inputs.push_back(v);
+    p.input_names.push_back(name);
+    return v;
+  }
+  uint32_t weight(Prog &p, int param) {
+    const Par &q = params[size_t(param)];
+    p.values.push_back(V{q.name, Region::WEIGHT, uint64_t(param), q.shape, q.dtype});
+    return uint32_t(p.values.size() - 1);
+  }
+  static void output(Prog &p, uint32_t v, const std::string &name) {
+    p.outputs.push_back(v);
+    p.output_names.push_back(name);
+  }
+  static void op(Prog &p, Opcode o, std::vector<uint32_t> in, std::vector<uint32_t> out,
+                 std::vector<uint32_t> params = {}, std::vector<int64_t> ints = {},
+                 std::vector<double> floats = {}, std::string where = "") {
+    if (where.empty())
+      where = "op" + std::to_string(p.code.size());
+    p.code.push_back(I{o, in, out, params, ints, floats, where});
+  }
+};
+
+std::string payload(const PlanDesc &d) {
+  flatbuffers::FlatBufferBuilder b;
+  auto values = [&](const std::vector<V> &vs) {
+    std::vector<flatbuffers::Offset<pl::Value>> o;
+    for (const V &v : vs)
+      o.push_back(pl::CreateValueDirect(b, v.name.c_str(), v.region, v.offset, &v.shape, v.dtype));
+    return o;
+  };
+  auto code = [&](const std::vector<I> &is) {
+    std::vector<flatbuffers::Offset<pl::Instruction>> o;
+    for (const I &i : is)
+      o.push_back(pl::CreateInstructionDirect(b, i.op, &i.in, &i.out, &i.params, &i.ints,
+                                              &i.floats, i.where.c_str()));
+    return o;
+  };
+  auto strings = [&](const std::vector<std::string> &ss) {
+    std::vector<flatbuffers::Offset<flatbuffers::String>> o;
+    for (const auto &s : ss)
+      o.push_back(b.CreateString(s));
+    return o;
+  };
+  std::vector<flatbuffers::Offset<pl::Program>> progs;
+  for (const Prog &p : d.programs) {
+    auto vs = values(p.values);
+    auto is = code(p.code);
+    auto in_names = strings(p.input_names), out_names = strings(p.output_names);
+    progs.push_back(pl::CreateProgramDirect(b, p.name.c_str(), &vs, &p.inputs, &in_names,
+                                            &p.outputs, &out_names, &is));
+  }
+  std::vector<flatbuffers::Offset<pl::Param>> params;
+  for (const Par &p : d.params)
+    params.push_back(pl::CreateParamDirect(b, p.name.c_str(), &p.shape, p.dtype, p.init,
+                                           p.init_std, true, p.weight, p.grad, p.master,
+                                           p.exp_avg, p.exp_avg_sq));
+  std::vector<flatbuffers::Offset<pl::Kernel>> kernels;
+  for (const Kern &k : d.kernels) {
+    auto vs = values(k.values);
+    auto is = code(k.code);
+    kernels.push_back(pl::CreateKernelDirect(b, k.name.c_str(), "", nullptr, nullptr, 0, &vs,
+                                             &is, k.scratch));
+  }
+  std::vector<flatbuffers::Offset<pl::Rank>> ranks = {
+      pl::CreateRankDirect(b, 0, 0, 0, 0, &params, d.state_bytes, d.arena_bytes, &progs)};
+  auto plan = pl::CreatePlanDirect(b, "mtc test", "", "", 1, 1, 1, 1, 0, &kernels, &ranks);
+  pl::FinishPlanBuffer(b, plan);
+  return std::string(reinterpret_cast<const char *>(b.GetBufferPointer()), b.GetSize());
+}
+
+std::string file_bytes(const PlanDesc &d) {
+  std::string p = payload(d);
+  return mt::rt::wrap_plan_payload(reinterpret_cast<const uint8_t *>(p.data()), p.size());
+}
+
+std::string open_error(std::string bytes) {
+  std::string error;
+  auto f = PlanFile::from_bytes(std::move(bytes), "tiny.plan", &error);
+  EXPECT_EQ(f, nullptr);
+  return error;
+}
+
+std::unique_ptr<PlanFile> open_ok(const PlanDesc &d) {
+  std::string error;
+  auto f = PlanFile::from_bytes(file_bytes(d), "tiny.plan", &error);
+  EXPECT_NE(f, nullptr) << error;
+  return f;
+}
+
+// Deterministic values in [-scale, scale).
+void fill(float *x, int64_t n, uint64_t seed, double scale) {
+  uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (int64_t i = 0; i < n; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x[i] = float(scale * (double(s >> 11) / double(1ull << 53) * 2 - 1));
+  }
+}
+
+// Independent reduced-precision rounding (round to nearest even; finite,
+// normal-range values only).
+float ref_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+float ref_fp16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0xfffu + ((u >> 13) & 1u);
+  u &= ~0x1fffu;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// ---------------------------------------------------------------------------
+// The tiny model: embedding -> layer_norm -> matmul -> bias_add -> gelu ->
+// matmul with the embedding table (tied) -> cross_entropy, and its backward.
+
+struct Tiny {
+  static constexpr int B = 2, S = 3, Vocab = 11, H = 8;
+  static constexpr double kEps = 1e-5;
+  PlanDesc d;
+  int table, lnw, lnb, w1, b1;
+  std::vector<int32_t> tokens = {3, 7, 1, 10, 0, 7};
+  std::vector<int32_t> labels = {7, 1, 10, 0, 5, 2};
+
+  struct Fwd {
+    uint32_t tokens, labels, wt, x0, x1, x2, x3, x4, logits, loss;
+  };
+
+  explicit Tiny(bool fused = false, DType w1_dtype = DType::F32) {
+    table = d.param("embedding.word_embeddings.weight", {Vocab, H});
+    lnw = d.param("decoder.final_layernorm.weight", {H}, pl::Init::ONES);
+    lnb = d.param("decoder.final_layernorm.bias", {H}, pl::Init::ZEROS);
+    w1 = d.param("decoder.mlp.linear_fc1.weight", {H, H}, pl::Init::NORMAL, w1_dtype);
+    b1 = d.param("decoder.mlp.linear_fc1.bias", {H}, pl::Init::ZEROS);
+    if (fused) {
+      // bias_add + gelu as one kernel: x2, b -> x3, x4 through a scratch value.
+      Kern k;
+      k.name = "fused_bias_gelu";
+      k.values = {V{"x", Region::ARENA, 0, {B, S, H}}, V{"b", Region::ARENA, 0, {H}},
+                  V{"pre", Region::ARENA, 0, {B, S, H}}, V{"act", Region::ARENA, 0, {B, S, H}},
+                  V{"t", Region::ARENA, 64, {B, S, H}}};
+      k.code = {I{Opcode::BIAS_ADD, {0, 1}, {4}, {}, {}, {}, "bias"},
+                I{Opcode::RESHAPE, {4}, {2}, {}, {}, {}, "copy"},
+                I{Opcode::GELU, {4}, {3}, {}, {0}, {}, "gelu"}};
+      k.scratch = 64 + B * S * H * 4;
+      d.kernels.push_back(k);
+    }
+    Prog &eval = d.program("eval_step");
+    Fwd f = forward(eval, fused);
+    PlanDesc::output(eval, f.loss, "loss");
+
+    Prog &train = d.program("train_step");
+    Fwd t = forward(train, fused);
+    PlanDesc::output(train, t.loss, "loss");
+    backward(train, t);
+  }
+
+  Fwd forward(Prog &p, bool fused) {
+    Fwd f;
+    f.tokens = d.input(p, "tokens", {B, S}, DType::I32);
+    f.labels = d.input(p, "labels", {B, S}, DType::I32);
+    f.wt = d.weight(p, table);
+    uint32_t wlnw = d.weight(p, lnw), wlnb = d.weight(p, lnb), ww1 = d.weight(p, w1),
+             wb1 = d.weight(p, b1);
+    f.x0 = d.arena(p, "x0", {B, S, H});
+    f.x1 = d.arena(p, "x1", {B, S, H});
+    f.x2 = d.arena(p, "x2", {B, S, H});
+    f.x3 = d.arena(p, "x3", {B, S, H});
+    f.x4 = d.arena(p, "x4", {B, S, H});
+    f.logits = d.arena(p, "logits", {B, S, Vocab});
+    f.loss = d.arena(p, "loss", {});
+    PlanDesc::op(p, Opcode::EMBEDDING, {f.wt, f.tokens}, {f.x0}, {}, {}, {}, "embedding");
+    PlanDesc::op(p, Opcode::LAYER_NORM, {f.x0, wlnw, wlnb}, {f.x1}, {}, {}, {kEps}, "final_layernorm");
+    PlanDesc::op(p, Opcode::MATMUL, {f.x1, ww1}, {f.x2}, {}, {}, {}, "mlp.linear_fc1");
+    if (fused) {
+      PlanDesc::op(p, Opcode::FUSED, {f.x2, wb1}, {f.x3, f.x4}, {}, {0}, {}, "mlp fused");
+    } else {
+      PlanDesc::op(p, Opcode::BIAS_ADD, {f.x2, wb1}, {f.x3}, {}, {}, {}, "mlp.linear_fc1 bias");
+      PlanDesc::op(p, Opcode::GELU, {f.x3}, {f.x4}, {}, {0}, {}, "mlp gelu");
+    }
+    PlanDesc::op(p, Opcode::MATMUL, {f.x4, f.wt}, {f.logits}, {}, {}, {}, "output_layer (tied)");
+    PlanDesc::op(p, Opcode::CROSS_ENTROPY, {f.logits, f.labels}, {f.loss}, {}, {}, {}, "loss");
+    return f;
+  }
+
+  void backward(Prog &p, const Fwd &f) {
+    uint32_t wlnw = d.weight(p, lnw), ww1 = d.weight(p, w1);
+    uint32_t dloss = d.arena(p, "dloss", {});
+    uint32_t dlogits = d.arena(p, "dlogits", {B, S, Vocab});
+    uint32_t dx4 = d.arena(p, "dx4", {B, S, H}), dx3 = d.arena(p, "dx3", {B, S, H});
+    uint32_t dx1 = d.arena(p, "dx1", {B, S, H}), dx0 = d.arena(p, "dx0", {B, S, H});
+    auto P = [](int i) { return uint32_t(i); };
+    PlanDesc::op(p, Opcode::GRAD_SEED, {}, {dloss}, {}, {}, {1.0}, "loss grad");
+    PlanDesc::op(p, Opcode::CROSS_ENTROPY_GRAD, {f.logits, f.labels, dloss}, {dlogits});
+    PlanDesc::op(p, Opcode::MATMUL_INPUT_GRAD, {dlogits, f.wt}, {dx4});
+    PlanDesc::op(p, Opcode::MATMUL_WEIGHT_GRAD, {dlogits, f.x4}, {}, {P(table)});
+    PlanDesc::op(p, Opcode::GELU_GRAD, {dx4, f.x3}, {dx3}, {}, {0});
+    PlanDesc::op(p, Opcode::BIAS_GRAD, {dx3}, {}, {P(b1)});
+    PlanDesc::op(p, Opcode::MATMUL_INPUT_GRAD, {dx3, ww1}, {dx1});
+    PlanDesc::op(p, Opcode::MATMUL_WEIGHT_GRAD, {dx3, f.x1}, {}, {P(w1)});
+    PlanDesc::op(p, Opcode::LAYER_NORM_GRAD, {dx1, f.x0, wlnw}, {dx0}, {P(lnw), P(lnb)}, {}, {kEps});
+    PlanDesc::op(p, Opcode::EMBEDDING_GRAD, {dx0, f.tokens}, {}, {P(table)});
+  }
+};
+
+// The tiny model in double precision with naive loops, forward and backward
+// written out by hand: weights and gradients indexed like Tiny's parameters.
+struct RefTiny {
+  static constexpr int B = Tiny::B, S = Tiny::S, Vocab = Tiny::Vocab, H = Tiny::H, N = B * S;
+  std::vector<double> w[5]; // table, lnw, lnb, w1, b1
+
+  static double gelu(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
+  static double gelu_grad(double x) {
+    return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+  }
+
+  double run(const std::vector<int32_t> &tok, const std::vector<int32_t> &lab,
+             std::vector<double> *g /* [5], += */) const {
+    const auto &T = w[0], &lw = w[1], &lb = w[2], &W1 = w[3], &b = w[4];
+    std::vector<double> x0(N * H), xhat(N * H), x1(N * H), x3(N * H), x4(N * H), rstd(N),
+        logits(N * Vocab);
+    for (int r = 0; r < N; ++r) {
+      double mu = 0, var = 0;
+      for (int h = 0; h < H; ++h)
+        mu += (x0[r * H + h] = T[tok[r] * H + h]);
+      mu /= H;
+      for (int h = 0; h < H; ++h)
+        var += (x0[r * H + h] - mu) * (x0[r * H + h] - mu);
+      rstd[r] = 1 / std::sqrt(var / H + Tiny::kEps);
+      for (int h = 0; h < H; ++h) {
+        xhat[r * H + h] = (x0[r * H + h] - mu) * rstd[r];
+        x1[r * H + h] = xhat[r * H + h] * lw[h] + lb[h];
+      }
+      for (int o = 0; o < H; ++o) {
+        double s = b[o];
+        for (int i = 0; i < H; ++i)
+          s += x1[r * H + i] * W1[o * H + i];
+        x3[r * H + o] = s;
+        x4[r * H + o] = gelu(s);
+      }
+      for (int v = 0; v < Vocab; ++v) {
+        double s = 0;
+        for (int h = 0; h < H; ++h)
+          s += x4[r * H + h] * T[v * H + h];
+        logits[r * Vocab + v] = s;
+      }
+    }
+    double loss = 0;
+    std::vector<double> p(N * Vocab);
+    for (int r = 0; r < N; ++r) {
+      double m = -1e300, z = 0;
+      for (int v = 0; v < Vocab; ++v)
+        m = std::max(m, logits[r * Vocab + v]);
+      for (int v = 0; v < Vocab; ++v)
+        z += std::exp(logits[r * Vocab + v] - m);
+      loss += m + std::log(z) - logits[r * Vocab + lab[r]];
+      for (int v = 0; v < Vocab; ++v)
+        p[r * Vocab + v] = std::exp(logits[r * Vocab + v] - m) / z;
+    }
+    loss /= N;
+    if (!g)
+      return loss;
+    auto &gT = g[0], &glw = g[1], &glb = g[2], &gW1 = g[3], &gb = g[4];
+    for (int r = 0; r < N; ++r) {
+      std::vector<double> dl(Vocab), dx4(H, 0), dx3(H), dx1(H, 0), dxhat(H);
+      for (int v = 0; v < Vocab; ++v)
+        dl[v] = (p[r * Vocab + v] - (v == lab[r] ? 1 : 0)) / N;
+      for (int v = 0; v < Vocab; ++v)
+        for (int h = 0; h < H; ++h) {
+          dx4[h] += dl[v] * T[v * H + h];
+          gT[v * H + h] += dl[v] * x4[r * H + h];
+        }
+      for (int o = 0; o < H; ++o) {
+        dx3[o] = dx4[o] * gelu_grad(x3[r * H + o]);
+        gb[o] += dx3[o];
+        for (int i = 0; i < H; ++i) {
+          dx1[i] += dx3[o] * W1[o * H + i];
+          gW1[o * H + i] += dx3[o] * x1[r * H + i];
+        }
+      }
+      double m1 = 0, m2 = 0;
+      for (int h = 0; h < H; ++h) {
+        glw[h] += dx1[h] * xhat[r * H + h];
+        glb[h] += dx1[h];
+        dxhat[h] = dx1[h] * lw[h];
+        m1 += dxhat[h] / H;
+        m2 += dxhat[h] * xhat[r * H + h] / H;
+      }
+      for (int h = 0; h < H; ++h)
+        gT[tok[r] * H + h] += rstd[r] * (dxhat[h] - m1 - xhat[r * H + h] * m2);
+    }
+    return loss;
+  }
+};
+
+// Sets a Tiny plan's weights to fixed values in the executor and the reference.
+void set_weights(CpuExecutor &ex, const Tiny &t, RefTiny &ref) {
+  const int params[5] = {t.table, t.lnw, t.lnb, t.w1, t.b1};
+  const double scales[5] = {1.0, 0.5, 0.3, 0.6, 0.4};
+  for (int k = 0; k < 5; ++k) {
+    int64_t n = ex.param_elements(params[k]);
+    float *w = ex.weight(params[k]);
+    fill(w, n, uint64_t(k + 1), scales[k]);
+    if (k == 1)
+      for (int64_t i = 0; i < n; ++i)
+        w[i] += 1.0f; // LayerNorm weights near 1
+    ref.w[k].assign(w, w + n);
+  }
+}
+
+void write_ids(CpuExecutor &ex, const pl::Program &p, uint32_t v, const std::vector<int32_t> &ids) {
+  std::memcpy(ex.value_data(p, v), ids.data(), ids.size() * 4);
+}
+
+uint32_t find_value(const pl::Program &p, const std::string &name) {
+  for (uint32_t i = 0; i < p.values()->size(); ++i)
+    if (p.values()->Get(i)->name()->str() == name)
+      return i;
+  ADD_FAILURE() << "no value " << name;
+  return 0;
+}
+
+float run_loss(CpuExecutor &ex, const pl::Program &p, const std::vector<int32_t> &tokens,
+               const std::vector<int32_t> &labels, uint64_t rng_offset = 0) {
+  write_ids(ex, p, find_value(p, "tokens"), tokens);
+  write_ids(ex, p, find_value(p, "labels"), labels);
+  std::string err = ex.run(p, rng_offset);
+  EXPECT_EQ(err, "");
+  return *static_cast<float *>(ex.value_data(p, p.outputs()->Get(0)));
+}
+
+// ---------------------------------------------------------------------------
+// Reader
+
+TEST(PlanReader, ValidPlanOpensFromBytesAndFromFile) {
+  Tiny t;
+  auto f = open_ok(t.d);
+  ASSERT_NE(f, nullptr);
+  const pl::Rank *r = mt::rt::find_rank(*f->plan(), 0);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->programs()->size(), 2u);
+  EXPECT_EQ(r->params()->size(), 5u);
+  EXPECT_EQ(mt::rt::find_rank(*f->plan(), 1), nullptr);
+
+  char dir[] = "/tmp/mt-plan-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  std::string path = std::string(dir) + "/tiny.plan";
+  {
+    std::ofstream out(path, std::ios::binary);
+    std::string bytes = file_bytes(t.d);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+  }
+  std::string error;
+  auto g = PlanFile::open(path, &error);
+  EXPECT_NE(g, nullptr) << error;
+  EXPECT_EQ(PlanFile::open(std::string(dir) + "/missing.plan", &error), nullptr);
+  EXPECT_CONTAINS(error, "missing.plan: error: cannot open");
+  std::remove(path.c_str());
+  rmdir(dir);
+}
+
+TEST(PlanReader, HeaderLayout) {
+  const uint8_t body[3] = {1, 2, 3};
+  std::string h = mt::rt::wrap_plan_payload(body, 3);
+  ASSERT_EQ(h.size(), 35u);
+  EXPECT_EQ(h.substr(0, 8), std::string("MTPLAN\0\0", 8));
+  uint32_t version, flags;
+  uint64_t size, sum;
+  std::memcpy(&version, &h[8], 4);
+  std::memcpy(&flags, &h[12], 4);
+  std::memcpy(&size, &h[16], 8);
+  std::memcpy(&sum, &h[24], 8);
+  EXPECT_EQ(version, mt::rt::kPlanFormatVersion);
+  EXPECT_EQ(flags, 0u);
+  EXPECT_EQ(size, 3u);
+  // 64-bit FNV-1a: the empty input hashes to the offset basis, "a" to a
+  // published test vector.
+  EXPECT_EQ(mt::rt::plan_checksum(nullptr, 0), 0xcbf29ce484222325ull);
+  const uint8_t a = 'a';
+  EXPECT_EQ(mt::rt::plan_checksum(&a, 1), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(sum, mt::rt::plan_checksum(body, 3));
+}
+
+TEST(PlanReader, TruncatedFiles) {
+  Tiny t;
+  std::string full = file_bytes(t.d);
+  EXPECT_CONTAINS(open_error(""), "tiny.plan: error: is empty");
+  EXPECT_CONTAINS(open_error(full.substr(0, 5)), "tiny.plan: error: is truncated");
+  EXPECT_CONTAINS(open_error(full.substr(0, 20)),
+                  "is truncated: the file has 20 bytes, fewer than the 32-byte header");
+  size_t payload = full.size() - 32;
+  for (size_t keep : {size_t(0), size_t(1), payload / 2, payload - 1}) {
+    std::string e = open_error(full.substr(0, 32 + keep));
+    EXPECT_CONTAINS(e, "tiny.plan: error: is truncated: header says ");
+    EXPECT_CONTAINS(e, " payload bytes, file has " + grouped(keep) + ";");
+    EXPECT_CONTAINS(e, "recompile it");
+  }
+  // Thousands are grouped as the message promises.
+  std::string big = full.substr(0, 32);
+  uint64_t claimed = 123456;
+  std::memcpy(&big[16], &claimed, 8);
+  big += std::string(1024, '\0');
+  EXPECT_CONTAINS(open_error(big), "is truncated: header says 123,456 payload bytes, file has 1,024; recompile it");
+  EXPECT_CONTAINS(open_error(full + "xx"), "is corrupt: header says");
+}
+
+TEST(PlanReader, CorruptPayloadFailsTheChecksum) {
+  Tiny t;
+  std::string bytes = file_bytes(t.d);
+  for (size_t at : {size_t(32), bytes.size() / 2, bytes.size() - 1}) {
+    std::string b = bytes;
+    b[at] = char(b[at] ^ 0x10);
+    EXPECT_EQ(open_error(b), "tiny.plan: error: is corrupt: checksum mismatch; recompile it with `mtc compile`");
+  }
+}
+
+TEST(PlanReader, BadMagicVersionAndFlags) {
+  Tiny t;
+  std::string bytes = file_bytes(t.d);
+  std::string b = bytes;
+  b[0] = 'X';
+  EXPECT_EQ(open_error(b), "tiny.plan: error: not an mt plan (the file does not start with MTPLAN); "
+                           "pass the file written by `mtc compile -o`");
+  EXPECT_CONTAINS(open_error("GPT2 weights, not a plan at all"), "not an mt plan");
+
+  b = bytes;
+  uint32_t seven = 7;
+  std::memcpy(&b[8], &seven, 4);
+  EXPECT_EQ(open_error(b), "tiny.plan: error: was written by plan format version 7; this mtrun reads "
+                           "version 1; recompile it with the mtc that matches this mtrun");
+  b = bytes;
+  uint32_t flags = 4;
+  std::memcpy(&b[12], &flags, 4);
+  EXPECT_CONTAINS(open_error(b), "has header flags 0x4");
+}
+
+TEST(PlanReader, PayloadThatIsNotAPlan) {
+  // A well-formed header around bytes that are not an mt plan FlatBuffer.
+  std::string junk(64, '\x5a');
+  std::string b = mt::rt::wrap_plan_payload(reinterpret_cast<const uint8_t *>(junk.data()), junk.size());
+  EXPECT_CONTAINS(open_error(b), "the payload is not an mt plan FlatBuffer (file identifier is not MTPL)");
+
+  // The right identifier, but a root offset pointing outside the buffer.
+  Tiny t;
+  std::string p = payload(t.d);
+  uint32_t far = uint32_t(p.size() + 1000);
+  std::memcpy(&p[0], &far, 4);
+  b = mt::rt::wrap_plan_payload(reinterpret_cast<const uint8_t *>(p.data()), p.size());
+  EXPECT_CONTAINS(open_error(b), "the payload fails FlatBuffers verification");
+}
+
+TEST(PlanReader, MutatedPayloadsAreRejectedOrVerifiedNeverTrusted) {
+  // Random byte changes behind a valid header and checksum: the reader must
+  // answer every one with a plan or an error line, reading nothing out of
+  // bounds (the sanitizer builds watch this).
+  Tiny t(true);
+  const std::string base = payload(t.d);
+  uint64_t s = 12345;
+  auto next = [&]() {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return s >> 33;
+  };
+  int rejected = 0;
+  for (int round = 0; round < 3000; ++round) {
+    std::string p = base;
+    for (int k = 0, n = 1 + int(next() % 4); k < n; ++k)
+      p[next() % p.size()] = char(next());
+    std::string error;
+    auto f = PlanFile::from_bytes(
+        mt::rt::wrap_plan_payload(reinterpret_cast<const uint8_t *>(p.data()), p.size()),
+        "fuzz.plan", &error);
+    if (!f) {
+      ++rejected;
+      EXPECT_EQ(error.rfind("fuzz.plan: error: ", 0), 0u) << error;
+      EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+      continue;
+    }
+    // What passes verification is safe to execute (inputs zeroed: token 0
+    // is in every vocabulary); errors are fine, stray accesses are not.
+    const pl::Rank &r = *f->plan()->ranks()->Get(0);
+    if (r.arena_bytes() > (1u << 20) || r.state_bytes() > (1u << 20))
+      continue;
+    CpuExecutor ex(*f->plan(), r.rank());
+    ex.init_params(1);
+    for (size_t i = 0; i < (r.programs() ? r.programs()->size() : 0); ++i) {
+      const pl::Program *prog = r.programs()->Get(uint32_t(i));
+      for (size_t k = 0; k < (prog->inputs() ? prog->inputs()->size() : 0); ++k) {
+        const uint32_t v = prog->inputs()->Get(uint32_t(k));
+        const pl::Value &val = *prog->values()->Get(v);
+        const size_t width = val.dtype() == DType::I64 ? 8 : 4; // floats are f32 on the CPU
+        std::memset(ex.value_data(*prog, v), 0, size_t(mt::rt::element_count(val)) * width);
+      }
+      ex.run(*prog, 0);
+    }
+  }
+  EXPECT_GT(rejected, 100);
+}
+
+std::string semantic_error(const PlanDesc &d) { return open_error(file_bytes(d)); }
+
+TEST(PlanReader, SemanticErrors) {
+  {
+    Tiny t; // MATMUL with one input
+    t.d.programs[1].code[2].in.pop_back();
+    EXPECT_EQ(semantic_error(t.d),
+              "tiny.plan: error: rank 0, program train_step #2 (mlp.linear_fc1) MATMUL: has 1 "
+              "inputs, its signature has 2; recompile it with `mtc compile` (if the same mtc "
+              "wrote it, report an mtc bug)");
+  }
+  {
+    Tiny t; // an unknown opcode
+    t.d.programs[0].code[1].op = Opcode(200);
+    EXPECT_CONTAINS(semantic_error(t.d), "rank 0, program eval_step #1 (final_layernorm) opcode 200: "
+                                         "unknown opcode; this mtrun knows opcodes 0 to 32");
+  }
+  {
+    Tiny t; // GELU without its tanh flag
+    t.d.programs[0].code[4].ints.clear();
+    EXPECT_CONTAINS(semantic_error(t.d), "program eval_step #4 (mlp gelu) GELU: has 0 ints, its signature has 1");
+  }
+  {
+    Tiny t; // a value index out of range
+    t.d.programs[1].code[3].out = {99};
+    EXPECT_CONTAINS(semantic_error(t.d), "rank 0, program train_step #3 (mlp.linear_fc1 bias) BIAS_ADD: "
+                                         "out[0] is value 99, but the program has ");
+  }
+  {
+    Tiny t; // a parameter index out of range
+    t.d.programs[1].code.back().params = {7};
+    EXPECT_CONTAINS(semantic_error(t.d), "EMBEDDING_GRAD: params[0] is parameter 7, but rank 0 has 5 parameters");
+  }
+  {
+    Tiny t; // an arena value past arena_bytes
+    t.d.programs[0].values[t.d.programs[0].values.size() - 1].offset = t.d.arena_bytes;
+    EXPECT_CONTAINS(semantic_error(t.d), "rank 0, program eval_step: value ");
+    EXPECT_CONTAINS(semantic_error(t.d), "(%loss) at arena offset " + grouped(t.d.arena_bytes) +
+                                             " with 4 bytes ends past arena_bytes " +
+                                             grouped(t.d.arena_bytes));
+  }
+  {
+    Tiny t; // a misaligned parameter
+    t.d.params[1].weight += 32;
+    EXPECT_CONTAINS(semantic_error(t.d), "rank 0: parameter 1 (decoder.final_layernorm.weight): "
+                                         "weight_offset " + std::to_string(t.d.params[1].weight) +
+                                         " is not a multiple of 64 bytes");
+  }
+  {
+    Tiny t; // state past state_bytes
+    t.d.state_bytes -= 64;
+    EXPECT_CONTAINS(semantic_error(t.d), "bytes ends past state_bytes");
+  }
+  {
+    Tiny t; // overlapping parameter buffers
+    t.d.params[2].weight = t.d.params[1].weight;
+    EXPECT_CONTAINS(semantic_error(t.d), "overlap in the state buffer");
+  }
+  {
+    Tiny t; // a weight value whose shape differs from its parameter's
+    t.d.programs[0].values[2].shape = {Tiny::H, Tiny::Vocab};
+    EXPECT_CONTAINS(semantic_error(t.d), "has shape [8,11], but parameter 0 has [11,8]");
+  }
+  {
+    Tiny t; // a weight value naming a missing parameter
+    t.d.programs[0].values[2].offset = 9;
+    EXPECT_CONTAINS(semantic_error(t.d), "refers to parameter 9, but rank 0 has 5 parameters");
+  }
+  {
+    Tiny t; // operand dtype: float labels
+    t.d.programs[0].values[1].dtype = DType::F32;
+    EXPECT_CONTAINS(semantic_error(t.d), "CROSS_ENTROPY: in[1] (%labels [2,3] f32) must be an i32 tensor");
+  }
+  {
+    Tiny t; // shapes that do not chain
+    t.d.programs[0].values[t.d.programs[0].code[2].out[0]].shape = {Tiny::B, Tiny::S, 5};
+    EXPECT_CONTAINS(semantic_error(t.d), "MATMUL: needs x[..., in], w[out, in] -> y[..., out]");
+  }
+  {
+    Tiny t; // a read before any write
+    std::swap(t.d.programs[0].code[0], t.d.programs[0].code[1]);
+    EXPECT_CONTAINS(semantic_error(t.d), "#0 (final_layernorm) LAYER_NORM: in[0] (%x0) is read before any instruction writes it");
+  }
+  {
+    Tiny t; // program output out of range
+    t.d.programs[0].outputs = {1000};
+    EXPECT_CONTAINS(semantic_error(t.d), "program eval_step: output 0 is value 1000");
+  }
+  {
+    Tiny t(true); // FUSED naming a kernel that does not exist
+    t.d.programs[0].code[3].ints = {3};
+    EXPECT_CONTAINS(semantic_error(t.d), "FUSED: ints[0] is kernel 3, but the plan has 1 kernels");
+  }
+  {
+    Tiny t(true); // a kernel scratch value past cpu_scratch_bytes
+    t.d.kernels[0].scratch = 64;
+    EXPECT_CONTAINS(semantic_error(t.d), "rank 0, kernel 0 (fused_bias_gelu): value 4 (%t)");
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Executor: the tiny model against the double-precision reference.
+
+TEST(CpuExecutor, TinyModelLossAndGradientsMatchReference) {
+  Tiny t;
+  auto f = open_ok(t.d);
+  ASSERT_NE(f, nullptr);
+  CpuExecutor ex(*f->plan(), 0);
+  EXPECT_EQ(ex.cpu_arena_bytes(), t.d.arena_bytes); // all f32: no scaling
+  ex.init_params(1);
+  RefTiny ref;
+  set_weights(ex, t, ref);
+  const pl::Program *train = ex.program("train_step");
+  ASSERT_NE(train, nullptr);
+  EXPECT_EQ(ex.program("no_such_program"), nullptr);
+
+  float loss = run_loss(ex, *train, t.tokens, t.labels);
+  std::vector<double> g[5];
+  for (int k = 0; k < 5; ++k)
+    g[k].assign(ref.w[k].size(), 0.0);
+  double ref_loss = ref.run(t.tokens, t.labels, g);
+  EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss));
+
+  // The reference backward itself agrees with its own central differences.
+  for (int k = 0; k < 5; ++k)
+    for (size_t i = 0; i < ref.w[k].size(); i += 3) {
+      RefTiny r = ref;
+      const double h = 1e-6;
+      r.w[k][i] += h;
+      double up = r.run(t.tokens, t.labels, nullptr);
+      r.w[k][i] -= 2 * h;
+      double down = r.run(t.tokens, t.labels, nullptr);
+      EXPECT_NEAR(g[k][i], (up - down) / (2 * h), 1e-7) << "reference param " << k << "[" << i << "]";
+    }
+
+  const int params[5] = {t.table, t.lnw, t.lnb, t.w1, t.b1};
+  for (int k = 0; k < 5; ++k) {
+    const float *gx = ex.grad(params[k]);
+    for (size_t i = 0; i < g[k].size(); ++i)
+      EXPECT_NEAR(gx[i], g[k][i], 2e-6 + 1e-4 * std::abs(g[k][i])) << "param " << k << "[" << i << "]";
+  }
+
+  // Gradients accumulate over runs; loss_scale multiplies the seed.
+  std::vector<float> once(ex.grad(t.w1), ex.grad(t.w1) + ex.param_elements(t.w1));
+  ex.loss_scale = 4.0f;
+  run_loss(ex, *train, t.tokens, t.labels);
+  for (size_t i = 0; i < once.size(); ++i)
+    EXPECT_NEAR(ex.grad(t.w1)[i], 5.0f * once[i], 1e-5 + 1e-5 * std::abs(once[i]));
+  ex.zero_grads();
+  for (int64_t i = 0; i < ex.param_elements(t.table); ++i)
+    ASSERT_EQ(ex.grad(t.table)[i], 0.0f);
+}
+
+TEST(CpuExecutor, Bf16ParameterLivesInTheScaledState) {
+  // w1 is bf16: the state doubles, its weights are floats at twice the plan
+  // offset, and its gradient (f32) too; results still match the reference.
+  Tiny t(false, DType::BF16);
+  auto f = open_ok(t.d);
+  ASSERT_NE(f, nullptr);
+  CpuExecutor ex(*f->plan(), 0);
+  EXPECT_EQ(ex.cpu_state_bytes(), 2 * t.d.state_bytes);
+  EXPECT_EQ(ex.cpu_arena_bytes(), t.d.arena_bytes);
+  RefTiny ref;
+  set_weights(ex, t, ref);
+  float *w1 = ex.weight(t.w1);
+  EXPECT_EQ(reinterpret_cast<char *>(w1) - reinterpret_cast<char *>(ex.weight(t.table)),
+            2 * (t.d.params[size_t(t.w1)].weight - t.d.params[size_t(t.table)].weight));
+  for (int64_t i = 0; i < ex.param_elements(t.w1); ++i)
+    ref.w[3][size_t(i)] = w1[i] = ref_bf16(w1[i]);
+  ex.zero_grads();
+  float loss = run_loss(ex, *ex.program("train_step"), t.tokens, t.labels);
+  std::vector<double> g[5];
+  for (int k = 0; k < 5; ++k)
+    g[k].assign(ref.w[k].size(), 0.0);
+  EXPECT_NEAR(loss, ref.run(t.tokens, t.labels, g), 1e-5);
+  for (size_t i = 0; i < g[3].size(); ++i)
+    EXPECT_NEAR(ex.grad(t.w1)[i], g[3][i], 2e-6 + 1e-4 * std::abs(g[3][i]));
+}
+
+TEST(CpuExecutor, TinyModelGradientsMatchFiniteDifferencesOfTheForwardProgram) {
+  Tiny t;
+  auto f = open_ok(t.d);
+  ASSERT_NE(f, nullptr);
+  CpuExecutor ex(*f->plan(), 0);
+  RefTiny ref;
+  set_weights(ex, t, ref);
+  const pl::Program *train = ex.program("train_step");
+  const pl::Program *eval = ex.program("eval_step");
+  ex.zero_grads();
+  run_loss(ex, *train, t.tokens, t.labels);
+  const int params[5] = {t.table, t.lnw, t.lnb, t.w1, t.b1};
+  const float h = 1e-2f;
+  int checked = 0;
+  for (int p : params) {
+    float *w = ex.weight(p);
+    for (int64_t i = 0; i < ex.param_elements(p); ++i) {
+      const float keep = w[i];
+      w[i] = keep + h;
+      double up = run_loss(ex, *eval, t.tokens, t.labels);
+      w[i] = keep - h;
+      double down = run_loss(ex, *eval, t.tokens, t.labels);
+      w[i] = keep;
+      double fd = (up - down) / (2.0 * double(h));
+      EXPECT_NEAR(ex.grad(p)[i], fd, 1e-3 + 1e-2 * std::abs(fd)) << "param " << p << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 11 * 8 + 8 + 8 + 64 + 8);
+}
+
+TEST(CpuExecutor, FusedKernelMatchesTheUnfusedInstructions) {
+  Tiny plain, fused(true);
+  auto fp = open_ok(plain.d), ff = open_ok(fused.d);
+  ASSERT_NE(fp, nullptr);
+  ASSERT_NE(ff, nullptr);
+  CpuExecutor a(*fp->plan(), 0), b(*ff->plan(), 0);
+  RefTiny ra, rb;
+  set_weights(a, plain, ra);
+  set_weights(b, fused, rb);
+  a.zero_grads();
+  b.zero_grads();
+  for (bool check : {false, true}) {
+    b.set_check_memory_plan(check);
+    EXPECT_EQ(run_loss(a, *a.program("train_step"), plain.tokens, plain.labels),
+              run_loss(b, *b.program("train_step"), fused.tokens, fused.labels));
+  }
+  for (int p = 0; p < 5; ++p)
+    for (int64_t i = 0; i < a.param_elements(p); ++i)
+      ASSERT_EQ(a.grad(p)[i], b.grad(p)[i]) << "param " << p << "[" << i << "]";
+}
+
+TEST(CpuExecutor, TokenOutOfRangeIsAnErrorNamingTheInstruction) {
+  Tiny t;
+  auto f = open_ok(t.d);
+  ASSERT_NE(f, nullptr);
+  CpuExecutor ex(*f->plan(), 0);
+  ex.init_params(3);
+  const pl::Program *p = ex.program("eval_step");
+  std::vector<int32_t> tokens = t.tokens;
+  tokens[4] = 50;
+  write_ids(ex, *p, find_value(*p, "tokens"), tokens);
+  write_ids(ex, *p, find_value(*p, "labels"), t.labels);
+  EXPECT_EQ(ex.run(*p, 0), "rank 0: eval_step #0 (embedding) EMBEDDING: token id 50 at position 4 "
+                           "of %tokens is outside [0, 11); check that the data was tokenized for "
+                           "this model's vocabulary");
+  std::vector<int32_t> labels = t.labels;
+  labels[1] = -1;
+  write_ids(ex, *p, find_value(*p, "tokens"), t.tokens);
+  write_ids(ex, *p, find_value(*p, "labels"), labels);
+  EXPECT_CONTAINS(ex.run(*p, 0), "rank 0: eval_step #6 (loss) CROSS_ENTROPY: label -1 at position 1 of %labels");
+}
+
+TEST(CpuExecutor, InitParamsIsReproducibleAndFollowsInit) {
+  PlanDesc d;
+  int big = d.param("big", {64, 64}, pl::Init::NORMAL, DType::BF16, true, true);
+  int ones = d.param("ones", {5}, pl::Init::ONES);
+  int zeros = d.param("zeros", {5}, pl::Init::ZEROS);
+  d.params[size_t(big)].init_std = 0.02;
+  d.program("empty");
+  auto f = open_ok(d);
+  ASSERT_NE(f, nullptr);
+  CpuExecutor a(*f->plan(), 0), b(*f->plan(), 0), c(*f->plan(), 0);
+  EXPECT_EQ(a.cpu_state_bytes(), 2 * d.state_bytes); // a bf16 parameter scales the state
+  a.init_params(1234);
+  b.init_params(1234);
+  c.init_params(1235);
+  const int64_t n = a.param_elements(big);
+  double sum = 0, sq = 0;
+  bool differs = false;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(a.weight(big)[i], b.weight(big)[i]);
+    ASSERT_EQ(a.weight(big)[i], ref_bf16(a.weight(big)[i])) << "bf16 weights are rounded";
+    ASSERT_EQ(a.master(big)[i], a.weight(big)[i]);
+    ASSERT_EQ(a.exp_avg(big)[i], 0.0f);
+    ASSERT_EQ(a.grad(big)[i], 0.0f);
+    differs |= a.weight(big)[i] != c.weight(big)[i];
+    sum += a.weight(big)[i];
+    sq += double(a.weight(big)[i]) * a.weight(big)[i];
+  }
+  EXPECT_TRUE(differs);
+  EXPECT_NEAR(sum / n, 0.0, 0.002);
+  EXPECT_NEAR(std::sqrt(sq / n), 0.02, 0.002);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(a.weight(ones)[i], 1.0f);
+    EXPECT_EQ(a.weight(zeros)[i], 0.0f);
+  }
+  EXPECT_EQ(a.master(ones), nullptr);
+  EXPECT_EQ(a.exp_avg(ones), nullptr);
+}
+
+// ---------------------------------------------------------------------------
+// Optimizer programs.
+
+struct ScalarProgram {
+  PlanDesc d;
+  Prog *p;
+  ScalarProgram() { p = &d.program("step"); }
+};
+
+TEST(CpuExecutor, LrScheduleMatchesMegatron) {
+  // Hand-computed values of Megatron-LM's OptimizerParamScheduler.get_lr
+  // (init_lr 0) at num_steps = `steps`, with lr 0.01 and min_lr 0.001.
+  struct Case {
+    pl::LrStyle style;
+    int64_t warmup, decay, steps;
+    double lr;
+  };
+  const Case cases[] = {
+      {pl::LrStyle::CONSTANT, 10, 110, 0, 0.0},        // warm-up starts at 0
+      {pl::LrStyle::CONSTANT, 10, 110, 5, 0.005},
+      {pl::LrStyle::CONSTANT, 10, 110, 10, 0.01},      // steps <= warmup is still warm-up
+      {pl::LrStyle::CONSTANT, 10, 110, 500, 0.01},     // constant ignores decay_iters
+      {pl::LrStyle::CONSTANT, 0, 110, 0, 0.01},        // no warm-up
+      {pl::LrStyle::LINEAR, 10, 110, 3, 0.003},
+      {pl::LrStyle::LINEAR, 10, 110, 35, 0.00775},     // ratio 0.25
+      {pl::LrStyle::LINEAR, 10, 110, 60, 0.0055},      // ratio 0.5
+      {pl::LrStyle::LINEAR, 10, 110, 110, 0.001},      // ratio 1
+      {pl::LrStyle::LINEAR, 10, 110, 111, 0.001},      // past decay_iters
+      {pl::LrStyle::COSINE, 10, 110, 35, 0.0086819805153394640},  // 0.001 + 0.009 * (cos(pi/4) + 1) / 2
+      {pl::LrStyle::COSINE, 10, 110, 60, 0.0055},
+      {pl::LrStyle::COSINE, 10, 110, 85, 0.0023180194846605362},
+      {pl::LrStyle::COSINE, 10, 110, 110, 0.001},
+      {pl::LrStyle::COSINE, 10, 110, 1000, 0.001},
+      {pl::LrStyle::COSINE, 0, 100, 0, 0.01},
+      {pl::LrStyle::INVERSE_SQUARE_ROOT, 10, 2000, 4, 0.004},
+      {pl::LrStyle::INVERSE_SQUARE_ROOT, 10, 2000, 40, 0.005},   // 0.01 * sqrt(10 / 40)
+      {pl::LrStyle::INVERSE_SQUARE_ROOT, 10, 2000, 90, 0.01 / 3},
+      {pl::LrStyle::INVERSE_SQUARE_ROOT, 10, 2000, 1690, 0.001}, // clamped at min_lr
+      {pl::LrStyle::INVERSE_SQUARE_ROOT, 10, 2000, 2001, 0.001}, // past decay_iters
+      {pl::LrStyle::INVERSE_SQUARE_ROOT, 0, 2000, 0, 0.01},      // warmup and steps taken as 1
+      {pl::LrStyle::INVERSE_SQUARE_ROOT, 0, 2000, 4, 0.005},
+  };
+  for (const Case &c : cases) {
+    ScalarProgram s;
+    uint32_t it = s.d.input(*s.p, "iteration", {}, DType::I64);
+    uint32_t lr = s.d.arena(*s.p, "lr", {});
+    PlanDesc::op(*s.p, Opcode::LR_SCHEDULE, {it}, {lr}, {}, {int64_t(c.style), c.warmup, c.decay},
+                 {0.01, 0.001}, "lr");
+    PlanDesc::output(*s.p, lr, "lr");
+    auto f = open_ok(s.d);
+    ASSERT_NE(f, nullptr);
+    CpuExecutor ex(*f->plan(), 0);
+    const pl::Program &p = *ex.program("step");
+    *static_cast<int64_t *>(ex.value_data(p, it)) = c.steps;
+    ASSERT_EQ(ex.run(p, 0), "");
+    EXPECT_FLOAT_EQ(*static_cast<float *>(ex.value_data(p, lr)), float(c.lr))
+        << pl::EnumNameLrStyle(c.style) << " warmup " << c.warmup << " decay " << c.decay
+        << " steps " << c.steps;
+  }
+}
+
+TEST(CpuExecutor, LrScheduleRejectsDecayNotPastWarmup) {
+  ScalarProgram s;
+  uint32_t it = s.d.input(*s.p, "iteration", {}, DType::I64);
+  uint32_t lr = s.d.arena(*s.p, "lr", {});
+  PlanDesc::op(*s.p, Opcode::LR_SCHEDULE, {it}, {lr}, {}, {int64_t(pl::LrStyle::COSINE), 10, 10},
+               {0.01, 0.001}, "lr");
+  EXPECT_CONTAINS(semantic_error(s.d), "LR_SCHEDULE: ints[2] (decay_iters 10) must exceed ints[1] (warmup 10)");
+}
+
+// AdamW in double for the reference: decoupled weight decay, bias correction.
+void ref_adamw(std::vector<double> &p, const std::vector<double> &g, std::vector<double> &m,
+               std::vector<double> &v, double lr, double b1, double b2, double eps, double wd,
+               int64_t step) {
+  for (size_t i = 0; i < p.size(); ++i) {
+    p[i] -= lr * wd * p[i];
+    m[i] = b1 * m[i] + (1 - b1) * g[i];
+    v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+    double mh = m[i] / (1 - std::pow(b1, double(step))), vh = v[i] / (1 - std::pow(b2, double(step)));
+    p[i] -= lr * mh / (std::sqrt(vh) + eps);
+  }
+}
+
+TEST(CpuExecutor, GradNormClipAndAdamW) {
+  // grad_norm, then optimizer_step as the compiler lays it out: lr schedule,
+  // clip coefficient, one ADAMW per parameter (one f32, one bf16 with master).
+  PlanDesc d;
+  int a = d.param("a.weight", {4, 8}, pl::Init::NORMAL, DType::F32, true);
+  int b = d.param("b.weight", {16}, pl::Init::NORMAL, DType::BF16, true, true);
+  Prog &gn = d.program("grad_norm");
+  uint32_t norm_out = d.arena(gn, "norm", {});
+  PlanDesc::op(gn, Opcode::GRAD_NORM, {}, {norm_out}, {}, {}, {}, "grad_norm");
+  PlanDesc::output(gn, norm_out, "grad_norm");
+  Prog &st = d.program("optimizer_step");
+  uint32_t steps = d.input(st, "steps", {}, DType::I64);
+  uint32_t step = d.input(st, "step", {}, DType::I64);
+  uint32_t norm = d.input(st, "grad_norm", {});
+  uint32_t lr = d.arena(st, "lr", {}), clip = d.arena(st, "clip", {});
+  const double max_norm = 0.5, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+  PlanDesc::op(st, Opcode::LR_SCHEDULE, {steps}, {lr}, {}, {int64_t(pl::LrStyle::CONSTANT), 0, 100},
+               {0.01, 0.0}, "lr");
+  PlanDesc::op(st, Opcode::CLIP_COEFF, {norm}, {clip}, {}, {}, {max_norm}, "clip");
+  PlanDesc::op(st, Opcode::ADAMW, {lr, clip, step}, {}, {uint32_t(a)}, {}, {b1, b2, eps, wd}, "adamw a");
+  PlanDesc::op(st, Opcode::ADAMW, {lr, clip, step}, {}, {uint32_t(b)}, {}, {b1, b2, eps, 0.0}, "adamw b");
+  PlanDesc::output(st, lr, "lr");
+  auto f = open_ok(d);
+  ASSERT_NE(f, nullptr);
+  CpuExecutor ex(*f->plan(), 0);
+  ex.init_params(7);
+
+  std::vector<double> p[2], m[2], v[2];
+  const int ids[2] = {a, b};
+  for (int k = 0; k < 2; ++k) {
+    int64_t n = ex.param_elements(ids[k]);
+    p[k].assign(ex.weight(ids[k]), ex.weight(ids[k]) + n);
+    m[k].assign(size_t(n), 0.0);
+    v[k].assign(size_t(n), 0.0);
+  }
+  const pl::Program &gprog = *ex.program("grad_norm");
+  const pl::Program &sprog = *ex.program("optimizer_step");
+  for (int64_t it = 1; it <= 2; ++it) {
+    double sq = 0;
+    std::vector<double> g[2];
+    for (int k = 0; k < 2; ++k) {
+      fill(ex.grad(ids[k]), ex.param_elements(ids[k]), uint64_t(10 * it + k), 0.3);
+      g[k].assign(ex.grad(ids[k]), ex.grad(ids[k]) + ex.param_elements(ids[k]));
+      for (double x : g[k])
+        sq += x * x;
+    }
+    ASSERT_EQ(ex.run(gprog, 0), "");
+    float norm_value = *static_cast<float *>(ex.value_data(gprog, norm_out));
+    EXPECT_NEAR(norm_value, std::sqrt(sq), 1e-6 * std::sqrt(sq));
+    ASSERT_GT(norm_value, max_norm); // so the update is clipped
+
+    *static_cast<int64_t *>(ex.value_data(sprog, steps)) = it - 1;
+    *static_cast<int64_t *>(ex.value_data(sprog, step)) = it;
+    *static_cast<float *>(ex.value_data(sprog, norm)) = norm_value;
+    ASSERT_EQ(ex.run(sprog, 0), "");
+    EXPECT_FLOAT_EQ(*static_cast<float *>(ex.value_data(sprog, clip)),
+                    float(max_norm / (double(norm_value) + 1e-6)));
+    const double c = double(*static_cast<float *>(ex.value_data(sprog, clip)));
+    for (int k = 0; k < 2; ++k) {
+      std::vector<double> gc = g[k];
+      for (double &x : gc)
+        x = double(float(x) * float(c));
+      ref_adamw(p[k], gc, m[k], v[k], 0.01, b1, b2, eps, k == 0 ? wd : 0.0, it);
+      const float *now = k == 0 ? ex.weight(ids[k]) : ex.master(ids[k]);
+      for (size_t i = 0; i < p[k].size(); ++i) {
+        EXPECT_NEAR(now[i], p[k][i], 1e-6) << "param " << k << "[" << i << "] step " << it;
+        EXPECT_NEAR(ex.exp_avg(ids[k])[i], m[k][i], 1e-7);
+        EXPECT_EQ(ex.grad(ids[k])[i], float(g[k][i])) << "the gradient buffer is not clipped in place";
+      }
+    }
+    for (int64_t i = 0; i < ex.param_elements(b); ++i)
+      ASSERT_EQ(ex.weight(b)[i], ref_bf16(ex.master(b)[i])) << "bf16 weights are the rounded master";
+    // The reference continues from the executor's master copy of b.
+    p[1].assign(ex.master(b), ex.master(b) + ex.param_elements(b));
+  }
+}
+
+TEST(CpuExecutor, ClipCoeffIsOneWhenOffOrBelowMaxNorm) {
+  const std::tuple<double, float, float> cases[] = {{0.0, 5.0f, 1.0f},
+                                                    {-1.0, 5.0f, 1.0f},
+                                                    {10.0, 5.0f, 1.0f},
+                                                    {1.0, 3.0f, float(1.0 / (3.0 + 1e-6))},
+                                                    {1.0, NAN, 1.0f}};
+  for (auto [max_norm, norm, want] : cases) {
+    ScalarProgram s;
+    uint32_t in = s.d.input(*s.p, "norm", {});
+    uint32_t out = s.d.arena(*s.p, "clip", {});
+    PlanDesc::op(*s.p, Opcode::CLIP_COEFF, {in}, {out}, {}, {}, {max_norm}, "clip");
+    PlanDesc::output(*s.p, out, "clip");
+    auto f = open_ok(s.d);
+    ASSERT_NE(f, nullptr);
+    CpuExecutor ex(*f->plan(), 0);
+    const pl::Program &p = *ex.program("step");
+    *static_cast<float *>(ex.value_data(p, in)) = norm;
+    ASSERT_EQ(ex.run(p, 0), "");
+    EXPECT_FLOAT_EQ(*static_cast<float *>(ex.value_data(p, out)), want) << max_norm << " " << norm;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Reduced precision.
+
+TEST(CpuExecutor, ReducedPrecisionOutputsAreRounded) {
+  ScalarProgram s;
+  const int64_t n = 6;
+  uint32_t x = s.d.input(*s.p, "x", {n});
+  uint32_t y16 = s.d.arena(*s.p, "y_bf16", {n}, DType::BF16);
+  uint32_t h16 = s.d.arena(*s.p, "y_f16", {n}, DType::F16);
+  uint32_t z = s.d.arena(*s.p, "z", {n}); // f32 reading the bf16 value
+  PlanDesc::op(*s.p, Opcode::ADD, {x, x}, {y16}, {}, {}, {}, "to bf16");
+  PlanDesc::op(*s.p, Opcode::ADD, {x, x}, {h16}, {}, {}, {}, "to f16");
+  PlanDesc::op(*s.p, Opcode::ADD, {y16, x}, {z}, {}, {}, {}, "back to f32");
+  PlanDesc::output(*s.p, y16, "y_bf16");
+  PlanDesc::output(*s.p, h16, "y_f16");
+  PlanDesc::output(*s.p, z, "z");
+  auto f = open_ok(s.d);
+  ASSERT_NE(f, nullptr);
+  CpuExecutor ex(*f->plan(), 0);
+  EXPECT_EQ(ex.cpu_arena_bytes(), 2 * s.d.arena_bytes); // bf16 values scale the arena
+  ex.set_check_memory_plan(true);
+  const pl::Program &p = *ex.program("step");
+  const float in[n] = {1.0f + 3.0f / 512, 0.1f, -3.14159f, 1000.7f, 1.0f + 1.0f / 4096, 1e-3f};
+  std::memcpy(ex.value_data(p, x), in, sizeof(in));
+  ASSERT_EQ(ex.run(p, 0), "");
+  const float *yb = static_cast<float *>(ex.value_data(p, y16));
+  const float *yh = static_cast<float *>(ex.value_data(p, h16));
+  const float *zz = static_cast<float *>(ex.value_data(p, z));
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(yb[i], ref_bf16(in[i] + in[i])) << i;
+    EXPECT_EQ(yh[i], ref_fp16(in[i] + in[i])) << i;
+    EXPECT_EQ(zz[i], ref_bf16(in[i] + in[i]) + in[i]) << i;
+  }
+  EXPECT_NE(yb[0], in[0] + in[0]); // the rounding is visible
+  EXPECT_EQ(yb[0], 2.015625f);
+}
+
+// ---------------------------------------------------------------------------
+// --check-memory-plan.
+
+// Re-lays out a program's arena values by liveness, first fit, as a memory
+// planner would; `early` releases each value that many instructions before
+// its last reader finished with it (a planner bug).
+void relayout(PlanDesc &d, Prog &p, int early) {
+  d.arena_bytes = 0;
+  for (const Prog &q : d.programs)
+    if (&q != &p)
+      d.arena_bytes = std::max(d.arena_bytes, q.top);
+  const size_t n = p.code.size();
+  std::vector<int64_t> last(p.values.size(), -1);
+  for (size_t i = 0; i < n; ++i)
+    for (uint32_t v : p.code[i].in)
+      last[v] = std::max<int64_t>(last[v], int64_t(i));
+  for (uint32_t v : p.outputs)
+    last[v] = int64_t(n);
+  std::map<uint64_t, uint64_t> used; // offset -> size
+  auto place = [&](uint32_t v) {
+    uint64_t size = round_up(uint64_t(numel(p.values[v].shape)) * dtype_bytes(p.values[v].dtype), 64);
+    uint64_t at = 0;
+    for (auto [o, s] : used) {
+      if (at + size <= o)
+        break;
+      at = std::max(at, o + s);
+    }
+    used[at] = size;
+    p.values[v].offset = at;
+    d.arena_bytes = std::max(d.arena_bytes, at + size);
+  };
+  for (uint32_t v : p.inputs)
+    place(v);
+  for (size_t i = 0; i < n; ++i) {
+    for (uint32_t v : p.code[i].out)
+      place(v);
+    for (uint32_t v = 0; v < p.values.size(); ++v)
+      if (p.values[v].region == Region::ARENA && last[v] - early == int64_t(i) && last[v] < int64_t(n))
+        used.erase(p.values[v].offset);
+  }
+}
+
+TEST(CpuExecutor, CheckMemoryPlanPassesACorrectReusingLayout) {
+  Tiny bump, reused;
+  relayout(reused.d, reused.d.programs[1], 0);
+  EXPECT_LT(reused.d.arena_bytes, bump.d.arena_bytes);
+  auto fb = open_ok(bump.d), fr = open_ok(reused.d);
+  ASSERT_NE(fr, nullptr);
+  CpuExecutor a(*fb->plan(), 0), b(*fr->plan(), 0);
+  RefTiny ra, rb;
+  set_weights(a, bump, ra);
+  set_weights(b, reused, rb);
+  a.zero_grads();
+  b.zero_grads();
+  const pl::Program &pa = *a.program("train_step");
+  const float unchecked = run_loss(a, pa, bump.tokens, bump.labels);
+  a.zero_grads();
+  a.set_check_memory_plan(true);
+  b.set_check_memory_plan(true);
+  EXPECT_EQ(run_loss(a, pa, bump.tokens, bump.labels), unchecked);
+  EXPECT_EQ(run_loss(b, *b.program("train_step"), reused.tokens, reused.labels), unchecked);
+  for (int p = 0; p < 5; ++p)
+    for (int64_t i = 0; i < a.param_elements(p); ++i)
+      ASSERT_EQ(a.grad(p)[i], b.grad(p)[i]);
+  // Dead bytes are poisoned: in the bump layout nothing reuses x2's bytes
+  // after its last reader, so they hold the NaN pattern after the run.
+  const float *x2 = static_cast<float *>(a.value_data(pa, find_value(pa, "x2")));
+  for (int i = 0; i < Tiny::B * Tiny::S * Tiny::H; ++i)
+    ASSERT_TRUE(std::isnan(x2[i])) << i;
+}
+
+TEST(CpuExecutor, CheckMemoryPlanCatchesOverlappingLiveValues) {
+  // a and b are both live until y = a + b, but share bytes.
+  ScalarProgram s;
+  uint32_t x = s.d.input(*s.p, "x", {16});
+  uint32_t a = s.d.arena(*s.p, "a", {16});
+  uint32_t b = s.d.arena(*s.p, "b", {16});
+  uint32_t y = s.d.arena(*s.p, "y", {16});
+  s.p->values[b].offset = s.p->values[a].offset;
+  PlanDesc::op(*s.p, Opcode::GELU, {x}, {a}, {}, {0}, {}, "layers.0 gelu a");
+  PlanDesc::op(*s.p, Opcode::GELU, {x}, {b}, {}, {1}, {}, "layers.0 gelu b");
+  PlanDesc::op(*s.p, Opcode::ADD, {a, b}, {y}, {}, {}, {}, "layers.0 add");
+  PlanDesc::output(*s.p, y, "y");
+  auto f = open_ok(s.d); // the reader does not check lifetimes
+  ASSERT_NE(f, nullptr);
+  CpuExecutor ex(*f->plan(), 0);
+  const pl::Program &p = *ex.program("step");
+  fill(static_cast<float *>(ex.value_data(p, x)), 16, 5, 1.0);
+  EXPECT_EQ(ex.run(p, 0), ""); // unchecked, the wrong answer goes unnoticed
+  ex.set_check_memory_plan(true);
+  EXPECT_EQ(ex.run(p, 0), "rank 0: memory plan violation: step #2 (layers.0 add) ADD reads %a "
+                          "whose bytes were overwritten by %b at #1 (layers.0 gelu b) GELU");
+}
+
+TEST(CpuExecutor, CheckMemoryPlanCatchesAnEarlyRelease) {
+  // Releasing every value one instruction early lets a result land on an
+  // operand of its own instruction or on a value still to be read.
+  Tiny t;
+  relayout(t.d, t.d.programs[1], 1);
+  auto f = open_ok(t.d);
+  ASSERT_NE(f, nullptr);
+  CpuExecutor ex(*f->plan(), 0);
+  ex.init_params(1);
+  ex.set_check_memory_plan(true);
+  const pl::Program &p = *ex.program("train_step");
+  write_ids(ex, p, find_value(p, "tokens"), t.tokens);
+  write_ids(ex, p, find_value(p, "labels"), t.labels);
+  std::string e = ex.run(p, 0);
+  EXPECT_CONTAINS(e, "rank 0: memory plan violation: train_step #");
+  EXPECT_TRUE(e.find("whose bytes were overwritten by") != std::string::npos ||
+              e.find(", which it reads") != std::string::npos)
+      << e;
+}
+
+TEST(CpuExecutor, CheckMemoryPlanCatchesAResultOverItsOperand) {
+  ScalarProgram s;
+  uint32_t x = s.d.input(*s.p, "x", {16});
+  uint32_t y = s.d.arena(*s.p, "y", {16});
+  s.p->values[y].offset = s.p->values[x].offset + 32; // half over x
+  s.d.arena_bytes += 32;
+  PlanDesc::op(*s.p, Opcode::GELU, {x}, {y}, {}, {0}, {}, "gelu");
+  PlanDesc::output(*s.p, y, "y");
+  auto f = open_ok(s.d);
+  ASSERT_NE(f, nullptr);
+  CpuExecutor ex(*f->plan(), 0);
+  ex.set_check_memory_plan(true);
+  EXPECT_EQ(ex.run(*ex.program("step"), 0),
+            "rank 0: memory plan violation: step #0 (gelu) GELU writes %y over %x, which it reads");
+}
+
+TEST(CpuExecutor, ReshapeAliasSharesTheBytesOfItsSource) {
+  ScalarProgram s;
+  uint32_t x = s.d.input(*s.p, "x", {2, 8});
+  uint32_t a = s.d.arena(*s.p, "a", {2, 8});
+  uint32_t alias = s.d.arena(*s.p, "a_flat", {16});
+  s.p->values[alias].offset = s.p->values[a].offset; // RESHAPE in place
+  uint32_t copy = s.d.arena(*s.p, "a_copy", {4, 4}); // RESHAPE that copies
+  uint32_t y = s.d.arena(*s.p, "y", {16});
+  PlanDesc::op(*s.p, Opcode::GELU, {x}, {a}, {}, {1}, {}, "gelu");
+  PlanDesc::op(*s.p, Opcode::RESHAPE, {a}, {alias}, {}, {}, {}, "view");
+  PlanDesc::op(*s.p, Opcode::RESHAPE, {alias}, {copy}, {}, {}, {}, "copy");
+  PlanDesc::op(*s.p, Opcode::ADD, {alias, copy}, {y}, {}, {}, {}, "sum");
+  PlanDesc::output(*s.p, y, "y");
+  auto f = open_ok(s.d);
+  ASSERT_NE(f, nullptr);
+  CpuExecutor ex(*f->plan(), 0);
+  ex.set_check_memory_plan(true);
+  const pl::Program &p = *ex.program("step");
+  float *xin = static_cast<float *>(ex.value_data(p, x));
+  fill(xin, 16, 9, 2.0);
+  ASSERT_EQ(ex.run(p, 0), "");
+  const float *a_bytes = static_cast<float *>(ex.value_data(p, alias));
+  const float *out = static_cast<float *>(ex.value_data(p, y));
+  for (int i = 0; i < 16; ++i)
+    EXPECT_EQ(out[i], 2 * a_bytes[i]);
+}
+
+// ---------------------------------------------------------------------------
+// A Llama-style block exercising every other opcode, checked against
+// central differences of its own loss (dropout masks are fixed by the RNG
+// offset, so the loss is a deterministic function of the weights).
+
+struct Block {
+  static constexpr int B = 2, S = 4, Vocab = 13, H = 8, Heads = 2, Groups = 1, D = 4, F = 6;
+  PlanDesc d;
+  int tok, pos, n1, qkv, wo, n2, w1, w2, out;
+  uint32_t tokens, labels, loss;
+  std::vector<int32_t> token_ids = {1, 5, 12, 0, 7, 7, 3, 9};
+  std::vector<int32_t> label_ids = {5, 12, 0, 7, 7, 3, 9, 2};
+
+  Block() {
+    tok = d.param("embedding.word_embeddings.weight", {Vocab, H});
+    pos = d.param("embedding.position_embeddings.weight", {S, H});
+    n1 = d.param("layers.0.input_layernorm.weight", {H}, pl::Init::ONES);
+    qkv = d.param("layers.0.self_attention.linear_qkv.weight", {Groups * (Heads / Groups + 2) * D, H});
+    wo = d.param("layers.0.self_attention.linear_proj.weight", {H, Heads * D});
+    n2 = d.param("layers.0.pre_mlp_layernorm.weight", {H}, pl::Init::ONES);
+    w1 = d.param("layers.0.mlp.linear_fc1.weight", {2 * F, H});
+    w2 = d.param("layers.0.mlp.linear_fc2.weight", {H, F});
+    out = d.param("output_layer.weight", {Vocab, H});
+    Prog &p = d.program("train_step");
+    auto W = [&](int param) { return d.weight(p, param); };
+    auto A = [&](const char *name, std::vector<int64_t> shape) { return d.arena(p, name, shape); };
+    auto P = [](int i) { return uint32_t(i); };
+    using O = Opcode;
+    const double eps = 1e-5, base = 10000, scale = 1 / std::sqrt(double(D)), rate = 0.25;
+    tokens = d.input(p, "tokens", {B, S}, DType::I32);
+    labels = d.input(p, "labels", {B, S}, DType::I32);
+    uint32_t ids = d.arena(p, "position_ids", {B, S}, DType::I32);
+    uint32_t xt = A("xt", {B, S, H}), xp = A("xp", {B, S, H}), x0 = A("x0", {B, S, H});
+    uint32_t h1 = A("h1", {B, S, H}), q3 = A("qkv", {B, S, Groups * (Heads / Groups + 2) * D});
+    uint32_t q = A("q", {B, S, Heads, D}), k = A("k", {B, S, Groups, D}), v = A("v", {B, S, Groups, D});
+    uint32_t qr = A("qr", {B, S, Heads, D}), kr = A("kr", {B, S, Groups, D});
+    uint32_t o = A("o", {B, S, Heads, D}), o2 = A("o2", {B, S, Heads * D});
+    p.values[o2].offset = p.values[o].offset; // a view
+    uint32_t ao = A("ao", {B, S, H}), ad = A("ad", {B, S, H}), x5 = A("x5", {B, S, H});
+    uint32_t h2 = A("h2", {B, S, H}), u = A("u", {B, S, 2 * F}), sw = A("sw", {B, S, F});
+    uint32_t m = A("m", {B, S, H}), x6 = A("x6", {B, S, H}), logits = A("logits", {B, S, Vocab});
+    loss = A("loss", {});
+    PlanDesc::op(p, O::POSITION_IDS, {}, {ids});
+    PlanDesc::op(p, O::EMBEDDING, {W(tok), tokens}, {xt});
+    PlanDesc::op(p, O::EMBEDDING, {W(pos), ids}, {xp});
+    PlanDesc::op(p, O::ADD, {xt, xp}, {x0});
+    PlanDesc::op(p, O::RMS_NORM, {x0, W(n1)}, {h1}, {}, {}, {eps});
+    PlanDesc::op(p, O::MATMUL, {h1, W(qkv)}, {q3});
+    PlanDesc::op(p, O::SPLIT_QKV, {q3}, {q, k, v});
+    PlanDesc::op(p, O::ROPE, {q}, {qr}, {}, {}, {base});
+    PlanDesc::op(p, O::ROPE, {k}, {kr}, {}, {}, {base});
+    PlanDesc::op(p, O::ATTENTION, {qr, kr, v}, {o}, {}, {1, 1}, {scale, rate});
+    PlanDesc::op(p, O::RESHAPE, {o}, {o2});
+    PlanDesc::op(p, O::MATMUL, {o2, W(wo)}, {ao});
+    PlanDesc::op(p, O::DROPOUT, {ao}, {ad}, {}, {2}, {rate});
+    PlanDesc::op(p, O::ADD, {x0, ad}, {x5});
+    PlanDesc::op(p, O::RMS_NORM, {x5, W(n2)}, {h2}, {}, {}, {eps});
+    PlanDesc::op(p, O::MATMUL, {h2, W(w1)}, {u});
+    PlanDesc::op(p, O::SWIGLU, {u}, {sw});
+    PlanDesc::op(p, O::MATMUL, {sw, W(w2)}, {m});
+    PlanDesc::op(p, O::ADD, {x5, m}, {x6});
+    PlanDesc::op(p, O::MATMUL, {x6, W(out)}, {logits});
+    PlanDesc::op(p, O::CROSS_ENTROPY, {logits, labels}, {loss});
+    PlanDesc::output(p, loss, "loss");
+
+    uint32_t dl = A("dloss", {}), dlogits = A("dlogits", {B, S, Vocab}), dx6 = A("dx6", {B, S, H});
+    uint32_t dsw = A("dsw", {B, S, F}), du = A("du", {B, S, 2 * F}), dh2 = A("dh2", {B, S, H});
+    uint32_t dx5b = A("dx5b", {B, S, H}), dx5 = A("dx5", {B, S, H}), dao = A("dao", {B, S, H});
+    uint32_t do2 = A("do2", {B, S, Heads * D}), dov = A("do", {B, S, Heads, D});
+    p.values[dov].offset = p.values[do2].offset;
+    uint32_t dqr = A("dqr", {B, S, Heads, D}), dkr = A("dkr", {B, S, Groups, D}), dv = A("dv", {B, S, Groups, D});
+    uint32_t dq = A("dq", {B, S, Heads, D}), dk = A("dk", {B, S, Groups, D});
+    uint32_t dq3 = A("dqkv", {B, S, Groups * (Heads / Groups + 2) * D}), dh1 = A("dh1", {B, S, H});
+    uint32_t dx0b = A("dx0b", {B, S, H}), dx0 = A("dx0", {B, S, H});
+    PlanDesc::op(p, O::GRAD_SEED, {}, {dl}, {}, {}, {1.0});
+    PlanDesc::op(p, O::CROSS_ENTROPY_GRAD, {logits, labels, dl}, {dlogits});
+    PlanDesc::op(p, O::MATMUL_INPUT_GRAD, {dlogits, W(out)}, {dx6});
+    PlanDesc::op(p, O::MATMUL_WEIGHT_GRAD, {dlogits, x6}, {}, {P(out)});
+    PlanDesc::op(p, O::MATMUL_INPUT_GRAD, {dx6, W(w2)}, {dsw});
+    PlanDesc::op(p, O::MATMUL_WEIGHT_GRAD, {dx6, sw}, {}, {P(w2)});
+    PlanDesc::op(p, O::SWIGLU_GRAD, {dsw, u}, {du});
+    PlanDesc::op(p, O::MATMUL_INPUT_GRAD, {du, W(w1)}, {dh2});
+    PlanDesc::op(p, O::MATMUL_WEIGHT_GRAD, {du, h2}, {}, {P(w1)});
+    PlanDesc::op(p, O::RMS_NORM_GRAD, {dh2, x5, W(n2)}, {dx5b}, {P(n2)}, {}, {eps});
+    PlanDesc::op(p, O::ADD, {dx6, dx5b}, {dx5});
+    PlanDesc::op(p, O::DROPOUT, {dx5}, {dao}, {}, {2}, {rate}); // the same mask
+    PlanDesc::op(p, O::MATMUL_INPUT_GRAD, {dao, W(wo)}, {do2});
+    PlanDesc::op(p, O::MATMUL_WEIGHT_GRAD, {dao, o2}, {}, {P(wo)});
+    PlanDesc::op(p, O::RESHAPE, {do2}, {dov});
+    PlanDesc::op(p, O::ATTENTION_GRAD, {dov, qr, kr, v}, {dqr, dkr, dv}, {}, {1, 1}, {scale, rate});
+    PlanDesc::op(p, O::ROPE_GRAD, {dqr}, {dq}, {}, {}, {base});
+    PlanDesc::op(p, O::ROPE_GRAD, {dkr}, {dk}, {}, {}, {base});
+    PlanDesc::op(p, O::SPLIT_QKV_GRAD, {dq, dk, dv}, {dq3});
+    PlanDesc::op(p, O::MATMUL_INPUT_GRAD, {dq3, W(qkv)}, {dh1});
+    PlanDesc::op(p, O::MATMUL_WEIGHT_GRAD, {dq3, h1}, {}, {P(qkv)});
+    PlanDesc::op(p, O::RMS_NORM_GRAD, {dh1, x0, W(n1)}, {dx0b}, {P(n1)}, {}, {eps});
+    PlanDesc::op(p, O::ADD, {dx5, dx0b}, {dx0});
+    PlanDesc::op(p, O::EMBEDDING_GRAD, {dx0, tokens}, {}, {P(tok)});
+    PlanDesc::op(p, O::EMBEDDING_GRAD, {dx0, ids}, {}, {P(pos)});
+  }
+};
+
+TEST(CpuExecutor, LlamaStyleBlockGradientsMatchFiniteDifferences) {
+  Block blk;
+  auto f = open_ok(blk.d);
+  ASSERT_NE(f, nullptr);
+  CpuExecutor ex(*f->plan(), 0);
+  ex.set_seed(42);
+  ex.set_check_memory_plan(true);
+  for (int p = 0; p < 9; ++p) {
+    fill(ex.weight(p), ex.param_elements(p), uint64_t(100 + p), 0.5);
+    if (p == blk.n1 || p == blk.n2)
+      for (int64_t i = 0; i < ex.param_elements(p); ++i)
+        ex.weight(p)[i] += 1.0f;
+  }
+  ex.zero_grads();
+  const pl::Program &prog = *ex.program("train_step");
+  const uint64_t offset = 17;
+  // Inputs are written before every run: the arena is shared, and under
+  // --check-memory-plan they are poisoned once their last reader is done.
+  auto loss = [&](uint64_t rng_offset) {
+    write_ids(ex, prog, blk.tokens, blk.token_ids);
+    write_ids(ex, prog, blk.labels, blk.label_ids);
+    std::string e = ex.run(prog, rng_offset);
+    EXPECT_EQ(e, "");
+    return double(*static_cast<float *>(ex.value_data(prog, blk.loss)));
+  };
+  loss(offset);
+  std::vector<std::vector<float>> grads;
+  for (int p = 0; p < 9; ++p) {
+    grads.emplace_back(ex.grad(p), ex.grad(p) + ex.param_elements(p));
+    float largest = 0;
+    for (float g : grads.back())
+      largest = std::max(largest, std::abs(g));
+    EXPECT_GT(largest, 1e-3f) << "parameter " << p << " gets a gradient";
+  }
+  // A different RNG offset changes the dropout masks and so the loss.
+  double base_loss = loss(offset);
+  EXPECT_NE(loss(offset + 1), base_loss);
+
+  const float h = 1e-2f;
+  for (int p = 0; p < 9; ++p) {
+    float *w = ex.weight(p);
+    for (int64_t i = 0; i < ex.param_elements(p); ++i) {
+      const float keep = w[i];
+      w[i] = keep + h;
+      double up = loss(offset);
+      w[i] = keep - h;
+      double down = loss(offset);
+      w[i] = keep;
+      double fd = (up - down) / (2.0 * double(h));
+      EXPECT_NEAR(grads[size_t(p)][size_t(i)], fd, 2e-3 + 2e-2 * std::abs(fd))
+          << f->plan()->ranks()->Get(0)->params()->Get(uint32_t(p))->name()->str() << "[" << i << "]";
+    }
+  }
+}
+
+} // namespace
