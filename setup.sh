@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets mt up on a fresh Debian 12 machine, then runs the demo or every test:
-#   ./setup.sh          install what is missing, build, compile a preset and show its plan
+#   ./setup.sh          install what is missing, build, compile a preset and show its
+#                       plan, then train the tiny preset on the CPU
 #   ./setup.sh test     install what is missing, build, run every test
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -34,6 +35,9 @@ ninja -C build
 
 if [ "$mode" = demo ]; then
   build/bin/mtc compile models/gpt-125m.toml
+  echo
+  build/bin/mtc compile models/tiny.toml -o build/tiny.plan > /dev/null
+  build/bin/mtrun build/tiny.plan --device cpu
 else
   ninja -C build check-mt
 fi

@@ -3,6 +3,8 @@
 
 #include "llvm/Support/FormatVariadic.h"
 
+#include <algorithm>
+
 using namespace mlir;
 
 namespace mt {
@@ -21,6 +23,38 @@ int64_t attr(DictionaryAttr d, StringRef name) {
 
 } // namespace
 
+MegatronEstimate megatronTheoreticalMemory(const spec::Spec &spec) {
+  const spec::ModelConfig &m = spec.model;
+  const spec::ParallelConfig &p = spec.parallel;
+  double h = double(m.hidden_size), L = double(m.num_layers);
+  double a = double(m.num_attention_heads), g = double(m.num_query_groups);
+  double ffn = double(m.ffn_hidden_size), V = double(spec.paddedVocabSize());
+  double s = double(m.seq_length), b = double(spec.training.micro_batch_size);
+  double tp = double(p.tensor_model_parallel_size), pp = double(p.pipeline_model_parallel_size);
+  double dp = double(p.data_parallel_size);
+  double qRatio = double(m.kv_channels) * a / h;
+  double gated = m.swiglu ? 1.5 : 1.0;
+  double layers = 2.0 * L * h * h *
+                  ((1.0 + g / a) * qRatio + (ffn / h) * gated + 2.0 / h + 1.0 / (L * h));
+  double embedding = h * V;
+  double mostLoaded = (layers / pp + embedding) / tp;
+  if (m.untie_embeddings_and_output_weights && pp == 1)
+    mostLoaded += embedding / tp;
+  double bytesPerParam = p.use_distributed_optimizer ? 6.0 + 12.0 / dp : 18.0;
+
+  double act = s * b * h * (18.0 + 4.0 * (ffn / h)) * L;
+  act += 8.0 * s * b * pp;     // input ids
+  act += s * b * h * pp;       // embedding dropout mask
+  if (p.virtual_pipeline_model_parallel_size > 1)
+    act *= 1.0 + (pp - 1.0) / (pp * double(p.virtual_pipeline_model_parallel_size));
+  else if (pp > 1)
+    act *= std::min(1.0, double(spec.numMicroBatches()) / pp);
+  if (pp == 1)
+    act += s * b * h * 4.0 * (1.0 + V / h); // output layer input and the loss
+  act /= tp;
+  return {int64_t(mostLoaded * bytesPerParam), int64_t(act)};
+}
+
 MemoryPlan memoryPlanOf(ModuleOp module, const spec::Spec &spec) {
   auto mem = module->getAttrOfType<DictionaryAttr>("mt.memory");
   RankMemory r;
@@ -35,6 +69,9 @@ MemoryPlan memoryPlanOf(ModuleOp module, const spec::Spec &spec) {
   plan.ranks.push_back(r);
   plan.deviceBytes = spec.cluster.device_memory_bytes;
   plan.device = spec.cluster.device;
+  MegatronEstimate mega = megatronTheoreticalMemory(spec);
+  plan.megatronWeightsAndOptimizer = mega.weightsAndOptimizer;
+  plan.megatronActivations = mega.activations;
   if (spec.worldSize() > 1)
     plan.note = "the parallel layout (tp, pp, dp) is not planned yet: these figures "
                 "are for the whole model on one GPU";
@@ -71,10 +108,23 @@ void suggestFixes(MemoryPlan &plan, const spec::Spec &spec,
       break;
     }
   }
+  // Full recomputation of every layer (only each layer's input is kept).
+  if (spec.parallel.recompute_granularity != spec::RecomputeGranularity::Full) {
+    spec::Spec v = spec;
+    v.parallel.recompute_granularity = spec::RecomputeGranularity::Full;
+    v.parallel.recompute_method = spec::RecomputeMethod::Uniform;
+    v.parallel.recompute_num_layers = 1;
+    std::optional<int64_t> total = replan(v);
+    if (total && *total <= plan.deviceBytes)
+      plan.suggestions.push_back(llvm::formatv(
+          "recompute_granularity = \"full\", recompute_method = \"uniform\", "
+          "recompute_num_layers = 1 (about a third more compute): {0} of {1}",
+          gib(*total), gib(plan.deviceBytes)));
+  }
   if (plan.suggestions.empty())
     plan.suggestions.push_back(
-        "even micro_batch_size = 1 does not fit: use tensor or pipeline "
-        "parallelism, or a shorter seq_length");
+        "neither micro_batch_size = 1 nor full recompute fits: use tensor or "
+        "pipeline parallelism, or a shorter seq_length");
 }
 
 void printMemoryPlanText(llvm::raw_ostream &os, const MemoryPlan &plan) {
@@ -92,6 +142,14 @@ void printMemoryPlanText(llvm::raw_ostream &os, const MemoryPlan &plan) {
         "reserve = CUDA context and libraries, stated)\n";
   if (!plan.note.empty())
     os << "  note: " << plan.note << "\n";
+  const RankMemory &r0 = plan.ranks[plan.heaviest];
+  os << llvm::formatv(
+      "  Megatron-LM's theoretical formula: weights and optimizer {0} (planned: {1}), "
+      "activations {2} (planned: {3}); it assumes 16-bit training with sequence parallelism "
+      "and selective recompute (docs/memory.md)\n",
+      gib(plan.megatronWeightsAndOptimizer),
+      gib(r0.weights + r0.grads + r0.master + r0.moments), gib(plan.megatronActivations),
+      gib(r0.activations));
   const RankMemory &h = plan.ranks[plan.heaviest];
   double use = plan.deviceBytes ? 100.0 * double(h.total()) / double(plan.deviceBytes) : 0.0;
   if (plan.fits()) {
@@ -127,6 +185,10 @@ llvm::json::Object memoryPlanJson(const MemoryPlan &plan) {
                             {"heaviest_rank", plan.heaviest},
                             {"fits", plan.fits()},
                             {"note", plan.note},
+                            {"megatron_theoretical",
+                             llvm::json::Object{
+                                 {"weights_and_optimizer", plan.megatronWeightsAndOptimizer},
+                                 {"activations", plan.megatronActivations}}},
                             {"suggestions", std::move(suggestions)}};
 }
 

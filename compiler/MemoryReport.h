@@ -39,7 +39,21 @@ struct MemoryPlan {
   std::vector<std::string> suggestions;
   // Set while parallel layouts are not planned yet: what the figures cover.
   std::string note;
+  // Megatron-LM's theoretical_memory_usage.py for the same configuration
+  // (docs/memory.md compares it with the plan).
+  int64_t megatronWeightsAndOptimizer = 0;
+  int64_t megatronActivations = 0;
 };
+
+// Megatron-LM's formulas (megatron/training/theoretical_memory_usage.py):
+// parameters on the most loaded shard times 18 bytes (6 + 12 / dp with the
+// distributed optimizer), and activations from Table 2 of Korthikanti et
+// al. 2022 (sequence parallelism and selective recompute assumed), in bytes.
+struct MegatronEstimate {
+  int64_t weightsAndOptimizer = 0;
+  int64_t activations = 0;
+};
+MegatronEstimate megatronTheoreticalMemory(const spec::Spec &spec);
 
 // Reads the figures mt-plan-memory left on the module.
 MemoryPlan memoryPlanOf(mlir::ModuleOp module, const spec::Spec &spec);

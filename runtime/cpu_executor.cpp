@@ -357,33 +357,13 @@ struct CpuExecutor::Impl {
         return who() + " reads " + value_label(f.value(v), v) +
                " but part of its bytes were never written";
       if (o) {
-        std::string by = value_label(f.value(o->value), o->value);
-        std::string at = o->instruction < 0 ? "before the program started"
-                                            : "at " + instruction_label(*ps.program->instructions()->Get(
-                                                                            uint32_t(o->instruction)),
-                                                                        size_t(o->instruction));
-        return who() + " reads " + value_label(f.value(v), v) +
-               " whose bytes were overwritten by " + by + " " + at;
-      }
-    }
-    for (size_t k = 0; k < vsize(ins.out()); ++k) {
-      uint32_t y = ins.out()->Get(uint32_t(k));
-      auto [yb, ye] = range(f, y);
-      auto overlaps = [&](uint32_t x) {
-        auto [xb, xe] = range(f, x);
-        return in_arena(f, x) && ps.root[x] != ps.root[y] && xb < ye && yb < xe;
-      };
-      for (size_t j = 0; j < vsize(ins.in()); ++j) {
-        uint32_t x = ins.in()->Get(uint32_t(j));
-        if (overlaps(x))
-          return who() + " writes " + value_label(f.value(y), y) + " over " +
-                 value_label(f.value(x), x) + ", which it reads";
-      }
-      for (size_t j = 0; j < k; ++j) {
-        uint32_t x = ins.out()->Get(uint32_t(j));
-        if (overlaps(x))
-          return who() + " writes " + value_label(f.value(x), x) + " and " +
-                 value_label(f.value(y), y) + " to overlapping bytes";
+        std::string at = "before the program started"; // overlapping inputs
+        if (o->instruction >= 0) {
+          const size_t j = size_t(o->instruction);
+          at = "at " + instruction_label(*ps.program->instructions()->Get(uint32_t(j)), j);
+        }
+        return who() + " reads " + value_label(f.value(v), v) + " whose bytes were overwritten by " +
+               value_label(f.value(o->value), o->value) + " " + at;
       }
     }
     return "";

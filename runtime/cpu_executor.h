@@ -98,9 +98,9 @@ public:
   // last reader; program inputs from the start, outputs to the end; a RESHAPE
   // whose result has its input's offset shares the input's lifetime. An
   // owner map records which value last wrote each arena byte; an instruction
-  // that reads a value whose bytes another value has since overwritten, or
-  // that writes a result over one of its own operands, fails run() with a
-  // line naming both values and instructions.
+  // that reads a value whose bytes another value has since overwritten fails
+  // run() with a line naming both values and instructions. (A result that
+  // overlaps its own instruction's operands is rejected by the plan reader.)
   void set_check_memory_plan(bool on);
 
   // Bytes allocated for the CPU arena and state buffer.

@@ -464,6 +464,8 @@ private:
       written[v] = 1;
     }
 
+    if (std::string e = check_disjoint(s, ins); !e.empty())
+      return e;
     if (std::string e = check_params_held(ins); !e.empty())
       return e;
     if (std::string e = check_attributes(ins); !e.empty())
@@ -471,6 +473,40 @@ private:
     if (ins.op() == pl::Opcode::FUSED)
       return check_fused(s, ins);
     return check_shapes(s, ins);
+  }
+
+  // An instruction's results share no arena bytes with its operands or with
+  // each other (the kernels are not written for aliasing); a RESHAPE result
+  // at its operand's very offset is a view of it, not a copy.
+  std::string check_disjoint(const Scope &s, const pl::Instruction &ins) {
+    auto arena = [&](uint32_t v) {
+      return !s.bound(v) && s.value(v)->region() == pl::Region::ARENA;
+    };
+    auto overlap = [&](uint32_t a, uint32_t b) {
+      const pl::Value &x = *s.value(a), &y = *s.value(b);
+      return arena(a) && arena(b) && x.offset() < y.offset() + plan_bytes(y) &&
+             y.offset() < x.offset() + plan_bytes(x);
+    };
+    for (size_t k = 0; k < vsize(ins.out()); ++k) {
+      const uint32_t y = ins.out()->Get(uint32_t(k));
+      for (size_t j = 0; j < vsize(ins.in()); ++j) {
+        const uint32_t x = ins.in()->Get(uint32_t(j));
+        if (ins.op() == pl::Opcode::RESHAPE && s.value(x)->offset() == s.value(y)->offset())
+          continue;
+        if (overlap(x, y))
+          return "out[" + std::to_string(k) + "] (" + value_label(s.value(y), y) +
+                 ") shares arena bytes with in[" + std::to_string(j) + "] (" +
+                 value_label(s.value(x), x) + "); results must not overlap their operands";
+      }
+      for (size_t j = 0; j < k; ++j) {
+        const uint32_t x = ins.out()->Get(uint32_t(j));
+        if (overlap(x, y))
+          return "out[" + std::to_string(k) + "] (" + value_label(s.value(y), y) +
+                 ") shares arena bytes with out[" + std::to_string(j) + "] (" +
+                 value_label(s.value(x), x) + ")";
+      }
+    }
+    return "";
   }
 
   // Parameters an instruction updates must have the buffers it updates.
