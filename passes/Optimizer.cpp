@@ -69,16 +69,18 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
     }
 
     auto step = b.create<func::FuncOp>(loc, "optimizer_step",
-                                       b.getFunctionType({i64t, i64t, f32}, {f32, f32}));
+                                       b.getFunctionType({i64t, i64t, f32, f32}, {f32, f32}));
     step.setArgAttr(0, "mt.name", b.getStringAttr("steps"));
     step.setArgAttr(1, "mt.name", b.getStringAttr("step"));
     step.setArgAttr(2, "mt.name", b.getStringAttr("grad_norm"));
+    step.setArgAttr(3, "mt.name", b.getStringAttr("grad_scale"));
     Block *entry = step.addEntryBlock();
     b.setInsertionPointToEnd(entry);
     Value lrValue = b.create<LrScheduleOp>(
         loc, f32, entry->getArgument(0), LrStyleAttr::get(b.getContext(), *style), b.getF64FloatAttr(lr),
         b.getF64FloatAttr(minLr), b.getI64IntegerAttr(warmup), b.getI64IntegerAttr(decay));
-    Value coeff = b.create<ClipCoeffOp>(loc, entry->getArgument(2), b.getF64FloatAttr(clip));
+    Value coeff = b.create<ClipCoeffOp>(loc, entry->getArgument(2), entry->getArgument(3),
+                                        b.getF64FloatAttr(clip));
     for (auto param : module.getOps<ParamOp>()) {
       // Megatron-LM: no weight decay for biases and 1-D parameters (norms).
       bool decays = param.getTensorType().getRank() > 1 &&

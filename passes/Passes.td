@@ -46,18 +46,20 @@ def MtOptimizerPass : Pass<"mt-optimizer", "mlir::ModuleOp"> {
     - `@grad_norm() -> f32`: the global L2 norm of all gradients. The
       runtime skips the update (and counts the iteration as skipped) when it
       is not finite, as Megatron-LM does.
-    - `@optimizer_step(%steps, %step, %grad_norm) -> (lr, next_lr)`:
+    - `@optimizer_step(%steps, %step, %grad_norm, %grad_scale) -> (lr, next_lr)`:
       Megatron's learning rate at `%steps` optimizer steps taken
-      (`mt.lr_schedule`), the clipping factor, and one `mt.adamw` per
+      (`mt.lr_schedule`), the factor every gradient is multiplied by
+      (`mt.clip_coeff`: 1 / loss scale for fp16, times clipping against the
+      unscaled `%grad_norm`), and one `mt.adamw` per
       parameter with bias correction for update number `%step`. Biases and
       other one-dimensional parameters get no weight decay (Megatron's
       default rule). `next_lr` is the rate after this step, the one
       Megatron's iteration line shows.
 
     ```mlir
-    func.func @optimizer_step(%steps: tensor<i64>, %step: tensor<i64>, %norm: tensor<f32>) -> (tensor<f32>, tensor<f32>) {
+    func.func @optimizer_step(%steps: tensor<i64>, %step: tensor<i64>, %norm: tensor<f32>, %scale: tensor<f32>) -> (tensor<f32>, tensor<f32>) {
       %lr = mt.lr_schedule %steps cosine {...} : tensor<i64> -> tensor<f32>
-      %clip = mt.clip_coeff %norm {max_norm = 1.000000e+00 : f64} : tensor<f32>
+      %clip = mt.clip_coeff %norm, %scale {max_norm = 1.000000e+00 : f64} : tensor<f32>
       mt.adamw @embedding.word_embeddings.weight, %lr, %clip, %step {...} : ...
       ...
       %next = mt.lr_schedule %step cosine {...} : tensor<i64> -> tensor<f32>

@@ -623,13 +623,14 @@ struct CpuExecutor::Impl {
       break;
     }
     case pl::Opcode::CLIP_COEFF: {
+      // Unscaling times Megatron's clipping factor on the unscaled norm.
       double max_norm = fval(0), coeff = 1.0;
       if (max_norm > 0) {
         double c = max_norm / (double(*fin(0)) + 1e-6);
         if (c < 1.0)
           coeff = c;
       }
-      *fout(0) = float(coeff);
+      *fout(0) = float(double(*fin(1)) * coeff);
       break;
     }
     case pl::Opcode::ADAMW:

@@ -73,7 +73,7 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::CROSS_ENTROPY_GRAD, "fis", "f", 0, 0, 0},
     {pl::Opcode::GRAD_NORM, "", "s", 0, 0, 0},
     {pl::Opcode::LR_SCHEDULE, "l", "s", 0, 3, 2},
-    {pl::Opcode::CLIP_COEFF, "s", "s", 0, 0, 1},
+    {pl::Opcode::CLIP_COEFF, "ss", "s", 0, 0, 1},
     {pl::Opcode::ADAMW, "ssl", "", 1, 0, 4},
     {pl::Opcode::FUSED, nullptr, nullptr, 0, 1, 0},
 };

@@ -98,6 +98,10 @@ public:
     load = !opts.load.empty() ? opts.load : str(t->load());
 
     exec = std::make_unique<CpuExecutor>(plan, 0);
+    fp16 = str(t->precision()) == "fp16";
+    lossScale = fp16 ? t->initial_loss_scale() : 1.0;
+    hysteresisTracker = t->hysteresis();
+    exec->loss_scale = float(lossScale);
     exec->set_seed(uint64_t(t->seed()));
     exec->set_check_memory_plan(opts.check_memory_plan);
     trainStep.program = exec->program("train_step");
@@ -132,10 +136,13 @@ public:
       double loss = 0;
       if (std::string err = forwardBackward(&loss); !err.empty())
         return fail(err);
-      float norm = 0;
-      if (std::string err = runScalar(normProg, "grad_norm", 0, &norm); !err.empty())
+      float scaledNorm = 0;
+      if (std::string err = runScalar(normProg, "grad_norm", 0, &scaledNorm); !err.empty())
         return fail(err);
-      bool finite = std::isfinite(norm) && std::isfinite(loss);
+      // Gradients carry the loss scale; an Inf or NaN anywhere in them shows
+      // in their norm. Megatron skips such a step and adjusts the scale.
+      bool finite = std::isfinite(scaledNorm);
+      float norm = float(double(scaledNorm) / lossScale);
       if (finite) {
         if (std::string err = update(norm); !err.empty())
           return fail(err);
@@ -143,6 +150,7 @@ public:
         ++skipped;
         ++intervalSkipped;
       }
+      updateLossScale(!finite);
       if (!std::isfinite(loss))
         ++intervalNan;
       exec->zero_grads();
@@ -154,6 +162,7 @@ public:
         ++lossCount;
       }
       lastNorm = norm;
+      lastSkipped = !finite;
 
       if (t->log_interval() > 0 && iteration % t->log_interval() == 0) {
         double ms = std::chrono::duration<double, std::milli>(
@@ -189,18 +198,24 @@ private:
     }
   }
 
-  // Megatron-LM's iteration line, field for field.
+  // Megatron-LM's iteration line, field for field (Python's formatting:
+  // NaN prints as "nan" / "NAN" whatever its sign).
   void logIteration(double ms, double loss, int64_t intervalSkipped, int64_t intervalNan) {
+    if (std::isnan(loss))
+      loss = std::fabs(loss);
+    // Megatron leaves the grad norm out when the last step was skipped.
+    char normField[64] = "";
+    if (!lastSkipped)
+      std::snprintf(normField, sizeof normField, " grad norm: %.3f |", double(lastNorm));
     char buf[1024];
     std::snprintf(buf, sizeof buf,
                   " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per "
                   "iteration (ms): %.1f | learning rate: %.6E | global batch size: %5lld | "
-                  "lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | number of skipped "
+                  "lm loss: %.6E | loss scale: %.1f |%s number of skipped "
                   "iterations: %3lld | number of nan iterations: %3lld |",
                   timestamp().c_str(), (long long)iteration, (long long)trainIters,
-                  (long long)consumedTrain, ms, lastLr, (long long)gbs, loss,
-                  double(exec->loss_scale), lastNorm, (long long)intervalSkipped,
-                  (long long)intervalNan);
+                  (long long)consumedTrain, ms, lastLr, (long long)gbs, loss, lossScale,
+                  normField, (long long)intervalSkipped, (long long)intervalNan);
     say(buf);
   }
 
@@ -245,7 +260,10 @@ private:
     iteration = m.iteration;
     consumedTrain = m.consumed_train_samples;
     consumedValid = m.consumed_valid_samples;
-    exec->loss_scale = float(m.loss_scale);
+    lossScale = m.loss_scale;
+    growthTracker = m.loss_scale_growth_tracker;
+    hysteresisTracker = m.loss_scale_hysteresis_tracker;
+    exec->loss_scale = float(lossScale);
     auto value = [&](const char *k) -> int64_t {
       auto it = m.values.find(k);
       return it == m.values.end() ? 0 : std::stoll(it->second);
@@ -278,7 +296,9 @@ private:
     m.consumed_valid_samples = consumedValid;
     m.spec_toml = str(plan.spec_toml());
     m.model_fingerprint = str(plan.model_fingerprint());
-    m.loss_scale = exec->loss_scale;
+    m.loss_scale = lossScale;
+    m.loss_scale_growth_tracker = growthTracker;
+    m.loss_scale_hysteresis_tracker = hysteresisTracker;
     m.values["optimizer_steps"] = std::to_string(stepsTaken);
     m.values["skipped_iterations"] = std::to_string(skipped);
     m.values["weights_dtype_in_plan"] = dtype_name(rank->params()->Get(0)->dtype());
@@ -365,15 +385,37 @@ private:
     auto *steps = static_cast<int64_t *>(exec->value_data(*optStep.program, optStep.input("steps")));
     auto *step = static_cast<int64_t *>(exec->value_data(*optStep.program, optStep.input("step")));
     auto *gn = static_cast<float *>(exec->value_data(*optStep.program, optStep.input("grad_norm")));
+    auto *gs = static_cast<float *>(exec->value_data(*optStep.program, optStep.input("grad_scale")));
     *steps = stepsTaken;
     *step = stepsTaken + 1;
     *gn = norm;
+    *gs = float(1.0 / lossScale);
     float next = 0;
     if (std::string err = runScalar(optStep, "next_lr", 0, &next); !err.empty())
       return err;
     lastLr = next; // what Megatron logs: the rate after the scheduler's step
     ++stepsTaken;
     return "";
+  }
+
+  // Megatron's DynamicGradScaler (fp16 only; other precisions keep 1):
+  // an overflow costs one hysteresis credit and, when none is left, halves
+  // the scale (not below the minimum); `loss_scale_window` clean steps in a
+  // row double it and restore the credits.
+  void updateLossScale(bool foundInf) {
+    const pl::Training *t = plan.training();
+    if (!fp16)
+      return;
+    if (foundInf) {
+      growthTracker = 0;
+      if (--hysteresisTracker <= 0)
+        lossScale = std::max(lossScale * 0.5, t->min_loss_scale());
+    } else if (++growthTracker == t->loss_scale_window()) {
+      growthTracker = 0;
+      hysteresisTracker = t->hysteresis();
+      lossScale *= 2.0;
+    }
+    exec->loss_scale = float(lossScale);
   }
 
   std::string evaluate() {
@@ -394,11 +436,14 @@ private:
       consumedValid += gbs;
     }
     double loss = sum / double(n);
+    if (std::isnan(loss))
+      loss = std::fabs(loss);
     char buf[512];
     std::snprintf(buf, sizeof buf,
                   " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: "
                   "%.6E | ",
-                  (long long)iteration, loss, std::exp(std::min(20.0, loss)));
+                  (long long)iteration, loss,
+                  std::exp(std::isnan(loss) ? 20.0 : std::min(20.0, loss)));
     std::string line(buf);
     std::string rule(line.size() + 1, '-');
     say(rule);
@@ -418,6 +463,9 @@ private:
   int64_t iteration = 0, consumedTrain = 0, consumedValid = 0, stepsTaken = 0, skipped = 0;
   int64_t savedIteration = -1;
   float lastLr = 0, lastNorm = 0;
+  bool lastSkipped = false, fp16 = false;
+  double lossScale = 1.0;
+  int64_t growthTracker = 0, hysteresisTracker = 0;
 };
 
 const char *kUsage = R"(usage: mtrun PLAN [options]

@@ -274,19 +274,23 @@ def Mt_LrScheduleOp : Mt_Op<"lr_schedule", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Mt_ClipCoeffOp : Mt_Op<"clip_coeff", [Pure, AllTypesMatch<["norm", "result"]>]> {
-  let summary = "gradient clipping factor";
+def Mt_ClipCoeffOp : Mt_Op<"clip_coeff", [Pure,
+    AllTypesMatch<["norm", "grad_scale", "result"]>]> {
+  let summary = "the factor the optimizer applies to every gradient";
   let description = [{
-    `min(1, max_norm / (norm + 1e-6))`, Megatron-LM's `clip_grad_norm_fp32`;
-    1 when `max_norm` is 0 (clipping off).
+    `grad_scale * min(1, max_norm / (norm + 1e-6))`: unscaling (fp16 loss
+    scaling: `grad_scale` = 1 / loss scale, else 1) and Megatron-LM's
+    `clip_grad_norm_fp32` on the unscaled gradient norm `norm`; the
+    minimum is not taken when `max_norm` is 0 (clipping off) or the ratio is
+    not below 1.
 
     ```mlir
-    %c = mt.clip_coeff %norm {max_norm = 1.000000e+00 : f64} : tensor<f32>
+    %c = mt.clip_coeff %norm, %inv_scale {max_norm = 1.000000e+00 : f64} : tensor<f32>
     ```
   }];
-  let arguments = (ins Mt_ScalarF32:$norm, F64Attr:$max_norm);
+  let arguments = (ins Mt_ScalarF32:$norm, Mt_ScalarF32:$grad_scale, F64Attr:$max_norm);
   let results = (outs Mt_ScalarF32:$result);
-  let assemblyFormat = "$norm attr-dict `:` type($result)";
+  let assemblyFormat = "$norm `,` $grad_scale attr-dict `:` type($result)";
 }
 
 def Mt_AdamWOp : Mt_Op<"adamw", [
@@ -294,8 +298,8 @@ def Mt_AdamWOp : Mt_Op<"adamw", [
     MemoryEffects<[MemRead<Mt_GradBuffers>, MemWrite<Mt_ParamState>]>]> {
   let summary = "one AdamW update of a parameter";
   let description = [{
-    Decoupled weight decay and bias correction, on the gradient times the
-    clipping factor. `step` counts updates from 1. Parameters with a reduced-
+    Decoupled weight decay and bias correction, on the gradient times `clip`
+    (`mt.clip_coeff`: unscaling and clipping). `step` counts updates from 1. Parameters with a reduced-
     precision model copy are updated in their f32 master copy, then rounded.
 
     ```mlir

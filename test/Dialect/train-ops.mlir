@@ -47,8 +47,8 @@ func.func @optimizer(%steps: tensor<i64>, %step: tensor<i64>) -> tensor<f32> {
   %n = mt.grad_norm : tensor<f32>
   // CHECK: mt.lr_schedule %{{.*}} cosine
   %lr = mt.lr_schedule %steps cosine {lr = 1.0e-03 : f64, min_lr = 1.0e-04 : f64, warmup_iters = 10 : i64, decay_iters = 100 : i64} : tensor<i64> -> tensor<f32>
-  // CHECK: mt.clip_coeff
-  %c = mt.clip_coeff %n {max_norm = 1.0 : f64} : tensor<f32>
+  // CHECK: mt.clip_coeff %{{.*}}, %{{.*}} {max_norm
+  %c = mt.clip_coeff %n, %n {max_norm = 1.0 : f64} : tensor<f32>
   // CHECK: mt.adamw @w, %{{.*}}, %{{.*}}, %{{.*}} {beta1
   mt.adamw @w, %lr, %c, %step {beta1 = 0.9 : f64, beta2 = 0.999 : f64, epsilon = 1.0e-08 : f64, weight_decay = 0.01 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
   return %lr : tensor<f32>

@@ -12,9 +12,9 @@ module attributes {mt.training = {lr = 6.0e-04 : f64, min_lr = 6.0e-05 : f64, lr
 // CHECK-NEXT:    %[[N:.*]] = mt.grad_norm : tensor<f32>
 // CHECK-NEXT:    return %[[N]]
 // CHECK-LABEL: func.func @optimizer_step(
-// CHECK-SAME:      %[[STEPS:.*]]: tensor<i64> {mt.name = "steps"}, %[[STEP:.*]]: tensor<i64> {mt.name = "step"}, %[[NORM:.*]]: tensor<f32> {mt.name = "grad_norm"}) -> (tensor<f32>, tensor<f32>)
+// CHECK-SAME:      %[[STEPS:.*]]: tensor<i64> {mt.name = "steps"}, %[[STEP:.*]]: tensor<i64> {mt.name = "step"}, %[[NORM:.*]]: tensor<f32> {mt.name = "grad_norm"}, %[[SCALE:.*]]: tensor<f32> {mt.name = "grad_scale"}) -> (tensor<f32>, tensor<f32>)
 // CHECK-NEXT:    %[[LR:.*]] = mt.lr_schedule %[[STEPS]] cosine {decay_iters = 200 : i64, lr = 6.000000e-04 : f64, min_lr = 6.000000e-05 : f64, warmup_iters = 20 : i64}
-// CHECK-NEXT:    %[[C:.*]] = mt.clip_coeff %[[NORM]] {max_norm = 1.000000e+00 : f64}
+// CHECK-NEXT:    %[[C:.*]] = mt.clip_coeff %[[NORM]], %[[SCALE]] {max_norm = 1.000000e+00 : f64}
 // CHECK-NEXT:    mt.adamw @fc.weight, %[[LR]], %[[C]], %[[STEP]] {beta1 = 9.000000e-01 : f64, beta2 = 0.94999999999999996 : f64, epsilon = 1.000000e-08 : f64, weight_decay = 1.000000e-01 : f64}
 // CHECK-NEXT:    mt.adamw @fc.bias, %[[LR]], %[[C]], %[[STEP]] {{{.*}}weight_decay = 0.000000e+00 : f64}
 // CHECK-NEXT:    mt.adamw @ln.weight, %[[LR]], %[[C]], %[[STEP]] {{{.*}}weight_decay = 0.000000e+00 : f64}

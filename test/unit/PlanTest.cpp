@@ -1034,11 +1034,12 @@ TEST(CpuExecutor, GradNormClipAndAdamW) {
   uint32_t steps = d.input(st, "steps", {}, DType::I64);
   uint32_t step = d.input(st, "step", {}, DType::I64);
   uint32_t norm = d.input(st, "grad_norm", {});
+  uint32_t scale = d.input(st, "grad_scale", {});
   uint32_t lr = d.arena(st, "lr", {}), clip = d.arena(st, "clip", {});
   const double max_norm = 0.5, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
   PlanDesc::op(st, Opcode::LR_SCHEDULE, {steps}, {lr}, {}, {int64_t(pl::LrStyle::CONSTANT), 0, 100},
                {0.01, 0.0}, "lr");
-  PlanDesc::op(st, Opcode::CLIP_COEFF, {norm}, {clip}, {}, {}, {max_norm}, "clip");
+  PlanDesc::op(st, Opcode::CLIP_COEFF, {norm, scale}, {clip}, {}, {}, {max_norm}, "clip");
   PlanDesc::op(st, Opcode::ADAMW, {lr, clip, step}, {}, {uint32_t(a)}, {}, {b1, b2, eps, wd}, "adamw a");
   PlanDesc::op(st, Opcode::ADAMW, {lr, clip, step}, {}, {uint32_t(b)}, {}, {b1, b2, eps, 0.0}, "adamw b");
   PlanDesc::output(st, lr, "lr");
@@ -1074,6 +1075,7 @@ TEST(CpuExecutor, GradNormClipAndAdamW) {
     *static_cast<int64_t *>(ex.value_data(sprog, steps)) = it - 1;
     *static_cast<int64_t *>(ex.value_data(sprog, step)) = it;
     *static_cast<float *>(ex.value_data(sprog, norm)) = norm_value;
+    *static_cast<float *>(ex.value_data(sprog, scale)) = 1.0f;
     ASSERT_EQ(ex.run(sprog, 0), "");
     EXPECT_FLOAT_EQ(*static_cast<float *>(ex.value_data(sprog, clip)),
                     float(max_norm / (double(norm_value) + 1e-6)));
@@ -1106,16 +1108,20 @@ TEST(CpuExecutor, ClipCoeffIsOneWhenOffOrBelowMaxNorm) {
   for (auto [max_norm, norm, want] : cases) {
     ScalarProgram s;
     uint32_t in = s.d.input(*s.p, "norm", {});
+    uint32_t scale = s.d.input(*s.p, "grad_scale", {});
     uint32_t out = s.d.arena(*s.p, "clip", {});
-    PlanDesc::op(*s.p, Opcode::CLIP_COEFF, {in}, {out}, {}, {}, {max_norm}, "clip");
+    PlanDesc::op(*s.p, Opcode::CLIP_COEFF, {in, scale}, {out}, {}, {}, {max_norm}, "clip");
     PlanDesc::output(*s.p, out, "clip");
     auto f = open_ok(s.d);
     ASSERT_NE(f, nullptr);
     CpuExecutor ex(*f->plan(), 0);
     const pl::Program &p = *ex.program("step");
     *static_cast<float *>(ex.value_data(p, in)) = norm;
+    // fp16 loss scaling: the factor also unscales.
+    *static_cast<float *>(ex.value_data(p, scale)) = 0.25f;
     ASSERT_EQ(ex.run(p, 0), "");
-    EXPECT_FLOAT_EQ(*static_cast<float *>(ex.value_data(p, out)), want) << max_norm << " " << norm;
+    EXPECT_FLOAT_EQ(*static_cast<float *>(ex.value_data(p, out)), 0.25f * want)
+        << max_norm << " " << norm;
   }
 }
 
