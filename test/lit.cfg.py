@@ -14,7 +14,7 @@ config.test_exec_root = os.path.join(config.mt_obj_root, "test")
 config.environment["FILECHECK_OPTS"] = "--enable-var-scope"
 # Deterministic, uncoloured tool output.
 config.environment["LC_ALL"] = "C"
-for var in ["MT_SHARED_DATA"]:
+for var in ["MT_SHARED_DATA", "PYTHONPATH", "LD_LIBRARY_PATH"]:
     if var in os.environ:
         config.environment[var] = os.environ[var]
 
@@ -37,6 +37,10 @@ _candidates = [shutil.which("python3", path=path), "/usr/bin/python3"]
 _python3 = next((c for c in _candidates if c and os.path.exists(c) and _has_numpy(c)), None)
 if _python3:
     config.available_features.add("numpy")
+    # PyTorch, for the reference-model test (test/mtrun/pytorch-reference.test).
+    if subprocess.call([_python3, "-c", "import torch"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL) == 0:
+        config.available_features.add("torch")
 else:
     _python3 = _candidates[0] or "python3"
 
