@@ -41,6 +41,11 @@ if _python3:
     if subprocess.call([_python3, "-c", "import torch"], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL) == 0:
         config.available_features.add("torch")
+        # Megatron-LM's own dataset writer (pip install megatron-core tokenizers),
+        # for byte identity with mt-preprocess.
+        if subprocess.call([_python3, "-c", "import megatron.core.datasets.indexed_dataset, tokenizers"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0:
+            config.available_features.add("megatron")
 else:
     _python3 = _candidates[0] or "python3"
 
