@@ -187,14 +187,8 @@ private:
       }
       for (auto [i, r] : llvm::enumerate(op.getResults()))
         addValue(r, pl::Region::ARENA, offsets[i], "");
-      FailureOr<Inst> inst = lower(op, valueIndex);
-      if (failed(inst))
+      if (failed(emit(op, valueIndex, insts)))
         return failure();
-      std::string where = whereOf(op, insts.size());
-      insts.push_back(pl::CreateInstruction(
-          fbb, inst->op, fbb.CreateVector(inst->in), fbb.CreateVector(inst->out),
-          fbb.CreateVector(inst->params), fbb.CreateVector(inst->ints),
-          fbb.CreateVector(inst->floats), fbb.CreateString(where)));
     }
     auto valuesVec = fbb.CreateVector(values);
     return pl::CreateProgram(fbb, fbb.CreateString(f.getName().str()), valuesVec,
@@ -219,6 +213,20 @@ private:
     uint32_t index = values.size() - 1;
     valueIndex[v] = index;
     return index;
+  }
+
+  // Lowers `op` with the given value numbering and appends its instruction.
+  LogicalResult emit(Operation &op, const DenseMap<Value, uint32_t> &numbers,
+                     std::vector<fb::Offset<pl::Instruction>> &insts) {
+    FailureOr<Inst> inst = lower(op, numbers);
+    if (failed(inst))
+      return failure();
+    std::string where = whereOf(op, insts.size());
+    insts.push_back(pl::CreateInstruction(
+        fbb, inst->op, fbb.CreateVector(inst->in), fbb.CreateVector(inst->out),
+        fbb.CreateVector(inst->params), fbb.CreateVector(inst->ints),
+        fbb.CreateVector(inst->floats), fbb.CreateString(where)));
+    return success();
   }
 
   // "decoder.layers.1 mt.attention_grad (#57)": the layer comes from the
@@ -427,14 +435,8 @@ private:
 
     std::vector<fb::Offset<pl::Instruction>> insts;
     for (Operation &op : body.without_terminator()) {
-      FailureOr<Inst> inst = lower(op, numbers);
-      if (failed(inst))
+      if (failed(emit(op, numbers, insts)))
         return failure();
-      std::string where = whereOf(op, insts.size());
-      insts.push_back(pl::CreateInstruction(
-          fbb, inst->op, fbb.CreateVector(inst->in), fbb.CreateVector(inst->out),
-          fbb.CreateVector(inst->params), fbb.CreateVector(inst->ints),
-          fbb.CreateVector(inst->floats), fbb.CreateString(where)));
     }
     kernels.push_back(pl::CreateKernel(
         fbb, fbb.CreateString(fused.getName().str()), fbb.CreateString(""),

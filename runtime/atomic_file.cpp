@@ -1,6 +1,7 @@
 // Atomic whole-file writes (see atomic_file.h).
 #include "runtime/atomic_file.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -23,22 +24,31 @@ std::string os_error(const std::string &what, const std::string &path) {
 } // namespace
 
 std::string write_file_atomically(const std::string &path, std::string_view bytes) {
+  return write_pieces_atomically(path, {bytes});
+}
+
+std::string write_pieces_atomically(const std::string &path,
+                                    const std::vector<std::string_view> &pieces) {
   std::string tmpl = path + ".tmp.XXXXXX";
   int fd = mkstemp(tmpl.data());
   if (fd < 0)
     return os_error("cannot create a temporary file for", path);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      std::string err = os_error("cannot write", tmpl);
-      ::close(fd);
-      ::unlink(tmpl.c_str());
-      return err;
+  for (std::string_view bytes : pieces) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      // At most 1 GiB per call: Linux writes no more than about 2 GiB at once.
+      ssize_t n = ::write(fd, bytes.data() + done,
+                          std::min<size_t>(bytes.size() - done, size_t(1) << 30));
+      if (n < 0) {
+        if (errno == EINTR)
+          continue;
+        std::string err = os_error("cannot write", tmpl);
+        ::close(fd);
+        ::unlink(tmpl.c_str());
+        return err;
+      }
+      done += static_cast<size_t>(n);
     }
-    done += static_cast<size_t>(n);
   }
   if (::fchmod(fd, 0644) != 0 || ::fsync(fd) != 0) {
     std::string err = os_error("cannot flush", tmpl);

@@ -5,11 +5,17 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace mt::rt {
 
 // Returns "" on success, else a one-line reason naming the path.
 std::string write_file_atomically(const std::string &path, std::string_view bytes);
+
+// The same for a file made of several pieces written in order, so that large
+// arrays need not be copied into one buffer first.
+std::string write_pieces_atomically(const std::string &path,
+                                    const std::vector<std::string_view> &pieces);
 
 } // namespace mt::rt
 

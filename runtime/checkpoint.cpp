@@ -7,6 +7,7 @@
 #include "runtime/checkpoint.h"
 
 #include "runtime/atomic_file.h"
+#include "runtime/byte_order.h"
 
 #include <simdjson.h>
 
@@ -184,18 +185,6 @@ std::string hex32(uint32_t v) {
   return buf;
 }
 
-template <typename T> void put_le(std::string &out, T v) {
-  // Every target we build for is little-endian, as the format is.
-  char b[sizeof(T)];
-  std::memcpy(b, &v, sizeof(T));
-  out.append(b, sizeof(T));
-}
-
-template <typename T> T get_le(const unsigned char *p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
 
 bool valid_utf8(const std::string &s) { return simdjson::validate_utf8(s.data(), s.size()); }
 

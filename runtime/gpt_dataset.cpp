@@ -26,6 +26,8 @@
 // rounds differently from Megatron's Python and its -O3 x86-64 helpers).
 #include "runtime/gpt_dataset.h"
 
+#include "runtime/atomic_file.h"
+#include "runtime/byte_order.h"
 #include "runtime/indexed_dataset.h"
 #include "runtime/numpy_random.h"
 
@@ -144,54 +146,6 @@ std::string make_dirs(const std::string &dir) {
   return "";
 }
 
-struct Piece {
-  const void *data;
-  size_t size;
-};
-
-// Writes the pieces to a temporary beside `path`, fsyncs, renames it into
-// place and fsyncs the folder: readers see the old file or the whole new one.
-std::string write_pieces_atomically(const std::string &path, const std::vector<Piece> &pieces) {
-  std::string tmpl = path + ".tmp.XXXXXX";
-  int fd = ::mkstemp(tmpl.data());
-  if (fd < 0)
-    return "cannot create a temporary file beside '" + path + "': " + std::strerror(errno);
-  auto fail = [&](const std::string &what) {
-    std::string err = what + " '" + tmpl + "': " + std::strerror(errno);
-    ::close(fd);
-    ::unlink(tmpl.c_str());
-    return err;
-  };
-  for (const Piece &p : pieces) {
-    const char *at = static_cast<const char *>(p.data);
-    size_t left = p.size;
-    while (left > 0) {
-      ssize_t w = ::write(fd, at, std::min<size_t>(left, size_t(1) << 30));
-      if (w < 0) {
-        if (errno == EINTR)
-          continue;
-        return fail("cannot write");
-      }
-      at += w;
-      left -= static_cast<size_t>(w);
-    }
-  }
-  if (::fchmod(fd, 0644) != 0 || ::fsync(fd) != 0)
-    return fail("cannot flush");
-  ::close(fd);
-  if (::rename(tmpl.c_str(), path.c_str()) != 0) {
-    std::string err = "cannot rename '" + tmpl + "' onto '" + path + "': " + std::strerror(errno);
-    ::unlink(tmpl.c_str());
-    return err;
-  }
-  int dfd = ::open(dir_of(path).c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return "";
-}
-
 // A whole file mapped read-only.
 struct Mapping {
   const unsigned char *data = nullptr;
@@ -226,17 +180,6 @@ std::unique_ptr<Mapping> map_whole_file(const std::string &path, std::string *wh
   return m;
 }
 
-template <typename T> void put(std::string &out, T v) {
-  char b[sizeof(T)];
-  std::memcpy(b, &v, sizeof(T));
-  out.append(b, sizeof(T));
-}
-
-template <typename T> T get(const unsigned char *p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
 
 // What one cache file holds besides its arrays.
 struct CacheShape {
@@ -255,17 +198,17 @@ std::vector<size_t> cache_arrays(const CacheShape &s) {
 
 std::string cache_header(const CacheShape &s, const std::string &description) {
   std::string h(kCacheMagic, sizeof(kCacheMagic));
-  put<uint32_t>(h, kCacheVersion);
-  put<uint32_t>(h, s.kind);
-  put<uint64_t>(h, description.size());
+  put_le<uint32_t>(h, kCacheVersion);
+  put_le<uint32_t>(h, s.kind);
+  put_le<uint64_t>(h, description.size());
   for (uint64_t c : s.count)
-    put<uint64_t>(h, c);
-  put<uint8_t>(h, s.width[0]);
-  put<uint8_t>(h, s.width[1]);
+    put_le<uint64_t>(h, c);
+  put_le<uint8_t>(h, s.width[0]);
+  put_le<uint8_t>(h, s.width[1]);
   h.append(6, '\0');
-  put<int64_t>(h, s.min_token);
-  put<int64_t>(h, s.max_token);
-  put<uint64_t>(h, fnv1a(description.data(), description.size(), fnv1a(h.data(), h.size())));
+  put_le<int64_t>(h, s.min_token);
+  put_le<int64_t>(h, s.max_token);
+  put_le<uint64_t>(h, fnv1a(description.data(), description.size(), fnv1a(h.data(), h.size())));
   h += description;
   h.append(pad8(h.size()) - h.size(), '\0');
   return h;
@@ -276,10 +219,10 @@ std::string write_cache(const std::string &path, const CacheShape &s, const std:
   static const char zeros[8] = {};
   std::string header = cache_header(s, description);
   std::vector<size_t> sizes = cache_arrays(s);
-  std::vector<Piece> pieces{{header.data(), header.size()}};
+  std::vector<std::string_view> pieces{header};
   for (size_t i = 0; i < sizes.size(); ++i) {
-    pieces.push_back({arrays[i], sizes[i]});
-    pieces.push_back({zeros, pad8(sizes[i]) - sizes[i]});
+    pieces.emplace_back(static_cast<const char *>(arrays[i]), sizes[i]);
+    pieces.emplace_back(zeros, pad8(sizes[i]) - sizes[i]);
   }
   return write_pieces_atomically(path, pieces);
 }
@@ -298,22 +241,22 @@ std::unique_ptr<Mapping> load_cache(const std::string &path, const std::string &
     *why = "no mt index header";
     return nullptr;
   }
-  if (get<uint32_t>(p + 8) != kCacheVersion || get<uint32_t>(p + 12) != expect->kind) {
+  if (get_le<uint32_t>(p + 8) != kCacheVersion || get_le<uint32_t>(p + 12) != expect->kind) {
     *why = "another version or kind of index";
     return nullptr;
   }
-  const uint64_t dlen = get<uint64_t>(p + 16);
+  const uint64_t dlen = get_le<uint64_t>(p + 16);
   if (dlen != description.size() || m->size < kCacheFixed + dlen ||
       std::memcmp(p + kCacheFixed, description.data(), dlen) != 0) {
     *why = "its description differs from this dataset's";
     return nullptr;
   }
-  if (fnv1a(p + kCacheFixed, dlen, fnv1a(p, kChecksummed)) != get<uint64_t>(p + kChecksummed)) {
+  if (fnv1a(p + kCacheFixed, dlen, fnv1a(p, kChecksummed)) != get_le<uint64_t>(p + kChecksummed)) {
     *why = "its header checksum is wrong";
     return nullptr;
   }
   for (int i = 0; i < 3; ++i)
-    if (get<uint64_t>(p + 24 + 8 * i) != expect->count[i]) {
+    if (get_le<uint64_t>(p + 24 + 8 * i) != expect->count[i]) {
       *why = "its array lengths differ from what the description gives";
       return nullptr;
     }
@@ -331,8 +274,8 @@ std::unique_ptr<Mapping> load_cache(const std::string &path, const std::string &
            commas(static_cast<int64_t>(total)) + " (truncated or overwritten)";
     return nullptr;
   }
-  expect->min_token = get<int64_t>(p + 56);
-  expect->max_token = get<int64_t>(p + 64);
+  expect->min_token = get_le<int64_t>(p + 56);
+  expect->max_token = get_le<int64_t>(p + 64);
   arrays->clear();
   for (size_t s : sizes) {
     arrays->push_back(p + at);

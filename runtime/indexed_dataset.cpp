@@ -10,6 +10,7 @@
 #include "runtime/indexed_dataset.h"
 
 #include "runtime/atomic_file.h"
+#include "runtime/byte_order.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -99,18 +100,6 @@ template <typename T> void widen(const unsigned char *src, uint64_t n, int32_t *
   }
 }
 
-template <typename T> void put_le(std::string &out, T v) {
-  // Every target we build for is little-endian, as the format is.
-  char b[sizeof(T)];
-  std::memcpy(b, &v, sizeof(T));
-  out.append(b, sizeof(T));
-}
-
-template <typename T> T get_le(const unsigned char *p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
 
 std::string u64s(uint64_t v) { return std::to_string(v); }
 

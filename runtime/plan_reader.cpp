@@ -2,6 +2,8 @@
 // semantic checks that make every later index and offset safe to follow.
 #include "runtime/plan_reader.h"
 
+#include "runtime/byte_order.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -822,19 +824,6 @@ private:
   std::set<std::tuple<const pl::Rank *, uint32_t, size_t, size_t>> checked_kernels_;
 };
 
-template <class T> T load_le(const unsigned char *p) {
-  // Every target we build for is little-endian, as the format is.
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
-template <class T> void store_le(std::string &out, T v) {
-  char b[sizeof(T)];
-  std::memcpy(b, &v, sizeof(T));
-  out.append(b, sizeof(T));
-}
-
 } // namespace
 
 uint64_t plan_checksum(const uint8_t *data, size_t size) {
@@ -850,10 +839,10 @@ std::string wrap_plan_payload(const uint8_t *payload, size_t size) {
   std::string out;
   out.reserve(kPlanHeaderSize + size);
   out.append(kMagic, sizeof(kMagic));
-  store_le<uint32_t>(out, kPlanFormatVersion);
-  store_le<uint32_t>(out, 0);
-  store_le<uint64_t>(out, size);
-  store_le<uint64_t>(out, plan_checksum(payload, size));
+  put_le<uint32_t>(out, kPlanFormatVersion);
+  put_le<uint32_t>(out, 0);
+  put_le<uint64_t>(out, size);
+  put_le<uint64_t>(out, plan_checksum(payload, size));
   out.append(reinterpret_cast<const char *>(payload), size);
   return out;
 }
@@ -946,19 +935,19 @@ std::unique_ptr<PlanFile> PlanFile::from_bytes(std::string bytes, const std::str
                 "-byte header; " + recompile);
   // The version comes first: a different version may lay out the rest of the
   // header differently.
-  const uint32_t version = load_le<uint32_t>(p + 8);
+  const uint32_t version = get_le<uint32_t>(p + 8);
   if (version != kPlanFormatVersion)
     return fail("was written by plan format version " + std::to_string(version) +
                 "; this mtrun reads version " + std::to_string(kPlanFormatVersion) +
                 "; recompile it with the mtc that matches this mtrun");
-  const uint32_t flags = load_le<uint32_t>(p + 12);
+  const uint32_t flags = get_le<uint32_t>(p + 12);
   if (flags != 0) {
     char hex[16];
     std::snprintf(hex, sizeof(hex), "0x%x", flags);
     return fail(std::string("has header flags ") + hex +
                 ", but plan format version 1 defines none; " + recompile);
   }
-  const uint64_t payload = load_le<uint64_t>(p + 16);
+  const uint64_t payload = get_le<uint64_t>(p + 16);
   const uint64_t have = bytes.size() - kPlanHeaderSize;
   if (payload > have)
     return fail("is truncated: header says " + grouped(payload) + " payload bytes, file has " +
@@ -967,7 +956,7 @@ std::unique_ptr<PlanFile> PlanFile::from_bytes(std::string bytes, const std::str
     return fail("is corrupt: header says " + grouped(payload) + " payload bytes, but " +
                 grouped(have - payload) + " more bytes follow them; " + recompile);
   const unsigned char *body = p + kPlanHeaderSize;
-  if (plan_checksum(body, payload) != load_le<uint64_t>(p + 24))
+  if (plan_checksum(body, payload) != get_le<uint64_t>(p + 24))
     return fail("is corrupt: checksum mismatch; " + recompile);
   if (payload >= FLATBUFFERS_MAX_BUFFER_SIZE)
     return fail("has a payload of " + grouped(payload) + " bytes, more than FlatBuffers " +
