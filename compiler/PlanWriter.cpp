@@ -37,6 +37,14 @@ std::string shapeKey(RankedTensorType t) {
   return s + os.str();
 }
 
+// 64-bit FNV-1a: parameter init streams and the model fingerprint.
+uint64_t fnv1a(StringRef s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s)
+    h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
 // "decoder.layers.3" from "decoder.layers.3.mlp.linear_fc1.weight".
 std::string layerOf(StringRef param) {
   SmallVector<StringRef> parts;
@@ -76,7 +84,8 @@ public:
           dtypeOf(p.getTensorType().getElementType()), init,
           p.getStd() ? p.getStd()->convertToDouble() : 0.0, decays,
           attr("mt.weight_offset"), attr("mt.grad_offset"), attr("mt.master_offset"),
-          attr("mt.exp_avg_offset"), attr("mt.exp_avg_sq_offset")));
+          attr("mt.exp_avg_offset"), attr("mt.exp_avg_sq_offset"),
+          fnv1a(p.getSymName())));
     }
 
     std::vector<fb::Offset<pl::Program>> programs;
@@ -463,9 +472,7 @@ std::string modelFingerprint(ModuleOp module) {
     s += p.getSymName().str() + ":" + shapeKey(p.getTensorType()) + ";";
   // FNV-1a keeps the fingerprint short; the parameter count makes a
   // mismatch readable at a glance.
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s)
-    h = (h ^ c) * 1099511628211ull;
+  uint64_t h = fnv1a(s);
   int64_t count = 0;
   for (ParamOp p : module.getOps<ParamOp>())
     count += p.getNumElements();

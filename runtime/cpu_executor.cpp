@@ -705,7 +705,7 @@ void CpuExecutor::init_params(uint64_t seed) {
       switch (p.init()) {
       case pl::Init::ZEROS: std::fill(w, w + count, 0.0f); break;
       case pl::Init::ONES: std::fill(w, w + count, 1.0f); break;
-      case pl::Init::NORMAL: cpu::init_normal(w, count, p.init_std(), seed, i); break;
+      case pl::Init::NORMAL: cpu::init_normal(w, count, p.init_std(), seed, p.init_stream()); break;
       }
       Impl::round_weights(p, w);
       if (float *m = s.state_floats(p.master_offset()))

@@ -59,7 +59,7 @@ public:
   CpuExecutor &operator=(const CpuExecutor &) = delete;
 
   // Initialises weights from each Param's init (zeros, ones, or normal with
-  // init_std via cpu::init_normal(seed, stream = parameter index)), rounded
+  // init_std via cpu::init_normal(seed, stream = the Param's init_stream)), rounded
   // to the parameter's dtype; copies them to the master copies; zeroes
   // gradients and Adam moments.
   void init_params(uint64_t seed);

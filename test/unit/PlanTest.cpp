@@ -196,10 +196,13 @@ std::string payload(const PlanDesc &d) {
                                             &p.outputs, &out_names, &is));
   }
   std::vector<flatbuffers::Offset<pl::Param>> params;
-  for (const Par &p : d.params)
+  for (size_t i = 0; i < d.params.size(); ++i) {
+    const Par &p = d.params[i];
+    // Distinct init streams, as the compiler chooses them (one per name).
     params.push_back(pl::CreateParamDirect(b, p.name.c_str(), &p.shape, p.dtype, p.init,
                                            p.init_std, true, p.weight, p.grad, p.master,
-                                           p.exp_avg, p.exp_avg_sq));
+                                           p.exp_avg, p.exp_avg_sq, 1000 + i));
+  }
   std::vector<flatbuffers::Offset<pl::Kernel>> kernels;
   for (const Kern &k : d.kernels) {
     auto vs = values(k.values);
