@@ -245,8 +245,8 @@ uint64_t file_size(const std::string &path) {
 // Tokens of document `doc` (all its sequences in order), at most `limit`.
 std::vector<int32_t> document_tokens(const IndexedDataset &ds, uint64_t doc, size_t limit) {
   std::vector<int32_t> out;
-  const int64_t *di = ds.document_indices();
-  for (int64_t s = di[doc]; s < di[doc + 1] && out.size() < limit; ++s) {
+  for (int64_t s = ds.document_index(doc); s < ds.document_index(doc + 1) && out.size() < limit;
+       ++s) {
     size_t n = std::min<size_t>(static_cast<size_t>(ds.sequence_length(s)), limit - out.size());
     size_t at = out.size();
     out.resize(at + n);
@@ -256,9 +256,8 @@ std::vector<int32_t> document_tokens(const IndexedDataset &ds, uint64_t doc, siz
 }
 
 uint64_t document_length(const IndexedDataset &ds, uint64_t doc) {
-  const int64_t *di = ds.document_indices();
   uint64_t n = 0;
-  for (int64_t s = di[doc]; s < di[doc + 1]; ++s)
+  for (int64_t s = ds.document_index(doc); s < ds.document_index(doc + 1); ++s)
     n += static_cast<uint64_t>(ds.sequence_length(s));
   return n;
 }
@@ -360,13 +359,12 @@ int run_inspect(const std::vector<std::string> &args) {
               static_cast<double>(ds->num_tokens()) / static_cast<double>(docs),
               static_cast<unsigned long long>(hi));
 
-  const int64_t *di = ds->document_indices();
   for (uint64_t d = 0; d < std::min(docs, a.documents); ++d) {
+    int64_t sequences = ds->document_index(d + 1) - ds->document_index(d);
     uint64_t n = document_length(*ds, d);
     std::printf("document %llu: %llu tokens in %llu sequence%s\n",
                 static_cast<unsigned long long>(d), static_cast<unsigned long long>(n),
-                static_cast<unsigned long long>(di[d + 1] - di[d]),
-                di[d + 1] - di[d] == 1 ? "" : "s");
+                static_cast<unsigned long long>(sequences), sequences == 1 ? "" : "s");
     std::vector<int32_t> ids = document_tokens(*ds, d, std::max(kShownIds, kDecodedTokens));
     std::string line = "  ids:  [";
     for (size_t i = 0; i < std::min(ids.size(), kShownIds); ++i)
@@ -395,7 +393,6 @@ int run_inspect(const std::vector<std::string> &args) {
 std::string check_token_ids(const IndexedDataset &ds, const std::string &prefix, uint64_t vocab) {
   constexpr uint64_t kChunk = 1 << 16;
   std::vector<int32_t> buf(kChunk);
-  const int64_t *di = ds.document_indices();
   for (uint64_t s = 0; s < ds.num_sequences(); ++s) {
     uint64_t len = static_cast<uint64_t>(ds.sequence_length(s));
     for (uint64_t at = 0; at < len; at += kChunk) {
@@ -404,8 +401,7 @@ std::string check_token_ids(const IndexedDataset &ds, const std::string &prefix,
       for (uint64_t i = 0; i < n; ++i) {
         if (buf[i] >= 0 && static_cast<uint64_t>(buf[i]) < vocab)
           continue;
-        uint64_t doc = static_cast<uint64_t>(
-            std::upper_bound(di, di + ds.num_documents() + 1, static_cast<int64_t>(s)) - di - 1);
+        uint64_t doc = ds.document_of_sequence(s);
         return prefix + ".bin: error: token id " + std::to_string(buf[i]) + " (document " +
                std::to_string(doc) + ", sequence " + std::to_string(s) + ", position " +
                std::to_string(at + i) + ") is outside the vocabulary [0, " + std::to_string(vocab) +

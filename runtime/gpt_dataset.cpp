@@ -437,8 +437,7 @@ std::string bad_token_error(const Source &src, int64_t beg, int64_t end) {
     for (int64_t i = 0; i < len; ++i) {
       if (buf[i] >= 0 && buf[i] < src.vocab)
         continue;
-      const int64_t *di = src.data->document_indices();
-      int64_t doc = std::upper_bound(di, di + src.data->num_documents() + 1, s) - di - 1;
+      int64_t doc = int64_t(src.data->document_of_sequence(uint64_t(s)));
       return "data: " + src.name + " has token id " + std::to_string(buf[i]) + " (document " +
              std::to_string(doc) + ", sequence " + std::to_string(s) + ", position " +
              std::to_string(i) + "), outside the vocabulary [0, " + std::to_string(src.vocab) +

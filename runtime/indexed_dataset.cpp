@@ -341,9 +341,10 @@ struct IndexedDataset::Impl {
   const unsigned char *idx = nullptr, *bin = nullptr;
   size_t idx_size = 0, bin_size = 0;
   const unsigned char *lengths = nullptr, *pointers = nullptr; // unaligned arrays in idx
-  // The on-disk document indices start at byte 34 + 12 S, never 8-aligned;
-  // document_indices() hands out an int64_t pointer, so they are copied.
-  std::vector<int64_t> document_indices;
+  // The on-disk document indices start at byte 34 + 12 S, never 8-aligned,
+  // so they are read field by field from the mapping.
+  const unsigned char *document_indices = nullptr;
+  uint64_t documents = 0; // entries of document_indices minus one
 
   ~Impl() {
     if (idx)
@@ -354,6 +355,7 @@ struct IndexedDataset::Impl {
 
   int32_t length(uint64_t i) const { return get_le<int32_t>(lengths + i * 4); }
   int64_t pointer(uint64_t i) const { return get_le<int64_t>(pointers + i * 8); }
+  int64_t document(uint64_t i) const { return get_le<int64_t>(document_indices + i * 8); }
 };
 
 namespace {
@@ -488,19 +490,19 @@ std::unique_ptr<IndexedDataset> IndexedDataset::open(const std::string &prefix,
   }
 
   // Documents: from 0, non-decreasing, ending at S.
-  d->document_indices.resize(D);
-  std::memcpy(d->document_indices.data(), docs, D * 8);
-  const std::vector<int64_t> &di = d->document_indices;
-  if (di[0] != 0)
-    return fail(idx_path, "document indices start at " + std::to_string(di[0]) +
+  d->document_indices = docs;
+  d->documents = D - 1;
+  auto di = [&](uint64_t i) { return d->document(i); };
+  if (di(0) != 0)
+    return fail(idx_path, "document indices start at " + std::to_string(di(0)) +
                               ", expected 0; the file is corrupt, " + rerun);
   for (uint64_t i = 1; i < D; ++i)
-    if (di[i] < di[i - 1])
-      return fail(idx_path, "document index " + u64s(i) + " (" + std::to_string(di[i]) +
-                                ") is smaller than the one before (" + std::to_string(di[i - 1]) +
+    if (di(i) < di(i - 1))
+      return fail(idx_path, "document index " + u64s(i) + " (" + std::to_string(di(i)) +
+                                ") is smaller than the one before (" + std::to_string(di(i - 1)) +
                                 "); the file is corrupt, " + rerun);
-  if (static_cast<uint64_t>(di[D - 1]) != S)
-    return fail(idx_path, "document indices end at " + std::to_string(di[D - 1]) +
+  if (static_cast<uint64_t>(di(D - 1)) != S)
+    return fail(idx_path, "document indices end at " + std::to_string(di(D - 1)) +
                               " but there are " + u64s(S) + " sequences; the file is corrupt, " +
                               rerun);
 
@@ -509,11 +511,24 @@ std::unique_ptr<IndexedDataset> IndexedDataset::open(const std::string &prefix,
 
 TokenDtype IndexedDataset::dtype() const { return impl_->dtype; }
 uint64_t IndexedDataset::num_sequences() const { return impl_->sequences; }
-uint64_t IndexedDataset::num_documents() const { return impl_->document_indices.size() - 1; }
+uint64_t IndexedDataset::num_documents() const { return impl_->documents; }
 uint64_t IndexedDataset::num_tokens() const { return impl_->tokens; }
 int32_t IndexedDataset::sequence_length(uint64_t i) const { return impl_->length(i); }
 int64_t IndexedDataset::sequence_offset(uint64_t i) const { return impl_->pointer(i); }
-const int64_t *IndexedDataset::document_indices() const { return impl_->document_indices.data(); }
+int64_t IndexedDataset::document_index(uint64_t i) const { return impl_->document(i); }
+
+uint64_t IndexedDataset::document_of_sequence(uint64_t s) const {
+  // The last document whose first sequence is <= s.
+  uint64_t lo = 0, hi = impl_->documents; // answer in [lo, hi)
+  while (hi - lo > 1) {
+    uint64_t mid = lo + (hi - lo) / 2;
+    if (impl_->document(mid) <= static_cast<int64_t>(s))
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
 
 void IndexedDataset::read(uint64_t sequence, uint64_t start, uint64_t n, int32_t *out) const {
   const Impl &d = *impl_;

@@ -68,7 +68,11 @@ public:
   uint64_t num_tokens() const;
   int32_t sequence_length(uint64_t i) const;
   int64_t sequence_offset(uint64_t i) const;   // in bytes, into .bin
-  const int64_t *document_indices() const;     // num_documents() + 1 entries
+  // Document i spans sequences [document_index(i), document_index(i + 1)),
+  // i <= num_documents(); read from the mapped file (it is not 8-aligned).
+  int64_t document_index(uint64_t i) const;
+  // The document sequence s belongs to (binary search).
+  uint64_t document_of_sequence(uint64_t s) const;
   // Copies tokens [start, start + n) of sequence i, widened to int32.
   void read(uint64_t sequence, uint64_t start, uint64_t n, int32_t *out) const;
 

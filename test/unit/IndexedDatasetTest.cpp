@@ -169,8 +169,12 @@ TEST_F(IndexedDatasetTest, ReadsHandPackedMegatronFiles) {
   EXPECT_EQ(ds->sequence_offset(2), 6);
   EXPECT_EQ(sequence(*ds, 0), (std::vector<int32_t>{7, 8}));
   EXPECT_EQ(sequence(*ds, 2), (std::vector<int32_t>{65535}));
-  const int64_t *docs = ds->document_indices();
-  EXPECT_EQ(std::vector<int64_t>(docs, docs + 3), (std::vector<int64_t>{0, 2, 3}));
+  EXPECT_EQ((std::vector<int64_t>{ds->document_index(0), ds->document_index(1),
+                                  ds->document_index(2)}),
+            (std::vector<int64_t>{0, 2, 3}));
+  EXPECT_EQ(ds->document_of_sequence(0), 0u);
+  EXPECT_EQ(ds->document_of_sequence(1), 0u);
+  EXPECT_EQ(ds->document_of_sequence(2), 1u);
 }
 
 TEST_F(IndexedDatasetTest, RoundTrip) {
@@ -203,14 +207,13 @@ TEST_F(IndexedDatasetTest, RoundTrip) {
     EXPECT_EQ(ds->dtype(), dtype);
     EXPECT_EQ(ds->num_documents(), 300u);
     EXPECT_EQ(ds->num_tokens(), tokens);
-    const int64_t *di = ds->document_indices();
     uint64_t s = 0;
     for (size_t d = 0; d < docs.size(); ++d) {
-      ASSERT_EQ(di[d], static_cast<int64_t>(s));
+      ASSERT_EQ(ds->document_index(d), static_cast<int64_t>(s));
       for (const auto &seq : docs[d])
         ASSERT_EQ(sequence(*ds, s++), seq);
     }
-    EXPECT_EQ(di[docs.size()], static_cast<int64_t>(s));
+    EXPECT_EQ(ds->document_index(docs.size()), static_cast<int64_t>(s));
     EXPECT_EQ(ds->num_sequences(), s);
     // A slice from the middle of a sequence.
     for (uint64_t i = 0; i < s; ++i) {
@@ -258,7 +261,7 @@ TEST_F(IndexedDatasetTest, EmptyDatasetIsMegatrons) {
   EXPECT_EQ(ds->num_documents(), 0u);
   EXPECT_EQ(ds->num_sequences(), 0u);
   EXPECT_EQ(ds->num_tokens(), 0u);
-  EXPECT_EQ(ds->document_indices()[0], 0);
+  EXPECT_EQ(ds->document_index(0), 0);
 }
 
 TEST_F(IndexedDatasetTest, EmptyDocuments) {

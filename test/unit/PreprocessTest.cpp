@@ -124,8 +124,12 @@ TEST_F(PreprocessTest, MegatronDocumentSemantics) {
   EXPECT_EQ(ds->dtype(), mt::rt::TokenDtype::UInt16);
   EXPECT_EQ(ds->num_documents(), 3u);
   ASSERT_EQ(ds->num_sequences(), 3u);
-  const int64_t *docs = ds->document_indices();
-  EXPECT_EQ(std::vector<int64_t>(docs, docs + 4), (std::vector<int64_t>{0, 1, 1, 3}));
+  std::vector<int64_t> docs;
+  for (uint64_t i = 0; i <= ds->num_documents(); ++i)
+    docs.push_back(ds->document_index(i));
+  EXPECT_EQ(docs, (std::vector<int64_t>{0, 1, 1, 3}));
+  // Sequence 1 opens document 2: document 1 is empty.
+  EXPECT_EQ(ds->document_of_sequence(1), 2u);
   // "hello" -> he, ll, o via hell: [258, 'o'] + EOD.
   EXPECT_EQ(sequence(*ds, 0), (std::vector<int32_t>{258, 'o', 259}));
   EXPECT_EQ(sequence(*ds, 1), (std::vector<int32_t>{258}));
