@@ -104,12 +104,10 @@ ModelSummary summarizeModel(ModuleOp module, const spec::Spec &spec) {
   if (!func)
     return s;
   if (auto train = module.lookupSymbol<func::FuncOp>("train_step")) {
-    train.walk([&](Operation *) { ++s.numTrainOps; });
-    --s.numTrainOps;
+    // Top-level operations: a fused kernel counts once.
+    s.numTrainOps = int64_t(llvm::range_size(train.getBody().front().without_terminator()));
   }
-  s.numOps = 0;
-  func.walk([&](Operation *) { ++s.numOps; });
-  --s.numOps; // the function itself
+  s.numOps = int64_t(llvm::range_size(func.getBody().front().without_terminator()));
   addShape("tokens", func.getArgument(0));
   bool haveHidden = false, haveQKV = false, haveFFN = false;
   func.walk([&](Operation *op) {
