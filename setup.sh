@@ -15,7 +15,8 @@ esac
 packages=(cmake ninja-build g++ ccache python3
           llvm-19-dev llvm-19-tools libmlir-19-dev mlir-19-tools
           libtomlplusplus-dev libabsl-dev libflatbuffers-dev flatbuffers-compiler
-          libgtest-dev libpcre2-dev libsimdjson-dev libopenblas-dev python3-numpy)
+          libgtest-dev libpcre2-dev libsimdjson-dev libopenblas-dev python3-numpy
+          libgloo-dev slurmd slurmctld slurm-client munge)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -27,8 +27,37 @@ std::string write_file_atomically(const std::string &path, std::string_view byte
   return write_pieces_atomically(path, {bytes});
 }
 
+// Writes straight into an existing non-regular file (`-o /dev/null`, a FIFO):
+// renaming a temporary over it would replace the device with a plain file.
+static std::string write_pieces_in_place(const std::string &path,
+                                         const std::vector<std::string_view> &pieces) {
+  int fd = ::open(path.c_str(), O_WRONLY);
+  if (fd < 0)
+    return os_error("cannot open", path);
+  for (std::string_view bytes : pieces) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      ssize_t n = ::write(fd, bytes.data() + done,
+                          std::min<size_t>(bytes.size() - done, size_t(1) << 30));
+      if (n < 0) {
+        if (errno == EINTR)
+          continue;
+        std::string err = os_error("cannot write", path);
+        ::close(fd);
+        return err;
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+  ::close(fd);
+  return "";
+}
+
 std::string write_pieces_atomically(const std::string &path,
                                     const std::vector<std::string_view> &pieces) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+    return write_pieces_in_place(path, pieces);
   std::string tmpl = path + ".tmp.XXXXXX";
   int fd = mkstemp(tmpl.data());
   if (fd < 0)

@@ -58,3 +58,11 @@ shared = os.path.join(config.mt_src_root, "..", "shared", "data", "gpt2")
 if os.path.isfile(os.path.join(shared, "vocab.json")):
     config.available_features.add("gpt2-data")
     config.substitutions.append(("%gpt2_data", shared))
+
+# srun tests start a private one-node SLURM (test/slurm/start-slurm.sh),
+# which needs root and the SLURM and munge daemons installed (the script
+# installs them with apt-get when run by hand). Only a look at PATH here.
+_sbin = os.pathsep.join([path, "/usr/sbin", "/sbin"])
+if hasattr(os, "geteuid") and os.geteuid() == 0 and all(
+        shutil.which(t, path=_sbin) for t in ["slurmd", "slurmctld", "srun", "sinfo", "munged"]):
+    config.available_features.add("slurm")

@@ -1,0 +1,504 @@
+// The Gloo backend of collectives.h: ranks are processes, connected by
+// Gloo's TCP transport after a rendezvous in a shared directory.
+//
+// Gloo reports failures as exceptions; each is turned here into one error
+// line. Gloo's messages name socket addresses, not ranks, so every rank
+// also leaves its process id and host in the store: after a failure, a peer
+// on this host whose process is gone is named as the cause.
+#include "runtime/collectives.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace mt::rt {
+
+namespace {
+
+using ReduceFn = void (*)(void *, const void *, const void *, size_t);
+
+// Point-to-point messages use their own slot space, apart from the slot
+// prefixes Gloo's collectives use (gloo/types.h).
+constexpr uint64_t kSendSlotBase = uint64_t(0x40) << 56;
+
+std::string format_duration(std::chrono::milliseconds t) {
+  if (t.count() % 1000 == 0)
+    return std::to_string(t.count() / 1000) + " s";
+  return std::to_string(t.count()) + " ms";
+}
+
+// Gloo's message without its "[file:line] " prefix, on one line.
+std::string gloo_message(const char *what) {
+  std::string s = what;
+  if (!s.empty() && s[0] == '[') {
+    size_t close = s.find("] ");
+    if (close != std::string::npos)
+      s = s.substr(close + 2);
+  }
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
+bool is_timeout(const std::string &message) {
+  std::string lower = message;
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  return lower.find("timed out") != std::string::npos ||
+         lower.find("timeout") != std::string::npos;
+}
+
+std::string this_host() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0)
+    return "?";
+  return name;
+}
+
+// Whether a process of this host has exited (gone, or a zombie not yet
+// reaped by its parent).
+bool process_exited(long pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!stat || !std::getline(stat, line))
+    return true;
+  size_t close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size())
+    return false;
+  char state = line[close + 2];
+  return state == 'Z' || state == 'X';
+}
+
+std::string make_dirs(const std::string &path) {
+  for (size_t i = 1; i <= path.size(); ++i) {
+    if (i < path.size() && path[i] != '/')
+      continue;
+    std::string part = path.substr(0, i);
+    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST)
+      return "cannot create '" + part + "': " + std::strerror(errno);
+  }
+  return "";
+}
+
+// What every communicator of one process shares: the store, the TCP device,
+// and where each world rank runs.
+struct Shared {
+  int world_rank = 0;
+  std::string dir;
+  std::string host;
+  std::chrono::milliseconds timeout{0};
+  std::shared_ptr<gloo::rendezvous::FileStore> store;
+  std::shared_ptr<gloo::transport::Device> device;
+  bool marked_failed = false;
+  std::vector<long> pids;         // by world rank
+  std::vector<std::string> hosts; // by world rank
+};
+
+class GlooCommunicator final : public Communicator {
+public:
+  GlooCommunicator(std::shared_ptr<Shared> shared, std::string name, std::vector<int> world_ranks,
+                   int rank)
+      : shared_(std::move(shared)), name_(std::move(name)), world_ranks_(std::move(world_ranks)),
+        rank_(rank) {}
+
+  ~GlooCommunicator() override { finish_sends(pending_.size()); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(world_ranks_.size()); }
+  const std::string &name() const override { return name_; }
+
+  // Meets the other members in the store, then connects every pair. A member
+  // that never comes is named by the marks the others left.
+  std::string connect(const std::string &key) {
+    auto store = std::make_unique<gloo::rendezvous::PrefixStore>(key, *shared_->store);
+    std::string what = "connect";
+    try {
+      store->set("arrived_" + std::to_string(rank_), {'1'});
+      std::vector<std::string> keys;
+      for (int r = 0; r < size(); ++r)
+        keys.push_back("arrived_" + std::to_string(r));
+      try {
+        store->wait(keys, shared_->timeout);
+      } catch (const gloo::IoException &) {
+        std::vector<int> missing;
+        for (int r = 0; r < size(); ++r) {
+          try {
+            store->wait({keys[r]}, std::chrono::milliseconds(1));
+          } catch (const gloo::IoException &) {
+            missing.push_back(world_ranks_[r]);
+          }
+        }
+        return prefix(what) + " timed out after " + format_duration(shared_->timeout) + ": " +
+               ranks_phrase(missing) + " never arrived (died, stuck, or not started); see " +
+               (missing.size() > 1 ? "their logs" : "its log");
+      }
+      context_ = std::make_shared<gloo::rendezvous::Context>(rank_, size());
+      context_->setTimeout(shared_->timeout);
+      context_->connectFullMesh(*store, shared_->device);
+    } catch (const std::exception &e) { // gloo::Exception, gloo::EnforceNotMet
+      return failure(what, e.what());
+    }
+    return "";
+  }
+
+  std::string all_reduce(float *data, size_t count, ReduceOp op) override {
+    if (count == 0)
+      return "";
+    return guarded("all_reduce", [&] {
+      gloo::AllreduceOptions opts(context_);
+      opts.setOutput(data, count);
+      opts.setReduceFunction(op == ReduceOp::Sum ? static_cast<ReduceFn>(&gloo::sum<float>)
+                                                 : static_cast<ReduceFn>(&gloo::max<float>));
+      opts.setTag(next_tag());
+      opts.setTimeout(shared_->timeout);
+      gloo::allreduce(opts);
+    });
+  }
+
+  std::string all_gather(const float *in, size_t count, float *out) override {
+    if (count == 0)
+      return "";
+    return guarded("all_gather", [&] {
+      gloo::AllgatherOptions opts(context_);
+      opts.setInput(const_cast<float *>(in), count);
+      opts.setOutput(out, count * size());
+      opts.setTag(next_tag());
+      opts.setTimeout(shared_->timeout);
+      gloo::allgather(opts);
+    });
+  }
+
+  // A sum over every block, then this rank's block: simple and exact, at
+  // size() times the traffic of a true reduce-scatter.
+  std::string reduce_scatter(const float *in, size_t count, float *out) override {
+    if (count == 0)
+      return "";
+    std::vector<float> all(in, in + count * size());
+    return guarded("reduce_scatter", [&] {
+      gloo::AllreduceOptions opts(context_);
+      opts.setOutput(all.data(), all.size());
+      opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<float>));
+      opts.setTag(next_tag());
+      opts.setTimeout(shared_->timeout);
+      gloo::allreduce(opts);
+      std::copy(all.begin() + rank_ * count, all.begin() + (rank_ + 1) * count, out);
+    });
+  }
+
+  std::string broadcast(float *data, size_t count, int root) override {
+    if (root < 0 || root >= size())
+      return prefix("broadcast") + ": root " + std::to_string(root) +
+             " is not a rank of the group; use 0.." + std::to_string(size() - 1);
+    if (count == 0)
+      return "";
+    return guarded("broadcast", [&] {
+      gloo::BroadcastOptions opts(context_);
+      opts.setOutput(data, count);
+      opts.setRoot(root);
+      opts.setTag(next_tag());
+      opts.setTimeout(shared_->timeout);
+      gloo::broadcast(opts);
+    });
+  }
+
+  std::string barrier() override {
+    if (std::string err = finish_sends(pending_.size()); !err.empty())
+      return err;
+    return guarded("barrier", [&] {
+      gloo::BarrierOptions opts(context_);
+      opts.setTag(next_tag());
+      opts.setTimeout(shared_->timeout);
+      gloo::barrier(opts);
+    });
+  }
+
+  // Sends are buffered: Gloo moves the bytes once the peer posts the
+  // matching recv, so a send returns at once and is waited for later (at
+  // barrier, when too many are pending, or when the communicator goes).
+  std::string send(const void *data, size_t bytes, int peer, int tag) override {
+    std::string what = "send of " + std::to_string(bytes) + " bytes to rank " +
+                       std::to_string(peer_world(peer)) + " (tag " + std::to_string(tag) + ")";
+    if (std::string err = check_peer(what, peer); !err.empty())
+      return err;
+    if (bytes == 0)
+      return "";
+    if (pending_.size() >= kMaxPendingSends)
+      if (std::string err = finish_sends(1); !err.empty())
+        return err;
+    return guarded(what, [&] {
+      PendingSend p;
+      p.what = what;
+      p.bytes.reset(new char[bytes]);
+      std::memcpy(p.bytes.get(), data, bytes);
+      p.buffer = context_->createUnboundBuffer(p.bytes.get(), bytes);
+      p.buffer->send(peer, slot(tag));
+      pending_.push_back(std::move(p));
+    });
+  }
+
+  std::string recv(void *data, size_t bytes, int peer, int tag) override {
+    std::string what = "recv of " + std::to_string(bytes) + " bytes from rank " +
+                       std::to_string(peer_world(peer)) + " (tag " + std::to_string(tag) + ")";
+    if (std::string err = check_peer(what, peer); !err.empty())
+      return err;
+    if (bytes == 0)
+      return "";
+    return guarded(what, [&] {
+      auto buffer = context_->createUnboundBuffer(data, bytes);
+      buffer->recv(peer, slot(tag));
+      if (!buffer->waitRecv(shared_->timeout))
+        throw gloo::IoException("timed out waiting for the message");
+    });
+  }
+
+  std::unique_ptr<Communicator> split(const std::vector<int> &ranks, const std::string &name,
+                                      std::string *error) override {
+    std::string what = "split into '" + name + "'";
+    if (ranks.empty() || !std::is_sorted(ranks.begin(), ranks.end()) ||
+        std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() || ranks.front() < 0 ||
+        ranks.back() >= size()) {
+      *error = prefix(what) + ": ranks must be distinct, ascending and within 0.." +
+               std::to_string(size() - 1);
+      return nullptr;
+    }
+    auto self = std::find(ranks.begin(), ranks.end(), rank_);
+    if (self == ranks.end()) {
+      *error = prefix(what) + ": this rank is not in the list; only members call split";
+      return nullptr;
+    }
+    // Store keys must be unique per sub-group: the parent's key, the name,
+    // the members, and how often this split happened before.
+    std::string key = key_ + "." + name;
+    std::vector<int> world;
+    for (int r : ranks) {
+      key += "_" + std::to_string(r);
+      world.push_back(world_ranks_[r]);
+    }
+    key += "." + std::to_string(splits_[key]++);
+    auto child = std::make_unique<GlooCommunicator>(shared_, name, std::move(world),
+                                                    static_cast<int>(self - ranks.begin()));
+    child->key_ = key;
+    if (std::string err = child->connect(key); !err.empty()) {
+      *error = err;
+      return nullptr;
+    }
+    error->clear();
+    return child;
+  }
+
+  std::string key_ = "world";
+
+private:
+  std::string prefix(const std::string &what) const {
+    return "rank " + std::to_string(shared_->world_rank) + ": " + what + " on group '" + name_ +
+           "' (" + std::to_string(size()) + " ranks)";
+  }
+
+  int peer_world(int peer) const {
+    return peer >= 0 && peer < size() ? world_ranks_[peer] : peer;
+  }
+
+  std::string check_peer(const std::string &what, int peer) const {
+    if (peer < 0 || peer >= size())
+      return prefix(what) + ": peer " + std::to_string(peer) +
+             " is not a rank of the group; use 0.." + std::to_string(size() - 1);
+    if (peer == rank_)
+      return prefix(what) + ": the peer is this rank itself; send to another rank";
+    return "";
+  }
+
+  bool marked_failed(int world_rank) const {
+    try {
+      shared_->store->wait({"failed_" + std::to_string(world_rank)}, std::chrono::milliseconds(1));
+      return true;
+    } catch (const std::exception &) {
+      return false;
+    }
+  }
+
+  static std::string ranks_phrase(const std::vector<int> &ranks) {
+    std::string s = ranks.size() > 1 ? "ranks " : "rank ";
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (i)
+        s += i + 1 == ranks.size() ? " and " : ", ";
+      s += std::to_string(ranks[i]);
+    }
+    return s;
+  }
+
+  // Waits for the oldest `n` pending sends.
+  std::string finish_sends(size_t n) {
+    std::string first_error;
+    for (; n > 0 && !pending_.empty(); --n) {
+      PendingSend p = std::move(pending_.front());
+      pending_.pop_front();
+      std::string err = guarded(p.what, [&] {
+        if (!p.buffer->waitSend(shared_->timeout))
+          throw gloo::IoException("the send was aborted");
+      });
+      if (first_error.empty())
+        first_error = err;
+    }
+    return first_error;
+  }
+
+  uint32_t next_tag() { return tag_++; }
+  static uint64_t slot(int tag) { return kSendSlotBase | static_cast<uint32_t>(tag); }
+
+  template <class F> std::string guarded(const std::string &what, F &&f) {
+    if (broken_)
+      return prefix(what) + ": an earlier operation failed (" + broken_message_ +
+             "); the group cannot be used again";
+    try {
+      f();
+      return "";
+    } catch (const std::exception &e) { // gloo::Exception, gloo::EnforceNotMet
+      return failure(what, e.what());
+    }
+  }
+
+  // One line for a Gloo failure, naming the member whose process is gone
+  // when there is one.
+  std::string failure(const std::string &what, const char *raw) {
+    std::string message = gloo_message(raw);
+    broken_ = true;
+    broken_message_ = message;
+    // Ranks that saw a failure leave a mark before they exit, so that only
+    // a rank that went away unmarked is named as the cause.
+    if (!shared_->marked_failed && shared_->store) {
+      shared_->marked_failed = true;
+      try {
+        shared_->store->set("failed_" + std::to_string(shared_->world_rank), {'1'});
+      } catch (const std::exception &) {
+      }
+    }
+    std::vector<int> gone;
+    std::string detail;
+    for (int w : world_ranks_) {
+      if (w == shared_->world_rank || w >= static_cast<int>(shared_->pids.size()))
+        continue;
+      if (shared_->hosts[w] == shared_->host && shared_->pids[w] > 0 &&
+          process_exited(shared_->pids[w]) && !marked_failed(w)) {
+        gone.push_back(w);
+        detail += (detail.empty() ? "" : ", ") + std::string("process ") +
+                  std::to_string(shared_->pids[w]);
+      }
+    }
+    if (!gone.empty())
+      return prefix(what) + " failed: " + ranks_phrase(gone) + " exited (" + detail + " on " +
+             shared_->host + "); see " + (gone.size() > 1 ? "their logs" : "its log") +
+             " (gloo: " + message + ")";
+    if (is_timeout(message))
+      return prefix(what) + " timed out after " + format_duration(shared_->timeout) +
+             ": a peer never arrived (died, stuck, or on a failed host); see the other ranks' "
+             "logs (gloo: " +
+             message + ")";
+    return prefix(what) + " failed: " + message;
+  }
+
+  std::shared_ptr<Shared> shared_;
+  std::string name_;
+  std::vector<int> world_ranks_;
+  int rank_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  uint32_t tag_ = 0;
+  std::map<std::string, int> splits_;
+  struct PendingSend {
+    std::string what;
+    std::unique_ptr<char[]> bytes;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  };
+  static constexpr size_t kMaxPendingSends = 64;
+  std::deque<PendingSend> pending_;
+  bool broken_ = false;
+  std::string broken_message_;
+};
+
+} // namespace
+
+std::unique_ptr<Communicator> connect_gloo(const GlooOptions &options, std::string *error) {
+  std::string head = "rank " + std::to_string(options.rank) + ": connect_gloo";
+  if (options.world < 1 || options.rank < 0 || options.rank >= options.world) {
+    *error = head + ": rank must be within 0.." + std::to_string(options.world - 1) +
+             " and world at least 1";
+    return nullptr;
+  }
+  if (options.store_dir.empty() || options.job.empty()) {
+    *error = head + ": store_dir and job must be set (a shared directory and a per-run id)";
+    return nullptr;
+  }
+  if (options.timeout.count() <= 0) {
+    *error = head + ": timeout must be positive";
+    return nullptr;
+  }
+  // A peer that dies closes its sockets; writing to them must fail with an
+  // error, not kill this process.
+  std::signal(SIGPIPE, SIG_IGN);
+
+  auto shared = std::make_shared<Shared>();
+  shared->world_rank = options.rank;
+  shared->dir = options.store_dir + "/" + options.job;
+  shared->host = this_host();
+  shared->timeout = options.timeout;
+  if (std::string err = make_dirs(shared->dir); !err.empty()) {
+    *error = head + ": " + err;
+    return nullptr;
+  }
+  std::vector<int> world(options.world);
+  for (int r = 0; r < options.world; ++r)
+    world[r] = r;
+  auto comm = std::make_unique<GlooCommunicator>(shared, "world", world, options.rank);
+  try {
+    shared->store = std::make_shared<gloo::rendezvous::FileStore>(shared->dir);
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    shared->device = gloo::transport::tcp::CreateDevice(attr);
+    std::string me = std::to_string(getpid()) + " " + shared->host;
+    shared->store->set("process_" + std::to_string(options.rank),
+                       std::vector<char>(me.begin(), me.end()));
+  } catch (const std::exception &e) {
+    *error = head + " in '" + shared->dir + "' on " + options.hostname + " failed: " +
+             gloo_message(e.what());
+    return nullptr;
+  }
+  if (std::string err = comm->connect("world"); !err.empty()) {
+    *error = err;
+    return nullptr;
+  }
+  // Every rank wrote its process before it arrived, so these are all there.
+  shared->pids.assign(options.world, 0);
+  shared->hosts.assign(options.world, "");
+  try {
+    for (int r = 0; r < options.world; ++r) {
+      std::vector<char> v = shared->store->get("process_" + std::to_string(r));
+      std::string s(v.begin(), v.end());
+      size_t space = s.find(' ');
+      shared->pids[r] = std::atol(s.substr(0, space).c_str());
+      shared->hosts[r] = space == std::string::npos ? "" : s.substr(space + 1);
+    }
+  } catch (const std::exception &e) {
+    *error = head + ": cannot read the other ranks' process ids: " + gloo_message(e.what());
+    return nullptr;
+  }
+  error->clear();
+  return comm;
+}
+
+} // namespace mt::rt
