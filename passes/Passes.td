@@ -200,7 +200,10 @@ def MtPlanMemoryPass : Pass<"mt-plan-memory", "mlir::ModuleOp"> {
     runtime executes), then best-fit placement in one arena shared by all
     programs (they never run at the same time). A value lives from the op
     that defines it to its last use; an op's results never overlap its
-    operands; `mt.reshape` results alias their input. Each op gets
+    operands, except that `mt.cross_entropy_grad` writes the logits' gradient
+    over the logits when that is their last use (the largest activation of a
+    language model is then held once); `mt.reshape` results alias their
+    input. Each op gets
     `mt.offsets` (one byte offset per result), each program argument
     `mt.offset`, each function `mt.arena_bytes`, and the module
     `mt.arena_bytes`, the peak over programs. Liveness is over the

@@ -142,13 +142,35 @@ int64_t planFunction(func::FuncOp f) {
     if (inArena(a))
       place(a, -1);
 
+  // The logits' gradient takes the logits' bytes when this is their last
+  // use (the kernel writes each row after reading it): the largest
+  // activation of a language model is then held once, not twice.
+  auto inPlace = [&](Operation &op, int64_t i) -> bool {
+    auto ce = dyn_cast<CrossEntropyGradOp>(op);
+    if (!ce)
+      return false;
+    Value logits = ce.getLogits(), r = rootOf(logits);
+    if (!inArena(logits) || lastUse.lookup(r) != i ||
+        bytesOf(r.getType()) != bytesOf(ce.getType()))
+      return false;
+    auto it = freeAt.find(i);
+    if (it == freeAt.end() || !llvm::is_contained(it->second, r))
+      return false;
+    llvm::erase(it->second, r);
+    offset[ce.getResult()] = offset.lookup(r);
+    freeAt[std::max(lastUse.lookup(ce.getResult()), i)].push_back(ce.getResult());
+    return true;
+  };
+
   OpBuilder b(f.getContext());
   for (Operation &op : body) {
     int64_t i = index.lookup(&op);
     SmallVector<int64_t> offsets;
+    bool reused = inPlace(op, i);
     for (Value r : op.getResults()) {
       if (inArena(r)) {
-        place(r, i);
+        if (!reused)
+          place(r, i);
         offsets.push_back(offset.lookup(r));
       } else {
         offsets.push_back(-1);

@@ -96,7 +96,8 @@ public:
   // no live value is filled with all-ones bytes (a NaN as float, -1 as an
   // integer). A value is live from the instruction that writes it to its
   // last reader; program inputs from the start, outputs to the end; a RESHAPE
-  // whose result has its input's offset shares the input's lifetime. An
+  // whose result has its input's offset, and a CROSS_ENTROPY_GRAD written
+  // over its logits, share the input's lifetime. An
   // owner map records which value last wrote each arena byte; an instruction
   // that reads a value whose bytes another value has since overwritten fails
   // run() with a line naming both values and instructions. (A result that

@@ -871,13 +871,17 @@ void cross_entropy_bwd(const T *logits, const int32_t *labels, const float *loss
       continue;
     }
     // out = c * softmax(row) - c * onehot: exp terms first, then one scale.
+    // `out` may be `row` (the plan overwrites the logits with their
+    // gradient), so the label's logit is read before anything is written.
+    const int32_t label = labels[i];
+    const bool has_label = label >= 0 && label < vocab;
+    const double label_logit = has_label ? static_cast<double>(row[label]) : 0.0;
     double m = row_max(row, vocab);
     double f = c / row_exp(row, vocab, m, out);
     for (int64_t j = 0; j < vocab; ++j)
       out[j] = static_cast<T>(out[j] * f);
-    const int32_t label = labels[i];
-    if (label >= 0 && label < vocab)
-      out[label] = static_cast<T>(std::exp(static_cast<double>(row[label]) - m) * f - c);
+    if (has_label)
+      out[label] = static_cast<T>(std::exp(label_logit - m) * f - c);
   }
 }
 

@@ -168,6 +168,7 @@ bool cross_entropy_fwd(const T *logits, const int32_t *labels,
                        const float *loss_mask, int64_t n, int64_t vocab,
                        double *loss);
 // dlogits = dloss * mask_i * (softmax(logits_i) - onehot(label_i)) / sum(mask).
+// dlogits may be logits itself: the plan overwrites the logits in place.
 template <class T>
 void cross_entropy_bwd(const T *logits, const int32_t *labels,
                        const float *loss_mask, int64_t n, int64_t vocab,

@@ -479,7 +479,8 @@ private:
 
   // An instruction's results share no arena bytes with its operands or with
   // each other (the kernels are not written for aliasing); a RESHAPE result
-  // at its operand's very offset is a view of it, not a copy.
+  // at its operand's very offset is a view of it, not a copy, and
+  // CROSS_ENTROPY_GRAD may write the logits' gradient over the logits.
   std::string check_disjoint(const Scope &s, const pl::Instruction &ins) {
     auto arena = [&](uint32_t v) {
       return !s.bound(v) && s.value(v)->region() == pl::Region::ARENA;
@@ -494,6 +495,11 @@ private:
       for (size_t j = 0; j < vsize(ins.in()); ++j) {
         const uint32_t x = ins.in()->Get(uint32_t(j));
         if (ins.op() == pl::Opcode::RESHAPE && s.value(x)->offset() == s.value(y)->offset())
+          continue;
+        // The logits' gradient may overwrite the logits, byte for byte.
+        if (ins.op() == pl::Opcode::CROSS_ENTROPY_GRAD && j == 0 && k == 0 &&
+            s.value(x)->offset() == s.value(y)->offset() &&
+            plan_bytes(*s.value(x)) == plan_bytes(*s.value(y)))
           continue;
         if (overlap(x, y))
           return "out[" + std::to_string(k) + "] (" + value_label(s.value(y), y) +

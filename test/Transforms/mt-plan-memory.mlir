@@ -4,7 +4,7 @@
 // RUN: mtc-opt %s -mt-plan-memory | FileCheck %s
 
 // 16x8 f32 = 512 B, 8 x bf16 = 16 B (rounded to 256).
-// CHECK: module attributes {mt.arena_bytes = 768 : i64, mt.memory = {activations = 768 : i64, grads = 768 : i64, master_weights = 256 : i64, optimizer_moments = 1536 : i64, weights = 768 : i64}, mt.state_bytes = 3328 : i64}
+// CHECK: module attributes {mt.arena_bytes = 1536 : i64, mt.memory = {activations = 1536 : i64, grads = 768 : i64, master_weights = 256 : i64, optimizer_moments = 1536 : i64, weights = 768 : i64}, mt.state_bytes = 3328 : i64}
 // CHECK: mt.param @w : tensor<16x8xf32>, normal(2.000000e-02) {mt.exp_avg_offset = 1792 : i64, mt.exp_avg_sq_offset = 2560 : i64, mt.grad_offset = 768 : i64, mt.master_offset = -1 : i64, mt.weight_offset = 0 : i64}
 // CHECK: mt.param @v : tensor<8xbf16>, ones {mt.exp_avg_offset = 2304 : i64, mt.exp_avg_sq_offset = 3072 : i64, mt.grad_offset = 1280 : i64, mt.master_offset = 1536 : i64, mt.weight_offset = 512 : i64}
 mt.param @w : tensor<16x8xf32>, normal(2.000000e-02)
@@ -70,4 +70,29 @@ func.func @fused(%x: tensor<2x8xf32>) -> tensor<2x8xf32> {
   }
   %y = mt.gelu %k tanh : tensor<2x8xf32>
   return %y : tensor<2x8xf32>
+}
+
+// The logits' gradient overwrites the logits when the gradient op is their
+// last use (one logits-sized buffer at the peak instead of two)...
+// CHECK-LABEL: func.func @ce_in_place(
+// CHECK: %[[L:.*]] = mt.gelu {{.*}} {mt.offsets = array<i64: [[OFF:[0-9]+]]>}
+// CHECK: mt.cross_entropy %[[L]]
+// CHECK: mt.cross_entropy_grad %[[L]], {{.*}} {mt.offsets = array<i64: [[OFF]]>}
+func.func @ce_in_place(%x: tensor<2x64xf32>, %labels: tensor<2xi32>, %seed: tensor<f32>) -> tensor<2x64xf32> {
+  %l = mt.gelu %x tanh : tensor<2x64xf32>
+  %loss = mt.cross_entropy %l, %labels : (tensor<2x64xf32>, tensor<2xi32>) -> tensor<f32>
+  %d = mt.cross_entropy_grad %l, %labels, %seed : (tensor<2x64xf32>, tensor<2xi32>, tensor<f32>) -> tensor<2x64xf32>
+  return %d : tensor<2x64xf32>
+}
+
+// ... and not when the logits are read again afterwards.
+// CHECK-LABEL: func.func @ce_logits_read_later(
+// CHECK: %[[L:.*]] = mt.gelu {{.*}} {mt.offsets = array<i64: 1024>}
+// CHECK: mt.cross_entropy_grad %[[L]], {{.*}} {mt.offsets = array<i64: 0>}
+// CHECK: mt.add %[[L]], {{.*}} {mt.offsets = array<i64: 512>}
+func.func @ce_logits_read_later(%x: tensor<2x64xf32>, %labels: tensor<2xi32>, %seed: tensor<f32>) -> tensor<2x64xf32> {
+  %l = mt.gelu %x tanh : tensor<2x64xf32>
+  %d = mt.cross_entropy_grad %l, %labels, %seed : (tensor<2x64xf32>, tensor<2xi32>, tensor<f32>) -> tensor<2x64xf32>
+  %s = mt.add %l, %d : tensor<2x64xf32>
+  return %s : tensor<2x64xf32>
 }

@@ -785,6 +785,22 @@ TEST(CrossEntropy, FloatGradientMatchesDefinitionOnLargeVocabulary) {
   }
 }
 
+// The plan writes the logits' gradient over the logits: in place, the result
+// is bit for bit the out-of-place one (with a mask and a masked row too).
+TEST(CrossEntropy, InPlaceGradientEqualsOutOfPlace) {
+  std::mt19937_64 rng(19);
+  const int64_t n = 4, vocab = 1000;
+  const std::vector<float> logits = toFloat(randomVec(rng, n * vocab, -8, 8));
+  const std::vector<int32_t> labels = {0, 999, 17, 500};
+  const std::vector<float> mask = {1.0f, 0.0f, 1.0f, 1.0f};
+  for (const float *m : {static_cast<const float *>(nullptr), mask.data()}) {
+    std::vector<float> out(n * vocab), inplace = logits;
+    cpu::cross_entropy_bwd(logits.data(), labels.data(), m, n, vocab, 0.5, out.data());
+    cpu::cross_entropy_bwd(inplace.data(), labels.data(), m, n, vocab, 0.5, inplace.data());
+    ASSERT_EQ(0, std::memcmp(out.data(), inplace.data(), out.size() * sizeof(float)));
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Optimizer and reductions
 
