@@ -75,6 +75,17 @@ public:
   OwningOpRef<ModuleOp> build() {
     OwningOpRef<ModuleOp> module = ModuleOp::create(loc, StringRef("gpt"));
     (*module)->setAttr("mt.training", trainingAttr());
+    const spec::ParallelConfig &par = spec.parallel;
+    NamedAttribute parallel[] = {
+        b.getNamedAttr("tensor_model_parallel_size",
+                       b.getI64IntegerAttr(par.tensor_model_parallel_size)),
+        b.getNamedAttr("pipeline_model_parallel_size",
+                       b.getI64IntegerAttr(par.pipeline_model_parallel_size)),
+        b.getNamedAttr("data_parallel_size", b.getI64IntegerAttr(par.data_parallel_size)),
+        b.getNamedAttr("use_distributed_optimizer",
+                       b.getBoolAttr(par.use_distributed_optimizer)),
+    };
+    (*module)->setAttr("mt.parallel", b.getDictionaryAttr(parallel));
     Type idsType = RankedTensorType::get({batch, seq}, b.getI32Type());
     Type lossType = RankedTensorType::get({}, b.getF32Type());
     b.setInsertionPointToEnd(module->getBody());

@@ -72,9 +72,10 @@ MemoryPlan memoryPlanOf(ModuleOp module, const spec::Spec &spec) {
   MegatronEstimate mega = megatronTheoreticalMemory(spec);
   plan.megatronWeightsAndOptimizer = mega.weightsAndOptimizer;
   plan.megatronActivations = mega.activations;
-  if (spec.worldSize() > 1)
-    plan.note = "the parallel layout (tp, pp, dp) is not planned yet: these figures "
-                "are for the whole model on one GPU";
+  if (spec.parallel.tensor_model_parallel_size > 1 ||
+      spec.parallel.pipeline_model_parallel_size > 1 || spec.parallel.use_distributed_optimizer)
+    plan.note = "tensor and pipeline parallelism and the distributed optimizer are not "
+                "planned yet: these figures are for the whole model on one GPU";
   return plan;
 }
 

@@ -111,9 +111,16 @@ public:
                                    mem("optimizer_moments"), mem("activations"),
                                    mem("workspace"), mem("context_reserve"),
                                    spec.cluster.device_memory_bytes);
-    auto rank = pl::CreateRank(fbb, 0, 0, 0, 0, fbb.CreateVector(params),
-                               i64("mt.state_bytes"), i64("mt.arena_bytes"),
-                               fbb.CreateVector(programs), memory);
+    // Data-parallel ranks run the same programs on their share of the batch:
+    // every rank's table points at the one parameter table and program list.
+    int64_t dp = module->hasAttr("mt.data_parallel") ? i64("mt.data_parallel") : 1;
+    auto paramsVec = fbb.CreateVector(params);
+    auto programsVec = fbb.CreateVector(programs);
+    std::vector<fb::Offset<pl::Rank>> ranks;
+    for (int64_t r = 0; r < dp; ++r)
+      ranks.push_back(pl::CreateRank(fbb, int32_t(r), 0, 0, int32_t(r), paramsVec,
+                                     i64("mt.state_bytes"), i64("mt.arena_bytes"), programsVec,
+                                     memory));
 
     const spec::TrainingConfig &t = spec.training;
     std::vector<std::string> paths;
@@ -134,7 +141,6 @@ public:
         t.loss_scale_window, t.hysteresis, fbb.CreateVectorOfStrings(paths),
         fbb.CreateVector(weights), fbb.CreateString(spec.data.split), spec.data.mock_data);
 
-    std::vector<fb::Offset<pl::Rank>> ranks{rank};
     auto plan = pl::CreatePlan(
         fbb, fbb.CreateString(kProducer), fbb.CreateString(modelFingerprint(module)),
         fbb.CreateString(spec::toToml(spec)), int32_t(spec.worldSize()),
@@ -347,6 +353,11 @@ private:
           i.floats = {o.getLr().convertToDouble(), o.getMinLr().convertToDouble()};
         })
         .Case([&](ClipCoeffOp o) { i.op = pl::Opcode::CLIP_COEFF; eps(o.getMaxNormAttr()); })
+        .Case([&](AllReduceGradsOp o) {
+          i.op = pl::Opcode::ALL_REDUCE_GRADS;
+          i.ints = {0}; // the data-parallel group
+          eps(o.getScaleAttr());
+        })
         .Case([&](AdamWOp o) {
           i.op = pl::Opcode::ADAMW;
           i.params = {param(o.getParamAttr())};

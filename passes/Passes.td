@@ -187,6 +187,31 @@ def MtFusePass : Pass<"mt-fuse", "mlir::ModuleOp"> {
   let dependentDialects = ["::mt::MtDialect"];
 }
 
+def MtDataParallelPass : Pass<"mt-data-parallel", "mlir::ModuleOp"> {
+  let summary = "Averages gradients over data-parallel ranks";
+  let description = [{
+    With `data_parallel_size` > 1 (module attribute `mt.parallel`), every
+    rank runs the same programs on its own share of the global batch; this
+    pass puts `mt.all_reduce_grads {group = "dp", scale = 1/dp}` at the start
+    of `@grad_norm`, so the norm, clipping and update see the gradient of the
+    mean loss over the global batch on every rank (Megatron-LM's DDP without
+    bucketing; overlapping buckets come with the CUDA backend). The module
+    gets `mt.data_parallel`, the number of ranks the plan is written for.
+
+    Plans that also use tensor or pipeline parallelism or the distributed
+    optimizer are left to the sharding passes and stay unchanged here.
+
+    ```mlir
+    func.func @grad_norm() -> tensor<f32> {
+      mt.all_reduce_grads {group = "dp", scale = 5.000000e-01 : f64}
+      %0 = mt.grad_norm : tensor<f32>
+      return %0 : tensor<f32>
+    }
+    ```
+  }];
+  let dependentDialects = ["::mt::MtDialect"];
+}
+
 def MtPlanMemoryPass : Pass<"mt-plan-memory", "mlir::ModuleOp"> {
   let summary = "Assigns every value a place: persistent state and the activation arena";
   let description = [{

@@ -22,6 +22,7 @@ void buildTrainPipeline(OpPassManager &pm, const PipelineOptions &options) {
   pm.addPass(createMtAutodiffPass());
   pm.addPass(createMtOptimizerPass());
   pm.addPass(createMtRecomputePass());
+  pm.addPass(createMtDataParallelPass());
   if (options.fuse)
     pm.addPass(createMtFusePass());
   pm.addPass(createMtPlanMemoryPass());

@@ -191,6 +191,7 @@ struct CpuExecutor::Impl {
   std::unordered_map<const pl::Program *, size_t> program_index;
   uint64_t seed = 0;
   float loss_scale = 1.0f;
+  Communicator *dp = nullptr;
   bool check = false;
   OwnerMap owners;
   std::vector<float> clipped; // ADAMW's grad * clip_coeff
@@ -641,6 +642,21 @@ struct CpuExecutor::Impl {
       if (std::string e = run_kernel(ins, f, rng_offset); !e.empty())
         return e;
       break;
+    case pl::Opcode::ALL_REDUCE_GRADS: {
+      if (!dp)
+        return "reduces gradients over " + std::to_string(plan.data_parallel()) +
+               " data-parallel ranks, but no communicator was given; run the plan with that "
+               "many ranks (srun -n N, or mtrun --nproc N)";
+      const float scale = float(fval(0));
+      for (uint32_t p = 0; p < vsize(rank.params()); ++p) {
+        float *g = state_floats(param(p).grad_offset());
+        const int64_t count = element_count(param(p).shape());
+        if (std::string e = dp->all_reduce(g, size_t(count), ReduceOp::Sum); !e.empty())
+          return e;
+        cpu::scale(g, count, scale);
+      }
+      break;
+    }
     }
     // Reduced-precision results: computed in f32, then rounded to their type.
     for (size_t k = 0; k < vsize(ins.out()); ++k) {
@@ -721,6 +737,7 @@ void CpuExecutor::init_params(uint64_t seed) {
 }
 
 float *CpuExecutor::weight(int param) { return impl_->state_floats(impl_->param(uint32_t(param)).weight_offset()); }
+void CpuExecutor::set_data_parallel(Communicator *dp) { impl_->dp = dp; }
 float *CpuExecutor::grad(int param) { return impl_->state_floats(impl_->param(uint32_t(param)).grad_offset()); }
 float *CpuExecutor::master(int param) { return impl_->state_floats(impl_->param(uint32_t(param)).master_offset()); }
 float *CpuExecutor::exp_avg(int param) { return impl_->state_floats(impl_->param(uint32_t(param)).exp_avg_offset()); }

@@ -41,6 +41,7 @@
 #define MT_RUNTIME_CPU_EXECUTOR_H
 
 #include "plan_generated.h"
+#include "runtime/collectives.h"
 
 #include <cstdint>
 #include <memory>
@@ -103,6 +104,10 @@ public:
   // run() with a line naming both values and instructions. (A result that
   // overlaps its own instruction's operands is rejected by the plan reader.)
   void set_check_memory_plan(bool on);
+
+  // The data-parallel group ALL_REDUCE_GRADS reduces over (not owned; must
+  // outlive run()). Plans with data_parallel > 1 need it.
+  void set_data_parallel(Communicator *dp);
 
   // Bytes allocated for the CPU arena and state buffer.
   uint64_t cpu_arena_bytes() const;

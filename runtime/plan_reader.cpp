@@ -78,6 +78,7 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::CLIP_COEFF, "ss", "s", 0, 0, 1},
     {pl::Opcode::ADAMW, "ssl", "", 1, 0, 4},
     {pl::Opcode::FUSED, nullptr, nullptr, 0, 1, 0},
+    {pl::Opcode::ALL_REDUCE_GRADS, "", "", 0, 1, 1},
 };
 constexpr size_t kNumOpcodes = sizeof(kSignatures) / sizeof(kSignatures[0]);
 static_assert(kNumOpcodes == size_t(pl::Opcode::MAX) + 1,
@@ -577,6 +578,15 @@ private:
                std::to_string(floats(1));
       break;
     }
+    case pl::Opcode::ALL_REDUCE_GRADS:
+      if (ints(0) != 0)
+        return "ints[0] is group " + std::to_string(ints(0)) + "; this mtrun knows group 0 (dp)";
+      if (!(floats(0) > 0.0 && floats(0) <= 1.0))
+        return "floats[0] (scale) is " + std::to_string(floats(0)) + ", outside (0, 1]";
+      if (plan_.data_parallel() < 2)
+        return "reduces over data-parallel ranks, but the plan has data_parallel " +
+               std::to_string(plan_.data_parallel());
+      break;
     case pl::Opcode::FUSED: {
       int64_t k = ints(0);
       if (k < 0 || uint64_t(k) >= vsize(plan_.kernels()))

@@ -2,8 +2,10 @@
 #include "runtime/train_loop.h"
 
 #include "runtime/checkpoint.h"
+#include "runtime/collectives.h"
 #include "runtime/cpu_executor.h"
 #include "runtime/gpt_dataset.h"
+#include "runtime/launch.h"
 #include "runtime/plan_reader.h"
 
 #include <chrono>
@@ -14,6 +16,8 @@
 #include <fstream>
 #include <memory>
 #include <vector>
+
+#include <unistd.h>
 
 namespace mt::rt {
 namespace {
@@ -79,16 +83,19 @@ std::string timestamp() {
 
 class Trainer {
 public:
-  Trainer(const pl::Plan &plan, const RunOptions &opts) : plan(plan), opts(opts) {}
+  // `comm` is the data-parallel group (null for one rank); `rank` this
+  // process's rank in the plan.
+  Trainer(const pl::Plan &plan, const RunOptions &opts, int rank, Communicator *comm)
+      : plan(plan), opts(opts), rank(rank), comm(comm) {}
 
   int run() {
     const pl::Training *t = plan.training();
     if (!t)
       return fail(opts.plan_path + " has no training settings; recompile it with mtc");
-    if (plan.world_size() != 1)
-      return fail(opts.plan_path + " is for " + std::to_string(plan.world_size()) +
-                  " ranks; this mtrun runs single-rank plans only (compile with "
-                  "tensor, pipeline and data parallel sizes of 1)");
+    dp = std::max(1, plan.data_parallel());
+    dpRank = find_rank(plan, rank)->dp_rank();
+    // Megatron prints from the last rank.
+    printer = rank == plan.world_size() - 1;
     trainIters = opts.train_iters >= 0 ? opts.train_iters : t->train_iters();
     mbs = t->micro_batch_size();
     gbs = t->global_batch_size();
@@ -97,7 +104,8 @@ public:
     save = !opts.save.empty() ? opts.save : str(t->save());
     load = !opts.load.empty() ? opts.load : str(t->load());
 
-    exec = std::make_unique<CpuExecutor>(plan, 0);
+    exec = std::make_unique<CpuExecutor>(plan, rank);
+    exec->set_data_parallel(comm);
     fp16 = str(t->precision()) == "fp16";
     lossScale = fp16 ? t->initial_loss_scale() : 1.0;
     hysteresisTracker = t->hysteresis();
@@ -112,7 +120,7 @@ public:
       return fail(opts.plan_path + " lacks the train_step, grad_norm or optimizer_step "
                                    "program; recompile it with this mtc");
 
-    if (!opts.log_file.empty()) {
+    if (!opts.log_file.empty() && printer) {
       log.open(opts.log_file, std::ios::app);
       if (!log)
         return fail("cannot open the log file " + opts.log_file +
@@ -190,6 +198,8 @@ public:
 
 private:
   void say(const std::string &line) {
+    if (!printer)
+      return;
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
     if (log.is_open()) {
@@ -276,6 +286,11 @@ private:
   }
 
   std::string saveCheckpoint() {
+    // Data-parallel replicas hold the same state: the first one saves.
+    if (dpRank != 0) {
+      savedIteration = iteration;
+      return "";
+    }
     const pl::Rank *rank = plan.ranks()->Get(0);
     std::vector<CheckpointTensor> tensors;
     for (uint32_t i = 0; i < rank->params()->size(); ++i) {
@@ -307,7 +322,10 @@ private:
     savedIteration = iteration;
     char buf[64];
     std::snprintf(buf, sizeof buf, "iter_%07lld", (long long)iteration);
-    say("saved checkpoint at iteration " + std::to_string(iteration) + " to " + save + "/" + buf);
+    // The saving rank says so, as Megatron's rank 0 does.
+    std::printf("saved checkpoint at iteration %lld to %s/%s\n", (long long)iteration,
+                save.c_str(), buf);
+    std::fflush(stdout);
     return "";
   }
 
@@ -362,23 +380,43 @@ private:
     return "";
   }
 
+  // Megatron's sampler: each micro-batch step takes mbs * dp consecutive
+  // samples, and data-parallel rank r reads its mbs of them at r * mbs.
+  int64_t sampleOf(int64_t consumed, int64_t micro) const {
+    return consumed + micro * mbs * dp + int64_t(dpRank) * mbs;
+  }
+
+  // The logged loss is the mean over data-parallel ranks, as Megatron
+  // averages it across the data-parallel group.
+  std::string averageOverDataParallel(double *loss) {
+    if (!comm || dp == 1)
+      return "";
+    float v = float(*loss);
+    if (std::string err = comm->all_reduce(&v, 1, ReduceOp::Sum); !err.empty())
+      return err;
+    *loss = double(v) / double(dp);
+    return "";
+  }
+
   // Dropout masks differ per iteration and micro-batch, and are reproduced
   // exactly on resume: the RNG is counter-based, keyed by this offset.
   uint64_t rngOffset(int64_t micro, bool eval) const {
-    return ((uint64_t(iteration) << 20) + uint64_t(micro)) * 2 + (eval ? 1 : 0);
+    // Data-parallel ranks see different samples: they draw their own masks.
+    uint64_t m = uint64_t(micro) * uint64_t(dp) + uint64_t(dpRank);
+    return ((uint64_t(iteration) << 20) + m) * 2 + (eval ? 1 : 0);
   }
 
   std::string forwardBackward(double *meanLoss) {
     double sum = 0;
     for (int64_t m = 0; m < microBatches; ++m) {
-      fillBatch(trainStep, *train, consumedTrain + m * mbs);
+      fillBatch(trainStep, *train, sampleOf(consumedTrain, m));
       float loss = 0;
       if (std::string err = runScalar(trainStep, "loss", rngOffset(m, false), &loss); !err.empty())
         return err;
       sum += loss;
     }
     *meanLoss = sum / double(microBatches);
-    return "";
+    return averageOverDataParallel(meanLoss);
   }
 
   std::string update(float norm) {
@@ -426,7 +464,7 @@ private:
     int64_t n = 0;
     for (int64_t it = 0; it < t->eval_iters(); ++it) {
       for (int64_t m = 0; m < microBatches; ++m) {
-        fillBatch(evalStep, *valid, consumedValid + m * mbs);
+        fillBatch(evalStep, *valid, sampleOf(consumedValid, m));
         float loss = 0;
         if (std::string err = runScalar(evalStep, "loss", rngOffset(m, true), &loss); !err.empty())
           return err;
@@ -436,6 +474,8 @@ private:
       consumedValid += gbs;
     }
     double loss = sum / double(n);
+    if (std::string err = averageOverDataParallel(&loss); !err.empty())
+      return err;
     if (std::isnan(loss))
       loss = std::fabs(loss);
     char buf[512];
@@ -454,6 +494,10 @@ private:
 
   const pl::Plan &plan;
   const RunOptions &opts;
+  int rank = 0;
+  Communicator *comm = nullptr;
+  int dp = 1, dpRank = 0;
+  bool printer = true;
   std::unique_ptr<CpuExecutor> exec;
   std::unique_ptr<GptDataset> train, valid;
   ProgramIO trainStep, evalStep, normProg, optStep;
@@ -480,6 +524,15 @@ options:
   --log-file FILE       also append the log lines to FILE
   --check-memory-plan   poison dead arena bytes and fail if a value is read
                         after its planned lifetime (slow; for testing plans)
+  --nproc N             start N ranks on this machine (outside SLURM); under
+                        srun, rank and world size come from SLURM_*
+  --rank R, --world-size W, --job NAME, --rendezvous-dir DIR
+                        this process's rank, the number of ranks, the run's
+                        name and a directory every rank can reach, when
+                        starting ranks by hand (or MT_RANK, MT_WORLD_SIZE,
+                        MT_JOB, MT_RENDEZVOUS_DIR; see docs/launch.md)
+  --timeout S           seconds a rank waits for the others before it fails
+                        naming the missing rank (default 300)
   --help, -h            this text
 )";
 
@@ -495,11 +548,54 @@ int run_training(const RunOptions &opts) {
   std::unique_ptr<PlanFile> file = PlanFile::open(opts.plan_path, &err);
   if (!file)
     return fail(err);
-  return Trainer(*file->plan(), opts).run();
+  const pl::Plan &plan = *file->plan();
+  LaunchInfo launch = launch_from_environment(opts.launch, &err);
+  if (!err.empty())
+    return fail(err);
+  const int world = plan.world_size();
+  if (!plan.ranks() || int(plan.ranks()->size()) != world)
+    return fail(opts.plan_path + " is for " + std::to_string(world) +
+                " ranks with tensor or pipeline parallelism or the distributed optimizer, "
+                "which this mtrun cannot run yet; compile with data parallelism only "
+                "(tensor and pipeline parallel sizes 1, use_distributed_optimizer = false)");
+  if (launch.world != world)
+    return fail(opts.plan_path + " is for " + std::to_string(world) + " rank" +
+                (world == 1 ? "" : "s") + " but " + std::to_string(launch.world) +
+                " were started (" + launch.source + "); start it with " +
+                (world == 1 ? std::string("one process")
+                            : "srun -n " + std::to_string(world) + " or mtrun --nproc " +
+                                  std::to_string(world)));
+  if (!find_rank(plan, launch.rank))
+    return fail(opts.plan_path + " has no rank " + std::to_string(launch.rank));
+  std::unique_ptr<Communicator> comm;
+  if (world > 1) {
+    if (std::string e = prepare_rendezvous_dir(launch); !e.empty())
+      return fail(e);
+    GlooOptions g;
+    g.rank = launch.rank;
+    g.world = launch.world;
+    g.store_dir = launch.rendezvous_base;
+    g.job = launch.job;
+    g.hostname = launch.hostname;
+    g.timeout = std::chrono::milliseconds(int64_t(opts.timeout_s * 1000));
+    comm = connect_gloo(g, &err);
+    if (!comm)
+      return fail(err);
+  }
+  int status = Trainer(plan, opts, launch.rank, comm.get()).run();
+  if (comm && status == 0) {
+    // Everyone is done with the rendezvous before the first rank removes it.
+    if (std::string e = comm->barrier(); !e.empty())
+      return fail(e);
+    if (launch.rank == 0)
+      remove_rendezvous_dir(launch);
+  }
+  return status;
 }
 
 int mtrun_main(int argc, char **argv) {
   RunOptions o;
+  int nproc = 0;
   auto usage = [](const std::string &msg) {
     std::fprintf(stderr, "mtrun: error: %s; see 'mtrun --help'\n", msg.c_str());
     return 1;
@@ -541,10 +637,31 @@ int mtrun_main(int argc, char **argv) {
       if (r < 0 || v.empty() || *end != '\0' || n < 0)
         return usage("--train-iters needs a number >= 0, got '" + v + "'");
       o.train_iters = n;
-    } else if (a == "--rank" || a == "--world-size" || a == "--nproc" ||
-               a.rfind("--rank=", 0) == 0 || a.rfind("--world-size=", 0) == 0 ||
-               a.rfind("--nproc=", 0) == 0) {
-      return usage("'" + a + "' is reserved for multi-rank plans, which this mtrun does not run yet");
+    } else if ((r = value("--nproc", &v))) {
+      char *end = nullptr;
+      long long n = r < 0 ? -1 : std::strtoll(v.c_str(), &end, 10);
+      if (r < 0 || v.empty() || *end != '\0' || n < 1 || n > 1024)
+        return usage("--nproc needs a number of ranks from 1 to 1024, got '" + v + "'");
+      nproc = int(n);
+    } else if ((r = value("--rank", &v)) || (r = value("--world-size", &v))) {
+      char *end = nullptr;
+      long long n = r < 0 ? -1 : std::strtoll(v.c_str(), &end, 10);
+      bool isRank = a.rfind("--rank", 0) == 0;
+      if (r < 0 || v.empty() || *end != '\0' || n < (isRank ? 0 : 1))
+        return usage(std::string(isRank ? "--rank" : "--world-size") + " needs a number, got '" +
+                     v + "'");
+      (isRank ? o.launch.rank : o.launch.world) = int(n);
+    } else if ((r = value("--job", &o.launch.job))) {
+      if (r < 0 || o.launch.job.empty()) return usage("--job needs a name for this run");
+    } else if ((r = value("--rendezvous-dir", &o.launch.rendezvous_dir))) {
+      if (r < 0 || o.launch.rendezvous_dir.empty())
+        return usage("--rendezvous-dir needs a directory every rank can reach");
+    } else if ((r = value("--timeout", &v))) {
+      char *end = nullptr;
+      double s = r < 0 ? -1 : std::strtod(v.c_str(), &end);
+      if (r < 0 || v.empty() || *end != '\0' || !(s > 0))
+        return usage("--timeout needs seconds > 0, got '" + v + "'");
+      o.timeout_s = s;
     } else if (!a.empty() && a[0] == '-') {
       return usage("unknown option '" + a + "'");
     } else if (o.plan_path.empty()) {
@@ -555,6 +672,28 @@ int mtrun_main(int argc, char **argv) {
   }
   if (o.plan_path.empty())
     return usage("no plan given: mtrun PLAN");
+  if (nproc > 0) {
+    // Run this same command line once per rank, without --nproc.
+    std::vector<std::string> args;
+    for (int i = 0; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a == "--nproc") {
+        ++i;
+        continue;
+      }
+      if (a.rfind("--nproc=", 0) == 0)
+        continue;
+      args.push_back(i == 0 ? std::string("/proc/self/exe") : a);
+    }
+    char exe[4096];
+    ssize_t len = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0)
+      args[0] = std::string(exe, size_t(len));
+    LocalRunOptions lo;
+    lo.tool = "mtrun";
+    lo.prefix_output = false; // only the last rank prints, in Megatron's format
+    return run_local_ranks(nproc, args, lo);
+  }
   return run_training(o);
 }
 

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/launch.h"
+
 namespace mt::rt {
 
 struct RunOptions {
@@ -17,6 +19,8 @@ struct RunOptions {
   int64_t train_iters = -1;  // overrides the plan's train_iters when >= 0
   std::string log_file;      // iteration lines are also appended here
   bool check_memory_plan = false;
+  LaunchFlags launch;        // --rank / --world-size; SLURM_* and MT_* otherwise
+  double timeout_s = 300;    // how long a rank waits for the others
 };
 
 // Runs the whole job; returns the process exit status. Errors are printed as

@@ -571,3 +571,12 @@ LogicalResult FusedOp::verifyRegions() {
   }
   return success();
 }
+
+LogicalResult AllReduceGradsOp::verify() {
+  if (getGroup() != "dp")
+    return emitOpError() << "group must be \"dp\", got \"" << getGroup() << "\"";
+  double scale = getScale().convertToDouble();
+  if (!(scale > 0.0 && scale <= 1.0))
+    return emitOpError() << "scale must be in (0, 1], got " << scale;
+  return success();
+}

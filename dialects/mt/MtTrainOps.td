@@ -243,6 +243,24 @@ def Mt_LrStyle : I32EnumAttr<"LrStyle", "learning-rate decay after warm-up", [
   let cppNamespace = "::mt";
 }
 
+def Mt_AllReduceGradsOp : Mt_Op<"all_reduce_grads", [
+    MemoryEffects<[MemRead<Mt_GradBuffers>, MemWrite<Mt_GradBuffers>]>]> {
+  let summary = "sums every parameter's gradient over a group of ranks, then scales it";
+  let description = [{
+    Data parallelism: after the step's micro-batches, each rank holds the
+    gradient of its own samples; this all-reduce over `group` (`"dp"`) and
+    the scale `1 / data_parallel_size` leave every rank with the gradient of
+    the mean loss over the global batch, as Megatron-LM's DDP does.
+
+    ```mlir
+    mt.all_reduce_grads {group = "dp", scale = 5.000000e-01 : f64}
+    ```
+  }];
+  let arguments = (ins StrAttr:$group, F64Attr:$scale);
+  let assemblyFormat = "attr-dict";
+  let hasVerifier = 1;
+}
+
 def Mt_GradNormOp : Mt_Op<"grad_norm", [MemoryEffects<[MemRead<Mt_GradBuffers>]>]> {
   let summary = "global L2 norm of every parameter's gradient";
   let description = [{

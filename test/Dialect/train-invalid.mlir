@@ -239,3 +239,19 @@ func.func @f(%lr: tensor<f32>, %s: tensor<i64>) {
   mt.adamw @w, %lr, %lr, %s {beta1 = 0.9 : f64, beta2 = 0.999 : f64, epsilon = 1.0e-08 : f64, weight_decay = 0.0 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
   return
 }
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{group must be "dp", got "tp"}}
+  mt.all_reduce_grads {group = "tp", scale = 5.0e-01 : f64}
+  return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{scale must be in (0, 1], got 2.000000e+00}}
+  mt.all_reduce_grads {group = "dp", scale = 2.0 : f64}
+  return
+}

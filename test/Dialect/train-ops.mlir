@@ -43,6 +43,8 @@ func.func @backward(%x: tensor<2x8x16xf32>, %ids: tensor<2x8xi32>, %dy: tensor<2
 
 // CHECK-LABEL: func.func @optimizer
 func.func @optimizer(%steps: tensor<i64>, %step: tensor<i64>) -> tensor<f32> {
+  // CHECK: mt.all_reduce_grads {group = "dp", scale = 2.500000e-01 : f64}
+  mt.all_reduce_grads {group = "dp", scale = 0.25 : f64}
   // CHECK: mt.grad_norm : tensor<f32>
   %n = mt.grad_norm : tensor<f32>
   // CHECK: mt.lr_schedule %{{.*}} cosine
