@@ -438,6 +438,11 @@ using Clock = std::chrono::steady_clock;
 
 } // namespace
 
+namespace {
+volatile std::sig_atomic_t g_forward_signal = 0;
+extern "C" void on_forward_signal(int sig) { g_forward_signal = sig; }
+} // namespace
+
 int run_local_ranks(int nproc, const std::vector<std::string> &argv, const LocalRunOptions &options) {
   const char *tool = options.tool.c_str();
   if (nproc < 1) {
@@ -539,8 +544,23 @@ int run_local_ranks(int nproc, const std::vector<std::string> &argv, const Local
         return true;
     return false;
   };
+  // SIGTERM or SIGINT to the launcher (scancel, a time limit, Ctrl-C) is
+  // passed on to every rank, which then saves and stops on its own.
+  g_forward_signal = 0;
+  struct sigaction forward {}, old_term {}, old_int {};
+  forward.sa_handler = on_forward_signal;
+  sigemptyset(&forward.sa_mask);
+  ::sigaction(SIGTERM, &forward, &old_term);
+  ::sigaction(SIGINT, &forward, &old_int);
+  bool forwarded = false;
   Clock::time_point drain_until = Clock::time_point::max();
   while (true) {
+    if (g_forward_signal && !forwarded) {
+      for (int r = 0; r < started; ++r)
+        if (children[r].running)
+          ::kill(children[r].pid, int(g_forward_signal));
+      forwarded = true;
+    }
     std::vector<pollfd> fds;
     std::vector<std::pair<int, Stream *>> owners;
     for (int r = 0; r < started; ++r)
@@ -610,6 +630,8 @@ int run_local_ranks(int nproc, const std::vector<std::string> &argv, const Local
       if (s->fd >= 0)
         ::close(s->fd);
   remove_tree(base);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  ::sigaction(SIGINT, &old_int, nullptr);
 
   if (!start_error.empty())
     return 1;

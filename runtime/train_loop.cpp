@@ -9,6 +9,7 @@
 #include "runtime/plan_reader.h"
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -26,6 +27,10 @@ namespace pl = mt::plan;
 
 // One line on stderr. Library errors that already name their file as
 // "FILE: error: ..." keep that form.
+// Set by SIGTERM; the training loop checks it after each iteration.
+volatile std::sig_atomic_t g_terminate = 0;
+extern "C" void on_sigterm(int) { g_terminate = 1; }
+
 int fail(const std::string &msg) {
   if (msg.find(": error: ") != std::string::npos)
     std::fprintf(stderr, "mtrun: %s\n", msg.c_str());
@@ -189,6 +194,25 @@ public:
           iteration < trainIters)
         if (std::string err = saveCheckpoint(); !err.empty())
           return fail(err);
+      // SIGTERM (SLURM's warning before a time limit, or scancel): finish
+      // the iteration, save, and exit cleanly, as Megatron's
+      // --exit-signal-handler does. Every rank must agree to stop together.
+      bool stop = false;
+      if (std::string err = anyRankSignalled(&stop); !err.empty())
+        return fail(err);
+      if (stop) {
+        if (save.empty()) {
+          say("received SIGTERM at iteration " + std::to_string(iteration) +
+              "; no save directory (--save or [training] save), so exiting without a checkpoint");
+          return 0;
+        }
+        if (savedIteration != iteration)
+          if (std::string err = saveCheckpoint(); !err.empty())
+            return fail(err);
+        say("received SIGTERM at iteration " + std::to_string(iteration) +
+            "; checkpoint saved, exiting");
+        return 0;
+      }
     }
     if (!save.empty() && savedIteration != iteration)
       if (std::string err = saveCheckpoint(); !err.empty())
@@ -380,6 +404,15 @@ private:
     return "";
   }
 
+  std::string anyRankSignalled(bool *stop) {
+    float flag = g_terminate ? 1.0f : 0.0f;
+    if (comm && dp > 1)
+      if (std::string err = comm->all_reduce(&flag, 1, ReduceOp::Max); !err.empty())
+        return err;
+    *stop = flag > 0.0f;
+    return "";
+  }
+
   // Megatron's sampler: each micro-batch step takes mbs * dp consecutive
   // samples, and data-parallel rank r reads its mbs of them at r * mbs.
   int64_t sampleOf(int64_t consumed, int64_t micro) const {
@@ -539,6 +572,8 @@ options:
 } // namespace
 
 int run_training(const RunOptions &opts) {
+  // From the start: a SIGTERM during set-up also ends the run cleanly.
+  std::signal(SIGTERM, on_sigterm);
   if (opts.device == "cuda")
     return fail("--device cuda needs the CUDA backend, which this mtrun does not have "
                 "yet; use --device cpu");
