@@ -63,6 +63,9 @@ MemoryPlan memoryPlanOf(ModuleOp module, const spec::Spec &spec) {
   r.master = attr(mem, "master_weights");
   r.moments = attr(mem, "optimizer_moments");
   r.activations = attr(mem, "activations");
+  // Plain data parallelism: every rank holds the same, so one row for all.
+  if (auto dp = module->getAttrOfType<IntegerAttr>("mt.data_parallel"); dp && dp.getInt() > 1)
+    r.rank = "0-" + std::to_string(dp.getInt() - 1);
   r.workspace = kCublasWorkspaceBytes;
   r.reserve = kCudaContextReserveBytes;
   MemoryPlan plan;

@@ -667,6 +667,16 @@ TEST(PlanReader, SemanticErrors) {
     EXPECT_CONTAINS(semantic_error(t.d), "rank 0, program eval_step #1 (final_layernorm) opcode 200: "
                                          "unknown opcode; this mtrun knows opcodes 0 to 33");
   }
+  for (auto [group, scale, message] :
+       {std::tuple<int64_t, double, const char *>{
+            1, 0.5, "ALL_REDUCE_GRADS: ints[0] is group 1; this mtrun knows group 0 (dp)"},
+        {0, 2.0, "ALL_REDUCE_GRADS: floats[0] (scale) is 2.000000, outside (0, 1]"},
+        {0, 0.5, "ALL_REDUCE_GRADS: reduces over data-parallel ranks, but the plan has "
+                 "data_parallel 1"}}) {
+    Tiny t; // a gradient all-reduce that cannot run
+    t.d.programs[0].code.push_back(I{Opcode::ALL_REDUCE_GRADS, {}, {}, {}, {group}, {scale}, "dp"});
+    EXPECT_CONTAINS(semantic_error(t.d), message);
+  }
   {
     Tiny t; // GELU without its tanh flag
     t.d.programs[0].code[4].ints.clear();
