@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from machine import cpu_name
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPT2 = os.path.join(ROOT, "..", "shared", "data", "gpt2")
 
@@ -39,16 +41,6 @@ def english_paragraphs():
             if len(p) > 40:
                 paragraphs.append(p)
     return paragraphs
-
-
-def cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def main():

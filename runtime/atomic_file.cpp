@@ -27,6 +27,22 @@ std::string write_file_atomically(const std::string &path, std::string_view byte
   return write_pieces_atomically(path, {bytes});
 }
 
+bool write_all(int fd, const void *data, size_t n) {
+  const char *p = static_cast<const char *>(data);
+  while (n > 0) {
+    // At most 1 GiB per call: Linux writes no more than about 2 GiB at once.
+    ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      return false;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
 // Writes straight into an existing non-regular file (`-o /dev/null`, a FIFO):
 // renaming a temporary over it would replace the device with a plain file.
 static std::string write_pieces_in_place(const std::string &path,
@@ -34,21 +50,12 @@ static std::string write_pieces_in_place(const std::string &path,
   int fd = ::open(path.c_str(), O_WRONLY);
   if (fd < 0)
     return os_error("cannot open", path);
-  for (std::string_view bytes : pieces) {
-    size_t done = 0;
-    while (done < bytes.size()) {
-      ssize_t n = ::write(fd, bytes.data() + done,
-                          std::min<size_t>(bytes.size() - done, size_t(1) << 30));
-      if (n < 0) {
-        if (errno == EINTR)
-          continue;
-        std::string err = os_error("cannot write", path);
-        ::close(fd);
-        return err;
-      }
-      done += static_cast<size_t>(n);
+  for (std::string_view bytes : pieces)
+    if (!write_all(fd, bytes.data(), bytes.size())) {
+      std::string err = os_error("cannot write", path);
+      ::close(fd);
+      return err;
     }
-  }
   ::close(fd);
   return "";
 }
@@ -62,23 +69,13 @@ std::string write_pieces_atomically(const std::string &path,
   int fd = mkstemp(tmpl.data());
   if (fd < 0)
     return os_error("cannot create a temporary file for", path);
-  for (std::string_view bytes : pieces) {
-    size_t done = 0;
-    while (done < bytes.size()) {
-      // At most 1 GiB per call: Linux writes no more than about 2 GiB at once.
-      ssize_t n = ::write(fd, bytes.data() + done,
-                          std::min<size_t>(bytes.size() - done, size_t(1) << 30));
-      if (n < 0) {
-        if (errno == EINTR)
-          continue;
-        std::string err = os_error("cannot write", tmpl);
-        ::close(fd);
-        ::unlink(tmpl.c_str());
-        return err;
-      }
-      done += static_cast<size_t>(n);
+  for (std::string_view bytes : pieces)
+    if (!write_all(fd, bytes.data(), bytes.size())) {
+      std::string err = os_error("cannot write", tmpl);
+      ::close(fd);
+      ::unlink(tmpl.c_str());
+      return err;
     }
-  }
   if (::fchmod(fd, 0644) != 0 || ::fsync(fd) != 0) {
     std::string err = os_error("cannot flush", tmpl);
     ::close(fd);

@@ -3,6 +3,7 @@
 #ifndef MT_RUNTIME_ATOMIC_FILE_H
 #define MT_RUNTIME_ATOMIC_FILE_H
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -11,6 +12,10 @@ namespace mt::rt {
 
 // Returns "" on success, else a one-line reason naming the path.
 std::string write_file_atomically(const std::string &path, std::string_view bytes);
+
+// Writes all n bytes to fd (retrying interrupted and partial writes, at most
+// 1 GiB per call); false with errno set on failure.
+bool write_all(int fd, const void *data, size_t n);
 
 // The same for a file made of several pieces written in order, so that large
 // arrays need not be copied into one buffer first.

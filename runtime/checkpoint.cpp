@@ -262,21 +262,6 @@ std::string meta_json(const CheckpointMeta &m, int tp_rank, int pp_rank, int pp_
 // File system
 // ---------------------------------------------------------------------------
 
-bool write_all(int fd, const void *data, size_t n) {
-  const char *p = static_cast<const char *>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR)
-        continue;
-      return false;
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
 bool pwrite_all(int fd, const void *data, size_t n, off_t at) {
   const char *p = static_cast<const char *>(data);
   while (n > 0) {

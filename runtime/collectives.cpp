@@ -7,6 +7,7 @@
 // waits longer than the timeout withdraws and reports the ranks that never
 // came.
 #include "runtime/collectives.h"
+#include "runtime/collectives_common.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -50,11 +51,7 @@ std::string join_ranks(const std::vector<int> &ranks) {
   return s;
 }
 
-std::string format_duration(std::chrono::milliseconds t) {
-  if (t.count() % 1000 == 0)
-    return std::to_string(t.count() / 1000) + " s";
-  return std::to_string(t.count()) + " ms";
-}
+using detail::format_duration;
 
 // What one rank brings to a collective.
 struct Arrival {
@@ -235,29 +232,15 @@ public:
 
 private:
   std::string prefix(const std::string &what) const {
-    return "rank " + std::to_string(group_->world_ranks[rank_]) + ": " + what + " on group '" +
-           group_->name + "' (" + std::to_string(size()) + " ranks)";
+    return detail::op_prefix(group_->world_ranks[rank_], what, group_->name, size());
   }
 
   std::string check_peer(const char *what, int peer) const {
-    if (peer < 0 || peer >= size())
-      return prefix(what) + ": peer " + std::to_string(peer) +
-             " is not a rank of the group; use 0.." + std::to_string(size() - 1);
-    if (peer == rank_)
-      return prefix(what) + ": the peer is this rank itself; send to another rank";
-    return "";
+    return detail::check_peer(prefix(what), peer, rank_, size());
   }
 
   std::string check_split(const std::vector<int> &ranks, const std::string &name) const {
-    std::string what = "split into '" + name + "'";
-    if (ranks.empty() || !std::is_sorted(ranks.begin(), ranks.end()) ||
-        std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() || ranks.front() < 0 ||
-        ranks.back() >= size())
-      return prefix(what) + ": ranks must be distinct, ascending and within 0.." +
-             std::to_string(size() - 1);
-    if (!std::binary_search(ranks.begin(), ranks.end(), rank_))
-      return prefix(what) + ": this rank is not in the list; only members call split";
-    return "";
+    return detail::check_split(prefix("split into '" + name + "'"), ranks, rank_, size());
   }
 
   std::string collective(Op op, size_t count, int root, ReduceOp reduce, const float *in,

@@ -6,6 +6,7 @@
 // also leaves its process id and host in the store: after a failure, a peer
 // on this host whose process is gone is named as the cause.
 #include "runtime/collectives.h"
+#include "runtime/collectives_common.h"
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -40,11 +41,7 @@ using ReduceFn = void (*)(void *, const void *, const void *, size_t);
 // prefixes Gloo's collectives use (gloo/types.h).
 constexpr uint64_t kSendSlotBase = uint64_t(0x40) << 56;
 
-std::string format_duration(std::chrono::milliseconds t) {
-  if (t.count() % 1000 == 0)
-    return std::to_string(t.count() / 1000) + " s";
-  return std::to_string(t.count()) + " ms";
-}
+using detail::format_duration;
 
 // Gloo's message without its "[file:line] " prefix, on one line.
 std::string gloo_message(const char *what) {
@@ -271,18 +268,11 @@ public:
   std::unique_ptr<Communicator> split(const std::vector<int> &ranks, const std::string &name,
                                       std::string *error) override {
     std::string what = "split into '" + name + "'";
-    if (ranks.empty() || !std::is_sorted(ranks.begin(), ranks.end()) ||
-        std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() || ranks.front() < 0 ||
-        ranks.back() >= size()) {
-      *error = prefix(what) + ": ranks must be distinct, ascending and within 0.." +
-               std::to_string(size() - 1);
+    if (std::string e = detail::check_split(prefix(what), ranks, rank_, size()); !e.empty()) {
+      *error = e;
       return nullptr;
     }
     auto self = std::find(ranks.begin(), ranks.end(), rank_);
-    if (self == ranks.end()) {
-      *error = prefix(what) + ": this rank is not in the list; only members call split";
-      return nullptr;
-    }
     // Store keys must be unique per sub-group: the parent's key, the name,
     // the members, and how often this split happened before.
     std::string key = key_ + "." + name;
@@ -307,8 +297,7 @@ public:
 
 private:
   std::string prefix(const std::string &what) const {
-    return "rank " + std::to_string(shared_->world_rank) + ": " + what + " on group '" + name_ +
-           "' (" + std::to_string(size()) + " ranks)";
+    return detail::op_prefix(shared_->world_rank, what, name_, size());
   }
 
   int peer_world(int peer) const {
@@ -316,12 +305,7 @@ private:
   }
 
   std::string check_peer(const std::string &what, int peer) const {
-    if (peer < 0 || peer >= size())
-      return prefix(what) + ": peer " + std::to_string(peer) +
-             " is not a rank of the group; use 0.." + std::to_string(size() - 1);
-    if (peer == rank_)
-      return prefix(what) + ": the peer is this rank itself; send to another rank";
-    return "";
+    return detail::check_peer(prefix(what), peer, rank_, size());
   }
 
   bool marked_failed(int world_rank) const {

@@ -282,9 +282,9 @@ struct CpuExecutor::Impl {
       ps.root[v] = v;
     for (size_t i = 0; i < ni; ++i) {
       const pl::Instruction &ins = *prog.instructions()->Get(uint32_t(i));
-      // A RESHAPE view, and a logits gradient written over the logits, own
-      // their source's bytes from then on: one lifetime for both.
-      if (ins.op() != pl::Opcode::RESHAPE && ins.op() != pl::Opcode::CROSS_ENTROPY_GRAD)
+      // A result on its source's very bytes (out0_may_alias_in0) owns them
+      // from then on: one lifetime for both.
+      if (!out0_may_alias_in0(ins.op()))
         continue;
       uint32_t x = ins.in()->Get(0), y = ins.out()->Get(0);
       if (in_arena(f, x) && in_arena(f, y) && f.value(x).offset() == f.value(y).offset())

@@ -53,20 +53,6 @@ void fsync_dir(const std::string &path) {
   }
 }
 
-bool write_all(int fd, const char *data, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR)
-        continue;
-      return false;
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
 bool known_dtype(uint8_t code) { return code >= 1 && code <= 8; }
 
 // The range of ids a dtype stores exactly, as {lo, hi}.

@@ -123,16 +123,6 @@ template <class T> bool aligned(const flatbuffers::Vector<T> *v) {
   return vsize(v) == 0 || reinterpret_cast<uintptr_t>(v->data()) % alignof(T) == 0;
 }
 
-const char *dtype_label(pl::DType d) {
-  switch (d) {
-  case pl::DType::F32: return "f32";
-  case pl::DType::BF16: return "bf16";
-  case pl::DType::F16: return "f16";
-  case pl::DType::I32: return "i32";
-  case pl::DType::I64: return "i64";
-  }
-  return "unknown-dtype";
-}
 
 std::string shape_text(const flatbuffers::Vector<int64_t> *shape) {
   std::string s = "[";
@@ -495,10 +485,7 @@ private:
       const uint32_t y = ins.out()->Get(uint32_t(k));
       for (size_t j = 0; j < vsize(ins.in()); ++j) {
         const uint32_t x = ins.in()->Get(uint32_t(j));
-        if (ins.op() == pl::Opcode::RESHAPE && s.value(x)->offset() == s.value(y)->offset())
-          continue;
-        // The logits' gradient may overwrite the logits, byte for byte.
-        if (ins.op() == pl::Opcode::CROSS_ENTROPY_GRAD && j == 0 && k == 0 &&
+        if (out0_may_alias_in0(ins.op()) && j == 0 && k == 0 &&
             s.value(x)->offset() == s.value(y)->offset() &&
             plan_bytes(*s.value(x)) == plan_bytes(*s.value(y)))
           continue;
@@ -893,6 +880,17 @@ std::string opcode_name(pl::Opcode op) {
   if (op > pl::Opcode::MAX)
     return "opcode " + std::to_string(unsigned(op));
   return pl::EnumNameOpcode(op);
+}
+
+const char *dtype_label(pl::DType d) {
+  switch (d) {
+  case pl::DType::F32: return "f32";
+  case pl::DType::BF16: return "bf16";
+  case pl::DType::F16: return "f16";
+  case pl::DType::I32: return "i32";
+  case pl::DType::I64: return "i64";
+  }
+  return "unknown-dtype";
 }
 
 const pl::Rank *find_rank(const pl::Plan &plan, int rank) {

@@ -50,6 +50,15 @@ uint64_t plan_bytes(const mt::plan::Value &v);
 std::string opcode_name(mt::plan::Opcode op);
 // The Rank table for `rank`, or null.
 const mt::plan::Rank *find_rank(const mt::plan::Plan &plan, int rank);
+// Opcodes whose out[0] may lie exactly on in[0]'s bytes: RESHAPE (a view)
+// and CROSS_ENTROPY_GRAD (the logits' gradient written over the logits).
+// The reader accepts that alias and the executor gives both one lifetime.
+inline bool out0_may_alias_in0(mt::plan::Opcode op) {
+  return op == mt::plan::Opcode::RESHAPE || op == mt::plan::Opcode::CROSS_ENTROPY_GRAD;
+}
+
+// "f32", "bf16", "f16", "i32", "i64".
+const char *dtype_label(mt::plan::DType d);
 
 class PlanFile {
 public:

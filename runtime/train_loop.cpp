@@ -41,16 +41,6 @@ int fail(const std::string &msg) {
 
 std::string str(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
 
-const char *dtype_name(pl::DType d) {
-  switch (d) {
-  case pl::DType::F32: return "f32";
-  case pl::DType::BF16: return "bf16";
-  case pl::DType::F16: return "f16";
-  case pl::DType::I32: return "i32";
-  case pl::DType::I64: return "i64";
-  }
-  return "f32";
-}
 
 std::vector<int64_t> shape_of(const pl::Param *p) {
   std::vector<int64_t> s;
@@ -340,7 +330,7 @@ private:
     m.loss_scale_hysteresis_tracker = hysteresisTracker;
     m.values["optimizer_steps"] = std::to_string(stepsTaken);
     m.values["skipped_iterations"] = std::to_string(skipped);
-    m.values["weights_dtype_in_plan"] = dtype_name(rank->params()->Get(0)->dtype());
+    m.values["weights_dtype_in_plan"] = dtype_label(rank->params()->Get(0)->dtype());
     if (std::string err = save_checkpoint(save, m, tensors); !err.empty())
       return err;
     savedIteration = iteration;
