@@ -50,6 +50,8 @@ else:
     _python3 = _candidates[0] or "python3"
 
 config.substitutions.append(("%python", _python3))
+# test/slurm runs its tests one at a time (see its lit.local.cfg).
+lit_config.parallelism_groups["slurm"] = 1
 config.substitutions.append(("%mt_src_root", config.mt_src_root))
 config.substitutions.append(("%mt_obj_root", config.mt_obj_root))
 
