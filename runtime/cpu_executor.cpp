@@ -191,7 +191,19 @@ struct CpuExecutor::Impl {
   std::unordered_map<const pl::Program *, size_t> program_index;
   uint64_t seed = 0;
   float loss_scale = 1.0f;
-  Communicator *dp = nullptr;
+  const ParallelGroups *groups = nullptr;
+  // The communicator of group number `g` (plan.fbs), or null with *error set
+  // when the run has none for a group of several ranks.
+  Communicator *group(int64_t g, std::string *error) const {
+    Group which = Group(g);
+    Communicator *c = groups ? groups->get(which) : nullptr;
+    int size = groups ? groups->size(which) : 1;
+    if (!c && size > 1)
+      *error = std::string("needs the ") + group_name(which) + " group of " +
+               std::to_string(size) + " ranks, but no communicator was given; run the plan "
+               "with all its ranks (srun -n N, or mtrun --nproc N)";
+    return c;
+  }
   bool check = false;
   OwnerMap owners;
   std::vector<float> clipped; // ADAMW's grad * clip_coeff
@@ -643,10 +655,10 @@ struct CpuExecutor::Impl {
         return e;
       break;
     case pl::Opcode::ALL_REDUCE_GRADS: {
+      std::string err;
+      Communicator *dp = group(ival(0), &err);
       if (!dp)
-        return "reduces gradients over " + std::to_string(plan.data_parallel()) +
-               " data-parallel ranks, but no communicator was given; run the plan with that "
-               "many ranks (srun -n N, or mtrun --nproc N)";
+        return err;
       const float scale = float(fval(0));
       for (uint32_t p = 0; p < vsize(rank.params()); ++p) {
         float *g = state_floats(param(p).grad_offset());
@@ -737,7 +749,7 @@ void CpuExecutor::init_params(uint64_t seed) {
 }
 
 float *CpuExecutor::weight(int param) { return impl_->state_floats(impl_->param(uint32_t(param)).weight_offset()); }
-void CpuExecutor::set_data_parallel(Communicator *dp) { impl_->dp = dp; }
+void CpuExecutor::set_groups(const ParallelGroups *groups) { impl_->groups = groups; }
 float *CpuExecutor::grad(int param) { return impl_->state_floats(impl_->param(uint32_t(param)).grad_offset()); }
 float *CpuExecutor::master(int param) { return impl_->state_floats(impl_->param(uint32_t(param)).master_offset()); }
 float *CpuExecutor::exp_avg(int param) { return impl_->state_floats(impl_->param(uint32_t(param)).exp_avg_offset()); }

@@ -42,6 +42,7 @@
 
 #include "plan_generated.h"
 #include "runtime/collectives.h"
+#include "runtime/parallel_groups.h"
 
 #include <cstdint>
 #include <memory>
@@ -105,9 +106,9 @@ public:
   // overlaps its own instruction's operands is rejected by the plan reader.)
   void set_check_memory_plan(bool on);
 
-  // The data-parallel group ALL_REDUCE_GRADS reduces over (not owned; must
-  // outlive run()). Plans with data_parallel > 1 need it.
-  void set_data_parallel(Communicator *dp);
+  // This rank's groups (not owned; must outlive run()): collectives name
+  // their group by number (plan.fbs), and a plan of several ranks needs them.
+  void set_groups(const ParallelGroups *groups);
 
   // Bytes allocated for the CPU arena and state buffer.
   uint64_t cpu_arena_bytes() const;

@@ -6,6 +6,7 @@
 #include "runtime/cpu_executor.h"
 #include "runtime/gpt_dataset.h"
 #include "runtime/launch.h"
+#include "runtime/parallel_groups.h"
 #include "runtime/plan_reader.h"
 
 #include <chrono>
@@ -78,10 +79,10 @@ std::string timestamp() {
 
 class Trainer {
 public:
-  // `comm` is the data-parallel group (null for one rank); `rank` this
-  // process's rank in the plan.
-  Trainer(const pl::Plan &plan, const RunOptions &opts, int rank, Communicator *comm)
-      : plan(plan), opts(opts), rank(rank), comm(comm) {}
+  // `groups` are this rank's communicators (all null for one rank); `rank`
+  // this process's rank in the plan.
+  Trainer(const pl::Plan &plan, const RunOptions &opts, int rank, const ParallelGroups &groups)
+      : plan(plan), opts(opts), rank(rank), groups(groups), comm(groups.get(Group::DP)) {}
 
   int run() {
     const pl::Training *t = plan.training();
@@ -100,7 +101,7 @@ public:
     load = !opts.load.empty() ? opts.load : str(t->load());
 
     exec = std::make_unique<CpuExecutor>(plan, rank);
-    exec->set_data_parallel(comm);
+    exec->set_groups(&groups);
     fp16 = str(t->precision()) == "fp16";
     lossScale = fp16 ? t->initial_loss_scale() : 1.0;
     hysteresisTracker = t->hysteresis();
@@ -396,8 +397,8 @@ private:
 
   std::string anyRankSignalled(bool *stop) {
     float flag = g_terminate ? 1.0f : 0.0f;
-    if (comm && dp > 1)
-      if (std::string err = comm->all_reduce(&flag, 1, ReduceOp::Max); !err.empty())
+    if (groups.world)
+      if (std::string err = groups.world->all_reduce(&flag, 1, ReduceOp::Max); !err.empty())
         return err;
     *stop = flag > 0.0f;
     return "";
@@ -518,7 +519,8 @@ private:
   const pl::Plan &plan;
   const RunOptions &opts;
   int rank = 0;
-  Communicator *comm = nullptr;
+  const ParallelGroups &groups;
+  Communicator *comm = nullptr; // the data-parallel group
   int dp = 1, dpRank = 0;
   bool printer = true;
   std::unique_ptr<CpuExecutor> exec;
@@ -607,7 +609,16 @@ int run_training(const RunOptions &opts) {
     if (!comm)
       return fail(err);
   }
-  int status = Trainer(plan, opts, launch.rank, comm.get()).run();
+  ParallelGroups groups;
+  ParallelLayout layout{std::max(1, plan.tensor_parallel()), std::max(1, plan.pipeline_parallel()),
+                        std::max(1, plan.data_parallel())};
+  if (layout.world() != world)
+    return fail(opts.plan_path + " says tensor " + std::to_string(layout.tp) + " x pipeline " +
+                std::to_string(layout.pp) + " x data " + std::to_string(layout.dp) +
+                " parallel but has " + std::to_string(world) + " ranks; recompile it with mtc");
+  if (std::string e = make_parallel_groups(comm.get(), layout, launch.rank, &groups); !e.empty())
+    return fail(e);
+  int status = Trainer(plan, opts, launch.rank, groups).run();
   if (comm && status == 0) {
     // Everyone is done with the rendezvous before the first rank removes it.
     if (std::string e = comm->barrier(); !e.empty())

@@ -2,6 +2,7 @@
 // references, sub-groups, point to point, and failures that must end in an
 // error line naming the missing rank instead of a hang.
 #include "runtime/collectives.h"
+#include "runtime/parallel_groups.h"
 
 #include <gtest/gtest.h>
 
@@ -209,6 +210,50 @@ TEST(ThreadCollectives, SplitTpDpConcurrently) {
   auto results = run_threads(4, 5s, [](Communicator &c) { return check_split(c, 50); });
   for (int r = 0; r < 4; ++r)
     EXPECT_EQ(results[r], "");
+}
+
+// Megatron's rank order (tp fastest, then dp, then pp), and that each group
+// holds exactly the ranks that differ in its coordinate.
+TEST(ParallelGroups, MegatronRankOrderAndGroupSums) {
+  mt::rt::ParallelLayout layout{2, 2, 2};
+  EXPECT_EQ(mt::rt::coords_of(layout, 5).tp, 1);
+  EXPECT_EQ(mt::rt::coords_of(layout, 5).dp, 0);
+  EXPECT_EQ(mt::rt::coords_of(layout, 5).pp, 1);
+  for (int r = 0; r < 8; ++r)
+    EXPECT_EQ(mt::rt::rank_of(layout, mt::rt::coords_of(layout, r)), r);
+  auto results = run_threads(8, 5s, [&](Communicator &c) -> std::string {
+    mt::rt::ParallelGroups g;
+    if (std::string e = mt::rt::make_parallel_groups(&c, layout, c.rank(), &g); !e.empty())
+      return e;
+    // Each group sums 2^rank over its members: the bits say who was in it.
+    auto sum = [&](mt::rt::Group which) -> int {
+      float x = float(1 << c.rank());
+      if (g.get(which)->all_reduce(&x, 1, ReduceOp::Sum) != "")
+        return -1;
+      return int(x);
+    };
+    int r = c.rank();
+    int tp = sum(mt::rt::Group::TP), dp = sum(mt::rt::Group::DP), pp = sum(mt::rt::Group::PP),
+        mp = sum(mt::rt::Group::MP);
+    int base = r & ~1;
+    std::string who = "rank " + std::to_string(r) + ": ";
+    if (tp != (1 << base) + (1 << (base + 1)))
+      return who + "tp group sum " + std::to_string(tp);
+    if (dp != (1 << (r & ~2)) + (1 << (r | 2)))
+      return who + "dp group sum " + std::to_string(dp);
+    if (pp != (1 << (r & ~4)) + (1 << (r | 4)))
+      return who + "pp group sum " + std::to_string(pp);
+    int d = r & 2, expect = 0;
+    for (int s : {0, 1, 4, 5})
+      expect += 1 << (s + d);
+    if (mp != expect)
+      return who + "mp group sum " + std::to_string(mp);
+    if (g.get(mt::rt::Group::TP)->name() != "tp")
+      return who + "tp group is named " + g.get(mt::rt::Group::TP)->name();
+    return "";
+  });
+  for (int r = 0; r < 8; ++r)
+    EXPECT_EQ(results[r], "") << r;
 }
 
 TEST(ThreadCollectives, SendRecvRing) {
