@@ -84,6 +84,7 @@ public:
         b.getNamedAttr("data_parallel_size", b.getI64IntegerAttr(par.data_parallel_size)),
         b.getNamedAttr("use_distributed_optimizer",
                        b.getBoolAttr(par.use_distributed_optimizer)),
+        b.getNamedAttr("sequence_parallel", b.getBoolAttr(par.sequence_parallel)),
     };
     (*module)->setAttr("mt.parallel", b.getDictionaryAttr(parallel));
     Type idsType = RankedTensorType::get({batch, seq}, b.getI32Type());
@@ -160,7 +161,8 @@ private:
     OpBuilder decl(func);
     FloatAttr stdAttr =
         init.kind == InitKind::Normal ? decl.getF64FloatAttr(init.std) : FloatAttr();
-    decl.create<ParamOp>(loc, name, act(shape), init.kind, stdAttr);
+    decl.create<ParamOp>(loc, name, act(shape), init.kind, stdAttr, IntegerAttr(), IntegerAttr(),
+                         IntegerAttr());
     return ref(name, shape);
   }
 
@@ -188,7 +190,7 @@ private:
     if (rate == 0.0)
       return x;
     return b.create<DropoutOp>(loc, x, b.getF64FloatAttr(rate),
-                               b.getI64IntegerAttr(nextStream++));
+                               b.getI64IntegerAttr(nextStream++), IntegerAttr());
   }
 
   Value layer(const std::string &p, Value x) {
@@ -209,7 +211,8 @@ private:
     Value o = b.create<AttentionOp>(
         loc, q.getType(), q, k, v, b.getUnitAttr(),
         b.getF64FloatAttr(1.0 / std::sqrt(static_cast<double>(headDim))),
-        b.getF64FloatAttr(m.attention_dropout), b.getI64IntegerAttr(nextStream++));
+        b.getF64FloatAttr(m.attention_dropout), b.getI64IntegerAttr(nextStream++),
+        IntegerAttr());
     o = b.create<ReshapeOp>(loc, act({batch, seq, heads * headDim}), o);
     Value proj = linear(p + "self_attention.linear_proj.", o, hidden, scaledNormal());
     x = b.create<AddOp>(loc, x, dropout(proj, m.hidden_dropout));

@@ -42,7 +42,14 @@ MegatronEstimate megatronTheoreticalMemory(const spec::Spec &spec) {
     mostLoaded += embedding / tp;
   double bytesPerParam = p.use_distributed_optimizer ? 6.0 + 12.0 / dp : 18.0;
 
-  double act = s * b * h * (18.0 + 4.0 * (ffn / h)) * L;
+  // Per layer, Korthikanti et al. (Megatron's activation memory paper):
+  // with sequence parallelism everything is split, 34 s b h / t at ffn = 4h
+  // (Megatron's own function, which assumes it); without it the norms'
+  // inputs, dropout masks and residuals (10 s b h) are held whole on every
+  // tensor-parallel rank and only the rest (24 s b h at ffn = 4h) is split.
+  const bool sp = p.sequence_parallel;
+  double act = sp ? s * b * h * (18.0 + 4.0 * (ffn / h)) * L
+                  : s * b * h * (10.0 * tp + 8.0 + 4.0 * (ffn / h)) * L;
   act += 8.0 * s * b * pp;     // input ids
   act += s * b * h * pp;       // embedding dropout mask
   if (p.virtual_pipeline_model_parallel_size > 1)
@@ -63,22 +70,27 @@ MemoryPlan memoryPlanOf(ModuleOp module, const spec::Spec &spec) {
   r.master = attr(mem, "master_weights");
   r.moments = attr(mem, "optimizer_moments");
   r.activations = attr(mem, "activations");
-  // Plain data parallelism: every rank holds the same, so one row for all.
-  if (auto dp = module->getAttrOfType<IntegerAttr>("mt.data_parallel"); dp && dp.getInt() > 1)
-    r.rank = "0-" + std::to_string(dp.getInt() - 1);
+  // Data-parallel replicas hold the same, and tensor-parallel ranks equal
+  // shards of it: without pipeline stages every rank's memory is the same,
+  // so one row for all.
+  if (int64_t world = spec.parallel.tensor_model_parallel_size * spec.parallel.data_parallel_size;
+      world > 1 && spec.parallel.pipeline_model_parallel_size == 1)
+    r.rank = "0-" + std::to_string(world - 1);
   r.workspace = kCublasWorkspaceBytes;
   r.reserve = kCudaContextReserveBytes;
   MemoryPlan plan;
   plan.ranks.push_back(r);
   plan.deviceBytes = spec.cluster.device_memory_bytes;
+  plan.sequenceParallel = spec.parallel.sequence_parallel;
+  plan.tensorParallel = spec.parallel.tensor_model_parallel_size > 1;
   plan.device = spec.cluster.device;
   MegatronEstimate mega = megatronTheoreticalMemory(spec);
   plan.megatronWeightsAndOptimizer = mega.weightsAndOptimizer;
   plan.megatronActivations = mega.activations;
-  if (spec.parallel.tensor_model_parallel_size > 1 ||
-      spec.parallel.pipeline_model_parallel_size > 1 || spec.parallel.use_distributed_optimizer)
-    plan.note = "tensor and pipeline parallelism and the distributed optimizer are not "
-                "planned yet: these figures are for the whole model on one GPU";
+  if (spec.parallel.pipeline_model_parallel_size > 1 || spec.parallel.use_distributed_optimizer)
+    plan.note = "pipeline parallelism and the distributed optimizer are not planned yet: "
+                "these figures are for the whole model on one pipeline stage without "
+                "optimizer sharding";
   return plan;
 }
 
@@ -149,11 +161,14 @@ void printMemoryPlanText(llvm::raw_ostream &os, const MemoryPlan &plan) {
   const RankMemory &r0 = plan.ranks[plan.heaviest];
   os << llvm::formatv(
       "  Megatron-LM's theoretical formula: weights and optimizer {0} (planned: {1}), "
-      "activations {2} (planned: {3}); it assumes 16-bit training with sequence parallelism "
-      "and selective recompute (docs/memory.md)\n",
+      "activations {2} (planned: {3}); it assumes 16-bit training{4} and selective "
+      "recompute (docs/memory.md)\n",
       gib(plan.megatronWeightsAndOptimizer),
       gib(r0.weights + r0.grads + r0.master + r0.moments), gib(plan.megatronActivations),
-      gib(r0.activations));
+      gib(r0.activations),
+      !plan.tensorParallel     ? ""
+      : plan.sequenceParallel ? " with sequence parallelism"
+                              : " with tensor parallelism but no sequence parallelism");
   const RankMemory &h = plan.ranks[plan.heaviest];
   double use = plan.deviceBytes ? 100.0 * double(h.total()) / double(plan.deviceBytes) : 0.0;
   if (plan.fits()) {

@@ -39,6 +39,8 @@ struct MemoryPlan {
   std::vector<std::string> suggestions;
   // Set while parallel layouts are not planned yet: what the figures cover.
   std::string note;
+  // Which of Megatron's activation formulas applies (tensor parallelism only).
+  bool tensorParallel = false, sequenceParallel = false;
   // Megatron-LM's theoretical_memory_usage.py for the same configuration
   // (docs/memory.md compares it with the plan).
   int64_t megatronWeightsAndOptimizer = 0;

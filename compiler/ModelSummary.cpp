@@ -81,12 +81,17 @@ ModelSummary summarizeModel(ModuleOp module, const spec::Spec &spec) {
                                 "output layer",    "other"};
   for (const char *c : order)
     s.components.push_back({c, 0});
+  // The model's parameters, whole: a tensor-parallel shard counts as the
+  // parameter it is part of.
   for (auto param : module.getOps<ParamOp>()) {
     const char *c = componentOf(param.getSymName());
+    int64_t count = 1;
+    for (int64_t d : param.getLogicalShape())
+      count *= d;
     for (auto &comp : s.components)
       if (comp.name == c)
-        comp.params += param.getNumElements();
-    s.totalParams += param.getNumElements();
+        comp.params += count;
+    s.totalParams += count;
     ++s.numParamTensors;
   }
   s.analyticParams =
@@ -202,7 +207,9 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
                                                         : "(DIFFERS from the IR)");
   os << "\n";
 
-  os << "activations (per micro-batch)\n";
+  os << (spec.parallel.tensor_model_parallel_size > 1
+             ? "activations (per micro-batch, on each tensor-parallel rank)\n"
+             : "activations (per micro-batch)\n");
   for (const auto &sh : s.shapes)
     os << llvm::formatv("  {0,-18}{1} {2}\n", sh.name, dims(sh.dims), sh.dtype);
   os << "\nIR: " << s.numParamTensors << " parameter tensors, " << s.numOps

@@ -37,6 +37,9 @@ std::string shapeKey(RankedTensorType t) {
   return s + os.str();
 }
 
+// Group numbers of collective instructions (plan.fbs).
+constexpr int64_t kGroupDp = 0, kGroupTp = 1;
+
 // 64-bit FNV-1a: parameter init streams and the model fingerprint.
 uint64_t fnv1a(StringRef s) {
   uint64_t h = 1469598103934665603ull;
@@ -85,7 +88,8 @@ public:
           p.getStd() ? p.getStd()->convertToDouble() : 0.0, decays,
           attr("mt.weight_offset"), attr("mt.grad_offset"), attr("mt.master_offset"),
           attr("mt.exp_avg_offset"), attr("mt.exp_avg_sq_offset"),
-          fnv1a(p.getSymName())));
+          fnv1a(p.getSymName()), int32_t(p.getTpDim() ? *p.getTpDim() : -1),
+          int32_t(p.getTpBlocks().value_or(1))));
     }
 
     std::vector<fb::Offset<pl::Program>> programs;
@@ -111,16 +115,21 @@ public:
                                    mem("optimizer_moments"), mem("activations"),
                                    mem("workspace"), mem("context_reserve"),
                                    spec.cluster.device_memory_bytes);
-    // Data-parallel ranks run the same programs on their share of the batch:
-    // every rank's table points at the one parameter table and program list.
+    // Data-parallel ranks run the same programs on their share of the batch,
+    // and tensor-parallel ranks the same programs on their shard of every
+    // parameter (instructions find their shard from the rank's place in its
+    // tensor-parallel group): every rank's table points at the one parameter
+    // table and program list. Ranks are in Megatron's order, tensor-parallel
+    // ranks adjacent (runtime/parallel_groups.h).
     int64_t dp = module->hasAttr("mt.data_parallel") ? i64("mt.data_parallel") : 1;
+    int64_t tp = module->hasAttr("mt.tensor_parallel") ? i64("mt.tensor_parallel") : 1;
     auto paramsVec = fbb.CreateVector(params);
     auto programsVec = fbb.CreateVector(programs);
     std::vector<fb::Offset<pl::Rank>> ranks;
-    for (int64_t r = 0; r < dp; ++r)
-      ranks.push_back(pl::CreateRank(fbb, int32_t(r), 0, 0, int32_t(r), paramsVec,
-                                     i64("mt.state_bytes"), i64("mt.arena_bytes"), programsVec,
-                                     memory));
+    for (int64_t r = 0; r < dp * tp; ++r)
+      ranks.push_back(pl::CreateRank(fbb, int32_t(r), int32_t(r % tp), 0, int32_t(r / tp),
+                                     paramsVec, i64("mt.state_bytes"), i64("mt.arena_bytes"),
+                                     programsVec, memory));
 
     const spec::TrainingConfig &t = spec.training;
     std::vector<std::string> paths;
@@ -278,7 +287,10 @@ private:
     bool ok = true;
     llvm::TypeSwitch<Operation *>(&op)
         .Case([&](PositionIdsOp) { i.op = pl::Opcode::POSITION_IDS; })
-        .Case([&](EmbeddingOp) { i.op = pl::Opcode::EMBEDDING; })
+        .Case([&](EmbeddingOp o) {
+          i.op = pl::Opcode::EMBEDDING;
+          i.ints = {o.getVocabParallel() ? 1 : 0};
+        })
         .Case([&](LayerNormOp o) { i.op = pl::Opcode::LAYER_NORM; eps(o.getEpsilonAttr()); })
         .Case([&](RMSNormOp o) { i.op = pl::Opcode::RMS_NORM; eps(o.getEpsilonAttr()); })
         .Case([&](MatmulOp) { i.op = pl::Opcode::MATMUL; })
@@ -291,7 +303,7 @@ private:
         .Case([&](SwiGLUOp) { i.op = pl::Opcode::SWIGLU; })
         .Case([&](DropoutOp o) {
           i.op = pl::Opcode::DROPOUT;
-          i.ints.push_back(o.getStream());
+          i.ints = {o.getStream(), o.getTpShardDim().value_or(-1)};
           eps(o.getRateAttr());
         })
         .Case([&](ReshapeOp) { i.op = pl::Opcode::RESHAPE; })
@@ -305,14 +317,18 @@ private:
         .Case([&](RopeOp o) { i.op = pl::Opcode::ROPE; eps(o.getBaseAttr()); })
         .Case([&](AttentionOp o) {
           i.op = pl::Opcode::ATTENTION;
-          i.ints = {o.getCausal() ? 1 : 0, o.getStream()};
+          i.ints = {o.getCausal() ? 1 : 0, o.getStream(), o.getTpShardDim().value_or(-1)};
           i.floats = {o.getScale().convertToDouble(), o.getDropoutRate().convertToDouble()};
         })
-        .Case([&](CrossEntropyOp) { i.op = pl::Opcode::CROSS_ENTROPY; })
+        .Case([&](CrossEntropyOp o) {
+          i.op = pl::Opcode::CROSS_ENTROPY;
+          i.ints = {o.getVocabParallel() ? 1 : 0};
+        })
         .Case([&](GradSeedOp o) { i.op = pl::Opcode::GRAD_SEED; eps(o.getScaleAttr()); })
         .Case([&](EmbeddingGradOp o) {
           i.op = pl::Opcode::EMBEDDING_GRAD;
           i.params = {param(o.getParamAttr())};
+          i.ints = {o.getVocabParallel() ? 1 : 0};
         })
         .Case([&](MatmulInputGradOp) { i.op = pl::Opcode::MATMUL_INPUT_GRAD; })
         .Case([&](MatmulWeightGradOp o) {
@@ -342,10 +358,20 @@ private:
         .Case([&](RopeGradOp o) { i.op = pl::Opcode::ROPE_GRAD; eps(o.getBaseAttr()); })
         .Case([&](AttentionGradOp o) {
           i.op = pl::Opcode::ATTENTION_GRAD;
-          i.ints = {o.getCausal() ? 1 : 0, o.getStream()};
+          i.ints = {o.getCausal() ? 1 : 0, o.getStream(), o.getTpShardDim().value_or(-1)};
           i.floats = {o.getScale().convertToDouble(), o.getDropoutRate().convertToDouble()};
         })
-        .Case([&](CrossEntropyGradOp) { i.op = pl::Opcode::CROSS_ENTROPY_GRAD; })
+        .Case([&](CrossEntropyGradOp o) {
+          i.op = pl::Opcode::CROSS_ENTROPY_GRAD;
+          i.ints = {o.getVocabParallel() ? 1 : 0};
+        })
+        .Case([&](TpAllReduceOp) { i.op = pl::Opcode::ALL_REDUCE; i.ints = {kGroupTp}; })
+        .Case([&](SpGatherOp) { i.op = pl::Opcode::SEQ_ALL_GATHER; i.ints = {kGroupTp}; })
+        .Case([&](SpReduceScatterOp) {
+          i.op = pl::Opcode::SEQ_REDUCE_SCATTER;
+          i.ints = {kGroupTp};
+        })
+        .Case([&](SpSplitOp) { i.op = pl::Opcode::SEQ_SPLIT; i.ints = {kGroupTp}; })
         .Case([&](GradNormOp) { i.op = pl::Opcode::GRAD_NORM; })
         .Case([&](LrScheduleOp o) {
           i.op = pl::Opcode::LR_SCHEDULE;
@@ -355,8 +381,11 @@ private:
         .Case([&](ClipCoeffOp o) { i.op = pl::Opcode::CLIP_COEFF; eps(o.getMaxNormAttr()); })
         .Case([&](AllReduceGradsOp o) {
           i.op = pl::Opcode::ALL_REDUCE_GRADS;
-          i.ints = {0}; // the data-parallel group
+          i.ints = {o.getGroup() == "tp" ? kGroupTp : kGroupDp};
           eps(o.getScaleAttr());
+          if (auto ps = o.getParams())
+            for (Attribute a : *ps)
+              i.params.push_back(param(cast<FlatSymbolRefAttr>(a)));
         })
         .Case([&](AdamWOp o) {
           i.op = pl::Opcode::ADAMW;

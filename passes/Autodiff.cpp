@@ -109,6 +109,12 @@ struct MtAutodiffPass : impl::MtAutodiffPassBase<MtAutodiffPass> {
     removeDropout(eval);
     if (failed(buildBackward(train, 1.0 / double(microBatches))))
       return signalPassFailure();
+    // mt.tp_copy is the identity once its gradient (an all-reduce) exists.
+    for (func::FuncOp f : {train, eval})
+      f.walk([](TpCopyOp c) {
+        c.getResult().replaceAllUsesWith(c.getInput());
+        c.erase();
+      });
   }
 };
 

@@ -46,7 +46,7 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
     // global batch's gradient on every rank.
     OpBuilder b(&norm.getBody().front(), norm.getBody().front().begin());
     b.create<AllReduceGradsOp>(norm.getLoc(), b.getStringAttr("dp"),
-                               b.getF64FloatAttr(1.0 / double(dp)));
+                               b.getF64FloatAttr(1.0 / double(dp)), ArrayAttr());
     module->setAttr("mt.data_parallel", b.getI64IntegerAttr(dp));
   }
 };

@@ -64,6 +64,16 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
     {
       OpBuilder::InsertionGuard g(b);
       b.setInsertionPointToEnd(normFn.addEntryBlock());
+      // Sequence parallelism leaves a partial gradient on each
+      // tensor-parallel rank for parameters read on sequence shards
+      // (mt-shard-tp marks them); their sum is the gradient.
+      SmallVector<Attribute> partial;
+      for (auto param : module.getOps<ParamOp>())
+        if (param->hasAttr("mt.tp_partial_grad"))
+          partial.push_back(FlatSymbolRefAttr::get(param.getSymNameAttr()));
+      if (!partial.empty())
+        b.create<AllReduceGradsOp>(loc, b.getStringAttr("tp"), b.getF64FloatAttr(1.0),
+                                   b.getArrayAttr(partial));
       Value norm = b.create<GradNormOp>(loc, f32);
       b.create<func::ReturnOp>(loc, norm);
     }

@@ -20,6 +20,10 @@ def MtAutodiffPass : Pass<"mt-autodiff", "mlir::ModuleOp"> {
     - `@eval_step`: the forward graph without dropout (Megatron evaluates
       with the model in eval mode).
 
+    Tensor-parallel communication ops are differentiated by their
+    conjugates; `mt.tp_copy`, an identity forward, is removed from both
+    programs once its gradient (an all-reduce) is built.
+
     ```mlir
     // before
     func.func @forward(%tokens: tensor<4x128xi32>, %labels: tensor<4x128xi32>) -> tensor<f32>
@@ -45,7 +49,10 @@ def MtOptimizerPass : Pass<"mt-optimizer", "mlir::ModuleOp"> {
 
     - `@grad_norm() -> f32`: the global L2 norm of all gradients. The
       runtime skips the update (and counts the iteration as skipped) when it
-      is not finite, as Megatron-LM does.
+      is not finite, as Megatron-LM does. With sequence parallelism it first
+      sums, over the tensor-parallel group, the gradients of parameters
+      mt-shard-tp marked `mt.tp_partial_grad`
+      (`mt.all_reduce_grads {group = "tp", params = [...]}`).
     - `@optimizer_step(%steps, %step, %grad_norm, %grad_scale) -> (lr, next_lr)`:
       Megatron's learning rate at `%steps` optimizer steps taken
       (`mt.lr_schedule`), the factor every gradient is multiplied by
@@ -182,6 +189,51 @@ def MtFusePass : Pass<"mt-fuse", "mlir::ModuleOp"> {
       %s = mt.add %r, %d : tensor<4x128x64xf32>
       mt.yield %s : tensor<4x128x64xf32>
     }
+    ```
+  }];
+  let dependentDialects = ["::mt::MtDialect"];
+}
+
+def MtShardTpPass : Pass<"mt-shard-tp", "mlir::ModuleOp"> {
+  let summary = "Splits @forward over tensor-parallel ranks (Megatron-LM's tensor and sequence parallelism)";
+  let description = [{
+    With `tensor_model_parallel_size` = t > 1 (module attribute
+    `mt.parallel`), rewrites `@forward` into the program every
+    tensor-parallel rank runs on its own shard of the parameters:
+
+    - QKV and FC1 are column parallel (output rows split; QKV by whole
+      query groups, since the fused layout is per group; SwiGLU's FC1 splits
+      its gate and up halves alike), the attention projection and FC2 row
+      parallel (input columns split); their outputs are summed by
+      `mt.tp_all_reduce` where Megatron puts it, and their inputs enter
+      through `mt.tp_copy` (whose gradient is the all-reduce).
+    - The word embedding is vocab parallel (`vocab_parallel`: ids of other
+      ranks give zeros, then an all-reduce); the output layer is column
+      parallel over the vocabulary and the loss is the vocab-parallel
+      cross-entropy, so whole logits never exist.
+    - Norms, row-parallel biases and position embeddings stay replicated.
+
+    With `sequence_parallel`, the residual stream (norms, dropout, residual
+    adds) holds `seq / t` positions per rank: `mt.sp_gather` replaces
+    `mt.tp_copy` before column-parallel layers, `mt.sp_reduce_scatter`
+    replaces the all-reduce after row-parallel ones, and the embedding ends
+    in `mt.sp_split` (after the replicated position embedding) or a
+    reduce-scatter. Parameters read on sequence shards are marked
+    `mt.tp_partial_grad`; mt-optimizer sums their gradients over the
+    tensor-parallel group.
+
+    Parameters become their shard (`tp_dim`, `tp_size`, `tp_blocks` say
+    which part of the logical tensor a rank holds); dropout on sequence
+    shards and attention over a share of the heads get `tp_shard_dim`, so
+    their masks are those of the single-device run. The module gets
+    `mt.tensor_parallel` (and `mt.sequence_parallel`).
+
+    ```mlir
+    %x1 = mt.tp_copy %x {tp_size = 2 : i64} : (tensor<2x32x64xf32>) -> tensor<2x32x64xf32>
+    %qkv = mt.matmul %x1, %w : (tensor<2x32x64xf32>, tensor<96x64xf32>) -> tensor<2x32x96xf32>
+    ...
+    %p = mt.matmul %o, %wp : (tensor<2x32x32xf32>, tensor<64x32xf32>) -> tensor<2x32x64xf32>
+    %y = mt.tp_all_reduce %p {tp_size = 2 : i64} : (tensor<2x32x64xf32>) -> tensor<2x32x64xf32>
     ```
   }];
   let dependentDialects = ["::mt::MtDialect"];

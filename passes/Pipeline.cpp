@@ -19,6 +19,7 @@ void buildTrainPipeline(OpPassManager &pm, const PipelineOptions &options) {
   // reads and canonicalisation removes what became dead.
   pm.addPass(createCSEPass());
   pm.addPass(createCanonicalizerPass());
+  pm.addPass(createMtShardTpPass());
   pm.addPass(createMtAutodiffPass());
   pm.addPass(createMtOptimizerPass());
   pm.addPass(createMtRecomputePass());

@@ -207,6 +207,75 @@ struct CpuExecutor::Impl {
   bool check = false;
   OwnerMap owners;
   std::vector<float> clipped; // ADAMW's grad * clip_coeff
+  std::vector<float> exchange; // sequence-parallel gathers and scatters
+
+  // This rank's place in its tensor-parallel group, from the plan's table.
+  int64_t tp_size() const { return std::max(1, plan.tensor_parallel()); }
+  int64_t tp_rank() const { return rank.tp_rank(); }
+
+  // Sums doubles over a group whose collectives carry floats: each value
+  // travels as a float and the float of its remainder, so the sum keeps
+  // about 48 bits.
+  std::string all_reduce_doubles(Communicator *c, std::vector<double> &v) {
+    std::vector<float> parts(2 * v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      parts[2 * i] = float(v[i]);
+      parts[2 * i + 1] = float(v[i] - double(parts[2 * i]));
+    }
+    if (std::string e = c->all_reduce(parts.data(), parts.size(), ReduceOp::Sum); !e.empty())
+      return e;
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = double(parts[2 * i]) + double(parts[2 * i + 1]);
+    return "";
+  }
+
+  // Vocab-parallel cross-entropy (Megatron's _VocabParallelCrossEntropy):
+  // logits are [n, v] columns [r v, (r + 1) v) of the whole vocabulary; the
+  // row maxima, the sums of exponentials and the label's logit are reduced
+  // over the tensor-parallel group. Fills max[n], sum[n] and (when target is
+  // not null) target[n].
+  std::string vocab_parallel_stats(Communicator *tp, const float *logits, const int32_t *labels,
+                                   int64_t n, int64_t v, std::vector<float> &max,
+                                   std::vector<double> &sum, std::vector<double> *target) {
+    const int64_t first = tp_rank() * v;
+    max.assign(size_t(n), -INFINITY);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < v; ++j)
+        max[size_t(i)] = std::max(max[size_t(i)], logits[i * v + j]);
+    if (std::string e = tp->all_reduce(max.data(), max.size(), ReduceOp::Max); !e.empty())
+      return e;
+    sum.assign(size_t(n), 0.0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < v; ++j)
+        sum[size_t(i)] += std::exp(double(logits[i * v + j]) - double(max[size_t(i)]));
+    if (std::string e = all_reduce_doubles(tp, sum); !e.empty())
+      return e;
+    if (target) {
+      target->assign(size_t(n), 0.0);
+      for (int64_t i = 0; i < n; ++i)
+        if (labels[i] >= first && labels[i] < first + v)
+          (*target)[size_t(i)] = double(logits[i * v + (labels[i] - first)]);
+      if (std::string e = all_reduce_doubles(tp, *target); !e.empty())
+        return e;
+    }
+    return "";
+  }
+
+  // [b, s, rest] <-> per-rank blocks of [b, s / t, rest]: block r holds
+  // positions [r s / t, (r + 1) s / t) of every sequence. `to_blocks` copies
+  // from the sequence layout into blocks, else back.
+  static void sequence_blocks(const float *src, float *dst, int64_t b, int64_t s_local,
+                              int64_t rest, int64_t t, bool to_blocks) {
+    const int64_t row = s_local * rest, block = b * row;
+    for (int64_t r = 0; r < t; ++r)
+      for (int64_t i = 0; i < b; ++i) {
+        const int64_t seq_at = (i * t + r) * row, block_at = r * block + i * row;
+        if (to_blocks)
+          std::memcpy(dst + block_at, src + seq_at, size_t(row) * sizeof(float));
+        else
+          std::memcpy(dst + seq_at, src + block_at, size_t(row) * sizeof(float));
+      }
+  }
 
   static uint64_t scale_for_arena(const pl::Plan &plan, const pl::Rank &rank) {
     auto any_half = [](const Values *vals) {
@@ -472,8 +541,13 @@ struct CpuExecutor::Impl {
              "); check that the data was tokenized for this model's vocabulary";
     };
     auto attention_shape = [&](const pl::Value &q, const pl::Value &k) {
-      return cpu::AttentionShape{dim(q, 0), dim(q, 1), dim(q, 2), dim(k, 2), dim(q, 3),
-                                 ival(0) != 0, fval(0), fval(1)};
+      cpu::AttentionShape s{dim(q, 0), dim(q, 1), dim(q, 2), dim(k, 2), dim(q, 3),
+                            ival(0) != 0, fval(0), fval(1)};
+      if (ival(2) == 2) { // this rank's share of the heads
+        s.head_offset = tp_rank() * s.heads;
+        s.total_heads = tp_size() * s.heads;
+      }
+      return s;
     };
 
     switch (ins.op()) {
@@ -484,6 +558,22 @@ struct CpuExecutor::Impl {
     }
     case pl::Opcode::EMBEDDING: {
       int64_t vocab = dim(vin(0), 0), h = dim(vin(0), 1), rows = n(vin(1));
+      if (ival(0)) {
+        // Vocab parallel: this rank's rows; other ranks' ids give zeros.
+        const int64_t first = tp_rank() * vocab, whole = vocab * tp_size();
+        if (int64_t at = first_out_of_range(iin(1), rows, whole); at >= 0)
+          return bad_id(1, at, whole, "token id");
+        const int32_t *ids = iin(1);
+        float *y = fout(0);
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t local = ids[i] - first;
+          if (local >= 0 && local < vocab)
+            std::memcpy(y + i * h, fin(0) + local * h, size_t(h) * sizeof(float));
+          else
+            std::fill(y + i * h, y + (i + 1) * h, 0.0f);
+        }
+        break;
+      }
       if (!cpu::embedding_fwd(fin(0), vocab, h, iin(1), rows, fout(0)))
         return bad_id(1, std::max<int64_t>(first_out_of_range(iin(1), rows, vocab), 0), vocab,
                       "token id");
@@ -520,9 +610,21 @@ struct CpuExecutor::Impl {
       cpu::swiglu_fwd(fin(0), n(vout(0)) / ff, ff, fout(0));
       break;
     }
-    case pl::Opcode::DROPOUT:
-      cpu::dropout_fwd(fin(0), n(vin(0)), fval(0), key(ival(0)), fout(0));
+    case pl::Opcode::DROPOUT: {
+      const int64_t d = ival(1);
+      if (d < 0) {
+        cpu::dropout_fwd(fin(0), n(vin(0)), fval(0), key(ival(0)), fout(0));
+        break;
+      }
+      // A tensor-parallel shard along d: each outer index holds one
+      // contiguous run of the whole tensor's elements.
+      int64_t outer = 1, len = 1;
+      for (int64_t k = 0; k < int64_t(vsize(vin(0).shape())); ++k)
+        (k < d ? outer : len) *= dim(vin(0), k);
+      cpu::dropout_segments(fin(0), outer, len, uint64_t(len * tp_size()),
+                            uint64_t(len * tp_rank()), fval(0), key(ival(0)), fout(0));
       break;
+    }
     case pl::Opcode::RESHAPE: {
       const uint8_t *src = f.ptr[ins.in()->Get(0)];
       uint8_t *dst = f.ptr[ins.out()->Get(0)];
@@ -547,6 +649,23 @@ struct CpuExecutor::Impl {
     case pl::Opcode::CROSS_ENTROPY: {
       int64_t vocab = dim(vin(0), -1), rows = n(vin(1));
       double loss = 0;
+      if (ival(0)) {
+        if (int64_t at = first_out_of_range(iin(1), rows, vocab * tp_size()); at >= 0)
+          return bad_id(1, at, vocab * tp_size(), "label");
+        std::string err;
+        Communicator *tp = group(int64_t(Group::TP), &err);
+        if (!tp)
+          return err;
+        std::vector<float> max;
+        std::vector<double> sum, target;
+        if (std::string e = vocab_parallel_stats(tp, fin(0), iin(1), rows, vocab, max, sum, &target);
+            !e.empty())
+          return e;
+        for (int64_t i = 0; i < rows; ++i)
+          loss += double(max[size_t(i)]) + std::log(sum[size_t(i)]) - target[size_t(i)];
+        *fout(0) = float(rows ? loss / double(rows) : 0.0);
+        break;
+      }
       if (!cpu::cross_entropy_fwd(fin(0), iin(1), nullptr, rows, vocab, &loss))
         return bad_id(1, std::max<int64_t>(first_out_of_range(iin(1), rows, vocab), 0), vocab,
                       "label");
@@ -559,6 +678,20 @@ struct CpuExecutor::Impl {
     case pl::Opcode::EMBEDDING_GRAD: {
       const pl::Param &t = param(pid(0));
       int64_t vocab = t.shape()->Get(0), h = t.shape()->Get(1), rows = n(vin(1));
+      if (ival(0)) {
+        const int64_t first = tp_rank() * vocab, whole = vocab * tp_size();
+        if (int64_t at = first_out_of_range(iin(1), rows, whole); at >= 0)
+          return bad_id(1, at, whole, "token id");
+        const int32_t *ids = iin(1);
+        float *g = pgrad(0);
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t local = ids[i] - first;
+          if (local >= 0 && local < vocab)
+            for (int64_t j = 0; j < h; ++j)
+              g[local * h + j] += fin(0)[i * h + j];
+        }
+        break;
+      }
       // The backward kernel trusts its ids; a bad one would write outside the table.
       if (int64_t at = first_out_of_range(iin(1), rows, vocab); at >= 0)
         return bad_id(1, at, vocab, "token id");
@@ -616,16 +749,55 @@ struct CpuExecutor::Impl {
       break;
     case pl::Opcode::CROSS_ENTROPY_GRAD: {
       int64_t vocab = dim(vin(0), -1), rows = n(vin(1));
+      if (ival(0)) {
+        if (int64_t at = first_out_of_range(iin(1), rows, vocab * tp_size()); at >= 0)
+          return bad_id(1, at, vocab * tp_size(), "label");
+        std::string err;
+        Communicator *tp = group(int64_t(Group::TP), &err);
+        if (!tp)
+          return err;
+        std::vector<float> max;
+        std::vector<double> sum;
+        if (std::string e = vocab_parallel_stats(tp, fin(0), iin(1), rows, vocab, max, sum, nullptr);
+            !e.empty())
+          return e;
+        // dlogits = c (softmax - onehot), over this rank's columns; written
+        // in place over the logits when the plan says so.
+        const double c = rows ? double(*fin(2)) / double(rows) : 0.0;
+        const int64_t first = tp_rank() * vocab;
+        const float *x = fin(0);
+        float *dx = fout(0);
+        for (int64_t i = 0; i < rows; ++i) {
+          const double f = c / sum[size_t(i)], m = max[size_t(i)];
+          for (int64_t j = 0; j < vocab; ++j)
+            dx[i * vocab + j] = float(std::exp(double(x[i * vocab + j]) - m) * f);
+          const int64_t local = iin(1)[i] - first;
+          if (local >= 0 && local < vocab)
+            dx[i * vocab + local] = float(double(dx[i * vocab + local]) - c);
+        }
+        break;
+      }
       if (int64_t at = first_out_of_range(iin(1), rows, vocab); at >= 0)
         return bad_id(1, at, vocab, "label");
       cpu::cross_entropy_bwd(fin(0), iin(1), nullptr, rows, vocab, double(*fin(2)), fout(0));
       break;
     }
     case pl::Opcode::GRAD_NORM: {
+      // Parameters every tensor-parallel rank holds whole count once.
       double sum = 0;
       for (uint32_t p = 0; p < vsize(rank.params()); ++p)
         if (const float *g = state_floats(param(p).grad_offset()))
-          sum += cpu::sum_squares(g, element_count(param(p).shape()));
+          if (param(p).tp_dim() >= 0 || tp_rank() == 0)
+            sum += cpu::sum_squares(g, element_count(param(p).shape()));
+      std::string err;
+      if (Communicator *mp = group(int64_t(Group::MP), &err)) {
+        std::vector<double> v{sum};
+        if (std::string e = all_reduce_doubles(mp, v); !e.empty())
+          return e;
+        sum = v[0];
+      } else if (!err.empty()) {
+        return err;
+      }
       *fout(0) = float(std::sqrt(sum));
       break;
     }
@@ -660,12 +832,52 @@ struct CpuExecutor::Impl {
       if (!dp)
         return err;
       const float scale = float(fval(0));
-      for (uint32_t p = 0; p < vsize(rank.params()); ++p) {
+      const uint32_t count = vsize(ins.params()) ? vsize(ins.params()) : vsize(rank.params());
+      for (uint32_t k = 0; k < count; ++k) {
+        const uint32_t p = vsize(ins.params()) ? pid(k) : k;
         float *g = state_floats(param(p).grad_offset());
         const int64_t count = element_count(param(p).shape());
         if (std::string e = dp->all_reduce(g, size_t(count), ReduceOp::Sum); !e.empty())
           return e;
         cpu::scale(g, count, scale);
+      }
+      break;
+    }
+    case pl::Opcode::ALL_REDUCE:
+    case pl::Opcode::SEQ_ALL_GATHER:
+    case pl::Opcode::SEQ_REDUCE_SCATTER:
+    case pl::Opcode::SEQ_SPLIT: {
+      std::string err;
+      Communicator *c = group(ival(0), &err);
+      if (!c)
+        return err.empty() ? "exchanges activations within a group of one rank" : err;
+      const int64_t t = c->size(), r = c->rank();
+      if (ins.op() == pl::Opcode::ALL_REDUCE) {
+        if (fout(0) != fin(0))
+          std::memmove(fout(0), fin(0), size_t(n(vin(0))) * sizeof(float));
+        if (std::string e = c->all_reduce(fout(0), size_t(n(vout(0))), ReduceOp::Sum); !e.empty())
+          return e;
+        break;
+      }
+      const bool gather = ins.op() == pl::Opcode::SEQ_ALL_GATHER;
+      const pl::Value &shard = gather ? vin(0) : vout(0);
+      const int64_t b = dim(shard, 0), s_local = dim(shard, 1), rest = n(shard) / (b * s_local);
+      const size_t count = size_t(n(shard));
+      if (ins.op() == pl::Opcode::SEQ_SPLIT) {
+        for (int64_t i = 0; i < b; ++i)
+          std::memcpy(fout(0) + i * s_local * rest, fin(0) + (i * t + r) * s_local * rest,
+                      size_t(s_local * rest) * sizeof(float));
+        break;
+      }
+      exchange.resize(count * size_t(t));
+      if (gather) {
+        if (std::string e = c->all_gather(fin(0), count, exchange.data()); !e.empty())
+          return e;
+        sequence_blocks(exchange.data(), fout(0), b, s_local, rest, t, false);
+      } else {
+        sequence_blocks(fin(0), exchange.data(), b, s_local, rest, t, true);
+        if (std::string e = c->reduce_scatter(exchange.data(), count, fout(0)); !e.empty())
+          return e;
       }
       break;
     }
@@ -735,7 +947,37 @@ void CpuExecutor::init_params(uint64_t seed) {
       switch (p.init()) {
       case pl::Init::ZEROS: std::fill(w, w + count, 0.0f); break;
       case pl::Init::ONES: std::fill(w, w + count, 1.0f); break;
-      case pl::Init::NORMAL: cpu::init_normal(w, count, p.init_std(), seed, p.init_stream()); break;
+      case pl::Init::NORMAL:
+        if (p.tp_dim() < 0) {
+          cpu::init_normal(w, count, p.init_std(), seed, p.init_stream());
+          break;
+        }
+        // A tensor-parallel shard holds exactly its part of the whole
+        // parameter's initial values, so every layout starts from the
+        // single-device weights.
+        {
+          const int64_t t = s.tp_size(), d = p.tp_dim(), blocks = p.tp_blocks();
+          std::vector<float> whole(size_t(count * t));
+          cpu::init_normal(whole.data(), count * t, p.init_std(), seed, p.init_stream());
+          int64_t outer = 1, inner = 1;
+          for (int64_t k = 0; k < int64_t(vsize(p.shape())); ++k)
+            if (k < d)
+              outer *= p.shape()->Get(uint32_t(k));
+            else if (k > d)
+              inner *= p.shape()->Get(uint32_t(k));
+          // Dimension d of the whole is [blocks, t, piece]; the shard takes
+          // [:, tp_rank, :].
+          const int64_t piece = p.shape()->Get(uint32_t(d)) / blocks;
+          float *out = w;
+          for (int64_t o = 0; o < outer; ++o)
+            for (int64_t bl = 0; bl < blocks; ++bl) {
+              const float *src =
+                  whole.data() + ((o * blocks + bl) * t + s.tp_rank()) * piece * inner;
+              std::copy(src, src + piece * inner, out);
+              out += piece * inner;
+            }
+        }
+        break;
       }
       Impl::round_weights(p, w);
       if (float *m = s.state_floats(p.master_offset()))

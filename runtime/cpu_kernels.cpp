@@ -621,6 +621,18 @@ void dropout_fwd(const T *x, int64_t count, double rate, const RngKey &key, T *y
 }
 
 template <class T>
+void dropout_segments(const T *x, int64_t outer, int64_t len, uint64_t stride, uint64_t first,
+                      double rate, const RngKey &key, T *y) {
+  if (y != x)
+    std::memmove(y, x, sizeof(T) * size_t(outer * len));
+  DropoutMask mask(rate, key);
+  if (!mask.active)
+    return;
+  for (int64_t o = 0; o < outer; ++o)
+    mask.apply(y + o * len, len, uint64_t(o) * stride + first);
+}
+
+template <class T>
 void dropout_bwd(const T *dy, int64_t count, double rate, const RngKey &key, T *dx) {
   // y = x * factor elementwise, so dx = dy * factor with the same mask.
   dropout_fwd(dy, count, rate, key, dx);
@@ -735,9 +747,10 @@ int64_t attention_probs(const T *q, const T *k, const AttentionShape &s, int64_t
   return cols;
 }
 
-// Dropout element index of (b, h, i, 0).
+// Dropout element index of (b, h, i, 0) in the whole model's [b, heads, s, s].
 uint64_t attention_mask_index(const AttentionShape &s, int64_t b, int64_t h, int64_t i) {
-  return static_cast<uint64_t>(((b * s.heads + h) * s.seq + i) * s.seq);
+  const int64_t total = s.total_heads > 0 ? s.total_heads : s.heads;
+  return static_cast<uint64_t>(((b * total + s.head_offset + h) * s.seq + i) * s.seq);
 }
 
 } // namespace
@@ -1018,6 +1031,8 @@ void init_normal(float *x, int64_t count, double std, uint64_t seed, uint64_t st
   template void swiglu_bwd<T>(const T *, const T *, int64_t, int64_t, T *);                       \
   template void dropout_fwd<T>(const T *, int64_t, double, const RngKey &, T *);                  \
   template void dropout_bwd<T>(const T *, int64_t, double, const RngKey &, T *);                  \
+  template void dropout_segments<T>(const T *, int64_t, int64_t, uint64_t, uint64_t, double,        \
+                                    const RngKey &, T *);                                          \
   template void split_qkv_fwd<T>(const T *, int64_t, int64_t, int64_t, int64_t, T *, T *, T *);   \
   template void split_qkv_bwd<T>(const T *, const T *, const T *, int64_t, int64_t, int64_t,      \
                                  int64_t, T *);                                                    \

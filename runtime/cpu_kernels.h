@@ -109,6 +109,12 @@ void swiglu_bwd(const T *dy, const T *x, int64_t n, int64_t f, T *dx /* [n, 2f] 
 
 // Dropout: y = keep ? x / (1 - rate) : 0, keep from rng_uniform(key, i).
 // rate == 0 copies.
+// Dropout of a shard: x is `outer` segments of `len` elements, segment o
+// being elements [o * stride + first, ... + len) of the whole tensor whose
+// mask applies (stride = len and first = 0 for an unsharded tensor).
+template <class T>
+void dropout_segments(const T *x, int64_t outer, int64_t len, uint64_t stride, uint64_t first,
+                      double rate, const RngKey &key, T *y);
 template <class T>
 void dropout_fwd(const T *x, int64_t count, double rate, const RngKey &key, T *y);
 template <class T>
@@ -148,6 +154,10 @@ struct AttentionShape {
   bool causal;
   double scale;
   double dropout_rate;
+  // Tensor parallelism: these heads are heads [head_offset, head_offset +
+  // heads) of a model with total_heads (0: heads), and the dropout mask is
+  // that part of the whole model's mask.
+  int64_t head_offset = 0, total_heads = 0;
 };
 template <class T>
 void attention_fwd(const T *q, const T *k, const T *v, const AttentionShape &s,

@@ -41,12 +41,12 @@ struct OpSignature {
   pl::Opcode op;
   const char *in;
   const char *out;
-  int params, ints, floats;
+  int params, ints, floats; // params -1: any number
 };
 
 constexpr OpSignature kSignatures[] = {
     {pl::Opcode::POSITION_IDS, "", "i", 0, 0, 0},
-    {pl::Opcode::EMBEDDING, "fi", "f", 0, 0, 0},
+    {pl::Opcode::EMBEDDING, "fi", "f", 0, 1, 0},
     {pl::Opcode::LAYER_NORM, "fff", "f", 0, 0, 1},
     {pl::Opcode::RMS_NORM, "ff", "f", 0, 0, 1},
     {pl::Opcode::MATMUL, "ff", "f", 0, 0, 0},
@@ -54,14 +54,14 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::ADD, "ff", "f", 0, 0, 0},
     {pl::Opcode::GELU, "f", "f", 0, 1, 0},
     {pl::Opcode::SWIGLU, "f", "f", 0, 0, 0},
-    {pl::Opcode::DROPOUT, "f", "f", 0, 1, 1},
+    {pl::Opcode::DROPOUT, "f", "f", 0, 2, 1},
     {pl::Opcode::RESHAPE, "a", "a", 0, 0, 0},
     {pl::Opcode::SPLIT_QKV, "f", "fff", 0, 0, 0},
     {pl::Opcode::ROPE, "f", "f", 0, 0, 1},
-    {pl::Opcode::ATTENTION, "fff", "f", 0, 2, 2},
-    {pl::Opcode::CROSS_ENTROPY, "fi", "s", 0, 0, 0},
+    {pl::Opcode::ATTENTION, "fff", "f", 0, 3, 2},
+    {pl::Opcode::CROSS_ENTROPY, "fi", "s", 0, 1, 0},
     {pl::Opcode::GRAD_SEED, "", "s", 0, 0, 1},
-    {pl::Opcode::EMBEDDING_GRAD, "fi", "", 1, 0, 0},
+    {pl::Opcode::EMBEDDING_GRAD, "fi", "", 1, 1, 0},
     {pl::Opcode::MATMUL_INPUT_GRAD, "ff", "f", 0, 0, 0},
     {pl::Opcode::MATMUL_WEIGHT_GRAD, "ff", "", 1, 0, 0},
     {pl::Opcode::BIAS_GRAD, "f", "", 1, 0, 0},
@@ -71,14 +71,18 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::SWIGLU_GRAD, "ff", "f", 0, 0, 0},
     {pl::Opcode::SPLIT_QKV_GRAD, "fff", "f", 0, 0, 0},
     {pl::Opcode::ROPE_GRAD, "f", "f", 0, 0, 1},
-    {pl::Opcode::ATTENTION_GRAD, "ffff", "fff", 0, 2, 2},
-    {pl::Opcode::CROSS_ENTROPY_GRAD, "fis", "f", 0, 0, 0},
+    {pl::Opcode::ATTENTION_GRAD, "ffff", "fff", 0, 3, 2},
+    {pl::Opcode::CROSS_ENTROPY_GRAD, "fis", "f", 0, 1, 0},
     {pl::Opcode::GRAD_NORM, "", "s", 0, 0, 0},
     {pl::Opcode::LR_SCHEDULE, "l", "s", 0, 3, 2},
     {pl::Opcode::CLIP_COEFF, "ss", "s", 0, 0, 1},
     {pl::Opcode::ADAMW, "ssl", "", 1, 0, 4},
     {pl::Opcode::FUSED, nullptr, nullptr, 0, 1, 0},
-    {pl::Opcode::ALL_REDUCE_GRADS, "", "", 0, 1, 1},
+    {pl::Opcode::ALL_REDUCE_GRADS, "", "", -1, 1, 1},
+    {pl::Opcode::ALL_REDUCE, "f", "f", 0, 1, 0},
+    {pl::Opcode::SEQ_ALL_GATHER, "f", "f", 0, 1, 0},
+    {pl::Opcode::SEQ_REDUCE_SCATTER, "f", "f", 0, 1, 0},
+    {pl::Opcode::SEQ_SPLIT, "f", "f", 0, 1, 0},
 };
 constexpr size_t kNumOpcodes = sizeof(kSignatures) / sizeof(kSignatures[0]);
 static_assert(kNumOpcodes == size_t(pl::Opcode::MAX) + 1,
@@ -216,6 +220,17 @@ private:
         return who + " has unknown init code " + std::to_string(int(p.init()));
       if (!(p.init_std() >= 0) || !std::isfinite(p.init_std()))
         return who + " has init_std " + std::to_string(p.init_std()) + "; it must be finite and >= 0";
+      if (p.tp_dim() != -1) {
+        if (p.tp_dim() < 0 || p.tp_dim() >= int32_t(vsize(p.shape())))
+          return who + " has tp_dim " + std::to_string(p.tp_dim()) + ", not -1 or a dimension of " +
+                 shape_text(p.shape());
+        if (plan_.tensor_parallel() < 2)
+          return who + " is split over tensor-parallel ranks, but the plan has tensor_parallel " +
+                 std::to_string(plan_.tensor_parallel());
+        if (p.tp_blocks() < 1 || p.shape()->Get(uint32_t(p.tp_dim())) % p.tp_blocks() != 0)
+          return who + " has tp_blocks " + std::to_string(p.tp_blocks()) +
+                 ", which must be >= 1 and divide its dimension " + std::to_string(p.tp_dim());
+      }
       const uint64_t n = param_numel(p);
       const std::pair<const char *, std::pair<int64_t, uint64_t>> slots[] = {
           {"weight", {p.weight_offset(), n * element_bytes(p.dtype())}},
@@ -407,7 +422,7 @@ private:
       return count("inputs", nin, std::strlen(sig.in));
     if (sig.out && nout != std::strlen(sig.out))
       return count("outputs", nout, std::strlen(sig.out));
-    if (npar != size_t(sig.params))
+    if (sig.params >= 0 && npar != size_t(sig.params))
       return count("parameters", npar, sig.params);
     if (vsize(ins.ints()) != size_t(sig.ints))
       return count("ints", vsize(ins.ints()), sig.ints);
@@ -536,6 +551,9 @@ private:
     case pl::Opcode::DROPOUT:
       if (ints(0) < 0)
         return "ints[0] (stream) is negative";
+      if (ints(1) < -1 || ints(1) > 7)
+        return "ints[1] (tp_shard_dim) is " + std::to_string(ints(1)) +
+               "; it must be -1 (none) or a dimension";
       if (!rate_ok(floats(0)))
         return "floats[0] (rate) is " + std::to_string(floats(0)) + "; it must be in [0, 1)";
       break;
@@ -545,6 +563,9 @@ private:
         return "ints[0] (causal) is " + std::to_string(ints(0)) + "; it must be 0 or 1";
       if (ints(1) < 0)
         return "ints[1] (stream) is negative";
+      if (ints(2) != -1 && ints(2) != 2)
+        return "ints[2] (tp_shard_dim) is " + std::to_string(ints(2)) +
+               "; attention is split over tensor-parallel ranks by heads (2) or not (-1)";
       if (!rate_ok(floats(1)))
         return "floats[1] (dropout) is " + std::to_string(floats(1)) + "; it must be in [0, 1)";
       break;
@@ -566,13 +587,38 @@ private:
       break;
     }
     case pl::Opcode::ALL_REDUCE_GRADS:
-      if (ints(0) != 0)
-        return "ints[0] is group " + std::to_string(ints(0)) + "; this mtrun knows group 0 (dp)";
+      if (ints(0) != 0 && ints(0) != 1)
+        return "ints[0] is group " + std::to_string(ints(0)) +
+               "; gradients are reduced over group 0 (dp) or 1 (tp)";
       if (!(floats(0) > 0.0 && floats(0) <= 1.0))
         return "floats[0] (scale) is " + std::to_string(floats(0)) + ", outside (0, 1]";
-      if (plan_.data_parallel() < 2)
+      if (ints(0) == 0 && plan_.data_parallel() < 2)
         return "reduces over data-parallel ranks, but the plan has data_parallel " +
                std::to_string(plan_.data_parallel());
+      if (ints(0) == 1 && plan_.tensor_parallel() < 2)
+        return "reduces over tensor-parallel ranks, but the plan has tensor_parallel " +
+               std::to_string(plan_.tensor_parallel());
+      break;
+    case pl::Opcode::EMBEDDING:
+    case pl::Opcode::EMBEDDING_GRAD:
+    case pl::Opcode::CROSS_ENTROPY:
+    case pl::Opcode::CROSS_ENTROPY_GRAD:
+      if (ints(0) != 0 && ints(0) != 1)
+        return "ints[0] (vocab_parallel) is " + std::to_string(ints(0)) + "; it must be 0 or 1";
+      if (ints(0) == 1 && plan_.tensor_parallel() < 2)
+        return "is vocab parallel, but the plan has tensor_parallel " +
+               std::to_string(plan_.tensor_parallel());
+      break;
+    case pl::Opcode::ALL_REDUCE:
+    case pl::Opcode::SEQ_ALL_GATHER:
+    case pl::Opcode::SEQ_REDUCE_SCATTER:
+    case pl::Opcode::SEQ_SPLIT:
+      if (ints(0) != 1)
+        return "ints[0] is group " + std::to_string(ints(0)) +
+               "; activations are exchanged within group 1 (tp)";
+      if (plan_.tensor_parallel() < 2)
+        return "exchanges activations between tensor-parallel ranks, but the plan has "
+               "tensor_parallel " + std::to_string(plan_.tensor_parallel());
       break;
     case pl::Opcode::FUSED: {
       int64_t k = ints(0);
@@ -604,6 +650,19 @@ private:
     if (s.num_values() < nin + nout)
       return "binds " + std::to_string(nin + nout) + " operands, but kernel " +
              std::to_string(index) + " has " + std::to_string(s.num_values()) + " cpu_values";
+    // The scratch holds the kernel's interior values, each aligned: it can
+    // need no more than their sizes plus alignment (a bound that keeps a
+    // corrupt size from turning into an allocation).
+    uint64_t interior = 0;
+    for (uint32_t i = uint32_t(nin + nout); i < s.num_values(); ++i) {
+      const pl::Value &v = *s.values->Get(i);
+      if (v.region() == pl::Region::ARENA)
+        interior += uint64_t(element_count(v)) * element_bytes(v.dtype()) + 256;
+    }
+    if (kern.cpu_scratch_bytes() > interior)
+      return "kernel " + std::to_string(index) + " asks for " +
+             std::to_string(kern.cpu_scratch_bytes()) + " scratch bytes, more than its " +
+             "interior values can use (" + std::to_string(interior) + ")";
     // A kernel is checked once per binding arity in this rank.
     const bool first = checked_kernels_.insert({rank_, index, nin, nout}).second;
     if (first)
@@ -713,6 +772,25 @@ private:
       if (last(in(0)) % 2 != 0 || last(out(0)) * 2 != last(in(0)) || n(out(0)) * 2 != n(in(0)))
         return bad("x[..., 2f] -> y[..., f]");
       break;
+    case pl::Opcode::ALL_REDUCE:
+      if (n(out(0)) != n(in(0)) || out(0).dtype() != in(0).dtype())
+        return bad("x and y of one element count and dtype");
+      break;
+    case pl::Opcode::SEQ_ALL_GATHER:
+    case pl::Opcode::SEQ_REDUCE_SCATTER:
+    case pl::Opcode::SEQ_SPLIT: {
+      // The sequence dimension (1) changes by the group size; nothing else.
+      const int64_t t = plan_.tensor_parallel();
+      const pl::Value &small = ins.op() == pl::Opcode::SEQ_ALL_GATHER ? in(0) : out(0);
+      const pl::Value &big = ins.op() == pl::Opcode::SEQ_ALL_GATHER ? out(0) : in(0);
+      bool ok = rank(small.shape()) >= 2 && rank(big.shape()) == rank(small.shape()) &&
+                small.dtype() == big.dtype();
+      for (int64_t d = 0; ok && d < rank(big.shape()); ++d)
+        ok = dim(big.shape(), d) == dim(small.shape(), d) * (d == 1 ? t : 1);
+      if (!ok)
+        return bad("[b, s, ...] and [b, s / tensor_parallel, ...] of one dtype");
+      break;
+    }
     case pl::Opcode::SPLIT_QKV:
       if (!qkv_ok(in(0), out(0), out(1), out(2)))
         return bad("qkv[n, groups * (heads/groups + 2) * d] -> q[..., heads, d], "

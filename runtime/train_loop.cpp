@@ -582,9 +582,8 @@ int run_training(const RunOptions &opts) {
   const int world = plan.world_size();
   if (!plan.ranks() || int(plan.ranks()->size()) != world)
     return fail(opts.plan_path + " is for " + std::to_string(world) +
-                " ranks with tensor or pipeline parallelism or the distributed optimizer, "
-                "which this mtrun cannot run yet; compile with data parallelism only "
-                "(tensor and pipeline parallel sizes 1, use_distributed_optimizer = false)");
+                " ranks with pipeline parallelism, which this mtrun cannot run yet; compile "
+                "with pipeline_model_parallel_size = 1");
   if (launch.world != world)
     return fail(opts.plan_path + " is for " + std::to_string(world) + " rank" +
                 (world == 1 ? "" : "s") + " but " + std::to_string(launch.world) +

@@ -72,6 +72,19 @@ LogicalResult ParamOp::verify() {
     return emitOpError() << stringifyInitKind(getInit())
                          << " initialisation takes no standard deviation";
   }
+  if (getTpDim() || getTpSize() || getTpBlocks()) {
+    if (!getTpDim() || !getTpSize())
+      return emitOpError("a tensor-parallel shard needs both tp_dim and tp_size");
+    int64_t dim = *getTpDim(), size = *getTpSize(), blocks = getTpBlocks().value_or(1);
+    if (dim < 0 || dim >= type.getRank())
+      return emitOpError() << "tp_dim " << dim << " is not a dimension of "
+                           << shapeStr(type.getShape());
+    if (size < 2)
+      return emitOpError() << "tp_size must be >= 2, got " << size;
+    if (blocks < 1 || type.getDimSize(dim) % blocks != 0)
+      return emitOpError() << "tp_blocks " << blocks << " must be >= 1 and divide the shard's "
+                           << "dimension " << dim << " (" << type.getDimSize(dim) << ")";
+  }
   return success();
 }
 
@@ -573,10 +586,62 @@ LogicalResult FusedOp::verifyRegions() {
 }
 
 LogicalResult AllReduceGradsOp::verify() {
-  if (getGroup() != "dp")
-    return emitOpError() << "group must be \"dp\", got \"" << getGroup() << "\"";
+  if (getGroup() != "dp" && getGroup() != "tp")
+    return emitOpError() << "group must be \"dp\" or \"tp\", got \"" << getGroup() << "\"";
   double scale = getScale().convertToDouble();
   if (!(scale > 0.0 && scale <= 1.0))
     return emitOpError() << "scale must be in (0, 1], got " << scale;
   return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Tensor- and sequence-parallel communication
+//===----------------------------------------------------------------------===//
+
+namespace {
+// `seqDiv` is how the result's dimension 1 relates to the input's: 0 for
+// equal shapes, +1 when the result is tp_size times longer (gather), -1 when
+// tp_size times shorter (scatter).
+LogicalResult verifyTpOp(Operation *op, Value input, Value result, int64_t tp, int seqDiv) {
+  auto in = cast<RankedTensorType>(input.getType());
+  auto out = cast<RankedTensorType>(result.getType());
+  if (tp < 2)
+    return op->emitOpError() << "tp_size must be >= 2, got " << tp;
+  if (in.getElementType() != out.getElementType())
+    return op->emitOpError("result element type differs from the input's");
+  SmallVector<int64_t> expected(in.getShape());
+  if (seqDiv != 0) {
+    if (in.getRank() < 2)
+      return op->emitOpError() << "input must be [batch, seq, ...], got "
+                               << shapeStr(in.getShape());
+    if (seqDiv > 0) {
+      expected[1] *= tp;
+    } else {
+      if (expected[1] % tp != 0)
+        return op->emitOpError() << "sequence length " << expected[1]
+                                 << " is not divisible by tp_size " << tp;
+      expected[1] /= tp;
+    }
+  }
+  if (out.getShape() != ArrayRef<int64_t>(expected))
+    return op->emitOpError() << "result shape " << shapeStr(out.getShape()) << " should be "
+                             << shapeStr(expected);
+  return success();
+}
+} // namespace
+
+LogicalResult TpCopyOp::verify() {
+  return verifyTpOp(*this, getInput(), getResult(), getTpSize(), 0);
+}
+LogicalResult TpAllReduceOp::verify() {
+  return verifyTpOp(*this, getInput(), getResult(), getTpSize(), 0);
+}
+LogicalResult SpGatherOp::verify() {
+  return verifyTpOp(*this, getInput(), getResult(), getTpSize(), +1);
+}
+LogicalResult SpReduceScatterOp::verify() {
+  return verifyTpOp(*this, getInput(), getResult(), getTpSize(), -1);
+}
+LogicalResult SpSplitOp::verify() {
+  return verifyTpOp(*this, getInput(), getResult(), getTpSize(), -1);
 }

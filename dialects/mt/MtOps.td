@@ -18,17 +18,28 @@ def Mt_ParamOp : Mt_Op<"param", [Symbol, HasParent<"::mlir::ModuleOp">]> {
     Declares one trainable tensor of the model: its name (a symbol, spelled as
     Megatron-LM names the parameter), its full logical shape and element type,
     and how it is initialised. `normal` draws from N(0, std^2); `zeros` and
-    `ones` are constant and take no std. Later levels add sharding.
+    `ones` are constant and take no std.
+
+    After `mt-shard-tp` the type is this rank's shard. `tp_dim` names the
+    dimension split over the `tp_size` tensor-parallel ranks: the logical
+    dimension (the type's times `tp_size`) is viewed as
+    `[tp_blocks, tp_size, n]` and rank `r` holds `[:, r, :]`. One block is a
+    contiguous slice; SwiGLU's FC1 has two (gate and up, each split). Without
+    `tp_dim` every tensor-parallel rank holds the whole parameter.
 
     ```mlir
     mt.param @"decoder.layers.0.mlp.linear_fc1.weight" : tensor<3072x768xf32>, normal(2.000000e-02)
     mt.param @"decoder.final_layernorm.weight" : tensor<768xf32>, ones
+    mt.param @"decoder.layers.0.mlp.linear_fc1.weight" : tensor<1536x768xf32>, normal(2.000000e-02) {tp_blocks = 1 : i64, tp_dim = 0 : i64, tp_size = 2 : i64}
     ```
   }];
   let arguments = (ins SymbolNameAttr:$sym_name,
                        TypeAttrOf<Mt_FloatTensor>:$type,
                        Mt_InitKind:$init,
-                       OptionalAttr<F64Attr>:$std);
+                       OptionalAttr<F64Attr>:$std,
+                       OptionalAttr<I64Attr>:$tp_dim,
+                       OptionalAttr<I64Attr>:$tp_size,
+                       OptionalAttr<I64Attr>:$tp_blocks);
   let assemblyFormat = "$sym_name `:` $type `,` $init (`(` $std^ `)`)? attr-dict";
   let hasVerifier = 1;
   let extraClassDeclaration = [{
@@ -36,6 +47,13 @@ def Mt_ParamOp : Mt_Op<"param", [Symbol, HasParent<"::mlir::ModuleOp">]> {
       return ::llvm::cast<::mlir::RankedTensorType>(getType());
     }
     int64_t getNumElements() { return getTensorType().getNumElements(); }
+    // The shape of the whole parameter, before tensor-parallel sharding.
+    ::llvm::SmallVector<int64_t> getLogicalShape() {
+      ::llvm::SmallVector<int64_t> s(getTensorType().getShape());
+      if (getTpDim())
+        s[*getTpDim()] *= getTpSize().value_or(1);
+      return s;
+    }
   }];
 }
 
@@ -82,11 +100,17 @@ def Mt_EmbeddingOp : Mt_Op<"embedding", [DeclareOpInterfaceMethods<Mt_Differenti
     type. Out-of-range ids are undefined behaviour at run time; the data
     loader guarantees `id < vocab_size`.
 
+    With `vocab_parallel` the table is this tensor-parallel rank's slice of
+    the vocabulary (rows `[r * num_rows, (r + 1) * num_rows)` on rank `r`):
+    ids outside it give zero rows, and a `mt.tp_all_reduce` of the results
+    makes the whole embedding (Megatron's VocabParallelEmbedding).
+
     ```mlir
     %h = mt.embedding %table, %ids : (tensor<50304x768xf32>, tensor<4x1024xi32>) -> tensor<4x1024x768xf32>
     ```
   }];
-  let arguments = (ins Mt_FloatTensor:$table, Mt_IndexTensor:$ids);
+  let arguments = (ins Mt_FloatTensor:$table, Mt_IndexTensor:$ids,
+                       UnitAttr:$vocab_parallel);
   let results = (outs Mt_FloatTensor:$result);
   let assemblyFormat = "$table `,` $ids attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -219,11 +243,17 @@ def Mt_DropoutOp : Mt_Op<"dropout", [DeclareOpInterfaceMethods<Mt_Differentiable
     the run's seed, the iteration, the micro-batch and `stream`, a number
     unique to this op, so recomputation reproduces the same mask.
 
+    With `tp_shard_dim` the input is this tensor-parallel rank's slice along
+    that dimension (sequence parallelism) of a tensor split evenly over the
+    ranks, and the mask is the same slice of the whole tensor's mask, so
+    sharded runs drop exactly what a single device drops.
+
     ```mlir
     %y = mt.dropout %x {rate = 1.000000e-01 : f64, stream = 3 : i64} : tensor<4x1024x768xf32>
     ```
   }];
-  let arguments = (ins Mt_FloatTensor:$input, F64Attr:$rate, I64Attr:$stream);
+  let arguments = (ins Mt_FloatTensor:$input, F64Attr:$rate, I64Attr:$stream,
+                       OptionalAttr<I64Attr>:$tp_shard_dim);
   let results = (outs Mt_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
   let hasVerifier = 1;
@@ -294,7 +324,9 @@ def Mt_AttentionOp : Mt_Op<"attention", [DeclareOpInterfaceMethods<Mt_Differenti
     keys and values of group `h / (heads / groups)` (`[batch, seq, groups, d]`):
     `softmax(scale * q k^T + causal mask) v`, then dropout of rate
     `dropout_rate` on the attention probabilities (RNG stream `stream`). The
-    result has the query's shape.
+    result has the query's shape. With `tp_shard_dim` (2: heads) the heads
+    are this tensor-parallel rank's share of the model's heads, and the
+    dropout mask is that share of the whole model's mask.
 
     ```mlir
     %o = mt.attention %q, %k, %v {causal, scale = 1.250000e-01 : f64, dropout_rate = 1.000000e-01 : f64, stream = 1 : i64} : tensor<4x1024x12x64xf32>, tensor<4x1024x12x64xf32>
@@ -302,7 +334,8 @@ def Mt_AttentionOp : Mt_Op<"attention", [DeclareOpInterfaceMethods<Mt_Differenti
   }];
   let arguments = (ins Mt_FloatTensor:$query, Mt_FloatTensor:$key,
                        Mt_FloatTensor:$value, UnitAttr:$causal, F64Attr:$scale,
-                       F64Attr:$dropout_rate, I64Attr:$stream);
+                       F64Attr:$dropout_rate, I64Attr:$stream,
+                       OptionalAttr<I64Attr>:$tp_shard_dim);
   let results = (outs Mt_FloatTensor:$result);
   let assemblyFormat = "$query `,` $key `,` $value attr-dict `:` type($query) `,` type($key)";
   let hasVerifier = 1;
@@ -317,18 +350,24 @@ def Mt_CrossEntropyOp : Mt_Op<"cross_entropy", [DeclareOpInterfaceMethods<Mt_Dif
   let description = [{
     `mean over tokens of (logsumexp(logits[t, :]) - logits[t, label[t]])`,
     computed in f32 whatever the logits' type. Logits are over the padded
-    vocabulary; labels are below the unpadded vocabulary size.
+    vocabulary; labels are below the unpadded vocabulary size. With
+    `vocab_parallel` the logits are this tensor-parallel rank's vocabulary
+    slice (as for `mt.embedding`); maxima, sums and the label's logit are
+    reduced over the tensor-parallel group, so whole logits never exist
+    (Megatron's vocab-parallel cross-entropy).
 
     ```mlir
     %loss = mt.cross_entropy %logits, %labels : (tensor<4x1024x50304xf32>, tensor<4x1024xi32>) -> tensor<f32>
     ```
   }];
-  let arguments = (ins Mt_FloatTensor:$logits, Mt_IndexTensor:$labels);
+  let arguments = (ins Mt_FloatTensor:$logits, Mt_IndexTensor:$labels,
+                       UnitAttr:$vocab_parallel);
   let results = (outs Mt_ScalarF32:$loss);
   let assemblyFormat = "$logits `,` $labels attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }
 
+include "dialects/mt/MtParallelOps.td"
 include "dialects/mt/MtTrainOps.td"
 include "dialects/mt/MtKernelOps.td"
 

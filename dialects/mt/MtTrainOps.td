@@ -34,14 +34,15 @@ def Mt_EmbeddingGradOp : Mt_Op<"embedding_grad", [
     MemoryEffects<[MemWrite<Mt_GradBuffers>]>]> {
   let summary = "adds the embedding's gradient into its table's gradient";
   let description = [{
-    `grad(table)[ids[i], :] += grad[i, :]` for every position `i`.
+    `grad(table)[ids[i], :] += grad[i, :]` for every position `i`; with
+    `vocab_parallel`, only for ids in this rank's vocabulary slice.
 
     ```mlir
     mt.embedding_grad %dy, %tokens into @embedding.word_embeddings.weight : tensor<4x128x64xf32>, tensor<4x128xi32>
     ```
   }];
   let arguments = (ins Mt_FloatTensor:$grad, Mt_IndexTensor:$ids,
-                       FlatSymbolRefAttr:$param);
+                       FlatSymbolRefAttr:$param, UnitAttr:$vocab_parallel);
   let assemblyFormat = "$grad `,` $ids `into` $param attr-dict `:` type($grad) `,` type($ids)";
   let hasVerifier = 1;
 }
@@ -207,7 +208,7 @@ def Mt_AttentionGradOp : Mt_Op<"attention_grad", [Pure,
   let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$query,
                        Mt_FloatTensor:$key, Mt_FloatTensor:$value,
                        UnitAttr:$causal, F64Attr:$scale, F64Attr:$dropout_rate,
-                       I64Attr:$stream);
+                       I64Attr:$stream, OptionalAttr<I64Attr>:$tp_shard_dim);
   let results = (outs Mt_FloatTensor:$query_grad, Mt_FloatTensor:$key_grad,
                       Mt_FloatTensor:$value_grad);
   let assemblyFormat = "$grad `,` $query `,` $key `,` $value attr-dict `:` type($query) `,` type($key)";
@@ -218,13 +219,15 @@ def Mt_CrossEntropyGradOp : Mt_Op<"cross_entropy_grad", [Pure,
   let summary = "gradient of the mean cross-entropy with respect to the logits";
   let description = [{
     `dlogits[t, :] = dloss * (softmax(logits[t, :]) - onehot(labels[t])) / tokens`.
+    With `vocab_parallel`, over this rank's vocabulary slice, the softmax's
+    maximum and sum reduced over the tensor-parallel group.
 
     ```mlir
     %dlogits = mt.cross_entropy_grad %logits, %labels, %dloss : (tensor<4x128x50304xf32>, tensor<4x128xi32>, tensor<f32>) -> tensor<4x128x50304xf32>
     ```
   }];
   let arguments = (ins Mt_FloatTensor:$logits, Mt_IndexTensor:$labels,
-                       Mt_ScalarF32:$loss_grad);
+                       Mt_ScalarF32:$loss_grad, UnitAttr:$vocab_parallel);
   let results = (outs Mt_FloatTensor:$result);
   let assemblyFormat = "$logits `,` $labels `,` $loss_grad attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -245,18 +248,26 @@ def Mt_LrStyle : I32EnumAttr<"LrStyle", "learning-rate decay after warm-up", [
 
 def Mt_AllReduceGradsOp : Mt_Op<"all_reduce_grads", [
     MemoryEffects<[MemRead<Mt_GradBuffers>, MemWrite<Mt_GradBuffers>]>]> {
-  let summary = "sums every parameter's gradient over a group of ranks, then scales it";
+  let summary = "sums parameters' gradients over a group of ranks, then scales them";
   let description = [{
     Data parallelism: after the step's micro-batches, each rank holds the
     gradient of its own samples; this all-reduce over `group` (`"dp"`) and
     the scale `1 / data_parallel_size` leave every rank with the gradient of
     the mean loss over the global batch, as Megatron-LM's DDP does.
 
+    Tensor parallelism with sequence parallelism: norm weights and the
+    biases added on sequence shards get a partial gradient on each
+    tensor-parallel rank; `group = "tp"` with `params` listing them sums
+    them (Megatron's all-reduce of sequence-parallel gradients). Without
+    `params` every parameter's gradient is reduced.
+
     ```mlir
     mt.all_reduce_grads {group = "dp", scale = 5.000000e-01 : f64}
+    mt.all_reduce_grads {group = "tp", params = [@"decoder.final_layernorm.weight"], scale = 1.000000e+00 : f64}
     ```
   }];
-  let arguments = (ins StrAttr:$group, F64Attr:$scale);
+  let arguments = (ins StrAttr:$group, F64Attr:$scale,
+                       OptionalAttr<SymbolRefArrayAttr>:$params);
   let assemblyFormat = "attr-dict";
   let hasVerifier = 1;
 }
@@ -264,6 +275,12 @@ def Mt_AllReduceGradsOp : Mt_Op<"all_reduce_grads", [
 def Mt_GradNormOp : Mt_Op<"grad_norm", [MemoryEffects<[MemRead<Mt_GradBuffers>]>]> {
   let summary = "global L2 norm of every parameter's gradient";
   let description = [{
+    The norm of the whole model's gradient, on every rank. Under model
+    parallelism each rank adds the squares of the gradients it holds
+    (a parameter replicated over tensor-parallel ranks counts on rank 0
+    only) and the sums are added over the model-parallel group, as
+    Megatron-LM's clip_grad_norm does.
+
     ```mlir
     %norm = mt.grad_norm : tensor<f32>
     ```

@@ -34,7 +34,7 @@ LogicalResult EmbeddingOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
   FlatSymbolRefAttr table;
   if (failed(needParam(*this, getTable(), "table", table)))
     return failure();
-  b.create<EmbeddingGradOp>(getLoc(), grads[0], getIds(), table);
+  b.create<EmbeddingGradOp>(getLoc(), grads[0], getIds(), table, getVocabParallelAttr());
   out.append({Value(), Value()});
   return success();
 }
@@ -109,7 +109,7 @@ LogicalResult SwiGLUOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
 LogicalResult DropoutOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
                                   SmallVectorImpl<Value> &out) {
   out.push_back(b.create<DropoutOp>(getLoc(), getType(), grads[0], getRateAttr(),
-                                    getStreamAttr()));
+                                    getStreamAttr(), getTpShardDimAttr()));
   return success();
 }
 
@@ -139,15 +139,50 @@ LogicalResult AttentionOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
   auto g = b.create<AttentionGradOp>(
       getLoc(), TypeRange{getQuery().getType(), getKey().getType(), getValue().getType()},
       grads[0], getQuery(), getKey(), getValue(), getCausalAttr(), getScaleAttr(),
-      getDropoutRateAttr(), getStreamAttr());
+      getDropoutRateAttr(), getStreamAttr(), getTpShardDimAttr());
   out.append({g.getQueryGrad(), g.getKeyGrad(), g.getValueGrad()});
   return success();
 }
 
 LogicalResult CrossEntropyOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
                                        SmallVectorImpl<Value> &out) {
-  out.push_back(b.create<CrossEntropyGradOp>(getLoc(), getLogits().getType(),
-                                             getLogits(), getLabels(), grads[0]));
+  out.push_back(b.create<CrossEntropyGradOp>(getLoc(), getLogits().getType(), getLogits(),
+                                             getLabels(), grads[0], getVocabParallelAttr()));
   out.push_back(Value());
+  return success();
+}
+
+// The conjugate pairs of tensor and sequence parallelism (Megatron's
+// mappings.py): each op's gradient is its partner applied to the gradient.
+LogicalResult TpCopyOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                 SmallVectorImpl<Value> &out) {
+  out.push_back(b.create<TpAllReduceOp>(getLoc(), getType(), grads[0], getTpSizeAttr()));
+  return success();
+}
+
+LogicalResult TpAllReduceOp::buildVJP(OpBuilder &, ArrayRef<Value> grads,
+                                      SmallVectorImpl<Value> &out) {
+  out.push_back(grads[0]);
+  return success();
+}
+
+LogicalResult SpGatherOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                   SmallVectorImpl<Value> &out) {
+  out.push_back(b.create<SpReduceScatterOp>(getLoc(), getInput().getType(), grads[0],
+                                            getTpSizeAttr()));
+  return success();
+}
+
+LogicalResult SpReduceScatterOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                          SmallVectorImpl<Value> &out) {
+  out.push_back(
+      b.create<SpGatherOp>(getLoc(), getInput().getType(), grads[0], getTpSizeAttr()));
+  return success();
+}
+
+LogicalResult SpSplitOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                  SmallVectorImpl<Value> &out) {
+  out.push_back(
+      b.create<SpGatherOp>(getLoc(), getInput().getType(), grads[0], getTpSizeAttr()));
   return success();
 }

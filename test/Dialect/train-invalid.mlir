@@ -243,8 +243,8 @@ func.func @f(%lr: tensor<f32>, %s: tensor<i64>) {
 // -----
 
 func.func @f() {
-  // expected-error @+1 {{group must be "dp", got "tp"}}
-  mt.all_reduce_grads {group = "tp", scale = 5.0e-01 : f64}
+  // expected-error @+1 {{group must be "dp" or "tp", got "pp"}}
+  mt.all_reduce_grads {group = "pp", scale = 5.0e-01 : f64}
   return
 }
 

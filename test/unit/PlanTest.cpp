@@ -323,7 +323,7 @@ struct Tiny {
     f.x4 = d.arena(p, "x4", {B, S, H});
     f.logits = d.arena(p, "logits", {B, S, Vocab});
     f.loss = d.arena(p, "loss", {});
-    PlanDesc::op(p, Opcode::EMBEDDING, {f.wt, f.tokens}, {f.x0}, {}, {}, {}, "embedding");
+    PlanDesc::op(p, Opcode::EMBEDDING, {f.wt, f.tokens}, {f.x0}, {}, {0}, {}, "embedding");
     PlanDesc::op(p, Opcode::LAYER_NORM, {f.x0, wlnw, wlnb}, {f.x1}, {}, {}, {kEps}, "final_layernorm");
     PlanDesc::op(p, Opcode::MATMUL, {f.x1, ww1}, {f.x2}, {}, {}, {}, "mlp.linear_fc1");
     if (fused) {
@@ -333,7 +333,7 @@ struct Tiny {
       PlanDesc::op(p, Opcode::GELU, {f.x3}, {f.x4}, {}, {0}, {}, "mlp gelu");
     }
     PlanDesc::op(p, Opcode::MATMUL, {f.x4, f.wt}, {f.logits}, {}, {}, {}, "output_layer (tied)");
-    PlanDesc::op(p, Opcode::CROSS_ENTROPY, {f.logits, f.labels}, {f.loss}, {}, {}, {}, "loss");
+    PlanDesc::op(p, Opcode::CROSS_ENTROPY, {f.logits, f.labels}, {f.loss}, {}, {0}, {}, "loss");
     return f;
   }
 
@@ -345,7 +345,7 @@ struct Tiny {
     uint32_t dx1 = d.arena(p, "dx1", {B, S, H}), dx0 = d.arena(p, "dx0", {B, S, H});
     auto P = [](int i) { return uint32_t(i); };
     PlanDesc::op(p, Opcode::GRAD_SEED, {}, {dloss}, {}, {}, {1.0}, "loss grad");
-    PlanDesc::op(p, Opcode::CROSS_ENTROPY_GRAD, {f.logits, f.labels, dloss}, {dlogits});
+    PlanDesc::op(p, Opcode::CROSS_ENTROPY_GRAD, {f.logits, f.labels, dloss}, {dlogits}, {}, {0});
     PlanDesc::op(p, Opcode::MATMUL_INPUT_GRAD, {dlogits, f.wt}, {dx4});
     PlanDesc::op(p, Opcode::MATMUL_WEIGHT_GRAD, {dlogits, f.x4}, {}, {P(table)});
     PlanDesc::op(p, Opcode::GELU_GRAD, {dx4, f.x3}, {dx3}, {}, {0});
@@ -353,7 +353,7 @@ struct Tiny {
     PlanDesc::op(p, Opcode::MATMUL_INPUT_GRAD, {dx3, ww1}, {dx1});
     PlanDesc::op(p, Opcode::MATMUL_WEIGHT_GRAD, {dx3, f.x1}, {}, {P(w1)});
     PlanDesc::op(p, Opcode::LAYER_NORM_GRAD, {dx1, f.x0, wlnw}, {dx0}, {P(lnw), P(lnb)}, {}, {kEps});
-    PlanDesc::op(p, Opcode::EMBEDDING_GRAD, {dx0, f.tokens}, {}, {P(table)});
+    PlanDesc::op(p, Opcode::EMBEDDING_GRAD, {dx0, f.tokens}, {}, {P(table)}, {0});
   }
 };
 
@@ -581,7 +581,7 @@ TEST(PlanReader, BadMagicVersionAndFlags) {
   uint32_t seven = 7;
   std::memcpy(&b[8], &seven, 4);
   EXPECT_EQ(open_error(b), "tiny.plan: error: was written by plan format version 7; this mtrun reads "
-                           "version 1; recompile it with the mtc that matches this mtrun");
+                           "version 2; recompile it with the mtc that matches this mtrun");
   b = bytes;
   uint32_t flags = 4;
   std::memcpy(&b[12], &flags, 4);
@@ -665,11 +665,14 @@ TEST(PlanReader, SemanticErrors) {
     Tiny t; // an unknown opcode
     t.d.programs[0].code[1].op = Opcode(200);
     EXPECT_CONTAINS(semantic_error(t.d), "rank 0, program eval_step #1 (final_layernorm) opcode 200: "
-                                         "unknown opcode; this mtrun knows opcodes 0 to 33");
+                                         "unknown opcode; this mtrun knows opcodes 0 to 37");
   }
   for (auto [group, scale, message] :
        {std::tuple<int64_t, double, const char *>{
-            1, 0.5, "ALL_REDUCE_GRADS: ints[0] is group 1; this mtrun knows group 0 (dp)"},
+            2, 0.5, "ALL_REDUCE_GRADS: ints[0] is group 2; gradients are reduced over group 0 "
+                    "(dp) or 1 (tp)"},
+        {1, 0.5, "ALL_REDUCE_GRADS: reduces over tensor-parallel ranks, but the plan has "
+                 "tensor_parallel 1"},
         {0, 2.0, "ALL_REDUCE_GRADS: floats[0] (scale) is 2.000000, outside (0, 1]"},
         {0, 0.5, "ALL_REDUCE_GRADS: reduces over data-parallel ranks, but the plan has "
                  "data_parallel 1"}}) {
@@ -1383,18 +1386,18 @@ struct Block {
     uint32_t m = A("m", {B, S, H}), x6 = A("x6", {B, S, H}), logits = A("logits", {B, S, Vocab});
     loss = A("loss", {});
     PlanDesc::op(p, O::POSITION_IDS, {}, {ids});
-    PlanDesc::op(p, O::EMBEDDING, {W(tok), tokens}, {xt});
-    PlanDesc::op(p, O::EMBEDDING, {W(pos), ids}, {xp});
+    PlanDesc::op(p, O::EMBEDDING, {W(tok), tokens}, {xt}, {}, {0});
+    PlanDesc::op(p, O::EMBEDDING, {W(pos), ids}, {xp}, {}, {0});
     PlanDesc::op(p, O::ADD, {xt, xp}, {x0});
     PlanDesc::op(p, O::RMS_NORM, {x0, W(n1)}, {h1}, {}, {}, {eps});
     PlanDesc::op(p, O::MATMUL, {h1, W(qkv)}, {q3});
     PlanDesc::op(p, O::SPLIT_QKV, {q3}, {q, k, v});
     PlanDesc::op(p, O::ROPE, {q}, {qr}, {}, {}, {base});
     PlanDesc::op(p, O::ROPE, {k}, {kr}, {}, {}, {base});
-    PlanDesc::op(p, O::ATTENTION, {qr, kr, v}, {o}, {}, {1, 1}, {scale, rate});
+    PlanDesc::op(p, O::ATTENTION, {qr, kr, v}, {o}, {}, {1, 1, -1}, {scale, rate});
     PlanDesc::op(p, O::RESHAPE, {o}, {o2});
     PlanDesc::op(p, O::MATMUL, {o2, W(wo)}, {ao});
-    PlanDesc::op(p, O::DROPOUT, {ao}, {ad}, {}, {2}, {rate});
+    PlanDesc::op(p, O::DROPOUT, {ao}, {ad}, {}, {2, -1}, {rate});
     PlanDesc::op(p, O::ADD, {x0, ad}, {x5});
     PlanDesc::op(p, O::RMS_NORM, {x5, W(n2)}, {h2}, {}, {}, {eps});
     PlanDesc::op(p, O::MATMUL, {h2, W(w1)}, {u});
@@ -1402,7 +1405,7 @@ struct Block {
     PlanDesc::op(p, O::MATMUL, {sw, W(w2)}, {m});
     PlanDesc::op(p, O::ADD, {x5, m}, {x6});
     PlanDesc::op(p, O::MATMUL, {x6, W(out)}, {logits});
-    PlanDesc::op(p, O::CROSS_ENTROPY, {logits, labels}, {loss});
+    PlanDesc::op(p, O::CROSS_ENTROPY, {logits, labels}, {loss}, {}, {0});
     PlanDesc::output(p, loss, "loss");
 
     uint32_t dl = A("dloss", {}), dlogits = A("dlogits", {B, S, Vocab}), dx6 = A("dx6", {B, S, H});
@@ -1415,7 +1418,7 @@ struct Block {
     uint32_t dq3 = A("dqkv", {B, S, Groups * (Heads / Groups + 2) * D}), dh1 = A("dh1", {B, S, H});
     uint32_t dx0b = A("dx0b", {B, S, H}), dx0 = A("dx0", {B, S, H});
     PlanDesc::op(p, O::GRAD_SEED, {}, {dl}, {}, {}, {1.0});
-    PlanDesc::op(p, O::CROSS_ENTROPY_GRAD, {logits, labels, dl}, {dlogits});
+    PlanDesc::op(p, O::CROSS_ENTROPY_GRAD, {logits, labels, dl}, {dlogits}, {}, {0});
     PlanDesc::op(p, O::MATMUL_INPUT_GRAD, {dlogits, W(out)}, {dx6});
     PlanDesc::op(p, O::MATMUL_WEIGHT_GRAD, {dlogits, x6}, {}, {P(out)});
     PlanDesc::op(p, O::MATMUL_INPUT_GRAD, {dx6, W(w2)}, {dsw});
@@ -1425,11 +1428,11 @@ struct Block {
     PlanDesc::op(p, O::MATMUL_WEIGHT_GRAD, {du, h2}, {}, {P(w1)});
     PlanDesc::op(p, O::RMS_NORM_GRAD, {dh2, x5, W(n2)}, {dx5b}, {P(n2)}, {}, {eps});
     PlanDesc::op(p, O::ADD, {dx6, dx5b}, {dx5});
-    PlanDesc::op(p, O::DROPOUT, {dx5}, {dao}, {}, {2}, {rate}); // the same mask
+    PlanDesc::op(p, O::DROPOUT, {dx5}, {dao}, {}, {2, -1}, {rate}); // the same mask
     PlanDesc::op(p, O::MATMUL_INPUT_GRAD, {dao, W(wo)}, {do2});
     PlanDesc::op(p, O::MATMUL_WEIGHT_GRAD, {dao, o2}, {}, {P(wo)});
     PlanDesc::op(p, O::RESHAPE, {do2}, {dov});
-    PlanDesc::op(p, O::ATTENTION_GRAD, {dov, qr, kr, v}, {dqr, dkr, dv}, {}, {1, 1}, {scale, rate});
+    PlanDesc::op(p, O::ATTENTION_GRAD, {dov, qr, kr, v}, {dqr, dkr, dv}, {}, {1, 1, -1}, {scale, rate});
     PlanDesc::op(p, O::ROPE_GRAD, {dqr}, {dq}, {}, {}, {base});
     PlanDesc::op(p, O::ROPE_GRAD, {dkr}, {dk}, {}, {}, {base});
     PlanDesc::op(p, O::SPLIT_QKV_GRAD, {dq, dk, dv}, {dq3});
@@ -1437,8 +1440,8 @@ struct Block {
     PlanDesc::op(p, O::MATMUL_WEIGHT_GRAD, {dq3, h1}, {}, {P(qkv)});
     PlanDesc::op(p, O::RMS_NORM_GRAD, {dh1, x0, W(n1)}, {dx0b}, {P(n1)}, {}, {eps});
     PlanDesc::op(p, O::ADD, {dx5, dx0b}, {dx0});
-    PlanDesc::op(p, O::EMBEDDING_GRAD, {dx0, tokens}, {}, {P(tok)});
-    PlanDesc::op(p, O::EMBEDDING_GRAD, {dx0, ids}, {}, {P(pos)});
+    PlanDesc::op(p, O::EMBEDDING_GRAD, {dx0, tokens}, {}, {P(tok)}, {0});
+    PlanDesc::op(p, O::EMBEDDING_GRAD, {dx0, ids}, {}, {P(pos)}, {0});
   }
 };
 
