@@ -84,6 +84,8 @@ public:
         b.getNamedAttr("data_parallel_size", b.getI64IntegerAttr(par.data_parallel_size)),
         b.getNamedAttr("use_distributed_optimizer",
                        b.getBoolAttr(par.use_distributed_optimizer)),
+        b.getNamedAttr("overlap_grad_reduce", b.getBoolAttr(par.overlap_grad_reduce)),
+        b.getNamedAttr("ddp_bucket_size", b.getI64IntegerAttr(par.ddp_bucket_size)),
     };
     (*module)->setAttr("mt.parallel", b.getDictionaryAttr(parallel));
     Type idsType = RankedTensorType::get({batch, seq}, b.getI32Type());

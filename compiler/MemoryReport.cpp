@@ -76,9 +76,9 @@ MemoryPlan memoryPlanOf(ModuleOp module, const spec::Spec &spec) {
   plan.megatronWeightsAndOptimizer = mega.weightsAndOptimizer;
   plan.megatronActivations = mega.activations;
   if (spec.parallel.tensor_model_parallel_size > 1 ||
-      spec.parallel.pipeline_model_parallel_size > 1 || spec.parallel.use_distributed_optimizer)
-    plan.note = "tensor and pipeline parallelism and the distributed optimizer are not "
-                "planned yet: these figures are for the whole model on one GPU";
+      spec.parallel.pipeline_model_parallel_size > 1)
+    plan.note = "tensor and pipeline parallelism are not planned yet: these figures are "
+                "for the whole model on one GPU";
   return plan;
 }
 

@@ -109,6 +109,7 @@ public:
     exec->set_seed(uint64_t(t->seed()));
     exec->set_check_memory_plan(opts.check_memory_plan);
     trainStep.program = exec->program("train_step");
+    lastStep.program = exec->program("train_step_last");
     evalStep.program = exec->program("eval_step");
     normProg.program = exec->program("grad_norm");
     optStep.program = exec->program("optimizer_step");
@@ -433,9 +434,12 @@ private:
   std::string forwardBackward(double *meanLoss) {
     double sum = 0;
     for (int64_t m = 0; m < microBatches; ++m) {
-      fillBatch(trainStep, *train, sampleOf(consumedTrain, m));
+      // Overlapped gradient reduction: the last micro-batch runs the copy of
+      // the step that reduces each bucket as soon as its gradients are done.
+      const ProgramIO &io = m + 1 == microBatches && lastStep.program ? lastStep : trainStep;
+      fillBatch(io, *train, sampleOf(consumedTrain, m));
       float loss = 0;
-      if (std::string err = runScalar(trainStep, "loss", rngOffset(m, false), &loss); !err.empty())
+      if (std::string err = runScalar(io, "loss", rngOffset(m, false), &loss); !err.empty())
         return err;
       sum += loss;
     }
@@ -525,7 +529,7 @@ private:
   bool printer = true;
   std::unique_ptr<CpuExecutor> exec;
   std::unique_ptr<GptDataset> train, valid;
-  ProgramIO trainStep, evalStep, normProg, optStep;
+  ProgramIO trainStep, lastStep, evalStep, normProg, optStep;
   std::ofstream log;
   std::string save, load;
   int64_t trainIters = 0, mbs = 0, gbs = 0, microBatches = 1, seq = 0;
@@ -582,9 +586,9 @@ int run_training(const RunOptions &opts) {
   const int world = plan.world_size();
   if (!plan.ranks() || int(plan.ranks()->size()) != world)
     return fail(opts.plan_path + " is for " + std::to_string(world) +
-                " ranks with tensor or pipeline parallelism or the distributed optimizer, "
-                "which this mtrun cannot run yet; compile with data parallelism only "
-                "(tensor and pipeline parallel sizes 1, use_distributed_optimizer = false)");
+                " ranks with tensor or pipeline parallelism, which this mtrun cannot run "
+                "yet; compile with data parallelism only (tensor and pipeline parallel "
+                "sizes 1)");
   if (launch.world != world)
     return fail(opts.plan_path + " is for " + std::to_string(world) + " rank" +
                 (world == 1 ? "" : "s") + " but " + std::to_string(launch.world) +
