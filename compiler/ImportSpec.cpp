@@ -85,6 +85,8 @@ public:
         b.getNamedAttr("use_distributed_optimizer",
                        b.getBoolAttr(par.use_distributed_optimizer)),
         b.getNamedAttr("sequence_parallel", b.getBoolAttr(par.sequence_parallel)),
+        b.getNamedAttr("overlap_grad_reduce", b.getBoolAttr(par.overlap_grad_reduce)),
+        b.getNamedAttr("ddp_bucket_size", b.getI64IntegerAttr(par.ddp_bucket_size)),
     };
     (*module)->setAttr("mt.parallel", b.getDictionaryAttr(parallel));
     Type idsType = RankedTensorType::get({batch, seq}, b.getI32Type());

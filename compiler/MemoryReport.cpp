@@ -87,10 +87,9 @@ MemoryPlan memoryPlanOf(ModuleOp module, const spec::Spec &spec) {
   MegatronEstimate mega = megatronTheoreticalMemory(spec);
   plan.megatronWeightsAndOptimizer = mega.weightsAndOptimizer;
   plan.megatronActivations = mega.activations;
-  if (spec.parallel.pipeline_model_parallel_size > 1 || spec.parallel.use_distributed_optimizer)
-    plan.note = "pipeline parallelism and the distributed optimizer are not planned yet: "
-                "these figures are for the whole model on one pipeline stage without "
-                "optimizer sharding";
+  if (spec.parallel.pipeline_model_parallel_size > 1)
+    plan.note = "pipeline parallelism is not planned yet: these figures are for the whole "
+                "model on one pipeline stage";
   return plan;
 }
 

@@ -70,6 +70,9 @@ public:
     for (ParamOp p : module.getOps<ParamOp>()) {
       auto shape = p.getTensorType().getShape();
       bool decays = p.getTensorType().getRank() > 1 && !p.getSymName().ends_with(".bias");
+      // mt-data-parallel records what the optimizer decided when it shards it.
+      if (auto d = p->getAttrOfType<BoolAttr>("mt.weight_decay"))
+        decays = d.getValue();
       auto attr = [&](StringRef n) {
         auto a = p->getAttrOfType<IntegerAttr>(n);
         return a ? a.getInt() : int64_t(-1);
@@ -89,7 +92,7 @@ public:
           attr("mt.weight_offset"), attr("mt.grad_offset"), attr("mt.master_offset"),
           attr("mt.exp_avg_offset"), attr("mt.exp_avg_sq_offset"),
           fnv1a(p.getSymName()), int32_t(p.getTpDim() ? *p.getTpDim() : -1),
-          int32_t(p.getTpBlocks().value_or(1))));
+          int32_t(p.getTpBlocks().value_or(1)), attr("mt.flat_offset")));
     }
 
     std::vector<fb::Offset<pl::Program>> programs;
@@ -125,11 +128,39 @@ public:
     int64_t tp = module->hasAttr("mt.tensor_parallel") ? i64("mt.tensor_parallel") : 1;
     auto paramsVec = fbb.CreateVector(params);
     auto programsVec = fbb.CreateVector(programs);
+    std::vector<fb::Offset<pl::Bucket>> buckets;
+    if (auto bs = module->getAttrOfType<ArrayAttr>("mt.grad_buckets")) {
+      for (Attribute a : bs) {
+        auto d = cast<DictionaryAttr>(a);
+        std::vector<uint32_t> members;
+        for (Attribute n : d.getAs<ArrayAttr>("params"))
+          members.push_back(param(cast<FlatSymbolRefAttr>(n)));
+        auto get = [&](StringRef n) {
+          auto v = d.getAs<IntegerAttr>(n);
+          return v ? v.getInt() : int64_t(-1);
+        };
+        if (get("begin") < 0) {
+          module.emitError("plan writer: mt.grad_buckets has no memory plan; run "
+                           "mt-plan-memory first");
+          return failure();
+        }
+        buckets.push_back(pl::CreateBucket(fbb, fbb.CreateVector(members), get("begin"),
+                                           get("end")));
+      }
+    }
+    auto bucketsVec = fbb.CreateVector(buckets);
+    auto shard = module->getAttrOfType<DictionaryAttr>("mt.shard_state");
+    auto shardAttr = [&](StringRef n) {
+      auto v = shard ? shard.getAs<IntegerAttr>(n) : IntegerAttr();
+      return v ? v.getInt() : int64_t(-1);
+    };
     std::vector<fb::Offset<pl::Rank>> ranks;
     for (int64_t r = 0; r < dp * tp; ++r)
-      ranks.push_back(pl::CreateRank(fbb, int32_t(r), int32_t(r % tp), 0, int32_t(r / tp),
-                                     paramsVec, i64("mt.state_bytes"), i64("mt.arena_bytes"),
-                                     programsVec, memory));
+      ranks.push_back(pl::CreateRank(
+          fbb, int32_t(r), int32_t(r % tp), 0, int32_t(r / tp), paramsVec, i64("mt.state_bytes"),
+          i64("mt.arena_bytes"), programsVec, memory, bucketsVec, i64("mt.flat_elements"),
+          bool(shard), shard ? shardAttr("elements") : 0, shardAttr("master_offset"),
+          shardAttr("exp_avg_offset"), shardAttr("exp_avg_sq_offset")));
 
     const spec::TrainingConfig &t = spec.training;
     std::vector<std::string> paths;
@@ -386,6 +417,25 @@ private:
           if (auto ps = o.getParams())
             for (Attribute a : *ps)
               i.params.push_back(param(cast<FlatSymbolRefAttr>(a)));
+        })
+        .Case([&](ReduceGradsOp o) {
+          i.op = pl::Opcode::REDUCE_GRADS;
+          i.ints = {0, o.getBucket(), o.getScatter() ? 1 : 0}; // group 0: data-parallel
+          eps(o.getScaleAttr());
+        })
+        .Case([&](ShardedGradNormOp) {
+          i.op = pl::Opcode::SHARDED_GRAD_NORM;
+          i.ints = {0};
+        })
+        .Case([&](ShardedAdamWOp o) {
+          i.op = pl::Opcode::SHARDED_ADAMW;
+          i.ints = {o.getBucket()};
+          i.floats = {o.getBeta1().convertToDouble(), o.getBeta2().convertToDouble(),
+                      o.getEpsilon().convertToDouble(), o.getWeightDecay().convertToDouble()};
+        })
+        .Case([&](AllGatherParamsOp o) {
+          i.op = pl::Opcode::ALL_GATHER_PARAMS;
+          i.ints = {0, o.getBucket()};
         })
         .Case([&](AdamWOp o) {
           i.op = pl::Opcode::ADAMW;

@@ -1,10 +1,13 @@
-// mt-data-parallel: gradient all-reduce over data-parallel ranks.
+// mt-data-parallel: gradient buckets reduced over data-parallel ranks, and the
+// distributed optimizer (reduce-scatter, sharded AdamW, all-gather).
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
+
+#include <limits>
 
 namespace mt {
 #define GEN_PASS_DEF_MTDATAPARALLELPASS
@@ -16,38 +19,186 @@ using namespace mlir;
 namespace mt {
 namespace {
 
+// The parameters whose gradient buffer `op` adds into (the gradient ops name
+// them with symbol attributes; parameter reads and the optimizer never run
+// in @train_step).
+SmallVector<StringRef> gradTargets(Operation *op) {
+  SmallVector<StringRef> names;
+  if (isa<ParamRefOp>(op))
+    return names;
+  for (NamedAttribute a : op->getAttrs())
+    if (auto s = dyn_cast<FlatSymbolRefAttr>(a.getValue()))
+      names.push_back(s.getValue());
+  return names;
+}
+
 struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
     auto par = module->getAttrOfType<DictionaryAttr>("mt.parallel");
-    auto i64 = [&](StringRef name) -> int64_t {
+    auto i64 = [&](StringRef name, int64_t dflt) -> int64_t {
       auto a = par ? par.getAs<IntegerAttr>(name) : IntegerAttr();
-      return a ? a.getInt() : 1;
+      return a ? a.getInt() : dflt;
     };
-    int64_t dp = i64("data_parallel_size");
+    auto flag = [&](StringRef name) {
+      auto a = par ? par.getAs<BoolAttr>(name) : BoolAttr();
+      return a && a.getValue();
+    };
+    int64_t dp = i64("data_parallel_size", 1);
     if (dp < 1) {
       module.emitError("mt-data-parallel: mt.parallel.data_parallel_size must be >= 1");
       return signalPassFailure();
     }
-    auto distOpt = par ? par.getAs<BoolAttr>("use_distributed_optimizer") : BoolAttr();
-    // Plain data parallelism only: with tensor or pipeline parallelism or
-    // the distributed optimizer the gradients are sharded first, which the
-    // sharding passes will do; until then the plan stays a one-rank program.
-    if (dp == 1 || i64("tensor_model_parallel_size") != 1 ||
-        i64("pipeline_model_parallel_size") != 1 || (distOpt && distOpt.getValue()))
-      return;
-    auto norm = module.lookupSymbol<func::FuncOp>("grad_norm");
-    if (!norm) {
-      module.emitError("mt-data-parallel: the module has no @grad_norm; run mt-optimizer first");
+    int64_t bucketSize = i64("ddp_bucket_size", 0);
+    if (bucketSize < 0) {
+      module.emitError("mt-data-parallel: mt.parallel.ddp_bucket_size must be >= 0 (0: "
+                       "Megatron's default)");
       return signalPassFailure();
     }
-    // The reduction runs once per step, after the last micro-batch's backward
-    // and before the norm, so the norm, the clipping and the update see the
-    // global batch's gradient on every rank.
-    OpBuilder b(&norm.getBody().front(), norm.getBody().front().begin());
-    b.create<AllReduceGradsOp>(norm.getLoc(), b.getStringAttr("dp"),
-                               b.getF64FloatAttr(1.0 / double(dp)), ArrayAttr());
+    const bool distOpt = flag("use_distributed_optimizer");
+    const bool overlap = flag("overlap_grad_reduce");
+    // Tensor-parallel ranks reduce their own shards over their data-parallel
+    // group, so the buckets below are this rank's parameters whatever it
+    // holds. Pipeline-parallel plans are written by their own passes. One
+    // data-parallel rank has nothing to reduce (and a distributed optimizer
+    // over one rank is the plain one).
+    if (dp == 1 || i64("pipeline_model_parallel_size", 1) != 1)
+      return;
+    auto norm = module.lookupSymbol<func::FuncOp>("grad_norm");
+    auto optStep = module.lookupSymbol<func::FuncOp>("optimizer_step");
+    auto train = module.lookupSymbol<func::FuncOp>("train_step");
+    if (!norm || (distOpt && !optStep)) {
+      module.emitError("mt-data-parallel: the module has no @grad_norm or @optimizer_step; "
+                       "run mt-optimizer first");
+      return signalPassFailure();
+    }
+    if (overlap && !train) {
+      module.emitError("mt-data-parallel: overlap_grad_reduce needs @train_step; run "
+                       "mt-autodiff first");
+      return signalPassFailure();
+    }
+    OpBuilder b(module.getContext());
+
+    // Buckets, Megatron-LM's way: parameters in reverse order (the order the
+    // backward completes their gradients), a bucket closed once it holds at
+    // least the bucket size. Without overlap Megatron uses one bucket.
+    int64_t limit = std::numeric_limits<int64_t>::max();
+    if (overlap)
+      limit = bucketSize > 0 ? bucketSize : std::max<int64_t>(40000000, 1000000 * dp);
+    SmallVector<SmallVector<ParamOp>> buckets;
+    SmallVector<ParamOp> params(module.getOps<ParamOp>());
+    int64_t filled = 0;
+    for (ParamOp p : llvm::reverse(params)) {
+      if (buckets.empty() || filled >= limit) {
+        buckets.emplace_back();
+        filled = 0;
+      }
+      buckets.back().push_back(p);
+      filled += p.getNumElements();
+    }
+    SmallVector<Attribute> bucketAttrs;
+    DenseMap<StringRef, int64_t> bucketOf;
+    for (auto [i, bucket] : llvm::enumerate(buckets)) {
+      SmallVector<Attribute> names;
+      for (ParamOp p : bucket) {
+        names.push_back(FlatSymbolRefAttr::get(p.getSymNameAttr()));
+        bucketOf[p.getSymName()] = int64_t(i);
+      }
+      bucketAttrs.push_back(
+          b.getDictionaryAttr({b.getNamedAttr("params", b.getArrayAttr(names))}));
+    }
+    module->setAttr("mt.grad_buckets", b.getArrayAttr(bucketAttrs));
     module->setAttr("mt.data_parallel", b.getI64IntegerAttr(dp));
+
+    const double scale = 1.0 / double(dp);
+    auto reduce = [&](OpBuilder &ob, Location loc, int64_t bucket) {
+      ob.create<ReduceGradsOp>(loc, ob.getI64IntegerAttr(bucket), ob.getStringAttr("dp"),
+                               ob.getF64FloatAttr(scale), ob.getBoolAttr(distOpt));
+    };
+
+    if (overlap) {
+      // The runtime runs @train_step for every micro-batch but the last and
+      // @train_step_last for the last one: a copy with each bucket's
+      // reduction right after the op that completes the bucket's
+      // gradients, where an asynchronous reduction overlaps the rest of the
+      // backward.
+      OpBuilder mb(module.getBodyRegion());
+      mb.setInsertionPointAfter(train);
+      auto last = cast<func::FuncOp>(mb.clone(*train));
+      last.setName("train_step_last");
+      DenseMap<int64_t, Operation *> completes; // bucket -> its last gradient op
+      for (Operation &op : last.getBody().front())
+        for (StringRef name : gradTargets(&op))
+          if (auto it = bucketOf.find(name); it != bucketOf.end())
+            completes[it->second] = &op;
+      Operation *terminator = last.getBody().front().getTerminator();
+      // Per completing op, its buckets in index order right after it.
+      for (Operation &op : llvm::make_early_inc_range(last.getBody().front())) {
+        OpBuilder ob(op.getContext());
+        ob.setInsertionPointAfter(&op);
+        for (int64_t i = 0; i < int64_t(buckets.size()); ++i)
+          if (completes.lookup(i) == &op)
+            reduce(ob, op.getLoc(), i);
+      }
+      // A bucket whose parameters get no gradient is reduced at the end.
+      OpBuilder ob(terminator);
+      for (int64_t i = 0; i < int64_t(buckets.size()); ++i)
+        if (!completes.count(i))
+          reduce(ob, terminator->getLoc(), i);
+    } else {
+      // After the last micro-batch's backward, before the norm.
+      OpBuilder ob(&norm.getBody().front(), norm.getBody().front().begin());
+      for (int64_t i = 0; i < int64_t(buckets.size()); ++i)
+        reduce(ob, norm.getLoc(), i);
+    }
+    if (!distOpt)
+      return;
+
+    // The distributed optimizer: the norm over the owned shards, summed over
+    // dp; AdamW on the owned elements only; then the weights all-gathered.
+    module->setAttr("mt.distributed_optimizer", b.getUnitAttr());
+    for (auto gn : llvm::make_early_inc_range(norm.getOps<GradNormOp>())) {
+      OpBuilder ob(gn);
+      auto s = ob.create<ShardedGradNormOp>(gn.getLoc(), gn.getType(), ob.getStringAttr("dp"));
+      gn.replaceAllUsesWith(s.getResult());
+      gn.erase();
+    }
+    SmallVector<AdamWOp> adams(optStep.getOps<AdamWOp>());
+    if (adams.empty()) {
+      optStep.emitError("mt-data-parallel: @optimizer_step has no mt.adamw to shard");
+      return signalPassFailure();
+    }
+    AdamWOp first = adams.front();
+    double decay = 0.0;
+    for (AdamWOp a : adams)
+      decay = std::max(decay, a.getWeightDecay().convertToDouble());
+    for (AdamWOp a : adams) {
+      double wd = a.getWeightDecay().convertToDouble();
+      if (a.getLr() != first.getLr() || a.getClip() != first.getClip() ||
+          a.getStep() != first.getStep() || a.getBeta1Attr() != first.getBeta1Attr() ||
+          a.getBeta2Attr() != first.getBeta2Attr() ||
+          a.getEpsilonAttr() != first.getEpsilonAttr() ||
+          (wd != 0.0 && wd != decay)) {
+        a.emitError("mt-data-parallel: the distributed optimizer needs every mt.adamw to "
+                    "share lr, clip, step, betas and epsilon, and a weight decay of 0 or ")
+            << decay;
+        return signalPassFailure();
+      }
+      // Which elements decay: the plan records it per parameter.
+      if (auto p = module.lookupSymbol<ParamOp>(a.getParamAttr()))
+        p->setAttr("mt.weight_decay", b.getBoolAttr(wd != 0.0));
+    }
+    OpBuilder ob(first);
+    for (int64_t i = 0; i < int64_t(buckets.size()); ++i)
+      ob.create<ShardedAdamWOp>(first.getLoc(), first.getLr(), first.getClip(),
+                                first.getStep(), ob.getI64IntegerAttr(i), first.getBeta1Attr(),
+                                first.getBeta2Attr(), first.getEpsilonAttr(),
+                                ob.getF64FloatAttr(decay));
+    for (int64_t i = 0; i < int64_t(buckets.size()); ++i)
+      ob.create<AllGatherParamsOp>(first.getLoc(), ob.getI64IntegerAttr(i),
+                                   ob.getStringAttr("dp"));
+    for (AdamWOp a : adams)
+      a.erase();
   }
 };
 

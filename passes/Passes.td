@@ -240,24 +240,62 @@ def MtShardTpPass : Pass<"mt-shard-tp", "mlir::ModuleOp"> {
 }
 
 def MtDataParallelPass : Pass<"mt-data-parallel", "mlir::ModuleOp"> {
-  let summary = "Averages gradients over data-parallel ranks";
+  let summary = "Reduces gradients over data-parallel ranks in buckets; the distributed optimizer";
   let description = [{
     With `data_parallel_size` > 1 (module attribute `mt.parallel`), every
-    rank runs the same programs on its own share of the global batch; this
-    pass puts `mt.all_reduce_grads {group = "dp", scale = 1/dp}` at the start
-    of `@grad_norm`, so the norm, clipping and update see the gradient of the
-    mean loss over the global batch on every rank (Megatron-LM's DDP without
-    bucketing; overlapping buckets come with the CUDA backend). The module
-    gets `mt.data_parallel`, the number of ranks the plan is written for.
+    rank runs the same programs on its own share of the global batch. The
+    gradients are grouped into **buckets** as Megatron-LM's DDP groups them:
+    parameters in reverse order (the order the backward completes their
+    gradients), a bucket closed once it holds `ddp_bucket_size` elements
+    (default `max(40000000, 1000000 * dp)`); without `overlap_grad_reduce`
+    one bucket holds every gradient (Megatron's rule). The module gets
+    `mt.grad_buckets = [{params = [...]}, ...]` (mt-plan-memory adds each
+    bucket's range of the flat buffers) and `mt.data_parallel`.
 
-    Plans that also use tensor or pipeline parallelism or the distributed
-    optimizer are left to the sharding passes and stay unchanged here.
+    Each bucket is reduced by `mt.reduce_grads {bucket, group = "dp",
+    scale = 1/dp}`:
+
+    - without `overlap_grad_reduce`, at the start of `@grad_norm`, after the
+      last micro-batch's backward;
+    - with it, in `@train_step_last`, a copy of `@train_step` that the
+      runtime runs for the last micro-batch of a step: each bucket's
+      reduction sits right after the op that completes the bucket's
+      gradients, where an asynchronous collective overlaps the rest of the
+      backward (on the CPU it runs synchronously).
+
+    With `use_distributed_optimizer` (Megatron's DistributedOptimizer,
+    ZeRO-1) the reductions are reduce-scatters (`scatter = true`): dp rank r
+    owns the r-th of dp equal shards of every bucket. `mt.grad_norm`
+    becomes `mt.sharded_grad_norm` (squares over the owned shards, summed
+    over dp), the per-parameter `mt.adamw` ops become one
+    `mt.sharded_adamw` per bucket (the decay of each parameter is recorded
+    as `mt.weight_decay` on its `mt.param`), followed by one
+    `mt.all_gather_params` per bucket; the module gets
+    `mt.distributed_optimizer`, and mt-plan-memory plans masters and
+    moments for the owned shards only.
+
+    Plans that also use tensor or pipeline parallelism are left to the
+    sharding passes and stay unchanged here.
 
     ```mlir
+    // overlap_grad_reduce = false
     func.func @grad_norm() -> tensor<f32> {
-      mt.all_reduce_grads {group = "dp", scale = 5.000000e-01 : f64}
+      mt.reduce_grads {bucket = 0 : i64, group = "dp", scale = 5.000000e-01 : f64, scatter = false}
       %0 = mt.grad_norm : tensor<f32>
       return %0 : tensor<f32>
+    }
+    // overlap_grad_reduce = true, use_distributed_optimizer = true
+    func.func @train_step_last(...) -> tensor<f32> {
+      ...
+      mt.layer_norm_grad ... into @decoder.final_layernorm.weight, @decoder.final_layernorm.bias ...
+      mt.reduce_grads {bucket = 0 : i64, group = "dp", scale = 5.000000e-01 : f64, scatter = true}
+      ...
+    }
+    func.func @optimizer_step(...) {
+      ...
+      mt.sharded_adamw %lr, %clip, %step {bucket = 0 : i64, ...} : tensor<f32>, tensor<f32>, tensor<i64>
+      mt.all_gather_params {bucket = 0 : i64, group = "dp"}
+      ...
     }
     ```
   }];
@@ -272,6 +310,17 @@ def MtPlanMemoryPass : Pass<"mt-plan-memory", "mlir::ModuleOp"> {
     f32 Adam moments (`mt.weight_offset`, `mt.grad_offset`,
     `mt.master_offset`, `mt.exp_avg_offset`, `mt.exp_avg_sq_offset`), each
     region 256-byte aligned; the module gets `mt.state_bytes`.
+
+    Data-parallel plans (`mt.grad_buckets`): weights and gradients are flat
+    buffers indexed alike by element (`mt.flat_offset` per parameter), each
+    tensor starting at a multiple of 256 bytes of the weights' type, each
+    bucket padded to a multiple of dp times that many elements, so that a
+    bucket is one contiguous range of both (each bucket gets `begin` and
+    `end`; the module `mt.flat_elements`). With `mt.distributed_optimizer`
+    the f32 masters (reduced precision only) and the Adam moments hold one
+    shard of every bucket: `mt.flat_elements / dp` elements each
+    (`mt.shard_state`), and the parameters' own master and moment offsets
+    are -1.
 
     Activations: liveness over each program's op order (the schedule the
     runtime executes), then best-fit placement in one arena shared by all

@@ -193,6 +193,112 @@ int64_t planFunction(func::FuncOp f) {
   return arena.peak();
 }
 
+// Data-parallel plans: weights and gradients as flat buffers indexed alike
+// by element, so a bucket is one contiguous range of both (the range its
+// gradients are reduced over and its weights gathered over). Each tensor
+// starts at a multiple of `align` elements (256 bytes of the weights' type;
+// the f32 gradients are then 256-byte aligned too), and each bucket is
+// padded to a multiple of dp * align elements, so it splits into dp equal,
+// aligned shards. Buckets are laid out from the last (the first parameters)
+// to bucket 0 (the last parameters, reduced first), parameters in module
+// order inside each. With the distributed optimizer, f32 masters (reduced
+// precision only) and Adam moments exist for one shard of every bucket:
+// flat_elements / dp elements each, bucket b's shard at begin_b / dp.
+LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, int64_t &cursor, int64_t &weights,
+                          int64_t &grads, int64_t &masters, int64_t &moments) {
+  OpBuilder b(module.getContext());
+  auto dpAttr = module->getAttrOfType<IntegerAttr>("mt.data_parallel");
+  if (!dpAttr || dpAttr.getInt() < 1)
+    return module.emitError("mt-plan-memory: mt.grad_buckets needs mt.data_parallel >= 1");
+  const int64_t dp = dpAttr.getInt();
+  const bool distOpt = module->hasAttr("mt.distributed_optimizer");
+  SmallVector<ParamOp> params(module.getOps<ParamOp>());
+  int64_t elemBytes = 4;
+  bool reduced = false;
+  for (ParamOp p : params) {
+    int64_t bits = p.getTensorType().getElementTypeBitWidth();
+    elemBytes = std::min<int64_t>(elemBytes, (bits + 7) / 8);
+    reduced |= !p.getTensorType().getElementType().isF32();
+  }
+  const int64_t align = kAlign / elemBytes;
+  auto roundUp = [](int64_t v, int64_t m) { return (v + m - 1) / m * m; };
+
+  DenseMap<StringRef, int64_t> flat;
+  SmallVector<std::pair<int64_t, int64_t>> ranges(buckets.size());
+  int64_t elements = 0;
+  for (int64_t i = int64_t(buckets.size()) - 1; i >= 0; --i) {
+    auto dict = dyn_cast<DictionaryAttr>(buckets[i]);
+    auto names = dict ? dict.getAs<ArrayAttr>("params") : ArrayAttr();
+    if (!names)
+      return module.emitError("mt-plan-memory: mt.grad_buckets[")
+             << i << "] is not {params = [...]}";
+    const int64_t begin = elements;
+    for (Attribute a : llvm::reverse(names)) {
+      auto ref = dyn_cast<FlatSymbolRefAttr>(a);
+      auto p = ref ? module.lookupSymbol<ParamOp>(ref) : ParamOp();
+      if (!p || flat.count(p.getSymName()))
+        return module.emitError("mt-plan-memory: mt.grad_buckets[")
+               << i << "] names " << a << ", which is not a parameter or is in another bucket";
+      elements = roundUp(elements, align);
+      flat[p.getSymName()] = elements;
+      elements += p.getNumElements();
+    }
+    elements = begin + roundUp(elements - begin, dp * align);
+    ranges[i] = {begin, elements};
+  }
+  for (ParamOp p : params)
+    if (!flat.count(p.getSymName()))
+      return p.emitError("mt-plan-memory: the parameter is in none of mt.grad_buckets");
+
+  const int64_t weightBase = cursor;
+  weights = alignUp(elements * elemBytes);
+  const int64_t gradBase = weightBase + weights;
+  grads = alignUp(elements * 4);
+  cursor = gradBase + grads;
+  for (ParamOp p : params) {
+    int64_t e = flat.lookup(p.getSymName());
+    p->setAttr("mt.flat_offset", b.getI64IntegerAttr(e));
+    p->setAttr("mt.weight_offset", b.getI64IntegerAttr(weightBase + e * bytesOf(p.getType()) /
+                                                                       p.getNumElements()));
+    p->setAttr("mt.grad_offset", b.getI64IntegerAttr(gradBase + e * 4));
+  }
+  SmallVector<Attribute> rewritten;
+  for (auto [i, a] : llvm::enumerate(buckets)) {
+    NamedAttribute fields[] = {
+        b.getNamedAttr("params", cast<DictionaryAttr>(a).get("params")),
+        b.getNamedAttr("begin", b.getI64IntegerAttr(ranges[i].first)),
+        b.getNamedAttr("end", b.getI64IntegerAttr(ranges[i].second)),
+    };
+    rewritten.push_back(b.getDictionaryAttr(fields));
+  }
+  module->setAttr("mt.grad_buckets", b.getArrayAttr(rewritten));
+  module->setAttr("mt.flat_elements", b.getI64IntegerAttr(elements));
+  if (!distOpt)
+    return success();
+
+  const int64_t shard = elements / dp, shardBytes = alignUp(shard * 4);
+  int64_t masterAt = -1;
+  if (reduced) {
+    masterAt = cursor;
+    cursor += shardBytes;
+    masters = shardBytes;
+  }
+  const int64_t m1 = cursor, m2 = cursor + shardBytes;
+  cursor += 2 * shardBytes;
+  moments = 2 * shardBytes;
+  for (ParamOp p : params)
+    for (StringRef n : {"mt.master_offset", "mt.exp_avg_offset", "mt.exp_avg_sq_offset"})
+      p->setAttr(n, b.getI64IntegerAttr(-1));
+  NamedAttribute state[] = {
+      b.getNamedAttr("elements", b.getI64IntegerAttr(shard)),
+      b.getNamedAttr("master_offset", b.getI64IntegerAttr(masterAt)),
+      b.getNamedAttr("exp_avg_offset", b.getI64IntegerAttr(m1)),
+      b.getNamedAttr("exp_avg_sq_offset", b.getI64IntegerAttr(m2)),
+  };
+  module->setAttr("mt.shard_state", b.getDictionaryAttr(state));
+  return success();
+}
+
 struct MtPlanMemoryPass : impl::MtPlanMemoryPassBase<MtPlanMemoryPass> {
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -216,13 +322,27 @@ struct MtPlanMemoryPass : impl::MtPlanMemoryPassBase<MtPlanMemoryPass> {
         total += alignUp(bytes);
       }
     };
-    region("mt.weight_offset", false, true, weights);
-    region("mt.grad_offset", true, true, grads);
-    region("mt.master_offset", true, true, masters);
-    int64_t m1 = 0, m2 = 0;
-    region("mt.exp_avg_offset", true, true, m1);
-    region("mt.exp_avg_sq_offset", true, true, m2);
-    moments = m1 + m2;
+    if (auto buckets = module->getAttrOfType<ArrayAttr>("mt.grad_buckets")) {
+      if (failed(planBuckets(module, buckets, cursor, weights, grads, masters, moments)))
+        return signalPassFailure();
+      // Without the distributed optimizer every rank keeps whole masters
+      // and moments, per parameter as below.
+      if (!module->hasAttr("mt.distributed_optimizer")) {
+        region("mt.master_offset", true, true, masters);
+        int64_t m1 = 0, m2 = 0;
+        region("mt.exp_avg_offset", true, true, m1);
+        region("mt.exp_avg_sq_offset", true, true, m2);
+        moments = m1 + m2;
+      }
+    } else {
+      region("mt.weight_offset", false, true, weights);
+      region("mt.grad_offset", true, true, grads);
+      region("mt.master_offset", true, true, masters);
+      int64_t m1 = 0, m2 = 0;
+      region("mt.exp_avg_offset", true, true, m1);
+      region("mt.exp_avg_sq_offset", true, true, m2);
+      moments = m1 + m2;
+    }
 
     int64_t arenaBytes = 0;
     for (auto f : module.getOps<func::FuncOp>())

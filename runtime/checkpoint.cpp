@@ -43,6 +43,7 @@ constexpr size_t kHeaderSize = 64;
 constexpr uint64_t kAlign = 64;
 constexpr const char *kTracker = "latest_checkpointed_iteration.txt";
 constexpr const char *kSuffix = ".mtckpt";
+constexpr const char *kDistribOptimSuffix = ".distrib_optim.mtckpt";
 constexpr const char *kTmpPrefix = ".tmp.iter_";
 // Tensor data is checksummed and written in pieces of this size, so the
 // checksum reads memory the write then finds in cache.
@@ -409,36 +410,29 @@ bool checkpoint_exists(const std::string &load_dir) { return exists(load_dir + "
 // Save
 // ---------------------------------------------------------------------------
 
-std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &meta,
-                            const std::vector<CheckpointTensor> &tensors, int tp_rank, int pp_rank,
-                            int pp_size) {
-  const std::string here = (save_dir.empty() ? std::string("<empty>") : save_dir) + ": error: ";
-  if (save_dir.empty())
-    return here + "no directory to save checkpoints to; set --save";
-  if (meta.iteration < 0)
-    return here + "cannot save iteration " + std::to_string(meta.iteration) +
-           ": iterations are >= 0";
-  if (tp_rank < 0 || pp_size < 1 || pp_rank < 0 || pp_rank >= pp_size)
-    return here + "invalid rank: tensor rank " + std::to_string(tp_rank) + ", pipeline rank " +
-           std::to_string(pp_rank) + " of " + std::to_string(pp_size);
-  if (!std::isfinite(meta.loss_scale))
-    return here + "loss scale " + json_double(meta.loss_scale) +
-           " is not finite; a checkpoint must hold a usable loss scale";
-  if (!valid_utf8(meta.spec_toml) || !valid_utf8(meta.model_fingerprint))
-    return here + "the spec text or the model fingerprint is not valid UTF-8";
-  for (const auto &[k, v] : meta.values)
-    if (!valid_utf8(k) || !valid_utf8(v))
-      return here + "metadata value '" + k + "' is not valid UTF-8";
+namespace {
 
-  // The table, with offsets and placeholder checksums; names checked first.
+// One rank file laid out in memory before anything touches the disk: its
+// table (offsets set, checksums filled while the data is written), sizes.
+struct PreparedFile {
   struct Slot {
     const CheckpointTensor *t;
     uint64_t offset;
     size_t crc_at; // where its CRC sits in the table
   };
+  std::string name, json, table;
   std::vector<Slot> slots;
+  uint64_t table_offset = 0, data_start = 0, file_size = 0;
+};
+
+// Checks names, dtypes and sizes and lays out the file; "" or the problem.
+std::string prepare_file(const std::string &here, const std::string &json,
+                         const std::vector<CheckpointTensor> &tensors, PreparedFile &f) {
+  using Slot = PreparedFile::Slot;
+  std::vector<Slot> &slots = f.slots;
+  std::string &table = f.table;
+  f.json = json;
   std::unordered_set<std::string> seen;
-  std::string table;
   for (const CheckpointTensor &t : tensors) {
     const DtypeInfo *d = dtype_by_name(t.dtype);
     if (t.name.empty() || t.name.size() > 65535 || !valid_utf8(t.name))
@@ -467,7 +461,6 @@ std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &m
     slots.push_back({&t, 0, table.size()});
     put_le<uint32_t>(table, 0); // CRC, filled below
   }
-  const std::string json = meta_json(meta, tp_rank, pp_rank, pp_size);
   const uint64_t table_offset = kHeaderSize + json.size();
   const uint64_t data_start = align_up(table_offset + table.size());
   uint64_t file_size = table_offset + table.size(), at = data_start;
@@ -477,32 +470,22 @@ std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &m
     at = align_up(file_size);
     std::memcpy(&table[s.crc_at - 16], &s.offset, 8);
   }
+  f.table_offset = table_offset;
+  f.data_start = data_start;
+  f.file_size = file_size;
+  return "";
+}
 
-  std::string err = make_dirs(save_dir);
-  if (!err.empty())
-    return here + err + "; check that --save names a writable place";
-  remove_leftovers(save_dir);
-
-  const std::string iter = iter_name(meta.iteration);
-  const std::string final_dir = save_dir + "/" + iter;
-  const std::string file_name = checkpoint_rank_name(tp_rank, pp_rank, pp_size) + kSuffix;
-  std::string staging = save_dir + "/" + kTmpPrefix + iter.substr(5) + ".XXXXXX";
-  step("mkdir");
-  if (!::mkdtemp(staging.data()))
-    return here + "cannot create a staging directory in '" + save_dir + "': " + os_error() +
-           "; check that it is writable";
-  // Until the rename the staging directory is ours to delete on failure.
-  struct Staging {
-    std::string path;
-    ~Staging() {
-      if (!path.empty())
-        remove_tree(path);
-    }
-  } guard{staging};
-  ::chmod(staging.c_str(), 0755);
-  const std::string tmp_file = staging + "/" + file_name;
+// Writes a prepared file to `tmp_file`, data first, and fsyncs it.
+std::string write_prepared(const std::string &here, const std::string &tmp_file,
+                           PreparedFile &f) {
+  using Slot = PreparedFile::Slot;
+  std::vector<Slot> &slots = f.slots;
+  std::string &table = f.table;
+  const std::string &json = f.json;
+  const uint64_t table_offset = f.table_offset, data_start = f.data_start,
+                 file_size = f.file_size;
   const std::string no_space = "; check free disk space on the --save file system";
-
   int fd = ::open(tmp_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0)
     return here + "cannot create '" + tmp_file + "': " + os_error();
@@ -560,6 +543,70 @@ std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &m
     return fail("cannot flush");
   if (::close(fd) != 0)
     return here + "cannot close '" + tmp_file + "': " + os_error() + no_space;
+  return "";
+}
+
+} // namespace
+
+std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &meta,
+                            const std::vector<CheckpointTensor> &tensors, int tp_rank, int pp_rank,
+                            int pp_size, const std::vector<CheckpointTensor> *distrib_optim) {
+  const std::string here = (save_dir.empty() ? std::string("<empty>") : save_dir) + ": error: ";
+  if (save_dir.empty())
+    return here + "no directory to save checkpoints to; set --save";
+  if (meta.iteration < 0)
+    return here + "cannot save iteration " + std::to_string(meta.iteration) +
+           ": iterations are >= 0";
+  if (tp_rank < 0 || pp_size < 1 || pp_rank < 0 || pp_rank >= pp_size)
+    return here + "invalid rank: tensor rank " + std::to_string(tp_rank) + ", pipeline rank " +
+           std::to_string(pp_rank) + " of " + std::to_string(pp_size);
+  if (!std::isfinite(meta.loss_scale))
+    return here + "loss scale " + json_double(meta.loss_scale) +
+           " is not finite; a checkpoint must hold a usable loss scale";
+  if (!valid_utf8(meta.spec_toml) || !valid_utf8(meta.model_fingerprint))
+    return here + "the spec text or the model fingerprint is not valid UTF-8";
+  for (const auto &[k, v] : meta.values)
+    if (!valid_utf8(k) || !valid_utf8(v))
+      return here + "metadata value '" + k + "' is not valid UTF-8";
+
+  const std::string json = meta_json(meta, tp_rank, pp_rank, pp_size);
+  PreparedFile files[2];
+  const std::string rank_name = checkpoint_rank_name(tp_rank, pp_rank, pp_size);
+  files[0].name = rank_name + kSuffix;
+  if (std::string e = prepare_file(here, json, tensors, files[0]); !e.empty())
+    return e;
+  const size_t nfiles = distrib_optim ? 2 : 1;
+  if (distrib_optim) {
+    files[1].name = rank_name + kDistribOptimSuffix;
+    if (std::string e = prepare_file(here, json, *distrib_optim, files[1]); !e.empty())
+      return e;
+  }
+
+  std::string err = make_dirs(save_dir);
+  if (!err.empty())
+    return here + err + "; check that --save names a writable place";
+  remove_leftovers(save_dir);
+
+  const std::string iter = iter_name(meta.iteration);
+  const std::string final_dir = save_dir + "/" + iter;
+  std::string staging = save_dir + "/" + kTmpPrefix + iter.substr(5) + ".XXXXXX";
+  step("mkdir");
+  if (!::mkdtemp(staging.data()))
+    return here + "cannot create a staging directory in '" + save_dir + "': " + os_error() +
+           "; check that it is writable";
+  // Until the rename the staging directory is ours to delete on failure.
+  struct Staging {
+    std::string path;
+    ~Staging() {
+      if (!path.empty())
+        remove_tree(path);
+    }
+  } guard{staging};
+  ::chmod(staging.c_str(), 0755);
+
+  for (size_t i = 0; i < nfiles; ++i)
+    if (std::string e = write_prepared(here, staging + "/" + files[i].name, files[i]); !e.empty())
+      return e;
   step("fsync");
   if (!fsync_path(staging))
     return here + "cannot flush directory '" + staging + "': " + os_error();
@@ -893,7 +940,8 @@ CheckpointReader::~CheckpointReader() = default;
 std::unique_ptr<CheckpointReader> CheckpointReader::open(const std::string &load_dir,
                                                          int64_t iteration, int tp_rank,
                                                          int pp_rank, int pp_size,
-                                                         std::string *error) {
+                                                         std::string *error,
+                                                         bool distrib_optim) {
   auto fail = [&](const std::string &msg) {
     *error = msg;
     return nullptr;
@@ -936,7 +984,8 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(const std::string &load
     return fail("no checkpoint for iteration " + std::to_string(iteration) + " in " + load_dir +
                 " (" + iter_name(iteration) + " does not exist; " + here + ")");
   }
-  const std::string file = checkpoint_rank_name(tp_rank, pp_rank, pp_size) + kSuffix;
+  const std::string file =
+      checkpoint_rank_name(tp_rank, pp_rank, pp_size) + (distrib_optim ? kDistribOptimSuffix : kSuffix);
   auto impl = std::make_unique<Impl>();
   impl->path = dir + "/" + file;
   const std::string &path = impl->path;

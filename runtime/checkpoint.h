@@ -7,11 +7,18 @@
 //   SAVE/iter_0000100/mp_rank_00.mtckpt      one file per model-parallel rank:
 //                                             mp_rank_{tp:02d} when pp == 1,
 //                                             mp_rank_{tp:02d}_{pp:03d} otherwise
+//   SAVE/iter_0000100/mp_rank_00.distrib_optim.mtckpt
+//                                             with the distributed optimizer: every
+//                                             data-parallel rank's shard of the
+//                                             optimizer state (Megatron's
+//                                             mp_rank_00/distrib_optim.pt)
 // Every checkpoint is kept (Megatron deletes none either). Names starting with
 // ".tmp.iter_" or "latest_checkpointed_iteration.txt.tmp." are the leftovers
 // of an interrupted save: loads never look at them and the next save deletes
 // them. There is no data-parallel rank in the name: data-parallel replicas
-// hold identical state and only data-parallel rank 0 saves, as in Megatron.
+// hold identical state and only data-parallel rank 0 saves, as in Megatron;
+// the distributed optimizer's shards are gathered to it and saved as tensors
+// dp_rank_RR.master / .exp_avg / .exp_avg_sq of the distrib_optim file.
 //
 // Rank file, format version 1 (all integers little-endian):
 //   0   char[8] magic "MTCKPT\0\0"
@@ -84,9 +91,14 @@ struct CheckpointMeta {
 // the save is refused rather than leave a moment without the old checkpoint.
 // The whole iteration is one process's save: it is not a collective, and one
 // process at a time may save into SAVE. Returns "" or one error line.
+// `distrib_optim`, when given, is written beside the rank file as
+// <rank>.distrib_optim.mtckpt (same format and metadata), in the same atomic
+// save: the distributed optimizer's state, gathered from every data-parallel
+// rank as Megatron-LM gathers it into distrib_optim.pt.
 std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &meta,
                             const std::vector<CheckpointTensor> &tensors, int tp_rank = 0,
-                            int pp_rank = 0, int pp_size = 1);
+                            int pp_rank = 0, int pp_size = 1,
+                            const std::vector<CheckpointTensor> *distrib_optim = nullptr);
 
 // True when LOAD has a tracker file: whether a run resumes or starts fresh.
 bool checkpoint_exists(const std::string &load_dir);
@@ -101,9 +113,10 @@ public:
   // iteration, then validates magic, version, sizes, the table's bounds and
   // every checksum before returning. On any problem returns null and sets
   // *error to one line naming the file, what is wrong and what to do.
+  // With `distrib_optim`, opens the rank's distributed-optimizer file instead.
   static std::unique_ptr<CheckpointReader> open(const std::string &load_dir, int64_t iteration,
                                                 int tp_rank, int pp_rank, int pp_size,
-                                                std::string *error);
+                                                std::string *error, bool distrib_optim = false);
   ~CheckpointReader();
 
   const CheckpointMeta &meta() const;

@@ -3,6 +3,7 @@
 #include "runtime/cpu_executor.h"
 
 #include "runtime/cpu_kernels.h"
+#include "runtime/grad_buckets.h"
 #include "runtime/plan_reader.h"
 
 #include <algorithm>
@@ -277,6 +278,174 @@ struct CpuExecutor::Impl {
       }
   }
 
+  // Data-parallel buckets: every segment of each bucket and those of the
+  // shard this rank owns (distributed optimizer), from the plan's layout.
+  struct BucketState {
+    int64_t begin = 0, end = 0, state_at = 0;
+    FlatRange shard{0, 0};
+    std::vector<FlatSegment> all, own;
+  };
+  std::vector<BucketState> buckets;
+  std::vector<float> packed, gathered; // contiguous staging for collectives
+  int dp = 1, dp_rank = 0;
+
+  void plan_buckets() {
+    dp = std::max(1, plan.data_parallel());
+    dp_rank = rank.dp_rank();
+    std::vector<FlatParam> flat;
+    for (uint32_t p = 0; p < vsize(rank.params()); ++p)
+      if (param(p).flat_offset() >= 0)
+        flat.push_back({p, param(p).flat_offset(), element_count(param(p).shape())});
+    for (size_t b = 0; b < vsize(rank.buckets()); ++b) {
+      const pl::Bucket &bk = *rank.buckets()->Get(uint32_t(b));
+      BucketState s;
+      s.begin = bk.begin();
+      s.end = bk.end();
+      s.all = flat_segments(flat, s.begin, s.end);
+      s.shard = bucket_shard(s.begin, s.end, dp, dp_rank);
+      s.own = flat_segments(flat, s.shard.begin, s.shard.end);
+      s.state_at = shard_state_offset(s.begin, dp);
+      buckets.push_back(std::move(s));
+    }
+  }
+  // This rank's shard state (distributed optimizer), null when absent.
+  float *shard_floats(int64_t offset) const {
+    return rank.distributed_optimizer() ? state_floats(offset) : nullptr;
+  }
+  // The shard state element of flat element `e` of bucket `b`'s shard.
+  int64_t shard_index(const BucketState &b, int64_t e) const {
+    return b.state_at + (e - b.shard.begin);
+  }
+  // Copies segments of per-parameter buffers (`which`: weight or grad) into
+  // `out` (flat element `base` at out[0]; uncovered elements zero), or back.
+  void pack(const std::vector<FlatSegment> &segs, bool weights, int64_t base,
+            std::vector<float> &out, int64_t n) {
+    out.assign(size_t(n), 0.0f);
+    for (const FlatSegment &g : segs) {
+      const pl::Param &p = param(g.param);
+      const float *src = state_floats(weights ? p.weight_offset() : p.grad_offset()) + g.param_begin;
+      std::copy(src, src + g.count, out.data() + (g.flat_begin - base));
+    }
+  }
+  void unpack(const std::vector<FlatSegment> &segs, bool weights, int64_t base,
+              const float *in) {
+    for (const FlatSegment &g : segs) {
+      const pl::Param &p = param(g.param);
+      float *dst = state_floats(weights ? p.weight_offset() : p.grad_offset()) + g.param_begin;
+      const float *src = in + (g.flat_begin - base);
+      std::copy(src, src + g.count, dst);
+    }
+  }
+
+  std::string reduce_grads(const pl::Instruction &ins) {
+    std::string err;
+    Communicator *c = group(ins.ints()->Get(0), &err);
+    if (!err.empty())
+      return err;
+    const BucketState &b = buckets[size_t(ins.ints()->Get(1))];
+    const bool scatter = ins.ints()->Get(2) != 0;
+    const float scale = float(ins.floats()->Get(0));
+    const int64_t n = b.end - b.begin, shard = n / dp;
+    pack(b.all, false, b.begin, packed, n);
+    if (!scatter) {
+      if (c)
+        if (std::string e = c->all_reduce(packed.data(), size_t(n), ReduceOp::Sum); !e.empty())
+          return e;
+      cpu::scale(packed.data(), n, scale);
+      unpack(b.all, false, b.begin, packed.data());
+      return "";
+    }
+    gathered.assign(size_t(shard), 0.0f);
+    if (c) {
+      if (std::string e = c->reduce_scatter(packed.data(), size_t(shard), gathered.data());
+          !e.empty())
+        return e;
+    } else {
+      std::copy(packed.begin(), packed.end(), gathered.begin());
+    }
+    cpu::scale(gathered.data(), shard, scale);
+    unpack(b.own, false, b.shard.begin, gathered.data());
+    return "";
+  }
+
+  std::string sharded_grad_norm(const pl::Instruction &ins, float *out) {
+    std::string err;
+    Communicator *c = group(ins.ints()->Get(0), &err);
+    if (!err.empty())
+      return err;
+    // Parameters every tensor-parallel rank holds whole count on tp rank 0.
+    double sum = 0;
+    for (const BucketState &b : buckets)
+      for (const FlatSegment &g : b.own)
+        if (param(g.param).tp_dim() >= 0 || tp_rank() == 0)
+          sum += cpu::sum_squares(state_floats(param(g.param).grad_offset()) + g.param_begin,
+                                  g.count);
+    std::vector<double> total{sum};
+    if (c)
+      if (std::string e = all_reduce_doubles(c, total); !e.empty())
+        return e;
+    // The other shards of the model: tensor-parallel (and pipeline) ranks.
+    if (Communicator *mp = group(int64_t(Group::MP), &err))
+      if (std::string e = all_reduce_doubles(mp, total); !e.empty())
+        return e;
+    if (!err.empty())
+      return err;
+    *out = float(std::sqrt(total[0]));
+    return "";
+  }
+
+  std::string sharded_adamw(const pl::Instruction &ins, float lr, float clip, int64_t step) {
+    if (step < 1)
+      return "the step input is " + std::to_string(step) + "; AdamW counts steps from 1";
+    const BucketState &b = buckets[size_t(ins.ints()->Get(0))];
+    float *masters = shard_floats(rank.shard_master_offset());
+    float *m = shard_floats(rank.shard_exp_avg_offset());
+    float *v = shard_floats(rank.shard_exp_avg_sq_offset());
+    for (const FlatSegment &g : b.own) {
+      const pl::Param &p = param(g.param);
+      const float *grad = state_floats(p.grad_offset()) + g.param_begin;
+      if (clip != 1.0f) {
+        clipped.resize(size_t(g.count));
+        for (int64_t i = 0; i < g.count; ++i)
+          clipped[size_t(i)] = grad[i] * clip;
+        grad = clipped.data();
+      }
+      const int64_t at = shard_index(b, g.flat_begin);
+      float *w = state_floats(p.weight_offset()) + g.param_begin;
+      float *target = masters ? masters + at : w;
+      cpu::AdamWParams a{lr, ins.floats()->Get(0), ins.floats()->Get(1), ins.floats()->Get(2),
+                         p.weight_decay() ? ins.floats()->Get(3) : 0.0, step};
+      cpu::adamw_step(target, grad, m + at, v + at, g.count, a);
+      if (masters) {
+        std::copy(target, target + g.count, w);
+        if (p.dtype() == pl::DType::BF16)
+          cpu::round_to_bf16(w, g.count);
+        else if (p.dtype() == pl::DType::F16)
+          cpu::round_to_fp16(w, g.count);
+      }
+    }
+    return "";
+  }
+
+  std::string all_gather_params(const pl::Instruction &ins) {
+    std::string err;
+    Communicator *c = group(ins.ints()->Get(0), &err);
+    if (!err.empty())
+      return err;
+    const BucketState &b = buckets[size_t(ins.ints()->Get(1))];
+    const int64_t n = b.end - b.begin, shard = n / dp;
+    pack(b.own, true, b.shard.begin, packed, shard);
+    gathered.assign(size_t(n), 0.0f);
+    if (c) {
+      if (std::string e = c->all_gather(packed.data(), size_t(shard), gathered.data()); !e.empty())
+        return e;
+    } else {
+      std::copy(packed.begin(), packed.end(), gathered.begin());
+    }
+    unpack(b.all, true, b.begin, gathered.data());
+    return "";
+  }
+
   static uint64_t scale_for_arena(const pl::Plan &plan, const pl::Rank &rank) {
     auto any_half = [](const Values *vals) {
       for (size_t i = 0; i < vsize(vals); ++i) {
@@ -326,6 +495,7 @@ struct CpuExecutor::Impl {
       plan_lifetimes(ps);
       program_index[prog] = i;
     }
+    plan_buckets();
   }
 
   const pl::Param &param(uint32_t i) const { return *rank.params()->Get(i); }
@@ -826,6 +996,14 @@ struct CpuExecutor::Impl {
       if (std::string e = run_kernel(ins, f, rng_offset); !e.empty())
         return e;
       break;
+    case pl::Opcode::REDUCE_GRADS:
+      return reduce_grads(ins);
+    case pl::Opcode::SHARDED_GRAD_NORM:
+      return sharded_grad_norm(ins, fout(0));
+    case pl::Opcode::SHARDED_ADAMW:
+      return sharded_adamw(ins, *fin(0), *fin(1), *lin(2));
+    case pl::Opcode::ALL_GATHER_PARAMS:
+      return all_gather_params(ins);
     case pl::Opcode::ALL_REDUCE_GRADS: {
       std::string err;
       Communicator *dp = group(ival(0), &err);
@@ -988,6 +1166,27 @@ void CpuExecutor::init_params(uint64_t seed) {
       if (b)
         std::fill(b, b + count, 0.0f);
   }
+  // The distributed optimizer: moments zero, masters of the owned shards
+  // copied from the weights (padding zero).
+  const int64_t n = shard_elements();
+  for (float *b : {shard_master(), shard_exp_avg(), shard_exp_avg_sq()})
+    if (b)
+      std::fill(b, b + n, 0.0f);
+  if (float *m = shard_master())
+    for (const Impl::BucketState &b : s.buckets)
+      for (const FlatSegment &g : b.own) {
+        const float *w = s.state_floats(s.param(g.param).weight_offset()) + g.param_begin;
+        std::copy(w, w + g.count, m + s.shard_index(b, g.flat_begin));
+      }
+}
+
+float *CpuExecutor::shard_master() { return impl_->shard_floats(impl_->rank.shard_master_offset()); }
+float *CpuExecutor::shard_exp_avg() { return impl_->shard_floats(impl_->rank.shard_exp_avg_offset()); }
+float *CpuExecutor::shard_exp_avg_sq() {
+  return impl_->shard_floats(impl_->rank.shard_exp_avg_sq_offset());
+}
+int64_t CpuExecutor::shard_elements() const {
+  return impl_->rank.distributed_optimizer() ? impl_->rank.shard_elements() : 0;
 }
 
 float *CpuExecutor::weight(int param) { return impl_->state_floats(impl_->param(uint32_t(param)).weight_offset()); }

@@ -35,6 +35,13 @@
 // number k (from 1) uses get_lr(num_steps = k - 1), and the first update of a
 // warm-up runs at lr 0. Skipped iterations do not advance it.
 //
+// Buckets (REDUCE_GRADS, SHARDED_GRAD_NORM, SHARDED_ADAMW, ALL_GATHER_PARAMS).
+// The plan's flat buffers are contiguous on the GPU; here a bucket's range is
+// copied from the parameters' buffers into one contiguous staging vector
+// (padding as zeros), handed to the collective, and copied back, so the
+// state buffer's CPU scaling needs no special case. A reduce-scatter leaves
+// the rest of the bucket's gradients unreduced, as on the GPU.
+//
 // CLIP_COEFF is clip_grad_norm_fp32's max_norm / (norm + 1e-6), used only
 // when below 1 (so a NaN norm gives 1, as in Megatron); max_norm <= 0 gives 1.
 #ifndef MT_RUNTIME_CPU_EXECUTOR_H
@@ -73,6 +80,15 @@ public:
   float *exp_avg(int param);
   float *exp_avg_sq(int param);
   int64_t param_elements(int param) const;
+
+  // The distributed optimizer's state of this rank's shards (plan.fbs
+  // Bucket): shard_elements() floats each, bucket b's part at element
+  // begin_b / dp; null (and 0 elements) without it. f32 models have no
+  // master shard: their weights are updated in place.
+  float *shard_master();
+  float *shard_exp_avg();
+  float *shard_exp_avg_sq();
+  int64_t shard_elements() const;
 
   // The bytes of a value of `program` in the CPU layout: the caller writes
   // program inputs (i32 token ids, i64 iteration counts, floats) here before

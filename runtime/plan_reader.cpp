@@ -83,6 +83,10 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::SEQ_ALL_GATHER, "f", "f", 0, 1, 0},
     {pl::Opcode::SEQ_REDUCE_SCATTER, "f", "f", 0, 1, 0},
     {pl::Opcode::SEQ_SPLIT, "f", "f", 0, 1, 0},
+    {pl::Opcode::REDUCE_GRADS, "", "", 0, 3, 1},
+    {pl::Opcode::SHARDED_GRAD_NORM, "", "s", 0, 1, 0},
+    {pl::Opcode::SHARDED_ADAMW, "ssl", "", 0, 1, 4},
+    {pl::Opcode::ALL_GATHER_PARAMS, "", "", 0, 2, 0},
 };
 constexpr size_t kNumOpcodes = sizeof(kSignatures) / sizeof(kSignatures[0]);
 static_assert(kNumOpcodes == size_t(pl::Opcode::MAX) + 1,
@@ -184,6 +188,8 @@ private:
     rank_name_ = "rank " + std::to_string(rank.rank());
     if (std::string e = check_params(rank); !e.empty())
       return e;
+    if (std::string e = check_buckets(rank); !e.empty())
+      return e;
     std::set<std::string> names;
     for (size_t p = 0; p < vsize(rank.programs()); ++p) {
       const pl::Program *prog = rank.programs()->Get(p);
@@ -264,6 +270,75 @@ private:
                std::to_string(ranges[i - 1].param) + " and the " + ranges[i].what +
                " of parameter " + std::to_string(ranges[i].param) +
                " overlap in the state buffer";
+    return "";
+  }
+
+  // Buckets: disjoint ranges of the flat buffers that divide by dp, each
+  // holding whole parameters; the distributed optimizer's shard state
+  // inside the state buffer and clear of every parameter's buffers.
+  std::string check_buckets(const pl::Rank &rank) {
+    const int64_t dp = std::max(1, plan_.data_parallel());
+    const int64_t flat = rank.flat_elements();
+    const size_t np = vsize(rank.params());
+    std::vector<int> owner(np, -1);
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (size_t b = 0; b < vsize(rank.buckets()); ++b) {
+      const pl::Bucket &bk = *rank.buckets()->Get(b);
+      std::string who = rank_name_ + ": bucket " + std::to_string(b);
+      if (bk.begin() < 0 || bk.end() <= bk.begin() || bk.end() > flat)
+        return who + " is elements [" + std::to_string(bk.begin()) + ", " +
+               std::to_string(bk.end()) + "), not inside the flat buffers' " +
+               std::to_string(flat) + "; recompile the plan with mtc";
+      if ((bk.end() - bk.begin()) % dp != 0)
+        return who + " has " + std::to_string(bk.end() - bk.begin()) +
+               " elements, which do not divide by data_parallel " + std::to_string(dp) +
+               "; recompile the plan with mtc";
+      ranges.push_back({bk.begin(), bk.end()});
+      for (size_t k = 0; k < vsize(bk.params()); ++k) {
+        uint32_t i = bk.params()->Get(k);
+        if (i >= np)
+          return who + " names parameter " + std::to_string(i) + ", but " + rank_name_ +
+                 " has " + std::to_string(np);
+        const pl::Param &p = *rank.params()->Get(i);
+        std::string pw = who + ", parameter " + std::to_string(i) + " (" +
+                         (p.name() ? p.name()->str() : std::string("unnamed")) + ")";
+        if (owner[i] >= 0)
+          return pw + " is also in bucket " + std::to_string(owner[i]);
+        owner[i] = int(b);
+        const int64_t n = int64_t(param_numel(p));
+        if (p.flat_offset() < bk.begin() || p.flat_offset() + n > bk.end())
+          return pw + " at flat element " + std::to_string(p.flat_offset()) + " (" +
+                 std::to_string(n) + " elements) is not inside the bucket";
+        if (p.weight_offset() < 0 || p.grad_offset() < 0)
+          return pw + " has no weights or gradient buffer on this rank";
+      }
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i)
+      if (ranges[i].first < ranges[i - 1].second)
+        return rank_name_ + ": two buckets overlap in the flat buffers";
+    if (!rank.distributed_optimizer())
+      return "";
+    if (ranges.empty())
+      return rank_name_ + ": the distributed optimizer needs buckets; recompile the plan with mtc";
+    if (rank.shard_elements() != flat / dp || flat % dp != 0)
+      return rank_name_ + ": shard_elements " + std::to_string(rank.shard_elements()) +
+             " is not flat_elements " + std::to_string(flat) + " / data_parallel " +
+             std::to_string(dp);
+    const uint64_t state = rank.state_bytes(), bytes = uint64_t(rank.shard_elements()) * 4;
+    const std::pair<const char *, int64_t> slots[] = {
+        {"shard_master_offset", rank.shard_master_offset()},
+        {"shard_exp_avg_offset", rank.shard_exp_avg_offset()},
+        {"shard_exp_avg_sq_offset", rank.shard_exp_avg_sq_offset()}};
+    for (const auto &[what, offset] : slots) {
+      if (offset == -1 && std::string(what) == "shard_master_offset")
+        continue;
+      if (offset < 0 || uint64_t(offset) % kStateAlignment != 0 || uint64_t(offset) > state ||
+          bytes > state - uint64_t(offset))
+        return rank_name_ + ": " + what + " " + std::to_string(offset) + " (" + grouped(bytes) +
+               " bytes) is not an aligned range of the " + grouped(state) +
+               "-byte state buffer; recompile the plan with mtc";
+    }
     return "";
   }
 
@@ -620,6 +695,32 @@ private:
         return "exchanges activations between tensor-parallel ranks, but the plan has "
                "tensor_parallel " + std::to_string(plan_.tensor_parallel());
       break;
+    case pl::Opcode::REDUCE_GRADS:
+    case pl::Opcode::SHARDED_GRAD_NORM:
+    case pl::Opcode::SHARDED_ADAMW:
+    case pl::Opcode::ALL_GATHER_PARAMS: {
+      const bool has_group = ins.op() != pl::Opcode::SHARDED_ADAMW;
+      const bool has_bucket = ins.op() != pl::Opcode::SHARDED_GRAD_NORM;
+      const bool sharded = ins.op() != pl::Opcode::REDUCE_GRADS || ints(2) != 0;
+      if (has_group && ints(0) != 0)
+        return "ints[0] is group " + std::to_string(ints(0)) + "; this mtrun knows group 0 (dp)";
+      if (has_bucket) {
+        const int64_t b = ints(has_group ? 1 : 0);
+        if (b < 0 || uint64_t(b) >= vsize(rank_->buckets()))
+          return "names bucket " + std::to_string(b) + ", but " + rank_name_ + " has " +
+                 std::to_string(vsize(rank_->buckets())) + " buckets";
+      }
+      if (ins.op() == pl::Opcode::REDUCE_GRADS) {
+        if (ints(2) != 0 && ints(2) != 1)
+          return "ints[2] (scatter) is " + std::to_string(ints(2)) + "; it must be 0 or 1";
+        if (!(floats(0) > 0.0 && floats(0) <= 1.0))
+          return "floats[0] (scale) is " + std::to_string(floats(0)) + ", outside (0, 1]";
+      }
+      if (sharded && !rank_->distributed_optimizer())
+        return "works on shards of the distributed optimizer, which " + rank_name_ +
+               " does not use; recompile the plan with mtc";
+      break;
+    }
     case pl::Opcode::FUSED: {
       int64_t k = ints(0);
       if (k < 0 || uint64_t(k) >= vsize(plan_.kernels()))

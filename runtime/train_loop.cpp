@@ -109,6 +109,7 @@ public:
     exec->set_seed(uint64_t(t->seed()));
     exec->set_check_memory_plan(opts.check_memory_plan);
     trainStep.program = exec->program("train_step");
+    lastStep.program = exec->program("train_step_last");
     evalStep.program = exec->program("eval_step");
     normProg.program = exec->program("grad_norm");
     optStep.program = exec->program("optimizer_step");
@@ -261,6 +262,32 @@ private:
       return "checkpoint " + reader->path() + " is of another model (" +
              m.model_fingerprint + ") than this plan (" + want +
              "); load a checkpoint of this model or start without --load";
+    // A distributed-optimizer checkpoint fits only the same shard layout,
+    // and a plain one only a plan without it.
+    const int64_t shard = exec->shard_elements();
+    auto saved = m.values.find("distributed_optimizer");
+    std::string have = saved == m.values.end() ? "" : saved->second;
+    std::string want_layout = shard > 0 ? shardLayout() : "";
+    if (have != want_layout)
+      return "checkpoint " + reader->path() + " holds optimizer state " +
+             (have.empty() ? std::string("without the distributed optimizer")
+                           : "sharded by the distributed optimizer (" + have + ")") +
+             ", but this plan " +
+             (want_layout.empty() ? std::string("does not use the distributed optimizer")
+                                  : "shards it as " + want_layout) +
+             "; load it with a plan of the same data_parallel_size, buckets and "
+             "use_distributed_optimizer, or start without --load";
+    if (shard > 0) {
+      auto optim = CheckpointReader::open(load, m.iteration, 0, 0, 1, &err, true);
+      if (!optim)
+        return err;
+      char name[64];
+      for (auto &[kind, data] : shardKinds()) {
+        std::snprintf(name, sizeof name, "dp_rank_%02d.%s", dpRank, kind.c_str());
+        if (std::string e = optim->read(name, "f32", {shard}, data, size_t(shard) * 4); !e.empty())
+          return e;
+      }
+    }
     const pl::Rank *rank = plan.ranks()->Get(0);
     for (uint32_t i = 0; i < rank->params()->size(); ++i) {
       const pl::Param *p = rank->params()->Get(i);
@@ -300,8 +327,44 @@ private:
     return "";
   }
 
+  // The distributed optimizer's layout: a checkpoint's shards fit only a
+  // plan that splits the same flat buffers over the same ranks.
+  std::string shardLayout() const {
+    const pl::Rank *r = find_rank(plan, rank);
+    std::string s = "dp " + std::to_string(dp) + ", flat " + std::to_string(r->flat_elements()) +
+                    ", buckets";
+    for (size_t b = 0; b < r->buckets()->size(); ++b)
+      s += " [" + std::to_string(r->buckets()->Get(uint32_t(b))->begin()) + ", " +
+           std::to_string(r->buckets()->Get(uint32_t(b))->end()) + ")";
+    return s;
+  }
+
+  // The distributed optimizer's state kinds, with this rank's shard of each.
+  std::vector<std::pair<std::string, float *>> shardKinds() {
+    std::vector<std::pair<std::string, float *>> kinds;
+    if (float *m = exec->shard_master())
+      kinds.push_back({"master", m});
+    kinds.push_back({"exp_avg", exec->shard_exp_avg()});
+    kinds.push_back({"exp_avg_sq", exec->shard_exp_avg_sq()});
+    return kinds;
+  }
+
   std::string saveCheckpoint() {
-    // Data-parallel replicas hold the same state: the first one saves.
+    // Distributed optimizer: every rank's shards gathered to dp rank 0.
+    const int64_t shard = exec->shard_elements();
+    std::vector<std::vector<float>> gathered;
+    if (shard > 0)
+      for (auto &[kind, data] : shardKinds()) {
+        gathered.emplace_back(size_t(shard * dp));
+        if (comm) {
+          if (std::string err = comm->all_gather(data, size_t(shard), gathered.back().data());
+              !err.empty())
+            return err;
+        } else {
+          std::copy(data, data + shard, gathered.back().begin());
+        }
+      }
+    // Data-parallel replicas hold the same weights: the first one saves.
     if (dpRank != 0) {
       savedIteration = iteration;
       return "";
@@ -315,10 +378,23 @@ private:
       size_t bytes = size_t(exec->param_elements(int(i))) * 4;
       // The CPU executor keeps every float tensor as f32.
       tensors.push_back({name, "f32", shape, exec->weight(int(i)), bytes});
+      if (shard > 0)
+        continue;
       if (exec->master(int(i)))
         tensors.push_back({name + ".master", "f32", shape, exec->master(int(i)), bytes});
       tensors.push_back({name + ".exp_avg", "f32", shape, exec->exp_avg(int(i)), bytes});
       tensors.push_back({name + ".exp_avg_sq", "f32", shape, exec->exp_avg_sq(int(i)), bytes});
+    }
+    std::vector<CheckpointTensor> distrib;
+    if (shard > 0) {
+      auto kinds = shardKinds();
+      for (int r = 0; r < dp; ++r)
+        for (size_t k = 0; k < kinds.size(); ++k) {
+          char name[64];
+          std::snprintf(name, sizeof name, "dp_rank_%02d.%s", r, kinds[k].first.c_str());
+          distrib.push_back({name, "f32", {shard}, gathered[k].data() + size_t(r) * size_t(shard),
+                             size_t(shard) * 4});
+        }
     }
     CheckpointMeta m;
     m.iteration = iteration;
@@ -332,7 +408,10 @@ private:
     m.values["optimizer_steps"] = std::to_string(stepsTaken);
     m.values["skipped_iterations"] = std::to_string(skipped);
     m.values["weights_dtype_in_plan"] = dtype_label(rank->params()->Get(0)->dtype());
-    if (std::string err = save_checkpoint(save, m, tensors); !err.empty())
+    if (shard > 0)
+      m.values["distributed_optimizer"] = shardLayout();
+    if (std::string err = save_checkpoint(save, m, tensors, 0, 0, 1, shard > 0 ? &distrib : nullptr);
+        !err.empty())
       return err;
     savedIteration = iteration;
     char buf[64];
@@ -433,9 +512,12 @@ private:
   std::string forwardBackward(double *meanLoss) {
     double sum = 0;
     for (int64_t m = 0; m < microBatches; ++m) {
-      fillBatch(trainStep, *train, sampleOf(consumedTrain, m));
+      // Overlapped gradient reduction: the last micro-batch runs the copy of
+      // the step that reduces each bucket as soon as its gradients are done.
+      const ProgramIO &io = m + 1 == microBatches && lastStep.program ? lastStep : trainStep;
+      fillBatch(io, *train, sampleOf(consumedTrain, m));
       float loss = 0;
-      if (std::string err = runScalar(trainStep, "loss", rngOffset(m, false), &loss); !err.empty())
+      if (std::string err = runScalar(io, "loss", rngOffset(m, false), &loss); !err.empty())
         return err;
       sum += loss;
     }
@@ -525,7 +607,7 @@ private:
   bool printer = true;
   std::unique_ptr<CpuExecutor> exec;
   std::unique_ptr<GptDataset> train, valid;
-  ProgramIO trainStep, evalStep, normProg, optStep;
+  ProgramIO trainStep, lastStep, evalStep, normProg, optStep;
   std::ofstream log;
   std::string save, load;
   int64_t trainIters = 0, mbs = 0, gbs = 0, microBatches = 1, seq = 0;

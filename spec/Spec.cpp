@@ -229,6 +229,11 @@ std::string toToml(const Spec &spec) {
   w.integer("virtual_pipeline_model_parallel_size", p.virtual_pipeline_model_parallel_size);
   w.boolean("sequence_parallel", p.sequence_parallel);
   w.boolean("use_distributed_optimizer", p.use_distributed_optimizer);
+  w.boolean("overlap_grad_reduce", p.overlap_grad_reduce);
+  if (p.ddp_bucket_size > 0)
+    w.integer("ddp_bucket_size", p.ddp_bucket_size);
+  else
+    w.unset("ddp_bucket_size", "not set (max(40000000, 1000000 * dp))");
   if (p.recompute_granularity != RecomputeGranularity::None)
     w.string("recompute_granularity", toString(p.recompute_granularity));
   else

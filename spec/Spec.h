@@ -59,6 +59,8 @@ struct ParallelConfig {
   int64_t virtual_pipeline_model_parallel_size = 1; // 1 = not interleaved
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
+  bool overlap_grad_reduce = false;
+  int64_t ddp_bucket_size = 0; // 0: not set (Megatron's max(40M, 1M * dp) with overlap)
   RecomputeGranularity recompute_granularity = RecomputeGranularity::None;
   RecomputeMethod recompute_method = RecomputeMethod::None;
   int64_t recompute_num_layers = 0;

@@ -142,6 +142,16 @@ std::vector<KeyInfo> buildTable() {
                   "--use-distributed-optimizer",
                   "Shard optimizer state over the data-parallel group (ZeRO-1). Allowed "
                   "with dp = 1, where it changes nothing."));
+  t.push_back(key("parallel", "overlap_grad_reduce", B, false, "false", "",
+                  "--overlap-grad-reduce",
+                  "Reduce each gradient bucket as soon as the last micro-batch's backward "
+                  "has produced it, overlapping the rest of the backward; otherwise all "
+                  "gradients are reduced in one bucket after the backward."));
+  t.push_back(key("parallel", "ddp_bucket_size", I, false, "max(40000000, 1000000 * dp)",
+                  "elements", "--ddp-bucket-size",
+                  "Gradient elements per data-parallel reduction bucket (buckets are "
+                  "filled in reverse parameter order); needs overlap_grad_reduce = true.",
+                  atLeast(1)));
   t.push_back(key("parallel", "recompute_granularity", E, false, "not set", "",
                   "--recompute-granularity",
                   "Activation recomputation: \"selective\" recomputes the attention core, "

@@ -675,6 +675,8 @@ private:
            p.virtual_pipeline_model_parallel_size);
     getBool("parallel", "sequence_parallel", p.sequence_parallel);
     getBool("parallel", "use_distributed_optimizer", p.use_distributed_optimizer);
+    getBool("parallel", "overlap_grad_reduce", p.overlap_grad_reduce);
+    getInt("parallel", "ddp_bucket_size", p.ddp_bucket_size);
     getEnum("parallel", "recompute_granularity", p.recompute_granularity,
             {RecomputeGranularity::Selective, RecomputeGranularity::Full});
     getEnum("parallel", "recompute_method", p.recompute_method,
@@ -840,6 +842,13 @@ private:
                ref("parallel", "tensor_model_parallel_size", tp),
            "set tensor_model_parallel_size >= 2, or remove sequence_parallel");
 
+    // Megatron ignores --ddp-bucket-size without --overlap-grad-reduce (one
+    // bucket then holds every gradient); mt says so instead.
+    if (given("parallel", "ddp_bucket_size") && !p.overlap_grad_reduce)
+      fail(at("parallel", "ddp_bucket_size"),
+           "ddp_bucket_size only applies with overlap_grad_reduce = true (without it every "
+           "gradient is reduced in one bucket after the backward)",
+           "set overlap_grad_reduce = true, or remove ddp_bucket_size");
     const std::string gran =
         given("parallel", "recompute_granularity")
             ? ref("parallel", "recompute_granularity", quote(toString(p.recompute_granularity)))

@@ -585,6 +585,57 @@ LogicalResult FusedOp::verifyRegions() {
   return success();
 }
 
+// The number of buckets in the enclosing module's mt.grad_buckets, or -1.
+static int64_t gradBucketCount(Operation *op) {
+  auto module = op->getParentOfType<ModuleOp>();
+  auto buckets = module ? module->getAttrOfType<ArrayAttr>("mt.grad_buckets") : ArrayAttr();
+  return buckets ? int64_t(buckets.size()) : -1;
+}
+
+static LogicalResult verifyBucket(Operation *op, int64_t bucket) {
+  int64_t n = gradBucketCount(op);
+  if (n < 0)
+    return op->emitOpError() << "needs the module's mt.grad_buckets (run mt-data-parallel)";
+  if (bucket < 0 || bucket >= n)
+    return op->emitOpError() << "bucket " << bucket << " is not one of the module's " << n
+                             << " mt.grad_buckets";
+  return success();
+}
+
+static LogicalResult verifyDpGroup(Operation *op, StringRef group) {
+  if (group != "dp")
+    return op->emitOpError() << "group must be \"dp\", got \"" << group << "\"";
+  return success();
+}
+
+LogicalResult ReduceGradsOp::verify() {
+  if (failed(verifyDpGroup(*this, getGroup())))
+    return failure();
+  double scale = getScale().convertToDouble();
+  if (!(scale > 0.0 && scale <= 1.0))
+    return emitOpError() << "scale must be in (0, 1], got " << scale;
+  return verifyBucket(*this, getBucket());
+}
+
+LogicalResult ShardedGradNormOp::verify() { return verifyDpGroup(*this, getGroup()); }
+
+LogicalResult ShardedAdamWOp::verify() {
+  double b1 = getBeta1().convertToDouble(), b2 = getBeta2().convertToDouble();
+  if (!(b1 >= 0.0 && b1 < 1.0) || !(b2 >= 0.0 && b2 < 1.0))
+    return emitOpError("beta1 and beta2 must be in [0, 1)");
+  if (!(getEpsilon().convertToDouble() > 0.0))
+    return emitOpError("epsilon must be positive");
+  if (!(getWeightDecay().convertToDouble() >= 0.0))
+    return emitOpError("weight_decay must not be negative");
+  return verifyBucket(*this, getBucket());
+}
+
+LogicalResult AllGatherParamsOp::verify() {
+  if (failed(verifyDpGroup(*this, getGroup())))
+    return failure();
+  return verifyBucket(*this, getBucket());
+}
+
 LogicalResult AllReduceGradsOp::verify() {
   if (getGroup() != "dp" && getGroup() != "tp")
     return emitOpError() << "group must be \"dp\" or \"tp\", got \"" << getGroup() << "\"";

@@ -349,4 +349,89 @@ def Mt_AdamWOp : Mt_Op<"adamw", [
   let hasVerifier = 1;
 }
 
+//===----------------------------------------------------------------------===//
+// Data-parallel buckets and the distributed optimizer
+//===----------------------------------------------------------------------===//
+
+def Mt_ReduceGradsOp : Mt_Op<"reduce_grads", [
+    MemoryEffects<[MemRead<Mt_GradBuffers>, MemWrite<Mt_GradBuffers>]>]> {
+  let summary = "reduces one gradient bucket over a group of ranks, then scales it";
+  let description = [{
+    `bucket` indexes the module's `mt.grad_buckets` (written by
+    mt-data-parallel): a contiguous range of the flat f32 gradient buffer
+    holding the gradients of its `params`. Without `scatter` the range is
+    all-reduced, so every rank holds the bucket's mean gradient; with
+    `scatter` (the distributed optimizer) it is reduce-scattered, so dp rank
+    r holds the reduced r-th of the `dp` equal shards of the range, and the
+    rest of the range is left as it was. Either way the result is multiplied
+    by `scale` (`1 / data_parallel_size`).
+
+    ```mlir
+    mt.reduce_grads {bucket = 0 : i64, group = "dp", scale = 5.000000e-01 : f64, scatter = true}
+    ```
+  }];
+  let arguments = (ins I64Attr:$bucket, StrAttr:$group, F64Attr:$scale, BoolAttr:$scatter);
+  let assemblyFormat = "attr-dict";
+  let hasVerifier = 1;
+}
+
+def Mt_ShardedGradNormOp : Mt_Op<"sharded_grad_norm", [MemoryEffects<[MemRead<Mt_GradBuffers>]>]> {
+  let summary = "global L2 norm of reduce-scattered gradients";
+  let description = [{
+    The sum of squares over the shard of every bucket this rank owns
+    (padding holds zeros), summed over `group`, then its square root: the
+    norm of the whole reduced gradient, as Megatron-LM's distributed
+    optimizer computes it.
+
+    ```mlir
+    %norm = mt.sharded_grad_norm {group = "dp"} : tensor<f32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$group);
+  let results = (outs Mt_ScalarF32:$result);
+  let assemblyFormat = "attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Mt_ShardedAdamWOp : Mt_Op<"sharded_adamw", [
+    MemoryEffects<[MemRead<Mt_GradBuffers>, MemWrite<Mt_ParamState>]>]> {
+  let summary = "AdamW over the elements of one bucket this rank owns";
+  let description = [{
+    The distributed optimizer's update: for every element of this rank's
+    shard of bucket `bucket` that belongs to a parameter (padding is
+    skipped), AdamW as `mt.adamw` computes it, on the f32 master copy of the
+    shard (reduced-precision models) or on the f32 weights themselves, with
+    the shard's own Adam moments. An element decays with `weight_decay` when
+    its parameter does (Megatron's rule: not biases nor one-dimensional
+    parameters). The updated weights are those of the owned shard only;
+    `mt.all_gather_params` then gives every rank the full bucket.
+
+    ```mlir
+    mt.sharded_adamw %lr, %clip, %step {beta1 = 9.000000e-01 : f64, beta2 = 9.990000e-01 : f64, bucket = 0 : i64, epsilon = 1.000000e-08 : f64, weight_decay = 1.000000e-02 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+    ```
+  }];
+  let arguments = (ins Mt_ScalarF32:$lr, Mt_ScalarF32:$clip, 0DTensorOf<[I64]>:$step,
+                       I64Attr:$bucket, F64Attr:$beta1, F64Attr:$beta2, F64Attr:$epsilon,
+                       F64Attr:$weight_decay);
+  let assemblyFormat = "$lr `,` $clip `,` $step attr-dict `:` type($lr) `,` type($clip) `,` type($step)";
+  let hasVerifier = 1;
+}
+
+def Mt_AllGatherParamsOp : Mt_Op<"all_gather_params", [
+    MemoryEffects<[MemRead<Mt_ParamState>, MemWrite<Mt_ParamState>]>]> {
+  let summary = "gathers one bucket's updated weights from the ranks that own them";
+  let description = [{
+    After `mt.sharded_adamw`, each rank of `group` holds the updated model
+    weights of its shard of bucket `bucket`; this all-gather leaves every
+    rank with the whole bucket's weights.
+
+    ```mlir
+    mt.all_gather_params {bucket = 0 : i64, group = "dp"}
+    ```
+  }];
+  let arguments = (ins I64Attr:$bucket, StrAttr:$group);
+  let assemblyFormat = "attr-dict";
+  let hasVerifier = 1;
+}
+
 #endif // MT_TRAIN_OPS_TD

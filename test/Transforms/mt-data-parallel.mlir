@@ -1,13 +1,19 @@
-// mt-data-parallel: with plain data parallelism, @grad_norm starts with the
-// gradient all-reduce over the dp group, scaled by 1/dp; otherwise nothing.
-// RUN: mtc-opt %s -split-input-file -mt-data-parallel | FileCheck %s
+// mt-data-parallel: buckets of gradients reduced over the dp group, scaled
+// by 1/dp; the distributed optimizer's sharded norm, AdamW and all-gather.
+// RUN: mtc-opt %s -split-input-file -mt-data-parallel | FileCheck %s --enable-var-scope
 
+// Without overlap: one bucket (Megatron's rule), reduced at the start of
+// @grad_norm; parameters listed last first.
 // CHECK-LABEL: module attributes
 // CHECK-SAME: mt.data_parallel = 4 : i64
+// CHECK-SAME: mt.grad_buckets = [{params = [@b, @a]}]
+// CHECK-NOT: train_step_last
 // CHECK: func.func @grad_norm() -> tensor<f32> {
-// CHECK-NEXT: mt.all_reduce_grads {group = "dp", scale = 2.500000e-01 : f64}
+// CHECK-NEXT: mt.reduce_grads {bucket = 0 : i64, group = "dp", scale = 2.500000e-01 : f64, scatter = false}
 // CHECK-NEXT: mt.grad_norm
 module attributes {mt.parallel = {data_parallel_size = 4 : i64, pipeline_model_parallel_size = 1 : i64, tensor_model_parallel_size = 1 : i64, use_distributed_optimizer = false}} {
+  mt.param @a : tensor<8x4xf32>, normal(2.000000e-02)
+  mt.param @b : tensor<4x4xf32>, normal(2.000000e-02)
   func.func @grad_norm() -> tensor<f32> {
     %0 = mt.grad_norm : tensor<f32>
     return %0 : tensor<f32>
@@ -19,7 +25,7 @@ module attributes {mt.parallel = {data_parallel_size = 4 : i64, pipeline_model_p
 // One rank: nothing to reduce.
 // CHECK-LABEL: module attributes
 // CHECK-NOT: mt.data_parallel
-// CHECK-NOT: mt.all_reduce_grads
+// CHECK-NOT: mt.reduce_grads
 module attributes {mt.parallel = {data_parallel_size = 1 : i64, pipeline_model_parallel_size = 1 : i64, tensor_model_parallel_size = 1 : i64, use_distributed_optimizer = false}} {
   func.func @grad_norm() -> tensor<f32> {
     %0 = mt.grad_norm : tensor<f32>
@@ -29,13 +35,69 @@ module attributes {mt.parallel = {data_parallel_size = 1 : i64, pipeline_model_p
 
 // -----
 
-// The distributed optimizer shards gradients first: left to the sharding
-// passes, so the plan stays a one-rank program for now.
+// Overlap with buckets of at least 16 elements: @b (16) alone, then @a.
+// @train_step_last reduces each bucket right after the op that completes
+// its gradients; @train_step stays as it was.
 // CHECK-LABEL: module attributes
-// CHECK-NOT: mt.all_reduce_grads
-module attributes {mt.parallel = {data_parallel_size = 4 : i64, pipeline_model_parallel_size = 1 : i64, tensor_model_parallel_size = 1 : i64, use_distributed_optimizer = true}} {
+// CHECK-SAME: mt.grad_buckets = [{params = [@b]}, {params = [@a]}]
+// CHECK: func.func @train_step(
+// CHECK-NOT: mt.reduce_grads
+// CHECK: return
+// CHECK: func.func @train_step_last(
+// CHECK: mt.matmul_weight_grad {{.*}} into @b
+// CHECK-NEXT: mt.reduce_grads {bucket = 0 : i64, group = "dp", scale = 5.000000e-01 : f64, scatter = false}
+// CHECK-NEXT: mt.matmul_input_grad
+// CHECK-NEXT: mt.matmul_weight_grad {{.*}} into @a
+// CHECK-NEXT: mt.reduce_grads {bucket = 1 : i64, group = "dp", scale = 5.000000e-01 : f64, scatter = false}
+// CHECK-NEXT: mt.grad_seed
+// CHECK: func.func @grad_norm
+// CHECK-NEXT: mt.grad_norm
+module attributes {mt.parallel = {data_parallel_size = 2 : i64, pipeline_model_parallel_size = 1 : i64, tensor_model_parallel_size = 1 : i64, use_distributed_optimizer = false, overlap_grad_reduce = true, ddp_bucket_size = 16 : i64}} {
+  mt.param @a : tensor<8x4xf32>, normal(2.000000e-02)
+  mt.param @b : tensor<4x4xf32>, normal(2.000000e-02)
+  func.func @train_step(%x: tensor<2x4xf32>, %dy: tensor<2x4xf32>, %dh: tensor<2x8xf32>) -> tensor<f32> {
+    %wb = mt.param_ref @b : tensor<4x4xf32>
+    mt.matmul_weight_grad %dy, %x into @b : tensor<2x4xf32>, tensor<2x4xf32>
+    %dx = mt.matmul_input_grad %dy, %wb : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+    mt.matmul_weight_grad %dh, %dx into @a : tensor<2x8xf32>, tensor<2x4xf32>
+    %s = mt.grad_seed {scale = 1.000000e+00 : f64} : tensor<f32>
+    return %s : tensor<f32>
+  }
   func.func @grad_norm() -> tensor<f32> {
     %0 = mt.grad_norm : tensor<f32>
     return %0 : tensor<f32>
+  }
+  func.func @optimizer_step() {
+    return
+  }
+}
+
+// -----
+
+// The distributed optimizer: reduce-scatters, the sharded norm, one
+// sharded AdamW and all-gather per bucket; decay recorded per parameter.
+// CHECK-LABEL: module attributes
+// CHECK-SAME: mt.distributed_optimizer
+// CHECK: mt.param @a {{.*}}mt.weight_decay = true
+// CHECK: mt.param @b {{.*}}mt.weight_decay = false
+// CHECK: func.func @grad_norm() -> tensor<f32> {
+// CHECK-NEXT: mt.reduce_grads {bucket = 0 : i64, group = "dp", scale = 2.500000e-01 : f64, scatter = true}
+// CHECK-NEXT: %[[N:.*]] = mt.sharded_grad_norm {group = "dp"} : tensor<f32>
+// CHECK-NEXT: return %[[N]]
+// CHECK: func.func @optimizer_step(%[[LR:[a-z0-9]+]]: tensor<f32>, %[[CLIP:[a-z0-9]+]]: tensor<f32>, %[[STEP:[a-z0-9]+]]: tensor<i64>)
+// CHECK-NEXT: mt.sharded_adamw %[[LR]], %[[CLIP]], %[[STEP]] {beta1 = 9.000000e-01 : f64, beta2 = 0.94999999999999996 : f64, bucket = 0 : i64, epsilon = 1.000000e-08 : f64, weight_decay = 1.000000e-01 : f64}
+// CHECK-NEXT: mt.all_gather_params {bucket = 0 : i64, group = "dp"}
+// CHECK-NEXT: return
+module attributes {mt.parallel = {data_parallel_size = 4 : i64, pipeline_model_parallel_size = 1 : i64, tensor_model_parallel_size = 1 : i64, use_distributed_optimizer = true}} {
+  mt.param @a : tensor<8x4xf32>, normal(2.000000e-02)
+  mt.param @b : tensor<4xf32>, zeros
+  func.func @grad_norm() -> tensor<f32> {
+    %0 = mt.grad_norm : tensor<f32>
+    return %0 : tensor<f32>
+  }
+  func.func @optimizer_step(%lr: tensor<f32>, %clip: tensor<f32>, %step: tensor<i64>) {
+    mt.adamw @a, %lr, %clip, %step {beta1 = 9.000000e-01 : f64, beta2 = 9.500000e-01 : f64, epsilon = 1.000000e-08 : f64, weight_decay = 1.000000e-01 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+    mt.adamw @b, %lr, %clip, %step {beta1 = 9.000000e-01 : f64, beta2 = 9.500000e-01 : f64, epsilon = 1.000000e-08 : f64, weight_decay = 0.000000e+00 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+    return
   }
 }

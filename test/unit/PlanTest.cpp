@@ -1,6 +1,7 @@
 // plan.bin's reader (header, checksum, FlatBuffers and semantic checks) and
 // the CPU reference executor, on plans built here with the FlatBuffers builder.
 #include "runtime/cpu_executor.h"
+#include "runtime/grad_buckets.h"
 #include "runtime/plan_reader.h"
 
 #include <gtest/gtest.h>
@@ -665,7 +666,7 @@ TEST(PlanReader, SemanticErrors) {
     Tiny t; // an unknown opcode
     t.d.programs[0].code[1].op = Opcode(200);
     EXPECT_CONTAINS(semantic_error(t.d), "rank 0, program eval_step #1 (final_layernorm) opcode 200: "
-                                         "unknown opcode; this mtrun knows opcodes 0 to 37");
+                                         "unknown opcode; this mtrun knows opcodes 0 to 41");
   }
   for (auto [group, scale, message] :
        {std::tuple<int64_t, double, const char *>{
@@ -678,6 +679,19 @@ TEST(PlanReader, SemanticErrors) {
                  "data_parallel 1"}}) {
     Tiny t; // a gradient all-reduce that cannot run
     t.d.programs[0].code.push_back(I{Opcode::ALL_REDUCE_GRADS, {}, {}, {}, {group}, {scale}, "dp"});
+    EXPECT_CONTAINS(semantic_error(t.d), message);
+  }
+  for (auto [ins, message] :
+       {std::pair<I, const char *>{
+            I{Opcode::REDUCE_GRADS, {}, {}, {}, {0, 0, 0}, {0.5}, "dp"},
+            "REDUCE_GRADS: names bucket 0, but rank 0 has 0 buckets"},
+        {I{Opcode::SHARDED_GRAD_NORM, {}, {}, {}, {0}, {}, "dp"}, "SHARDED_GRAD_NORM: has 0 outputs"},
+        {I{Opcode::ALL_GATHER_PARAMS, {}, {}, {}, {1, 0}, {}, "dp"},
+         "ALL_GATHER_PARAMS: ints[0] is group 1; this mtrun knows group 0 (dp)"},
+        {I{Opcode::ALL_GATHER_PARAMS, {}, {}, {}, {0, 3}, {}, "dp"},
+         "ALL_GATHER_PARAMS: names bucket 3, but rank 0 has 0 buckets"}}) {
+    Tiny t; // bucket and shard instructions of a plan without buckets
+    t.d.programs[0].code.push_back(ins);
     EXPECT_CONTAINS(semantic_error(t.d), message);
   }
   {
@@ -1501,3 +1515,43 @@ TEST(CpuExecutor, LlamaStyleBlockGradientsMatchFiniteDifferences) {
 }
 
 } // namespace
+
+// The distributed optimizer's shard arithmetic (runtime/grad_buckets.h).
+TEST(GradBuckets, ShardsAndSegments) {
+  using mt::rt::bucket_shard;
+  using mt::rt::flat_segments;
+  using mt::rt::FlatParam;
+  // Bucket [256, 768) over 4 ranks: 128 elements each, contiguous.
+  for (int r = 0; r < 4; ++r) {
+    auto s = bucket_shard(256, 768, 4, r);
+    EXPECT_EQ(s.begin, 256 + 128 * r);
+    EXPECT_EQ(s.end, 384 + 128 * r);
+  }
+  EXPECT_EQ(mt::rt::shard_state_offset(256, 4), 64);
+  // Parameters 0 (100 elements at 256) and 1 (300 at 384), padding after
+  // each: rank 1's shard [384, 512) is the first 128 of parameter 1; rank 0's
+  // [256, 384) is all of parameter 0 (the padding [356, 384) is in none).
+  std::vector<FlatParam> params = {{1, 384, 300}, {0, 256, 100}};
+  auto own0 = flat_segments(params, 256, 384);
+  ASSERT_EQ(own0.size(), 1u);
+  EXPECT_EQ(own0[0].param, 0u);
+  EXPECT_EQ(own0[0].param_begin, 0);
+  EXPECT_EQ(own0[0].count, 100);
+  auto own1 = flat_segments(params, 384, 512);
+  ASSERT_EQ(own1.size(), 1u);
+  EXPECT_EQ(own1[0].param, 1u);
+  EXPECT_EQ(own1[0].count, 128);
+  // Rank 2's [512, 640) holds elements 128..255 of parameter 1; rank 3's
+  // [640, 768) its last 44 and padding.
+  auto own3 = flat_segments(params, 640, 768);
+  ASSERT_EQ(own3.size(), 1u);
+  EXPECT_EQ(own3[0].param_begin, 256);
+  EXPECT_EQ(own3[0].count, 44);
+  EXPECT_EQ(own3[0].flat_begin, 640);
+  // The whole bucket, in flat order whatever the parameters' order.
+  auto all = flat_segments(params, 256, 768);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].param, 0u);
+  EXPECT_EQ(all[1].param, 1u);
+  EXPECT_TRUE(flat_segments(params, 356, 384).empty());
+}

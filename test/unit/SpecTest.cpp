@@ -73,6 +73,8 @@ void expectSameSpec(const Spec &a, const Spec &b) {
   SAME(parallel.virtual_pipeline_model_parallel_size);
   SAME(parallel.sequence_parallel);
   SAME(parallel.use_distributed_optimizer);
+  SAME(parallel.overlap_grad_reduce);
+  SAME(parallel.ddp_bucket_size);
   SAME(parallel.recompute_granularity);
   SAME(parallel.recompute_method);
   SAME(parallel.recompute_num_layers);
