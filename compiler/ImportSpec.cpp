@@ -82,6 +82,12 @@ public:
         b.getNamedAttr("pipeline_model_parallel_size",
                        b.getI64IntegerAttr(par.pipeline_model_parallel_size)),
         b.getNamedAttr("data_parallel_size", b.getI64IntegerAttr(par.data_parallel_size)),
+        b.getNamedAttr("virtual_pipeline_model_parallel_size",
+                       b.getI64IntegerAttr(par.virtual_pipeline_model_parallel_size)),
+        b.getNamedAttr("decoder_first_pipeline_num_layers",
+                       b.getI64IntegerAttr(par.decoder_first_pipeline_num_layers)),
+        b.getNamedAttr("decoder_last_pipeline_num_layers",
+                       b.getI64IntegerAttr(par.decoder_last_pipeline_num_layers)),
         b.getNamedAttr("use_distributed_optimizer",
                        b.getBoolAttr(par.use_distributed_optimizer)),
     };

@@ -3,6 +3,7 @@
 #include "compiler/PlanWriter.h"
 
 #include "dialects/mt/MtOps.h"
+#include "passes/StageModules.h"
 #include "plan_generated.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -58,7 +59,54 @@ class Writer {
 public:
   Writer(ModuleOp module, const spec::Spec &spec) : module(module), spec(spec) {}
 
+  // One stage's part of the plan: what every rank of that stage shares.
+  struct StageEntry {
+    fb::Offset<fb::Vector<fb::Offset<pl::Param>>> params;
+    fb::Offset<fb::Vector<fb::Offset<pl::Program>>> programs;
+    fb::Offset<pl::Memory> memory;
+    int64_t stateBytes = 0, arenaBytes = 0;
+  };
+
   FailureOr<std::string> run() {
+    // Pipeline stages are nested modules (mt-partition-pp); without them
+    // the top module is the one stage.
+    SmallVector<ModuleOp> stages = stageModules(module);
+    std::vector<StageEntry> entries;
+    for (ModuleOp stage : stages) {
+      FailureOr<StageEntry> e = stageEntry(stage);
+      if (failed(e))
+        return failure();
+      entries.push_back(*e);
+    }
+    // Megatron's rank order at tp = 1: rank = dp_rank + dp * pp_rank. The
+    // data-parallel ranks of a stage run the same programs on their share
+    // of the batch: their entries point at one parameter table and program
+    // list.
+    const int64_t pp = int64_t(stages.size());
+    const int64_t dp = spec.parallel.data_parallel_size;
+    auto dpOf = [&](ModuleOp m) -> int64_t {
+      auto a = m->getAttrOfType<IntegerAttr>("mt.data_parallel");
+      return a ? a.getInt() : 1;
+    };
+    if (dpOf(stages.front()) != 1 && dpOf(stages.front()) != dp) {
+      module.emitError("plan writer: mt.data_parallel differs from the spec's data_parallel_size");
+      return failure();
+    }
+    const int64_t dpRanks = dpOf(stages.front());
+    std::vector<fb::Offset<pl::Rank>> ranks;
+    for (int64_t p = 0; p < pp; ++p)
+      for (int64_t r = 0; r < dpRanks; ++r) {
+        const StageEntry &e = entries[size_t(p)];
+        ranks.push_back(pl::CreateRank(fbb, int32_t(r + dpRanks * p), 0, int32_t(p), int32_t(r),
+                                       e.params, e.stateBytes, e.arenaBytes, e.programs,
+                                       e.memory));
+      }
+    return finish(ranks);
+  }
+
+  FailureOr<StageEntry> stageEntry(ModuleOp stage) {
+    ModuleOp module = stage;
+    paramIndex.clear();
     int index = 0;
     for (ParamOp p : module.getOps<ParamOp>())
       paramIndex[p.getSymName()] = index++;
@@ -85,7 +133,7 @@ public:
           p.getStd() ? p.getStd()->convertToDouble() : 0.0, decays,
           attr("mt.weight_offset"), attr("mt.grad_offset"), attr("mt.master_offset"),
           attr("mt.exp_avg_offset"), attr("mt.exp_avg_sq_offset"),
-          fnv1a(p.getSymName())));
+          fnv1a(p.getSymName()), int32_t(attr("mt.tied_peer")), !p->hasAttr("mt.tied_copy")));
     }
 
     std::vector<fb::Offset<pl::Program>> programs;
@@ -107,20 +155,19 @@ public:
       auto a = memAttr.getAs<IntegerAttr>(n);
       return a ? a.getInt() : 0;
     };
-    auto memory = pl::CreateMemory(fbb, mem("weights"), mem("grads"), mem("master_weights"),
-                                   mem("optimizer_moments"), mem("activations"),
-                                   mem("workspace"), mem("context_reserve"),
-                                   spec.cluster.device_memory_bytes);
-    // Data-parallel ranks run the same programs on their share of the batch:
-    // every rank's table points at the one parameter table and program list.
-    int64_t dp = module->hasAttr("mt.data_parallel") ? i64("mt.data_parallel") : 1;
-    auto paramsVec = fbb.CreateVector(params);
-    auto programsVec = fbb.CreateVector(programs);
-    std::vector<fb::Offset<pl::Rank>> ranks;
-    for (int64_t r = 0; r < dp; ++r)
-      ranks.push_back(pl::CreateRank(fbb, int32_t(r), 0, 0, int32_t(r), paramsVec,
-                                     i64("mt.state_bytes"), i64("mt.arena_bytes"), programsVec,
-                                     memory));
+    StageEntry e;
+    e.memory = pl::CreateMemory(fbb, mem("weights"), mem("grads"), mem("master_weights"),
+                                mem("optimizer_moments"), mem("activations"),
+                                mem("workspace"), mem("context_reserve"),
+                                spec.cluster.device_memory_bytes);
+    e.params = fbb.CreateVector(params);
+    e.programs = fbb.CreateVector(programs);
+    e.stateBytes = i64("mt.state_bytes");
+    e.arenaBytes = i64("mt.arena_bytes");
+    return e;
+  }
+
+  FailureOr<std::string> finish(const std::vector<fb::Offset<pl::Rank>> &ranks) {
 
     const spec::TrainingConfig &t = spec.training;
     std::vector<std::string> paths;
@@ -184,6 +231,10 @@ private:
       if (auto ret = dyn_cast<func::ReturnOp>(op)) {
         for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
           outputs.push_back(valueIndex.lookup(v));
+          if (auto n = f.getResultAttrOfType<StringAttr>(i, "mt.name")) {
+            outputNames.push_back(n.str()); // "loss.3" of an unrolled pipeline step
+            continue;
+          }
           outputNames.push_back(f.getName() == "optimizer_step" ? (i == 0 ? "lr" : "next_lr")
                                 : f.getName() == "grad_norm"    ? "grad_norm"
                                                                 : "loss");
@@ -237,10 +288,12 @@ private:
     if (failed(inst))
       return failure();
     std::string where = whereOf(op, insts.size());
+    auto mb = op.getAttrOfType<IntegerAttr>("mt.micro_batch");
     insts.push_back(pl::CreateInstruction(
         fbb, inst->op, fbb.CreateVector(inst->in), fbb.CreateVector(inst->out),
         fbb.CreateVector(inst->params), fbb.CreateVector(inst->ints),
-        fbb.CreateVector(inst->floats), fbb.CreateString(where)));
+        fbb.CreateVector(inst->floats), fbb.CreateString(where),
+        mb ? int32_t(mb.getInt()) : -1));
     return success();
   }
 
@@ -346,7 +399,27 @@ private:
           i.floats = {o.getScale().convertToDouble(), o.getDropoutRate().convertToDouble()};
         })
         .Case([&](CrossEntropyGradOp) { i.op = pl::Opcode::CROSS_ENTROPY_GRAD; })
-        .Case([&](GradNormOp) { i.op = pl::Opcode::GRAD_NORM; })
+        .Case([&](GradNormOp o) {
+          if (o.getGroup()) {
+            i.op = pl::Opcode::GROUP_GRAD_NORM;
+            i.ints = {3}; // the model-parallel group
+          } else {
+            i.op = pl::Opcode::GRAD_NORM;
+          }
+        })
+        .Case([&](SendOp o) {
+          i.op = pl::Opcode::SEND;
+          i.ints = {o.getPeer(), o.getTag()};
+        })
+        .Case([&](RecvOp o) {
+          i.op = pl::Opcode::RECV;
+          i.ints = {o.getPeer(), o.getTag()};
+        })
+        .Case([&](AllReduceTiedGradOp o) {
+          i.op = pl::Opcode::ALL_REDUCE_TIED_GRAD;
+          i.params = {param(o.getParamAttr())};
+          i.ints = {o.getPeer(), o.getTag()};
+        })
         .Case([&](LrScheduleOp o) {
           i.op = pl::Opcode::LR_SCHEDULE;
           i.ints = {int64_t(o.getStyle()), o.getWarmupIters(), o.getDecayIters()};

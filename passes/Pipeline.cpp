@@ -19,12 +19,14 @@ void buildTrainPipeline(OpPassManager &pm, const PipelineOptions &options) {
   // reads and canonicalisation removes what became dead.
   pm.addPass(createCSEPass());
   pm.addPass(createCanonicalizerPass());
+  pm.addPass(createMtPartitionPPPass());
   pm.addPass(createMtAutodiffPass());
   pm.addPass(createMtOptimizerPass());
   pm.addPass(createMtRecomputePass());
   pm.addPass(createMtDataParallelPass());
   if (options.fuse)
     pm.addPass(createMtFusePass());
+  pm.addPass(createMtSchedulePPPass());
   pm.addPass(createMtPlanMemoryPass());
 }
 

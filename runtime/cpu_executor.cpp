@@ -204,6 +204,8 @@ struct CpuExecutor::Impl {
                "with all its ranks (srun -n N, or mtrun --nproc N)";
     return c;
   }
+  std::vector<uint64_t> micro_rng_offsets;
+  std::vector<float> peer_grad; // ALL_REDUCE_TIED_GRAD's incoming copy
   bool check = false;
   OwnerMap owners;
   std::vector<float> clipped; // ADAMW's grad * clip_coeff
@@ -411,7 +413,12 @@ struct CpuExecutor::Impl {
         if (std::string e = check_before(ps, ins, i); !e.empty())
           return e;
       }
-      std::string e = execute(ins, ps.frame, rng_offset);
+      // An unrolled pipeline step's instructions use their micro-batch's offset.
+      const int32_t mb = ins.micro_batch();
+      const uint64_t offset =
+          mb >= 0 && size_t(mb) < micro_rng_offsets.size() ? micro_rng_offsets[size_t(mb)]
+                                                           : rng_offset;
+      std::string e = execute(ins, ps.frame, offset);
       if (!e.empty())
         return rank_name + ": " + ps.name + " " + instruction_label(ins, i) + ": " + e;
       if (check)
@@ -669,6 +676,58 @@ struct CpuExecutor::Impl {
       }
       break;
     }
+    case pl::Opcode::SEND:
+    case pl::Opcode::RECV: {
+      std::string err;
+      Communicator *pp = group(int64_t(Group::PP), &err);
+      if (!pp)
+        return err.empty() ? "needs a pipeline group" : err;
+      const bool send = ins.op() == pl::Opcode::SEND;
+      const pl::Value &v = send ? vin(0) : vout(0);
+      const size_t bytes = size_t(n(v)) * sizeof(float); // the CPU holds floats
+      if (send)
+        return pp->send(fin(0), bytes, int(ival(0)), int(ival(1)));
+      if (std::string e = pp->recv(fout(0), bytes, int(ival(0)), int(ival(1))); !e.empty())
+        return e;
+      break;
+    }
+    case pl::Opcode::ALL_REDUCE_TIED_GRAD: {
+      // Both copies end up with mine + theirs; float addition commutes, so
+      // the two stages hold the same bits.
+      std::string err;
+      Communicator *pp = group(int64_t(Group::PP), &err);
+      if (!pp)
+        return err.empty() ? "needs a pipeline group" : err;
+      float *g = pgrad(0);
+      const int64_t count = element_count(param(pid(0)).shape());
+      peer_grad.resize(size_t(count));
+      const int peer = int(ival(0)), tag = int(ival(1));
+      if (std::string e = pp->send(g, size_t(count) * sizeof(float), peer, tag); !e.empty())
+        return e;
+      if (std::string e = pp->recv(peer_grad.data(), size_t(count) * sizeof(float), peer, tag);
+          !e.empty())
+        return e;
+      for (int64_t i = 0; i < count; ++i)
+        g[i] += peer_grad[size_t(i)];
+      break;
+    }
+    case pl::Opcode::GROUP_GRAD_NORM: {
+      double sum = 0;
+      for (uint32_t p = 0; p < vsize(rank.params()); ++p)
+        if (const float *g = state_floats(param(p).grad_offset()); g && param(p).in_grad_norm())
+          sum += cpu::sum_squares(g, element_count(param(p).shape()));
+      std::string err;
+      Communicator *c = group(ival(0), &err);
+      if (!c && !err.empty())
+        return err;
+      // Each rank's partial sum travels as a float, as the gradients do on GPUs.
+      float total = float(sum);
+      if (c)
+        if (std::string e = c->all_reduce(&total, 1, ReduceOp::Sum); !e.empty())
+          return e;
+      *fout(0) = std::sqrt(total);
+      break;
+    }
     }
     // Reduced-precision results: computed in f32, then rounded to their type.
     for (size_t k = 0; k < vsize(ins.out()); ++k) {
@@ -785,6 +844,10 @@ std::string CpuExecutor::run(const pl::Program &program, uint64_t rng_offset) {
 }
 
 void CpuExecutor::set_seed(uint64_t seed) { impl_->seed = seed; }
+
+void CpuExecutor::set_micro_batch_rng_offsets(std::vector<uint64_t> offsets) {
+  impl_->micro_rng_offsets = std::move(offsets);
+}
 
 void CpuExecutor::zero_grads() {
   for (uint32_t i = 0; i < vsize(impl_->rank.params()); ++i)

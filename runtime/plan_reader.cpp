@@ -79,6 +79,10 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::ADAMW, "ssl", "", 1, 0, 4},
     {pl::Opcode::FUSED, nullptr, nullptr, 0, 1, 0},
     {pl::Opcode::ALL_REDUCE_GRADS, "", "", 0, 1, 1},
+    {pl::Opcode::SEND, "f", "", 0, 2, 0},
+    {pl::Opcode::RECV, "", "f", 0, 2, 0},
+    {pl::Opcode::ALL_REDUCE_TIED_GRAD, "", "", 1, 2, 0},
+    {pl::Opcode::GROUP_GRAD_NORM, "", "s", 0, 1, 0},
 };
 constexpr size_t kNumOpcodes = sizeof(kSignatures) / sizeof(kSignatures[0]);
 static_assert(kNumOpcodes == size_t(pl::Opcode::MAX) + 1,
@@ -573,6 +577,23 @@ private:
       if (plan_.data_parallel() < 2)
         return "reduces over data-parallel ranks, but the plan has data_parallel " +
                std::to_string(plan_.data_parallel());
+      break;
+    case pl::Opcode::SEND:
+    case pl::Opcode::RECV:
+    case pl::Opcode::ALL_REDUCE_TIED_GRAD: {
+      const int64_t peer = ints(0), pp = std::max(1, plan_.pipeline_parallel());
+      if (peer < 0 || peer >= pp || peer == rank_->pp_rank())
+        return "ints[0] is pipeline rank " + std::to_string(peer) + ", but " + rank_name_ +
+               " is pipeline rank " + std::to_string(rank_->pp_rank()) + " of " +
+               std::to_string(pp) + "; the peer must be another of them";
+      if (ints(1) < 0)
+        return "ints[1] (tag) is negative";
+      break;
+    }
+    case pl::Opcode::GROUP_GRAD_NORM:
+      if (ints(0) != 3)
+        return "ints[0] is group " + std::to_string(ints(0)) +
+               "; this mtrun sums gradient norms over group 3 (mp)";
       break;
     case pl::Opcode::FUSED: {
       int64_t k = ints(0);
