@@ -107,6 +107,13 @@ struct MtSchedulePPPass : impl::MtSchedulePPPassBase<MtSchedulePPPass> {
         continue;
       const int64_t rank = stageRank(stage);
       auto order = pipelineOrder(pp, vp, rank, microBatches);
+      // What the memory report states beside the stage's planned peak.
+      int64_t inFlight = 0, maxInFlight = 0;
+      for (const PipelineStep &s : order)
+        if (s.chunk == 0) // a micro-batch starts and ends in chunk 0
+          maxInFlight = std::max(maxInFlight, inFlight += s.forward ? 1 : -1);
+      stage->setAttr("mt.micro_batches_in_flight",
+                     OpBuilder(stage).getI64IntegerAttr(maxInFlight));
       if (failed(unroll(stage, "train_step", order, microBatches, stride, true)))
         return signalPassFailure();
       // Evaluation: every micro-batch's forward, chunk by chunk; with

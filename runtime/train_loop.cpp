@@ -103,6 +103,14 @@ public:
     save = !opts.save.empty() ? opts.save : str(t->save());
     load = !opts.load.empty() ? opts.load : str(t->load());
 
+    // One save directory would need every stage's rank file renamed into
+    // place together; until that protocol exists, refuse instead of
+    // writing checkpoints that hold one stage.
+    if (pp > 1 && (!save.empty() || !load.empty()))
+      return fail(opts.plan_path + " is pipeline parallel (" + std::to_string(pp) +
+                  " stages), and this mtrun saves and loads checkpoints of one stage only; "
+                  "remove --save/--load and [training] save/load, or compile with "
+                  "pipeline_model_parallel_size = 1");
     exec = std::make_unique<CpuExecutor>(plan, rank);
     exec->set_groups(&groups);
     fp16 = str(t->precision()) == "fp16";
