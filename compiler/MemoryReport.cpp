@@ -1,6 +1,8 @@
 // The memory and feasibility plan: per-rank rows, verdict, and checked fixes.
 #include "compiler/MemoryReport.h"
 
+#include "passes/StageModules.h"
+
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
@@ -63,33 +65,49 @@ MegatronEstimate megatronTheoreticalMemory(const spec::Spec &spec) {
 }
 
 MemoryPlan memoryPlanOf(ModuleOp module, const spec::Spec &spec) {
-  auto mem = module->getAttrOfType<DictionaryAttr>("mt.memory");
-  RankMemory r;
-  r.weights = attr(mem, "weights");
-  r.grads = attr(mem, "grads");
-  r.master = attr(mem, "master_weights");
-  r.moments = attr(mem, "optimizer_moments");
-  r.activations = attr(mem, "activations");
-  // Data-parallel replicas hold the same, and tensor-parallel ranks equal
-  // shards of it: without pipeline stages every rank's memory is the same,
-  // so one row for all.
-  if (int64_t world = spec.parallel.tensor_model_parallel_size * spec.parallel.data_parallel_size;
-      world > 1 && spec.parallel.pipeline_model_parallel_size == 1)
-    r.rank = "0-" + std::to_string(world - 1);
-  r.workspace = kCublasWorkspaceBytes;
-  r.reserve = kCudaContextReserveBytes;
   MemoryPlan plan;
-  plan.ranks.push_back(r);
+  // One row per distinct rank: each pipeline stage at the peak of its own
+  // schedule. Its data-parallel replicas hold the same, and its
+  // tensor-parallel ranks equal shards of it, so one row covers them all.
+  const int64_t tp = spec.parallel.tensor_model_parallel_size;
+  for (ModuleOp stage : stageModules(module)) {
+    auto mem = stage->getAttrOfType<DictionaryAttr>("mt.memory");
+    RankMemory r;
+    r.weights = attr(mem, "weights");
+    r.grads = attr(mem, "grads");
+    r.master = attr(mem, "master_weights");
+    r.moments = attr(mem, "optimizer_moments");
+    r.activations = attr(mem, "activations");
+    int64_t dp = 1;
+    if (auto a = stage->getAttrOfType<IntegerAttr>("mt.data_parallel"))
+      dp = a.getInt();
+    const int64_t p = stageRank(stage);
+    // Ranks of a stage: tp * dp * p to tp * dp * (p + 1) - 1 (Megatron's
+    // order, runtime/parallel_groups.h).
+    const int64_t n = tp * dp;
+    r.rank = n > 1 ? std::to_string(n * p) + "-" + std::to_string(n * (p + 1) - 1)
+                   : std::to_string(p);
+    if (stage->hasAttr("mt.stage"))
+      r.rank = "pp " + std::to_string(p) + ": " + r.rank;
+    if (auto a = stage->getAttrOfType<IntegerAttr>("mt.micro_batches_in_flight"))
+      r.inFlight = a.getInt();
+    r.workspace = kCublasWorkspaceBytes;
+    r.reserve = kCudaContextReserveBytes;
+    plan.ranks.push_back(r);
+  }
+  for (auto [i, r] : llvm::enumerate(plan.ranks))
+    if (r.total() > plan.ranks[plan.heaviest].total())
+      plan.heaviest = int(i);
   plan.deviceBytes = spec.cluster.device_memory_bytes;
-  plan.sequenceParallel = spec.parallel.sequence_parallel;
-  plan.tensorParallel = spec.parallel.tensor_model_parallel_size > 1;
   plan.device = spec.cluster.device;
+  plan.sequenceParallel = spec.parallel.sequence_parallel;
+  plan.tensorParallel = tp > 1;
   MegatronEstimate mega = megatronTheoreticalMemory(spec);
   plan.megatronWeightsAndOptimizer = mega.weightsAndOptimizer;
   plan.megatronActivations = mega.activations;
   if (spec.parallel.pipeline_model_parallel_size > 1)
-    plan.note = "pipeline parallelism is not planned yet: these figures are for the whole "
-                "model on one pipeline stage";
+    plan.note = "pipeline stages hold up to pipeline_model_parallel_size micro-batches' "
+                "activations at their peak (1F1B), the first stage the most";
   return plan;
 }
 
@@ -144,19 +162,29 @@ void suggestFixes(MemoryPlan &plan, const spec::Spec &spec,
 
 void printMemoryPlanText(llvm::raw_ostream &os, const MemoryPlan &plan) {
   os << "memory per GPU (" << plan.device << ", " << gib(plan.deviceBytes) << ")\n";
-  os << llvm::formatv("  {0,-8}{1,11}{2,11}{3,11}{4,11}{5,13}{6,11}{7,11}{8,12}\n", "rank",
+  size_t width = 8;
+  for (const RankMemory &r : plan.ranks)
+    width = std::max(width, r.rank.size() + 2);
+  auto pad = [&](const std::string &s) { return s + std::string(width - s.size(), ' '); };
+  os << llvm::formatv("  {0}{1,11}{2,11}{3,11}{4,11}{5,13}{6,11}{7,11}{8,12}\n", pad("rank"),
                       "weights", "grads", "master", "adam m+v", "activations",
                       "workspace", "reserve", "total");
   auto g = [](int64_t b) { return llvm::formatv("{0:F2}", double(b) / double(1ll << 30)).str(); };
   for (auto [i, r] : llvm::enumerate(plan.ranks))
-    os << llvm::formatv("  {0,-8}{1,11}{2,11}{3,11}{4,11}{5,13}{6,11}{7,11}{8,12}{9}\n",
-                        r.rank, g(r.weights), g(r.grads), g(r.master), g(r.moments),
+    os << llvm::formatv("  {0}{1,11}{2,11}{3,11}{4,11}{5,13}{6,11}{7,11}{8,12}{9}\n",
+                        pad(r.rank), g(r.weights), g(r.grads), g(r.master), g(r.moments),
                         g(r.activations), g(r.workspace), g(r.reserve), g(r.total()),
                         plan.ranks.size() > 1 && int(i) == plan.heaviest ? "  <- heaviest" : "");
   os << "  (GiB; activations = the planned arena at its peak, one micro-batch in flight; "
         "reserve = CUDA context and libraries, stated)\n";
   if (!plan.note.empty())
     os << "  note: " << plan.note << "\n";
+  if (plan.ranks.size() > 1 && plan.ranks.front().inFlight > 0) {
+    os << "  micro-batches in flight at each stage's peak:";
+    for (const RankMemory &r : plan.ranks)
+      os << " " << r.inFlight;
+    os << "\n";
+  }
   const RankMemory &r0 = plan.ranks[plan.heaviest];
   os << llvm::formatv(
       "  Megatron-LM's theoretical formula: weights and optimizer {0} (planned: {1}), "
@@ -193,7 +221,8 @@ llvm::json::Object memoryPlanJson(const MemoryPlan &plan) {
         {"activations", r.activations},
         {"workspace", r.workspace},
         {"context_reserve", r.reserve},
-        {"total", r.total()}});
+        {"total", r.total()},
+        {"micro_batches_in_flight", r.inFlight}});
   llvm::json::Array suggestions;
   for (const std::string &s : plan.suggestions)
     suggestions.push_back(s);

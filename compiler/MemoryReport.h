@@ -23,6 +23,9 @@ struct RankMemory {
   std::string rank = "0";          // "stage 0 / tp 0" once there are several
   int64_t weights = 0, grads = 0, master = 0, moments = 0;
   int64_t activations = 0, workspace = 0, reserve = 0;
+  // Pipeline stages: the most micro-batches whose forward has run and whose
+  // backward has not, over the stage's schedule (0 without pipelining).
+  int64_t inFlight = 0;
   int64_t total() const {
     return weights + grads + master + moments + activations + workspace + reserve;
   }

@@ -3,6 +3,7 @@
 #include "compiler/PlanWriter.h"
 
 #include "dialects/mt/MtOps.h"
+#include "passes/StageModules.h"
 #include "plan_generated.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -61,7 +62,66 @@ class Writer {
 public:
   Writer(ModuleOp module, const spec::Spec &spec) : module(module), spec(spec) {}
 
+  // One stage's part of the plan: what every rank of that stage shares.
+  struct StageEntry {
+    fb::Offset<fb::Vector<fb::Offset<pl::Param>>> params;
+    fb::Offset<fb::Vector<fb::Offset<pl::Program>>> programs;
+    fb::Offset<pl::Memory> memory;
+    int64_t stateBytes = 0, arenaBytes = 0;
+    // Data-parallel buckets and the distributed optimizer's shard state.
+    fb::Offset<fb::Vector<fb::Offset<pl::Bucket>>> buckets;
+    int64_t flatElements = 0;
+    bool sharded = false;
+    int64_t shardElements = 0, shardMaster = -1, shardExpAvg = -1, shardExpAvgSq = -1;
+  };
+
   FailureOr<std::string> run() {
+    // Pipeline stages are nested modules (mt-partition-pp); without them
+    // the top module is the one stage.
+    SmallVector<ModuleOp> stages = stageModules(module);
+    std::vector<StageEntry> entries;
+    for (ModuleOp stage : stages) {
+      FailureOr<StageEntry> e = stageEntry(stage);
+      if (failed(e))
+        return failure();
+      entries.push_back(*e);
+    }
+    // Megatron's rank order: rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+    // (runtime/parallel_groups.h). The data-parallel ranks of a stage run
+    // the same programs on their share of the batch, and its tensor-parallel
+    // ranks the same programs on their shard of every parameter
+    // (instructions find their shard from the rank's place in its
+    // tensor-parallel group): their entries point at one parameter table
+    // and program list.
+    const int64_t pp = int64_t(stages.size());
+    const int64_t dp = spec.parallel.data_parallel_size;
+    auto dpOf = [&](ModuleOp m) -> int64_t {
+      auto a = m->getAttrOfType<IntegerAttr>("mt.data_parallel");
+      return a ? a.getInt() : 1;
+    };
+    if (dpOf(stages.front()) != 1 && dpOf(stages.front()) != dp) {
+      module.emitError("plan writer: mt.data_parallel differs from the spec's data_parallel_size");
+      return failure();
+    }
+    const int64_t dpRanks = dpOf(stages.front());
+    const int64_t tp = spec.parallel.tensor_model_parallel_size;
+    std::vector<fb::Offset<pl::Rank>> ranks;
+    for (int64_t p = 0; p < pp; ++p)
+      for (int64_t d = 0; d < dpRanks; ++d)
+        for (int64_t t = 0; t < tp; ++t) {
+          const StageEntry &e = entries[size_t(p)];
+          ranks.push_back(pl::CreateRank(
+              fbb, int32_t(t + tp * (d + dpRanks * p)), int32_t(t), int32_t(p), int32_t(d),
+              e.params, e.stateBytes, e.arenaBytes, e.programs, e.memory, e.buckets,
+              e.flatElements, e.sharded, e.shardElements, e.shardMaster, e.shardExpAvg,
+              e.shardExpAvgSq));
+        }
+    return finish(ranks);
+  }
+
+  FailureOr<StageEntry> stageEntry(ModuleOp stage) {
+    ModuleOp module = stage;
+    paramIndex.clear();
     int index = 0;
     for (ParamOp p : module.getOps<ParamOp>())
       paramIndex[p.getSymName()] = index++;
@@ -92,7 +152,8 @@ public:
           attr("mt.weight_offset"), attr("mt.grad_offset"), attr("mt.master_offset"),
           attr("mt.exp_avg_offset"), attr("mt.exp_avg_sq_offset"),
           fnv1a(p.getSymName()), int32_t(p.getTpDim() ? *p.getTpDim() : -1),
-          int32_t(p.getTpBlocks().value_or(1)), attr("mt.flat_offset")));
+          int32_t(p.getTpBlocks().value_or(1)), attr("mt.flat_offset"),
+          int32_t(attr("mt.tied_peer")), !p->hasAttr("mt.tied_copy")));
     }
 
     std::vector<fb::Offset<pl::Program>> programs;
@@ -114,20 +175,15 @@ public:
       auto a = memAttr.getAs<IntegerAttr>(n);
       return a ? a.getInt() : 0;
     };
-    auto memory = pl::CreateMemory(fbb, mem("weights"), mem("grads"), mem("master_weights"),
-                                   mem("optimizer_moments"), mem("activations"),
-                                   mem("workspace"), mem("context_reserve"),
-                                   spec.cluster.device_memory_bytes);
-    // Data-parallel ranks run the same programs on their share of the batch,
-    // and tensor-parallel ranks the same programs on their shard of every
-    // parameter (instructions find their shard from the rank's place in its
-    // tensor-parallel group): every rank's table points at the one parameter
-    // table and program list. Ranks are in Megatron's order, tensor-parallel
-    // ranks adjacent (runtime/parallel_groups.h).
-    int64_t dp = module->hasAttr("mt.data_parallel") ? i64("mt.data_parallel") : 1;
-    int64_t tp = module->hasAttr("mt.tensor_parallel") ? i64("mt.tensor_parallel") : 1;
-    auto paramsVec = fbb.CreateVector(params);
-    auto programsVec = fbb.CreateVector(programs);
+    StageEntry e;
+    e.memory = pl::CreateMemory(fbb, mem("weights"), mem("grads"), mem("master_weights"),
+                                mem("optimizer_moments"), mem("activations"),
+                                mem("workspace"), mem("context_reserve"),
+                                spec.cluster.device_memory_bytes);
+    e.params = fbb.CreateVector(params);
+    e.programs = fbb.CreateVector(programs);
+    e.stateBytes = i64("mt.state_bytes");
+    e.arenaBytes = i64("mt.arena_bytes");
     std::vector<fb::Offset<pl::Bucket>> buckets;
     if (auto bs = module->getAttrOfType<ArrayAttr>("mt.grad_buckets")) {
       for (Attribute a : bs) {
@@ -148,19 +204,23 @@ public:
                                            get("end")));
       }
     }
-    auto bucketsVec = fbb.CreateVector(buckets);
-    auto shard = module->getAttrOfType<DictionaryAttr>("mt.shard_state");
-    auto shardAttr = [&](StringRef n) {
-      auto v = shard ? shard.getAs<IntegerAttr>(n) : IntegerAttr();
-      return v ? v.getInt() : int64_t(-1);
-    };
-    std::vector<fb::Offset<pl::Rank>> ranks;
-    for (int64_t r = 0; r < dp * tp; ++r)
-      ranks.push_back(pl::CreateRank(
-          fbb, int32_t(r), int32_t(r % tp), 0, int32_t(r / tp), paramsVec, i64("mt.state_bytes"),
-          i64("mt.arena_bytes"), programsVec, memory, bucketsVec, i64("mt.flat_elements"),
-          bool(shard), shard ? shardAttr("elements") : 0, shardAttr("master_offset"),
-          shardAttr("exp_avg_offset"), shardAttr("exp_avg_sq_offset")));
+    e.buckets = fbb.CreateVector(buckets);
+    e.flatElements = i64("mt.flat_elements");
+    if (auto shard = module->getAttrOfType<DictionaryAttr>("mt.shard_state")) {
+      auto shardAttr = [&](StringRef n) {
+        auto v = shard.getAs<IntegerAttr>(n);
+        return v ? v.getInt() : int64_t(-1);
+      };
+      e.sharded = true;
+      e.shardElements = shardAttr("elements");
+      e.shardMaster = shardAttr("master_offset");
+      e.shardExpAvg = shardAttr("exp_avg_offset");
+      e.shardExpAvgSq = shardAttr("exp_avg_sq_offset");
+    }
+    return e;
+  }
+
+  FailureOr<std::string> finish(const std::vector<fb::Offset<pl::Rank>> &ranks) {
 
     const spec::TrainingConfig &t = spec.training;
     std::vector<std::string> paths;
@@ -224,6 +284,10 @@ private:
       if (auto ret = dyn_cast<func::ReturnOp>(op)) {
         for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
           outputs.push_back(valueIndex.lookup(v));
+          if (auto n = f.getResultAttrOfType<StringAttr>(i, "mt.name")) {
+            outputNames.push_back(n.str()); // "loss.3" of an unrolled pipeline step
+            continue;
+          }
           outputNames.push_back(f.getName() == "optimizer_step" ? (i == 0 ? "lr" : "next_lr")
                                 : f.getName() == "grad_norm"    ? "grad_norm"
                                                                 : "loss");
@@ -277,10 +341,12 @@ private:
     if (failed(inst))
       return failure();
     std::string where = whereOf(op, insts.size());
+    auto mb = op.getAttrOfType<IntegerAttr>("mt.micro_batch");
     insts.push_back(pl::CreateInstruction(
         fbb, inst->op, fbb.CreateVector(inst->in), fbb.CreateVector(inst->out),
         fbb.CreateVector(inst->params), fbb.CreateVector(inst->ints),
-        fbb.CreateVector(inst->floats), fbb.CreateString(where)));
+        fbb.CreateVector(inst->floats), fbb.CreateString(where),
+        mb ? int32_t(mb.getInt()) : -1));
     return success();
   }
 
@@ -403,7 +469,27 @@ private:
           i.ints = {kGroupTp};
         })
         .Case([&](SpSplitOp) { i.op = pl::Opcode::SEQ_SPLIT; i.ints = {kGroupTp}; })
-        .Case([&](GradNormOp) { i.op = pl::Opcode::GRAD_NORM; })
+        .Case([&](GradNormOp o) {
+          if (o.getGroup()) {
+            i.op = pl::Opcode::GROUP_GRAD_NORM;
+            i.ints = {3}; // the model-parallel group
+          } else {
+            i.op = pl::Opcode::GRAD_NORM;
+          }
+        })
+        .Case([&](SendOp o) {
+          i.op = pl::Opcode::SEND;
+          i.ints = {o.getPeer(), o.getTag()};
+        })
+        .Case([&](RecvOp o) {
+          i.op = pl::Opcode::RECV;
+          i.ints = {o.getPeer(), o.getTag()};
+        })
+        .Case([&](AllReduceTiedGradOp o) {
+          i.op = pl::Opcode::ALL_REDUCE_TIED_GRAD;
+          i.params = {param(o.getParamAttr())};
+          i.ints = {o.getPeer(), o.getTag()};
+        })
         .Case([&](LrScheduleOp o) {
           i.op = pl::Opcode::LR_SCHEDULE;
           i.ints = {int64_t(o.getStyle()), o.getWarmupIters(), o.getDecayIters()};

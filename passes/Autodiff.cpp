@@ -2,6 +2,7 @@
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
+#include "passes/StageModules.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -29,17 +30,27 @@ void removeDropout(func::FuncOp f) {
   });
 }
 
-LogicalResult buildBackward(func::FuncOp f, double seedScale) {
+LogicalResult buildBackward(func::FuncOp f, double seedScale, bool stage) {
   Block &body = f.getBody().front();
   auto ret = cast<func::ReturnOp>(body.getTerminator());
-  if (ret.getNumOperands() != 1)
+  // A pipeline stage without the loss returns nothing: its backward starts
+  // at the gradients its mt.send ops receive back.
+  if (ret.getNumOperands() > 1 || (ret.getNumOperands() == 0 && !stage))
     return f.emitError("mt-autodiff: @forward must return exactly the loss");
-  Value loss = ret.getOperand(0);
 
   OpBuilder b(ret);
   DenseMap<Value, Value> grads;
-  grads[loss] = b.create<GradSeedOp>(ret.getLoc(), loss.getType(),
-                                     b.getF64FloatAttr(seedScale));
+  // The seed also marks where the backward begins (mt-recompute,
+  // mt-schedule-pp), so a stage without the loss gets one too, unused.
+  auto seed = b.create<GradSeedOp>(ret.getLoc(), RankedTensorType::get({}, b.getF32Type()),
+                                   b.getF64FloatAttr(seedScale));
+  if (ret.getNumOperands() == 1) {
+    Value loss = ret.getOperand(0);
+    grads[loss] = seed;
+    if (Operation *def = loss.getDefiningOp())
+      if (Attribute chunk = def->getAttr("mt.chunk"))
+        seed->setAttr("mt.chunk", chunk);
+  }
 
   SmallVector<Operation *> forward;
   for (Operation &op : body.without_terminator())
@@ -52,7 +63,8 @@ LogicalResult buildBackward(func::FuncOp f, double seedScale) {
       resultGrads.push_back(grads.lookup(r));
       any |= bool(resultGrads.back());
     }
-    if (!any)
+    // A send has no results: its gradient comes back from its peer.
+    if (!any && !isa<SendOp>(op))
       continue;
     auto diff = dyn_cast<DifferentiableOpInterface>(op);
     if (!diff) {
@@ -74,29 +86,34 @@ LogicalResult buildBackward(func::FuncOp f, double seedScale) {
       Value &slot = grads[operand];
       slot = slot ? b.create<AddOp>(op->getLoc(), slot, g).getResult() : g;
     }
-    // Backward ops belong to their forward op's layer (mt-recompute).
-    if (Attribute layer = op->getAttr("mt.layer"))
-      for (Operation *n = lastBefore->getNextNode(); n != ret; n = n->getNextNode())
-        n->setAttr("mt.layer", layer);
+    // Backward ops belong to their forward op's layer (mt-recompute) and
+    // pipeline chunk (mt-schedule-pp).
+    for (StringRef name : {"mt.layer", "mt.chunk"})
+      if (Attribute a = op->getAttr(name))
+        for (Operation *n = lastBefore->getNextNode(); n != ret; n = n->getNextNode())
+          n->setAttr(name, a);
   }
   return success();
 }
 
 struct MtAutodiffPass : impl::MtAutodiffPassBase<MtAutodiffPass> {
   void runOnOperation() override {
-    ModuleOp module = getOperation();
+    for (ModuleOp stage : stageModules(getOperation()))
+      if (failed(runOnStage(stage)))
+        return signalPassFailure();
+  }
+
+  LogicalResult runOnStage(ModuleOp module) {
     auto forward = module.lookupSymbol<func::FuncOp>("forward");
     if (!forward) {
-      module.emitError("mt-autodiff: the module has no func.func @forward");
-      return signalPassFailure();
+      return module.emitError("mt-autodiff: the module has no func.func @forward");
     }
     int64_t microBatches = 1;
-    if (auto t = module->getAttrOfType<DictionaryAttr>("mt.training"))
+    if (auto t = moduleAttr(module, "mt.training"))
       if (auto m = t.getAs<IntegerAttr>("num_micro_batches"))
         microBatches = m.getInt();
     if (microBatches < 1) {
-      module.emitError("mt-autodiff: mt.training.num_micro_batches must be >= 1");
-      return signalPassFailure();
+      return module.emitError("mt-autodiff: mt.training.num_micro_batches must be >= 1");
     }
 
     OpBuilder b(forward);
@@ -107,14 +124,15 @@ struct MtAutodiffPass : impl::MtAutodiffPassBase<MtAutodiffPass> {
     forward.erase();
 
     removeDropout(eval);
-    if (failed(buildBackward(train, 1.0 / double(microBatches))))
-      return signalPassFailure();
+    if (failed(buildBackward(train, 1.0 / double(microBatches), module->hasAttr("mt.stage"))))
+      return failure();
     // mt.tp_copy is the identity once its gradient (an all-reduce) exists.
     for (func::FuncOp f : {train, eval})
       f.walk([](TpCopyOp c) {
         c.getResult().replaceAllUsesWith(c.getInput());
         c.erase();
       });
+    return success();
   }
 };
 

@@ -3,6 +3,7 @@
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
+#include "passes/StageModules.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -34,8 +35,15 @@ SmallVector<StringRef> gradTargets(Operation *op) {
 
 struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
   void runOnOperation() override {
-    ModuleOp module = getOperation();
-    auto par = module->getAttrOfType<DictionaryAttr>("mt.parallel");
+    for (ModuleOp stage : stageModules(getOperation()))
+      if (failed(runOnStage(stage)))
+        return signalPassFailure();
+  }
+
+  // Each pipeline stage (or the whole model) reduces its own gradients over
+  // its data-parallel group.
+  LogicalResult runOnStage(ModuleOp module) {
+    auto par = moduleAttr(module, "mt.parallel");
     auto i64 = [&](StringRef name, int64_t dflt) -> int64_t {
       auto a = par ? par.getAs<IntegerAttr>(name) : IntegerAttr();
       return a ? a.getInt() : dflt;
@@ -47,35 +55,37 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
     int64_t dp = i64("data_parallel_size", 1);
     if (dp < 1) {
       module.emitError("mt-data-parallel: mt.parallel.data_parallel_size must be >= 1");
-      return signalPassFailure();
+      return failure();
     }
     int64_t bucketSize = i64("ddp_bucket_size", 0);
     if (bucketSize < 0) {
       module.emitError("mt-data-parallel: mt.parallel.ddp_bucket_size must be >= 0 (0: "
                        "Megatron's default)");
-      return signalPassFailure();
+      return failure();
     }
     const bool distOpt = flag("use_distributed_optimizer");
     const bool overlap = flag("overlap_grad_reduce");
-    // Tensor-parallel ranks reduce their own shards over their data-parallel
-    // group, so the buckets below are this rank's parameters whatever it
-    // holds. Pipeline-parallel plans are written by their own passes. One
-    // data-parallel rank has nothing to reduce (and a distributed optimizer
-    // over one rank is the plain one).
-    if (dp == 1 || i64("pipeline_model_parallel_size", 1) != 1)
-      return;
+    // Tensor-parallel ranks and pipeline stages reduce their own parameters
+    // over their data-parallel group, so the buckets below are this rank's
+    // parameters whatever it holds. One data-parallel rank has nothing to
+    // reduce (and a distributed optimizer over one rank is the plain one).
+    if (dp == 1)
+      return success();
+    if (overlap && i64("pipeline_model_parallel_size", 1) > 1)
+      return module.emitError("mt-data-parallel: overlap_grad_reduce is not supported with "
+                              "pipeline parallelism yet; set overlap_grad_reduce = false");
     auto norm = module.lookupSymbol<func::FuncOp>("grad_norm");
     auto optStep = module.lookupSymbol<func::FuncOp>("optimizer_step");
     auto train = module.lookupSymbol<func::FuncOp>("train_step");
     if (!norm || (distOpt && !optStep)) {
       module.emitError("mt-data-parallel: the module has no @grad_norm or @optimizer_step; "
                        "run mt-optimizer first");
-      return signalPassFailure();
+      return failure();
     }
     if (overlap && !train) {
       module.emitError("mt-data-parallel: overlap_grad_reduce needs @train_step; run "
                        "mt-autodiff first");
-      return signalPassFailure();
+      return failure();
     }
     OpBuilder b(module.getContext());
 
@@ -146,13 +156,19 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
         if (!completes.count(i))
           reduce(ob, terminator->getLoc(), i);
     } else {
-      // After the last micro-batch's backward, before the norm.
-      OpBuilder ob(&norm.getBody().front(), norm.getBody().front().begin());
+      // After the last micro-batch's backward, right before the norm: after
+      // the exchanges that make replicas' gradients whole (tensor-parallel
+      // partial sums, tied embedding copies), whose layouts differ from the
+      // buckets' shards.
+      auto normOps = llvm::to_vector(norm.getOps<GradNormOp>());
+      if (normOps.empty())
+        return norm.emitError("mt-data-parallel: @grad_norm has no mt.grad_norm");
+      OpBuilder ob(normOps.front());
       for (int64_t i = 0; i < int64_t(buckets.size()); ++i)
         reduce(ob, norm.getLoc(), i);
     }
     if (!distOpt)
-      return;
+      return success();
 
     // The distributed optimizer: the norm over the owned shards, summed over
     // dp; AdamW on the owned elements only; then the weights all-gathered.
@@ -166,7 +182,7 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
     SmallVector<AdamWOp> adams(optStep.getOps<AdamWOp>());
     if (adams.empty()) {
       optStep.emitError("mt-data-parallel: @optimizer_step has no mt.adamw to shard");
-      return signalPassFailure();
+      return failure();
     }
     AdamWOp first = adams.front();
     double decay = 0.0;
@@ -182,7 +198,7 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
         a.emitError("mt-data-parallel: the distributed optimizer needs every mt.adamw to "
                     "share lr, clip, step, betas and epsilon, and a weight decay of 0 or ")
             << decay;
-        return signalPassFailure();
+        return failure();
       }
       // Which elements decay: the plan records it per parameter.
       if (auto p = module.lookupSymbol<ParamOp>(a.getParamAttr()))
@@ -199,6 +215,7 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
                                    ob.getStringAttr("dp"));
     for (AdamWOp a : adams)
       a.erase();
+    return success();
   }
 };
 

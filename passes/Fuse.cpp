@@ -2,6 +2,7 @@
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
+#include "passes/StageModules.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -163,7 +164,12 @@ void outline(ArrayRef<Operation *> chain) {
 
 struct MtFusePass : impl::MtFusePassBase<MtFusePass> {
   void runOnOperation() override {
-    for (auto f : getOperation().getOps<func::FuncOp>()) {
+    for (ModuleOp stage : stageModules(getOperation()))
+      runOnStage(stage);
+  }
+
+  void runOnStage(ModuleOp module) {
+    for (auto f : module.getOps<func::FuncOp>()) {
       if (f.isExternal())
         continue;
       Block &body = f.getBody().front();

@@ -2,6 +2,7 @@
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
+#include "passes/StageModules.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -18,13 +19,16 @@ namespace {
 
 struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
   void runOnOperation() override {
-    ModuleOp module = getOperation();
-    auto t = module->getAttrOfType<DictionaryAttr>("mt.training");
-    if (!t) {
-      module.emitError("mt-optimizer: the module has no mt.training settings "
-                       "(mtc's importer writes them)");
-      return signalPassFailure();
-    }
+    for (ModuleOp stage : stageModules(getOperation()))
+      if (failed(runOnStage(stage)))
+        return signalPassFailure();
+  }
+
+  LogicalResult runOnStage(ModuleOp module) {
+    auto t = moduleAttr(module, "mt.training");
+    if (!t)
+      return module.emitError("mt-optimizer: the module has no mt.training settings "
+                              "(mtc's importer writes them)");
     bool ok = true;
     auto f64 = [&](StringRef name) {
       if (auto a = t.getAs<FloatAttr>(name))
@@ -52,7 +56,7 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
       ok = false;
     }
     if (!ok)
-      return signalPassFailure();
+      return failure();
 
     Location loc = module.getLoc();
     OpBuilder b(module.getBodyRegion());
@@ -74,7 +78,16 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
       if (!partial.empty())
         b.create<AllReduceGradsOp>(loc, b.getStringAttr("tp"), b.getF64FloatAttr(1.0),
                                    b.getArrayAttr(partial));
-      Value norm = b.create<GradNormOp>(loc, f32);
+      // Pipeline stages: tied copies exchange gradients first, then the
+      // squares are summed over the stages (mt.grad_norm's "mp" group).
+      bool stage = module->hasAttr("mt.stage");
+      int64_t tag = 0;
+      for (auto param : module.getOps<ParamOp>())
+        if (auto peer = param->getAttrOfType<IntegerAttr>("mt.tied_peer"))
+          b.create<AllReduceTiedGradOp>(loc, FlatSymbolRefAttr::get(param.getSymNameAttr()),
+                                        b.getI64IntegerAttr(peer.getInt()),
+                                        b.getI64IntegerAttr(tag++));
+      Value norm = b.create<GradNormOp>(loc, f32, stage ? b.getStringAttr("mp") : StringAttr());
       b.create<func::ReturnOp>(loc, norm);
     }
 
@@ -107,6 +120,7 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
         b.getF64FloatAttr(lr), b.getF64FloatAttr(minLr), b.getI64IntegerAttr(warmup),
         b.getI64IntegerAttr(decay));
     b.create<func::ReturnOp>(loc, ValueRange{lrValue, nextLr});
+    return success();
   }
 };
 

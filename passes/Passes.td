@@ -4,6 +4,59 @@
 
 include "mlir/Pass/PassBase.td"
 
+def MtPartitionPPPass : Pass<"mt-partition-pp", "mlir::ModuleOp"> {
+  let summary = "Splits @forward into pipeline stages joined by mt.send / mt.recv";
+  let description = [{
+    With `pipeline_model_parallel_size` (pp) > 1 in the module's
+    `mt.parallel`, assigns every op of `@forward` to a virtual stage as
+    Megatron-LM does: ops carry their transformer layer in `mt.layer`;
+    without interleaving the layers split evenly over the pp ranks (or, with
+    `decoder_first_pipeline_num_layers` / `decoder_last_pipeline_num_layers`,
+    the first and last rank take that many and the others share the rest);
+    with `virtual_pipeline_model_parallel_size` (vp) > 1, layer block
+    `c * pp + r` of `pp * vp` equal blocks is model chunk `c` of rank `r`.
+    The embedding goes with the first stage's first chunk, the final norm,
+    output layer and loss with the last stage's last chunk.
+
+    Each pipeline rank becomes one nested `builtin.module @stage<r>`
+    (attribute `mt.stage = r`) holding all its chunks: a rank runs one
+    instruction stream and owns one state buffer. Its `@forward` holds its
+    ops in order, each tagged `mt.chunk`, and takes only the inputs it reads
+    (tokens on the first stage, labels on the last); only the last stage
+    returns the loss. A value read on another stage leaves through
+    `mt.send` and arrives through `mt.recv` (even tags, one per boundary);
+    their gradient rules send the gradient back (tag + 1). Each stage
+    declares the parameters it reads; tied word embeddings, read on the
+    first and the last stage, are declared on both, with `mt.tied_peer`
+    (and `mt.tied_copy` on the last), same name and therefore the same
+    initial values. The top module keeps the model's parameter table and
+    gets `mt.pipeline = {stages, chunks, tags_per_micro_batch}`.
+
+    The passes after it run once per stage module. With pp = 1 it changes
+    nothing.
+
+    ```mlir
+    // pipeline_model_parallel_size = 2, two layers
+    module @stage0 attributes {mt.stage = 0 : i64} {
+      mt.param @embedding.word_embeddings.weight : tensor<256x32xf32>, normal(2.000000e-02) {mt.tied_peer = 1 : i64}
+      func.func @forward(%tokens: tensor<2x32xi32> {mt.name = "tokens"}) {
+        ...
+        %x = mt.add %h, %d {mt.chunk = 0 : i64, mt.layer = 0 : i64} : tensor<2x32x32xf32>
+        mt.send %x to 1 {mt.chunk = 0 : i64, tag = 0 : i64} : tensor<2x32x32xf32>
+        return
+      }
+    }
+    module @stage1 attributes {mt.stage = 1 : i64} {
+      func.func @forward(%labels: tensor<2x32xi32> {mt.name = "labels"}) -> tensor<f32> {
+        %x = mt.recv from 0 {mt.chunk = 0 : i64, tag = 0 : i64} : tensor<2x32x32xf32>
+        ...
+      }
+    }
+    ```
+  }];
+  let dependentDialects = ["::mt::MtDialect", "::mlir::func::FuncDialect"];
+}
+
 def MtAutodiffPass : Pass<"mt-autodiff", "mlir::ModuleOp"> {
   let summary = "Builds the training step: forward, loss and backward";
   let description = [{
@@ -300,6 +353,45 @@ def MtDataParallelPass : Pass<"mt-data-parallel", "mlir::ModuleOp"> {
     ```
   }];
   let dependentDialects = ["::mt::MtDialect"];
+}
+
+def MtSchedulePPPass : Pass<"mt-schedule-pp", "mlir::ModuleOp"> {
+  let summary = "Unrolls each stage's step over the micro-batches in 1F1B or interleaved order";
+  let description = [{
+    For each pipeline stage (after `mt-partition-pp`, `mt-autodiff`,
+    `mt-recompute` and `mt-fuse`), replaces the one-micro-batch
+    `@train_step` by the whole iteration: the forward part (before
+    `mt.grad_seed`) and the backward part of each model chunk (`mt.chunk`)
+    are cloned once per micro-batch, in Megatron-LM's order for the
+    stage's rank `r` of `pp`:
+
+    - 1F1B (vp = 1): `pp - r - 1` warm-up forwards, then one forward and
+      one backward in turn, then the remaining backwards;
+    - interleaved (vp > 1, the number of micro-batches a multiple of pp):
+      `forward_backward_pipelining_with_interleaving`'s order of virtual
+      micro-batches, backwards visiting the chunks in reverse.
+
+    Inputs and outputs become per micro-batch (`tokens.0`, `labels.0`,
+    `loss.0`, ...). Every clone carries `mt.micro_batch`, from which the
+    runtime derives the RNG offset that micro-batch has in a run without
+    pipelining, and message tags are offset by `m * tags_per_micro_batch`.
+    Each micro-batch's saved activations are distinct values, so
+    `mt-plan-memory` sees how many micro-batches a stage holds at once.
+    `@eval_step` becomes every micro-batch's forward, chunk by chunk.
+
+    ```mlir
+    // stage 0 of 2, 2 micro-batches: F0 F1 B0 B1
+    func.func @train_step(%tokens.0: ..., %tokens.1: ...) attributes {mt.schedule = "1F1B"} {
+      ... {mt.micro_batch = 0 : i64}
+      mt.send %x0 to 1 {tag = 0 : i64, mt.micro_batch = 0 : i64} : ...
+      ... {mt.micro_batch = 1 : i64}
+      mt.send %x1 to 1 {tag = 2 : i64, mt.micro_batch = 1 : i64} : ...
+      %g0 = mt.recv from 1 {tag = 1 : i64, mt.micro_batch = 0 : i64} : ...
+      ...
+    }
+    ```
+  }];
+  let dependentDialects = ["::mt::MtDialect", "::mlir::func::FuncDialect"];
 }
 
 def MtPlanMemoryPass : Pass<"mt-plan-memory", "mlir::ModuleOp"> {

@@ -20,12 +20,14 @@ void buildTrainPipeline(OpPassManager &pm, const PipelineOptions &options) {
   pm.addPass(createCSEPass());
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createMtShardTpPass());
+  pm.addPass(createMtPartitionPPPass());
   pm.addPass(createMtAutodiffPass());
   pm.addPass(createMtOptimizerPass());
   pm.addPass(createMtRecomputePass());
   pm.addPass(createMtDataParallelPass());
   if (options.fuse)
     pm.addPass(createMtFusePass());
+  pm.addPass(createMtSchedulePPPass());
   pm.addPass(createMtPlanMemoryPass());
 }
 

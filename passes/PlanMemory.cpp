@@ -2,6 +2,7 @@
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
+#include "passes/StageModules.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -301,7 +302,11 @@ LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, int64_t &cursor, i
 
 struct MtPlanMemoryPass : impl::MtPlanMemoryPassBase<MtPlanMemoryPass> {
   void runOnOperation() override {
-    ModuleOp module = getOperation();
+    for (ModuleOp stage : stageModules(getOperation()))
+      runOnStage(stage);
+  }
+
+  void runOnStage(ModuleOp module) {
     OpBuilder b(module.getContext());
 
     // Persistent state, grouped by kind so each kind is one contiguous

@@ -2,6 +2,7 @@
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
+#include "passes/StageModules.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -36,7 +37,7 @@ struct Settings {
 };
 
 FailureOr<Settings> readSettings(ModuleOp module) {
-  auto t = module->getAttrOfType<DictionaryAttr>("mt.training");
+  auto t = moduleAttr(module, "mt.training");
   if (!t)
     return module.emitError("mt-recompute: the module has no mt.training settings "
                             "(mtc's importer writes them)");
@@ -181,19 +182,24 @@ private:
 
 struct MtRecomputePass : impl::MtRecomputePassBase<MtRecomputePass> {
   void runOnOperation() override {
-    ModuleOp module = getOperation();
+    for (ModuleOp stage : stageModules(getOperation()))
+      if (failed(runOnStage(stage)))
+        return signalPassFailure();
+  }
+
+  LogicalResult runOnStage(ModuleOp module) {
     FailureOr<Settings> settings = readSettings(module);
     if (failed(settings))
-      return signalPassFailure();
+      return failure();
     const Settings &s = *settings;
 
     auto train = module.lookupSymbol<func::FuncOp>("train_step");
     if (!train) {
       if (s.granularity == "none")
-        return;
+        return success();
       module.emitError("mt-recompute: the module has no func.func @train_step "
                        "(mt-autodiff builds it; run it first)");
-      return signalPassFailure();
+      return failure();
     }
     OpBuilder b(module.getContext());
     auto record = [&](StringRef what, ArrayRef<int64_t> layers) {
@@ -202,7 +208,7 @@ struct MtRecomputePass : impl::MtRecomputePassBase<MtRecomputePass> {
     };
     if (s.granularity == "none") {
       record("none", {});
-      return;
+      return success();
     }
     // mt.attention_grad recomputes the attention probabilities (and their
     // dropout mask) from q and k: nothing of size seq x seq is ever saved,
@@ -211,7 +217,7 @@ struct MtRecomputePass : impl::MtRecomputePassBase<MtRecomputePass> {
       record("selective (core attention: inherent, mt.attention_grad recomputes "
              "the probabilities from q and k)",
              {});
-      return;
+      return success();
     }
 
     Block &body = train.getBody().front();
@@ -224,7 +230,7 @@ struct MtRecomputePass : impl::MtRecomputePassBase<MtRecomputePass> {
     if (!seed) {
       train.emitError("mt-recompute: @train_step has no mt.grad_seed, so its "
                       "backward part cannot be told from its forward");
-      return signalPassFailure();
+      return failure();
     }
 
     // The layers this program computes (a pipeline stage holds a subset).
@@ -242,13 +248,13 @@ struct MtRecomputePass : impl::MtRecomputePassBase<MtRecomputePass> {
       train.emitError() << "mt-recompute: recompute_num_layers is " << s.numLayers
                         << " but @train_step has " << total
                         << " layers (ops with mt.layer before mt.grad_seed)";
-      return signalPassFailure();
+      return failure();
     }
     if (s.method == "uniform" && total % s.numLayers != 0) {
       train.emitError() << "mt-recompute: recompute_num_layers = " << s.numLayers
                         << " does not divide the " << total
                         << " layers of @train_step (recompute_method \"uniform\")";
-      return signalPassFailure();
+      return failure();
     }
 
     // Megatron's chunks: uniform checkpoints consecutive groups of
@@ -278,6 +284,7 @@ struct MtRecomputePass : impl::MtRecomputePassBase<MtRecomputePass> {
                             s.numLayers == 1 ? "" : "s")
                   .str();
     record(what, done);
+    return success();
   }
 };
 

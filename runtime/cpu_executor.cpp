@@ -205,6 +205,8 @@ struct CpuExecutor::Impl {
                "with all its ranks (srun -n N, or mtrun --nproc N)";
     return c;
   }
+  std::vector<uint64_t> micro_rng_offsets;
+  std::vector<float> peer_grad; // ALL_REDUCE_TIED_GRAD's incoming copy
   bool check = false;
   OwnerMap owners;
   std::vector<float> clipped; // ADAMW's grad * clip_coeff
@@ -368,6 +370,32 @@ struct CpuExecutor::Impl {
     return "";
   }
 
+  // Whether a parameter's gradient counts in the norm on this rank: every
+  // tensor once (a tensor-parallel replica on tp rank 0, a pipeline stage's
+  // tied copy not at all).
+  bool counts_in_norm(uint32_t p) const {
+    return param(p).in_grad_norm() && (param(p).tp_dim() >= 0 || tp_rank() == 0);
+  }
+
+  // GRAD_NORM and GROUP_GRAD_NORM: the squares of the gradients this rank
+  // counts, summed over the model-parallel group (tensor and pipeline
+  // ranks: the whole model), then the square root.
+  std::string grad_norm(float *out) {
+    double sum = 0;
+    for (uint32_t p = 0; p < vsize(rank.params()); ++p)
+      if (const float *g = state_floats(param(p).grad_offset()); g && counts_in_norm(p))
+        sum += cpu::sum_squares(g, element_count(param(p).shape()));
+    std::string err;
+    std::vector<double> total{sum};
+    if (Communicator *mp = group(int64_t(Group::MP), &err))
+      if (std::string e = all_reduce_doubles(mp, total); !e.empty())
+        return e;
+    if (!err.empty())
+      return err;
+    *out = float(std::sqrt(total[0]));
+    return "";
+  }
+
   std::string sharded_grad_norm(const pl::Instruction &ins, float *out) {
     std::string err;
     Communicator *c = group(ins.ints()->Get(0), &err);
@@ -377,7 +405,7 @@ struct CpuExecutor::Impl {
     double sum = 0;
     for (const BucketState &b : buckets)
       for (const FlatSegment &g : b.own)
-        if (param(g.param).tp_dim() >= 0 || tp_rank() == 0)
+        if (counts_in_norm(g.param))
           sum += cpu::sum_squares(state_floats(param(g.param).grad_offset()) + g.param_begin,
                                   g.count);
     std::vector<double> total{sum};
@@ -650,7 +678,12 @@ struct CpuExecutor::Impl {
         if (std::string e = check_before(ps, ins, i); !e.empty())
           return e;
       }
-      std::string e = execute(ins, ps.frame, rng_offset);
+      // An unrolled pipeline step's instructions use their micro-batch's offset.
+      const int32_t mb = ins.micro_batch();
+      const uint64_t offset =
+          mb >= 0 && size_t(mb) < micro_rng_offsets.size() ? micro_rng_offsets[size_t(mb)]
+                                                           : rng_offset;
+      std::string e = execute(ins, ps.frame, offset);
       if (!e.empty())
         return rank_name + ": " + ps.name + " " + instruction_label(ins, i) + ": " + e;
       if (check)
@@ -952,25 +985,8 @@ struct CpuExecutor::Impl {
       cpu::cross_entropy_bwd(fin(0), iin(1), nullptr, rows, vocab, double(*fin(2)), fout(0));
       break;
     }
-    case pl::Opcode::GRAD_NORM: {
-      // Parameters every tensor-parallel rank holds whole count once.
-      double sum = 0;
-      for (uint32_t p = 0; p < vsize(rank.params()); ++p)
-        if (const float *g = state_floats(param(p).grad_offset()))
-          if (param(p).tp_dim() >= 0 || tp_rank() == 0)
-            sum += cpu::sum_squares(g, element_count(param(p).shape()));
-      std::string err;
-      if (Communicator *mp = group(int64_t(Group::MP), &err)) {
-        std::vector<double> v{sum};
-        if (std::string e = all_reduce_doubles(mp, v); !e.empty())
-          return e;
-        sum = v[0];
-      } else if (!err.empty()) {
-        return err;
-      }
-      *fout(0) = float(std::sqrt(sum));
-      break;
-    }
+    case pl::Opcode::GRAD_NORM:
+      return grad_norm(fout(0));
     case pl::Opcode::LR_SCHEDULE: {
       int64_t steps = *lin(0);
       if (steps < 0)
@@ -1059,6 +1075,43 @@ struct CpuExecutor::Impl {
       }
       break;
     }
+    case pl::Opcode::SEND:
+    case pl::Opcode::RECV: {
+      std::string err;
+      Communicator *pp = group(int64_t(Group::PP), &err);
+      if (!pp)
+        return err.empty() ? "needs a pipeline group" : err;
+      const bool send = ins.op() == pl::Opcode::SEND;
+      const pl::Value &v = send ? vin(0) : vout(0);
+      const size_t bytes = size_t(n(v)) * sizeof(float); // the CPU holds floats
+      if (send)
+        return pp->send(fin(0), bytes, int(ival(0)), int(ival(1)));
+      if (std::string e = pp->recv(fout(0), bytes, int(ival(0)), int(ival(1))); !e.empty())
+        return e;
+      break;
+    }
+    case pl::Opcode::ALL_REDUCE_TIED_GRAD: {
+      // Both copies end up with mine + theirs; float addition commutes, so
+      // the two stages hold the same bits.
+      std::string err;
+      Communicator *pp = group(int64_t(Group::PP), &err);
+      if (!pp)
+        return err.empty() ? "needs a pipeline group" : err;
+      float *g = pgrad(0);
+      const int64_t count = element_count(param(pid(0)).shape());
+      peer_grad.resize(size_t(count));
+      const int peer = int(ival(0)), tag = int(ival(1));
+      if (std::string e = pp->send(g, size_t(count) * sizeof(float), peer, tag); !e.empty())
+        return e;
+      if (std::string e = pp->recv(peer_grad.data(), size_t(count) * sizeof(float), peer, tag);
+          !e.empty())
+        return e;
+      for (int64_t i = 0; i < count; ++i)
+        g[i] += peer_grad[size_t(i)];
+      break;
+    }
+    case pl::Opcode::GROUP_GRAD_NORM:
+      return grad_norm(fout(0));
     }
     // Reduced-precision results: computed in f32, then rounded to their type.
     for (size_t k = 0; k < vsize(ins.out()); ++k) {
@@ -1226,6 +1279,10 @@ std::string CpuExecutor::run(const pl::Program &program, uint64_t rng_offset) {
 }
 
 void CpuExecutor::set_seed(uint64_t seed) { impl_->seed = seed; }
+
+void CpuExecutor::set_micro_batch_rng_offsets(std::vector<uint64_t> offsets) {
+  impl_->micro_rng_offsets = std::move(offsets);
+}
 
 void CpuExecutor::zero_grads() {
   for (uint32_t i = 0; i < vsize(impl_->rank.params()); ++i)

@@ -54,6 +54,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace mt::rt {
 
@@ -106,6 +107,9 @@ public:
   std::string run(const mt::plan::Program &program, uint64_t rng_offset);
 
   void set_seed(uint64_t seed);
+  // The RNG offset of each micro-batch of an unrolled pipeline step: an
+  // instruction with micro_batch m >= 0 uses offsets[m] instead of run()'s.
+  void set_micro_batch_rng_offsets(std::vector<uint64_t> offsets);
   // GRAD_SEED multiplies its scale by this (fp16 dynamic loss scaling).
   float loss_scale = 1.0f;
   void zero_grads();

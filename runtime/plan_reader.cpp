@@ -87,6 +87,10 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::SHARDED_GRAD_NORM, "", "s", 0, 1, 0},
     {pl::Opcode::SHARDED_ADAMW, "ssl", "", 0, 1, 4},
     {pl::Opcode::ALL_GATHER_PARAMS, "", "", 0, 2, 0},
+    {pl::Opcode::SEND, "f", "", 0, 2, 0},
+    {pl::Opcode::RECV, "", "f", 0, 2, 0},
+    {pl::Opcode::ALL_REDUCE_TIED_GRAD, "", "", 1, 2, 0},
+    {pl::Opcode::GROUP_GRAD_NORM, "", "s", 0, 1, 0},
 };
 constexpr size_t kNumOpcodes = sizeof(kSignatures) / sizeof(kSignatures[0]);
 static_assert(kNumOpcodes == size_t(pl::Opcode::MAX) + 1,
@@ -721,6 +725,23 @@ private:
                " does not use; recompile the plan with mtc";
       break;
     }
+    case pl::Opcode::SEND:
+    case pl::Opcode::RECV:
+    case pl::Opcode::ALL_REDUCE_TIED_GRAD: {
+      const int64_t peer = ints(0), pp = std::max(1, plan_.pipeline_parallel());
+      if (peer < 0 || peer >= pp || peer == rank_->pp_rank())
+        return "ints[0] is pipeline rank " + std::to_string(peer) + ", but " + rank_name_ +
+               " is pipeline rank " + std::to_string(rank_->pp_rank()) + " of " +
+               std::to_string(pp) + "; the peer must be another of them";
+      if (ints(1) < 0)
+        return "ints[1] (tag) is negative";
+      break;
+    }
+    case pl::Opcode::GROUP_GRAD_NORM:
+      if (ints(0) != 3)
+        return "ints[0] is group " + std::to_string(ints(0)) +
+               "; this mtrun sums gradient norms over group 3 (mp)";
+      break;
     case pl::Opcode::FUSED: {
       int64_t k = ints(0);
       if (k < 0 || uint64_t(k) >= vsize(plan_.kernels()))

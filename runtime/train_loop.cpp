@@ -89,7 +89,10 @@ public:
     if (!t)
       return fail(opts.plan_path + " has no training settings; recompile it with mtc");
     dp = std::max(1, plan.data_parallel());
-    dpRank = find_rank(plan, rank)->dp_rank();
+    pp = std::max(1, plan.pipeline_parallel());
+    myRank = find_rank(plan, rank);
+    dpRank = myRank->dp_rank();
+    ppRank = myRank->pp_rank();
     // Megatron prints from the last rank.
     printer = rank == plan.world_size() - 1;
     trainIters = opts.train_iters >= 0 ? opts.train_iters : t->train_iters();
@@ -100,6 +103,16 @@ public:
     save = !opts.save.empty() ? opts.save : str(t->save());
     load = !opts.load.empty() ? opts.load : str(t->load());
 
+    // One save directory would need every model-parallel rank's file
+    // renamed into place together; until that protocol exists, refuse
+    // instead of writing checkpoints that hold one shard.
+    const int tpSize = std::max(1, plan.tensor_parallel());
+    if ((pp > 1 || tpSize > 1) && (!save.empty() || !load.empty()))
+      return fail(opts.plan_path + " is model parallel (tensor " + std::to_string(tpSize) +
+                  " x pipeline " + std::to_string(pp) +
+                  "), and this mtrun saves and loads checkpoints of one model-parallel rank "
+                  "only; remove --save/--load and [training] save/load, or compile with "
+                  "tensor_model_parallel_size = 1 and pipeline_model_parallel_size = 1");
     exec = std::make_unique<CpuExecutor>(plan, rank);
     exec->set_groups(&groups);
     fp16 = str(t->precision()) == "fp16";
@@ -253,7 +266,7 @@ private:
       return "";
     }
     std::string err;
-    auto reader = CheckpointReader::open(load, -1, 0, 0, 1, &err);
+    auto reader = CheckpointReader::open(load, -1, 0, ppRank, pp, &err);
     if (!reader)
       return err;
     const CheckpointMeta &m = reader->meta();
@@ -288,7 +301,7 @@ private:
           return e;
       }
     }
-    const pl::Rank *rank = plan.ranks()->Get(0);
+    const pl::Rank *rank = myRank;
     for (uint32_t i = 0; i < rank->params()->size(); ++i) {
       const pl::Param *p = rank->params()->Get(i);
       std::string name = str(p->name());
@@ -369,7 +382,7 @@ private:
       savedIteration = iteration;
       return "";
     }
-    const pl::Rank *rank = plan.ranks()->Get(0);
+    const pl::Rank *rank = myRank;
     std::vector<CheckpointTensor> tensors;
     for (uint32_t i = 0; i < rank->params()->size(); ++i) {
       const pl::Param *p = rank->params()->Get(i);
@@ -455,15 +468,46 @@ private:
 
   // Fills the program's tokens and labels with micro-batch `m` of the batch
   // starting at sample `first`.
-  void fillBatch(const ProgramIO &io, const GptDataset &data, int64_t first) {
-    auto *tokens = static_cast<int32_t *>(exec->value_data(*io.program, io.input("tokens")));
-    auto *labels = static_cast<int32_t *>(exec->value_data(*io.program, io.input("labels")));
+  // A pipeline plan's unrolled step has an input per micro-batch ("tokens.3"),
+  // and a stage only those it reads (tokens on the first, labels on the last).
+  void fillBatch(const ProgramIO &io, const GptDataset &data, int64_t first,
+                 const std::string &suffix = "") {
+    uint32_t t = io.input(("tokens" + suffix).c_str()), l = io.input(("labels" + suffix).c_str());
+    auto *tokens = t == UINT32_MAX ? nullptr : static_cast<int32_t *>(exec->value_data(*io.program, t));
+    auto *labels = l == UINT32_MAX ? nullptr : static_cast<int32_t *>(exec->value_data(*io.program, l));
+    if (!tokens && !labels)
+      return;
     std::vector<int32_t> sample(size_t(seq + 1));
     for (int64_t b = 0; b < mbs; ++b) {
       data.sample((first + b) % data.size(), sample.data());
-      std::memcpy(tokens + b * seq, sample.data(), size_t(seq) * 4);
-      std::memcpy(labels + b * seq, sample.data() + 1, size_t(seq) * 4);
+      if (tokens)
+        std::memcpy(tokens + b * seq, sample.data(), size_t(seq) * 4);
+      if (labels)
+        std::memcpy(labels + b * seq, sample.data() + 1, size_t(seq) * 4);
     }
+  }
+
+  // A pipeline stage runs the whole iteration's schedule in one program:
+  // every micro-batch's inputs first, each with its own RNG offset, then one
+  // run; the last stage reads every micro-batch's loss. Returns the sum of
+  // the losses (0 on stages without the loss).
+  std::string runPipelined(const ProgramIO &io, const GptDataset &data, int64_t consumed,
+                           bool eval, double *lossSum) {
+    std::vector<uint64_t> offsets;
+    for (int64_t m = 0; m < microBatches; ++m) {
+      fillBatch(io, data, sampleOf(consumed, m), "." + std::to_string(m));
+      offsets.push_back(rngOffset(m, eval));
+    }
+    exec->set_micro_batch_rng_offsets(offsets);
+    if (std::string err = exec->run(*io.program, 0); !err.empty())
+      return err;
+    *lossSum = 0;
+    for (int64_t m = 0; m < microBatches; ++m) {
+      uint32_t out = io.output(("loss." + std::to_string(m)).c_str());
+      if (out != UINT32_MAX)
+        *lossSum += *static_cast<float *>(exec->value_data(*io.program, out));
+    }
+    return "";
   }
 
   std::string runScalar(const ProgramIO &io, const char *output, uint64_t rngOffset,
@@ -511,6 +555,13 @@ private:
 
   std::string forwardBackward(double *meanLoss) {
     double sum = 0;
+    if (pp > 1) {
+      if (std::string err = runPipelined(trainStep, *train, consumedTrain, false, &sum);
+          !err.empty())
+        return err;
+      *meanLoss = sum / double(microBatches);
+      return averageOverDataParallel(meanLoss);
+    }
     for (int64_t m = 0; m < microBatches; ++m) {
       // Overlapped gradient reduction: the last micro-batch runs the copy of
       // the step that reduces each bucket as soon as its gradients are done.
@@ -568,7 +619,15 @@ private:
       return opts.plan_path + " lacks the eval_step program; recompile it with this mtc";
     double sum = 0;
     int64_t n = 0;
-    for (int64_t it = 0; it < t->eval_iters(); ++it) {
+    for (int64_t it = 0; it < t->eval_iters() && pp > 1; ++it) {
+      double s = 0;
+      if (std::string err = runPipelined(evalStep, *valid, consumedValid, true, &s); !err.empty())
+        return err;
+      sum += s;
+      n += microBatches;
+      consumedValid += gbs;
+    }
+    for (int64_t it = 0; it < t->eval_iters() && pp == 1; ++it) {
       for (int64_t m = 0; m < microBatches; ++m) {
         fillBatch(evalStep, *valid, sampleOf(consumedValid, m));
         float loss = 0;
@@ -603,7 +662,8 @@ private:
   int rank = 0;
   const ParallelGroups &groups;
   Communicator *comm = nullptr; // the data-parallel group
-  int dp = 1, dpRank = 0;
+  int dp = 1, dpRank = 0, pp = 1, ppRank = 0;
+  const pl::Rank *myRank = nullptr;
   bool printer = true;
   std::unique_ptr<CpuExecutor> exec;
   std::unique_ptr<GptDataset> train, valid;
@@ -664,8 +724,9 @@ int run_training(const RunOptions &opts) {
   const int world = plan.world_size();
   if (!plan.ranks() || int(plan.ranks()->size()) != world)
     return fail(opts.plan_path + " is for " + std::to_string(world) +
-                " ranks with pipeline parallelism, which this mtrun cannot run yet; compile "
-                "with pipeline_model_parallel_size = 1");
+                " ranks but its rank table has " +
+                std::to_string(plan.ranks() ? plan.ranks()->size() : 0) +
+                " entries; recompile it with this mtc");
   if (launch.world != world)
     return fail(opts.plan_path + " is for " + std::to_string(world) + " rank" +
                 (world == 1 ? "" : "s") + " but " + std::to_string(launch.world) +

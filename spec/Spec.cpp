@@ -227,6 +227,14 @@ std::string toToml(const Spec &spec) {
   w.integer("pipeline_model_parallel_size", p.pipeline_model_parallel_size);
   w.integer("data_parallel_size", p.data_parallel_size);
   w.integer("virtual_pipeline_model_parallel_size", p.virtual_pipeline_model_parallel_size);
+  if (p.decoder_first_pipeline_num_layers)
+    w.integer("decoder_first_pipeline_num_layers", p.decoder_first_pipeline_num_layers);
+  else
+    w.unset("decoder_first_pipeline_num_layers", "not set (an even share)");
+  if (p.decoder_last_pipeline_num_layers)
+    w.integer("decoder_last_pipeline_num_layers", p.decoder_last_pipeline_num_layers);
+  else
+    w.unset("decoder_last_pipeline_num_layers", "not set (an even share)");
   w.boolean("sequence_parallel", p.sequence_parallel);
   w.boolean("use_distributed_optimizer", p.use_distributed_optimizer);
   w.boolean("overlap_grad_reduce", p.overlap_grad_reduce);

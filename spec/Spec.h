@@ -57,6 +57,8 @@ struct ParallelConfig {
   int64_t pipeline_model_parallel_size = 1;
   int64_t data_parallel_size = 1;
   int64_t virtual_pipeline_model_parallel_size = 1; // 1 = not interleaved
+  int64_t decoder_first_pipeline_num_layers = 0;    // 0 = an even share
+  int64_t decoder_last_pipeline_num_layers = 0;     // 0 = an even share
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
   bool overlap_grad_reduce = false;

@@ -135,6 +135,18 @@ std::vector<KeyInfo> buildTable() {
                   "not interleaved. Megatron's --num-layers-per-virtual-pipeline-stage L "
                   "means vp = num_layers / (pp * L).",
                   atLeast(1)));
+  t.push_back(key("parallel", "decoder_first_pipeline_num_layers", I, false, "not set", "layers",
+                  "--decoder-first-pipeline-num-layers",
+                  "Transformer layers on the first pipeline stage; the stages without a "
+                  "count of their own share the rest evenly. Needs "
+                  "pipeline_model_parallel_size >= 2 and no virtual pipeline.",
+                  atLeast(1)));
+  t.push_back(key("parallel", "decoder_last_pipeline_num_layers", I, false, "not set", "layers",
+                  "--decoder-last-pipeline-num-layers",
+                  "Transformer layers on the last pipeline stage; the stages without a "
+                  "count of their own share the rest evenly. Needs "
+                  "pipeline_model_parallel_size >= 2 and no virtual pipeline.",
+                  atLeast(1)));
   t.push_back(key("parallel", "sequence_parallel", B, false, "false", "", "--sequence-parallel",
                   "Split norms and dropout along the sequence over the tp group; needs "
                   "tensor_model_parallel_size > 1."));

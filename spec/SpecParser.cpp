@@ -673,6 +673,8 @@ private:
     getInt("parallel", "data_parallel_size", p.data_parallel_size);
     getInt("parallel", "virtual_pipeline_model_parallel_size",
            p.virtual_pipeline_model_parallel_size);
+    getInt("parallel", "decoder_first_pipeline_num_layers", p.decoder_first_pipeline_num_layers);
+    getInt("parallel", "decoder_last_pipeline_num_layers", p.decoder_last_pipeline_num_layers);
     getBool("parallel", "sequence_parallel", p.sequence_parallel);
     getBool("parallel", "use_distributed_optimizer", p.use_distributed_optimizer);
     getBool("parallel", "overlap_grad_reduce", p.overlap_grad_reduce);
@@ -822,7 +824,47 @@ private:
            "set pipeline_model_parallel_size >= 2, or "
            "virtual_pipeline_model_parallel_size = 1");
     const int64_t chunks = pp * vp;
-    if (m.num_layers % chunks != 0) {
+    const int64_t first = p.decoder_first_pipeline_num_layers,
+                  last = p.decoder_last_pipeline_num_layers;
+    for (const char *k : {"decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"}) {
+      if (!given("parallel", k))
+        continue;
+      if (pp == 1)
+        fail(at("parallel", k),
+             std::string(k) + " needs pipeline parallelism, but " +
+                 ref("parallel", "pipeline_model_parallel_size", pp),
+             "set pipeline_model_parallel_size >= 2, or remove " + std::string(k));
+      if (vp > 1)
+        fail(at("parallel", k),
+             std::string(k) + " cannot be combined with the interleaved schedule (" +
+                 ref("parallel", "virtual_pipeline_model_parallel_size", vp) + ")",
+             "remove " + std::string(k) + ", or set virtual_pipeline_model_parallel_size = 1");
+    }
+    if (first || last) {
+      // Megatron: the stages without a count share the rest evenly.
+      const int64_t rest = m.num_layers - first - last;
+      const int64_t even = pp - (first ? 1 : 0) - (last ? 1 : 0);
+      const std::string counts =
+          (first ? ref("parallel", "decoder_first_pipeline_num_layers", first) : std::string()) +
+          (first && last ? ", " : "") +
+          (last ? ref("parallel", "decoder_last_pipeline_num_layers", last) : std::string());
+      const char *k = first ? "decoder_first_pipeline_num_layers"
+                            : "decoder_last_pipeline_num_layers";
+      if (rest < (even > 0 ? even : 0) || (even == 0 && rest != 0))
+        fail(at("parallel", k),
+             "num_layers = " + std::to_string(m.num_layers) + " does not match " + counts +
+                 (even > 0 ? " with at least one layer on each of the other " +
+                                 std::to_string(even) + " stages"
+                           : " (the two stages must hold every layer)"),
+             "make the first and last counts add up to num_layers, or leave room for the "
+             "other stages");
+      else if (even > 0 && rest % even != 0)
+        fail(at("parallel", k),
+             "the " + std::to_string(rest) + " layers left after " + counts +
+                 " do not divide over the other " + std::to_string(even) + " pipeline stages",
+             "Megatron would stop with an assertion, mt refuses: choose counts that leave a "
+             "multiple of " + std::to_string(even) + " layers");
+    } else if (m.num_layers % chunks != 0) {
       std::string by = vp > 1
                            ? "pipeline_model_parallel_size * "
                              "virtual_pipeline_model_parallel_size = " +

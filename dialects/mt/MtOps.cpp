@@ -696,3 +696,34 @@ LogicalResult SpReduceScatterOp::verify() {
 LogicalResult SpSplitOp::verify() {
   return verifyTpOp(*this, getInput(), getResult(), getTpSize(), -1);
 }
+
+//===----------------------------------------------------------------------===//
+// Pipeline parallelism
+//===----------------------------------------------------------------------===//
+
+LogicalResult GradNormOp::verify() {
+  if (auto g = getGroup(); g && *g != "mp")
+    return emitOpError() << "group must be \"mp\" when given, got \"" << *g << "\"";
+  return success();
+}
+
+static LogicalResult verifyPeerAndTag(Operation *op, int64_t peer, int64_t tag) {
+  if (peer < 0)
+    return op->emitOpError() << "peer must be a pipeline rank >= 0, got " << peer;
+  if (tag < 0)
+    return op->emitOpError() << "tag must be >= 0, got " << tag;
+  return success();
+}
+
+LogicalResult SendOp::verify() { return verifyPeerAndTag(*this, getPeer(), getTag()); }
+LogicalResult RecvOp::verify() { return verifyPeerAndTag(*this, getPeer(), getTag()); }
+
+LogicalResult AllReduceTiedGradOp::verify() {
+  return verifyPeerAndTag(*this, getPeer(), getTag());
+}
+
+LogicalResult AllReduceTiedGradOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  if (!symbolTable.lookupNearestSymbolFrom<ParamOp>(*this, getParamAttr()))
+    return emitOpError() << "'" << getParam() << "' does not name an mt.param";
+  return success();
+}

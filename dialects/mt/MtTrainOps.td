@@ -275,18 +275,26 @@ def Mt_AllReduceGradsOp : Mt_Op<"all_reduce_grads", [
 def Mt_GradNormOp : Mt_Op<"grad_norm", [MemoryEffects<[MemRead<Mt_GradBuffers>]>]> {
   let summary = "global L2 norm of every parameter's gradient";
   let description = [{
-    The norm of the whole model's gradient, on every rank. Under model
-    parallelism each rank adds the squares of the gradients it holds
-    (a parameter replicated over tensor-parallel ranks counts on rank 0
-    only) and the sums are added over the model-parallel group, as
-    Megatron-LM's clip_grad_norm does.
+    The norm of the whole model's gradient, on every rank, as Megatron-LM's
+    clip_grad_norm computes it. Each rank sums the squares of the gradients
+    it holds, leaving out a parameter replicated over tensor-parallel ranks
+    on all but tensor-parallel rank 0, and parameters marked `mt.tied_copy`
+    (the last pipeline stage's copy of a tied embedding, whose gradient
+    equals the first stage's after `mt.all_reduce_tied_grad`); with
+    `group = "mp"` (pipeline stages) the sums are added over the group, and
+    with tensor parallelism over the model-parallel group in any case; then
+    the square root: every rank gets the norm of the whole model, each
+    tensor counted once.
 
     ```mlir
     %norm = mt.grad_norm : tensor<f32>
+    %norm = mt.grad_norm {group = "mp"} : tensor<f32>
     ```
   }];
+  let arguments = (ins OptionalAttr<StrAttr>:$group);
   let results = (outs Mt_ScalarF32:$result);
   let assemblyFormat = "attr-dict `:` type($result)";
+  let hasVerifier = 1;
 }
 
 def Mt_LrScheduleOp : Mt_Op<"lr_schedule", [Pure]> {
@@ -431,6 +439,72 @@ def Mt_AllGatherParamsOp : Mt_Op<"all_gather_params", [
   }];
   let arguments = (ins I64Attr:$bucket, StrAttr:$group);
   let assemblyFormat = "attr-dict";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Pipeline parallelism
+//===----------------------------------------------------------------------===//
+
+def Mt_SendOp : Mt_Op<"send", [
+    DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>,
+    MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "sends a tensor to another pipeline stage";
+  let description = [{
+    Hands `input` to pipeline rank `peer` (a rank of this rank's pipeline
+    group), which receives it with the `mt.recv` of the same `tag`. The send
+    is buffered: it returns once the bytes are copied, so a schedule in
+    which every receive follows its send in some rank's order cannot
+    deadlock. Its gradient is the `mt.recv` of the input's gradient from
+    `peer` with tag `tag + 1` (`mt-partition-pp` numbers boundaries by even
+    tags).
+
+    ```mlir
+    mt.send %x to 1 {tag = 0 : i64} : tensor<2x32x64xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input, I64Attr:$peer, I64Attr:$tag);
+  let assemblyFormat = "$input `to` $peer attr-dict `:` type($input)";
+  let hasVerifier = 1;
+}
+
+def Mt_RecvOp : Mt_Op<"recv", [
+    DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>,
+    MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "receives a tensor from another pipeline stage";
+  let description = [{
+    Waits (bounded by the run's timeout) for the `mt.send` of the same `tag`
+    on pipeline rank `peer` and returns its tensor. Its gradient is an
+    `mt.send` of the result's gradient back to `peer` with tag `tag + 1`.
+
+    ```mlir
+    %x = mt.recv from 0 {tag = 0 : i64} : tensor<2x32x64xf32>
+    ```
+  }];
+  let arguments = (ins I64Attr:$peer, I64Attr:$tag);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "`from` $peer attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Mt_AllReduceTiedGradOp : Mt_Op<"all_reduce_tied_grad", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+    MemoryEffects<[MemRead<Mt_GradBuffers>, MemWrite<Mt_GradBuffers>]>]> {
+  let summary = "sums a tied parameter's gradient with its copy on another stage";
+  let description = [{
+    With tied embeddings and pipeline parallelism the first stage holds the
+    word embeddings and the last stage a copy for the output layer (same
+    name, so the same initial values). Before the norm, each adds the
+    other's gradient into its own (Megatron-LM's embedding group), so both
+    copies take the same update. The exchange is with pipeline rank `peer`,
+    over messages tagged `tag`.
+
+    ```mlir
+    mt.all_reduce_tied_grad @embedding.word_embeddings.weight {peer = 1 : i64, tag = 0 : i64}
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$param, I64Attr:$peer, I64Attr:$tag);
+  let assemblyFormat = "$param attr-dict";
   let hasVerifier = 1;
 }
 

@@ -186,3 +186,18 @@ LogicalResult SpSplitOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
       b.create<SpGatherOp>(getLoc(), getInput().getType(), grads[0], getTpSizeAttr()));
   return success();
 }
+
+// Pipeline boundaries: the gradient travels back the way the value came.
+LogicalResult SendOp::buildVJP(OpBuilder &b, ArrayRef<Value>, SmallVectorImpl<Value> &out) {
+  Value g = b.create<RecvOp>(getLoc(), getInput().getType(), getPeerAttr(),
+                             b.getI64IntegerAttr(getTag() + 1));
+  out.push_back(g);
+  return success();
+}
+
+LogicalResult RecvOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                               SmallVectorImpl<Value> &) {
+  if (grads[0])
+    b.create<SendOp>(getLoc(), grads[0], getPeerAttr(), b.getI64IntegerAttr(getTag() + 1));
+  return success();
+}

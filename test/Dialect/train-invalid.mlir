@@ -255,3 +255,37 @@ func.func @f() {
   mt.all_reduce_grads {group = "dp", scale = 2.0 : f64}
   return
 }
+
+// -----
+
+func.func @f(%x: tensor<2x4xf32>) {
+  // expected-error @+1 {{peer must be a pipeline rank >= 0, got -1}}
+  mt.send %x to -1 {tag = 0 : i64} : tensor<2x4xf32>
+  return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{tag must be >= 0, got -2}}
+  %x = mt.recv from 1 {tag = -2 : i64} : tensor<2x4xf32>
+  return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{group must be "mp" when given, got "dp"}}
+  %n = mt.grad_norm {group = "dp"} : tensor<f32>
+  return
+}
+
+// -----
+
+module {
+  func.func @f() {
+    // expected-error @+1 {{'nope' does not name an mt.param}}
+    mt.all_reduce_tied_grad @nope {peer = 1 : i64, tag = 0 : i64}
+    return
+  }
+}

@@ -55,3 +55,17 @@ func.func @optimizer(%steps: tensor<i64>, %step: tensor<i64>) -> tensor<f32> {
   mt.adamw @w, %lr, %c, %step {beta1 = 0.9 : f64, beta2 = 0.999 : f64, epsilon = 1.0e-08 : f64, weight_decay = 0.01 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
   return %lr : tensor<f32>
 }
+
+
+// CHECK-LABEL: func.func @pipeline
+// CHECK: mt.send %{{.*}} to 1 {tag = 0 : i64} : tensor<2x4xf32>
+// CHECK: mt.recv from 1 {tag = 1 : i64} : tensor<2x4xf32>
+// CHECK: mt.all_reduce_tied_grad @emb {peer = 1 : i64, tag = 0 : i64}
+// CHECK: mt.grad_norm {group = "mp"} : tensor<f32>
+func.func @pipeline(%x: tensor<2x4xf32>) -> tensor<f32> {
+  mt.send %x to 1 {tag = 0 : i64} : tensor<2x4xf32>
+  %g = mt.recv from 1 {tag = 1 : i64} : tensor<2x4xf32>
+  mt.all_reduce_tied_grad @emb {peer = 1 : i64, tag = 0 : i64}
+  %n = mt.grad_norm {group = "mp"} : tensor<f32>
+  return %n : tensor<f32>
+}
