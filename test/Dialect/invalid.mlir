@@ -291,3 +291,63 @@ func.func @f(%x: tensor<?x8xf32>) {
   %y = mt.gelu %x tanh : tensor<?x8xf32>
   return
 }
+
+// -----
+
+// expected-error @+1 {{a tensor-parallel shard needs both tp_dim and tp_size}}
+mt.param @w : tensor<4x4xf32>, normal(2.0e-02) {tp_dim = 0 : i64}
+
+// -----
+
+// expected-error @+1 {{tp_dim 2 is not a dimension of [4, 4]}}
+mt.param @w : tensor<4x4xf32>, normal(2.0e-02) {tp_dim = 2 : i64, tp_size = 2 : i64}
+
+// -----
+
+// expected-error @+1 {{tp_size must be >= 2, got 1}}
+mt.param @w : tensor<4x4xf32>, normal(2.0e-02) {tp_dim = 0 : i64, tp_size = 1 : i64}
+
+// -----
+
+// expected-error @+1 {{tp_blocks 3 must be >= 1 and divide the shard's dimension 0 (4)}}
+mt.param @w : tensor<4x4xf32>, normal(2.0e-02) {tp_blocks = 3 : i64, tp_dim = 0 : i64, tp_size = 2 : i64}
+
+// -----
+
+func.func @f(%x: tensor<2x4x8xf32>) -> tensor<2x4x8xf32> {
+  // expected-error @+1 {{tp_size must be >= 2, got 1}}
+  %y = mt.tp_all_reduce %x {tp_size = 1 : i64} : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
+  return %y : tensor<2x4x8xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4x8xf32>) -> tensor<2x4x8xf16> {
+  // expected-error @+1 {{result element type differs from the input's}}
+  %y = mt.tp_copy %x {tp_size = 2 : i64} : (tensor<2x4x8xf32>) -> tensor<2x4x8xf16>
+  return %y : tensor<2x4x8xf16>
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4x8xf32>) -> tensor<2x4x8xf32> {
+  // expected-error @+1 {{result shape [2, 4, 8] should be [2, 8, 8]}}
+  %y = mt.sp_gather %x {tp_size = 2 : i64} : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
+  return %y : tensor<2x4x8xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<2x3x8xf32>) -> tensor<2x1x8xf32> {
+  // expected-error @+1 {{sequence length 3 is not divisible by tp_size 2}}
+  %y = mt.sp_reduce_scatter %x {tp_size = 2 : i64} : (tensor<2x3x8xf32>) -> tensor<2x1x8xf32>
+  return %y : tensor<2x1x8xf32>
+}
+
+// -----
+
+func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
+  // expected-error @+1 {{input must be [batch, seq, ...], got [8]}}
+  %y = mt.sp_split %x {tp_size = 2 : i64} : (tensor<8xf32>) -> tensor<8xf32>
+  return %y : tensor<8xf32>
+}

@@ -89,3 +89,34 @@ func.func @loss(%logits: tensor<2x8x128xf16>, %labels: tensor<2x8xi64>) -> tenso
   %l = mt.cross_entropy %logits, %labels : (tensor<2x8x128xf16>, tensor<2x8xi64>) -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// Tensor parallelism: a parameter's shard, vocab-parallel ops, sharded
+// dropout and attention masks, and the communication ops.
+// CHECK-LABEL: module @tensor_parallel
+module @tensor_parallel {
+  // CHECK: mt.param @fc1 : tensor<16x8xf32>, normal(2.000000e-02) {tp_blocks = 2 : i64, tp_dim = 0 : i64, tp_size = 2 : i64}
+  mt.param @fc1 : tensor<16x8xf32>, normal(2.000000e-02) {tp_blocks = 2 : i64, tp_dim = 0 : i64, tp_size = 2 : i64}
+  func.func @f(%table: tensor<8x8xf32>, %ids: tensor<2x4xi32>, %q: tensor<2x4x2x4xf32>, %kv: tensor<2x4x1x4xf32>) -> tensor<f32> {
+    // CHECK: mt.embedding %{{.*}}, %{{.*}} {vocab_parallel}
+    %e = mt.embedding %table, %ids {vocab_parallel} : (tensor<8x8xf32>, tensor<2x4xi32>) -> tensor<2x4x8xf32>
+    // CHECK: mt.tp_all_reduce %{{.*}} {tp_size = 2 : i64} : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
+    %r = mt.tp_all_reduce %e {tp_size = 2 : i64} : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
+    // CHECK: mt.sp_split %{{.*}} {tp_size = 2 : i64} : (tensor<2x4x8xf32>) -> tensor<2x2x8xf32>
+    %s = mt.sp_split %r {tp_size = 2 : i64} : (tensor<2x4x8xf32>) -> tensor<2x2x8xf32>
+    // CHECK: mt.dropout %{{.*}} {rate = 1.000000e-01 : f64, stream = 0 : i64, tp_shard_dim = 1 : i64}
+    %d = mt.dropout %s {rate = 0.1 : f64, stream = 0 : i64, tp_shard_dim = 1 : i64} : tensor<2x2x8xf32>
+    // CHECK: mt.sp_gather %{{.*}} {tp_size = 2 : i64} : (tensor<2x2x8xf32>) -> tensor<2x4x8xf32>
+    %g = mt.sp_gather %d {tp_size = 2 : i64} : (tensor<2x2x8xf32>) -> tensor<2x4x8xf32>
+    // CHECK: mt.sp_reduce_scatter %{{.*}} {tp_size = 2 : i64} : (tensor<2x4x8xf32>) -> tensor<2x2x8xf32>
+    %rs = mt.sp_reduce_scatter %g {tp_size = 2 : i64} : (tensor<2x4x8xf32>) -> tensor<2x2x8xf32>
+    // CHECK: mt.tp_copy %{{.*}} {tp_size = 2 : i64} : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
+    %c = mt.tp_copy %g {tp_size = 2 : i64} : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
+    // CHECK: mt.attention {{.*}}tp_shard_dim = 2 : i64
+    %o = mt.attention %q, %kv, %kv {causal, scale = 0.5 : f64, dropout_rate = 0.1 : f64, stream = 1 : i64, tp_shard_dim = 2 : i64} : tensor<2x4x2x4xf32>, tensor<2x4x1x4xf32>
+    // CHECK: mt.cross_entropy %{{.*}}, %{{.*}} {vocab_parallel}
+    %l = mt.cross_entropy %c, %ids {vocab_parallel} : (tensor<2x4x8xf32>, tensor<2x4xi32>) -> tensor<f32>
+    return %l : tensor<f32>
+  }
+}

@@ -1,0 +1,48 @@
+// mt-shard-tp errors: each names the op or parameter and what to change.
+// RUN: mtc-opt %s -split-input-file -mt-shard-tp -verify-diagnostics
+
+// expected-error @+1 {{mt-shard-tp: sequence_parallel needs tensor_model_parallel_size >= 2}}
+module attributes {mt.parallel = {sequence_parallel = true, tensor_model_parallel_size = 1 : i64}} {
+}
+
+// -----
+
+module attributes {mt.parallel = {sequence_parallel = false, tensor_model_parallel_size = 3 : i64}} {
+  // expected-error @+1 {{mt-shard-tp: dimension 0 of decoder.layers.0.mlp.linear_fc1.weight is not divisible by tensor_model_parallel_size 3; choose sizes it divides}}
+  mt.param @decoder.layers.0.mlp.linear_fc1.weight : tensor<32x8xf32>, normal(2.000000e-02)
+  func.func @forward(%x: tensor<2x4x8xf32>) -> tensor<2x4x32xf32> {
+    %w = mt.param_ref @decoder.layers.0.mlp.linear_fc1.weight : tensor<32x8xf32>
+    %h = mt.matmul %x, %w : (tensor<2x4x8xf32>, tensor<32x8xf32>) -> tensor<2x4x32xf32>
+    return %h : tensor<2x4x32xf32>
+  }
+}
+
+// -----
+
+module attributes {mt.parallel = {sequence_parallel = true, tensor_model_parallel_size = 2 : i64}} {
+  mt.param @embedding.word_embeddings.weight : tensor<16x8xf32>, normal(2.000000e-02)
+  func.func @forward(%tokens: tensor<2x3xi32>) -> tensor<2x3x8xf32> {
+    %wt = mt.param_ref @embedding.word_embeddings.weight : tensor<16x8xf32>
+    // expected-error @+1 {{mt-shard-tp: sequence parallelism splits dimension 1 over 2 ranks, but this value is 'tensor<2x3x8xf32>'}}
+    %e = mt.embedding %wt, %tokens : (tensor<16x8xf32>, tensor<2x3xi32>) -> tensor<2x3x8xf32>
+    return %e : tensor<2x3x8xf32>
+  }
+}
+
+// -----
+
+module attributes {mt.parallel = {sequence_parallel = false, tensor_model_parallel_size = 2 : i64}} {
+  mt.param @decoder.layers.0.mlp.linear_fc2.weight : tensor<8x32xf32>, normal(2.000000e-02)
+  func.func @forward(%x: tensor<2x4x32xf32>) -> tensor<2x4x8xf32> {
+    %w = mt.param_ref @decoder.layers.0.mlp.linear_fc2.weight : tensor<8x32xf32>
+    // expected-error @+1 {{mt-shard-tp: a row-parallel layer reads an activation that is not split by features}}
+    %y = mt.matmul %x, %w : (tensor<2x4x32xf32>, tensor<8x32xf32>) -> tensor<2x4x8xf32>
+    return %y : tensor<2x4x8xf32>
+  }
+}
+
+// -----
+
+// expected-error @+1 {{mt-shard-tp: the module has no func.func @forward; run it before mt-autodiff}}
+module attributes {mt.parallel = {sequence_parallel = false, tensor_model_parallel_size = 2 : i64}} {
+}
