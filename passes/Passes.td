@@ -158,6 +158,11 @@ def MtRecomputePass : Pass<"mt-recompute", "mlir::ModuleOp"> {
       to avoid keeping the `seq x seq` probabilities, and `mt.attention_grad`
       already recomputes them from q and k (with the same dropout mask), so
       nothing of that size is saved in the first place.
+    - With sequence parallelism, whatever the granularity, a forward
+      `mt.sp_gather` that the backward reads (a column-parallel layer's
+      input, for its weight gradient) is cloned right before its first
+      backward reader, as Megatron all-gathers the input again in the
+      backward: only the sequence shard is kept between the passes.
     - `none` changes nothing.
 
     `@train_step` gets `mt.recompute` (what was done, in words) and

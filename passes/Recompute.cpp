@@ -180,6 +180,51 @@ private:
   Operation *seed;
 };
 
+// Sequence parallelism: the backward of a column-parallel layer needs its
+// whole-sequence input (the weight gradient reads it), but Megatron-LM keeps
+// only this rank's sequence shard and all-gathers it again in the backward.
+// The same here: a forward mt.sp_gather read by backward ops is cloned right
+// before the first of them, so the gathered tensor dies with the forward
+// GEMM and only the shard (1/tp of it) stays until the backward.
+void regatherSequenceShards(Block &body) {
+  Operation *seed = nullptr;
+  for (Operation &op : body)
+    if (isa<GradSeedOp>(op)) {
+      seed = &op;
+      break;
+    }
+  if (!seed)
+    return;
+  DenseMap<Operation *, unsigned> order;
+  unsigned n = 0;
+  for (Operation &op : body)
+    order[&op] = n++;
+  SmallVector<SpGatherOp> gathers;
+  for (Operation &op : body) {
+    if (&op == seed)
+      break;
+    if (auto g = dyn_cast<SpGatherOp>(op))
+      gathers.push_back(g);
+  }
+  for (SpGatherOp g : gathers) {
+    Operation *first = nullptr;
+    for (Operation *user : g->getUsers()) {
+      Operation *top = body.findAncestorOpInBlock(*user);
+      if (order.lookup(top) > order.lookup(seed) &&
+          (!first || order.lookup(top) < order.lookup(first)))
+        first = top;
+    }
+    if (!first)
+      continue;
+    OpBuilder b(first);
+    Operation *again = b.clone(*g.getOperation());
+    again->setAttr("mt.recomputed", b.getUnitAttr());
+    g.getResult().replaceUsesWithIf(again->getResult(0), [&](OpOperand &use) {
+      return order.lookup(body.findAncestorOpInBlock(*use.getOwner())) > order.lookup(seed);
+    });
+  }
+}
+
 struct MtRecomputePass : impl::MtRecomputePassBase<MtRecomputePass> {
   void runOnOperation() override {
     for (ModuleOp stage : stageModules(getOperation()))
@@ -201,6 +246,7 @@ struct MtRecomputePass : impl::MtRecomputePassBase<MtRecomputePass> {
                        "(mt-autodiff builds it; run it first)");
       return failure();
     }
+    regatherSequenceShards(train.getBody().front());
     OpBuilder b(module.getContext());
     auto record = [&](StringRef what, ArrayRef<int64_t> layers) {
       train->setAttr("mt.recompute", b.getStringAttr(what));
