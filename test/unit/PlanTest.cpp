@@ -694,6 +694,42 @@ TEST(PlanReader, SemanticErrors) {
     t.d.programs[0].code.push_back(ins);
     EXPECT_CONTAINS(semantic_error(t.d), message);
   }
+  for (auto [op, group, message] :
+       {std::tuple<Opcode, int64_t, const char *>{
+            Opcode::ALL_REDUCE, 1,
+            "ALL_REDUCE: exchanges activations between tensor-parallel ranks, but the plan has "
+            "tensor_parallel 1"},
+        {Opcode::SEQ_ALL_GATHER, 0,
+         "SEQ_ALL_GATHER: ints[0] is group 0; activations are exchanged within group 1 (tp)"},
+        {Opcode::SEQ_REDUCE_SCATTER, 1, "SEQ_REDUCE_SCATTER: exchanges activations between"},
+        {Opcode::SEQ_SPLIT, 1, "SEQ_SPLIT: exchanges activations between"}}) {
+    Tiny t; // tensor-parallel exchanges in a plan of one tensor-parallel rank
+    Prog &p = t.d.programs[0];
+    uint32_t x0 = 0;
+    while (p.values[x0].name != "x0")
+      ++x0;
+    uint32_t y = t.d.arena(p, "y", {Tiny::B, Tiny::S, Tiny::H});
+    p.code.push_back(I{op, {x0}, {y}, {}, {group}, {}, "tp"});
+    EXPECT_CONTAINS(semantic_error(t.d), message);
+  }
+  for (auto [flag, message] :
+       {std::pair<int64_t, const char *>{
+            1, "EMBEDDING: is vocab parallel, but the plan has tensor_parallel 1"},
+        {2, "EMBEDDING: ints[0] (vocab_parallel) is 2; it must be 0 or 1"}}) {
+    Tiny t; // a vocab-parallel embedding without tensor-parallel ranks
+    t.d.programs[0].code[0].ints = {flag};
+    EXPECT_CONTAINS(semantic_error(t.d), message);
+  }
+  {
+    Tiny t; // a send to a pipeline stage the plan does not have
+    Prog &p = t.d.programs[0];
+    uint32_t x0 = 0;
+    while (p.values[x0].name != "x0")
+      ++x0;
+    p.code.insert(p.code.begin() + 1, I{Opcode::SEND, {x0}, {}, {}, {1, 0}, {}, "send"});
+    EXPECT_CONTAINS(semantic_error(t.d), "SEND: ints[0] is pipeline rank 1, but rank 0 is "
+                                         "pipeline rank 0 of 1; the peer must be another of them");
+  }
   {
     Tiny t; // GELU without its tanh flag
     t.d.programs[0].code[4].ints.clear();
