@@ -760,6 +760,15 @@ int run_training(const RunOptions &opts) {
                 " parallel but has " + std::to_string(world) + " ranks; recompile it with mtc");
   if (std::string e = make_parallel_groups(comm.get(), layout, launch.rank, &groups); !e.empty())
     return fail(e);
+  if (world > 1) {
+    // Every rank says where it is, once its groups are up.
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    std::printf("rank %d of %d: tp rank %d of %d, pp rank %d of %d, dp rank %d of %d (%s, %s)\n",
+                launch.rank, world, groups.coords.tp, layout.tp, groups.coords.pp, layout.pp,
+                groups.coords.dp, layout.dp, host, launch.source.c_str());
+    std::fflush(stdout);
+  }
   int status = Trainer(plan, opts, launch.rank, groups).run();
   if (comm && status == 0) {
     // Everyone is done with the rendezvous before the first rank removes it.
