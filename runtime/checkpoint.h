@@ -100,11 +100,33 @@ std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &m
                             int pp_rank = 0, int pp_size = 1,
                             const std::vector<CheckpointTensor> *distrib_optim = nullptr);
 
+// The same save in steps, for a save that several processes share (the
+// collective in checkpoint_layout.h): one process calls begin, which makes
+// SAVE, deletes leftovers of interrupted saves and creates the staging
+// directory SAVE/.tmp.iter_XXXXXXX.??????; every saving process writes its
+// rank's file(s) into it (each fsync'd); once all have, one process calls
+// commit, which checks that `files` are all there, then renames and updates
+// the tracker exactly as save_checkpoint does. On any failure before commit,
+// abort deletes the staging directory. Each returns "" or one error line.
+std::string begin_checkpoint_save(const std::string &save_dir, int64_t iteration,
+                                  std::string *staging);
+std::string write_checkpoint_files(const std::string &staging, const CheckpointMeta &meta,
+                                   const std::vector<CheckpointTensor> &tensors, int tp_rank,
+                                   int pp_rank, int pp_size,
+                                   const std::vector<CheckpointTensor> *distrib_optim = nullptr);
+std::string commit_checkpoint_save(const std::string &save_dir, int64_t iteration,
+                                   const std::string &staging,
+                                   const std::vector<std::string> &files);
+void abort_checkpoint_save(const std::string &staging);
+
 // True when LOAD has a tracker file: whether a run resumes or starts fresh.
 bool checkpoint_exists(const std::string &load_dir);
 
 // "mp_rank_00" (pp_size 1) or "mp_rank_00_000", as Megatron names ranks.
 std::string checkpoint_rank_name(int tp_rank, int pp_rank, int pp_size);
+// The rank's file in iter_XXXXXXX: "mp_rank_00.mtckpt" or, for the
+// distributed optimizer's state, "mp_rank_00.distrib_optim.mtckpt".
+std::string checkpoint_file_name(int tp_rank, int pp_rank, int pp_size, bool distrib_optim);
 
 // A validated rank file, mapped read-only.
 class CheckpointReader {
@@ -117,12 +139,21 @@ public:
   static std::unique_ptr<CheckpointReader> open(const std::string &load_dir, int64_t iteration,
                                                 int tp_rank, int pp_rank, int pp_size,
                                                 std::string *error, bool distrib_optim = false);
+  // The first model-parallel rank's file (mp_rank_00 or mp_rank_00_000),
+  // whatever layout saved it: where a loader reads the saved layout.
+  static std::unique_ptr<CheckpointReader> open_first(const std::string &load_dir,
+                                                      int64_t iteration, std::string *error);
   ~CheckpointReader();
 
   const CheckpointMeta &meta() const;
   const std::string &path() const;               // the rank file
+  int tp_rank() const;                           // the rank that saved it
+  int pp_rank() const;
+  int pp_size() const;
   std::vector<std::string> tensor_names() const; // in file order
   bool has(const std::string &name) const;
+  // The tensor's shape (empty when there is no such tensor).
+  std::vector<int64_t> shape(const std::string &name) const;
   // Copies tensor NAME into dst after checking that its dtype and shape are
   // the expected ones and that bytes fits them. Returns "" or one error line.
   std::string read(const std::string &name, const std::string &dtype,
