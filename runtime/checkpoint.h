@@ -16,7 +16,8 @@
 // ".tmp.iter_" or "latest_checkpointed_iteration.txt.tmp." are the leftovers
 // of an interrupted save: loads never look at them and the next save deletes
 // them. There is no data-parallel rank in the name: data-parallel replicas
-// hold identical state and only data-parallel rank 0 saves, as in Megatron;
+// hold identical state and only data-parallel rank 0 of each model-parallel
+// rank saves, as in Megatron;
 // the distributed optimizer's shards are gathered to it and saved as tensors
 // dp_rank_RR.master / .exp_avg / .exp_avg_sq of the distrib_optim file.
 //
@@ -89,8 +90,9 @@ struct CheckpointMeta {
 // replaced by exchanging the two directories in one rename (RENAME_EXCHANGE),
 // so the name never points at nothing; on a file system that cannot exchange,
 // the save is refused rather than leave a moment without the old checkpoint.
-// The whole iteration is one process's save: it is not a collective, and one
-// process at a time may save into SAVE. Returns "" or one error line.
+// This is one process's save of one rank file (runtime/checkpoint_layout.h
+// has the collective save of a whole layout); one save at a time may write
+// into SAVE. Returns "" or one error line.
 // `distrib_optim`, when given, is written beside the rank file as
 // <rank>.distrib_optim.mtckpt (same format and metadata), in the same atomic
 // save: the distributed optimizer's state, gathered from every data-parallel
