@@ -9,6 +9,7 @@
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
 #include "runtime/atomic_file.h"
+#include "runtime/checkpoint_layout.h"
 #include "runtime/plan_reader.h"
 #include "spec/MegatronImport.h"
 #include "spec/Spec.h"
@@ -45,6 +46,9 @@ commands:
                           print the model summary (see 'mtc compile --help')
   import-megatron ARGS    turn a Megatron-LM pretrain_gpt.py command line into a
                           spec (see 'mtc import-megatron --help')
+  reshard --load SRC --plan PLAN --save DST
+                          convert a checkpoint to the parallel layout of PLAN
+                          (see 'mtc reshard --help')
   spec-keys               print the reference of every spec key (docs/spec.md)
   help                    this text
 
@@ -358,6 +362,87 @@ int runCompile(const std::vector<std::string> &args) {
   return 0;
 }
 
+const char *kReshardHelp = R"(usage: mtc reshard --load SRC --plan PLAN --save DST [--iteration N]
+
+Converts the checkpoint in SRC (the latest, or iteration N) to the tensor,
+pipeline and data parallel layout of PLAN (a plan.bin from 'mtc compile' of
+the same model with other [parallel] sizes) and saves it into DST, whose
+tracker then names that iteration. The source layout comes from the
+checkpoint's metadata. Every whole tensor is reassembled from the source rank
+files (weights, master copies, Adam moments, the distributed optimizer's
+shards) and each target rank's slice is written; the iteration, consumed
+samples, optimizer step count and loss-scale state are carried over, so
+'mtrun PLAN --load DST' resumes where the source run stopped. The save is
+atomic, as mtrun's are.
+
+options:
+  --load SRC        the checkpoint directory to convert
+  --plan PLAN       the plan whose layout to convert to
+  --save DST        where to save the converted checkpoint (not SRC)
+  --iteration N     convert iteration N instead of the tracker's
+  --help, -h        this text
+)";
+
+int runReshard(const std::vector<std::string> &args) {
+  std::string load, planPath, save;
+  int64_t iteration = -1;
+  auto usage = [](const std::string &msg) {
+    llvm::errs() << "mtc reshard: error: " << msg << "; see 'mtc reshard --help'\n";
+    return 1;
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string &a = args[i];
+    if (a == "--help" || a == "-h") {
+      llvm::outs() << kReshardHelp;
+      return 0;
+    }
+    std::string *dst = a == "--load" ? &load : a == "--plan" ? &planPath : a == "--save" ? &save
+                                                                                        : nullptr;
+    std::string value;
+    std::string key = a.substr(0, a.find('='));
+    if (a.find('=') != std::string::npos &&
+        (key == "--load" || key == "--plan" || key == "--save" || key == "--iteration")) {
+      value = a.substr(a.find('=') + 1);
+    } else if (dst || a == "--iteration") {
+      if (i + 1 >= args.size())
+        return usage(a + " needs a value");
+      value = args[++i];
+      key = a;
+    } else {
+      return usage("unknown argument '" + a + "'");
+    }
+    if (key == "--iteration") {
+      char *end = nullptr;
+      long long n = std::strtoll(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || n < 0)
+        return usage("--iteration needs a number >= 0, got '" + value + "'");
+      iteration = n;
+      continue;
+    }
+    if (value.empty())
+      return usage(key + " needs a value");
+    (key == "--load" ? load : key == "--plan" ? planPath : save) = value;
+  }
+  if (load.empty() || planPath.empty() || save.empty())
+    return usage(std::string("missing ") +
+                 (load.empty() ? "--load SRC" : planPath.empty() ? "--plan PLAN" : "--save DST"));
+  std::string err;
+  std::unique_ptr<rt::PlanFile> plan = rt::PlanFile::open(planPath, &err);
+  if (!plan) {
+    llvm::errs() << "mtc: " << err << "\n";
+    return 1;
+  }
+  std::string summary;
+  err = rt::reshard_checkpoint(load, iteration, *plan->plan(), planPath, save, &summary);
+  if (!err.empty()) {
+    llvm::errs() << "mtc: " << (err.find(": error: ") == std::string::npos ? "error: " : "")
+                 << err << "\n";
+    return 1;
+  }
+  llvm::outs() << summary << "\n";
+  return 0;
+}
+
 } // namespace
 
 int runMtc(int argc, char **argv) {
@@ -380,12 +465,14 @@ int runMtc(int argc, char **argv) {
     return runCompile(rest);
   if (cmd == "import-megatron")
     return spec::runImportMegatronCommand(rest);
+  if (cmd == "reshard")
+    return runReshard(rest);
   if (cmd == "spec-keys") {
     llvm::outs() << spec::renderKeyReferenceMarkdown();
     return 0;
   }
   std::string hint =
-      spec::didYouMean(cmd, {"compile", "import-megatron", "spec-keys", "help"});
+      spec::didYouMean(cmd, {"compile", "import-megatron", "reshard", "spec-keys", "help"});
   llvm::errs() << "mtc: error: unknown command '" << cmd << "'"
                << (hint.empty() ? "" : "; did you mean '" + hint + "'?")
                << "; run 'mtc --help' for the list\n";

@@ -548,12 +548,37 @@ std::string write_prepared(const std::string &here, const std::string &tmp_file,
 
 } // namespace
 
-std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &meta,
-                            const std::vector<CheckpointTensor> &tensors, int tp_rank, int pp_rank,
-                            int pp_size, const std::vector<CheckpointTensor> *distrib_optim) {
+std::string checkpoint_file_name(int tp_rank, int pp_rank, int pp_size, bool distrib_optim) {
+  return checkpoint_rank_name(tp_rank, pp_rank, pp_size) +
+         (distrib_optim ? kDistribOptimSuffix : kSuffix);
+}
+
+std::string begin_checkpoint_save(const std::string &save_dir, int64_t iteration,
+                                  std::string *staging) {
   const std::string here = (save_dir.empty() ? std::string("<empty>") : save_dir) + ": error: ";
   if (save_dir.empty())
     return here + "no directory to save checkpoints to; set --save";
+  if (iteration < 0)
+    return here + "cannot save iteration " + std::to_string(iteration) + ": iterations are >= 0";
+  std::string err = make_dirs(save_dir);
+  if (!err.empty())
+    return here + err + "; check that --save names a writable place";
+  remove_leftovers(save_dir);
+  std::string dir = save_dir + "/" + kTmpPrefix + iter_name(iteration).substr(5) + ".XXXXXX";
+  step("mkdir");
+  if (!::mkdtemp(dir.data()))
+    return here + "cannot create a staging directory in '" + save_dir + "': " + os_error() +
+           "; check that it is writable";
+  ::chmod(dir.c_str(), 0755);
+  *staging = dir;
+  return "";
+}
+
+std::string write_checkpoint_files(const std::string &staging, const CheckpointMeta &meta,
+                                   const std::vector<CheckpointTensor> &tensors, int tp_rank,
+                                   int pp_rank, int pp_size,
+                                   const std::vector<CheckpointTensor> *distrib_optim) {
+  const std::string here = parent_of(staging) + ": error: ";
   if (meta.iteration < 0)
     return here + "cannot save iteration " + std::to_string(meta.iteration) +
            ": iterations are >= 0";
@@ -571,29 +596,30 @@ std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &m
 
   const std::string json = meta_json(meta, tp_rank, pp_rank, pp_size);
   PreparedFile files[2];
-  const std::string rank_name = checkpoint_rank_name(tp_rank, pp_rank, pp_size);
-  files[0].name = rank_name + kSuffix;
+  files[0].name = checkpoint_file_name(tp_rank, pp_rank, pp_size, false);
   if (std::string e = prepare_file(here, json, tensors, files[0]); !e.empty())
     return e;
   const size_t nfiles = distrib_optim ? 2 : 1;
   if (distrib_optim) {
-    files[1].name = rank_name + kDistribOptimSuffix;
+    files[1].name = checkpoint_file_name(tp_rank, pp_rank, pp_size, true);
     if (std::string e = prepare_file(here, json, *distrib_optim, files[1]); !e.empty())
       return e;
   }
+  for (size_t i = 0; i < nfiles; ++i)
+    if (std::string e = write_prepared(here, staging + "/" + files[i].name, files[i]); !e.empty())
+      return e;
+  return "";
+}
 
-  std::string err = make_dirs(save_dir);
-  if (!err.empty())
-    return here + err + "; check that --save names a writable place";
-  remove_leftovers(save_dir);
+void abort_checkpoint_save(const std::string &staging) {
+  if (!staging.empty())
+    remove_tree(staging);
+}
 
-  const std::string iter = iter_name(meta.iteration);
-  const std::string final_dir = save_dir + "/" + iter;
-  std::string staging = save_dir + "/" + kTmpPrefix + iter.substr(5) + ".XXXXXX";
-  step("mkdir");
-  if (!::mkdtemp(staging.data()))
-    return here + "cannot create a staging directory in '" + save_dir + "': " + os_error() +
-           "; check that it is writable";
+std::string commit_checkpoint_save(const std::string &save_dir, int64_t iteration,
+                                   const std::string &staging,
+                                   const std::vector<std::string> &files) {
+  const std::string here = save_dir + ": error: ";
   // Until the rename the staging directory is ours to delete on failure.
   struct Staging {
     std::string path;
@@ -602,17 +628,20 @@ std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &m
         remove_tree(path);
     }
   } guard{staging};
-  ::chmod(staging.c_str(), 0755);
-
-  for (size_t i = 0; i < nfiles; ++i)
-    if (std::string e = write_prepared(here, staging + "/" + files[i].name, files[i]); !e.empty())
-      return e;
+  // Every rank's file must be there: a checkpoint missing one would load
+  // on some ranks and not on others.
+  for (const std::string &f : files)
+    if (!exists(staging + "/" + f))
+      return here + "the staging directory '" + staging + "' lacks " + f +
+             " after every rank reported its files written; the --save directory must be one "
+             "shared file system that every rank sees";
   step("fsync");
   if (!fsync_path(staging))
     return here + "cannot flush directory '" + staging + "': " + os_error();
 
   // Into place: a plain rename when the iteration is new, else an exchange
   // with the old directory, which then sits at the staging name.
+  const std::string final_dir = save_dir + "/" + iter_name(iteration);
   step("rename");
   bool replaced = false;
   int r = ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_NOREPLACE);
@@ -641,12 +670,36 @@ std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &m
     return here + "cannot flush directory '" + save_dir + "': " + os_error();
 
   step("tracker");
-  err = write_file_atomically(save_dir + "/" + kTracker, std::to_string(meta.iteration));
+  std::string err = write_file_atomically(save_dir + "/" + kTracker, std::to_string(iteration));
   if (!err.empty())
     return here + err;
   if (replaced)
     step("cleanup"); // the guard deletes the replaced copy
   return "";
+}
+
+std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &meta,
+                            const std::vector<CheckpointTensor> &tensors, int tp_rank, int pp_rank,
+                            int pp_size, const std::vector<CheckpointTensor> *distrib_optim) {
+  const std::string here = (save_dir.empty() ? std::string("<empty>") : save_dir) + ": error: ";
+  if (save_dir.empty())
+    return here + "no directory to save checkpoints to; set --save";
+  if (meta.iteration < 0)
+    return here + "cannot save iteration " + std::to_string(meta.iteration) +
+           ": iterations are >= 0";
+  std::string staging;
+  if (std::string e = begin_checkpoint_save(save_dir, meta.iteration, &staging); !e.empty())
+    return e;
+  std::string e = write_checkpoint_files(staging, meta, tensors, tp_rank, pp_rank, pp_size,
+                                         distrib_optim);
+  if (!e.empty()) {
+    abort_checkpoint_save(staging);
+    return e;
+  }
+  std::vector<std::string> files = {checkpoint_file_name(tp_rank, pp_rank, pp_size, false)};
+  if (distrib_optim)
+    files.push_back(checkpoint_file_name(tp_rank, pp_rank, pp_size, true));
+  return commit_checkpoint_save(save_dir, meta.iteration, staging, files);
 }
 
 // ---------------------------------------------------------------------------
@@ -744,8 +797,8 @@ std::string missing_rank_file(const std::string &dir, const std::string &file) {
   for (size_t i = 0; i < ours.size(); ++i)
     have += (i ? ", " : "") + ours[i];
   return dir + ": error: has no " + file + " (it has " + have +
-         "); the checkpoint was saved with a different tensor/pipeline parallel layout: load it "
-         "with the layout it was saved with";
+         "); the checkpoint was saved with a different tensor/pipeline parallel layout: convert "
+         "it with 'mtc reshard', or load it with the layout it was saved with";
 }
 
 } // namespace
@@ -946,7 +999,7 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(const std::string &load
     *error = msg;
     return nullptr;
   };
-  if (tp_rank < 0 || pp_size < 1 || pp_rank < 0 || pp_rank >= pp_size)
+  if ((tp_rank < 0 && tp_rank != -1) || pp_size < 1 || pp_rank < 0 || pp_rank >= pp_size)
     return fail(load_dir + ": error: invalid rank: tensor rank " + std::to_string(tp_rank) +
                 ", pipeline rank " + std::to_string(pp_rank) + " of " + std::to_string(pp_size));
   const std::string tracker = load_dir + "/" + kTracker;
@@ -984,8 +1037,15 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(const std::string &load
     return fail("no checkpoint for iteration " + std::to_string(iteration) + " in " + load_dir +
                 " (" + iter_name(iteration) + " does not exist; " + here + ")");
   }
-  const std::string file =
-      checkpoint_rank_name(tp_rank, pp_rank, pp_size) + (distrib_optim ? kDistribOptimSuffix : kSuffix);
+  // The first rank's file, whatever the pipeline size (tp_rank -1).
+  std::string file;
+  if (tp_rank < 0) {
+    file = checkpoint_file_name(0, 0, 1, false);
+    if (!exists(dir + "/" + file) && exists(dir + "/" + checkpoint_file_name(0, 0, 2, false)))
+      file = checkpoint_file_name(0, 0, 2, false);
+  } else {
+    file = checkpoint_file_name(tp_rank, pp_rank, pp_size, distrib_optim);
+  }
   auto impl = std::make_unique<Impl>();
   impl->path = dir + "/" + file;
   const std::string &path = impl->path;
@@ -1026,7 +1086,8 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(const std::string &load
     return fail(path + ": error: records iteration " + std::to_string(m.iteration) +
                 " but lies in " + iter_name(iteration) +
                 "; files were moved between checkpoints: " + kOtherIteration);
-  if (impl->tp_rank != tp_rank || impl->pp_rank != pp_rank || impl->pp_size != pp_size)
+  if (tp_rank < 0 ? impl->tp_rank != 0 || impl->pp_rank != 0
+                  : impl->tp_rank != tp_rank || impl->pp_rank != pp_rank || impl->pp_size != pp_size)
     return fail(path + ": error: was saved by " +
                 checkpoint_rank_name(impl->tp_rank, impl->pp_rank, impl->pp_size) +
                 " (pipeline size " + std::to_string(impl->pp_size) +
@@ -1034,7 +1095,16 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(const std::string &load
   return std::unique_ptr<CheckpointReader>(new CheckpointReader(std::move(impl)));
 }
 
+std::unique_ptr<CheckpointReader> CheckpointReader::open_first(const std::string &load_dir,
+                                                               int64_t iteration,
+                                                               std::string *error) {
+  return open(load_dir, iteration, -1, 0, 1, error);
+}
+
 const CheckpointMeta &CheckpointReader::meta() const { return impl_->meta; }
+int CheckpointReader::tp_rank() const { return impl_->tp_rank; }
+int CheckpointReader::pp_rank() const { return impl_->pp_rank; }
+int CheckpointReader::pp_size() const { return impl_->pp_size; }
 const std::string &CheckpointReader::path() const { return impl_->path; }
 
 std::vector<std::string> CheckpointReader::tensor_names() const {
@@ -1045,6 +1115,11 @@ std::vector<std::string> CheckpointReader::tensor_names() const {
 }
 
 bool CheckpointReader::has(const std::string &name) const { return impl_->index.count(name); }
+
+std::vector<int64_t> CheckpointReader::shape(const std::string &name) const {
+  auto it = impl_->index.find(name);
+  return it == impl_->index.end() ? std::vector<int64_t>() : impl_->entries[it->second].shape;
+}
 
 std::string CheckpointReader::read(const std::string &name, const std::string &dtype,
                                    const std::vector<int64_t> &shape, void *dst,

@@ -16,7 +16,8 @@
 // ".tmp.iter_" or "latest_checkpointed_iteration.txt.tmp." are the leftovers
 // of an interrupted save: loads never look at them and the next save deletes
 // them. There is no data-parallel rank in the name: data-parallel replicas
-// hold identical state and only data-parallel rank 0 saves, as in Megatron;
+// hold identical state and only data-parallel rank 0 of each model-parallel
+// rank saves, as in Megatron;
 // the distributed optimizer's shards are gathered to it and saved as tensors
 // dp_rank_RR.master / .exp_avg / .exp_avg_sq of the distrib_optim file.
 //
@@ -89,8 +90,9 @@ struct CheckpointMeta {
 // replaced by exchanging the two directories in one rename (RENAME_EXCHANGE),
 // so the name never points at nothing; on a file system that cannot exchange,
 // the save is refused rather than leave a moment without the old checkpoint.
-// The whole iteration is one process's save: it is not a collective, and one
-// process at a time may save into SAVE. Returns "" or one error line.
+// This is one process's save of one rank file (runtime/checkpoint_layout.h
+// has the collective save of a whole layout); one save at a time may write
+// into SAVE. Returns "" or one error line.
 // `distrib_optim`, when given, is written beside the rank file as
 // <rank>.distrib_optim.mtckpt (same format and metadata), in the same atomic
 // save: the distributed optimizer's state, gathered from every data-parallel
@@ -100,11 +102,33 @@ std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &m
                             int pp_rank = 0, int pp_size = 1,
                             const std::vector<CheckpointTensor> *distrib_optim = nullptr);
 
+// The same save in steps, for a save that several processes share (the
+// collective in checkpoint_layout.h): one process calls begin, which makes
+// SAVE, deletes leftovers of interrupted saves and creates the staging
+// directory SAVE/.tmp.iter_XXXXXXX.??????; every saving process writes its
+// rank's file(s) into it (each fsync'd); once all have, one process calls
+// commit, which checks that `files` are all there, then renames and updates
+// the tracker exactly as save_checkpoint does. On any failure before commit,
+// abort deletes the staging directory. Each returns "" or one error line.
+std::string begin_checkpoint_save(const std::string &save_dir, int64_t iteration,
+                                  std::string *staging);
+std::string write_checkpoint_files(const std::string &staging, const CheckpointMeta &meta,
+                                   const std::vector<CheckpointTensor> &tensors, int tp_rank,
+                                   int pp_rank, int pp_size,
+                                   const std::vector<CheckpointTensor> *distrib_optim = nullptr);
+std::string commit_checkpoint_save(const std::string &save_dir, int64_t iteration,
+                                   const std::string &staging,
+                                   const std::vector<std::string> &files);
+void abort_checkpoint_save(const std::string &staging);
+
 // True when LOAD has a tracker file: whether a run resumes or starts fresh.
 bool checkpoint_exists(const std::string &load_dir);
 
 // "mp_rank_00" (pp_size 1) or "mp_rank_00_000", as Megatron names ranks.
 std::string checkpoint_rank_name(int tp_rank, int pp_rank, int pp_size);
+// The rank's file in iter_XXXXXXX: "mp_rank_00.mtckpt" or, for the
+// distributed optimizer's state, "mp_rank_00.distrib_optim.mtckpt".
+std::string checkpoint_file_name(int tp_rank, int pp_rank, int pp_size, bool distrib_optim);
 
 // A validated rank file, mapped read-only.
 class CheckpointReader {
@@ -117,12 +141,21 @@ public:
   static std::unique_ptr<CheckpointReader> open(const std::string &load_dir, int64_t iteration,
                                                 int tp_rank, int pp_rank, int pp_size,
                                                 std::string *error, bool distrib_optim = false);
+  // The first model-parallel rank's file (mp_rank_00 or mp_rank_00_000),
+  // whatever layout saved it: where a loader reads the saved layout.
+  static std::unique_ptr<CheckpointReader> open_first(const std::string &load_dir,
+                                                      int64_t iteration, std::string *error);
   ~CheckpointReader();
 
   const CheckpointMeta &meta() const;
   const std::string &path() const;               // the rank file
+  int tp_rank() const;                           // the rank that saved it
+  int pp_rank() const;
+  int pp_size() const;
   std::vector<std::string> tensor_names() const; // in file order
   bool has(const std::string &name) const;
+  // The tensor's shape (empty when there is no such tensor).
+  std::vector<int64_t> shape(const std::string &name) const;
   // Copies tensor NAME into dst after checking that its dtype and shape are
   // the expected ones and that bytes fits them. Returns "" or one error line.
   std::string read(const std::string &name, const std::string &dtype,

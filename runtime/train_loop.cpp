@@ -2,6 +2,7 @@
 #include "runtime/train_loop.h"
 
 #include "runtime/checkpoint.h"
+#include "runtime/checkpoint_layout.h"
 #include "runtime/collectives.h"
 #include "runtime/cpu_executor.h"
 #include "runtime/gpt_dataset.h"
@@ -103,16 +104,7 @@ public:
     save = !opts.save.empty() ? opts.save : str(t->save());
     load = !opts.load.empty() ? opts.load : str(t->load());
 
-    // One save directory would need every model-parallel rank's file
-    // renamed into place together; until that protocol exists, refuse
-    // instead of writing checkpoints that hold one shard.
-    const int tpSize = std::max(1, plan.tensor_parallel());
-    if ((pp > 1 || tpSize > 1) && (!save.empty() || !load.empty()))
-      return fail(opts.plan_path + " is model parallel (tensor " + std::to_string(tpSize) +
-                  " x pipeline " + std::to_string(pp) +
-                  "), and this mtrun saves and loads checkpoints of one model-parallel rank "
-                  "only; remove --save/--load and [training] save/load, or compile with "
-                  "tensor_model_parallel_size = 1 and pipeline_model_parallel_size = 1");
+    tpRank = myRank->tp_rank();
     exec = std::make_unique<CpuExecutor>(plan, rank);
     exec->set_groups(&groups);
     fp16 = str(t->precision()) == "fp16";
@@ -137,8 +129,18 @@ public:
                     " for appending; check the directory exists and is writable");
     }
 
-    if (std::string err = restoreOrInit(); !err.empty())
-      return fail(err);
+    // Every rank loads its own file; all agree on the outcome, so a rank
+    // whose file is missing or refused stops the others at once.
+    std::string loadErr = restoreOrInit();
+    float loadFailed = loadErr.empty() ? 0.0f : float(rank + 1);
+    if (groups.world)
+      if (std::string err = groups.world->all_reduce(&loadFailed, 1, ReduceOp::Max); !err.empty())
+        return fail(err);
+    if (!loadErr.empty())
+      return fail(loadErr);
+    if (loadFailed > 0)
+      return fail("rank " + std::to_string(int(loadFailed) - 1) + " could not load the checkpoint "
+                  "in " + load + " (its error says why); fix that, or start without --load");
     if (std::string err = buildData(); !err.empty())
       return fail(err);
 
@@ -266,21 +268,30 @@ private:
       return "";
     }
     std::string err;
-    auto reader = CheckpointReader::open(load, -1, 0, ppRank, pp, &err);
+    // The layout first: the first rank's file records it.
+    auto first = CheckpointReader::open_first(load, -1, &err);
+    if (!first)
+      return err;
+    if (std::string e = check_saved_layout(*first, load, plan, opts.plan_path); !e.empty())
+      return e;
+    auto reader = CheckpointReader::open(load, first->meta().iteration, tpRank, ppRank, pp, &err);
     if (!reader)
       return err;
+    first.reset();
     const CheckpointMeta &m = reader->meta();
     std::string want = str(plan.model_fingerprint());
     if (m.model_fingerprint != want)
       return "checkpoint " + reader->path() + " is of another model (" +
              m.model_fingerprint + ") than this plan (" + want +
              "); load a checkpoint of this model or start without --load";
+    if (std::string e = check_rank_params(*reader, *myRank, load, opts.plan_path); !e.empty())
+      return e;
     // A distributed-optimizer checkpoint fits only the same shard layout,
     // and a plain one only a plan without it.
     const int64_t shard = exec->shard_elements();
     auto saved = m.values.find("distributed_optimizer");
     std::string have = saved == m.values.end() ? "" : saved->second;
-    std::string want_layout = shard > 0 ? shardLayout() : "";
+    std::string want_layout = shard > 0 ? shard_layout(plan, *myRank) : "";
     if (have != want_layout)
       return "checkpoint " + reader->path() + " holds optimizer state " +
              (have.empty() ? std::string("without the distributed optimizer")
@@ -291,7 +302,7 @@ private:
              "; load it with a plan of the same data_parallel_size, buckets and "
              "use_distributed_optimizer, or start without --load";
     if (shard > 0) {
-      auto optim = CheckpointReader::open(load, m.iteration, 0, 0, 1, &err, true);
+      auto optim = CheckpointReader::open(load, m.iteration, tpRank, ppRank, pp, &err, true);
       if (!optim)
         return err;
       char name[64];
@@ -340,18 +351,6 @@ private:
     return "";
   }
 
-  // The distributed optimizer's layout: a checkpoint's shards fit only a
-  // plan that splits the same flat buffers over the same ranks.
-  std::string shardLayout() const {
-    const pl::Rank *r = find_rank(plan, rank);
-    std::string s = "dp " + std::to_string(dp) + ", flat " + std::to_string(r->flat_elements()) +
-                    ", buckets";
-    for (size_t b = 0; b < r->buckets()->size(); ++b)
-      s += " [" + std::to_string(r->buckets()->Get(uint32_t(b))->begin()) + ", " +
-           std::to_string(r->buckets()->Get(uint32_t(b))->end()) + ")";
-    return s;
-  }
-
   // The distributed optimizer's state kinds, with this rank's shard of each.
   std::vector<std::pair<std::string, float *>> shardKinds() {
     std::vector<std::pair<std::string, float *>> kinds;
@@ -377,14 +376,12 @@ private:
           std::copy(data, data + shard, gathered.back().begin());
         }
       }
-    // Data-parallel replicas hold the same weights: the first one saves.
-    if (dpRank != 0) {
-      savedIteration = iteration;
-      return "";
-    }
+    // Data-parallel replicas hold the same weights: the first of each
+    // model-parallel rank writes its file; every rank takes part in the save.
+    const bool writes = dpRank == 0;
     const pl::Rank *rank = myRank;
     std::vector<CheckpointTensor> tensors;
-    for (uint32_t i = 0; i < rank->params()->size(); ++i) {
+    for (uint32_t i = 0; writes && i < rank->params()->size(); ++i) {
       const pl::Param *p = rank->params()->Get(i);
       std::string name = str(p->name());
       std::vector<int64_t> shape = shape_of(p);
@@ -399,7 +396,7 @@ private:
       tensors.push_back({name + ".exp_avg_sq", "f32", shape, exec->exp_avg_sq(int(i)), bytes});
     }
     std::vector<CheckpointTensor> distrib;
-    if (shard > 0) {
+    if (shard > 0 && writes) {
       auto kinds = shardKinds();
       for (int r = 0; r < dp; ++r)
         for (size_t k = 0; k < kinds.size(); ++k) {
@@ -420,19 +417,23 @@ private:
     m.loss_scale_hysteresis_tracker = hysteresisTracker;
     m.values["optimizer_steps"] = std::to_string(stepsTaken);
     m.values["skipped_iterations"] = std::to_string(skipped);
-    m.values["weights_dtype_in_plan"] = dtype_label(rank->params()->Get(0)->dtype());
-    if (shard > 0)
-      m.values["distributed_optimizer"] = shardLayout();
-    if (std::string err = save_checkpoint(save, m, tensors, 0, 0, 1, shard > 0 ? &distrib : nullptr);
+    if (rank->params()->size() > 0)
+      m.values["weights_dtype_in_plan"] = dtype_label(rank->params()->Get(0)->dtype());
+    add_layout_values(plan, *rank, &m);
+    if (std::string err = save_checkpoint_collective(
+            groups.world, this->rank, save, m, checkpoint_files_of(plan), writes, tensors, tpRank,
+            ppRank, pp, shard > 0 ? &distrib : nullptr);
         !err.empty())
       return err;
     savedIteration = iteration;
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "iter_%07lld", (long long)iteration);
-    // The saving rank says so, as Megatron's rank 0 does.
-    std::printf("saved checkpoint at iteration %lld to %s/%s\n", (long long)iteration,
-                save.c_str(), buf);
-    std::fflush(stdout);
+    if (this->rank == 0) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "iter_%07lld", (long long)iteration);
+      // Rank 0 says so, as Megatron's does.
+      std::printf("saved checkpoint at iteration %lld to %s/%s\n", (long long)iteration,
+                  save.c_str(), buf);
+      std::fflush(stdout);
+    }
     return "";
   }
 
@@ -662,7 +663,7 @@ private:
   int rank = 0;
   const ParallelGroups &groups;
   Communicator *comm = nullptr; // the data-parallel group
-  int dp = 1, dpRank = 0, pp = 1, ppRank = 0;
+  int dp = 1, dpRank = 0, pp = 1, ppRank = 0, tpRank = 0;
   const pl::Rank *myRank = nullptr;
   bool printer = true;
   std::unique_ptr<CpuExecutor> exec;

@@ -292,8 +292,8 @@ TEST_F(CheckpointTest, PipelineRankFileNames) {
   EXPECT_EQ(CheckpointReader::open(save, -1, 0, 0, 1, &err), nullptr);
   EXPECT_EQ(err, save + "/iter_0000004: error: has no mp_rank_00.mtckpt (it has "
                         "mp_rank_01_002.mtckpt); the checkpoint was saved with a different "
-                        "tensor/pipeline parallel layout: load it with the layout it was saved "
-                        "with");
+                        "tensor/pipeline parallel layout: convert it with 'mtc reshard', or load "
+                        "it with the layout it was saved with");
 
   // A file renamed to another rank's name is caught by its metadata.
   ASSERT_EQ(0, rename((save + "/iter_0000004/mp_rank_01_002.mtckpt").c_str(),
@@ -302,6 +302,49 @@ TEST_F(CheckpointTest, PipelineRankFileNames) {
   EXPECT_TRUE(contains(err, "was saved by mp_rank_01_002 (pipeline size 4); files were renamed "
                             "or copied between ranks"))
       << err;
+}
+
+// The steps a multi-rank save is made of: every rank's file goes into one
+// staging directory, and the commit renames it only when all are there.
+TEST_F(CheckpointTest, StagedSaveOfSeveralRanks) {
+  Model a = smallModel(1), b = smallModel(2);
+  ASSERT_EQ(saveModel(a, 1), "");
+  std::string staging;
+  ASSERT_EQ(mt::rt::begin_checkpoint_save(save, 2, &staging), "");
+  EXPECT_EQ(staging.rfind(save + "/.tmp.iter_0000002.", 0), 0u) << staging;
+  ASSERT_EQ(mt::rt::write_checkpoint_files(staging, sampleMeta(2), b.list(), 0, 0, 2), "");
+  ASSERT_EQ(mt::rt::write_checkpoint_files(staging, sampleMeta(2), b.list(), 0, 1, 2), "");
+
+  // A rank's file is missing: nothing moves, the staging directory goes.
+  std::vector<std::string> files = {"mp_rank_00_000.mtckpt", "mp_rank_00_001.mtckpt",
+                                    "mp_rank_01_000.mtckpt"};
+  std::string err = mt::rt::commit_checkpoint_save(save, 2, staging, files);
+  EXPECT_TRUE(contains(err, "lacks mp_rank_01_000.mtckpt after every rank reported its files "
+                            "written")) << err;
+  EXPECT_EQ(listDir(save),
+            (std::vector<std::string>{"iter_0000001", "latest_checkpointed_iteration.txt"}));
+
+  // All there: the iteration is in place and the tracker names it.
+  ASSERT_EQ(mt::rt::begin_checkpoint_save(save, 2, &staging), "");
+  for (int tp = 0; tp < 2; ++tp)
+    for (int pp = 0; pp < 2; ++pp)
+      ASSERT_EQ(mt::rt::write_checkpoint_files(staging, sampleMeta(2), b.list(), tp, pp, 2), "");
+  files.push_back("mp_rank_01_001.mtckpt");
+  ASSERT_EQ(mt::rt::commit_checkpoint_save(save, 2, staging, files), "");
+  EXPECT_EQ(listDir(save + "/iter_0000002"), files);
+  auto r = CheckpointReader::open(save, -1, 1, 1, 2, &err);
+  ASSERT_NE(r, nullptr) << err;
+  expectTensors(*r, b);
+  auto first = CheckpointReader::open_first(save, -1, &err);
+  ASSERT_NE(first, nullptr) << err;
+  EXPECT_EQ(first->pp_size(), 2);
+  EXPECT_EQ(first->path(), save + "/iter_0000002/mp_rank_00_000.mtckpt");
+
+  // An aborted save leaves nothing behind.
+  ASSERT_EQ(mt::rt::begin_checkpoint_save(save, 3, &staging), "");
+  mt::rt::abort_checkpoint_save(staging);
+  EXPECT_EQ(listDir(save), (std::vector<std::string>{"iter_0000001", "iter_0000002",
+                                                     "latest_checkpointed_iteration.txt"}));
 }
 
 TEST_F(CheckpointTest, MismatchMessages) {

@@ -1,0 +1,670 @@
+// Checkpoints of a whole parallel layout (see checkpoint_layout.h).
+#include "runtime/checkpoint_layout.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <sys/stat.h>
+
+namespace mt::rt {
+
+namespace pl = mt::plan;
+
+namespace {
+
+std::string str(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
+
+std::vector<int64_t> shape_of(const pl::Param *p) {
+  std::vector<int64_t> s;
+  if (p->shape())
+    for (int64_t d : *p->shape())
+      s.push_back(d);
+  return s;
+}
+
+int64_t numel(const std::vector<int64_t> &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+std::string shape_text(const std::vector<int64_t> &shape) {
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? "x" : "") + std::to_string(shape[i]);
+  return s.empty() ? "scalar" : s;
+}
+
+std::string value_of(const CheckpointMeta &m, const char *key, const std::string &dflt) {
+  auto it = m.values.find(key);
+  return it == m.values.end() ? dflt : it->second;
+}
+
+int int_value(const CheckpointMeta &m, const char *key, int dflt) {
+  std::string v = value_of(m, key, "");
+  char *end = nullptr;
+  long n = v.empty() ? dflt : std::strtol(v.c_str(), &end, 10);
+  return v.empty() || (end && *end == '\0' && n > 0) ? int(n) : -1;
+}
+
+std::string layout_text(int tp, int pp, int dp) {
+  return "tensor " + std::to_string(tp) + " x pipeline " + std::to_string(pp) + " x data " +
+         std::to_string(dp);
+}
+
+// One parameter of a rank file, as param_layout records it.
+struct SavedParam {
+  std::string name;
+  int tp_dim = -1, tp_blocks = 1;
+  int64_t flat_offset = -1;
+  std::vector<int64_t> shape; // the shard
+};
+
+bool parse_param_layout(const std::string &text, std::vector<SavedParam> *out) {
+  std::stringstream all(text);
+  std::string item;
+  while (std::getline(all, item, ';')) {
+    if (item.empty())
+      continue;
+    std::istringstream in(item);
+    SavedParam p;
+    std::string shape;
+    if (!(in >> p.name >> p.tp_dim >> p.tp_blocks >> p.flat_offset >> shape) || p.tp_blocks < 1)
+      return false;
+    if (shape != "scalar") {
+      std::stringstream dims(shape);
+      std::string d;
+      while (std::getline(dims, d, 'x')) {
+        char *end = nullptr;
+        long long v = std::strtoll(d.c_str(), &end, 10);
+        if (d.empty() || *end != '\0' || v < 0)
+          return false;
+        p.shape.push_back(v);
+      }
+    }
+    if (p.tp_dim >= int(p.shape.size()))
+      return false;
+    out->push_back(std::move(p));
+  }
+  return true;
+}
+
+struct Bucket {
+  int64_t begin, end;
+};
+
+// "dp 2, flat 35200, buckets [0, 35200) [35200, 40000)".
+bool parse_shard_layout(const std::string &text, int *dp, int64_t *flat,
+                        std::vector<Bucket> *buckets) {
+  long long d = 0, f = 0;
+  int used = 0;
+  if (std::sscanf(text.c_str(), "dp %lld, flat %lld, buckets%n", &d, &f, &used) != 2 || d < 1)
+    return false;
+  *dp = int(d);
+  *flat = f;
+  const char *p = text.c_str() + used;
+  long long b, e;
+  int n = 0;
+  while (std::sscanf(p, " [%lld, %lld)%n", &b, &e, &n) == 2) {
+    if (b < 0 || e < b || e > f || (e - b) % d != 0)
+      return false;
+    buckets->push_back({b, e});
+    p += n;
+  }
+  return *p == '\0';
+}
+
+// Copies between a whole tensor and tensor-parallel rank r's shard: dim
+// `dim` of the whole is viewed as [blocks, tp, n] and the shard is [:, r, :]
+// (plan.fbs, Param.tp_dim).
+void copy_shard(float *whole, float *shard, const std::vector<int64_t> &shard_shape, int dim,
+                int blocks, int tp, int r, bool to_shard) {
+  if (dim < 0) {
+    int64_t n = numel(shard_shape);
+    if (to_shard)
+      std::memcpy(shard, whole, size_t(n) * 4);
+    else
+      std::memcpy(whole, shard, size_t(n) * 4);
+    return;
+  }
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < dim; ++i)
+    outer *= shard_shape[size_t(i)];
+  for (size_t i = size_t(dim) + 1; i < shard_shape.size(); ++i)
+    inner *= shard_shape[i];
+  const int64_t n = shard_shape[size_t(dim)] / blocks; // rows per block
+  const int64_t shard_rows = shard_shape[size_t(dim)], whole_rows = shard_rows * tp;
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t b = 0; b < blocks; ++b) {
+      float *w = whole + (o * whole_rows + (b * tp + r) * n) * inner;
+      float *s = shard + (o * shard_rows + b * n) * inner;
+      if (to_shard)
+        std::memcpy(s, w, size_t(n * inner) * 4);
+      else
+        std::memcpy(w, s, size_t(n * inner) * 4);
+    }
+}
+
+// The distributed optimizer's state: dp rank r's shard holds, for each
+// bucket [begin, end) with n = (end - begin) / dp, the flat elements
+// [begin + r n, begin + (r + 1) n) at shard element begin / dp (plan.fbs,
+// Bucket). These move between the dp shards and one flat buffer.
+void shards_to_flat(const std::vector<Bucket> &buckets, int dp,
+                    const std::vector<const float *> &shards, float *flat) {
+  for (const Bucket &b : buckets) {
+    int64_t n = (b.end - b.begin) / dp;
+    for (int r = 0; r < dp; ++r)
+      std::memcpy(flat + b.begin + r * n, shards[size_t(r)] + b.begin / dp, size_t(n) * 4);
+  }
+}
+void flat_to_shards(const std::vector<Bucket> &buckets, int dp, const float *flat,
+                    const std::vector<float *> &shards) {
+  for (const Bucket &b : buckets) {
+    int64_t n = (b.end - b.begin) / dp;
+    for (int r = 0; r < dp; ++r)
+      std::memcpy(shards[size_t(r)] + b.begin / dp, flat + b.begin + r * n, size_t(n) * 4);
+  }
+}
+
+std::string dp_shard_name(int r, const std::string &kind) {
+  char name[64];
+  std::snprintf(name, sizeof name, "dp_rank_%02d.%s", r, kind.c_str());
+  return name;
+}
+
+} // namespace
+
+std::string shard_layout(const pl::Plan &plan, const pl::Rank &r) {
+  std::string s = "dp " + std::to_string(std::max(1, plan.data_parallel())) + ", flat " +
+                  std::to_string(r.flat_elements()) + ", buckets";
+  for (uint32_t b = 0; r.buckets() && b < r.buckets()->size(); ++b)
+    s += " [" + std::to_string(r.buckets()->Get(b)->begin()) + ", " +
+         std::to_string(r.buckets()->Get(b)->end()) + ")";
+  return s;
+}
+
+std::string param_layout(const pl::Rank &rank) {
+  std::string s;
+  for (uint32_t i = 0; rank.params() && i < rank.params()->size(); ++i) {
+    const pl::Param *p = rank.params()->Get(i);
+    s += (i ? ";" : "") + str(p->name()) + " " + std::to_string(p->tp_dim()) + " " +
+         std::to_string(p->tp_blocks()) + " " + std::to_string(p->flat_offset()) + " " +
+         shape_text(shape_of(p));
+  }
+  return s;
+}
+
+void add_layout_values(const pl::Plan &plan, const pl::Rank &rank, CheckpointMeta *meta) {
+  meta->values["tensor_parallel"] = std::to_string(std::max(1, plan.tensor_parallel()));
+  meta->values["pipeline_parallel"] = std::to_string(std::max(1, plan.pipeline_parallel()));
+  meta->values["data_parallel"] = std::to_string(std::max(1, plan.data_parallel()));
+  if (rank.distributed_optimizer() && rank.shard_elements() > 0)
+    meta->values["distributed_optimizer"] = shard_layout(plan, rank);
+  else
+    meta->values.erase("distributed_optimizer");
+  meta->values["param_layout"] = param_layout(rank);
+}
+
+std::vector<std::string> checkpoint_files_of(const pl::Plan &plan) {
+  std::vector<std::string> files;
+  const int pp = std::max(1, plan.pipeline_parallel());
+  for (uint32_t i = 0; plan.ranks() && i < plan.ranks()->size(); ++i) {
+    const pl::Rank *r = plan.ranks()->Get(i);
+    if (r->dp_rank() != 0)
+      continue;
+    files.push_back(checkpoint_file_name(r->tp_rank(), r->pp_rank(), pp, false));
+    if (r->distributed_optimizer() && r->shard_elements() > 0)
+      files.push_back(checkpoint_file_name(r->tp_rank(), r->pp_rank(), pp, true));
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::string check_saved_layout(const CheckpointReader &first, const std::string &load_dir,
+                               const pl::Plan &plan, const std::string &plan_path) {
+  const CheckpointMeta &m = first.meta();
+  const int tp = int_value(m, "tensor_parallel", 1), pp = first.pp_size();
+  const int dp = int_value(m, "data_parallel", 1);
+  const int want_tp = std::max(1, plan.tensor_parallel()),
+            want_pp = std::max(1, plan.pipeline_parallel()),
+            want_dp = std::max(1, plan.data_parallel());
+  if (tp < 1 || dp < 1)
+    return first.path() + ": error: the metadata's tensor_parallel or data_parallel is not a "
+                          "positive number; the file is damaged: load an earlier iteration "
+                          "instead, or start from scratch";
+  if (tp == want_tp && pp == want_pp)
+    return "";
+  return "checkpoint " + first.path() + " was saved by " + layout_text(tp, pp, dp) +
+         " ranks but " + plan_path + " is " + layout_text(want_tp, want_pp, want_dp) +
+         "; convert it with 'mtc reshard --load " + load_dir + " --plan " + plan_path +
+         " --save NEW_DIR' and load NEW_DIR, or load it with a plan of the layout it was "
+         "saved with";
+}
+
+std::string check_rank_params(const CheckpointReader &reader, const pl::Rank &rank,
+                              const std::string &load_dir, const std::string &plan_path) {
+  auto it = reader.meta().values.find("param_layout");
+  if (it == reader.meta().values.end())
+    return ""; // saved before layouts were recorded: one rank, checked tensor by tensor
+  const std::string want = param_layout(rank);
+  if (it->second == want)
+    return "";
+  std::vector<SavedParam> have;
+  parse_param_layout(it->second, &have);
+  std::string diff;
+  for (uint32_t i = 0; i < rank.params()->size() && diff.empty(); ++i) {
+    std::string name = str(rank.params()->Get(i)->name());
+    if (std::none_of(have.begin(), have.end(), [&](const SavedParam &p) { return p.name == name; }))
+      diff = "it lacks " + name;
+  }
+  if (diff.empty())
+    diff = "its parameters are sharded or laid out differently";
+  return "checkpoint " + reader.path() + " does not hold the parameters of " + plan_path +
+         "'s pipeline stage " + std::to_string(rank.pp_rank()) + " (" + diff +
+         "): the layers are split over the stages differently; convert it with 'mtc reshard "
+         "--load " +
+         load_dir + " --plan " + plan_path + " --save NEW_DIR', or compile with the stage split "
+         "it was saved with";
+}
+
+// ---------------------------------------------------------------------------
+// The collective save
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// All ranks learn whether any failed: the highest failing world rank + 1, or 0.
+std::string agree(Communicator *world, int world_rank, bool failed, int *failed_rank) {
+  float flag = failed ? float(world_rank + 1) : 0.0f;
+  if (world)
+    if (std::string err = world->all_reduce(&flag, 1, ReduceOp::Max); !err.empty())
+      return err;
+  *failed_rank = int(flag) - 1;
+  return "";
+}
+
+} // namespace
+
+std::string save_checkpoint_collective(Communicator *world, int world_rank,
+                                       const std::string &save_dir, const CheckpointMeta &meta,
+                                       const std::vector<std::string> &files, bool writes,
+                                       const std::vector<CheckpointTensor> &tensors, int tp_rank,
+                                       int pp_rank, int pp_size,
+                                       const std::vector<CheckpointTensor> *distrib_optim) {
+  const std::string nothing = "; nothing was saved, the previous checkpoint stays the latest";
+  auto other = [&](int r, const char *what) {
+    return save_dir + ": error: rank " + std::to_string(r) + " could not " + what +
+           " for iteration " + std::to_string(meta.iteration) + " (its error says why)" + nothing;
+  };
+  // 1. Rank 0 makes the staging directory and tells the others its name
+  // (as bytes in floats: every byte value is exact in a float).
+  std::string staging, err;
+  constexpr size_t kMaxName = 4096;
+  std::vector<float> name(kMaxName + 1, 0.0f);
+  if (world_rank == 0) {
+    err = begin_checkpoint_save(save_dir, meta.iteration, &staging);
+    if (err.empty() && staging.size() > kMaxName) {
+      abort_checkpoint_save(staging);
+      err = save_dir + ": error: the path is longer than " + std::to_string(kMaxName) +
+            " bytes; save to a shorter path";
+    }
+    name[0] = err.empty() ? float(staging.size()) : -1.0f;
+    for (size_t i = 0; err.empty() && i < staging.size(); ++i)
+      name[i + 1] = float(static_cast<unsigned char>(staging[i]));
+  }
+  if (world) {
+    if (std::string e = world->broadcast(name.data(), name.size(), 0); !e.empty())
+      return e;
+    if (name[0] < 0)
+      return world_rank == 0 ? err : other(0, "create the staging directory");
+    staging.resize(size_t(name[0]));
+    for (size_t i = 0; i < staging.size(); ++i)
+      staging[i] = char(static_cast<unsigned char>(name[i + 1]));
+  } else if (!err.empty()) {
+    return err;
+  }
+
+  // 2. The writers write; everyone agrees on the outcome.
+  if (writes)
+    err = write_checkpoint_files(staging, meta, tensors, tp_rank, pp_rank, pp_size,
+                                 distrib_optim);
+  int failed = -1;
+  if (std::string e = agree(world, world_rank, !err.empty(), &failed); !e.empty())
+    return e;
+  if (failed >= 0) {
+    if (world_rank == 0)
+      abort_checkpoint_save(staging);
+    return !err.empty() ? err + nothing : other(failed, "write its checkpoint files");
+  }
+
+  // 3. Rank 0 puts the whole iteration in place; everyone agrees again, so
+  // no rank goes on (or exits after a SIGTERM) before the save is durable.
+  if (world_rank == 0)
+    err = commit_checkpoint_save(save_dir, meta.iteration, staging, files);
+  if (std::string e = agree(world, world_rank, !err.empty(), &failed); !e.empty())
+    return e;
+  if (failed >= 0)
+    return !err.empty() ? err : other(failed, "rename the checkpoint into place");
+  return "";
+}
+
+// ---------------------------------------------------------------------------
+// Reshard
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// A whole tensor, assembled from its shards.
+struct Whole {
+  std::vector<int64_t> shape;
+  std::vector<float> weight, master, exp_avg, exp_avg_sq;
+  bool has_master = false;
+  int tp_dim = -1;
+  std::vector<bool> have; // which tensor-parallel shards arrived
+  std::string from;       // the first rank file that held it
+};
+
+} // namespace
+
+std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
+                               const pl::Plan &plan, const std::string &plan_path,
+                               const std::string &save_dir, std::string *summary) {
+  std::string err;
+  struct stat a {}, b {};
+  if (::stat(load_dir.c_str(), &a) == 0 && ::stat(save_dir.c_str(), &b) == 0 &&
+      a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+    return save_dir + ": error: --save names the --load directory; save the converted "
+                      "checkpoint to another directory";
+  auto first = CheckpointReader::open_first(load_dir, iteration, &err);
+  if (!first)
+    return err;
+  const CheckpointMeta &m0 = first->meta();
+  iteration = m0.iteration;
+  const int src_tp = int_value(m0, "tensor_parallel", 1), src_pp = first->pp_size();
+  if (src_tp < 1)
+    return first->path() + ": error: the metadata's tensor_parallel is not a positive number; "
+                           "the file is damaged: convert an earlier iteration instead";
+
+  // Every whole tensor, from every source rank file.
+  std::map<std::string, Whole> wholes;
+  std::string src_dtype = value_of(m0, "weights_dtype_in_plan", "");
+  for (int s = 0; s < src_pp; ++s)
+    for (int r = 0; r < src_tp; ++r) {
+      auto reader = CheckpointReader::open(load_dir, iteration, r, s, src_pp, &err);
+      if (!reader)
+        return err;
+      const CheckpointMeta &m = reader->meta();
+      const std::string &path = reader->path();
+      if (m.model_fingerprint != m0.model_fingerprint ||
+          int_value(m, "tensor_parallel", 1) != src_tp)
+        return path + ": error: belongs to another save than " + first->path() +
+               " (another model or layout); the iteration directory mixes files of several "
+               "runs: convert another iteration";
+      std::vector<SavedParam> params;
+      auto pl_it = m.values.find("param_layout");
+      if (pl_it != m.values.end()) {
+        if (!parse_param_layout(pl_it->second, &params))
+          return path + ": error: the metadata's param_layout is malformed; the file is "
+                        "damaged: convert an earlier iteration";
+      } else if (src_tp == 1 && !m.values.count("distributed_optimizer")) {
+        // Saved before layouts were recorded: one rank, whole tensors.
+        for (const std::string &n : reader->tensor_names()) {
+          if (n.find(".exp_avg") != std::string::npos ||
+              (n.size() > 7 && n.compare(n.size() - 7, 7, ".master") == 0))
+            continue;
+          params.push_back({n, -1, 1, -1, reader->shape(n)});
+        }
+      } else {
+        return path + ": error: the metadata lacks param_layout, so its tensor-parallel shards "
+                      "cannot be told apart; convert a checkpoint saved by this mt";
+      }
+
+      // The distributed optimizer's state as flat buffers of this rank.
+      const bool distopt = m.values.count("distributed_optimizer") > 0;
+      std::map<std::string, std::vector<float>> flat;
+      if (distopt) {
+        int dp = 0;
+        int64_t flat_n = 0;
+        std::vector<Bucket> buckets;
+        if (!parse_shard_layout(m.values.at("distributed_optimizer"), &dp, &flat_n, &buckets))
+          return path + ": error: the metadata's distributed_optimizer layout '" +
+                 m.values.at("distributed_optimizer") +
+                 "' is malformed; the file is damaged: convert an earlier iteration";
+        auto optim = CheckpointReader::open(load_dir, iteration, r, s, src_pp, &err, true);
+        if (!optim)
+          return err;
+        int64_t shard_n = 0;
+        for (const Bucket &bk : buckets)
+          shard_n += (bk.end - bk.begin) / dp;
+        for (const char *kind : {"master", "exp_avg", "exp_avg_sq"}) {
+          if (!optim->has(dp_shard_name(0, kind)))
+            continue;
+          std::vector<std::vector<float>> shards(static_cast<size_t>(dp));
+          for (auto &sh : shards)
+            sh.resize(size_t(shard_n));
+          std::vector<const float *> ptrs;
+          for (int d = 0; d < dp; ++d) {
+            if (std::string e = optim->read(dp_shard_name(d, kind), "f32", {shard_n},
+                                            shards[size_t(d)].data(), size_t(shard_n) * 4);
+                !e.empty())
+              return e;
+            ptrs.push_back(shards[size_t(d)].data());
+          }
+          std::vector<float> &f = flat[kind];
+          f.assign(size_t(flat_n), 0.0f);
+          shards_to_flat(buckets, dp, ptrs, f.data());
+        }
+      }
+
+      for (const SavedParam &p : params) {
+        const std::vector<int64_t> &shard = p.shape;
+        Whole &w = wholes[p.name];
+        std::vector<int64_t> whole_shape = shard;
+        if (p.tp_dim >= 0)
+          whole_shape[size_t(p.tp_dim)] *= src_tp;
+        if (w.have.empty()) {
+          w.shape = whole_shape;
+          w.tp_dim = p.tp_dim;
+          w.have.assign(size_t(src_tp), false);
+          w.from = path;
+          size_t n = size_t(numel(whole_shape));
+          w.weight.resize(n);
+          w.exp_avg.resize(n);
+          w.exp_avg_sq.resize(n);
+          w.has_master = distopt ? flat.count("master") > 0 : reader->has(p.name + ".master");
+          if (w.has_master)
+            w.master.resize(n);
+        } else if (w.shape != whole_shape) {
+          return path + ": error: holds " + p.name + " as a shard of " + shape_text(whole_shape) +
+                 " but " + w.from + " of " + shape_text(w.shape) +
+                 "; the files are of different models: convert another iteration";
+        }
+        // A tensor-parallel replica, or the pipeline's tied copy: once is enough.
+        int slot = p.tp_dim >= 0 ? r : 0;
+        if (w.have[size_t(slot)])
+          continue;
+        w.have[size_t(slot)] = true;
+        const size_t bytes = size_t(numel(shard)) * 4;
+        std::vector<float> buf(size_t(numel(shard)));
+        auto place = [&](std::vector<float> &dst) {
+          copy_shard(dst.data(), buf.data(), shard, p.tp_dim, p.tp_blocks, src_tp, r, false);
+        };
+        struct Part {
+          const char *suffix, *kind;
+          std::vector<float> *dst;
+        };
+        std::vector<Part> parts = {{"", nullptr, &w.weight},
+                                   {".exp_avg", "exp_avg", &w.exp_avg},
+                                   {".exp_avg_sq", "exp_avg_sq", &w.exp_avg_sq}};
+        if (w.has_master)
+          parts.push_back({".master", "master", &w.master});
+        for (const Part &part : parts) {
+          if (distopt && part.kind) {
+            auto f = flat.find(part.kind);
+            if (f == flat.end() || p.flat_offset < 0 ||
+                p.flat_offset + int64_t(buf.size()) > int64_t(f->second.size()))
+              return path + ": error: the distributed optimizer's state has no " + part.kind +
+                     " for " + p.name + "; the file is damaged: convert an earlier iteration";
+            std::memcpy(buf.data(), f->second.data() + p.flat_offset, bytes);
+          } else if (std::string e = reader->read(p.name + part.suffix, "f32", shard, buf.data(),
+                                                  bytes);
+                     !e.empty()) {
+            return e;
+          }
+          place(*part.dst);
+        }
+      }
+    }
+  for (const auto &[name, w] : wholes)
+    for (size_t r = 0; r < w.have.size(); ++r)
+      if (w.tp_dim >= 0 ? !w.have[r] : !w.have[0])
+        return load_dir + ": error: no rank file holds tensor-parallel shard " +
+               std::to_string(r) + " of " + name +
+               "; the checkpoint is incomplete: convert another iteration";
+
+  // The target: every parameter of every model-parallel rank, sliced.
+  const int tp = std::max(1, plan.tensor_parallel()), pp = std::max(1, plan.pipeline_parallel());
+  const int dp = std::max(1, plan.data_parallel());
+  std::map<std::string, bool> used;
+  struct Out {
+    const pl::Rank *rank;
+    std::vector<std::vector<float>> data; // owns the tensors' bytes
+    std::vector<CheckpointTensor> tensors, distrib;
+    CheckpointMeta meta;
+  };
+  std::vector<std::unique_ptr<Out>> outs;
+  const std::string other_model = "; compile the target plan from the same model as the "
+                                  "checkpoint (only [parallel] may differ)";
+  for (uint32_t i = 0; i < plan.ranks()->size(); ++i) {
+    const pl::Rank *rank = plan.ranks()->Get(i);
+    if (rank->dp_rank() != 0)
+      continue;
+    auto out = std::make_unique<Out>();
+    out->rank = rank;
+    out->data.reserve(rank->params()->size() * 4 + 3 * size_t(dp));
+    const bool distopt = rank->distributed_optimizer() && rank->shard_elements() > 0;
+    std::map<std::string, std::vector<float>> flat;
+    if (distopt) {
+      flat["exp_avg"].assign(size_t(rank->flat_elements()), 0.0f);
+      flat["exp_avg_sq"].assign(size_t(rank->flat_elements()), 0.0f);
+      if (rank->shard_master_offset() >= 0)
+        flat["master"].assign(size_t(rank->flat_elements()), 0.0f);
+    }
+    for (uint32_t k = 0; k < rank->params()->size(); ++k) {
+      const pl::Param *p = rank->params()->Get(k);
+      const std::string name = str(p->name());
+      std::vector<int64_t> shard = shape_of(p), whole = shard;
+      if (p->tp_dim() >= 0)
+        whole[size_t(p->tp_dim())] *= tp;
+      auto it = wholes.find(name);
+      if (it == wholes.end())
+        return plan_path + ": error: parameter " + name + " is not in the checkpoint " +
+               load_dir + other_model;
+      const Whole &w = it->second;
+      if (w.shape != whole)
+        return plan_path + ": error: parameter " + name + " is " + shape_text(whole) +
+               " but the checkpoint's is " + shape_text(w.shape) + other_model;
+      if (!src_dtype.empty() && src_dtype != dtype_label(p->dtype()))
+        return plan_path + ": error: trains " + dtype_label(p->dtype()) +
+               " weights but the checkpoint was saved from " + src_dtype +
+               " ones; compile the target plan with the checkpoint's training.precision";
+      const bool want_master = distopt ? rank->shard_master_offset() >= 0 : p->master_offset() >= 0;
+      if (want_master != w.has_master)
+        return plan_path + ": error: " +
+               (want_master ? "keeps f32 master copies but the checkpoint has none"
+                            : "keeps no master copies but the checkpoint has them") +
+               " (for " + name + "); compile the target plan with the checkpoint's "
+                                  "training.precision";
+      used[name] = true;
+      const int64_t n = numel(shard);
+      auto slice = [&](const std::vector<float> &src) {
+        out->data.emplace_back(size_t(n));
+        copy_shard(const_cast<float *>(src.data()), out->data.back().data(), shard, p->tp_dim(),
+                   p->tp_blocks(), tp, rank->tp_rank(), true);
+        return out->data.back().data();
+      };
+      out->tensors.push_back({name, "f32", shard, slice(w.weight), size_t(n) * 4});
+      struct Part {
+        const char *suffix, *kind;
+        const std::vector<float> *src;
+      };
+      std::vector<Part> parts;
+      if (want_master)
+        parts.push_back({".master", "master", &w.master});
+      parts.push_back({".exp_avg", "exp_avg", &w.exp_avg});
+      parts.push_back({".exp_avg_sq", "exp_avg_sq", &w.exp_avg_sq});
+      for (const Part &part : parts) {
+        float *s = slice(*part.src);
+        if (distopt) {
+          std::memcpy(flat[part.kind].data() + p->flat_offset(), s, size_t(n) * 4);
+          out->data.pop_back();
+        } else {
+          out->tensors.push_back({name + part.suffix, "f32", shard, s, size_t(n) * 4});
+        }
+      }
+    }
+    if (distopt) {
+      std::vector<Bucket> buckets;
+      for (uint32_t k = 0; k < rank->buckets()->size(); ++k)
+        buckets.push_back({rank->buckets()->Get(k)->begin(), rank->buckets()->Get(k)->end()});
+      const int64_t shard_n = rank->shard_elements();
+      for (const char *kind : {"master", "exp_avg", "exp_avg_sq"}) {
+        if (!flat.count(kind))
+          continue;
+        std::vector<float *> ptrs;
+        size_t at = out->data.size();
+        for (int d = 0; d < dp; ++d)
+          out->data.emplace_back(size_t(shard_n), 0.0f);
+        for (int d = 0; d < dp; ++d)
+          ptrs.push_back(out->data[at + size_t(d)].data());
+        flat_to_shards(buckets, dp, flat[kind].data(), ptrs);
+        for (int d = 0; d < dp; ++d)
+          out->distrib.push_back(
+              {dp_shard_name(d, kind), "f32", {shard_n}, ptrs[size_t(d)], size_t(shard_n) * 4});
+      }
+    }
+    CheckpointMeta &m = out->meta;
+    m = m0;
+    m.spec_toml = str(plan.spec_toml());
+    m.model_fingerprint = str(plan.model_fingerprint());
+    if (rank->params()->size() > 0)
+      m.values["weights_dtype_in_plan"] = dtype_label(rank->params()->Get(0)->dtype());
+    add_layout_values(plan, *rank, &m);
+    outs.push_back(std::move(out));
+  }
+  for (const auto &[name, w] : wholes)
+    if (!used.count(name))
+      return plan_path + ": error: has no parameter " + name + ", which the checkpoint " +
+             load_dir + " holds" + other_model;
+
+  std::string staging;
+  if (std::string e = begin_checkpoint_save(save_dir, iteration, &staging); !e.empty())
+    return e;
+  for (const auto &out : outs) {
+    const bool distopt = !out->distrib.empty();
+    if (std::string e = write_checkpoint_files(staging, out->meta, out->tensors,
+                                               out->rank->tp_rank(), out->rank->pp_rank(), pp,
+                                               distopt ? &out->distrib : nullptr);
+        !e.empty()) {
+      abort_checkpoint_save(staging);
+      return e;
+    }
+  }
+  if (std::string e = commit_checkpoint_save(save_dir, iteration, staging,
+                                             checkpoint_files_of(plan));
+      !e.empty())
+    return e;
+  *summary = "resharded iteration " + std::to_string(iteration) + " of " + load_dir + " (" +
+             layout_text(src_tp, src_pp, int_value(m0, "data_parallel", 1)) + ", " +
+             std::to_string(wholes.size()) + " tensors) to " + save_dir + " (" +
+             layout_text(tp, pp, dp) + ", " + std::to_string(outs.size()) + " rank file" +
+             (outs.size() == 1 ? "" : "s") + ")";
+  return "";
+}
+
+} // namespace mt::rt

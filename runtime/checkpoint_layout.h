@@ -1,0 +1,76 @@
+// Checkpoints of a whole parallel layout: the collective save of every
+// model-parallel rank's file, the layout each file records, its check on
+// load, and the conversion between layouts behind `mtc reshard`.
+//
+// Each rank file's metadata "values" describe the layout that saved it:
+//   tensor_parallel, pipeline_parallel, data_parallel   the sizes
+//   distributed_optimizer   the shard layout ("dp 2, flat 35200, buckets
+//                           [0, 35200)"), only with the distributed optimizer
+//   param_layout            this rank's parameters, ";"-separated, each
+//                           "NAME TP_DIM TP_BLOCKS FLAT_OFFSET SHAPE" with the
+//                           shard's SHAPE as "32x96" (plan.fbs, Param)
+// With them a checkpoint is self-describing: a loader refuses another layout
+// by name, and reshard reassembles every whole tensor without the plan that
+// saved it.
+#ifndef MT_RUNTIME_CHECKPOINT_LAYOUT_H
+#define MT_RUNTIME_CHECKPOINT_LAYOUT_H
+
+#include "runtime/checkpoint.h"
+#include "runtime/collectives.h"
+#include "runtime/plan_reader.h"
+
+#include <string>
+#include <vector>
+
+namespace mt::rt {
+
+// The distributed optimizer's shard layout of `rank` (the value above).
+std::string shard_layout(const mt::plan::Plan &plan, const mt::plan::Rank &rank);
+// "NAME TP_DIM TP_BLOCKS FLAT_OFFSET SHAPE;..." of `rank`'s parameters.
+std::string param_layout(const mt::plan::Rank &rank);
+// Adds the layout values of `rank` of `plan` to meta->values.
+void add_layout_values(const mt::plan::Plan &plan, const mt::plan::Rank &rank,
+                       CheckpointMeta *meta);
+// Every file a checkpoint of `plan` holds: one per model-parallel rank, and
+// the distributed optimizer's beside each when the plan uses it.
+std::vector<std::string> checkpoint_files_of(const mt::plan::Plan &plan);
+
+// "" when the checkpoint whose first rank file is `first` was saved by the
+// tensor and pipeline layout of `plan`; else one line naming the file and
+// the `mtc reshard` command that converts it.
+std::string check_saved_layout(const CheckpointReader &first, const std::string &load_dir,
+                               const mt::plan::Plan &plan, const std::string &plan_path);
+// "" when `reader` (this rank's file) holds the parameters of `rank`
+// (same names, shards and flat offsets); else one line.
+std::string check_rank_params(const CheckpointReader &reader, const mt::plan::Rank &rank,
+                              const std::string &load_dir, const std::string &plan_path);
+
+// The collective save: every rank of `world` (null for one process) calls it
+// at the same iteration. World rank 0 creates the staging directory and
+// broadcasts its name; the ranks with `writes` (data-parallel rank 0 of each
+// model-parallel rank) write their files into it; all agree on success with
+// an all-reduce; rank 0 checks that `files` are all present, renames the
+// directory into place and replaces the tracker; all agree again. A failure
+// anywhere leaves the previous checkpoint the latest and intact, and every
+// rank returns an error (the failing rank its own, the others one naming it).
+std::string save_checkpoint_collective(Communicator *world, int world_rank,
+                                       const std::string &save_dir, const CheckpointMeta &meta,
+                                       const std::vector<std::string> &files, bool writes,
+                                       const std::vector<CheckpointTensor> &tensors, int tp_rank,
+                                       int pp_rank, int pp_size,
+                                       const std::vector<CheckpointTensor> *distrib_optim);
+
+// mtc reshard: reads the checkpoint in load_dir (the tracker's iteration, or
+// `iteration` when >= 0), reassembles every whole tensor (weights, master
+// copies, Adam moments, the distributed optimizer's shards included) and
+// saves it in the layout of `plan` into save_dir, atomically, with the
+// iteration, data position, optimizer step count and loss-scale state
+// carried over. Returns "" or one error line; *summary gets one line on
+// what was done.
+std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
+                               const mt::plan::Plan &plan, const std::string &plan_path,
+                               const std::string &save_dir, std::string *summary);
+
+} // namespace mt::rt
+
+#endif // MT_RUNTIME_CHECKPOINT_LAYOUT_H
