@@ -473,6 +473,14 @@ int run_local_ranks(int nproc, const std::vector<std::string> &argv, const Local
   for (char **e = environ; *e; ++e)
     if (!is_launch_variable(*e))
       inherited.push_back(*e);
+  // N ranks share this machine's cores: unless the user chose, each rank's
+  // BLAS and OpenMP get an equal share (at least one thread), as torchrun
+  // sets OMP_NUM_THREADS, instead of every rank starting a thread per core.
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  const std::string share = std::to_string(std::max(1L, cores / nproc));
+  for (const char *name : {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"})
+    if (!std::getenv(name))
+      inherited.push_back(std::string(name) + "=" + share);
 
   std::vector<Child> children(nproc);
   std::fflush(stdout);

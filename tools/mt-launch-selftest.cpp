@@ -102,6 +102,8 @@ int main(int argc, char **argv) {
   char host[HOST_NAME_MAX + 1] = {};
   ::gethostname(host, HOST_NAME_MAX);
   std::printf("rank %d of %d on %s (%s)\n", info.rank, info.world, host, info.source.c_str());
+  const char *blas = std::getenv("OPENBLAS_NUM_THREADS");
+  std::printf("rank %d: OPENBLAS_NUM_THREADS=%s\n", info.rank, blas ? blas : "(unset)");
   std::fflush(stdout);
 
   if (info.rank == fail_rank) {
