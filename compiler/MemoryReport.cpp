@@ -175,8 +175,11 @@ void printMemoryPlanText(llvm::raw_ostream &os, const MemoryPlan &plan) {
                         pad(r.rank), g(r.weights), g(r.grads), g(r.master), g(r.moments),
                         g(r.activations), g(r.workspace), g(r.reserve), g(r.total()),
                         plan.ranks.size() > 1 && int(i) == plan.heaviest ? "  <- heaviest" : "");
-  os << "  (GiB; activations = the planned arena at its peak, one micro-batch in flight; "
-        "reserve = CUDA context and libraries, stated)\n";
+  const bool stages = !plan.ranks.empty() && plan.ranks.front().inFlight > 0;
+  os << "  (GiB; activations = the planned arena at its peak, "
+     << (stages ? "with the micro-batches each stage holds then"
+                : "one micro-batch in flight")
+     << "; reserve = CUDA context and libraries, stated)\n";
   if (!plan.note.empty())
     os << "  note: " << plan.note << "\n";
   if (plan.ranks.size() > 1 && plan.ranks.front().inFlight > 0) {
