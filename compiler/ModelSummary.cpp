@@ -116,8 +116,10 @@ ModelSummary summarizeModel(ModuleOp module, const spec::Spec &spec) {
   addShape("tokens", func.getArgument(0));
   bool haveHidden = false, haveQKV = false, haveFFN = false;
   func.walk([&](Operation *op) {
-    if (auto e = dyn_cast<EmbeddingOp>(op); e && !haveHidden) {
-      addShape("hidden", e.getResult());
+    // The residual stream, as the first norm reads it (a sequence shard
+    // under sequence parallelism).
+    if (isa<LayerNormOp, RMSNormOp>(op) && !haveHidden) {
+      addShape("hidden", op->getOperand(0));
       haveHidden = true;
     } else if (auto q = dyn_cast<SplitQKVOp>(op); q && !haveQKV) {
       addShape("qkv", q.getInput());
