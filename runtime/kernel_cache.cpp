@@ -74,8 +74,10 @@ std::string default_kernel_cache_dir() {
 }
 
 std::vector<std::string> nvrtc_options(int arch) {
+  // ptxas already optimises at -O3 by default; the options NVRTC 12.0
+  // lacks are left out so that every supported NVRTC takes this list.
   return {"--gpu-architecture=" + arch_name(arch), "--std=c++17", "--fmad=true",
-          "--prec-div=true", "--prec-sqrt=true", "--dopt=on", "--ptxas-options=-O3"};
+          "--prec-div=true", "--prec-sqrt=true", "--dopt=on"};
 }
 
 KernelCache::KernelCache(const cu::Nvrtc *nvrtc, std::string dir,

@@ -35,7 +35,8 @@ namespace mt::rt {
 std::string default_kernel_cache_dir();
 
 // The options every kernel is compiled with for sm_<arch>: C++17, fused
-// multiply-adds on, IEEE division and square root, full optimisation.
+// multiply-adds on, IEEE division and square root, device optimisation on
+// (ptxas at its default -O3).
 std::vector<std::string> nvrtc_options(int arch);
 
 struct KernelCacheStats {
@@ -44,6 +45,7 @@ struct KernelCacheStats {
   int corrupt = 0;  // entries refused by the checks and recompiled
 };
 
+// One per process (rank); not for concurrent use from several threads.
 class KernelCache {
 public:
   // `dir` "" means default_kernel_cache_dir(); when that is "" too, or the

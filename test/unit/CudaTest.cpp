@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -293,4 +294,64 @@ TEST(KernelCache, UnusableDirectoryStillCompiles) {
             0u)
       << warnings[0];
   EXPECT_NE(warnings[0].find("set MT_KERNEL_CACHE to a writable directory"), std::string::npos);
+}
+
+TEST(CudaApi, ToolkitLibrariesLoadWithTheirVersions) {
+  std::string err;
+  const cu::Nvrtc *n = cu::load_nvrtc(&err);
+  if (!n)
+    GTEST_SKIP() << "no CUDA toolkit here: " << err;
+  EXPECT_GE(n->major, cu::kMinNvrtcMajor);
+  EXPECT_NE(n->path.find("libnvrtc.so.1"), std::string::npos) << n->path;
+  // cuBLASLt and NCCL come separately from NVRTC on some systems.
+  if (const cu::CublasLt *c = cu::load_cublaslt(&err))
+    EXPECT_GE(c->version, cu::kMinCublasLtVersion);
+  else
+    std::printf("cuBLASLt not checked: %s\n", err.c_str());
+  err.clear();
+  if (const cu::Nccl *c = cu::load_nccl(&err))
+    EXPECT_GE(c->version, cu::kMinNcclVersion);
+  else
+    std::printf("NCCL not checked: %s\n", err.c_str());
+}
+
+// The whole path on a GPU: NVRTC's CUBIN from the cache, loaded and run
+// through the driver table. Skipped, with the reason, where there is no GPU.
+TEST(CudaDevice, CachedKernelRunsOnTheGpu) {
+  REQUIRE_NVRTC(nvrtc);
+  CudaDevice dev;
+  if (std::string e = open_cuda_device(0, &dev); !e.empty())
+    GTEST_SKIP() << "no GPU to run on: " << e;
+  const cu::Driver &d = *dev.driver;
+  ASSERT_EQ(check_driver_runs_nvrtc(dev, *nvrtc), "");
+  TempDir dir;
+  KernelCache cache(nvrtc, dir.path);
+  std::string cubin, err;
+  ASSERT_TRUE(cache.get("saxpy", kSaxpy, dev.arch, &cubin, &err)) << err;
+  cu::CUmodule module = nullptr;
+  ASSERT_EQ(d.cuModuleLoadData(&module, cubin.data()), cu::CUDA_SUCCESS);
+  cu::CUfunction fn = nullptr;
+  ASSERT_EQ(d.cuModuleGetFunction(&fn, module, "saxpy"), cu::CUDA_SUCCESS);
+  const int n = 1000;
+  std::vector<float> x(n), y(n);
+  for (int i = 0; i < n; ++i)
+    x[i] = float(i), y[i] = 1.0f;
+  cu::CUdeviceptr dx = 0, dy = 0;
+  ASSERT_EQ(d.cuMemAlloc(&dx, n * sizeof(float)), cu::CUDA_SUCCESS);
+  ASSERT_EQ(d.cuMemAlloc(&dy, n * sizeof(float)), cu::CUDA_SUCCESS);
+  ASSERT_EQ(d.cuMemcpyHtoD(dx, x.data(), n * sizeof(float)), cu::CUDA_SUCCESS);
+  ASSERT_EQ(d.cuMemcpyHtoD(dy, y.data(), n * sizeof(float)), cu::CUDA_SUCCESS);
+  float a = 2.0f;
+  int count = n;
+  void *params[] = {&a, &dx, &dy, &count};
+  ASSERT_EQ(d.cuLaunchKernel(fn, (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, params, nullptr),
+            cu::CUDA_SUCCESS);
+  ASSERT_EQ(d.cuCtxSynchronize(), cu::CUDA_SUCCESS);
+  ASSERT_EQ(d.cuMemcpyDtoH(y.data(), dy, n * sizeof(float)), cu::CUDA_SUCCESS);
+  for (int i = 0; i < n; ++i)
+    ASSERT_EQ(y[i], 2.0f * float(i) + 1.0f) << "at " << i;
+  d.cuMemFree(dx);
+  d.cuMemFree(dy);
+  d.cuModuleUnload(module);
+  close_cuda_device(&dev);
 }
