@@ -5,6 +5,8 @@
 #include "runtime/checkpoint_layout.h"
 #include "runtime/collectives.h"
 #include "runtime/cpu_executor.h"
+#include "runtime/cuda_api.h"
+#include "runtime/cuda_device.h"
 #include "runtime/gpt_dataset.h"
 #include "runtime/launch.h"
 #include "runtime/parallel_groups.h"
@@ -685,7 +687,8 @@ const char *kUsage = R"(usage: mtrun PLAN [options]
 Trains the model of PLAN (written by `mtc compile SPEC.toml -o PLAN`).
 
 options:
-  --device cpu|cuda     where to run (default cpu; cuda arrives with the CUDA backend)
+  --device cpu|cuda     where to run (default cpu; cuda checks the GPU, driver and
+                        CUDA libraries, then stops: its executor is not built yet)
   --save DIR            save checkpoints to DIR (overrides [training] save)
   --load DIR            resume from the latest checkpoint in DIR (overrides [training] load)
   --train-iters N       stop after iteration N (overrides [training] train_iters)
@@ -704,15 +707,36 @@ options:
   --help, -h            this text
 )";
 
+// --device cuda: opens what the CUDA executor needs, in the order a user
+// would fix it (GPU and driver, NVRTC, cuBLASLt, NCCL for several ranks),
+// and fails at the first problem. With everything in place it still fails:
+// the executor is not built yet, and a silent fall-back to the CPU would
+// hide that.
+int check_cuda(const LaunchInfo &launch, int world) {
+  std::string where = (world > 1 ? "rank " + std::to_string(launch.rank) + ": " : std::string()) +
+                      "--device cuda: ";
+  CudaDevice dev;
+  std::string err = open_cuda_device(launch.local_rank, &dev);
+  const cu::Nvrtc *nvrtc = nullptr;
+  if (err.empty() && (nvrtc = cu::load_nvrtc(&err)))
+    err = check_driver_runs_nvrtc(dev, *nvrtc);
+  if (err.empty())
+    cu::load_cublaslt(&err);
+  if (err.empty() && world > 1)
+    cu::load_nccl(&err);
+  close_cuda_device(&dev);
+  if (!err.empty())
+    return fail(where + err);
+  return fail(where + describe(dev) + " and the CUDA libraries are usable, but this mtrun's "
+                      "CUDA executor is not built yet; use --device cpu");
+}
+
 } // namespace
 
 int run_training(const RunOptions &opts) {
   // From the start: a SIGTERM during set-up also ends the run cleanly.
   std::signal(SIGTERM, on_sigterm);
-  if (opts.device == "cuda")
-    return fail("--device cuda needs the CUDA backend, which this mtrun does not have "
-                "yet; use --device cpu");
-  if (opts.device != "cpu")
+  if (opts.device != "cpu" && opts.device != "cuda")
     return fail("--device must be 'cpu' or 'cuda', got '" + opts.device + "'");
   std::string err;
   std::unique_ptr<PlanFile> file = PlanFile::open(opts.plan_path, &err);
@@ -737,6 +761,8 @@ int run_training(const RunOptions &opts) {
                                   std::to_string(world)));
   if (!find_rank(plan, launch.rank))
     return fail(opts.plan_path + " has no rank " + std::to_string(launch.rank));
+  if (opts.device == "cuda")
+    return check_cuda(launch, world);
   std::unique_ptr<Communicator> comm;
   if (world > 1) {
     if (std::string e = prepare_rendezvous_dir(launch); !e.empty())

@@ -1,6 +1,7 @@
 # lit configuration for mt: IR tests (.mlir), spec tests (.toml), CLI tests
 # (.test) and the GoogleTest binary in unit/.
 import os
+import sys
 
 import lit.formats
 
@@ -68,3 +69,16 @@ _sbin = os.pathsep.join([path, "/usr/sbin", "/sbin"])
 if hasattr(os, "geteuid") and os.geteuid() == 0 and all(
         shutil.which(t, path=_sbin) for t in ["slurmd", "slurmctld", "srun", "sinfo", "munged"]):
     config.available_features.add("slurm")
+
+# CUDA (docs/architecture.md, "CUDA at run time"). `cuda-driver`: this
+# machine has a loadable libcuda.so.1, so `mtrun --device cuda` gets past
+# the driver. `cuda-stub`: the toolkit's stub libcuda.so, which lets a test
+# put a driver that has no GPU behind it in mtrun's way.
+if subprocess.call([sys.executable, "-c", "import ctypes; ctypes.CDLL('libcuda.so.1')"],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0:
+    config.available_features.add("cuda-driver")
+for _home in [os.environ.get("MT_CUDA_HOME"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"]:
+    if _home and os.path.isfile(os.path.join(_home, "lib64", "stubs", "libcuda.so")):
+        config.available_features.add("cuda-stub")
+        config.substitutions.append(("%cuda_stub", os.path.join(_home, "lib64", "stubs", "libcuda.so")))
+        break

@@ -1,0 +1,52 @@
+// Opening one GPU for a rank through the driver API: load libcuda.so.1,
+// cuInit, pick the rank's device, check it can run mt's kernels, and make
+// its primary context current (the context cuBLASLt and NCCL also use).
+#ifndef MT_RUNTIME_CUDA_DEVICE_H
+#define MT_RUNTIME_CUDA_DEVICE_H
+
+#include <cstddef>
+#include <string>
+
+#include "runtime/cuda_api.h"
+
+namespace mt::rt {
+
+// mt's kernels use bf16 tensor cores and asynchronous copies: Ampere or newer.
+constexpr int kMinComputeCapability = 80;
+
+struct CudaDevice {
+  const cu::Driver *driver = nullptr;
+  int ordinal = -1;          // among the devices this process sees
+  cu::CUdevice device = 0;
+  cu::CUcontext context = nullptr;
+  std::string name;          // "NVIDIA H100 80GB HBM3"
+  int arch = 0;              // 10 * major + minor compute capability
+  int driver_version = 0;    // cuDriverGetVersion: 1000 * major + 10 * minor
+  size_t total_memory = 0;
+};
+
+// Which device a rank uses: its local rank when that many devices are
+// visible; device 0 when exactly one is (SLURM's --gpus-per-task and
+// per-rank CUDA_VISIBLE_DEVICES show each rank only its own GPU); otherwise
+// -1 (more ranks on the node than GPUs).
+int device_for_local_rank(int local_rank, int device_count);
+
+// Opens the device for `local_rank`. Returns "" or one line that says what
+// is missing and what to do, e.g. "no usable GPU: cuInit returned
+// CUDA_ERROR_NO_DEVICE (100); run on a machine with an NVIDIA GPU and
+// driver, or use --device cpu".
+std::string open_cuda_device(int local_rank, CudaDevice *out);
+
+// Releases the primary context open_cuda_device retained.
+void close_cuda_device(CudaDevice *device);
+
+// "" when the driver can load CUBINs from this NVRTC (the driver's CUDA
+// major version is at least NVRTC's), else one line saying which to change.
+std::string check_driver_runs_nvrtc(const CudaDevice &device, const cu::Nvrtc &nvrtc);
+
+// "GPU 0 (NVIDIA H100 80GB HBM3, sm_90, 79.1 GiB, driver 13.0)"
+std::string describe(const CudaDevice &device);
+
+} // namespace mt::rt
+
+#endif // MT_RUNTIME_CUDA_DEVICE_H
