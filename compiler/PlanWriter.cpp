@@ -625,6 +625,7 @@ private:
         return failure();
     }
     std::string error;
+    std::vector<fb::Offset<fb::String>> scalarArgs;
     CudaKernelOptions options;
     options.tensorParallel = spec.parallel.tensor_model_parallel_size;
     std::optional<CudaKernel> cuda = generateCudaKernel(fused, options, &error);
@@ -632,19 +633,31 @@ private:
       fused.emitError("plan writer: kernel '") << fused.getName() << "': " << error;
       return failure();
     }
+    for (const std::string &a : cuda->scalarArgs)
+      scalarArgs.push_back(sharedString(a));
     kernels.push_back(pl::CreateKernel(
-        fbb, fbb.CreateString(fused.getName().str()), fbb.CreateString(cuda->source),
+        fbb, fbb.CreateString(fused.getName().str()), sharedString(cuda->source),
         fbb.CreateVector(std::vector<uint32_t>(cuda->grid, cuda->grid + 3)),
         fbb.CreateVector(std::vector<uint32_t>(cuda->block, cuda->block + 3)),
         cuda->sharedBytes, fbb.CreateVector(kvalues), fbb.CreateVector(insts), uint64_t(scratch),
-        fbb.CreateString(cuda->entry), fbb.CreateVectorOfStrings(cuda->scalarArgs),
+        sharedString(cuda->entry), fbb.CreateVector(scalarArgs),
         fbb.CreateVector(cuda->streams)));
     return int64_t(kernels.size() - 1);
+  }
+
+  // One copy of each distinct string in the file: every layer's kernel
+  // (and every micro-batch's copy of it) has the same source.
+  fb::Offset<fb::String> sharedString(const std::string &s) {
+    auto [it, inserted] = strings.try_emplace(s);
+    if (inserted)
+      it->second = fbb.CreateString(s);
+    return it->second;
   }
 
   ModuleOp module;
   const spec::Spec &spec;
   fb::FlatBufferBuilder fbb{1 << 16};
+  std::map<std::string, fb::Offset<fb::String>> strings;
   llvm::StringMap<uint32_t> paramIndex;
   std::vector<fb::Offset<pl::Value>> values;
   DenseMap<Value, uint32_t> valueIndex;
