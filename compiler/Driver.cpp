@@ -5,9 +5,11 @@
 #include "compiler/ImportSpec.h"
 #include "compiler/MemoryReport.h"
 #include "compiler/ModelSummary.h"
+#include "compiler/Nvrtc.h"
 #include "compiler/PlanWriter.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
+#include "plan_generated.h"
 #include "runtime/atomic_file.h"
 #include "runtime/checkpoint_layout.h"
 #include "runtime/plan_reader.h"
@@ -26,6 +28,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -72,9 +75,20 @@ options:
                            (repeatable; later ones win), e.g.
                            --set parallel.tensor_model_parallel_size=2
                            --set training.precision=bf16
-  --emit=plan|summary|mlir what -o receives: plan.bin (default; the summary
+  --emit=plan|summary|mlir|cuda
+                           what -o receives: plan.bin (default; the summary
                            still goes to standard output), the summary and
-                           memory plan, or the IR after the pipeline
+                           memory plan, the IR after the pipeline, or the
+                           generated CUDA C of every kernel (each source
+                           after a comment line naming the kernel, its entry
+                           point and launch geometry)
+  --check-kernels          compile every generated kernel with NVRTC (loaded
+                           at run time; no GPU needed) for each architecture
+                           of --kernel-archs and print the count; an error
+                           names the kernel, the architecture and NVRTC's
+                           first error
+  --kernel-archs=LIST      architectures --check-kernels compiles for
+                           (default sm_80,sm_90)
   --report=text|json       format of the summary and memory plan (default text)
   --no-fuse                skip mt-fuse: every op runs as its own kernel (to
                            compare against the fused plan, which trains the
@@ -171,6 +185,8 @@ struct CompileOptions {
   std::string report = "text";
   std::vector<std::string> mlirArgs;
   PipelineOptions pipeline;
+  bool checkKernels = false;
+  std::vector<std::string> kernelArchs = {"sm_80", "sm_90"};
 };
 
 int usageError(const std::string &msg) {
@@ -225,11 +241,75 @@ OwningOpRef<ModuleOp> compileSpec(MLIRContext &context, const spec::Spec &spec,
   return module;
 }
 
+// Every kernel's CUDA C, each after a comment line that names it.
+std::string kernelSources(const plan::Plan &plan) {
+  std::string out;
+  auto str = [](const flatbuffers::String *s) { return s ? s->str() : std::string(); };
+  auto dims = [](const flatbuffers::Vector<uint32_t> *v) {
+    std::string s;
+    for (uint32_t i = 0; v && i < v->size(); ++i)
+      s += (i ? ", " : "") + std::to_string(v->Get(i));
+    return "(" + s + ")";
+  };
+  const auto *kernels = plan.kernels();
+  for (uint32_t k = 0; kernels && k < kernels->size(); ++k) {
+    const plan::Kernel &kern = *kernels->Get(k);
+    std::string scalars;
+    for (uint32_t i = 0; kern.scalar_args() && i < kern.scalar_args()->size(); ++i)
+      scalars += (i ? ", " : "") + kern.scalar_args()->Get(i)->str();
+    out += "// ===== kernel " + std::to_string(k) + " \"" + str(kern.name()) + "\": entry " +
+           str(kern.entry()) + ", grid " + dims(kern.grid()) + ", block " + dims(kern.block()) +
+           ", shared_bytes " + std::to_string(kern.shared_bytes()) + ", scalar args (" +
+           scalars + ")\n";
+    out += str(kern.cuda_source());
+  }
+  return out;
+}
+
+// --check-kernels: every kernel through NVRTC for every architecture. Equal
+// sources (the same kernel in every layer) are compiled once.
+int checkKernels(const plan::Plan &plan, const std::vector<std::string> &archs) {
+  std::string err;
+  std::unique_ptr<Nvrtc> nvrtc = Nvrtc::load(&err);
+  if (!nvrtc) {
+    llvm::errs() << "mtc compile: error: --check-kernels: " << err << "\n";
+    return 1;
+  }
+  const auto *kernels = plan.kernels();
+  const uint32_t count = kernels ? kernels->size() : 0;
+  std::map<std::string, uint32_t> distinct; // source -> first kernel with it
+  for (uint32_t k = 0; k < count; ++k) {
+    const plan::Kernel &kern = *kernels->Get(k);
+    std::string source = kern.cuda_source() ? kern.cuda_source()->str() : "";
+    if (!distinct.emplace(source, k).second)
+      continue;
+    for (const std::string &arch : archs) {
+      std::string entry = kern.entry() ? kern.entry()->str() : "";
+      std::string e = nvrtc->compile(source, entry + ".cu", arch);
+      if (!e.empty()) {
+        llvm::errs() << "mtc compile: error: kernel " << k << " '"
+                     << (kern.name() ? kern.name()->str() : "") << "' (" << entry
+                     << ") does not compile with NVRTC " << nvrtc->version() << " for " << arch
+                     << ": " << e << "\n";
+        return 1;
+      }
+    }
+  }
+  std::string list;
+  for (size_t i = 0; i < archs.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == archs.size() ? " and " : ", ") + archs[i];
+  llvm::outs() << "kernels: " << count << " generated, " << count << " compiled with NVRTC "
+               << nvrtc->version() << " for " << list << " (" << distinct.size()
+               << " distinct source" << (distinct.size() == 1 ? "" : "s") << ")\n";
+  return 0;
+}
+
 int runCompile(const std::vector<std::string> &args) {
 
   CompileOptions opts;
   static const std::vector<std::string> known = {
-      "--output", "--set", "--emit", "--report", "--no-fuse", "--help",
+      "--output", "--set", "--emit", "--report", "--no-fuse", "--help", "--check-kernels",
+      "--kernel-archs",
       "--mlir-print-ir-after-all", "--mlir-print-ir-after"};
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string &a = args[i];
@@ -257,8 +337,9 @@ int runCompile(const std::vector<std::string> &args) {
         return usageError("--set needs SECTION.KEY=VALUE");
       opts.overrides.push_back({value});
     } else if (takeValue(args, i, "--emit", value, missing)) {
-      if (value != "plan" && value != "summary" && value != "mlir")
-        return usageError("--emit must be 'plan', 'summary' or 'mlir', got '" + value + "'");
+      if (value != "plan" && value != "summary" && value != "mlir" && value != "cuda")
+        return usageError("--emit must be 'plan', 'summary', 'mlir' or 'cuda', got '" + value +
+                          "'");
       opts.emit = value;
     } else if (takeValue(args, i, "--report", value, missing)) {
       if (value != "text" && value != "json")
@@ -266,6 +347,16 @@ int runCompile(const std::vector<std::string> &args) {
       opts.report = value;
     } else if (a == "--no-fuse") {
       opts.pipeline.fuse = false;
+    } else if (a == "--check-kernels") {
+      opts.checkKernels = true;
+    } else if (takeValue(args, i, "--kernel-archs", value, missing)) {
+      llvm::SmallVector<llvm::StringRef> archs;
+      llvm::StringRef(value).split(archs, ',', -1, false);
+      if (missing || archs.empty())
+        return usageError("--kernel-archs needs a list such as sm_80,sm_90");
+      opts.kernelArchs.clear();
+      for (llvm::StringRef arch : archs)
+        opts.kernelArchs.push_back(arch.trim().str());
     } else if (!a.empty() && a[0] == '-') {
       std::string name = a.substr(0, a.find('='));
       std::string hint = spec::didYouMean(name, known);
@@ -331,8 +422,35 @@ int runCompile(const std::vector<std::string> &args) {
     }
   }
 
+  // The plan, when anything below needs it.
+  std::string payload;
+  if (opts.checkKernels || opts.emit == "cuda" || (opts.emit == "plan" && !opts.output.empty())) {
+    FailureOr<std::string> p = buildPlanPayload(*module, spec);
+    if (failed(p)) {
+      llvm::errs() << "mtc: internal error: could not lower '" << opts.specPath
+                   << "' to a plan (diagnostics above); please report this with the spec\n";
+      return 1;
+    }
+    payload = std::move(*p);
+  }
+  const plan::Plan *plan =
+      payload.empty() ? nullptr : plan::GetPlan(reinterpret_cast<const uint8_t *>(payload.data()));
+
   std::string text;
-  if (opts.emit == "mlir") {
+  if (opts.emit == "cuda") {
+    llvm::raw_string_ostream os(text);
+    os << kernelSources(*plan);
+  }
+  if (opts.checkKernels) {
+    // Printed before the summary so that a failure is the last line.
+    if (int rc = checkKernels(*plan, opts.kernelArchs); rc != 0)
+      return rc;
+  }
+
+  if (opts.emit == "cuda") {
+    if (opts.output.empty())
+      llvm::outs() << report;
+  } else if (opts.emit == "mlir") {
     llvm::raw_string_ostream os(text);
     module->print(os);
   } else if (opts.emit == "summary") {
@@ -341,14 +459,8 @@ int runCompile(const std::vector<std::string> &args) {
     llvm::outs() << report;
     if (opts.output.empty())
       return 0;
-    FailureOr<std::string> payload = buildPlanPayload(*module, spec);
-    if (failed(payload)) {
-      llvm::errs() << "mtc: internal error: could not lower '" << opts.specPath
-                   << "' to a plan (diagnostics above); please report this with the spec\n";
-      return 1;
-    }
-    text = rt::wrap_plan_payload(reinterpret_cast<const uint8_t *>(payload->data()),
-                                 payload->size());
+    text = rt::wrap_plan_payload(reinterpret_cast<const uint8_t *>(payload.data()),
+                                 payload.size());
   }
   if (opts.output.empty()) {
     llvm::outs() << text;

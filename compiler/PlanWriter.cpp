@@ -2,6 +2,7 @@
 // program per function, the memory plan and the training settings.
 #include "compiler/PlanWriter.h"
 
+#include "compiler/CudaKernelGen.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/StageModules.h"
 #include "plan_generated.h"
@@ -591,8 +592,8 @@ private:
   // cpu_values: the body's arguments (bound to the FUSED inputs), the
   // yielded values (bound to its outputs), then the body's other values in
   // kernel-local scratch. cpu_instructions: the body's ops, lowered as
-  // unfused ops are. The CUDA source and launch geometry are left empty
-  // here; the CUDA backend's kernel generator fills them.
+  // unfused ops are. The CUDA form (source, entry, launch geometry, scalar
+  // arguments) comes from compiler/CudaKernelGen.
   FailureOr<int64_t> kernel(FusedOp fused) {
     Block &body = fused.getBodyBlock();
     auto yield = cast<YieldOp>(body.getTerminator());
@@ -623,16 +624,40 @@ private:
       if (failed(emit(op, numbers, insts)))
         return failure();
     }
+    std::string error;
+    std::vector<fb::Offset<fb::String>> scalarArgs;
+    CudaKernelOptions options;
+    options.tensorParallel = spec.parallel.tensor_model_parallel_size;
+    std::optional<CudaKernel> cuda = generateCudaKernel(fused, options, &error);
+    if (!cuda) {
+      fused.emitError("plan writer: kernel '") << fused.getName() << "': " << error;
+      return failure();
+    }
+    for (const std::string &a : cuda->scalarArgs)
+      scalarArgs.push_back(sharedString(a));
     kernels.push_back(pl::CreateKernel(
-        fbb, fbb.CreateString(fused.getName().str()), fbb.CreateString(""),
-        fbb.CreateVector(std::vector<uint32_t>{}), fbb.CreateVector(std::vector<uint32_t>{}),
-        0, fbb.CreateVector(kvalues), fbb.CreateVector(insts), uint64_t(scratch)));
+        fbb, fbb.CreateString(fused.getName().str()), sharedString(cuda->source),
+        fbb.CreateVector(std::vector<uint32_t>(cuda->grid, cuda->grid + 3)),
+        fbb.CreateVector(std::vector<uint32_t>(cuda->block, cuda->block + 3)),
+        cuda->sharedBytes, fbb.CreateVector(kvalues), fbb.CreateVector(insts), uint64_t(scratch),
+        sharedString(cuda->entry), fbb.CreateVector(scalarArgs),
+        fbb.CreateVector(cuda->streams)));
     return int64_t(kernels.size() - 1);
+  }
+
+  // One copy of each distinct string in the file: every layer's kernel
+  // (and every micro-batch's copy of it) has the same source.
+  fb::Offset<fb::String> sharedString(const std::string &s) {
+    auto [it, inserted] = strings.try_emplace(s);
+    if (inserted)
+      it->second = fbb.CreateString(s);
+    return it->second;
   }
 
   ModuleOp module;
   const spec::Spec &spec;
   fb::FlatBufferBuilder fbb{1 << 16};
+  std::map<std::string, fb::Offset<fb::String>> strings;
   llvm::StringMap<uint32_t> paramIndex;
   std::vector<fb::Offset<pl::Value>> values;
   DenseMap<Value, uint32_t> valueIndex;

@@ -101,7 +101,19 @@ TEST(FusePlan, KernelEntry) {
   ASSERT_EQ(plan.kernels()->size(), 1u);
   const pl::Kernel &k = *plan.kernels()->Get(0);
   EXPECT_EQ(k.name()->str(), "decoder.layers.3 bias_add+gelu+dropout+add");
-  EXPECT_EQ(k.cuda_source()->str(), "");
+  // The CUDA form (compiler/CudaKernelGen): 256 f32 elements, 4 per thread,
+  // one block of 64; dropout takes the seed, the offset and its stream.
+  EXPECT_NE(k.cuda_source()->str().find(k.entry()->str()), std::string::npos);
+  EXPECT_EQ(k.entry()->str().rfind("mt_bias_add_gelu_dropout_add_", 0), 0u);
+  EXPECT_EQ(indices(k.grid()), (std::vector<uint32_t>{1, 1, 1}));
+  EXPECT_EQ(indices(k.block()), (std::vector<uint32_t>{64, 1, 1}));
+  EXPECT_EQ(k.shared_bytes(), 0u);
+  ASSERT_EQ(k.scalar_args()->size(), 3u);
+  EXPECT_EQ(k.scalar_args()->Get(0)->str(), "seed");
+  EXPECT_EQ(k.scalar_args()->Get(1)->str(), "rng_offset");
+  EXPECT_EQ(k.scalar_args()->Get(2)->str(), "stream");
+  ASSERT_EQ(k.streams()->size(), 1u);
+  EXPECT_EQ(k.streams()->Get(0), 3u);
 
   // Inputs in first-use order (y, the bias, the residual), the output, then
   // the three values the kernel keeps to itself.

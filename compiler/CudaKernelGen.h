@@ -1,0 +1,44 @@
+// CUDA C for an mt.fused region: one self-contained kernel per region,
+// specialised for its exact shapes and dtypes (docs/architecture.md, "Kernels").
+#ifndef MT_COMPILER_CUDAKERNELGEN_H
+#define MT_COMPILER_CUDAKERNELGEN_H
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mlir {
+class Operation;
+} // namespace mlir
+
+namespace mt {
+
+// What the plan's Kernel entry records about the CUDA form of a kernel
+// (runtime/plan.fbs documents the argument order).
+struct CudaKernel {
+  std::string entry;  // the extern "C" __global__ function in `source`
+  std::string source; // compiles with NVRTC alone: no includes, no options needed
+  uint32_t grid[3] = {1, 1, 1};
+  uint32_t block[3] = {1, 1, 1};
+  uint32_t sharedBytes = 0; // dynamic shared memory of the launch
+  // After the pointer arguments, one `unsigned long long` each, in order:
+  // "seed", "rng_offset", "tp_rank" or "stream" (values in `streams`).
+  std::vector<std::string> scalarArgs;
+  std::vector<uint64_t> streams;
+  int vectorWidth = 1; // elements per thread and access (8 halfs or 4 floats: 128 bits)
+};
+
+struct CudaKernelOptions {
+  int64_t tensorParallel = 1; // tensor-parallel size: dropout of a shard maps its indices
+};
+
+// Generates the kernel of `fused`, an mt.fused op. On failure returns
+// nothing and sets `error` to what the generator cannot express.
+std::optional<CudaKernel> generateCudaKernel(mlir::Operation *fused,
+                                             const CudaKernelOptions &options,
+                                             std::string *error);
+
+} // namespace mt
+
+#endif // MT_COMPILER_CUDAKERNELGEN_H
