@@ -5,13 +5,14 @@
 #include "compiler/ImportSpec.h"
 #include "compiler/MemoryReport.h"
 #include "compiler/ModelSummary.h"
-#include "compiler/Nvrtc.h"
 #include "compiler/PlanWriter.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
 #include "plan_generated.h"
 #include "runtime/atomic_file.h"
 #include "runtime/checkpoint_layout.h"
+#include "runtime/cuda_api.h"
+#include "runtime/kernel_cache.h"
 #include "runtime/plan_reader.h"
 #include "spec/MegatronImport.h"
 #include "spec/Spec.h"
@@ -268,13 +269,20 @@ std::string kernelSources(const plan::Plan &plan) {
 
 // --check-kernels: every kernel through NVRTC for every architecture. Equal
 // sources (the same kernel in every layer) are compiled once.
+// "sm_90" -> 90 (validated when the option was read).
+int archNumber(const std::string &arch) { return std::stoi(arch.substr(3)); }
+
+// NVRTC and the compile are the runtime's (runtime/cuda_api, kernel_cache),
+// with the options mtrun compiles with, so a kernel that passes here is one
+// mtrun can build.
 int checkKernels(const plan::Plan &plan, const std::vector<std::string> &archs) {
   std::string err;
-  std::unique_ptr<Nvrtc> nvrtc = Nvrtc::load(&err);
+  const cu::Nvrtc *nvrtc = cu::load_nvrtc(&err);
   if (!nvrtc) {
     llvm::errs() << "mtc compile: error: --check-kernels: " << err << "\n";
     return 1;
   }
+  const std::string version = std::to_string(nvrtc->major) + "." + std::to_string(nvrtc->minor);
   const auto *kernels = plan.kernels();
   const uint32_t count = kernels ? kernels->size() : 0;
   std::map<std::string, uint32_t> distinct; // source -> first kernel with it
@@ -285,12 +293,11 @@ int checkKernels(const plan::Plan &plan, const std::vector<std::string> &archs) 
       continue;
     for (const std::string &arch : archs) {
       std::string entry = kern.entry() ? kern.entry()->str() : "";
-      std::string e = nvrtc->compile(source, entry + ".cu", arch);
-      if (!e.empty()) {
+      std::string cubin, e;
+      if (!rt::nvrtc_compile(*nvrtc, entry, source, archNumber(arch), rt::nvrtc_options(archNumber(arch)),
+                             &cubin, &e)) {
         llvm::errs() << "mtc compile: error: kernel " << k << " '"
-                     << (kern.name() ? kern.name()->str() : "") << "' (" << entry
-                     << ") does not compile with NVRTC " << nvrtc->version() << " for " << arch
-                     << ": " << e << "\n";
+                     << (kern.name() ? kern.name()->str() : "") << "': " << e << "\n";
         return 1;
       }
     }
@@ -299,7 +306,7 @@ int checkKernels(const plan::Plan &plan, const std::vector<std::string> &archs) 
   for (size_t i = 0; i < archs.size(); ++i)
     list += (i == 0 ? "" : i + 1 == archs.size() ? " and " : ", ") + archs[i];
   llvm::outs() << "kernels: " << count << " generated, " << count << " compiled with NVRTC "
-               << nvrtc->version() << " for " << list << " (" << distinct.size()
+               << version << " for " << list << " (" << distinct.size()
                << " distinct source" << (distinct.size() == 1 ? "" : "s") << ")\n";
   return 0;
 }
@@ -355,8 +362,14 @@ int runCompile(const std::vector<std::string> &args) {
       if (missing || archs.empty())
         return usageError("--kernel-archs needs a list such as sm_80,sm_90");
       opts.kernelArchs.clear();
-      for (llvm::StringRef arch : archs)
-        opts.kernelArchs.push_back(arch.trim().str());
+      for (llvm::StringRef arch : archs) {
+        arch = arch.trim();
+        unsigned number = 0;
+        if (!arch.consume_front("sm_") || arch.getAsInteger(10, number) || number == 0)
+          return usageError("--kernel-archs takes architectures such as sm_80,sm_90, got '" +
+                            value + "'");
+        opts.kernelArchs.push_back("sm_" + arch.str());
+      }
     } else if (!a.empty() && a[0] == '-') {
       std::string name = a.substr(0, a.find('='));
       std::string hint = spec::didYouMean(name, known);

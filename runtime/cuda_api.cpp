@@ -60,6 +60,15 @@ void *open_library(const LibrarySpec &spec, const LibrarySearch &search, std::st
       other = e;
     return nullptr;
   };
+  if (!search.file.empty()) {
+    if (void *h = attempt(search.file))
+      return h;
+    *error = std::string(spec.what) + " not found at " + search.file +
+             (other.empty() ? "" : " (" + other + ")") +
+             ", the only file MT_NVRTC_LIBRARY lets mt try; point it at the library or unset "
+             "it to search the usual places";
+    return nullptr;
+  }
   for (const std::string &dir : search.dirs)
     for (const char *name : spec.names)
       if (void *h = attempt(dir + "/" + name))
@@ -116,6 +125,13 @@ LibrarySearch default_library_search() {
     }
   s.system = true;
   s.fallback_dirs.push_back("/usr/local/cuda/lib64");
+  return s;
+}
+
+LibrarySearch nvrtc_library_search() {
+  LibrarySearch s = default_library_search();
+  if (const char *f = std::getenv("MT_NVRTC_LIBRARY"); f && *f)
+    s.file = f;
   return s;
 }
 
@@ -310,18 +326,21 @@ Nccl *load_nccl_from(const LibrarySearch &search, std::string *error) {
 
 namespace {
 template <typename T> const T *load_once(T *(*load)(const LibrarySearch &, std::string *),
-                                         std::string *error) {
+                                         std::string *error,
+                                         LibrarySearch (*search)() = default_library_search) {
   static std::once_flag once;
   static std::unique_ptr<T> table;
   static std::string loadError;
-  std::call_once(once, [&] { table.reset(load(default_library_search(), &loadError)); });
+  std::call_once(once, [&] { table.reset(load(search(), &loadError)); });
   if (!table)
     *error = loadError;
   return table.get();
 }
 } // namespace
 
-const Nvrtc *load_nvrtc(std::string *error) { return load_once<Nvrtc>(load_nvrtc_from, error); }
+const Nvrtc *load_nvrtc(std::string *error) {
+  return load_once<Nvrtc>(load_nvrtc_from, error, nvrtc_library_search);
+}
 const CublasLt *load_cublaslt(std::string *error) {
   return load_once<CublasLt>(load_cublaslt_from, error);
 }

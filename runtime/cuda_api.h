@@ -220,6 +220,8 @@ struct LibrarySearch {
   std::vector<std::string> dirs;
   bool system = true;
   std::vector<std::string> fallback_dirs;
+  // When set, this file only (a user's override of the whole search).
+  std::string file;
 };
 
 // The default search: $MT_CUDA_HOME/lib64, $MT_CUDA_HOME/lib, $CUDA_HOME/lib64,
@@ -227,6 +229,9 @@ struct LibrarySearch {
 // The system loader comes before /usr/local/cuda so LD_LIBRARY_PATH (module
 // systems, containers) wins over a default install.
 LibrarySearch default_library_search();
+// NVRTC's search: $MT_NVRTC_LIBRARY (that file only) when set, else the
+// default search.
+LibrarySearch nvrtc_library_search();
 
 // Each loader returns a table with every entry point resolved and the
 // library's version checked, or nullptr and *error set to one line naming
@@ -239,7 +244,8 @@ LibrarySearch default_library_search();
 // with the kernel module, never from a toolkit directory (the toolkit's
 // lib64/stubs/libcuda.so links but cannot run anything).
 const Driver *load_driver(std::string *error);
-// Loaded once per process with default_library_search().
+// Loaded once per process with default_library_search() (NVRTC with
+// nvrtc_library_search()).
 const Nvrtc *load_nvrtc(std::string *error);
 const CublasLt *load_cublaslt(std::string *error);
 const Nccl *load_nccl(std::string *error);

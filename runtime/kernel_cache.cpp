@@ -134,11 +134,9 @@ bool KernelCache::ensure_dir() {
   return true;
 }
 
-bool KernelCache::compile(const std::string &name, const std::string &source, int arch,
-                          const std::vector<std::string> &options, std::string *cubin,
-                          std::string *error) {
-  ++stats_.compiles;
-  const cu::Nvrtc &n = *nvrtc_;
+bool nvrtc_compile(const cu::Nvrtc &n, const std::string &name, const std::string &source,
+                   int arch, const std::vector<std::string> &options, std::string *cubin,
+                   std::string *error) {
   std::string where = "NVRTC " + std::to_string(n.major) + "." + std::to_string(n.minor) +
                       " could not compile kernel '" + name + "' for " + arch_name(arch);
   cu::nvrtcProgram prog = nullptr;
@@ -181,6 +179,13 @@ bool KernelCache::compile(const std::string &name, const std::string &source, in
   }
   n.nvrtcDestroyProgram(&prog);
   return ok;
+}
+
+bool KernelCache::compile(const std::string &name, const std::string &source, int arch,
+                          const std::vector<std::string> &options, std::string *cubin,
+                          std::string *error) {
+  ++stats_.compiles;
+  return nvrtc_compile(*nvrtc_, name, source, arch, options, cubin, error);
 }
 
 bool KernelCache::get(const std::string &name, const std::string &source, int arch,

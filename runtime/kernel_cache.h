@@ -39,6 +39,15 @@ std::string default_kernel_cache_dir();
 // (ptxas at its default -O3).
 std::vector<std::string> nvrtc_options(int arch);
 
+// Compiles `source` with NVRTC to a CUBIN for sm_<arch> with `options`
+// (nvrtc_options(arch) unless given). False with *error one line naming the
+// kernel and arch and carrying the first error of NVRTC's log. `mtc compile
+// --check-kernels` and the kernel cache compile through this one function,
+// so what the compiler checks is what mtrun builds.
+bool nvrtc_compile(const cu::Nvrtc &nvrtc, const std::string &name, const std::string &source,
+                   int arch, const std::vector<std::string> &options, std::string *cubin,
+                   std::string *error);
+
 struct KernelCacheStats {
   int compiles = 0; // NVRTC invocations (misses and corrupt entries)
   int hits = 0;     // binaries served from disk

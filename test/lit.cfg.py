@@ -83,13 +83,13 @@ for _home in [os.environ.get("MT_CUDA_HOME"), os.environ.get("CUDA_HOME"), "/usr
         config.substitutions.append(("%cuda_stub", os.path.join(_home, "lib64", "stubs", "libcuda.so")))
         break
 # NVRTC (the CUDA toolkit's runtime compiler; no GPU needed) for the tests of
-# `mtc compile --check-kernels`. Searched as compiler/Nvrtc.cpp searches.
+# `mtc compile --check-kernels`. Searched as runtime/cuda_api.cpp searches.
 import ctypes
 
 def _find_nvrtc():
     forced = os.environ.get("MT_NVRTC_LIBRARY")
-    names = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
-    dirs = [os.environ.get(v) for v in ["CUDA_HOME", "CUDA_PATH"]] + ["/usr/local/cuda"]
+    names = ["libnvrtc.so.13", "libnvrtc.so.12"]
+    dirs = [os.environ.get(v) for v in ["MT_CUDA_HOME", "CUDA_HOME"]] + ["/usr/local/cuda"]
     paths = [forced] if forced else names + [os.path.join(d, "lib64", n)
                                               for d in dirs if d for n in names]
     for p in paths:
@@ -100,7 +100,7 @@ def _find_nvrtc():
             pass
     return False
 
-for var in ["MT_NVRTC_LIBRARY", "CUDA_HOME", "CUDA_PATH"]:
+for var in ["MT_NVRTC_LIBRARY", "MT_CUDA_HOME", "CUDA_HOME"]:
     if var in os.environ:
         config.environment[var] = os.environ[var]
 if _find_nvrtc():

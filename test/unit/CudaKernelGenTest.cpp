@@ -3,7 +3,8 @@
 // ops after it, a count that needs a scalar tail), and each generated source
 // through NVRTC for sm_80 when the library is present.
 #include "compiler/CudaKernelGen.h"
-#include "compiler/Nvrtc.h"
+#include "runtime/cuda_api.h"
+#include "runtime/kernel_cache.h"
 #include "dialects/mt/MtOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -133,15 +134,18 @@ TEST(CudaKernelGen, SameOpsAndShapesGiveTheSameSource) {
 
 TEST(CudaKernelGen, CompilesWithNvrtc) {
   std::string error;
-  std::unique_ptr<mt::Nvrtc> nvrtc = mt::Nvrtc::load(&error);
+  const mt::cu::Nvrtc *nvrtc = mt::cu::load_nvrtc(&error);
   if (!nvrtc)
     GTEST_SKIP() << error;
+  auto compile = [&](const std::string &source, const std::string &name) {
+    std::string cubin, e;
+    mt::rt::nvrtc_compile(*nvrtc, name, source, 80, mt::rt::nvrtc_options(80), &cubin, &e);
+    return e;
+  };
   for (const Generated &g : generateAll())
-    EXPECT_EQ(nvrtc->compile(g.kernel.source, g.kernel.entry + ".cu", "sm_80"), "")
-        << g.name << "\n" << g.kernel.source;
+    EXPECT_EQ(compile(g.kernel.source, g.kernel.entry), "") << g.name << "\n" << g.kernel.source;
   // A source NVRTC rejects gives its first error line.
-  std::string bad = nvrtc->compile("extern \"C\" __global__ void k() { undefined_name = 1; }",
-                                   "bad.cu", "sm_80");
+  std::string bad = compile("extern \"C\" __global__ void k() { undefined_name = 1; }", "bad");
   EXPECT_TRUE(contains(bad, "error")) << bad;
   EXPECT_TRUE(contains(bad, "undefined_name")) << bad;
 }
