@@ -445,16 +445,7 @@ std::string opNames(Block &body) {
   return s;
 }
 
-std::string shapeText(Value v) {
-  auto t = cast<RankedTensorType>(v.getType());
-  std::string s;
-  for (int64_t d : t.getShape())
-    s += std::to_string(d) + "x";
-  std::string ty;
-  llvm::raw_string_ostream os(ty);
-  os << t.getElementType();
-  return s + os.str();
-}
+std::string shapeText(Value v) { return shapeKey(v.getType()); }
 
 } // namespace
 
@@ -688,6 +679,17 @@ std::optional<CudaKernel> generateCudaKernel(Operation *op, const CudaKernelOpti
   k.entry = entry;
   k.source = std::move(src);
   return k;
+}
+
+std::string shapeKey(mlir::Type type) {
+  auto t = mlir::cast<mlir::RankedTensorType>(type);
+  std::string s;
+  for (int64_t d : t.getShape())
+    s += std::to_string(d) + "x";
+  std::string ty;
+  llvm::raw_string_ostream os(ty);
+  os << t.getElementType();
+  return s + os.str();
 }
 
 } // namespace mt

@@ -10,9 +10,14 @@
 
 namespace mlir {
 class Operation;
+class Type;
 } // namespace mlir
 
 namespace mt {
+
+// "4x128x64xbf16": a ranked tensor type's shape and element type, the
+// spelling kernel names, comments and the model fingerprint use.
+std::string shapeKey(mlir::Type tensorType);
 
 // What the plan's Kernel entry records about the CUDA form of a kernel
 // (runtime/plan.fbs documents the argument order).

@@ -29,15 +29,6 @@ pl::DType dtypeOf(Type t) {
   return pl::DType::I32;
 }
 
-std::string shapeKey(RankedTensorType t) {
-  std::string s;
-  for (int64_t d : t.getShape())
-    s += std::to_string(d) + "x";
-  std::string ty;
-  llvm::raw_string_ostream os(ty);
-  os << t.getElementType();
-  return s + os.str();
-}
 
 // Group numbers of collective instructions (plan.fbs).
 constexpr int64_t kGroupDp = 0, kGroupTp = 1;

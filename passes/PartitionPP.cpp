@@ -23,11 +23,6 @@ using namespace mlir;
 namespace mt {
 namespace {
 
-std::optional<int64_t> layerOf(Operation *op) {
-  if (auto a = op->getAttrOfType<IntegerAttr>("mt.layer"))
-    return a.getInt();
-  return std::nullopt;
-}
 
 // Megatron-LM's assignment of layers to virtual stages. Virtual stage
 // v = chunk * pp + rank; without interleaving v is the rank. Interleaved,

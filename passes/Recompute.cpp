@@ -23,11 +23,6 @@ using namespace mlir;
 namespace mt {
 namespace {
 
-std::optional<int64_t> layerOf(Operation *op) {
-  if (auto a = op->getAttrOfType<IntegerAttr>("mt.layer"))
-    return a.getInt();
-  return std::nullopt;
-}
 
 // What `mt.training` asks for, checked.
 struct Settings {

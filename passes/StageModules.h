@@ -7,6 +7,8 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/SmallVector.h"
 
+#include <optional>
+
 namespace mt {
 
 // Nested `builtin.module @stage<K>` ops carry `mt.stage` (their pipeline rank).
@@ -28,6 +30,14 @@ AttrT moduleAttr(mlir::ModuleOp m, llvm::StringRef name) {
     if (auto a = op->getAttrOfType<AttrT>(name))
       return a;
   return {};
+}
+
+// The transformer layer an op belongs to (`mt.layer`, from the importer and
+// carried to backward ops by mt-autodiff).
+inline std::optional<int64_t> layerOf(mlir::Operation *op) {
+  if (auto a = op->getAttrOfType<mlir::IntegerAttr>("mt.layer"))
+    return a.getInt();
+  return std::nullopt;
 }
 
 // The stage's pipeline rank, or 0 for a module that is not a stage.

@@ -16,15 +16,9 @@ namespace pl = mt::plan;
 
 namespace {
 
-std::string str(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
+std::string str(const flatbuffers::String *s) { return plan_string(s); }
 
-std::vector<int64_t> shape_of(const pl::Param *p) {
-  std::vector<int64_t> s;
-  if (p->shape())
-    for (int64_t d : *p->shape())
-      s.push_back(d);
-  return s;
-}
+std::vector<int64_t> shape_of(const pl::Param *p) { return param_shape(*p); }
 
 int64_t numel(const std::vector<int64_t> &shape) {
   int64_t n = 1;

@@ -211,6 +211,7 @@ struct CpuExecutor::Impl {
   OwnerMap owners;
   std::vector<float> clipped; // ADAMW's grad * clip_coeff
   std::vector<float> exchange; // sequence-parallel gathers and scatters
+  std::vector<int64_t> local_row; // vocab-parallel embeddings' rows
 
   // This rank's place in its tensor-parallel group, from the plan's table.
   int64_t tp_size() const { return std::max(1, plan.tensor_parallel()); }
@@ -743,6 +744,21 @@ struct CpuExecutor::Impl {
              " is outside [0, " + std::to_string(limit) +
              "); check that the data was tokenized for this model's vocabulary";
     };
+    // A vocab-parallel table holds rows [tp_rank * vocab, (tp_rank + 1) *
+    // vocab) of the whole vocabulary: local_row[i] is token i's row here, or
+    // -1 when another rank holds it. Ids outside the whole vocabulary are an
+    // error.
+    auto vocab_rows = [&](int64_t vocab, int64_t rows) -> std::string {
+      const int64_t first = tp_rank() * vocab, whole = vocab * tp_size();
+      if (int64_t at = first_out_of_range(iin(1), rows, whole); at >= 0)
+        return bad_id(1, at, whole, "token id");
+      local_row.resize(size_t(rows));
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t local = iin(1)[i] - first;
+        local_row[size_t(i)] = local >= 0 && local < vocab ? local : -1;
+      }
+      return "";
+    };
     auto attention_shape = [&](const pl::Value &q, const pl::Value &k) {
       cpu::AttentionShape s{dim(q, 0), dim(q, 1), dim(q, 2), dim(k, 2), dim(q, 3),
                             ival(0) != 0, fval(0), fval(1)};
@@ -763,15 +779,12 @@ struct CpuExecutor::Impl {
       int64_t vocab = dim(vin(0), 0), h = dim(vin(0), 1), rows = n(vin(1));
       if (ival(0)) {
         // Vocab parallel: this rank's rows; other ranks' ids give zeros.
-        const int64_t first = tp_rank() * vocab, whole = vocab * tp_size();
-        if (int64_t at = first_out_of_range(iin(1), rows, whole); at >= 0)
-          return bad_id(1, at, whole, "token id");
-        const int32_t *ids = iin(1);
+        if (std::string e = vocab_rows(vocab, rows); !e.empty())
+          return e;
         float *y = fout(0);
         for (int64_t i = 0; i < rows; ++i) {
-          const int64_t local = ids[i] - first;
-          if (local >= 0 && local < vocab)
-            std::memcpy(y + i * h, fin(0) + local * h, size_t(h) * sizeof(float));
+          if (local_row[size_t(i)] >= 0)
+            std::memcpy(y + i * h, fin(0) + local_row[size_t(i)] * h, size_t(h) * sizeof(float));
           else
             std::fill(y + i * h, y + (i + 1) * h, 0.0f);
         }
@@ -882,17 +895,13 @@ struct CpuExecutor::Impl {
       const pl::Param &t = param(pid(0));
       int64_t vocab = t.shape()->Get(0), h = t.shape()->Get(1), rows = n(vin(1));
       if (ival(0)) {
-        const int64_t first = tp_rank() * vocab, whole = vocab * tp_size();
-        if (int64_t at = first_out_of_range(iin(1), rows, whole); at >= 0)
-          return bad_id(1, at, whole, "token id");
-        const int32_t *ids = iin(1);
+        if (std::string e = vocab_rows(vocab, rows); !e.empty())
+          return e;
         float *g = pgrad(0);
-        for (int64_t i = 0; i < rows; ++i) {
-          const int64_t local = ids[i] - first;
-          if (local >= 0 && local < vocab)
+        for (int64_t i = 0; i < rows; ++i)
+          if (const int64_t local = local_row[size_t(i)]; local >= 0)
             for (int64_t j = 0; j < h; ++j)
               g[local * h + j] += fin(0)[i * h + j];
-        }
         break;
       }
       // The backward kernel trusts its ids; a bad one would write outside the table.

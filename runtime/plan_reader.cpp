@@ -1082,6 +1082,16 @@ std::string opcode_name(pl::Opcode op) {
   return pl::EnumNameOpcode(op);
 }
 
+std::string plan_string(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
+
+std::vector<int64_t> param_shape(const pl::Param &p) {
+  std::vector<int64_t> s;
+  if (p.shape())
+    for (int64_t d : *p.shape())
+      s.push_back(d);
+  return s;
+}
+
 const char *dtype_label(pl::DType d) {
   switch (d) {
   case pl::DType::F32: return "f32";

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace mt::rt {
 
@@ -59,6 +60,10 @@ inline bool out0_may_alias_in0(mt::plan::Opcode op) {
 
 // "f32", "bf16", "f16", "i32", "i64".
 const char *dtype_label(mt::plan::DType d);
+
+// A plan string ("" when absent) and a parameter's (this rank's) shape.
+std::string plan_string(const flatbuffers::String *s);
+std::vector<int64_t> param_shape(const mt::plan::Param &p);
 
 class PlanFile {
 public:

@@ -43,16 +43,10 @@ int fail(const std::string &msg) {
   return 1;
 }
 
-std::string str(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
+std::string str(const flatbuffers::String *s) { return plan_string(s); }
 
 
-std::vector<int64_t> shape_of(const pl::Param *p) {
-  std::vector<int64_t> s;
-  if (p->shape())
-    for (int64_t d : *p->shape())
-      s.push_back(d);
-  return s;
-}
+std::vector<int64_t> shape_of(const pl::Param *p) { return param_shape(*p); }
 
 // The positions of a program's named inputs and outputs.
 struct ProgramIO {

@@ -439,16 +439,21 @@ LogicalResult LrScheduleOp::verify() {
   return success();
 }
 
-LogicalResult AdamWOp::verify() {
-  double b1 = getBeta1().convertToDouble(), b2 = getBeta2().convertToDouble();
+namespace {
+// AdamW's hyper-parameters, for mt.adamw and mt.sharded_adamw.
+template <class OpT> LogicalResult verifyAdamW(OpT op) {
+  double b1 = op.getBeta1().convertToDouble(), b2 = op.getBeta2().convertToDouble();
   if (!(b1 >= 0.0 && b1 < 1.0) || !(b2 >= 0.0 && b2 < 1.0))
-    return emitOpError("beta1 and beta2 must be in [0, 1)");
-  if (!(getEpsilon().convertToDouble() > 0.0))
-    return emitOpError("epsilon must be positive");
-  if (!(getWeightDecay().convertToDouble() >= 0.0))
-    return emitOpError("weight_decay must not be negative");
+    return op.emitOpError("beta1 and beta2 must be in [0, 1)");
+  if (!(op.getEpsilon().convertToDouble() > 0.0))
+    return op.emitOpError("epsilon must be positive");
+  if (!(op.getWeightDecay().convertToDouble() >= 0.0))
+    return op.emitOpError("weight_decay must not be negative");
   return success();
 }
+} // namespace
+
+LogicalResult AdamWOp::verify() { return verifyAdamW(*this); }
 
 LogicalResult AdamWOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
   return verifyParamUse(*this, symbolTable, getParamAttr(), {}, "parameter");
@@ -620,13 +625,8 @@ LogicalResult ReduceGradsOp::verify() {
 LogicalResult ShardedGradNormOp::verify() { return verifyDpGroup(*this, getGroup()); }
 
 LogicalResult ShardedAdamWOp::verify() {
-  double b1 = getBeta1().convertToDouble(), b2 = getBeta2().convertToDouble();
-  if (!(b1 >= 0.0 && b1 < 1.0) || !(b2 >= 0.0 && b2 < 1.0))
-    return emitOpError("beta1 and beta2 must be in [0, 1)");
-  if (!(getEpsilon().convertToDouble() > 0.0))
-    return emitOpError("epsilon must be positive");
-  if (!(getWeightDecay().convertToDouble() >= 0.0))
-    return emitOpError("weight_decay must not be negative");
+  if (failed(verifyAdamW(*this)))
+    return failure();
   return verifyBucket(*this, getBucket());
 }
 
