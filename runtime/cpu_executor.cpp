@@ -238,9 +238,13 @@ struct CpuExecutor::Impl {
   // row maxima, the sums of exponentials and the label's logit are reduced
   // over the tensor-parallel group. Fills max[n], sum[n] and (when target is
   // not null) target[n].
-  std::string vocab_parallel_stats(Communicator *tp, const float *logits, const int32_t *labels,
-                                   int64_t n, int64_t v, std::vector<float> &max,
-                                   std::vector<double> &sum, std::vector<double> *target) {
+  std::string vocab_parallel_stats(const float *logits, const int32_t *labels, int64_t n,
+                                   int64_t v, std::vector<float> &max, std::vector<double> &sum,
+                                   std::vector<double> *target) {
+    std::string err;
+    Communicator *tp = group(int64_t(Group::TP), &err);
+    if (!tp)
+      return err.empty() ? "is vocab parallel, but its tensor-parallel group has one rank" : err;
     const int64_t first = tp_rank() * v;
     max.assign(size_t(n), -INFINITY);
     for (int64_t i = 0; i < n; ++i)
@@ -868,13 +872,9 @@ struct CpuExecutor::Impl {
       if (ival(0)) {
         if (int64_t at = first_out_of_range(iin(1), rows, vocab * tp_size()); at >= 0)
           return bad_id(1, at, vocab * tp_size(), "label");
-        std::string err;
-        Communicator *tp = group(int64_t(Group::TP), &err);
-        if (!tp)
-          return err;
         std::vector<float> max;
         std::vector<double> sum, target;
-        if (std::string e = vocab_parallel_stats(tp, fin(0), iin(1), rows, vocab, max, sum, &target);
+        if (std::string e = vocab_parallel_stats(fin(0), iin(1), rows, vocab, max, sum, &target);
             !e.empty())
           return e;
         for (int64_t i = 0; i < rows; ++i)
@@ -964,13 +964,9 @@ struct CpuExecutor::Impl {
       if (ival(0)) {
         if (int64_t at = first_out_of_range(iin(1), rows, vocab * tp_size()); at >= 0)
           return bad_id(1, at, vocab * tp_size(), "label");
-        std::string err;
-        Communicator *tp = group(int64_t(Group::TP), &err);
-        if (!tp)
-          return err;
         std::vector<float> max;
         std::vector<double> sum;
-        if (std::string e = vocab_parallel_stats(tp, fin(0), iin(1), rows, vocab, max, sum, nullptr);
+        if (std::string e = vocab_parallel_stats(fin(0), iin(1), rows, vocab, max, sum, nullptr);
             !e.empty())
           return e;
         // dlogits = c (softmax - onehot), over this rank's columns; written
