@@ -117,13 +117,26 @@ def rank_name(tp_rank=0, pp_rank=0, pp_size=1):
     return "mp_rank_%02d_%03d" % (tp_rank, pp_rank)
 
 
-def resolve(path, iteration=None, tp_rank=0, pp_rank=0, pp_size=1):
-    """The rank file for a save directory, an iteration directory or a file."""
+def rank_file_in(directory, tp_rank, pp_rank, pp_size):
+    """The rank file's name; with pp_size None, whichever of Megatron's two
+    spellings the directory holds (mp_rank_00 or mp_rank_00_000)."""
+    if pp_size is not None:
+        return rank_name(tp_rank, pp_rank, pp_size) + ".mtckpt"
+    for size in (1, 2):  # any pp_size > 1 spells the name alike
+        name = rank_name(tp_rank, pp_rank, size) + ".mtckpt"
+        if os.path.isfile(os.path.join(directory, name)):
+            return name
+    return rank_name(tp_rank, pp_rank, 1) + ".mtckpt"
+
+
+def resolve(path, iteration=None, tp_rank=0, pp_rank=0, pp_size=None):
+    """The rank file for a save directory, an iteration directory or a file.
+    pp_size None: a pipeline checkpoint is recognised by its file names."""
     if os.path.isfile(path):
         return path
     if not os.path.isdir(path):
         raise CheckpointError("no checkpoint at %s (no such file or directory)" % path)
-    name = rank_name(tp_rank, pp_rank, pp_size) + ".mtckpt"
+    name = rank_file_in(path, tp_rank, pp_rank, pp_size)
     if iteration is None and os.path.isfile(os.path.join(path, name)):
         return os.path.join(path, name)  # an iteration directory
     if iteration is None:
@@ -144,6 +157,7 @@ def resolve(path, iteration=None, tp_rank=0, pp_rank=0, pp_size=1):
     if not os.path.isdir(iter_dir):
         raise CheckpointError("no checkpoint for iteration %d in %s (%s does not exist)"
                               % (iteration, path, os.path.basename(iter_dir)))
+    name = rank_file_in(iter_dir, tp_rank, pp_rank, pp_size)
     file = os.path.join(iter_dir, name)
     if not os.path.isfile(file):
         have = sorted(n for n in os.listdir(iter_dir) if n.endswith(".mtckpt"))
@@ -239,7 +253,7 @@ def bf16_to_float32(bits):
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
-def load(path, iteration=None, tp_rank=0, pp_rank=0, pp_size=1, verify=True,
+def load(path, iteration=None, tp_rank=0, pp_rank=0, pp_size=None, verify=True,
          bf16_as_float32=False):
     """(meta, {name: numpy array}) of one rank's checkpoint; see the module doc."""
     file = resolve(path, iteration, tp_rank, pp_rank, pp_size)
@@ -298,7 +312,8 @@ def main(argv):
                    help="this iteration instead of the latest")
     p.add_argument("--tp-rank", type=int, default=0)
     p.add_argument("--pp-rank", type=int, default=0)
-    p.add_argument("--pp-size", type=int, default=1)
+    p.add_argument("--pp-size", type=int, default=None,
+                   help="the pipeline size (default: recognised from the file names)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet under `| head`
     try:
