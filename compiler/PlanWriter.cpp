@@ -6,6 +6,7 @@
 #include "dialects/mt/MtOps.h"
 #include "passes/StageModules.h"
 #include "plan_generated.h"
+#include "runtime/parallel_groups.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -29,9 +30,16 @@ pl::DType dtypeOf(Type t) {
   return pl::DType::I32;
 }
 
-
-// Group numbers of collective instructions (plan.fbs).
-constexpr int64_t kGroupDp = 0, kGroupTp = 1;
+// The number a collective instruction names its group by (plan.fbs): the
+// runtime's own enumeration.
+int64_t groupNumber(StringRef name) {
+  rt::Group g = name == "tp"   ? rt::Group::TP
+                : name == "pp" ? rt::Group::PP
+                : name == "mp" ? rt::Group::MP
+                               : rt::Group::DP;
+  return int64_t(g);
+}
+const int64_t kGroupTp = int64_t(rt::Group::TP);
 
 // 64-bit FNV-1a: parameter init streams and the model fingerprint.
 uint64_t fnv1a(StringRef s) {
@@ -464,7 +472,7 @@ private:
         .Case([&](GradNormOp o) {
           if (o.getGroup()) {
             i.op = pl::Opcode::GROUP_GRAD_NORM;
-            i.ints = {3}; // the model-parallel group
+            i.ints = {groupNumber(*o.getGroup())};
           } else {
             i.op = pl::Opcode::GRAD_NORM;
           }
@@ -490,7 +498,7 @@ private:
         .Case([&](ClipCoeffOp o) { i.op = pl::Opcode::CLIP_COEFF; eps(o.getMaxNormAttr()); })
         .Case([&](AllReduceGradsOp o) {
           i.op = pl::Opcode::ALL_REDUCE_GRADS;
-          i.ints = {o.getGroup() == "tp" ? kGroupTp : kGroupDp};
+          i.ints = {groupNumber(o.getGroup())};
           eps(o.getScaleAttr());
           if (auto ps = o.getParams())
             for (Attribute a : *ps)
@@ -498,12 +506,12 @@ private:
         })
         .Case([&](ReduceGradsOp o) {
           i.op = pl::Opcode::REDUCE_GRADS;
-          i.ints = {0, o.getBucket(), o.getScatter() ? 1 : 0}; // group 0: data-parallel
+          i.ints = {groupNumber(o.getGroup()), o.getBucket(), o.getScatter() ? 1 : 0};
           eps(o.getScaleAttr());
         })
-        .Case([&](ShardedGradNormOp) {
+        .Case([&](ShardedGradNormOp o) {
           i.op = pl::Opcode::SHARDED_GRAD_NORM;
-          i.ints = {0};
+          i.ints = {groupNumber(o.getGroup())};
         })
         .Case([&](ShardedAdamWOp o) {
           i.op = pl::Opcode::SHARDED_ADAMW;
@@ -513,7 +521,7 @@ private:
         })
         .Case([&](AllGatherParamsOp o) {
           i.op = pl::Opcode::ALL_GATHER_PARAMS;
-          i.ints = {0, o.getBucket()};
+          i.ints = {groupNumber(o.getGroup()), o.getBucket()};
         })
         .Case([&](AdamWOp o) {
           i.op = pl::Opcode::ADAMW;

@@ -69,6 +69,7 @@ public:
 
 private:
   LogicalResult shardParams() {
+    const llvm::StringSet<> swiglu = swigluLayers();
     for (ParamOp p : module.getOps<ParamOp>()) {
       std::optional<int64_t> dim = splitDim(p.getSymName());
       if (!dim)
@@ -83,7 +84,7 @@ private:
       // SwiGLU's FC1 holds gate and up halves; each is split, so every rank
       // keeps matching halves of both.
       int64_t blocks = 1;
-      if (p.getSymName().contains(".linear_fc1.") && feedsSwiGLU(p))
+      if (swiglu.contains(p.getSymName()))
         blocks = 2;
       if (shape[*dim] % (blocks * tp) != 0)
         return p.emitError() << "mt-shard-tp: " << p.getSymName() << " has " << shape[*dim]
@@ -109,28 +110,26 @@ private:
     return failure(r.wasInterrupted());
   }
 
-  // Whether the FC1 weight's matmul (through its bias) feeds mt.swiglu.
-  bool feedsSwiGLU(ParamOp p) {
-    bool found = false;
-    f.walk([&](ParamRefOp ref) {
-      if (ref.getName() != p.getSymName())
+  // The FC1 layers (weight and bias names) whose output, through its bias,
+  // feeds mt.swiglu: their rows are gate and up halves. One walk of the
+  // graph for all of them.
+  llvm::StringSet<> swigluLayers() {
+    llvm::StringSet<> names;
+    f.walk([&](MatmulOp m) {
+      auto ref = m.getWeight().getDefiningOp<ParamRefOp>();
+      if (!ref || !ref.getName().contains(".linear_fc1."))
         return;
-      for (Operation *user : ref->getUsers()) {
-        if (!isa<MatmulOp>(user))
-          continue;
-        Value v = user->getResult(0);
-        if (v.hasOneUse() && isa<BiasAddOp>(*v.getUsers().begin()))
-          v = v.getUsers().begin()->getResult(0);
-        for (Operation *u : v.getUsers())
-          found |= isa<SwiGLUOp>(u);
+      Value v = m.getResult();
+      if (v.hasOneUse())
+        if (auto bias = dyn_cast<BiasAddOp>(*v.getUsers().begin()))
+          v = bias.getResult();
+      if (llvm::any_of(v.getUsers(), [](Operation *u) { return isa<SwiGLUOp>(u); })) {
+        StringRef w = ref.getName();
+        names.insert(w);
+        names.insert((w.drop_back(strlen("weight")) + "bias").str());
       }
     });
-    if (!found) // the bias is split like its weight
-      if (p.getSymName().ends_with(".bias"))
-        if (auto w = module.lookupSymbol<ParamOp>(
-                (p.getSymName().drop_back(strlen("bias")) + "weight").str()))
-          return feedsSwiGLU(w);
-    return found;
+    return names;
   }
 
   bool isShardedParam(Value v) {

@@ -97,4 +97,24 @@ std::string write_pieces_atomically(const std::string &path,
   return "";
 }
 
+bool make_directories(const std::string &dir, std::string *failed, int *error_number) {
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i < dir.size() && dir[i] != '/')
+      continue;
+    std::string part = dir.substr(0, i);
+    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+      *failed = part;
+      *error_number = errno;
+      return false;
+    }
+  }
+  struct stat st;
+  if (!dir.empty() && (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))) {
+    *failed = dir;
+    *error_number = ENOTDIR;
+    return false;
+  }
+  return true;
+}
+
 } // namespace mt::rt

@@ -22,6 +22,12 @@ bool write_all(int fd, const void *data, size_t n);
 std::string write_pieces_atomically(const std::string &path,
                                     const std::vector<std::string_view> &pieces);
 
+// mkdir -p with mode 0755. True when `dir` exists as a directory afterwards;
+// else false with *failed the path that could not be made (or that exists
+// and is not a directory, *error_number then ENOTDIR) and *error_number the
+// reason, for the caller to word its own message.
+bool make_directories(const std::string &dir, std::string *failed, int *error_number);
+
 } // namespace mt::rt
 
 #endif // MT_RUNTIME_ATOMIC_FILE_H

@@ -6,6 +6,7 @@
 // also leaves its process id and host in the store: after a failure, a peer
 // on this host whose process is gone is named as the cause.
 #include "runtime/collectives.h"
+#include "runtime/atomic_file.h"
 #include "runtime/collectives_common.h"
 
 #include <gloo/allgather.h>
@@ -84,14 +85,11 @@ bool process_exited(long pid) {
 }
 
 std::string make_dirs(const std::string &path) {
-  for (size_t i = 1; i <= path.size(); ++i) {
-    if (i < path.size() && path[i] != '/')
-      continue;
-    std::string part = path.substr(0, i);
-    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST)
-      return "cannot create '" + part + "': " + std::strerror(errno);
-  }
-  return "";
+  std::string failed;
+  int e = 0;
+  if (make_directories(path, &failed, &e))
+    return "";
+  return "cannot create '" + failed + "': " + std::strerror(e);
 }
 
 // What every communicator of one process shares: the store, the TCP device,

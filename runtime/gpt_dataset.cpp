@@ -130,20 +130,13 @@ std::string dir_of(const std::string &path) {
 
 // mkdir -p; returns "" or the reason.
 std::string make_dirs(const std::string &dir) {
-  if (dir.empty())
+  std::string failed;
+  int e = 0;
+  if (make_directories(dir, &failed, &e))
     return "";
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) == 0)
-    return S_ISDIR(st.st_mode) ? "" : "'" + dir + "' exists and is not a folder";
-  std::string parent = dir_of(dir);
-  if (parent != dir && parent != "." && parent != "/") {
-    std::string err = make_dirs(parent);
-    if (!err.empty())
-      return err;
-  }
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-    return "cannot create '" + dir + "': " + std::strerror(errno);
-  return "";
+  if (e == ENOTDIR && failed == dir)
+    return "'" + dir + "' exists and is not a folder";
+  return "cannot create '" + failed + "': " + std::strerror(e);
 }
 
 // A whole file mapped read-only.

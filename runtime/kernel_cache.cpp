@@ -26,20 +26,11 @@ constexpr size_t kMaxLogChars = 2000;
 
 // mkdir -p; "" or the reason.
 std::string make_dirs(const std::string &dir) {
-  std::string partial;
-  size_t pos = 0;
-  while (pos != std::string::npos) {
-    pos = dir.find('/', pos + 1);
-    partial = dir.substr(0, pos);
-    if (partial.empty())
-      continue;
-    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST)
-      return std::strerror(errno);
-  }
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    return "not a directory";
-  return "";
+  std::string failed;
+  int e = 0;
+  if (make_directories(dir, &failed, &e))
+    return "";
+  return e == ENOTDIR && failed == dir ? "not a directory" : std::strerror(e);
 }
 
 // NVRTC's log as one line: lines joined with "; ", cut at kMaxLogChars.

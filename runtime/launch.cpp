@@ -2,6 +2,8 @@
 // (see launch.h and docs/launch.md).
 #include "runtime/launch.h"
 
+#include "runtime/atomic_file.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -320,22 +322,15 @@ std::vector<std::string> expand_slurm_nodelist(const std::string &nodelist, std:
 namespace {
 
 std::string make_dirs(const std::string &path) {
-  std::string prefix;
-  size_t pos = 0;
-  while (pos != std::string::npos) {
-    pos = path.find('/', pos + 1);
-    prefix = path.substr(0, pos);
-    if (prefix.empty())
-      continue;
-    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
-      return "cannot create the rendezvous directory '" + prefix + "': " + std::strerror(errno) +
-             "; set MT_RENDEZVOUS_DIR to a directory every rank can write";
-  }
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+  std::string failed;
+  int e = 0;
+  if (make_directories(path, &failed, &e))
+    return "";
+  if (e == ENOTDIR && failed == path)
     return "the rendezvous directory '" + path + "' is not a directory; set MT_RENDEZVOUS_DIR "
            "to a directory every rank can write";
-  return "";
+  return "cannot create the rendezvous directory '" + failed + "': " + std::strerror(e) +
+         "; set MT_RENDEZVOUS_DIR to a directory every rank can write";
 }
 
 int remove_entry(const char *path, const struct stat *, int, struct FTW *) {
