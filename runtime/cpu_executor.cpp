@@ -390,6 +390,13 @@ struct CpuExecutor::Impl {
     for (uint32_t p = 0; p < vsize(rank.params()); ++p)
       if (const float *g = state_floats(param(p).grad_offset()); g && counts_in_norm(p))
         sum += cpu::sum_squares(g, element_count(param(p).shape()));
+    return model_norm(sum, out);
+  }
+
+  // The norm from this rank's sum of squares: summed over the
+  // model-parallel group (the other tensor and pipeline shards), then the
+  // square root.
+  std::string model_norm(double sum, float *out) {
     std::string err;
     std::vector<double> total{sum};
     if (Communicator *mp = group(int64_t(Group::MP), &err))
@@ -413,18 +420,12 @@ struct CpuExecutor::Impl {
         if (counts_in_norm(g.param))
           sum += cpu::sum_squares(state_floats(param(g.param).grad_offset()) + g.param_begin,
                                   g.count);
+    // The other data-parallel ranks' shards, then the rest of the model.
     std::vector<double> total{sum};
     if (c)
       if (std::string e = all_reduce_doubles(c, total); !e.empty())
         return e;
-    // The other shards of the model: tensor-parallel (and pipeline) ranks.
-    if (Communicator *mp = group(int64_t(Group::MP), &err))
-      if (std::string e = all_reduce_doubles(mp, total); !e.empty())
-        return e;
-    if (!err.empty())
-      return err;
-    *out = float(std::sqrt(total[0]));
-    return "";
+    return model_norm(total[0], out);
   }
 
   std::string sharded_adamw(const pl::Instruction &ins, float lr, float clip, int64_t step) {
