@@ -9,6 +9,7 @@
 #include "compiler/PlanWriter.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
+#include "runtime/cpu_kernels.h"
 #include "runtime/cpu_executor.h"
 #include "runtime/plan_reader.h"
 #include "spec/Spec.h"
@@ -460,6 +461,366 @@ extern "C" __global__ void gemm(const unsigned short *a, const unsigned short *b
         ref += A[i][q] * B[q][j];
       EXPECT_EQ(d[i * 8 + j], float(ref) / 64.0f) << i << " " << j;
     }
+}
+
+// ---- Generated kernels against the CPU executor ----------------------------
+
+namespace pl = mt::plan;
+
+constexpr const char *kSpec = R"toml(
+[model]
+num_layers = 4
+hidden_size = 32
+num_attention_heads = 4
+seq_length = 4
+vocab_size = 256
+
+[training]
+micro_batch_size = 2
+train_iters = 1
+lr = 1e-3
+
+[data]
+mock_data = true
+)toml";
+
+// One mt.fused per function (each becomes a program with one FUSED
+// instruction): f32, bf16 and f16; elementwise with and without a scalar
+// tail; LayerNorm and RMSNorm rows of one warp and of several with more
+// than one group of lanes per thread (a last group only some threads
+// hold); residual + dropout + norm with both outputs; dropout last, so its
+// zeros are visible in the output.
+constexpr const char *kRegions = R"mlir(
+func.func @f32_bias_gelu_dropout(%y: tensor<2x4x32xf32>, %b: tensor<32xf32>) -> tensor<2x4x32xf32> {
+  %0 = mt.fused elementwise "bias_add+gelu+dropout" (%a = %y, %bb = %b) : (tensor<2x4x32xf32>, tensor<32xf32>) -> tensor<2x4x32xf32> {
+    %1 = mt.bias_add %a, %bb : tensor<2x4x32xf32>, tensor<32xf32>
+    %2 = mt.gelu %1 tanh : tensor<2x4x32xf32>
+    %3 = mt.dropout %2 {rate = 2.500000e-01 : f64, stream = 3 : i64} : tensor<2x4x32xf32>
+    mt.yield %3 : tensor<2x4x32xf32>
+  }
+  return %0 : tensor<2x4x32xf32>
+}
+func.func @f32_swiglu_grad_gelu_grad(%dy: tensor<4x48xf32>, %xf: tensor<4x96xf32>) -> tensor<4x96xf32> {
+  %0 = mt.fused elementwise "swiglu_grad+gelu_grad" (%g = %dy, %in = %xf) : (tensor<4x48xf32>, tensor<4x96xf32>) -> tensor<4x96xf32> {
+    %1 = mt.swiglu_grad %g, %in : (tensor<4x48xf32>, tensor<4x96xf32>) -> tensor<4x96xf32>
+    %2 = mt.gelu_grad %1, %in erf : tensor<4x96xf32>
+    mt.yield %2 : tensor<4x96xf32>
+  }
+  return %0 : tensor<4x96xf32>
+}
+func.func @f32_tail_gelu_dropout(%h: tensor<3x5x7xf32>) -> tensor<3x5x7xf32> {
+  %0 = mt.fused elementwise "gelu+dropout" (%hh = %h) : (tensor<3x5x7xf32>) -> tensor<3x5x7xf32> {
+    %1 = mt.gelu %hh erf : tensor<3x5x7xf32>
+    %2 = mt.dropout %1 {rate = 5.000000e-01 : f64, stream = 1 : i64} : tensor<3x5x7xf32>
+    mt.yield %2 : tensor<3x5x7xf32>
+  }
+  return %0 : tensor<3x5x7xf32>
+}
+func.func @f32_bias_swiglu(%x: tensor<4x96xf32>, %b: tensor<96xf32>) -> tensor<4x48xf32> {
+  %0 = mt.fused elementwise "bias_add+swiglu" (%a = %x, %bb = %b) : (tensor<4x96xf32>, tensor<96xf32>) -> tensor<4x48xf32> {
+    %1 = mt.bias_add %a, %bb : tensor<4x96xf32>, tensor<96xf32>
+    %2 = mt.swiglu %1 : (tensor<4x96xf32>) -> tensor<4x48xf32>
+    mt.yield %2 : tensor<4x48xf32>
+  }
+  return %0 : tensor<4x48xf32>
+}
+func.func @f32_dropout_add_layer_norm(%x: tensor<6x64xf32>, %r: tensor<6x64xf32>, %w: tensor<64xf32>, %lb: tensor<64xf32>) -> (tensor<6x64xf32>, tensor<6x64xf32>) {
+  %0:2 = mt.fused row_reduction "dropout+add+layer_norm" (%p = %x, %q = %r, %ww = %w, %bl = %lb) : (tensor<6x64xf32>, tensor<6x64xf32>, tensor<64xf32>, tensor<64xf32>) -> (tensor<6x64xf32>, tensor<6x64xf32>) {
+    %1 = mt.dropout %p {rate = 1.000000e-01 : f64, stream = 2 : i64} : tensor<6x64xf32>
+    %2 = mt.add %1, %q : tensor<6x64xf32>
+    %3 = mt.layer_norm %2, %ww, %bl {epsilon = 1.000000e-05 : f64} : tensor<6x64xf32>, tensor<64xf32>
+    mt.yield %2, %3 : tensor<6x64xf32>, tensor<6x64xf32>
+  }
+  return %0#0, %0#1 : tensor<6x64xf32>, tensor<6x64xf32>
+}
+func.func @f32_add_rms_norm_wide(%x: tensor<3x4104xf32>, %r: tensor<3x4104xf32>, %w: tensor<4104xf32>) -> tensor<3x4104xf32> {
+  %0 = mt.fused row_reduction "add+rms_norm" (%p = %x, %q = %r, %ww = %w) : (tensor<3x4104xf32>, tensor<3x4104xf32>, tensor<4104xf32>) -> tensor<3x4104xf32> {
+    %1 = mt.add %p, %q : tensor<3x4104xf32>
+    %2 = mt.rms_norm %1, %ww {epsilon = 1.000000e-06 : f64} : tensor<3x4104xf32>, tensor<4104xf32>
+    mt.yield %2 : tensor<3x4104xf32>
+  }
+  return %0 : tensor<3x4104xf32>
+}
+func.func @bf16_bias_swiglu_dropout_add(%x: tensor<4x96xbf16>, %b: tensor<96xbf16>, %r: tensor<4x48xbf16>) -> tensor<4x48xbf16> {
+  %0 = mt.fused elementwise "bias_add+swiglu+dropout+add" (%a = %x, %bb = %b, %rr = %r) : (tensor<4x96xbf16>, tensor<96xbf16>, tensor<4x48xbf16>) -> tensor<4x48xbf16> {
+    %1 = mt.bias_add %a, %bb : tensor<4x96xbf16>, tensor<96xbf16>
+    %2 = mt.swiglu %1 : (tensor<4x96xbf16>) -> tensor<4x48xbf16>
+    %3 = mt.dropout %2 {rate = 1.000000e-01 : f64, stream = 7 : i64} : tensor<4x48xbf16>
+    %4 = mt.add %3, %rr : tensor<4x48xbf16>
+    mt.yield %4 : tensor<4x48xbf16>
+  }
+  return %0 : tensor<4x48xbf16>
+}
+func.func @bf16_tail_gelu_dropout(%h: tensor<3x5x7xbf16>) -> tensor<3x5x7xbf16> {
+  %0 = mt.fused elementwise "gelu+dropout" (%hh = %h) : (tensor<3x5x7xbf16>) -> tensor<3x5x7xbf16> {
+    %1 = mt.gelu %hh tanh : tensor<3x5x7xbf16>
+    %2 = mt.dropout %1 {rate = 3.000000e-01 : f64, stream = 5 : i64} : tensor<3x5x7xbf16>
+    mt.yield %2 : tensor<3x5x7xbf16>
+  }
+  return %0 : tensor<3x5x7xbf16>
+}
+func.func @bf16_add_layer_norm_dropout(%x: tensor<4x96xbf16>, %t: tensor<4x96xbf16>, %w: tensor<96xbf16>, %lb: tensor<96xbf16>) -> tensor<4x96xbf16> {
+  %0 = mt.fused row_reduction "add+layer_norm+dropout" (%p = %x, %q = %t, %ww = %w, %bl = %lb) : (tensor<4x96xbf16>, tensor<4x96xbf16>, tensor<96xbf16>, tensor<96xbf16>) -> tensor<4x96xbf16> {
+    %1 = mt.add %p, %q : tensor<4x96xbf16>
+    %2 = mt.layer_norm %1, %ww, %bl {epsilon = 1.000000e-05 : f64} : tensor<4x96xbf16>, tensor<96xbf16>
+    %3 = mt.dropout %2 {rate = 1.000000e-01 : f64, stream = 4 : i64} : tensor<4x96xbf16>
+    mt.yield %3 : tensor<4x96xbf16>
+  }
+  return %0 : tensor<4x96xbf16>
+}
+func.func @bf16_dropout_add_rms_norm(%x: tensor<8x2048xbf16>, %r: tensor<8x2048xbf16>, %w: tensor<2048xbf16>) -> (tensor<8x2048xbf16>, tensor<8x2048xbf16>) {
+  %0:2 = mt.fused row_reduction "dropout+add+rms_norm" (%p = %x, %q = %r, %ww = %w) : (tensor<8x2048xbf16>, tensor<8x2048xbf16>, tensor<2048xbf16>) -> (tensor<8x2048xbf16>, tensor<8x2048xbf16>) {
+    %1 = mt.dropout %p {rate = 1.000000e-01 : f64, stream = 9 : i64} : tensor<8x2048xbf16>
+    %2 = mt.add %1, %q : tensor<8x2048xbf16>
+    %3 = mt.rms_norm %2, %ww {epsilon = 1.000000e-05 : f64} : tensor<8x2048xbf16>, tensor<2048xbf16>
+    mt.yield %2, %3 : tensor<8x2048xbf16>, tensor<8x2048xbf16>
+  }
+  return %0#0, %0#1 : tensor<8x2048xbf16>, tensor<8x2048xbf16>
+}
+func.func @f16_tail_gelu_dropout(%h: tensor<3x5x7xf16>) -> tensor<3x5x7xf16> {
+  %0 = mt.fused elementwise "gelu+dropout" (%hh = %h) : (tensor<3x5x7xf16>) -> tensor<3x5x7xf16> {
+    %1 = mt.gelu %hh tanh : tensor<3x5x7xf16>
+    %2 = mt.dropout %1 {rate = 5.000000e-01 : f64, stream = 1 : i64} : tensor<3x5x7xf16>
+    mt.yield %2 : tensor<3x5x7xf16>
+  }
+  return %0 : tensor<3x5x7xf16>
+}
+func.func @f16_bias_gelu_grad(%dy: tensor<16x40xf16>, %x: tensor<16x40xf16>, %b: tensor<40xf16>) -> tensor<16x40xf16> {
+  %0 = mt.fused elementwise "bias_add+gelu_grad" (%g = %dy, %a = %x, %bb = %b) : (tensor<16x40xf16>, tensor<16x40xf16>, tensor<40xf16>) -> tensor<16x40xf16> {
+    %1 = mt.bias_add %a, %bb : tensor<16x40xf16>, tensor<40xf16>
+    %2 = mt.gelu_grad %g, %1 tanh : tensor<16x40xf16>
+    mt.yield %2 : tensor<16x40xf16>
+  }
+  return %0 : tensor<16x40xf16>
+}
+func.func @f16_dropout_add_layer_norm(%x: tensor<5x1000xf16>, %r: tensor<5x1000xf16>, %w: tensor<1000xf16>, %lb: tensor<1000xf16>) -> (tensor<5x1000xf16>, tensor<5x1000xf16>) {
+  %0:2 = mt.fused row_reduction "dropout+add+layer_norm" (%p = %x, %q = %r, %ww = %w, %bl = %lb) : (tensor<5x1000xf16>, tensor<5x1000xf16>, tensor<1000xf16>, tensor<1000xf16>) -> (tensor<5x1000xf16>, tensor<5x1000xf16>) {
+    %1 = mt.dropout %p {rate = 2.000000e-01 : f64, stream = 6 : i64} : tensor<5x1000xf16>
+    %2 = mt.add %1, %q : tensor<5x1000xf16>
+    %3 = mt.layer_norm %2, %ww, %bl {epsilon = 1.000000e-05 : f64} : tensor<5x1000xf16>, tensor<1000xf16>
+    mt.yield %2, %3 : tensor<5x1000xf16>, tensor<5x1000xf16>
+  }
+  return %0#0, %0#1 : tensor<5x1000xf16>, tensor<5x1000xf16>
+}
+)mlir";
+
+mt::spec::Spec testSpec(std::vector<mt::spec::Override> overrides = {}) {
+  absl::StatusOr<mt::spec::Spec> spec = mt::spec::parseSpecString(kSpec, "emulation.toml", overrides);
+  EXPECT_TRUE(spec.ok()) << spec.status().message();
+  return *spec;
+}
+
+// The plan of `module` (mt-plan-memory, then the plan writer).
+std::unique_ptr<mt::rt::PlanFile> planOf(mlir::ModuleOp module, const mt::spec::Spec &spec) {
+  mlir::PassManager pm(module.getContext());
+  pm.addPass(mt::createMtPlanMemoryPass());
+  EXPECT_TRUE(mlir::succeeded(pm.run(module)));
+  mlir::FailureOr<std::string> payload = mt::buildPlanPayload(module, spec);
+  EXPECT_TRUE(mlir::succeeded(payload));
+  if (mlir::failed(payload))
+    return nullptr;
+  std::string error;
+  auto file = mt::rt::PlanFile::from_bytes(
+      mt::rt::wrap_plan_payload(reinterpret_cast<const uint8_t *>(payload->data()), payload->size()),
+      "emulation.plan", &error);
+  EXPECT_TRUE(file) << error;
+  return file;
+}
+
+int64_t count(const pl::Value &v) {
+  int64_t n = 1;
+  for (int64_t d : *v.shape())
+    n *= d;
+  return n;
+}
+
+// The bf16 / f16 bits of a float the CPU executor has already rounded to the
+// type, so exact.
+uint16_t toBits(float x, pl::DType t) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if (t == pl::DType::BF16)
+    return uint16_t(u >> 16);
+  const uint32_t sign = (u >> 16) & 0x8000u, mag = u & 0x7FFFFFFFu;
+  if (mag > 0x7F800000u)
+    return uint16_t(sign | 0x7E00u);
+  if (mag >= 0x47800000u)
+    return uint16_t(sign | 0x7C00u);
+  if (mag >= 0x38800000u)
+    return uint16_t(sign | (((mag >> 23) - 112u) << 10) | ((mag >> 13) & 0x3FFu));
+  return uint16_t(sign | uint32_t(std::fabs(x) * 0x1p24f));
+}
+float fromBits(uint16_t h, pl::DType t) {
+  if (t == pl::DType::BF16) {
+    uint32_t u = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  if ((h & 0x7C00) == 0x7C00) // infinities and NaN
+    return (h & 0x3FF) ? NAN : (h & 0x8000) ? -INFINITY : INFINITY;
+  return float(halfValue(h, false));
+}
+
+// One unit in the last place of `t` at |x|'s binade.
+double ulp(double x, pl::DType t) {
+  const int bits = t == pl::DType::F32 ? 24 : t == pl::DType::BF16 ? 8 : 11;
+  int e;
+  std::frexp(std::fabs(x) > 0 ? std::fabs(x) : 1e-30, &e);
+  return std::ldexp(1.0, e - bits);
+}
+
+struct KernelStats {
+  int kernels = 0;
+  int64_t elements = 0, dropped = 0, identical = 0;
+};
+
+// Runs every program of `file` (each one FUSED instruction over its inputs)
+// on the CPU executor and the kernel's cuda_source on the emulation, from
+// the same random inputs, and compares every output.
+//
+// Tolerances. Both sides compute in fp32 and round each op's result to its
+// type, but the emulation's math functions are the host's while the order of
+// a row's sums differs (warp shuffles and per-warp partials against the
+// CPU's loop), so:
+//   - f32: |gpu - cpu| <= 2^-20 max(|cpu|, 1), about 1e-6 relative (inputs
+//     are N(0, 1), so a kernel's values are O(1)).
+//   - bf16 / f16: a different fp32 value may round to the neighbouring
+//     16-bit number, in the output or in an intermediate rounding, which then
+//     carries at the intermediate's magnitude; so |gpu - cpu| <= 2 ulp of the
+//     stored type at max(|cpu|, 4) (values past 4 are rare for N(0, 1)
+//     inputs, and a kernel with a bug is off by far more).
+//   - dropout: the positions of exact zeros agree bit for bit (both use
+//     Philox4x32-10 with the same key, counter and threshold; a kept value
+//     is never exactly zero for these inputs).
+void compareAll(const mt::rt::PlanFile &file, uint64_t inputSeed, KernelStats *stats,
+                std::set<std::string> *sources = nullptr) {
+  const pl::Plan &plan = *file.plan();
+  mt::rt::CpuExecutor ex(plan, 0);
+  ex.init_params(1);
+  const uint64_t seed = 1234, rngOffset = 5;
+  ex.set_seed(seed);
+  std::mt19937_64 rng(inputSeed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const pl::Program *prog : *plan.ranks()->Get(0)->programs()) {
+    const std::string name = prog->name()->str();
+    SCOPED_TRACE(name);
+    std::map<uint32_t, std::vector<float>> inputs;
+    for (uint32_t v : *prog->inputs()) {
+      const pl::Value &val = *prog->values()->Get(v);
+      std::vector<float> x(size_t(count(val)));
+      for (float &f : x)
+        f = normal(rng);
+      if (val.dtype() == pl::DType::BF16)
+        mt::cpu::round_to_bf16(x.data(), int64_t(x.size()));
+      if (val.dtype() == pl::DType::F16)
+        mt::cpu::round_to_fp16(x.data(), int64_t(x.size()));
+      std::memcpy(ex.value_data(*prog, v), x.data(), x.size() * sizeof(float));
+      inputs[v] = std::move(x);
+    }
+    ASSERT_EQ(ex.run(*prog, rngOffset), "");
+
+    ASSERT_EQ(prog->instructions()->size(), 1u);
+    const pl::Instruction &ins = *prog->instructions()->Get(0);
+    ASSERT_EQ(ins.op(), pl::Opcode::FUSED);
+    const pl::Kernel &k = *plan.kernels()->Get(uint32_t(ins.ints()->Get(0)));
+    if (sources)
+      sources->insert(k.cuda_source()->str());
+    auto kernel = build(k.cuda_source()->str(), k.entry()->str());
+    ASSERT_TRUE(kernel);
+
+    // Device buffers in the storage types; outputs start as all-ones bytes
+    // (NaN) so an element the kernel does not write shows.
+    std::vector<std::vector<uint8_t>> buffers;
+    std::vector<void *> pointers, params;
+    auto bytesOf = [](pl::DType t) { return t == pl::DType::F32 ? 4 : 2; };
+    for (uint32_t v : *ins.in()) {
+      const pl::Value &val = *prog->values()->Get(v);
+      ASSERT_TRUE(inputs.count(v)) << "kernel input " << v << " is not a program input";
+      const std::vector<float> &x = inputs[v];
+      std::vector<uint8_t> b(x.size() * bytesOf(val.dtype()));
+      for (size_t i = 0; i < x.size(); ++i) {
+        if (val.dtype() == pl::DType::F32) {
+          std::memcpy(&b[4 * i], &x[i], 4);
+        } else {
+          uint16_t h = toBits(x[i], val.dtype());
+          ASSERT_EQ(fromBits(h, val.dtype()), x[i]);
+          std::memcpy(&b[2 * i], &h, 2);
+        }
+      }
+      buffers.push_back(std::move(b));
+    }
+    for (uint32_t v : *ins.out()) {
+      const pl::Value &val = *prog->values()->Get(v);
+      buffers.emplace_back(size_t(count(val)) * bytesOf(val.dtype()), 0xFF);
+    }
+    pointers.reserve(buffers.size());
+    for (auto &b : buffers)
+      pointers.push_back(b.data());
+    std::vector<unsigned long long> scalars;
+    scalars.reserve(k.scalar_args()->size());
+    uint32_t stream = 0;
+    for (const auto *s : *k.scalar_args()) {
+      const std::string a = s->str();
+      scalars.push_back(a == "seed" ? seed : a == "rng_offset" ? rngOffset : a == "tp_rank" ? 0
+                                                                : k.streams()->Get(stream++));
+    }
+    for (void *&p : pointers)
+      params.push_back(&p);
+    for (unsigned long long &s : scalars)
+      params.push_back(&s);
+    const unsigned grid[3] = {k.grid()->Get(0), k.grid()->Get(1), k.grid()->Get(2)};
+    const unsigned block[3] = {k.block()->Get(0), k.block()->Get(1), k.block()->Get(2)};
+    ASSERT_EQ(kernel->launch(grid, block, k.shared_bytes(), params.data()), "");
+
+    ++stats->kernels;
+    for (uint32_t o = 0; o < ins.out()->size(); ++o) {
+      const uint32_t v = ins.out()->Get(o);
+      const pl::Value &val = *prog->values()->Get(v);
+      const float *cpu = static_cast<const float *>(ex.value_data(*prog, v));
+      const std::vector<uint8_t> &b = buffers[ins.in()->size() + o];
+      int bad = 0;
+      for (int64_t i = 0; i < count(val); ++i) {
+        float gpu;
+        if (val.dtype() == pl::DType::F32) {
+          std::memcpy(&gpu, &b[4 * i], 4);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, &b[2 * i], 2);
+          gpu = fromBits(h, val.dtype());
+        }
+        const double c = cpu[i];
+        const double tol = val.dtype() == pl::DType::F32
+                               ? 0x1p-20 * std::max(std::fabs(c), 1.0)
+                               : 2 * ulp(std::max(std::fabs(c), 4.0), val.dtype());
+        ++stats->elements;
+        stats->dropped += c == 0;
+        stats->identical += std::memcmp(&gpu, &cpu[i], 4) == 0;
+        if (!(std::fabs(gpu - c) <= tol) || (gpu == 0) != (c == 0)) {
+          if (++bad <= 5)
+            ADD_FAILURE() << name << " output " << o << " element " << i << ": emulated " << gpu
+                          << ", CPU " << c << " (tolerance " << tol << ")";
+        }
+      }
+      EXPECT_EQ(bad, 0) << name << " output " << o << " of " << count(val);
+    }
+  }
+}
+
+TEST(CudaEmulation, GeneratedKernelsMatchTheCpuExecutor) {
+  mlir::MLIRContext context;
+  context.loadDialect<mt::MtDialect, mlir::func::FuncDialect>();
+  mlir::OwningOpRef<mlir::ModuleOp> module = mlir::parseSourceString<mlir::ModuleOp>(kRegions, &context);
+  ASSERT_TRUE(module);
+  auto file = planOf(*module, testSpec());
+  ASSERT_TRUE(file);
+  KernelStats stats;
+  compareAll(*file, 17, &stats);
+  EXPECT_EQ(stats.kernels, 13);
+  EXPECT_GT(stats.dropped, 100); // the dropout checks saw dropped elements
+  std::printf("[ stats    ] %d kernels, %lld elements, %lld bit-identical, %lld dropped\n",
+              stats.kernels, (long long)stats.elements, (long long)stats.identical,
+              (long long)stats.dropped);
 }
 
 } // namespace
