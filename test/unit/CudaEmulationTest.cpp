@@ -823,4 +823,65 @@ TEST(CudaEmulation, GeneratedKernelsMatchTheCpuExecutor) {
               (long long)stats.dropped);
 }
 
+// A preset's kernels: every mt.fused of the compiled training IR, one of
+// each distinct source, moved into a function of its own (its operands
+// become the function's arguments) and compared as above. The set of
+// sources compared must be exactly the preset plan's Kernel sources.
+void comparePreset(const std::vector<mt::spec::Override> &overrides, uint64_t inputSeed) {
+  absl::StatusOr<mt::spec::Spec> spec =
+      mt::spec::parseSpecFile(std::string(MT_SOURCE_DIR) + "/models/tiny.toml", overrides);
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  mlir::MLIRContext context;
+  context.loadDialect<mt::MtDialect, mlir::func::FuncDialect>();
+  mlir::OwningOpRef<mlir::ModuleOp> module = mt::importSpec(context, *spec);
+  ASSERT_TRUE(module);
+  mlir::PassManager pm(&context);
+  mt::buildTrainPipeline(pm);
+  ASSERT_TRUE(mlir::succeeded(pm.run(*module)));
+  mlir::FailureOr<std::string> payload = mt::buildPlanPayload(*module, *spec);
+  ASSERT_TRUE(mlir::succeeded(payload));
+  const pl::Plan *whole = pl::GetPlan(reinterpret_cast<const uint8_t *>(payload->data()));
+  std::set<std::string> presetSources;
+  for (const pl::Kernel *k : *whole->kernels())
+    presetSources.insert(k->cuda_source()->str());
+
+  mlir::OpBuilder b(&context);
+  mlir::OwningOpRef<mlir::ModuleOp> kernels = mlir::ModuleOp::create(b.getUnknownLoc());
+  b.setInsertionPointToEnd(kernels->getBody());
+  std::set<std::string> seen;
+  module->walk([&](mt::FusedOp fused) {
+    std::string error;
+    mt::CudaKernelOptions options;
+    options.tensorParallel = spec->parallel.tensor_model_parallel_size;
+    std::optional<mt::CudaKernel> k = mt::generateCudaKernel(fused, options, &error);
+    ASSERT_TRUE(k) << error;
+    if (!seen.insert(k->source).second)
+      return;
+    auto fn = b.create<mlir::func::FuncOp>(
+        fused.getLoc(), "kernel" + std::to_string(seen.size()),
+        b.getFunctionType(fused->getOperandTypes(), fused->getResultTypes()));
+    mlir::OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToEnd(fn.addEntryBlock());
+    mlir::IRMapping map;
+    map.map(fused->getOperands(), fn.getArguments());
+    mlir::Operation *copy = b.clone(*fused, map);
+    b.create<mlir::func::ReturnOp>(fused.getLoc(), copy->getResults());
+  });
+  auto file = planOf(*kernels, *spec);
+  ASSERT_TRUE(file);
+  KernelStats stats;
+  std::set<std::string> compared;
+  compareAll(*file, inputSeed, &stats, &compared);
+  EXPECT_EQ(compared, presetSources);
+  EXPECT_GT(stats.dropped, 0);
+  std::printf("[ stats    ] %d distinct kernels, %lld elements, %lld bit-identical\n",
+              stats.kernels, (long long)stats.elements, (long long)stats.identical);
+}
+
+TEST(CudaEmulation, TinyPresetKernelsF32) { comparePreset({}, 23); }
+
+TEST(CudaEmulation, TinyPresetKernelsBf16) {
+  comparePreset({{"training.precision=\"bf16\""}}, 29);
+}
+
 } // namespace
