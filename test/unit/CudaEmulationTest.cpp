@@ -843,13 +843,16 @@ void comparePreset(const std::vector<mt::spec::Override> &overrides, uint64_t in
   const pl::Plan *whole = pl::GetPlan(reinterpret_cast<const uint8_t *>(payload->data()));
   std::set<std::string> presetSources;
   for (const pl::Kernel *k : *whole->kernels())
-    presetSources.insert(k->cuda_source()->str());
+    if (k->cuda_source() && k->cuda_source()->size()) // gemm kernels are cuBLASLt's
+      presetSources.insert(k->cuda_source()->str());
 
   mlir::OpBuilder b(&context);
   mlir::OwningOpRef<mlir::ModuleOp> kernels = mlir::ModuleOp::create(b.getUnknownLoc());
   b.setInsertionPointToEnd(kernels->getBody());
   std::set<std::string> seen;
   module->walk([&](mt::FusedOp fused) {
+    if (fused.getKind() == mt::FusionKind::Gemm)
+      return;
     std::string error;
     mt::CudaKernelOptions options;
     options.tensorParallel = spec->parallel.tensor_model_parallel_size;
