@@ -3,6 +3,7 @@
 #include "compiler/PlanWriter.h"
 
 #include "compiler/CudaKernelGen.h"
+#include "compiler/GpuSteps.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/StageModules.h"
 #include "plan_generated.h"
@@ -73,6 +74,7 @@ public:
     int64_t flatElements = 0;
     bool sharded = false;
     int64_t shardElements = 0, shardMaster = -1, shardExpAvg = -1, shardExpAvgSq = -1;
+    uint64_t kernelWorkspace = 0; // the largest WORKSPACE of any GPU step
   };
 
   FailureOr<std::string> run() {
@@ -114,7 +116,7 @@ public:
               fbb, int32_t(t + tp * (d + dpRanks * p)), int32_t(t), int32_t(p), int32_t(d),
               e.params, e.stateBytes, e.arenaBytes, e.programs, e.memory, e.buckets,
               e.flatElements, e.sharded, e.shardElements, e.shardMaster, e.shardExpAvg,
-              e.shardExpAvgSq));
+              e.shardExpAvgSq, e.kernelWorkspace));
         }
     return finish(ranks);
   }
@@ -122,9 +124,15 @@ public:
   FailureOr<StageEntry> stageEntry(ModuleOp stage) {
     ModuleOp module = stage;
     paramIndex.clear();
+    paramInfo.clear();
+    kernelWorkspace = 0;
     int index = 0;
-    for (ParamOp p : module.getOps<ParamOp>())
+    for (ParamOp p : module.getOps<ParamOp>()) {
       paramIndex[p.getSymName()] = index++;
+      auto shape = p.getTensorType().getShape();
+      paramInfo.push_back({std::vector<int64_t>(shape.begin(), shape.end()),
+                           dtypeOf(p.getTensorType().getElementType())});
+    }
 
     std::vector<fb::Offset<pl::Param>> params;
     for (ParamOp p : module.getOps<ParamOp>()) {
@@ -183,6 +191,7 @@ public:
     e.params = fbb.CreateVector(params);
     e.programs = fbb.CreateVector(programs);
     e.stateBytes = i64("mt.state_bytes");
+    e.kernelWorkspace = kernelWorkspace;
     e.arenaBytes = i64("mt.arena_bytes");
     std::vector<fb::Offset<pl::Bucket>> buckets;
     if (auto bs = module->getAttrOfType<ArrayAttr>("mt.grad_buckets")) {
@@ -262,6 +271,7 @@ private:
 
   FailureOr<fb::Offset<pl::Program>> program(func::FuncOp f) {
     values.clear();
+    valueInfo.clear();
     valueIndex.clear();
     valueNames.clear();
     Block &body = f.getBody().front();
@@ -329,6 +339,9 @@ private:
     if (name.empty())
       name = "%" + std::to_string(values.size());
     values.push_back(valueEntry(v, region, offset, name));
+    auto t = cast<RankedTensorType>(v.getType());
+    valueInfo.push_back({std::vector<int64_t>(t.getShape().begin(), t.getShape().end()),
+                         dtypeOf(t.getElementType()), uint64_t(offset), region});
     uint32_t index = values.size() - 1;
     valueIndex[v] = index;
     return index;
@@ -342,12 +355,75 @@ private:
       return failure();
     std::string where = whereOf(op, insts.size());
     auto mb = op.getAttrOfType<IntegerAttr>("mt.micro_batch");
+    // A kernel's cpu_instructions run only on the CPU: GPU steps belong to
+    // the program's own instructions.
+    std::vector<fb::Offset<pl::GpuStep>> gpu;
+    if (&numbers == &valueIndex)
+      gpu = gpuSteps(op, *inst);
     insts.push_back(pl::CreateInstruction(
         fbb, inst->op, fbb.CreateVector(inst->in), fbb.CreateVector(inst->out),
         fbb.CreateVector(inst->params), fbb.CreateVector(inst->ints),
         fbb.CreateVector(inst->floats), fbb.CreateString(where),
-        mb ? int32_t(mb.getInt()) : -1));
+        mb ? int32_t(mb.getInt()) : -1, fbb.CreateVector(gpu)));
     return success();
+  }
+
+  // The instruction's GPU steps (compiler/GpuSteps.h); none when it has no
+  // GPU form yet, which the CUDA executor reports at load.
+  std::vector<fb::Offset<pl::GpuStep>> gpuSteps(Operation &op, const Inst &inst) {
+    GpuInstruction gi{inst.op, inst.in, inst.out, inst.params, inst.ints, inst.floats};
+    GpuLowering l;
+    if (auto fused = dyn_cast<FusedOp>(op)) {
+      const int64_t k = inst.ints.empty() ? -1 : inst.ints[0];
+      if (fused.getKind() == FusionKind::Gemm) {
+        auto yield = cast<YieldOp>(fused.getBodyBlock().getTerminator());
+        GemmKernelShape shape;
+        shape.gelu = isa<GeluOp>(yield.getValues().back().getDefiningOp());
+        shape.auxOut = yield.getNumOperands() == 2;
+        l = lowerGemmKernel(gi, shape, valueInfo);
+      } else if (k >= 0 && size_t(k) < fusedCuda.size()) {
+        l = lowerFusedKernel(gi, k, fusedCuda[size_t(k)]);
+      }
+    } else {
+      l = lowerInstruction(gi, valueInfo, paramInfo);
+    }
+    kernelWorkspace = std::max(kernelWorkspace, l.workspaceBytes);
+    std::vector<fb::Offset<pl::GpuStep>> steps;
+    for (const GpuStepSpec &s : l.steps) {
+      int64_t kernel = s.kernel;
+      if (s.kind == pl::GpuStepKind::KERNEL && kernel < 0)
+        kernel = addKernel(l.kernels.at(size_t(-kernel - 1)));
+      std::vector<pl::GpuArg> args;
+      for (const GpuArgSpec &a : s.args)
+        args.emplace_back(a.kind, a.index);
+      fb::Offset<pl::Gemm> gemm;
+      if (s.kind == pl::GpuStepKind::GEMM) {
+        const GemmSpec &g = s.gemm;
+        gemm = pl::CreateGemm(fbb, g.m, g.n, g.k, g.transA, g.transB, g.lda, g.ldb, g.ldd,
+                              g.aType, g.bType, g.dType, g.accumulate, g.epilogue, g.biasType,
+                              g.batch, g.strideA, g.strideB, g.strideD);
+      }
+      steps.push_back(pl::CreateGpuStep(fbb, s.kind, int32_t(kernel),
+                                        fbb.CreateVectorOfStructs(args), gemm, s.count, s.dtype,
+                                        s.group, s.reduce));
+    }
+    return steps;
+  }
+
+  // A kernel that only the GPU runs (no cpu_instructions): its index.
+  int64_t addKernel(const CudaKernel &k) {
+    std::vector<fb::Offset<fb::String>> scalarArgs;
+    for (const std::string &a : k.scalarArgs)
+      scalarArgs.push_back(sharedString(a));
+    kernels.push_back(pl::CreateKernel(
+        fbb, fbb.CreateString(k.entry), sharedString(k.source),
+        fbb.CreateVector(std::vector<uint32_t>(k.grid, k.grid + 3)),
+        fbb.CreateVector(std::vector<uint32_t>(k.block, k.block + 3)), k.sharedBytes,
+        fbb.CreateVector(std::vector<fb::Offset<pl::Value>>()),
+        fbb.CreateVector(std::vector<fb::Offset<pl::Instruction>>()), 0,
+        sharedString(k.entry), fbb.CreateVector(scalarArgs), fbb.CreateVector(k.streams)));
+    fusedCuda.push_back(k);
+    return int64_t(kernels.size() - 1);
   }
 
   // "decoder.layers.1 mt.attention_grad (#57)": the layer comes from the
@@ -644,6 +720,7 @@ private:
         cuda->sharedBytes, fbb.CreateVector(kvalues), fbb.CreateVector(insts), uint64_t(scratch),
         sharedString(cuda->entry), fbb.CreateVector(scalarArgs),
         fbb.CreateVector(cuda->streams)));
+    fusedCuda.push_back(*cuda);
     return int64_t(kernels.size() - 1);
   }
 
@@ -664,6 +741,10 @@ private:
   std::vector<fb::Offset<pl::Value>> values;
   DenseMap<Value, uint32_t> valueIndex;
   std::vector<fb::Offset<pl::Kernel>> kernels; // one per mt.fused, in program order
+  std::vector<CudaKernel> fusedCuda;            // the CUDA form of each, by index
+  std::vector<GpuValueInfo> valueInfo;          // the program's values, as `values`
+  std::vector<GpuParamInfo> paramInfo;          // the stage's parameters
+  uint64_t kernelWorkspace = 0;
   std::vector<std::string> valueNames;
 };
 

@@ -557,9 +557,110 @@ private:
       return e;
     if (std::string e = check_attributes(ins); !e.empty())
       return e;
+    if (std::string e = check_gpu_steps(s, ins); !e.empty())
+      return e;
     if (ins.op() == pl::Opcode::FUSED)
       return check_fused(s, ins);
     return check_shapes(s, ins);
+  }
+
+  // GPU steps (plan.fbs GpuStep): every index they hold is in range, so the
+  // CUDA executor can resolve arguments without checks of its own. Whether
+  // every instruction has steps is the CUDA executor's question, not the
+  // file's: the CPU runs plans without them.
+  std::string check_gpu_steps(const Scope &s, const pl::Instruction &ins) {
+    const size_t n = vsize(ins.gpu());
+    if (n && s.kernel)
+      return "a kernel's cpu_instructions carry GPU steps";
+    const size_t np = vsize(rank_->params());
+    for (size_t i = 0; i < n; ++i) {
+      const pl::GpuStep &step = *ins.gpu()->Get(i);
+      const std::string at = "GPU step " + std::to_string(i) + ": ";
+      if (step.kind() > pl::GpuStepKind::MAX)
+        return at + "unknown kind " + std::to_string(int(step.kind()));
+      for (size_t a = 0; a < vsize(step.args()); ++a) {
+        const pl::GpuArg &arg = *step.args()->Get(a);
+        const std::string which = at + "args[" + std::to_string(a) + "] ";
+        const uint64_t ix = arg.index();
+        switch (arg.kind()) {
+        case pl::GpuArgKind::VALUE:
+          if (ix >= s.num_values())
+            return which + "is value " + std::to_string(ix) + ", but the program has " +
+                   std::to_string(s.num_values());
+          break;
+        case pl::GpuArgKind::WEIGHT:
+        case pl::GpuArgKind::GRAD:
+        case pl::GpuArgKind::MASTER:
+        case pl::GpuArgKind::EXP_AVG:
+        case pl::GpuArgKind::EXP_AVG_SQ: {
+          if (ix >= np)
+            return which + "is parameter " + std::to_string(ix) + ", but " + rank_name_ +
+                   " has " + std::to_string(np);
+          const pl::Param &p = *rank_->params()->Get(uint32_t(ix));
+          const int64_t off = arg.kind() == pl::GpuArgKind::WEIGHT ? p.weight_offset()
+                              : arg.kind() == pl::GpuArgKind::GRAD ? p.grad_offset()
+                              : arg.kind() == pl::GpuArgKind::MASTER ? p.master_offset()
+                              : arg.kind() == pl::GpuArgKind::EXP_AVG ? p.exp_avg_offset()
+                                                                      : p.exp_avg_sq_offset();
+          if (off < 0)
+            return which + "names a buffer parameter " + std::to_string(ix) + " does not have";
+          break;
+        }
+        case pl::GpuArgKind::WORKSPACE:
+          if (ix >= rank_->kernel_workspace_bytes())
+            return which + "is workspace byte " + std::to_string(ix) + ", but " + rank_name_ +
+                   " has " + std::to_string(rank_->kernel_workspace_bytes());
+          break;
+        default:
+          if (arg.kind() > pl::GpuArgKind::MAX)
+            return which + "has unknown kind " + std::to_string(int(arg.kind()));
+          break;
+        }
+      }
+      switch (step.kind()) {
+      case pl::GpuStepKind::KERNEL: {
+        const int k = step.kernel();
+        if (k < 0 || size_t(k) >= vsize(plan_.kernels()))
+          return at + "launches kernel " + std::to_string(k) + ", but the plan has " +
+                 std::to_string(vsize(plan_.kernels()));
+        const pl::Kernel &kern = *plan_.kernels()->Get(uint32_t(k));
+        if (!kern.cuda_source() || !kern.cuda_source()->size() || !kern.entry() ||
+            !kern.entry()->size())
+          return at + "launches kernel " + std::to_string(k) + ", which has no CUDA source";
+        if (vsize(kern.grid()) != 3 || vsize(kern.block()) != 3)
+          return at + "kernel " + std::to_string(k) + " has no 3-dimensional grid and block";
+        break;
+      }
+      case pl::GpuStepKind::GEMM: {
+        const pl::Gemm *g = step.gemm();
+        if (!g)
+          return at + "is a GEMM without its description";
+        const size_t want = 3 + (g->epilogue() != pl::GemmEpilogue::NONE) +
+                            (g->epilogue() == pl::GemmEpilogue::GELU_AUX_BIAS);
+        if (vsize(step.args()) != want)
+          return at + "has " + std::to_string(vsize(step.args())) + " arguments, its GEMM takes " +
+                 std::to_string(want);
+        if (g->m() <= 0 || g->n() <= 0 || g->k() <= 0 || g->batch() <= 0)
+          return at + "has a GEMM with a dimension below 1";
+        const int64_t rows_a = g->trans_a() ? g->k() : g->m();
+        const int64_t rows_b = g->trans_b() ? g->n() : g->k();
+        if (g->lda() < rows_a || g->ldb() < rows_b || g->ldd() < g->m())
+          return at + "has a GEMM leading dimension smaller than its rows";
+        for (size_t a = 0; a < vsize(step.args()); ++a)
+          if (step.args()->Get(a)->kind() > pl::GpuArgKind::WORKSPACE)
+            return at + "GEMM argument " + std::to_string(a) + " is not a pointer";
+        break;
+      }
+      case pl::GpuStepKind::ALL_REDUCE:
+        if (vsize(step.args()) != 1 || step.group() < 0 || step.group() > 3 ||
+            step.reduce() < 0 || step.reduce() > 1)
+          return at + "is an all-reduce without one buffer, a group 0-3 and a reduction 0-1";
+        break;
+      default:
+        break;
+      }
+    }
+    return "";
   }
 
   // An instruction's results share no arena bytes with its operands or with

@@ -1,0 +1,172 @@
+// Plan instructions -> GPU steps (compiler/GpuSteps.h has the GEMM mapping).
+#include "compiler/GpuSteps.h"
+
+namespace mt {
+namespace {
+
+namespace pl = plan;
+
+int64_t product(const std::vector<int64_t> &shape, size_t from, size_t to) {
+  int64_t n = 1;
+  for (size_t i = from; i < to && i < shape.size(); ++i)
+    n *= shape[i];
+  return n;
+}
+
+// Rows of a [..., c] tensor: the product of every dimension but the last.
+int64_t rows(const GpuValueInfo &v) { return product(v.shape, 0, v.shape.size() - 1); }
+int64_t lastDim(const GpuValueInfo &v) { return v.shape.empty() ? 1 : v.shape.back(); }
+
+GpuArgSpec value(uint32_t v) { return {pl::GpuArgKind::VALUE, v}; }
+
+GpuStepSpec gemmStep(const GemmSpec &g, std::vector<GpuArgSpec> args) {
+  GpuStepSpec s;
+  s.kind = pl::GpuStepKind::GEMM;
+  s.gemm = g;
+  s.args = std::move(args);
+  return s;
+}
+
+// y[n, out] = x[n, in] W[out, in]^T.
+GemmSpec forwardGemm(const GpuValueInfo &x, const GpuValueInfo &w, const GpuValueInfo &y) {
+  GemmSpec g;
+  g.m = lastDim(y);
+  g.n = rows(x);
+  g.k = lastDim(x);
+  g.transA = true;
+  g.lda = g.k;
+  g.ldb = g.k;
+  g.ldd = g.m;
+  g.aType = w.dtype;
+  g.bType = x.dtype;
+  g.dType = y.dtype;
+  return g;
+}
+
+GpuLowering nativeStep() {
+  GpuLowering l;
+  GpuStepSpec s;
+  s.kind = pl::GpuStepKind::NATIVE;
+  l.steps.push_back(s);
+  return l;
+}
+
+} // namespace
+
+GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
+                             const std::vector<GpuParamInfo> &params) {
+  GpuLowering l;
+  auto in = [&](size_t i) -> const GpuValueInfo & { return values[inst.in[i]]; };
+  auto out = [&](size_t i) -> const GpuValueInfo & { return values[inst.out[i]]; };
+  switch (inst.op) {
+  case pl::Opcode::MATMUL:
+    l.steps.push_back(gemmStep(forwardGemm(in(0), in(1), out(0)),
+                               {value(inst.in[1]), value(inst.in[0]), value(inst.out[0])}));
+    return l;
+  case pl::Opcode::MATMUL_INPUT_GRAD: {
+    // dx[n, in] = dy[n, out] W[out, in]
+    const GpuValueInfo &dy = in(0), &w = in(1), &dx = out(0);
+    GemmSpec g;
+    g.m = lastDim(dx);
+    g.n = rows(dy);
+    g.k = lastDim(dy);
+    g.lda = g.m;
+    g.ldb = g.k;
+    g.ldd = g.m;
+    g.aType = w.dtype;
+    g.bType = dy.dtype;
+    g.dType = dx.dtype;
+    l.steps.push_back(gemmStep(g, {value(inst.in[1]), value(inst.in[0]), value(inst.out[0])}));
+    return l;
+  }
+  case pl::Opcode::MATMUL_WEIGHT_GRAD: {
+    // grad W[out, in] += dy[n, out]^T x[n, in]
+    const GpuValueInfo &dy = in(0), &x = in(1);
+    const GpuParamInfo &w = params[inst.params[0]];
+    GemmSpec g;
+    g.m = lastDim(x);
+    g.n = lastDim(dy);
+    g.k = rows(dy);
+    g.transB = true;
+    g.lda = g.m;
+    g.ldb = g.n;
+    g.ldd = g.m;
+    g.aType = x.dtype;
+    g.bType = dy.dtype;
+    g.dType = pl::DType::F32;
+    g.accumulate = true;
+    (void)w;
+    l.steps.push_back(gemmStep(g, {value(inst.in[1]), value(inst.in[0]),
+                                   {pl::GpuArgKind::GRAD, inst.params[0]}}));
+    return l;
+  }
+  case pl::Opcode::RESHAPE:
+    if (in(0).region == out(0).region && in(0).offset == out(0).offset) {
+      GpuStepSpec s; // the same bytes under another shape
+      l.steps.push_back(s);
+      return l;
+    }
+    break;
+  // Communication: the executor runs these over NCCL itself.
+  case pl::Opcode::ALL_REDUCE:
+  case pl::Opcode::SEQ_ALL_GATHER:
+  case pl::Opcode::SEQ_REDUCE_SCATTER:
+  case pl::Opcode::SEQ_SPLIT:
+  case pl::Opcode::ALL_REDUCE_GRADS:
+  case pl::Opcode::REDUCE_GRADS:
+  case pl::Opcode::ALL_GATHER_PARAMS:
+  case pl::Opcode::SEND:
+  case pl::Opcode::RECV:
+  case pl::Opcode::ALL_REDUCE_TIED_GRAD:
+    return nativeStep();
+  default:
+    break;
+  }
+  l.missing = std::string("no GPU kernel for ") + pl::EnumNameOpcode(inst.op);
+  return l;
+}
+
+GpuLowering lowerFusedKernel(const GpuInstruction &inst, int64_t kernelIndex,
+                             const CudaKernel &kernel) {
+  GpuLowering l;
+  GpuStepSpec s;
+  s.kind = pl::GpuStepKind::KERNEL;
+  s.kernel = kernelIndex;
+  for (uint32_t v : inst.in)
+    s.args.push_back(value(v));
+  for (uint32_t v : inst.out)
+    s.args.push_back(value(v));
+  size_t stream = 0;
+  for (const std::string &a : kernel.scalarArgs) {
+    if (a == "seed")
+      s.args.push_back({pl::GpuArgKind::SEED, 0});
+    else if (a == "rng_offset")
+      s.args.push_back({pl::GpuArgKind::RNG_OFFSET, 0});
+    else if (a == "tp_rank")
+      s.args.push_back({pl::GpuArgKind::TP_RANK, 0});
+    else // "stream": the next of the kernel's streams
+      s.args.push_back({pl::GpuArgKind::CONSTANT, kernel.streams.at(stream++)});
+  }
+  l.steps.push_back(s);
+  return l;
+}
+
+GpuLowering lowerGemmKernel(const GpuInstruction &inst, const GemmKernelShape &shape,
+                            const std::vector<GpuValueInfo> &values) {
+  // inputs x, w, b; outputs [pre-activation,] result
+  const uint32_t x = inst.in[0], w = inst.in[1], b = inst.in[2];
+  const uint32_t y = inst.out.back();
+  GemmSpec g = forwardGemm(values[x], values[w], values[y]);
+  g.biasType = values[b].dtype;
+  g.epilogue = !shape.gelu    ? pl::GemmEpilogue::BIAS
+               : shape.auxOut ? pl::GemmEpilogue::GELU_AUX_BIAS
+                              : pl::GemmEpilogue::GELU_BIAS;
+  std::vector<GpuArgSpec> args = {value(w), value(x), value(y), value(b)};
+  if (shape.gelu && shape.auxOut)
+    args.push_back(value(inst.out[0]));
+  GpuLowering l;
+  l.steps.push_back(gemmStep(g, std::move(args)));
+  return l;
+}
+
+} // namespace mt

@@ -1,0 +1,115 @@
+// How the CUDA executor runs each plan instruction: its GPU steps
+// (runtime/plan.fbs, GpuStep). The plan writer describes an instruction in
+// plain data and gets back the steps, plus any kernels they launch, so the
+// runtime makes no choice the compiler could have made.
+//
+// GEMMs. Tensors are row-major; cuBLASLt is column-major, where a row-major
+// [r, c] matrix reads as its transpose [c, r] with leading dimension c.
+// With n tokens (the product of every dimension but the last):
+//   MATMUL       y[n, out] = x[n, in] W[out, in]^T
+//                D = y^T (m = out, n), A = W (stored [in, out], transposed),
+//                B = x^T (stored [in, n]), k = in
+//   MATMUL_INPUT_GRAD  dx[n, in] = dy[n, out] W[out, in]
+//                D = dx^T (m = in, n), A = W^T (stored [in, out]),
+//                B = dy^T (stored [out, n]), k = out
+//   MATMUL_WEIGHT_GRAD grad W[out, in] += dy[n, out]^T x[n, in]
+//                D = grad^T (m = in, n = out, f32, accumulate),
+//                A = x^T (stored [in, n]), B = dy (stored [out, n], transposed),
+//                k = n
+// A gemm kernel (mt.fused gemm: matmul, bias add, optionally tanh GeLU) is
+// MATMUL's mapping with cuBLASLt's bias epilogue (one bias per row of D,
+// that is per output feature) and GELU_AUX when the pre-activation is also
+// a result.
+#ifndef MT_COMPILER_GPUSTEPS_H
+#define MT_COMPILER_GPUSTEPS_H
+
+#include "compiler/CudaKernelGen.h"
+#include "plan_generated.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+struct GpuValueInfo {
+  std::vector<int64_t> shape;
+  plan::DType dtype = plan::DType::F32;
+  uint64_t offset = 0; // arena offset (RESHAPE: whether bytes move)
+  plan::Region region = plan::Region::ARENA;
+};
+
+struct GpuParamInfo {
+  std::vector<int64_t> shape;
+  plan::DType dtype = plan::DType::F32; // the model copy's
+};
+
+// One plan instruction, as the writer built it.
+struct GpuInstruction {
+  plan::Opcode op = plan::Opcode::POSITION_IDS;
+  std::vector<uint32_t> in, out, params;
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+};
+
+struct GpuArgSpec {
+  plan::GpuArgKind kind;
+  uint64_t index;
+};
+
+// plan.fbs's Gemm, field for field.
+struct GemmSpec {
+  int64_t m = 0, n = 0, k = 0;
+  bool transA = false, transB = false;
+  int64_t lda = 0, ldb = 0, ldd = 0;
+  plan::DType aType = plan::DType::F32, bType = plan::DType::F32, dType = plan::DType::F32;
+  bool accumulate = false;
+  plan::GemmEpilogue epilogue = plan::GemmEpilogue::NONE;
+  plan::DType biasType = plan::DType::F32;
+  int64_t batch = 1, strideA = 0, strideB = 0, strideD = 0;
+};
+
+struct GpuStepSpec {
+  plan::GpuStepKind kind = plan::GpuStepKind::NOTHING;
+  // KERNEL: >= 0 an index into the plan's kernel table; < 0 the kernel
+  // GpuLowering::kernels[-kernel - 1], which the writer appends to it.
+  int64_t kernel = -1;
+  std::vector<GpuArgSpec> args;
+  GemmSpec gemm;
+  uint64_t count = 0;
+  plan::DType dtype = plan::DType::F32;
+  int32_t group = 0, reduce = 0;
+};
+
+struct GpuLowering {
+  std::vector<GpuStepSpec> steps; // empty: no GPU form (see `missing`)
+  std::vector<CudaKernel> kernels; // new kernels the steps launch
+  uint64_t workspaceBytes = 0;     // WORKSPACE bytes the steps use
+  std::string missing;             // why there are no steps
+};
+
+// The gemm kernel of an mt.fused gemm region: inputs x, w, b; outputs the
+// pre-activation (only with `auxOut`) and the result.
+struct GemmKernelShape {
+  bool gelu = false;
+  bool auxOut = false;
+};
+
+// The steps of an instruction that is not FUSED. `values` and `params` are
+// the program's values and the rank's parameters, indexed as in plan.bin.
+GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
+                             const std::vector<GpuParamInfo> &params);
+
+// The steps of a FUSED instruction of kind elementwise or row_reduction:
+// launch plan kernel `kernelIndex` with the instruction's inputs, outputs
+// and the scalar arguments `kernel` asks for.
+GpuLowering lowerFusedKernel(const GpuInstruction &inst, int64_t kernelIndex,
+                             const CudaKernel &kernel);
+
+// The steps of a FUSED instruction of kind gemm: one cuBLASLt call.
+GpuLowering lowerGemmKernel(const GpuInstruction &inst, const GemmKernelShape &shape,
+                            const std::vector<GpuValueInfo> &values);
+
+} // namespace mt
+
+#endif // MT_COMPILER_GPUSTEPS_H
