@@ -1175,7 +1175,7 @@ CpuExecutor::CpuExecutor(const pl::Plan &plan, int rank) {
 
 CpuExecutor::~CpuExecutor() = default;
 
-void CpuExecutor::init_params(uint64_t seed) {
+std::string CpuExecutor::init_params(uint64_t seed) {
   Impl &s = *impl_;
   for (uint32_t i = 0; i < vsize(s.rank.params()); ++i) {
     const pl::Param &p = s.param(i);
@@ -1237,6 +1237,7 @@ void CpuExecutor::init_params(uint64_t seed) {
         const float *w = s.state_floats(s.param(g.param).weight_offset()) + g.param_begin;
         std::copy(w, w + g.count, m + s.shard_index(b, g.flat_begin));
       }
+  return "";
 }
 
 float *CpuExecutor::shard_master() { return impl_->shard_floats(impl_->rank.shard_master_offset()); }

@@ -49,6 +49,7 @@
 
 #include "plan_generated.h"
 #include "runtime/collectives.h"
+#include "runtime/executor.h"
 #include "runtime/parallel_groups.h"
 
 #include <cstdint>
@@ -58,13 +59,13 @@
 
 namespace mt::rt {
 
-class CpuExecutor {
+class CpuExecutor : public Executor {
 public:
   // Allocates the rank's arena and state buffer (sizes as described above).
   // `rank` must be in the plan's rank table (see find_rank); the plan must
   // have been verified by PlanFile and outlive the executor.
   CpuExecutor(const mt::plan::Plan &plan, int rank);
-  ~CpuExecutor();
+  ~CpuExecutor() override;
   CpuExecutor(const CpuExecutor &) = delete;
   CpuExecutor &operator=(const CpuExecutor &) = delete;
 
@@ -72,47 +73,48 @@ public:
   // init_std via cpu::init_normal(seed, stream = the Param's init_stream)), rounded
   // to the parameter's dtype; copies them to the master copies; zeroes
   // gradients and Adam moments.
-  void init_params(uint64_t seed);
+  std::string init_params(uint64_t seed) override;
 
   // A parameter's buffers, as floats; null when the rank does not hold it.
-  float *weight(int param);
+  float *weight(int param) override;
   float *grad(int param);
-  float *master(int param);
-  float *exp_avg(int param);
-  float *exp_avg_sq(int param);
-  int64_t param_elements(int param) const;
+  float *master(int param) override;
+  float *exp_avg(int param) override;
+  float *exp_avg_sq(int param) override;
+  int64_t param_elements(int param) const override;
 
   // The distributed optimizer's state of this rank's shards (plan.fbs
   // Bucket): shard_elements() floats each, bucket b's part at element
   // begin_b / dp; null (and 0 elements) without it. f32 models have no
   // master shard: their weights are updated in place.
-  float *shard_master();
-  float *shard_exp_avg();
-  float *shard_exp_avg_sq();
-  int64_t shard_elements() const;
+  float *shard_master() override;
+  float *shard_exp_avg() override;
+  float *shard_exp_avg_sq() override;
+  int64_t shard_elements() const override;
 
   // The bytes of a value of `program` in the CPU layout: the caller writes
   // program inputs (i32 token ids, i64 iteration counts, floats) here before
   // every run() (the arena is shared by all programs, and under
   // --check-memory-plan an input is poisoned after its last reader) and reads
   // outputs after it, before running another program.
-  void *value_data(const mt::plan::Program &program, uint32_t value);
-  const mt::plan::Program *program(const std::string &name) const; // null if absent
+  void *value_data(const mt::plan::Program &program, uint32_t value) override;
+  const mt::plan::Program *program(const std::string &name) const override; // null if absent
 
   // Runs one program. `rng_offset` is RngKey.offset of every dropout and
   // attention instruction (RngKey.seed is set_seed's, .stream the
   // instruction's). Returns "" or one error line naming the rank, program,
   // instruction index, its `where` and the problem. Non-finite numbers are
   // not errors: they are the training loop's to detect.
-  std::string run(const mt::plan::Program &program, uint64_t rng_offset);
+  std::string run(const mt::plan::Program &program, uint64_t rng_offset) override;
 
-  void set_seed(uint64_t seed);
+  void set_seed(uint64_t seed) override;
   // The RNG offset of each micro-batch of an unrolled pipeline step: an
   // instruction with micro_batch m >= 0 uses offsets[m] instead of run()'s.
-  void set_micro_batch_rng_offsets(std::vector<uint64_t> offsets);
+  void set_micro_batch_rng_offsets(std::vector<uint64_t> offsets) override;
   // GRAD_SEED multiplies its scale by this (fp16 dynamic loss scaling).
   float loss_scale = 1.0f;
-  void zero_grads();
+  void set_loss_scale(float scale) override { loss_scale = scale; }
+  void zero_grads() override;
 
   // --check-memory-plan. Before each instruction every arena byte that holds
   // no live value is filled with all-ones bytes (a NaN as float, -1 as an
@@ -124,11 +126,11 @@ public:
   // that reads a value whose bytes another value has since overwritten fails
   // run() with a line naming both values and instructions. (A result that
   // overlaps its own instruction's operands is rejected by the plan reader.)
-  void set_check_memory_plan(bool on);
+  void set_check_memory_plan(bool on) override;
 
   // This rank's groups (not owned; must outlive run()): collectives name
   // their group by number (plan.fbs), and a plan of several ranks needs them.
-  void set_groups(const ParallelGroups *groups);
+  void set_groups(const ParallelGroups *groups) override;
 
   // Bytes allocated for the CPU arena and state buffer.
   uint64_t cpu_arena_bytes() const;

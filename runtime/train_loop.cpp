@@ -106,7 +106,7 @@ public:
     fp16 = str(t->precision()) == "fp16";
     lossScale = fp16 ? t->initial_loss_scale() : 1.0;
     hysteresisTracker = t->hysteresis();
-    exec->loss_scale = float(lossScale);
+    exec->set_loss_scale(float(lossScale));
     exec->set_seed(uint64_t(t->seed()));
     exec->set_check_memory_plan(opts.check_memory_plan);
     trainStep.program = exec->program("train_step");
@@ -260,8 +260,7 @@ private:
     if (load.empty() || !checkpoint_exists(load)) {
       if (!load.empty())
         say("no checkpoint in " + load + "; starting from scratch");
-      exec->init_params(uint64_t(plan.training()->seed()));
-      return "";
+      return exec->init_params(uint64_t(plan.training()->seed()));
     }
     std::string err;
     // The layout first: the first rank's file records it.
@@ -328,6 +327,8 @@ private:
           return e;
       }
     }
+    if (std::string e = exec->state_to_device(); !e.empty())
+      return e;
     exec->zero_grads();
     iteration = m.iteration;
     consumedTrain = m.consumed_train_samples;
@@ -335,7 +336,7 @@ private:
     lossScale = m.loss_scale;
     growthTracker = m.loss_scale_growth_tracker;
     hysteresisTracker = m.loss_scale_hysteresis_tracker;
-    exec->loss_scale = float(lossScale);
+    exec->set_loss_scale(float(lossScale));
     auto value = [&](const char *k) -> int64_t {
       auto it = m.values.find(k);
       return it == m.values.end() ? 0 : std::stoll(it->second);
@@ -358,6 +359,8 @@ private:
   }
 
   std::string saveCheckpoint() {
+    if (std::string e = exec->state_to_host(); !e.empty())
+      return e;
     // Distributed optimizer: every rank's shards gathered to dp rank 0.
     const int64_t shard = exec->shard_elements();
     std::vector<std::vector<float>> gathered;
@@ -607,7 +610,7 @@ private:
       hysteresisTracker = t->hysteresis();
       lossScale *= 2.0;
     }
-    exec->loss_scale = float(lossScale);
+    exec->set_loss_scale(float(lossScale));
   }
 
   std::string evaluate() {
@@ -662,7 +665,7 @@ private:
   int dp = 1, dpRank = 0, pp = 1, ppRank = 0, tpRank = 0;
   const pl::Rank *myRank = nullptr;
   bool printer = true;
-  std::unique_ptr<CpuExecutor> exec;
+  std::unique_ptr<Executor> exec;
   std::unique_ptr<GptDataset> train, valid;
   ProgramIO trainStep, lastStep, evalStep, normProg, optStep;
   std::ofstream log;

@@ -1,0 +1,63 @@
+// What the training loop asks of an executor, whichever device runs the
+// plan: the CPU reference (cpu_executor.h) or the GPU (gpu_executor.h).
+//
+// Program inputs and outputs go through host memory: value_data() is a host
+// buffer in the CPU layout of that value (cpu_executor.h: f32/i32/i64
+// values, which is what programs take and give), written before run() and
+// read after it. Parameter state is seen through host views (weight(),
+// master(), ...), floats as on the CPU; a device executor fills them in
+// state_to_host() and copies them back in state_to_device(), the CPU
+// executor's views are its state itself.
+#ifndef MT_RUNTIME_EXECUTOR_H
+#define MT_RUNTIME_EXECUTOR_H
+
+#include "plan_generated.h"
+#include "runtime/parallel_groups.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mt::rt {
+
+class Executor {
+public:
+  virtual ~Executor() = default;
+
+  // Weights from each Param's init (cpu_executor.h), master copies, zero
+  // gradients and moments. "" or one error line.
+  virtual std::string init_params(uint64_t seed) = 0;
+
+  // Host views of a parameter's buffers (null when the rank does not hold
+  // that buffer) and of the distributed optimizer's shard state.
+  virtual float *weight(int param) = 0;
+  virtual float *master(int param) = 0;
+  virtual float *exp_avg(int param) = 0;
+  virtual float *exp_avg_sq(int param) = 0;
+  virtual int64_t param_elements(int param) const = 0;
+  virtual float *shard_master() = 0;
+  virtual float *shard_exp_avg() = 0;
+  virtual float *shard_exp_avg_sq() = 0;
+  virtual int64_t shard_elements() const = 0;
+  // Device state -> host views (before a checkpoint is written), and host
+  // views -> device state (after one is read). "" or one error line.
+  virtual std::string state_to_host() { return ""; }
+  virtual std::string state_to_device() { return ""; }
+
+  virtual void *value_data(const mt::plan::Program &program, uint32_t value) = 0;
+  virtual const mt::plan::Program *program(const std::string &name) const = 0;
+  // Runs one program; "" or one error line naming the instruction.
+  virtual std::string run(const mt::plan::Program &program, uint64_t rng_offset) = 0;
+
+  virtual void set_seed(uint64_t seed) = 0;
+  virtual void set_micro_batch_rng_offsets(std::vector<uint64_t> offsets) = 0;
+  // GRAD_SEED multiplies its scale by this (fp16 dynamic loss scaling).
+  virtual void set_loss_scale(float scale) = 0;
+  virtual void zero_grads() = 0;
+  virtual void set_check_memory_plan(bool on) = 0;
+  virtual void set_groups(const ParallelGroups *groups) = 0;
+};
+
+} // namespace mt::rt
+
+#endif // MT_RUNTIME_EXECUTOR_H
