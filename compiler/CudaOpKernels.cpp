@@ -514,8 +514,7 @@ void genRope(const OpInstruction &ins, Builder &b, bool grad) {
 #pragma unroll
   for (int l = 0; l < ${V}; ++l) {
     const double inv = pow(${BASE}, -2.0 * (double)(j0 + l) / ${DD});
-    double sn, cs;
-    sincos(${SIGN} * p * inv, &sn, &cs);
+    const double angle = ${SIGN} * p * inv, sn = sin(angle), cs = cos(angle);
     const double x1 = a[l], x2 = c[l];
     a[l] = (float)(x1 * cs - x2 * sn);
     c[l] = (float)(x2 * cs + x1 * sn);
@@ -1080,7 +1079,7 @@ void genAdamW(const std::vector<StateTensor> &tensors, const std::vector<double>
   s["FIND"] = fill(kFindTensor, s);
   std::string src = fill(R"(// Byte offsets into the state buffer; master ~0: the weights are the f32 copy updated.
 struct mt_adam_tensor { mt_u64 weight, grad, master, m, v, count, first; double weight_decay; int dtype, vec; };
-__constant__ mt_adam_tensor mt_tensors[${NT}] = {
+__device__ const mt_adam_tensor mt_tensors[${NT}] = {
 ${TABLE}};
 
 // cpu::adamw_step on lanes i .. i + V - 1, in double; the weights (or the
@@ -1161,7 +1160,7 @@ void genNorm2(const std::vector<StateTensor> &tensors, const std::vector<int64_t
   s["FIND"] = fill(kFindTensor, s);
   if (blocks > 0)
     b.launch("norm_squares", fill(R"(struct mt_norm_tensor { mt_u64 grad, count, first; int vec; };
-__constant__ mt_norm_tensor mt_tensors[${NT}] = {
+__device__ const mt_norm_tensor mt_tensors[${NT}] = {
 ${TABLE}};
 
 extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const unsigned char *state, double *partials) {
