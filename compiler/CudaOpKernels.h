@@ -45,10 +45,12 @@
 //   SPLIT_QKV_GRAD, ROPE, ROPE_GRAD, RESHAPE: (in..., out...) in plan order
 //   DROPOUT             (in0, out0) + seed, rng_offset, [tp_rank,] stream
 //   CROSS_ENTROPY       ce_rows (in0 logits, in1 labels, ws) ; ce_loss (ws, out0)
-//     vocab parallel:   ce_max (in0, ws) ; ce_sum (in0, in1, ws) + tp_rank ; ce_loss (ws, out0)
+//     vocab parallel:   ce_max (in0, ws max) ; ce_sum (in0, in1, ws max, ws sum) + tp_rank ;
+//                       ce_loss (ws max, ws sum, out0)
 //   CROSS_ENTROPY_GRAD  ce_grad (in0 logits, in1 labels, in2 dloss, out0 dlogits)
-//     vocab parallel:   ce_max (in0, ws) ; ce_sum (in0, in1, ws) + tp_rank ;
-//                       ce_grad (in0, in1, in2, ws, out0) + tp_rank
+//     vocab parallel:   ce_max (in0, ws max) ; ce_sum (in0, in1, ws max, ws sum) + tp_rank ;
+//                       ce_grad (in0, in1, in2, ws max, ws sum, out0) + tp_rank
+//     (ws max / sum / target: f32[n] each, at the offsets the Workspace args give)
 //   GRAD_SEED           (out0, loss_scale: the runtime's f32 loss scale on the device)
 //   LR_SCHEDULE         (in0 iteration i64, out0)
 //   CLIP_COEFF          (in0 norm, in1 grad_scale, out0)
