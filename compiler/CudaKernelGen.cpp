@@ -681,6 +681,8 @@ std::optional<CudaKernel> generateCudaKernel(Operation *op, const CudaKernelOpti
   return k;
 }
 
+const char *cudaKernelPrelude() { return kPrelude; }
+
 std::string shapeKey(mlir::Type type) {
   auto t = mlir::cast<mlir::RankedTensorType>(type);
   std::string s;

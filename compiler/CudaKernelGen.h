@@ -34,6 +34,13 @@ struct CudaKernel {
   int vectorWidth = 1; // elements per thread and access (8 halfs or 4 floats: 128 bits)
 };
 
+// The device helpers every generated source starts with (typedefs mt_u64,
+// mt_bf16, mt_f16; storage conversions with round half to even; 16-, 8- and
+// 4-byte accesses mt_load / mt_store; Philox4x32-10 and mt_dropout; GeLU and
+// sigmoid; mt_block_sum), so that a source compiles with NVRTC alone.
+// compiler/CudaOpKernels uses them too.
+const char *cudaKernelPrelude();
+
 struct CudaKernelOptions {
   int64_t tensorParallel = 1; // tensor-parallel size: dropout of a shard maps its indices
 };

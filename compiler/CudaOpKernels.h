@@ -1,0 +1,189 @@
+// CUDA C for the plan instructions that are neither a fused region, a GEMM,
+// attention nor a collective: the loss, the optimizer, norms and their
+// gradients, embeddings, and the elementwise ops that reach plans unfused.
+//
+// Independent of MLIR: the input is one instruction as plan.bin describes it
+// (opcode, shapes and dtypes of its values, its parameters, ints, floats),
+// the output the kernels to launch in order, the collectives between them,
+// and the workspace the instruction needs. Sources are self-contained like
+// CudaKernelGen's (its prelude: no includes, no options), specialised for the
+// exact shapes, and follow runtime/cpu_executor.cpp and runtime/cpu_kernels.h
+// (the reference) in their semantics.
+//
+// Launch sequence. `steps` lists, in order, kernel launches and collectives
+// over f32 or f64 elements of the workspace (in place, over the plan's group
+// number: 1 tp, 3 mp, or the instruction's `group` int). An executor runs a
+// collective over a group of one rank as nothing. Sequences with collectives:
+//   CROSS_ENTROPY, vocab_parallel = 1:
+//     ce_max, all-reduce MAX(tp, f32 max[n]), ce_sum,
+//     all-reduce SUM(tp, f32 sum[n] and target[n]: 2n elements), ce_loss
+//   CROSS_ENTROPY_GRAD, vocab_parallel = 1:
+//     ce_max, all-reduce MAX(tp, max[n]), ce_sum, all-reduce SUM(tp, sum[n]), ce_grad
+//   GRAD_NORM, GROUP_GRAD_NORM:
+//     norm_squares, norm_total, all-reduce SUM(mp (GRAD_NORM) or ints[0], f64 total), norm_sqrt
+//   SHARDED_GRAD_NORM:
+//     norm_squares, norm_total, all-reduce SUM(ints[0], f64 total),
+//     all-reduce SUM(mp, f64 total), norm_sqrt
+// Every other instruction is launches only.
+//
+// Kernel ABI. Each kernel's `args` says what its pointer arguments are, in
+// order; `CudaKernel::scalarArgs` follow them as in plan.fbs's Kernel table
+// ("seed", "rng_offset", "tp_rank", "stream" with `streams`). Per opcode
+// (in_k / out_k: the instruction's values; grad_k: parameter k's f32
+// gradient; state: the rank's state buffer, whose byte offsets the kernels
+// carry as constants; ws+o: workspace + o bytes):
+//   POSITION_IDS        (out0)
+//   EMBEDDING           (in0 table, in1 ids, out0) [+ tp_rank when vocab_parallel]
+//   EMBEDDING_GRAD      emb_links (in1 ids, ws) ; emb_accum (in0 dy, in1 ids, grad0, ws)
+//                       [+ tp_rank each when vocab_parallel]
+//   LAYER_NORM          (in0 x, in1 w, in2 b, out0)      RMS_NORM (in0, in1, out0)
+//   LAYER_NORM_GRAD     norm_grad (in0 dy, in1 x, in2 w, out0 dx, ws) ;
+//                       col_sums (ws, grad0, grad1)
+//   RMS_NORM_GRAD       norm_grad (in0, in1, in2, out0, ws) ; col_sums (ws, grad0)
+//   BIAS_GRAD           bias_partials (in0 dy, ws) ; col_sums (ws, grad0)
+//   BIAS_ADD, ADD, GELU, GELU_GRAD, SWIGLU, SWIGLU_GRAD, SPLIT_QKV,
+//   SPLIT_QKV_GRAD, ROPE, ROPE_GRAD, RESHAPE: (in..., out...) in plan order
+//   DROPOUT             (in0, out0) + seed, rng_offset, [tp_rank,] stream
+//   CROSS_ENTROPY       ce_rows (in0 logits, in1 labels, ws) ; ce_loss (ws, out0)
+//     vocab parallel:   ce_max (in0, ws max) ; ce_sum (in0, in1, ws max, ws sum) + tp_rank ;
+//                       ce_loss (ws max, ws sum, out0)
+//   CROSS_ENTROPY_GRAD  ce_grad (in0 logits, in1 labels, in2 dloss, out0 dlogits)
+//     vocab parallel:   ce_max (in0, ws max) ; ce_sum (in0, in1, ws max, ws sum) + tp_rank ;
+//                       ce_grad (in0, in1, in2, ws max, ws sum, out0) + tp_rank
+//     (ws max / sum / target: f32[n] each, at the offsets the Workspace args give)
+//   GRAD_SEED           (out0, loss_scale: the runtime's f32 loss scale on the device)
+//   LR_SCHEDULE         (in0 iteration i64, out0)
+//   CLIP_COEFF          (in0 norm, in1 grad_scale, out0)
+//   ADAMW, SHARDED_ADAMW (in0 lr, in1 clip_coeff, in2 step, state)
+//   GRAD_NORM & co.     norm_squares (state, ws) ; norm_total (ws) ; norm_sqrt (ws, out0)
+// `out0` of CROSS_ENTROPY_GRAD may be in0's very bytes (in place); no other
+// output overlaps an input.
+//
+// Numerics against the CPU (which computes in double where it matters):
+//   - elementwise ops, split, embedding, position ids: fp32 math (the
+//     fused kernels' helpers), rounded once to the output type; copies exact.
+//   - ROPE: angles and rotation in double, as the CPU (equal up to double
+//     sin/cos ulps, so equal after rounding to the output type).
+//   - norms and their gradients: fp32 statistics (two passes for the
+//     variance); column sums of dw/db: fp32 per block of rows, then the
+//     blocks summed in double. Relative error ~1e-6 of the fp32 result.
+//   - cross-entropy: per-row max and sum of expf in fp32 (online), the row's
+//     log-sum-exp and the mean over rows in double: loss within ~1e-6
+//     relative; gradients within a few fp32 ulps before rounding.
+//   - AdamW: per element in double like cpu::adamw_step (bit-equal except
+//     where CUDA's double pow differs in the last ulp).
+//   - gradient norms: squares and sums in double, one fixed order
+//     (deterministic), ~1e-15 relative to the CPU's order.
+//   - EMBEDDING_GRAD: deterministic, and bit-equal to the CPU: each vocabulary
+//     row's tokens are linked in token order (emb_links) and one thread per
+//     (row, lanes) adds them into the gradient in that order (emb_accum).
+// Where the CPU stops with an error (an id or label outside the vocabulary,
+// a step below 1, a negative iteration), the kernels cannot: ids give NaN
+// rows, labels NaN losses, so the step's finite check catches them; AdamW
+// leaves the state untouched, the schedule gives NaN.
+#ifndef MT_COMPILER_CUDAOPKERNELS_H
+#define MT_COMPILER_CUDAOPKERNELS_H
+
+#include "compiler/CudaKernelGen.h"
+#include "plan_generated.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+// One value of the instruction (plan.fbs Value): shape and dtype.
+struct OpTensor {
+  std::vector<int64_t> shape;
+  plan::DType dtype = plan::DType::F32;
+  int64_t elements() const;
+};
+
+// One parameter (plan.fbs Param) as the instruction's kernels see it. Byte
+// offsets into the rank's state buffer, -1 when absent; only the optimizer
+// and the gradient norms use them (they address the state directly, so that
+// one launch covers every parameter).
+struct OpParam {
+  std::vector<int64_t> shape;
+  plan::DType dtype = plan::DType::F32; // the model copy's type
+  bool weightDecay = true;
+  // Counts in the gradient norm on this rank: in_grad_norm and (tp_dim >= 0
+  // or tp rank 0), as cpu_executor.cpp's counts_in_norm.
+  bool countsInNorm = true;
+  int64_t weightOffset = -1, gradOffset = -1, masterOffset = -1;
+  int64_t expAvgOffset = -1, expAvgSqOffset = -1;
+};
+
+// A part of one parameter in a data-parallel bucket's owned shard (the CPU
+// executor's FlatSegment): elements [paramBegin, paramBegin + count) of
+// parameter `param`, whose optimizer state is at element `stateIndex` of the
+// rank's shard arrays.
+struct OpSegment {
+  uint32_t param = 0;
+  int64_t paramBegin = 0, stateIndex = 0, count = 0;
+};
+
+struct OpInstruction {
+  plan::Opcode op = plan::Opcode::POSITION_IDS;
+  std::vector<OpTensor> in, out;
+  // The parameters of `params` in order. GRAD_NORM, GROUP_GRAD_NORM and the
+  // SHARDED_* opcodes take every parameter of the rank (segments index them).
+  std::vector<OpParam> params;
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+  int64_t tensorParallel = 1;
+  // RESHAPE: the output is the input's bytes (nothing to launch).
+  bool outAliasesIn0 = false;
+  // SHARDED_ADAMW and SHARDED_GRAD_NORM: the owned shard's segments, and the
+  // byte offsets of the shard state arrays (-1: none; no master for f32 models).
+  std::vector<OpSegment> segments;
+  int64_t shardMasterOffset = -1, shardExpAvgOffset = -1, shardExpAvgSqOffset = -1;
+};
+
+// A pointer argument of a generated kernel.
+struct OpArg {
+  enum Kind { In, Out, ParamGrad, State, Workspace, LossScale };
+  Kind kind;
+  uint64_t index = 0; // In/Out: value position; ParamGrad: parameter position; Workspace: byte offset
+};
+
+struct OpLaunch {
+  CudaKernel kernel;
+  std::vector<OpArg> args;
+};
+
+struct OpStep {
+  enum Kind { Launch, AllReduceSum, AllReduceMax };
+  enum Type { F32, F64 };
+  Kind kind = Launch;
+  size_t launch = 0;     // Launch: index into OpKernels::launches
+  int64_t group = 0;     // collectives: plan.fbs group number
+  uint64_t offset = 0;   // collectives: workspace byte offset of the elements
+  uint64_t count = 0;    // collectives: elements
+  Type type = F32;
+};
+
+struct OpKernels {
+  std::vector<OpLaunch> launches;
+  std::vector<OpStep> steps;    // launches and collectives, in order
+  uint64_t workspaceBytes = 0;  // 256-byte aligned, what the steps may use
+};
+
+// The kernels of one instruction, or nothing with `error` saying what cannot
+// be generated (an opcode this file does not cover, or operands that do not
+// match the opcode's signature).
+std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string *error);
+
+// Multi-tensor AdamW: one launch for consecutive ADAMW instructions that
+// share their lr, clip_coeff and step values and floats (the caller checks).
+// A constant table in the source maps each block to a parameter and a chunk
+// of it, so the whole optimizer step is one kernel reading lr, clipping
+// coefficient and step from the device (capturable in a CUDA graph).
+std::optional<OpKernels> generateAdamWGroup(const std::vector<OpInstruction> &group,
+                                            std::string *error);
+
+} // namespace mt
+
+#endif // MT_COMPILER_CUDAOPKERNELS_H

@@ -1,0 +1,1084 @@
+// compiler/CudaOpKernels: every opcode's kernels compile with NVRTC for sm_80
+// and sm_90 (f32, bf16, f16) when NVRTC is present, carry the features they
+// are built for, and compute what runtime/cpu_kernels computes when run on
+// the host emulation of CUDA (CudaHostKernel), on random inputs.
+#include "CudaHostKernel.h"
+
+#include "compiler/CudaOpKernels.h"
+#include "runtime/cpu_kernels.h"
+#include "runtime/cuda_api.h"
+#include "runtime/kernel_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace {
+
+using mt::OpArg;
+using mt::OpInstruction;
+using mt::OpKernels;
+using mt::OpParam;
+using mt::OpStep;
+using mt::OpTensor;
+using mt::plan::DType;
+using mt::plan::Opcode;
+
+bool contains(const std::string &s, const std::string &part) {
+  return s.find(part) != std::string::npos;
+}
+
+// ---------------------------------------------------------------------------
+// Storage: values as the GPU holds them (bf16/f16 bits, f32, ints).
+
+uint32_t bitsOf(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+float floatOf(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// The value rounded to `d`, as the CPU executor rounds results.
+float roundTo(DType d, float x) {
+  if (d == DType::BF16)
+    mt::cpu::round_to_bf16(&x, 1);
+  else if (d == DType::F16)
+    mt::cpu::round_to_fp16(&x, 1);
+  return x;
+}
+
+uint16_t halfBits(DType d, float x) {
+  x = roundTo(d, x);
+  const uint32_t u = bitsOf(x);
+  if (d == DType::BF16)
+    return uint16_t(u >> 16);
+  const uint32_t sign = (u >> 16) & 0x8000u, mag = u & 0x7FFFFFFFu;
+  if (mag > 0x7F800000u)
+    return uint16_t(sign | 0x7E00u);
+  if (mag == 0x7F800000u)
+    return uint16_t(sign | 0x7C00u);
+  if (mag >= 0x38800000u)
+    return uint16_t(sign | (((mag >> 23) - 112u) << 10) | ((mag >> 13) & 0x3FFu));
+  return uint16_t(sign | uint32_t(floatOf(mag) * 0x1p24f));
+}
+
+float fromHalf(DType d, uint16_t h) {
+  if (d == DType::BF16)
+    return floatOf(uint32_t(h) << 16);
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  if (e == 31)
+    return floatOf(sign | 0x7F800000u | (m << 13));
+  if (e == 0)
+    return floatOf(bitsOf(float(m) * 0x1p-24f) | sign);
+  return floatOf(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+int bytesOf(DType d) {
+  return d == DType::BF16 || d == DType::F16 ? 2 : d == DType::I64 ? 8 : 4;
+}
+
+// A device buffer of the emulation: bytes, 16-byte aligned through the
+// vector's allocator (operator new aligns to 16 on x86-64).
+struct Buffer {
+  OpTensor t;
+  std::vector<uint64_t> storage; // 8-byte units keep the data 8-aligned at least
+
+  Buffer() = default;
+  Buffer(DType d, std::vector<int64_t> shape) {
+    t.dtype = d;
+    t.shape = std::move(shape);
+    storage.assign(size_t((t.elements() * bytesOf(d) + 15) / 16 * 2 + 2), 0);
+  }
+  void *data() {
+    auto p = reinterpret_cast<uintptr_t>(storage.data());
+    return reinterpret_cast<void *>((p + 15) / 16 * 16);
+  }
+  void set(const std::vector<float> &v) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (t.dtype == DType::F32)
+        static_cast<float *>(data())[i] = v[i];
+      else
+        static_cast<uint16_t *>(data())[i] = halfBits(t.dtype, v[i]);
+    }
+  }
+  void setInts(const std::vector<int64_t> &v) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (t.dtype == DType::I64)
+        static_cast<int64_t *>(data())[i] = v[i];
+      else
+        static_cast<int32_t *>(data())[i] = int32_t(v[i]);
+    }
+  }
+  std::vector<float> get() {
+    std::vector<float> v(size_t(t.elements()));
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = t.dtype == DType::F32 ? static_cast<float *>(data())[i]
+                                   : fromHalf(t.dtype, static_cast<uint16_t *>(data())[i]);
+    return v;
+  }
+};
+
+std::vector<float> randomValues(size_t n, uint32_t seed, float scale = 1.0f, DType d = DType::F32) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float &x : v)
+    x = roundTo(d, dist(rng));
+  return v;
+}
+
+// ---------------------------------------------------------------------------
+// Running an instruction's steps on the emulation, one or more ranks in
+// lockstep (collectives combine the ranks' workspaces).
+
+struct Rank {
+  std::vector<Buffer *> in, out;
+  std::vector<float *> grads;
+  void *state = nullptr;
+  float lossScale = 1.0f;
+  uint64_t seed = 0, rngOffset = 0, tpRank = 0;
+  std::vector<uint64_t> ws;
+  void *wsData() { return ws.data(); }
+};
+
+const mt::emu::HostKernel *hostKernel(const mt::CudaKernel &k, std::string *error) {
+  static std::map<std::string, std::unique_ptr<mt::emu::HostKernel>> cache;
+  auto it = cache.find(k.entry);
+  if (it == cache.end())
+    it = cache.emplace(k.entry, mt::emu::HostKernel::compile(k.source, k.entry, error)).first;
+  return it->second.get();
+}
+
+std::string launch(const mt::OpLaunch &l, Rank &r) {
+  std::string error;
+  const mt::emu::HostKernel *k = hostKernel(l.kernel, &error);
+  if (!k)
+    return "compile " + l.kernel.entry + ": " + error;
+  std::vector<void *> ptrs;
+  for (const OpArg &a : l.args) {
+    switch (a.kind) {
+    case OpArg::In: ptrs.push_back(r.in.at(a.index)->data()); break;
+    case OpArg::Out: ptrs.push_back(r.out.at(a.index)->data()); break;
+    case OpArg::ParamGrad: ptrs.push_back(r.grads.at(a.index)); break;
+    case OpArg::State: ptrs.push_back(r.state); break;
+    case OpArg::Workspace: ptrs.push_back(reinterpret_cast<uint8_t *>(r.wsData()) + a.index); break;
+    case OpArg::LossScale: ptrs.push_back(&r.lossScale); break;
+    }
+  }
+  std::vector<unsigned long long> scalars;
+  size_t stream = 0;
+  for (const std::string &s : l.kernel.scalarArgs)
+    scalars.push_back(s == "seed" ? r.seed : s == "rng_offset" ? r.rngOffset
+                      : s == "tp_rank" ? r.tpRank : l.kernel.streams.at(stream++));
+  std::vector<void *> params;
+  for (void *&p : ptrs)
+    params.push_back(&p);
+  for (unsigned long long &s : scalars)
+    params.push_back(&s);
+  return k->launch(l.kernel.grid, l.kernel.block, l.kernel.sharedBytes, params.data());
+}
+
+// `groups`: the collective groups the ranks form; a collective over any
+// other group has one rank here and leaves the values as they are.
+std::string runSteps(const OpKernels &k, std::vector<Rank *> ranks,
+                     std::set<int64_t> groups = {0, 1, 2, 3}) {
+  for (Rank *r : ranks) {
+    r->ws.assign(size_t(k.workspaceBytes / 8 + 2), ~0ull); // NaN bytes: unwritten reads show
+  }
+  for (const OpStep &s : k.steps) {
+    if (s.kind == OpStep::Launch) {
+      for (Rank *r : ranks)
+        if (std::string e = launch(k.launches[s.launch], *r); !e.empty())
+          return e;
+      continue;
+    }
+    EXPECT_LE(s.offset + s.count * (s.type == OpStep::F64 ? 8 : 4), k.workspaceBytes);
+    if (!groups.count(s.group))
+      continue;
+    for (uint64_t i = 0; i < s.count; ++i) {
+      auto at = [&](Rank *r) { return reinterpret_cast<uint8_t *>(r->wsData()) + s.offset; };
+      if (s.type == OpStep::F64) {
+        double v = 0;
+        for (Rank *r : ranks)
+          v += reinterpret_cast<double *>(at(r))[i];
+        for (Rank *r : ranks)
+          reinterpret_cast<double *>(at(r))[i] = v;
+      } else {
+        float v = s.kind == OpStep::AllReduceMax ? -INFINITY : 0.0f;
+        for (Rank *r : ranks) {
+          float x = reinterpret_cast<float *>(at(r))[i];
+          v = s.kind == OpStep::AllReduceMax ? std::max(v, x) : v + x;
+        }
+        for (Rank *r : ranks)
+          reinterpret_cast<float *>(at(r))[i] = v;
+      }
+    }
+  }
+  return "";
+}
+
+OpKernels generate(const OpInstruction &ins) {
+  std::string error;
+  std::optional<OpKernels> k = mt::generateOpKernels(ins, &error);
+  EXPECT_TRUE(k) << error;
+  return k ? *k : OpKernels{};
+}
+
+// |got - want| within `rel` of |want| plus `abs`; for bf16/f16 results one
+// unit in the last place of the type (both sides round once from nearly
+// the same fp32 value, so they may land on neighbours).
+::testing::AssertionResult close(const std::vector<float> &got, const std::vector<float> &want,
+                                 DType d, double rel, double abs, double *worst = nullptr) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "sizes " << got.size() << " vs " << want.size();
+  const double typeRel = d == DType::BF16 ? 0x1p-7 : d == DType::F16 ? 0x1p-10 : 0.0;
+  double w = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], r = want[i];
+    if (std::isnan(r) && std::isnan(g))
+      continue;
+    const double err = std::fabs(g - r);
+    const double tol = std::max(rel, typeRel) * std::fabs(r) + abs +
+                       (d == DType::F16 ? 0x1p-24 : 0.0);
+    w = std::max(w, err / (std::fabs(r) + 1e-30));
+    if (!(err <= tol))
+      return ::testing::AssertionFailure()
+             << "element " << i << ": got " << g << ", want " << r << " (error " << err
+             << ", tolerance " << tol << ")";
+  }
+  if (worst)
+    *worst = w;
+  return ::testing::AssertionSuccess();
+}
+
+std::vector<float> rounded(std::vector<float> v, DType d) {
+  for (float &x : v)
+    x = roundTo(d, x);
+  return v;
+}
+
+OpTensor tensor(DType d, std::vector<int64_t> shape) {
+  OpTensor t;
+  t.dtype = d;
+  t.shape = std::move(shape);
+  return t;
+}
+
+const DType kFloatTypes[] = {DType::F32, DType::BF16, DType::F16};
+
+// ---------------------------------------------------------------------------
+// One instruction of every opcode (for NVRTC and the feature checks).
+
+std::vector<OpInstruction> everyOpcode(DType d) {
+  std::vector<OpInstruction> all;
+  auto add = [&](Opcode op, std::vector<OpTensor> in, std::vector<OpTensor> out,
+                 std::vector<int64_t> ints = {}, std::vector<double> floats = {},
+                 std::vector<OpParam> params = {}) {
+    OpInstruction i;
+    i.op = op;
+    i.in = std::move(in);
+    i.out = std::move(out);
+    i.ints = std::move(ints);
+    i.floats = std::move(floats);
+    i.params = std::move(params);
+    i.tensorParallel = 2;
+    all.push_back(i);
+  };
+  OpParam w;
+  w.shape = {256};
+  w.dtype = d;
+  OpParam table;
+  table.shape = {512, 256};
+  table.dtype = d;
+  OpTensor x = tensor(d, {2, 8, 256}), h = tensor(d, {256}), ids = tensor(DType::I32, {2, 8});
+  OpTensor scalar = tensor(DType::F32, {});
+  add(Opcode::POSITION_IDS, {}, {ids});
+  add(Opcode::EMBEDDING, {tensor(d, {512, 256}), ids}, {x}, {0});
+  add(Opcode::EMBEDDING, {tensor(d, {512, 256}), ids}, {x}, {1});
+  add(Opcode::LAYER_NORM, {x, h, h}, {x}, {}, {1e-5});
+  add(Opcode::RMS_NORM, {x, h}, {x}, {}, {1e-5});
+  add(Opcode::BIAS_ADD, {x, h}, {x});
+  add(Opcode::ADD, {x, x}, {x});
+  add(Opcode::GELU, {x}, {x}, {1});
+  add(Opcode::GELU, {x}, {x}, {0});
+  add(Opcode::SWIGLU, {x}, {tensor(d, {2, 8, 128})});
+  add(Opcode::DROPOUT, {x}, {x}, {3, -1}, {0.1});
+  add(Opcode::DROPOUT, {x}, {x}, {3, 2}, {0.1});
+  add(Opcode::RESHAPE, {x}, {tensor(d, {16, 256})});
+  add(Opcode::SPLIT_QKV, {tensor(d, {2, 8, 384})},
+      {tensor(d, {2, 8, 4, 64}), tensor(d, {2, 8, 1, 64}), tensor(d, {2, 8, 1, 64})});
+  add(Opcode::ROPE, {tensor(d, {2, 8, 4, 64})}, {tensor(d, {2, 8, 4, 64})}, {}, {10000.0});
+  add(Opcode::CROSS_ENTROPY, {tensor(d, {16, 512}), ids}, {scalar}, {0});
+  add(Opcode::CROSS_ENTROPY, {tensor(d, {16, 512}), ids}, {scalar}, {1});
+  add(Opcode::GRAD_SEED, {}, {scalar}, {}, {1.0});
+  add(Opcode::EMBEDDING_GRAD, {x, ids}, {}, {0}, {}, {table});
+  add(Opcode::EMBEDDING_GRAD, {x, ids}, {}, {1}, {}, {table});
+  add(Opcode::BIAS_GRAD, {x}, {}, {}, {}, {w});
+  add(Opcode::LAYER_NORM_GRAD, {x, x, h}, {x}, {}, {1e-5}, {w, w});
+  add(Opcode::RMS_NORM_GRAD, {x, x, h}, {x}, {}, {1e-5}, {w});
+  add(Opcode::GELU_GRAD, {x, x}, {x}, {1});
+  add(Opcode::SWIGLU_GRAD, {tensor(d, {2, 8, 128}), x}, {x});
+  add(Opcode::SPLIT_QKV_GRAD,
+      {tensor(d, {2, 8, 4, 64}), tensor(d, {2, 8, 1, 64}), tensor(d, {2, 8, 1, 64})},
+      {tensor(d, {2, 8, 384})});
+  add(Opcode::ROPE_GRAD, {tensor(d, {2, 8, 4, 64})}, {tensor(d, {2, 8, 4, 64})}, {}, {10000.0});
+  add(Opcode::CROSS_ENTROPY_GRAD, {tensor(d, {16, 512}), ids, scalar}, {tensor(d, {16, 512})}, {0});
+  add(Opcode::CROSS_ENTROPY_GRAD, {tensor(d, {16, 512}), ids, scalar}, {tensor(d, {16, 512})}, {1});
+  OpParam p;
+  p.shape = {1000};
+  p.dtype = d;
+  p.weightOffset = 0;
+  p.gradOffset = 4096;
+  p.masterOffset = d == DType::F32 ? -1 : 8192;
+  p.expAvgOffset = 12288;
+  p.expAvgSqOffset = 16384;
+  OpTensor step = tensor(DType::I64, {});
+  add(Opcode::GRAD_NORM, {}, {scalar}, {}, {}, {p, p});
+  add(Opcode::LR_SCHEDULE, {step}, {scalar}, {2, 10, 100}, {1e-3, 1e-4});
+  add(Opcode::CLIP_COEFF, {scalar, scalar}, {scalar}, {}, {1.0});
+  add(Opcode::ADAMW, {scalar, scalar, step}, {}, {}, {0.9, 0.95, 1e-8, 0.1}, {p});
+  OpInstruction sharded;
+  sharded.op = Opcode::SHARDED_ADAMW;
+  sharded.in = {scalar, scalar, step};
+  sharded.params = {p};
+  sharded.ints = {0};
+  sharded.floats = {0.9, 0.95, 1e-8, 0.1};
+  sharded.segments = {{0, 3, 0, 500}};
+  sharded.shardMasterOffset = d == DType::F32 ? -1 : 20480;
+  sharded.shardExpAvgOffset = 24576;
+  sharded.shardExpAvgSqOffset = 28672;
+  all.push_back(sharded);
+  sharded.op = Opcode::SHARDED_GRAD_NORM;
+  sharded.in = {};
+  sharded.out = {scalar};
+  sharded.floats = {};
+  all.push_back(sharded);
+  return all;
+}
+
+TEST(CudaOpKernels, EveryOpcodeCompilesWithNvrtc) {
+  std::string error;
+  const mt::cu::Nvrtc *nvrtc = mt::cu::load_nvrtc(&error);
+  if (!nvrtc)
+    GTEST_SKIP() << error;
+  std::set<std::string> seen;
+  for (DType d : kFloatTypes)
+    for (const OpInstruction &ins : everyOpcode(d)) {
+      OpKernels k = generate(ins);
+      for (const mt::OpLaunch &l : k.launches) {
+        if (!seen.insert(l.kernel.source).second)
+          continue;
+        for (int arch : {80, 90}) {
+          std::string cubin, e;
+          mt::rt::nvrtc_compile(*nvrtc, l.kernel.entry, l.kernel.source, arch,
+                                mt::rt::nvrtc_options(arch), &cubin, &e);
+          EXPECT_EQ(e, "") << mt::plan::EnumNameOpcode(ins.op) << " sm_" << arch << "\n"
+                           << l.kernel.source;
+          EXPECT_FALSE(cubin.empty());
+        }
+      }
+    }
+  EXPECT_GT(seen.size(), 60u);
+}
+
+TEST(CudaOpKernels, FeaturesAndSequences) {
+  std::map<std::string, std::vector<OpKernels>> byOp;
+  for (const OpInstruction &ins : everyOpcode(DType::BF16))
+    byOp[mt::plan::EnumNameOpcode(ins.op)].push_back(generate(ins));
+  auto kinds = [](const OpKernels &k) {
+    std::string s;
+    for (const OpStep &st : k.steps)
+      s += st.kind == OpStep::Launch ? "L" : st.kind == OpStep::AllReduceMax ? "M" : "S";
+    return s;
+  };
+  // Cross-entropy: two launches alone; vocab parallel: max, sum between phases.
+  EXPECT_EQ(kinds(byOp["CROSS_ENTROPY"][0]), "LL");
+  EXPECT_EQ(kinds(byOp["CROSS_ENTROPY"][1]), "LMLSL");
+  EXPECT_EQ(kinds(byOp["CROSS_ENTROPY_GRAD"][0]), "L");
+  EXPECT_EQ(kinds(byOp["CROSS_ENTROPY_GRAD"][1]), "LMLSL");
+  EXPECT_EQ(byOp["CROSS_ENTROPY"][1].steps[3].count, 32u); // sum and target of 16 rows
+  EXPECT_EQ(byOp["CROSS_ENTROPY_GRAD"][1].steps[3].count, 16u);
+  EXPECT_EQ(byOp["CROSS_ENTROPY_GRAD"][1].launches[2].kernel.scalarArgs,
+            (std::vector<std::string>{"tp_rank"}));
+  // bf16 rows of 512: 128-bit accesses of 8 lanes, online softmax statistics.
+  const std::string &ceGrad = byOp["CROSS_ENTROPY_GRAD"][0].launches[0].kernel.source;
+  EXPECT_TRUE(contains(ceGrad, "mt_load<8>(x, j, a)")) << ceGrad;
+  EXPECT_TRUE(contains(ceGrad, "mt_block_lse(m, s, mt_shared)"));
+  // Norms: the mp group after the data-parallel one for the sharded norm.
+  EXPECT_EQ(kinds(byOp["GRAD_NORM"][0]), "LLSL");
+  EXPECT_EQ(byOp["GRAD_NORM"][0].steps[2].group, 3);
+  EXPECT_EQ(byOp["GRAD_NORM"][0].steps[2].type, OpStep::F64);
+  EXPECT_EQ(kinds(byOp["SHARDED_GRAD_NORM"][0]), "LLSSL");
+  // AdamW: one launch over a table; the state buffer is its last pointer.
+  const mt::OpLaunch &adam = byOp["ADAMW"][0].launches[0];
+  EXPECT_EQ(adam.args.back().kind, OpArg::State);
+  EXPECT_TRUE(contains(adam.kernel.source, "pow(0.90000000000000002, (double)step)")) << adam.kernel.source;
+  // The sharded segment starts at element 3: not 16-byte aligned, scalar lanes.
+  EXPECT_TRUE(contains(byOp["SHARDED_ADAMW"][0].launches[0].kernel.source, "500ull, 0ull, 0.10000000000000001, 1, 0}"))
+      << byOp["SHARDED_ADAMW"][0].launches[0].kernel.source;
+  // Dropout of a shard takes tp_rank; the plain one does not.
+  EXPECT_EQ(byOp["DROPOUT"][0].launches[0].kernel.scalarArgs,
+            (std::vector<std::string>{"seed", "rng_offset", "stream"}));
+  EXPECT_EQ(byOp["DROPOUT"][1].launches[0].kernel.scalarArgs,
+            (std::vector<std::string>{"seed", "rng_offset", "tp_rank", "stream"}));
+  EXPECT_EQ(byOp["DROPOUT"][0].launches[0].kernel.streams, (std::vector<uint64_t>{3}));
+  // Norm gradients: partials in the workspace, then column sums into both grads.
+  const OpKernels &lng = byOp["LAYER_NORM_GRAD"][0];
+  ASSERT_EQ(lng.launches.size(), 2u);
+  EXPECT_EQ(lng.launches[1].args.size(), 3u);
+  EXPECT_EQ(lng.launches[1].args[2].kind, OpArg::ParamGrad);
+  EXPECT_EQ(lng.workspaceBytes, 2u * 16 * 256 * 4);
+  // A RESHAPE onto its input's bytes launches nothing.
+  OpInstruction view = everyOpcode(DType::F32)[12];
+  ASSERT_EQ(view.op, Opcode::RESHAPE);
+  view.outAliasesIn0 = true;
+  EXPECT_TRUE(generate(view).steps.empty());
+  // Operands that do not match the signature are refused.
+  OpInstruction bad = everyOpcode(DType::F32)[3];
+  bad.floats.clear();
+  std::string error;
+  EXPECT_FALSE(mt::generateOpKernels(bad, &error));
+  EXPECT_TRUE(contains(error, "signature")) << error;
+}
+
+
+// ---------------------------------------------------------------------------
+// Numerics on the host emulation against runtime/cpu_kernels.
+
+// Cross-entropy and its gradient (in place over the logits), rows whose
+// length takes 8, 4 or 1 lanes.
+TEST(CudaOpKernelsEmulation, CrossEntropy) {
+  for (DType d : kFloatTypes)
+    for (int64_t vocab : {1000, 1001}) {
+      SCOPED_TRACE(std::string(mt::plan::EnumNameDType(d)) + " vocab " + std::to_string(vocab));
+      const int64_t n = 6;
+      std::vector<float> logits = randomValues(size_t(n * vocab), 1, 3.0f, d);
+      std::vector<int64_t> labels = {0, 5, 999, 17, 500, 3};
+      std::vector<int32_t> labels32(labels.begin(), labels.end());
+      Buffer x(d, {n, vocab}), lab(DType::I32, {n}), loss(DType::F32, {}), dloss(DType::F32, {});
+      x.set(logits);
+      lab.setInts(labels);
+      dloss.set({1.5f});
+      OpInstruction ins;
+      ins.op = Opcode::CROSS_ENTROPY;
+      ins.in = {x.t, lab.t};
+      ins.out = {loss.t};
+      ins.ints = {0};
+      Rank r;
+      r.in = {&x, &lab};
+      r.out = {&loss};
+      ASSERT_EQ(runSteps(generate(ins), {&r}), "");
+      double want = 0;
+      ASSERT_TRUE(mt::cpu::cross_entropy_fwd(logits.data(), labels32.data(), nullptr, n, vocab, &want));
+      double worst = 0;
+      EXPECT_TRUE(close(loss.get(), {float(want)}, DType::F32, 2e-6, 0, &worst));
+      // The gradient over the logits' own bytes.
+      ins.op = Opcode::CROSS_ENTROPY_GRAD;
+      ins.in = {x.t, lab.t, dloss.t};
+      ins.out = {x.t};
+      r.in = {&x, &lab, &dloss};
+      r.out = {&x};
+      ASSERT_EQ(runSteps(generate(ins), {&r}), "");
+      std::vector<float> grad(logits.size());
+      mt::cpu::cross_entropy_bwd(logits.data(), labels32.data(), nullptr, n, vocab, 1.5, grad.data());
+      EXPECT_TRUE(close(x.get(), rounded(grad, d), d, 1e-6, 1e-12, &worst));
+    }
+}
+
+// Vocab parallel over two ranks, the collectives done between the phases
+// as the steps say: the same loss and gradients as the whole vocabulary.
+TEST(CudaOpKernelsEmulation, CrossEntropyVocabParallel) {
+  for (DType d : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(mt::plan::EnumNameDType(d));
+    const int64_t n = 5, vocab = 512, part = vocab / 2;
+    std::vector<float> logits = randomValues(size_t(n * vocab), 2, 2.0f, d);
+    std::vector<int64_t> labels = {0, 300, 255, 256, 511};
+    std::vector<int32_t> labels32(labels.begin(), labels.end());
+    Buffer x[2], lab(DType::I32, {n}), dloss(DType::F32, {}), loss[2];
+    dloss.set({0.75f});
+    lab.setInts(labels);
+    Rank r[2];
+    for (int k = 0; k < 2; ++k) {
+      x[k] = Buffer(d, {n, part});
+      std::vector<float> mine;
+      for (int64_t i = 0; i < n; ++i)
+        mine.insert(mine.end(), logits.begin() + i * vocab + k * part,
+                    logits.begin() + i * vocab + (k + 1) * part);
+      x[k].set(mine);
+      loss[k] = Buffer(DType::F32, {});
+      r[k].tpRank = uint64_t(k);
+    }
+    OpInstruction ins;
+    ins.op = Opcode::CROSS_ENTROPY;
+    ins.in = {x[0].t, lab.t};
+    ins.out = {loss[0].t};
+    ins.ints = {1};
+    ins.tensorParallel = 2;
+    for (int k = 0; k < 2; ++k) {
+      r[k].in = {&x[k], &lab};
+      r[k].out = {&loss[k]};
+    }
+    ASSERT_EQ(runSteps(generate(ins), {&r[0], &r[1]}), "");
+    double want = 0;
+    ASSERT_TRUE(mt::cpu::cross_entropy_fwd(logits.data(), labels32.data(), nullptr, n, vocab, &want));
+    for (int k = 0; k < 2; ++k)
+      EXPECT_TRUE(close(loss[k].get(), {float(want)}, DType::F32, 2e-6, 0));
+    ins.op = Opcode::CROSS_ENTROPY_GRAD;
+    ins.in = {x[0].t, lab.t, dloss.t};
+    ins.out = {x[0].t};
+    for (int k = 0; k < 2; ++k) {
+      r[k].in = {&x[k], &lab, &dloss};
+      r[k].out = {&x[k]};
+    }
+    ASSERT_EQ(runSteps(generate(ins), {&r[0], &r[1]}), "");
+    std::vector<float> grad(logits.size());
+    mt::cpu::cross_entropy_bwd(logits.data(), labels32.data(), nullptr, n, vocab, 0.75, grad.data());
+    for (int k = 0; k < 2; ++k) {
+      std::vector<float> mine;
+      for (int64_t i = 0; i < n; ++i)
+        mine.insert(mine.end(), grad.begin() + i * vocab + k * part,
+                    grad.begin() + i * vocab + (k + 1) * part);
+      EXPECT_TRUE(close(x[k].get(), rounded(mine, d), d, 1e-5, 1e-12));
+    }
+  }
+}
+
+// A state buffer with two parameters: bf16 (or f16) with an f32 master,
+// and an f32 one updated in place; odd counts leave a scalar tail.
+struct OptimizerState {
+  std::vector<uint64_t> bytes = std::vector<uint64_t>(65536 / 8, 0);
+  uint8_t *base() { return reinterpret_cast<uint8_t *>(bytes.data()); }
+  float *f(int64_t offset) { return reinterpret_cast<float *>(base() + offset); }
+  uint16_t *h(int64_t offset) { return reinterpret_cast<uint16_t *>(base() + offset); }
+};
+
+OpParam stateParam(DType d, int64_t count, int64_t at) {
+  OpParam p;
+  p.shape = {count};
+  p.dtype = d;
+  p.weightOffset = at;
+  p.gradOffset = at + 8192;
+  p.masterOffset = d == DType::F32 ? -1 : at + 16384;
+  p.expAvgOffset = at + 24576;
+  p.expAvgSqOffset = at + 32768;
+  return p;
+}
+
+TEST(CudaOpKernelsEmulation, AdamWGroupAndShard) {
+  for (DType d : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(mt::plan::EnumNameDType(d));
+    const std::vector<OpParam> params = {stateParam(d, 1001, 0), stateParam(DType::F32, 999, 4096)};
+    OptimizerState s;
+    std::vector<std::vector<float>> master, grad, m, v;
+    for (size_t k = 0; k < params.size(); ++k) {
+      const OpParam &p = params[k];
+      const size_t c = size_t(p.shape[0]);
+      master.push_back(randomValues(c, 10 + uint32_t(k), 0.1f, p.dtype));
+      grad.push_back(randomValues(c, 20 + uint32_t(k), 0.01f));
+      m.push_back(randomValues(c, 30 + uint32_t(k), 0.001f));
+      v.push_back(randomValues(c, 40 + uint32_t(k), 0.001f));
+      for (float &x : v.back())
+        x = x * x;
+      for (size_t i = 0; i < c; ++i) {
+        if (p.dtype == DType::F32)
+          s.f(p.weightOffset)[i] = master[k][i];
+        else {
+          s.h(p.weightOffset)[i] = halfBits(p.dtype, master[k][i]);
+          s.f(p.masterOffset)[i] = master[k][i];
+        }
+        s.f(p.gradOffset)[i] = grad[k][i];
+        s.f(p.expAvgOffset)[i] = m[k][i];
+        s.f(p.expAvgSqOffset)[i] = v[k][i];
+      }
+    }
+    Buffer lr(DType::F32, {}), clip(DType::F32, {}), step(DType::I64, {});
+    lr.set({3e-3f});
+    clip.set({0.5f});
+    step.setInts({3});
+    std::vector<OpInstruction> group;
+    for (const OpParam &p : params) {
+      OpInstruction ins;
+      ins.op = Opcode::ADAMW;
+      ins.in = {lr.t, clip.t, step.t};
+      ins.params = {p};
+      ins.floats = {0.9, 0.95, 1e-8, 0.1};
+      group.push_back(ins);
+    }
+    std::string error;
+    std::optional<OpKernels> k = mt::generateAdamWGroup(group, &error);
+    ASSERT_TRUE(k) << error;
+    EXPECT_EQ(k->launches.size(), 1u);
+    Rank r;
+    r.in = {&lr, &clip, &step};
+    r.state = s.base();
+    ASSERT_EQ(runSteps(*k, {&r}), "");
+    for (size_t p = 0; p < params.size(); ++p) {
+      std::vector<float> g = grad[p], want = master[p], wm = m[p], wv = v[p];
+      for (float &x : g)
+        x *= 0.5f;
+      mt::cpu::adamw_step(want.data(), g.data(), wm.data(), wv.data(), int64_t(g.size()),
+                          {3e-3f, 0.9, 0.95, 1e-8, 0.1, 3});
+      const OpParam &q = params[p];
+      const size_t c = g.size();
+      const float *target = q.masterOffset >= 0 ? s.f(q.masterOffset) : s.f(q.weightOffset);
+      // Double math both sides; contraction into FMAs may move the last bit.
+      EXPECT_TRUE(close(std::vector<float>(target, target + c), want, DType::F32, 2.5e-7, 0));
+      EXPECT_TRUE(close(std::vector<float>(s.f(q.expAvgOffset), s.f(q.expAvgOffset) + c), wm, DType::F32, 2.5e-7, 0));
+      EXPECT_TRUE(close(std::vector<float>(s.f(q.expAvgSqOffset), s.f(q.expAvgSqOffset) + c), wv, DType::F32, 2.5e-7, 0));
+      if (q.masterOffset >= 0)
+        for (size_t i = 0; i < c; ++i)
+          ASSERT_EQ(s.h(q.weightOffset)[i], halfBits(q.dtype, target[i])) << i;
+    }
+    // Step 0 is refused: nothing changes.
+    std::vector<uint64_t> before = s.bytes;
+    step.setInts({0});
+    ASSERT_EQ(runSteps(*k, {&r}), "");
+    EXPECT_EQ(before, s.bytes);
+
+    // The shard: elements [3, 503) of the first parameter and [0, 200) of
+    // the second, state in the shard arrays from element 0.
+    OpInstruction sh;
+    sh.op = Opcode::SHARDED_ADAMW;
+    sh.in = {lr.t, clip.t, step.t};
+    sh.params = params;
+    sh.params[1].weightDecay = false;
+    sh.ints = {0};
+    sh.floats = {0.9, 0.95, 1e-8, 0.1};
+    sh.segments = {{0, 3, 0, 500}, {1, 0, 500, 200}};
+    sh.shardMasterOffset = 40960;
+    sh.shardExpAvgOffset = 45056;
+    sh.shardExpAvgSqOffset = 49152;
+    std::vector<float> smaster(700), sm(700, 0.0f), sv(700, 0.0f);
+    for (int i = 0; i < 500; ++i)
+      smaster[size_t(i)] = s.f(params[0].masterOffset)[3 + i];
+    for (int i = 0; i < 200; ++i)
+      smaster[size_t(500 + i)] = s.f(params[1].weightOffset)[i];
+    for (int i = 0; i < 700; ++i) {
+      s.f(sh.shardMasterOffset)[i] = smaster[size_t(i)];
+      s.f(sh.shardExpAvgOffset)[i] = 0;
+      s.f(sh.shardExpAvgSqOffset)[i] = 0;
+    }
+    step.setInts({1});
+    ASSERT_EQ(runSteps(generate(sh), {&r}), "");
+    std::vector<float> g(700);
+    for (int i = 0; i < 500; ++i)
+      g[size_t(i)] = s.f(params[0].gradOffset)[3 + i] * 0.5f;
+    for (int i = 0; i < 200; ++i)
+      g[size_t(500 + i)] = s.f(params[1].gradOffset)[i] * 0.5f;
+    std::vector<float> want = smaster;
+    mt::cpu::adamw_step(want.data(), g.data(), sm.data(), sv.data(), 500, {3e-3f, 0.9, 0.95, 1e-8, 0.1, 1});
+    mt::cpu::adamw_step(want.data() + 500, g.data() + 500, sm.data() + 500, sv.data() + 500, 200,
+                        {3e-3f, 0.9, 0.95, 1e-8, 0.0, 1});
+    EXPECT_TRUE(close(std::vector<float>(s.f(sh.shardMasterOffset), s.f(sh.shardMasterOffset) + 700), want, DType::F32, 2.5e-7, 0));
+    EXPECT_TRUE(close(std::vector<float>(s.f(sh.shardExpAvgSqOffset), s.f(sh.shardExpAvgSqOffset) + 700), sv, DType::F32, 2.5e-7, 0));
+    for (int i = 0; i < 500; ++i)
+      ASSERT_EQ(s.h(params[0].weightOffset)[3 + i], halfBits(d, s.f(sh.shardMasterOffset)[i])) << i;
+    for (int i = 0; i < 200; ++i)
+      ASSERT_EQ(s.f(params[1].weightOffset)[i], s.f(sh.shardMasterOffset)[500 + i]) << i;
+  }
+}
+
+// Gradient norms (one parameter not counted), the clipping coefficient,
+// the schedule and the gradient seed.
+TEST(CudaOpKernelsEmulation, NormsAndScalars) {
+  OptimizerState s;
+  std::vector<OpParam> params = {stateParam(DType::F32, 2000, 0), stateParam(DType::F32, 7, 4096),
+                                 stateParam(DType::F32, 300, 2048)};
+  params[1].countsInNorm = false;
+  double want = 0;
+  for (size_t k = 0; k < params.size(); ++k) {
+    std::vector<float> g = randomValues(size_t(params[k].shape[0]), 50 + uint32_t(k));
+    std::copy(g.begin(), g.end(), s.f(params[k].gradOffset));
+    if (params[k].countsInNorm)
+      want += mt::cpu::sum_squares(g.data(), int64_t(g.size()));
+  }
+  params[0].shape = {1000}; // gradients lie 8192 bytes apart: 2048 floats at most
+  want = 0;
+  for (size_t k = 0; k < params.size(); ++k)
+    if (params[k].countsInNorm)
+      want += mt::cpu::sum_squares(s.f(params[k].gradOffset), params[k].shape[0]);
+  Buffer norm(DType::F32, {});
+  OpInstruction ins;
+  ins.op = Opcode::GRAD_NORM;
+  ins.out = {norm.t};
+  ins.params = params;
+  Rank r;
+  r.out = {&norm};
+  r.state = s.base();
+  ASSERT_EQ(runSteps(generate(ins), {&r}), "");
+  EXPECT_TRUE(close(norm.get(), {float(std::sqrt(want))}, DType::F32, 1.2e-7, 0));
+
+  // Sharded: parts of two parameters, summed over two data-parallel ranks.
+  OpInstruction sh;
+  sh.op = Opcode::SHARDED_GRAD_NORM;
+  sh.out = {norm.t};
+  sh.params = params;
+  sh.ints = {0};
+  sh.segments = {{0, 1, 0, 100}, {1, 0, 100, 7}, {2, 5, 107, 50}};
+  double part = mt::cpu::sum_squares(s.f(params[0].gradOffset) + 1, 100) +
+                mt::cpu::sum_squares(s.f(params[2].gradOffset) + 5, 50);
+  Rank r2 = r;
+  Buffer norm2(DType::F32, {});
+  r2.out = {&norm2};
+  ASSERT_EQ(runSteps(generate(sh), {&r, &r2}, {0}), "");
+  EXPECT_TRUE(close(norm.get(), {float(std::sqrt(2 * part))}, DType::F32, 1.2e-7, 0));
+  EXPECT_EQ(norm.get(), norm2.get());
+
+  // CLIP_COEFF: Megatron's factor times the gradient scale.
+  Buffer scale(DType::F32, {}), coeff(DType::F32, {});
+  OpInstruction clip;
+  clip.op = Opcode::CLIP_COEFF;
+  clip.in = {norm.t, scale.t};
+  clip.out = {coeff.t};
+  clip.floats = {1.0};
+  Rank rc;
+  rc.in = {&norm, &scale};
+  rc.out = {&coeff};
+  for (float n : {0.5f, 4.0f}) {
+    norm.set({n});
+    scale.set({0.25f});
+    ASSERT_EQ(runSteps(generate(clip), {&rc}), "");
+    const double c = std::min(1.0, 1.0 / (double(n) + 1e-6));
+    EXPECT_EQ(coeff.get()[0], float(0.25 * c)) << n;
+  }
+
+  // LR_SCHEDULE: Megatron's schedule (cpu_executor.cpp's megatron_lr).
+  auto megatron = [](int style, int64_t warmup, int64_t decay, double max, double min, int64_t steps) {
+    if (warmup > 0 && steps <= warmup)
+      return max * double(steps) / double(warmup);
+    if (style == 0)
+      return max;
+    if (steps > decay)
+      return min;
+    if (style == 3)
+      return std::max(min, max * std::sqrt(double(std::max<int64_t>(warmup, 1))) /
+                               std::sqrt(double(std::max<int64_t>(steps, 1))));
+    double ratio = double(steps - warmup) / double(decay - warmup);
+    double c = style == 1 ? 1.0 - ratio : 0.5 * (std::cos(M_PI * ratio) + 1.0);
+    return min + c * (max - min);
+  };
+  Buffer it(DType::I64, {}), lr(DType::F32, {});
+  for (int style = 0; style < 4; ++style)
+    for (int64_t steps : {0, 5, 10, 11, 60, 100, 101, 500}) {
+      OpInstruction ls;
+      ls.op = Opcode::LR_SCHEDULE;
+      ls.in = {it.t};
+      ls.out = {lr.t};
+      ls.ints = {style, 10, 100};
+      ls.floats = {1e-3, 1e-4};
+      Rank rl;
+      rl.in = {&it};
+      rl.out = {&lr};
+      it.setInts({steps});
+      ASSERT_EQ(runSteps(generate(ls), {&rl}), "");
+      EXPECT_TRUE(close(lr.get(), {float(megatron(style, 10, 100, 1e-3, 1e-4, steps))}, DType::F32, 6e-8, 0))
+          << "style " << style << " step " << steps;
+    }
+
+  // GRAD_SEED: the scale times the runtime's loss scale.
+  OpInstruction seed;
+  seed.op = Opcode::GRAD_SEED;
+  seed.out = {lr.t};
+  seed.floats = {0.125};
+  Rank rs;
+  rs.out = {&lr};
+  rs.lossScale = 65536.0f;
+  ASSERT_EQ(runSteps(generate(seed), {&rs}), "");
+  EXPECT_EQ(lr.get()[0], 8192.0f);
+}
+
+// Embedding forward (plain and vocab parallel), its deterministic gradient
+// (bit-equal to the CPU's token-order sums), position ids.
+TEST(CudaOpKernelsEmulation, Embeddings) {
+  for (DType d : kFloatTypes) {
+    SCOPED_TRACE(mt::plan::EnumNameDType(d));
+    const int64_t vocab = 40, h = 24, n = 12;
+    std::vector<float> table = randomValues(size_t(vocab * h), 60, 1.0f, d);
+    std::vector<int64_t> ids = {3, 7, 3, 39, 0, 7, 7, 12, 3, 25, 39, 1};
+    Buffer t(d, {vocab, h}), id(DType::I32, {n}), y(d, {n, h});
+    t.set(table);
+    id.setInts(ids);
+    OpInstruction ins;
+    ins.op = Opcode::EMBEDDING;
+    ins.in = {t.t, id.t};
+    ins.out = {y.t};
+    ins.ints = {0};
+    Rank r;
+    r.in = {&t, &id};
+    r.out = {&y};
+    ASSERT_EQ(runSteps(generate(ins), {&r}), "");
+    std::vector<int32_t> ids32(ids.begin(), ids.end());
+    std::vector<float> want(size_t(n * h));
+    ASSERT_TRUE(mt::cpu::embedding_fwd(table.data(), vocab, h, ids32.data(), n, want.data()));
+    EXPECT_EQ(y.get(), want);
+
+    // Vocab parallel, rank 1 of 2 holding rows 20..39 of the whole 40.
+    Buffer half(d, {vocab / 2, h});
+    half.set(std::vector<float>(table.begin() + (vocab / 2) * h, table.end()));
+    OpInstruction vp = ins;
+    vp.in = {half.t, id.t};
+    vp.ints = {1};
+    vp.tensorParallel = 2;
+    Rank rv = r;
+    rv.in = {&half, &id};
+    rv.tpRank = 1;
+    ASSERT_EQ(runSteps(generate(vp), {&rv}), "");
+    std::vector<float> got = y.get();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < h; ++j)
+        ASSERT_EQ(got[size_t(i * h + j)], ids[size_t(i)] >= 20 ? want[size_t(i * h + j)] : 0.0f);
+    // An id outside the whole vocabulary gives NaN.
+    id.setInts({3, 7, 3, 40, 0, 7, 7, 12, 3, 25, 39, 1});
+    ASSERT_EQ(runSteps(generate(vp), {&rv}), "");
+    EXPECT_TRUE(std::isnan(y.get()[3 * h]));
+    id.setInts(ids);
+
+    // The gradient: dy rows added into an f32 gradient in token order.
+    std::vector<float> dy = randomValues(size_t(n * h), 61, 1.0f, d);
+    std::vector<float> g0 = randomValues(size_t(vocab * h), 62);
+    Buffer dyb(d, {n, h});
+    dyb.set(dy);
+    OpParam p;
+    p.shape = {vocab, h};
+    p.dtype = d;
+    OpInstruction gi;
+    gi.op = Opcode::EMBEDDING_GRAD;
+    gi.in = {dyb.t, id.t};
+    gi.params = {p};
+    gi.ints = {0};
+    std::vector<float> g = g0;
+    Rank rg;
+    rg.in = {&dyb, &id};
+    rg.grads = {g.data()};
+    ASSERT_EQ(runSteps(generate(gi), {&rg}), "");
+    std::vector<float> gw = g0;
+    mt::cpu::embedding_bwd(dy.data(), ids32.data(), n, h, gw.data());
+    EXPECT_EQ(g, gw);
+    // Vocab parallel: rank 1's rows only.
+    p.shape = {vocab / 2, h};
+    gi.params = {p};
+    gi.ints = {1};
+    gi.tensorParallel = 2;
+    std::vector<float> gh(g0.begin() + (vocab / 2) * h, g0.end());
+    rg.grads = {gh.data()};
+    rg.tpRank = 1;
+    ASSERT_EQ(runSteps(generate(gi), {&rg}), "");
+    EXPECT_EQ(gh, std::vector<float>(gw.begin() + (vocab / 2) * h, gw.end()));
+  }
+  Buffer pos(DType::I32, {3, 5});
+  OpInstruction pi;
+  pi.op = Opcode::POSITION_IDS;
+  pi.out = {pos.t};
+  Rank r;
+  r.out = {&pos};
+  ASSERT_EQ(runSteps(generate(pi), {&r}), "");
+  for (int i = 0; i < 15; ++i)
+    EXPECT_EQ(static_cast<int32_t *>(pos.data())[i], i % 5);
+}
+
+// Norms and their gradients (dw, db added into f32 gradients), bias
+// gradients; rows of 96 (8 lanes) and 50 (2 lanes), 37 rows.
+TEST(CudaOpKernelsEmulation, NormsAndColumnSums) {
+  for (DType d : kFloatTypes)
+    for (int64_t h : {96, 50}) {
+      SCOPED_TRACE(std::string(mt::plan::EnumNameDType(d)) + " h " + std::to_string(h));
+      const int64_t n = 37;
+      std::vector<float> x = randomValues(size_t(n * h), 70, 1.0f, d);
+      for (float &v : x)
+        v = roundTo(d, v + 0.5f);
+      std::vector<float> dy = randomValues(size_t(n * h), 71, 1.0f, d);
+      std::vector<float> w = randomValues(size_t(h), 72, 1.0f, d);
+      std::vector<float> b = randomValues(size_t(h), 73, 1.0f, d);
+      Buffer xb(d, {n, h}), dyb(d, {n, h}), wb(d, {h}), bb(d, {h}), yb(d, {n, h});
+      xb.set(x);
+      dyb.set(dy);
+      wb.set(w);
+      bb.set(b);
+      for (bool layer : {true, false}) {
+        SCOPED_TRACE(layer ? "layer_norm" : "rms_norm");
+        OpInstruction f;
+        f.op = layer ? Opcode::LAYER_NORM : Opcode::RMS_NORM;
+        f.in = layer ? std::vector<OpTensor>{xb.t, wb.t, bb.t} : std::vector<OpTensor>{xb.t, wb.t};
+        f.out = {yb.t};
+        f.floats = {1e-5};
+        Rank r;
+        r.in = layer ? std::vector<Buffer *>{&xb, &wb, &bb} : std::vector<Buffer *>{&xb, &wb};
+        r.out = {&yb};
+        ASSERT_EQ(runSteps(generate(f), {&r}), "");
+        std::vector<float> want(x.size());
+        if (layer)
+          mt::cpu::layer_norm_fwd(x.data(), w.data(), b.data(), n, h, 1e-5, want.data());
+        else
+          mt::cpu::rms_norm_fwd(x.data(), w.data(), n, h, 1e-5, want.data());
+        EXPECT_TRUE(close(yb.get(), rounded(want, d), d, 1e-5, 1e-5));
+
+        OpParam p;
+        p.shape = {h};
+        p.dtype = d;
+        OpInstruction g;
+        g.op = layer ? Opcode::LAYER_NORM_GRAD : Opcode::RMS_NORM_GRAD;
+        g.in = {dyb.t, xb.t, wb.t};
+        g.out = {yb.t};
+        g.params = layer ? std::vector<OpParam>{p, p} : std::vector<OpParam>{p};
+        g.floats = {1e-5};
+        std::vector<float> dw0 = randomValues(size_t(h), 74), db0 = randomValues(size_t(h), 75);
+        std::vector<float> dw = dw0, db = db0, wdw = dw0, wdb = db0;
+        Rank rg;
+        rg.in = {&dyb, &xb, &wb};
+        rg.out = {&yb};
+        rg.grads = layer ? std::vector<float *>{dw.data(), db.data()} : std::vector<float *>{dw.data()};
+        ASSERT_EQ(runSteps(generate(g), {&rg}), "");
+        std::vector<float> wdx(x.size());
+        if (layer)
+          mt::cpu::layer_norm_bwd(dy.data(), x.data(), w.data(), n, h, 1e-5, wdx.data(), wdw.data(), wdb.data());
+        else
+          mt::cpu::rms_norm_bwd(dy.data(), x.data(), w.data(), n, h, 1e-5, wdx.data(), wdw.data());
+        EXPECT_TRUE(close(yb.get(), rounded(wdx, d), d, 1e-4, 2e-5));
+        EXPECT_TRUE(close(dw, wdw, DType::F32, 1e-5, 2e-5));
+        if (layer)
+          EXPECT_TRUE(close(db, wdb, DType::F32, 1e-5, 2e-5));
+      }
+      OpParam p;
+      p.shape = {h};
+      OpInstruction bg;
+      bg.op = Opcode::BIAS_GRAD;
+      bg.in = {dyb.t};
+      bg.params = {p};
+      std::vector<float> db = randomValues(size_t(h), 76), wdb = db;
+      Rank rb;
+      rb.in = {&dyb};
+      rb.grads = {db.data()};
+      ASSERT_EQ(runSteps(generate(bg), {&rb}), "");
+      mt::cpu::bias_grad(dy.data(), n, h, wdb.data());
+      EXPECT_TRUE(close(db, wdb, DType::F32, 1e-6, 1e-6));
+    }
+}
+
+
+// The elementwise ops, split and rotary embedding, one instruction each.
+TEST(CudaOpKernelsEmulation, ElementwiseSplitRope) {
+  const int64_t n = 6, f = 40;
+  for (DType d : kFloatTypes) {
+    SCOPED_TRACE(mt::plan::EnumNameDType(d));
+    std::vector<float> a = randomValues(size_t(n * 2 * f), 80, 2.0f, d);
+    std::vector<float> b = randomValues(size_t(n * 2 * f), 81, 2.0f, d);
+    std::vector<float> bias = randomValues(size_t(2 * f), 82, 1.0f, d);
+    std::vector<float> g = randomValues(size_t(n * f), 83, 1.0f, d);
+    Buffer A(d, {n, 2 * f}), Bb(d, {n, 2 * f}), bi(d, {2 * f}), G(d, {n, f}), Y(d, {n, 2 * f}),
+        Yh(d, {n, f});
+    A.set(a);
+    Bb.set(b);
+    bi.set(bias);
+    G.set(g);
+    auto run1 = [&](Opcode op, std::vector<Buffer *> in, Buffer *out, std::vector<int64_t> ints,
+                    std::vector<double> floats, uint64_t tpRank = 0, int64_t tp = 1) {
+      OpInstruction ins;
+      ins.op = op;
+      for (Buffer *x : in)
+        ins.in.push_back(x->t);
+      ins.out = {out->t};
+      ins.ints = std::move(ints);
+      ins.floats = std::move(floats);
+      ins.tensorParallel = tp;
+      Rank r;
+      r.in = in;
+      r.out = {out};
+      r.seed = 1234;
+      r.rngOffset = 77;
+      r.tpRank = tpRank;
+      return runSteps(generate(ins), {&r});
+    };
+    std::vector<float> want(a.size()), wanth(g.size());
+    ASSERT_EQ(run1(Opcode::ADD, {&A, &Bb}, &Y, {}, {}), "");
+    mt::cpu::add(a.data(), b.data(), int64_t(a.size()), want.data());
+    EXPECT_TRUE(close(Y.get(), rounded(want, d), d, 0, 0));
+    ASSERT_EQ(run1(Opcode::BIAS_ADD, {&A, &bi}, &Y, {}, {}), "");
+    mt::cpu::bias_add_fwd(a.data(), bias.data(), n, 2 * f, want.data());
+    EXPECT_TRUE(close(Y.get(), rounded(want, d), d, 0, 0));
+    for (int tanh : {0, 1}) {
+      ASSERT_EQ(run1(Opcode::GELU, {&A}, &Y, {tanh}, {}), "");
+      mt::cpu::gelu_fwd(a.data(), int64_t(a.size()), tanh != 0, want.data());
+      EXPECT_TRUE(close(Y.get(), rounded(want, d), d, 1e-6, 1e-7)) << "tanh " << tanh;
+      ASSERT_EQ(run1(Opcode::GELU_GRAD, {&Bb, &A}, &Y, {tanh}, {}), "");
+      mt::cpu::gelu_bwd(b.data(), a.data(), int64_t(a.size()), tanh != 0, want.data());
+      EXPECT_TRUE(close(Y.get(), rounded(want, d), d, 1e-5, 1e-6)) << "tanh " << tanh;
+    }
+    ASSERT_EQ(run1(Opcode::SWIGLU, {&A}, &Yh, {}, {}), "");
+    mt::cpu::swiglu_fwd(a.data(), n, f, wanth.data());
+    EXPECT_TRUE(close(Yh.get(), rounded(wanth, d), d, 1e-6, 1e-7));
+    ASSERT_EQ(run1(Opcode::SWIGLU_GRAD, {&G, &A}, &Y, {}, {}), "");
+    mt::cpu::swiglu_bwd(g.data(), a.data(), n, f, want.data());
+    EXPECT_TRUE(close(Y.get(), rounded(want, d), d, 1e-5, 1e-6));
+    // Dropout: the CPU's mask exactly, whole and as tp rank 1 of 2 along dim
+    // 1; the kept values scaled by the fp32 1 / (1 - rate), the CPU's double
+    // one: one fp32 ulp apart at most.
+    ASSERT_EQ(run1(Opcode::DROPOUT, {&A}, &Y, {5, -1}, {0.3}), "");
+    mt::cpu::dropout_fwd(a.data(), int64_t(a.size()), 0.3, {1234, 5, 77}, want.data());
+    EXPECT_TRUE(close(Y.get(), rounded(want, d), d, 1.2e-7, 0));
+    ASSERT_EQ(run1(Opcode::DROPOUT, {&A}, &Y, {5, 1}, {0.3}, 1, 2), "");
+    mt::cpu::dropout_segments(a.data(), n, 2 * f, uint64_t(4 * f), uint64_t(2 * f), 0.3,
+                              {1234, 5, 77}, want.data());
+    EXPECT_TRUE(close(Y.get(), rounded(want, d), d, 1.2e-7, 0));
+    Buffer R(d, {2 * n, f});
+    ASSERT_EQ(run1(Opcode::RESHAPE, {&A}, &R, {}, {}), "");
+    EXPECT_EQ(R.get(), a);
+
+    // SPLIT_QKV with 4 heads in 2 groups of d = 8 (a row of 2 x 4 x 8 = 64),
+    // then back.
+    const int64_t heads = 4, groups = 2, hd = 8, rows = 5;
+    std::vector<float> qkv = randomValues(size_t(rows * groups * 4 * hd), 84, 1.0f, d);
+    Buffer QKV(d, {rows, groups * 4 * hd}), Q(d, {rows, heads, hd}), K(d, {rows, groups, hd}),
+        V(d, {rows, groups, hd}), QKV2(d, {rows, groups * 4 * hd});
+    QKV.set(qkv);
+    OpInstruction sp;
+    sp.op = Opcode::SPLIT_QKV;
+    sp.in = {QKV.t};
+    sp.out = {Q.t, K.t, V.t};
+    Rank rs;
+    rs.in = {&QKV};
+    rs.out = {&Q, &K, &V};
+    ASSERT_EQ(runSteps(generate(sp), {&rs}), "");
+    std::vector<float> wq(size_t(rows * heads * hd)), wk(size_t(rows * groups * hd)), wv(wk.size());
+    mt::cpu::split_qkv_fwd(qkv.data(), rows, heads, groups, hd, wq.data(), wk.data(), wv.data());
+    EXPECT_EQ(Q.get(), wq);
+    EXPECT_EQ(K.get(), wk);
+    EXPECT_EQ(V.get(), wv);
+    sp.op = Opcode::SPLIT_QKV_GRAD;
+    sp.in = {Q.t, K.t, V.t};
+    sp.out = {QKV2.t};
+    rs.in = {&Q, &K, &V};
+    rs.out = {&QKV2};
+    ASSERT_EQ(runSteps(generate(sp), {&rs}), "");
+    EXPECT_EQ(QKV2.get(), qkv);
+
+    // ROPE and its gradient on [2, 7, 3, d], d = 16 and an odd d = 9.
+    for (int64_t rd : {16, 9}) {
+      std::vector<float> x = randomValues(size_t(2 * 7 * 3 * rd), 85, 1.0f, d);
+      Buffer X(d, {2, 7, 3, rd}), Yr(d, {2, 7, 3, rd});
+      X.set(x);
+      std::vector<float> wr(x.size());
+      for (bool grad : {false, true}) {
+        ASSERT_EQ(run1(grad ? Opcode::ROPE_GRAD : Opcode::ROPE, {&X}, &Yr, {}, {500000.0}), "");
+        if (grad)
+          mt::cpu::rope_bwd(x.data(), 2, 7, 3, rd, 500000.0, wr.data());
+        else
+          mt::cpu::rope_fwd(x.data(), 2, 7, 3, rd, 500000.0, wr.data());
+        EXPECT_TRUE(close(Yr.get(), rounded(wr, d), d, 1e-6, 1e-7)) << "d " << rd << " grad " << grad;
+      }
+    }
+  }
+}
+
+} // namespace
