@@ -1446,8 +1446,9 @@ std::optional<OpKernels> generateAdamWGroup(const std::vector<OpInstruction> &gr
       *error = "an ADAMW group holds ADAMW instructions of one parameter and four floats";
       return std::nullopt;
     }
-    if (ins.floats != group[0].floats) {
-      *error = "the instructions of an ADAMW group differ in their floats";
+    // beta1, beta2 and eps are the launch's; the weight decay is per tensor.
+    if (!std::equal(ins.floats.begin(), ins.floats.begin() + 3, group[0].floats.begin())) {
+      *error = "the instructions of an ADAMW group differ in beta1, beta2 or eps";
       return std::nullopt;
     }
     const OpParam &p = ins.params[0];

@@ -177,7 +177,8 @@ struct OpKernels {
 std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string *error);
 
 // Multi-tensor AdamW: one launch for consecutive ADAMW instructions that
-// share their lr, clip_coeff and step values and floats (the caller checks).
+// share their lr, clip_coeff and step values, beta1, beta2 and eps (the caller
+// checks); each keeps its own weight decay (floats[3]).
 // A constant table in the source maps each block to a parameter and a chunk
 // of it, so the whole optimizer step is one kernel reading lr, clipping
 // coefficient and step from the device (capturable in a CUDA graph).

@@ -43,6 +43,80 @@ GemmSpec forwardGemm(const GpuValueInfo &x, const GpuValueInfo &w, const GpuValu
   return g;
 }
 
+OpInstruction opInstruction(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
+                            const std::vector<GpuParamInfo> &params, int64_t tensorParallel) {
+  OpInstruction o;
+  o.op = inst.op;
+  for (uint32_t v : inst.in)
+    o.in.push_back({values[v].shape, values[v].dtype});
+  for (uint32_t v : inst.out)
+    o.out.push_back({values[v].shape, values[v].dtype});
+  // The norms read every parameter of the rank; others their own.
+  const bool all = inst.op == pl::Opcode::GRAD_NORM || inst.op == pl::Opcode::GROUP_GRAD_NORM;
+  if (all)
+    o.params = params;
+  else
+    for (uint32_t p : inst.params)
+      o.params.push_back(params[p]);
+  o.ints = inst.ints;
+  o.floats = inst.floats;
+  o.tensorParallel = tensorParallel;
+  if (inst.op == pl::Opcode::RESHAPE)
+    o.outAliasesIn0 = values[inst.in[0]].region == values[inst.out[0]].region &&
+                      values[inst.in[0]].offset == values[inst.out[0]].offset;
+  return o;
+}
+
+// CudaOpKernels' launches and collectives as plan steps; its kernels are
+// new ones (GpuStepSpec::kernel < 0).
+GpuLowering fromOpKernels(const OpKernels &k, const GpuInstruction &inst) {
+  GpuLowering l;
+  l.workspaceBytes = k.workspaceBytes;
+  for (const OpLaunch &launch : k.launches)
+    l.kernels.push_back(launch.kernel);
+  for (const OpStep &step : k.steps) {
+    GpuStepSpec s;
+    if (step.kind != OpStep::Launch) {
+      s.kind = pl::GpuStepKind::ALL_REDUCE;
+      s.args = {{pl::GpuArgKind::WORKSPACE, step.offset}};
+      s.count = step.count;
+      s.element = step.type == OpStep::F64 ? pl::ReduceElement::F64 : pl::ReduceElement::F32;
+      s.group = int32_t(step.group);
+      s.reduce = step.kind == OpStep::AllReduceMax ? 1 : 0;
+      l.steps.push_back(s);
+      continue;
+    }
+    const OpLaunch &launch = k.launches[step.launch];
+    s.kind = pl::GpuStepKind::KERNEL;
+    s.kernel = -int64_t(step.launch) - 1;
+    for (const OpArg &a : launch.args) {
+      switch (a.kind) {
+      case OpArg::In: s.args.push_back(value(inst.in.at(a.index))); break;
+      case OpArg::Out: s.args.push_back(value(inst.out.at(a.index))); break;
+      case OpArg::ParamGrad: // a position in `params` (every parameter when it is empty)
+        s.args.push_back({pl::GpuArgKind::GRAD, inst.params.empty() ? a.index : inst.params.at(a.index)});
+        break;
+      case OpArg::State: s.args.push_back({pl::GpuArgKind::STATE, 0}); break;
+      case OpArg::Workspace: s.args.push_back({pl::GpuArgKind::WORKSPACE, a.index}); break;
+      case OpArg::LossScale: s.args.push_back({pl::GpuArgKind::LOSS_SCALE, 0}); break;
+      }
+    }
+    size_t stream = 0;
+    for (const std::string &a : launch.kernel.scalarArgs) {
+      if (a == "seed")
+        s.args.push_back({pl::GpuArgKind::SEED, 0});
+      else if (a == "rng_offset")
+        s.args.push_back({pl::GpuArgKind::RNG_OFFSET, 0});
+      else if (a == "tp_rank")
+        s.args.push_back({pl::GpuArgKind::TP_RANK, 0});
+      else
+        s.args.push_back({pl::GpuArgKind::CONSTANT, launch.kernel.streams.at(stream++)});
+    }
+    l.steps.push_back(s);
+  }
+  return l;
+}
+
 GpuLowering nativeStep() {
   GpuLowering l;
   GpuStepSpec s;
@@ -54,7 +128,7 @@ GpuLowering nativeStep() {
 } // namespace
 
 GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
-                             const std::vector<GpuParamInfo> &params) {
+                             const std::vector<GpuParamInfo> &params, int64_t tensorParallel) {
   GpuLowering l;
   auto in = [&](size_t i) -> const GpuValueInfo & { return values[inst.in[i]]; };
   auto out = [&](size_t i) -> const GpuValueInfo & { return values[inst.out[i]]; };
@@ -82,7 +156,6 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
   case pl::Opcode::MATMUL_WEIGHT_GRAD: {
     // grad W[out, in] += dy[n, out]^T x[n, in]
     const GpuValueInfo &dy = in(0), &x = in(1);
-    const GpuParamInfo &w = params[inst.params[0]];
     GemmSpec g;
     g.m = lastDim(x);
     g.n = lastDim(dy);
@@ -95,7 +168,6 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
     g.bType = dy.dtype;
     g.dType = pl::DType::F32;
     g.accumulate = true;
-    (void)w;
     l.steps.push_back(gemmStep(g, {value(inst.in[1]), value(inst.in[0]),
                                    {pl::GpuArgKind::GRAD, inst.params[0]}}));
     return l;
@@ -119,11 +191,42 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
   case pl::Opcode::RECV:
   case pl::Opcode::ALL_REDUCE_TIED_GRAD:
     return nativeStep();
+  case pl::Opcode::ATTENTION:
+  case pl::Opcode::ATTENTION_GRAD:
+  case pl::Opcode::SHARDED_GRAD_NORM:
+  case pl::Opcode::SHARDED_ADAMW:
+    l.missing = std::string("no GPU kernel for ") + pl::EnumNameOpcode(inst.op) + " yet";
+    return l;
   default:
     break;
   }
-  l.missing = std::string("no GPU kernel for ") + pl::EnumNameOpcode(inst.op);
-  return l;
+  std::string error;
+  std::optional<OpKernels> k =
+      generateOpKernels(opInstruction(inst, values, params, tensorParallel), &error);
+  if (!k) {
+    l.missing = error;
+    return l;
+  }
+  return fromOpKernels(*k, inst);
+}
+
+GpuLowering lowerAdamWGroup(const std::vector<GpuInstruction> &group,
+                            const std::vector<GpuValueInfo> &values,
+                            const std::vector<GpuParamInfo> &params) {
+  std::vector<OpInstruction> ops;
+  for (const GpuInstruction &i : group)
+    ops.push_back(opInstruction(i, values, params, 1));
+  std::string error;
+  std::optional<OpKernels> k = generateAdamWGroup(ops, &error);
+  if (!k) {
+    GpuLowering l;
+    l.missing = error;
+    return l;
+  }
+  // The launch's arguments name the group's first instruction; AdamW's
+  // kernels address parameters through the state buffer, so its `in` (lr,
+  // clip, step) is all they read, and every instruction of the group shares it.
+  return fromOpKernels(*k, group.front());
 }
 
 GpuLowering lowerFusedKernel(const GpuInstruction &inst, int64_t kernelIndex,

@@ -24,6 +24,7 @@
 #define MT_COMPILER_GPUSTEPS_H
 
 #include "compiler/CudaKernelGen.h"
+#include "compiler/CudaOpKernels.h"
 #include "plan_generated.h"
 
 #include <cstdint>
@@ -39,10 +40,8 @@ struct GpuValueInfo {
   plan::Region region = plan::Region::ARENA;
 };
 
-struct GpuParamInfo {
-  std::vector<int64_t> shape;
-  plan::DType dtype = plan::DType::F32; // the model copy's
-};
+// A parameter as the generated kernels see it (compiler/CudaOpKernels.h).
+using GpuParamInfo = OpParam;
 
 // One plan instruction, as the writer built it.
 struct GpuInstruction {
@@ -77,7 +76,7 @@ struct GpuStepSpec {
   std::vector<GpuArgSpec> args;
   GemmSpec gemm;
   uint64_t count = 0;
-  plan::DType dtype = plan::DType::F32;
+  plan::ReduceElement element = plan::ReduceElement::F32;
   int32_t group = 0, reduce = 0;
 };
 
@@ -98,7 +97,13 @@ struct GemmKernelShape {
 // The steps of an instruction that is not FUSED. `values` and `params` are
 // the program's values and the rank's parameters, indexed as in plan.bin.
 GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
-                             const std::vector<GpuParamInfo> &params);
+                             const std::vector<GpuParamInfo> &params, int64_t tensorParallel);
+
+// One launch for a run of consecutive ADAMW instructions that read the same
+// lr, clipping coefficient and step (compiler/CudaOpKernels.h).
+GpuLowering lowerAdamWGroup(const std::vector<GpuInstruction> &group,
+                            const std::vector<GpuValueInfo> &values,
+                            const std::vector<GpuParamInfo> &params);
 
 // The steps of a FUSED instruction of kind elementwise or row_reduction:
 // launch plan kernel `kernelIndex` with the instruction's inputs, outputs

@@ -126,13 +126,10 @@ public:
     paramIndex.clear();
     paramInfo.clear();
     kernelWorkspace = 0;
+    replicatedParams = false;
     int index = 0;
-    for (ParamOp p : module.getOps<ParamOp>()) {
+    for (ParamOp p : module.getOps<ParamOp>())
       paramIndex[p.getSymName()] = index++;
-      auto shape = p.getTensorType().getShape();
-      paramInfo.push_back({std::vector<int64_t>(shape.begin(), shape.end()),
-                           dtypeOf(p.getTensorType().getElementType())});
-    }
 
     std::vector<fb::Offset<pl::Param>> params;
     for (ParamOp p : module.getOps<ParamOp>()) {
@@ -149,6 +146,22 @@ public:
         p.emitError("plan writer: parameter has no memory plan; run mt-plan-memory first");
         return failure();
       }
+      // What the generated optimizer and norm kernels know of it. The norm
+      // counts a tensor-parallel replica once (cpu_executor.cpp): with tp > 1
+      // that depends on the tp rank, which the shared program does not
+      // know, so such plans get no GPU norm yet (gpuSteps).
+      GpuParamInfo info;
+      info.shape.assign(shape.begin(), shape.end());
+      info.dtype = dtypeOf(p.getTensorType().getElementType());
+      info.weightDecay = decays;
+      info.countsInNorm = !p->hasAttr("mt.tied_copy");
+      info.weightOffset = attr("mt.weight_offset");
+      info.gradOffset = attr("mt.grad_offset");
+      info.masterOffset = attr("mt.master_offset");
+      info.expAvgOffset = attr("mt.exp_avg_offset");
+      info.expAvgSqOffset = attr("mt.exp_avg_sq_offset");
+      replicatedParams |= !p.getTpDim().has_value();
+      paramInfo.push_back(info);
       pl::Init init = p.getInit() == InitKind::Zeros  ? pl::Init::ZEROS
                       : p.getInit() == InitKind::Ones ? pl::Init::ONES
                                                       : pl::Init::NORMAL;
@@ -384,8 +397,14 @@ private:
       } else if (k >= 0 && size_t(k) < fusedCuda.size()) {
         l = lowerFusedKernel(gi, k, fusedCuda[size_t(k)]);
       }
+    } else if (inst.op == pl::Opcode::ADAMW) {
+      l = adamWSteps(cast<AdamWOp>(op));
+    } else if ((inst.op == pl::Opcode::GRAD_NORM || inst.op == pl::Opcode::GROUP_GRAD_NORM) &&
+               spec.parallel.tensor_model_parallel_size > 1 && replicatedParams) {
+      l.missing = "no GPU kernel yet for a gradient norm that counts tensor-parallel "
+                  "replicas once";
     } else {
-      l = lowerInstruction(gi, valueInfo, paramInfo);
+      l = lowerInstruction(gi, valueInfo, paramInfo, spec.parallel.tensor_model_parallel_size);
     }
     kernelWorkspace = std::max(kernelWorkspace, l.workspaceBytes);
     std::vector<fb::Offset<pl::GpuStep>> steps;
@@ -404,10 +423,40 @@ private:
                               g.batch, g.strideA, g.strideB, g.strideD);
       }
       steps.push_back(pl::CreateGpuStep(fbb, s.kind, int32_t(kernel),
-                                        fbb.CreateVectorOfStructs(args), gemm, s.count, s.dtype,
+                                        fbb.CreateVectorOfStructs(args), gemm, s.count, s.element,
                                         s.group, s.reduce));
     }
     return steps;
+  }
+
+  // Consecutive mt.adamw ops reading the same lr, clipping coefficient and
+  // step, with the same hyperparameters, run as one multi-tensor launch:
+  // the first of the run carries it, the others have nothing to do.
+  GpuLowering adamWSteps(AdamWOp first) {
+    GpuLowering l;
+    if (auto prev = dyn_cast_or_null<AdamWOp>(first->getPrevNode()); prev && sameAdamW(prev, first)) {
+      l.steps.push_back(GpuStepSpec()); // NOTHING: done by the run's first
+      return l;
+    }
+    std::vector<GpuInstruction> group;
+    for (Operation *op = first; op; op = op->getNextNode()) {
+      auto a = dyn_cast<AdamWOp>(op);
+      if (!a || (a != first && !sameAdamW(first, a)))
+        break;
+      GpuInstruction gi;
+      gi.op = pl::Opcode::ADAMW;
+      for (Value v : a->getOperands())
+        gi.in.push_back(valueIndex.lookup(v));
+      gi.params = {param(a.getParamAttr())};
+      gi.floats = {a.getBeta1().convertToDouble(), a.getBeta2().convertToDouble(),
+                   a.getEpsilon().convertToDouble(), a.getWeightDecay().convertToDouble()};
+      group.push_back(std::move(gi));
+    }
+    return lowerAdamWGroup(group, valueInfo, paramInfo);
+  }
+  static bool sameAdamW(AdamWOp a, AdamWOp b) {
+    return a->getOperands() == b->getOperands() && a.getBeta1() == b.getBeta1() &&
+           a.getBeta2() == b.getBeta2() && a.getEpsilon() == b.getEpsilon();
   }
 
   // A kernel that only the GPU runs (no cpu_instructions): its index.
@@ -745,6 +794,7 @@ private:
   std::vector<GpuValueInfo> valueInfo;          // the program's values, as `values`
   std::vector<GpuParamInfo> paramInfo;          // the stage's parameters
   uint64_t kernelWorkspace = 0;
+  bool replicatedParams = false; // the stage has parameters every tp rank holds whole
   std::vector<std::string> valueNames;
 };
 

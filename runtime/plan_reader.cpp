@@ -648,14 +648,20 @@ private:
           return at + "has a GEMM leading dimension smaller than its rows";
         for (size_t a = 0; a < vsize(step.args()); ++a)
           if (step.args()->Get(a)->kind() > pl::GpuArgKind::WORKSPACE)
-            return at + "GEMM argument " + std::to_string(a) + " is not a pointer";
+            return at + "GEMM argument " + std::to_string(a) + " is not a tensor";
         break;
       }
-      case pl::GpuStepKind::ALL_REDUCE:
-        if (vsize(step.args()) != 1 || step.group() < 0 || step.group() > 3 ||
-            step.reduce() < 0 || step.reduce() > 1)
-          return at + "is an all-reduce without one buffer, a group 0-3 and a reduction 0-1";
+      case pl::GpuStepKind::ALL_REDUCE: {
+        if (vsize(step.args()) != 1 || step.args()->Get(0)->kind() != pl::GpuArgKind::WORKSPACE ||
+            step.group() < 0 || step.group() > 3 || step.reduce() < 0 || step.reduce() > 1 ||
+            step.element() > pl::ReduceElement::MAX)
+          return at + "is an all-reduce without one workspace buffer, a group 0-3, a "
+                      "reduction 0-1 and an element type";
+        const uint64_t bytes = step.count() * (step.element() == pl::ReduceElement::F64 ? 8 : 4);
+        if (step.args()->Get(0)->index() + bytes > rank_->kernel_workspace_bytes())
+          return at + "all-reduces past the end of the workspace";
         break;
+      }
       default:
         break;
       }
