@@ -1175,48 +1175,56 @@ CpuExecutor::CpuExecutor(const pl::Plan &plan, int rank) {
 
 CpuExecutor::~CpuExecutor() = default;
 
+void initial_weights(const pl::Param &p, int64_t tp_size, int64_t tp_rank, uint64_t seed,
+                     float *w) {
+  const int64_t count = element_count(p.shape());
+  switch (p.init()) {
+  case pl::Init::ZEROS: std::fill(w, w + count, 0.0f); break;
+  case pl::Init::ONES: std::fill(w, w + count, 1.0f); break;
+  case pl::Init::NORMAL:
+    if (p.tp_dim() < 0) {
+      cpu::init_normal(w, count, p.init_std(), seed, p.init_stream());
+      break;
+    }
+    // A tensor-parallel shard holds exactly its part of the whole
+    // parameter's initial values, so every layout starts from the
+    // single-device weights.
+    {
+      const int64_t t = tp_size, d = p.tp_dim(), blocks = p.tp_blocks();
+      std::vector<float> whole(size_t(count * t));
+      cpu::init_normal(whole.data(), count * t, p.init_std(), seed, p.init_stream());
+      int64_t outer = 1, inner = 1;
+      for (int64_t k = 0; k < int64_t(vsize(p.shape())); ++k)
+        if (k < d)
+          outer *= p.shape()->Get(uint32_t(k));
+        else if (k > d)
+          inner *= p.shape()->Get(uint32_t(k));
+      // Dimension d of the whole is [blocks, t, piece]; the shard takes
+      // [:, tp_rank, :].
+      const int64_t piece = p.shape()->Get(uint32_t(d)) / blocks;
+      float *out = w;
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t bl = 0; bl < blocks; ++bl) {
+          const float *src = whole.data() + ((o * blocks + bl) * t + tp_rank) * piece * inner;
+          std::copy(src, src + piece * inner, out);
+          out += piece * inner;
+        }
+    }
+    break;
+  }
+  if (p.dtype() == pl::DType::BF16)
+    cpu::round_to_bf16(w, count);
+  else if (p.dtype() == pl::DType::F16)
+    cpu::round_to_fp16(w, count);
+}
+
 std::string CpuExecutor::init_params(uint64_t seed) {
   Impl &s = *impl_;
   for (uint32_t i = 0; i < vsize(s.rank.params()); ++i) {
     const pl::Param &p = s.param(i);
     const int64_t count = element_count(p.shape());
     if (float *w = s.state_floats(p.weight_offset())) {
-      switch (p.init()) {
-      case pl::Init::ZEROS: std::fill(w, w + count, 0.0f); break;
-      case pl::Init::ONES: std::fill(w, w + count, 1.0f); break;
-      case pl::Init::NORMAL:
-        if (p.tp_dim() < 0) {
-          cpu::init_normal(w, count, p.init_std(), seed, p.init_stream());
-          break;
-        }
-        // A tensor-parallel shard holds exactly its part of the whole
-        // parameter's initial values, so every layout starts from the
-        // single-device weights.
-        {
-          const int64_t t = s.tp_size(), d = p.tp_dim(), blocks = p.tp_blocks();
-          std::vector<float> whole(size_t(count * t));
-          cpu::init_normal(whole.data(), count * t, p.init_std(), seed, p.init_stream());
-          int64_t outer = 1, inner = 1;
-          for (int64_t k = 0; k < int64_t(vsize(p.shape())); ++k)
-            if (k < d)
-              outer *= p.shape()->Get(uint32_t(k));
-            else if (k > d)
-              inner *= p.shape()->Get(uint32_t(k));
-          // Dimension d of the whole is [blocks, t, piece]; the shard takes
-          // [:, tp_rank, :].
-          const int64_t piece = p.shape()->Get(uint32_t(d)) / blocks;
-          float *out = w;
-          for (int64_t o = 0; o < outer; ++o)
-            for (int64_t bl = 0; bl < blocks; ++bl) {
-              const float *src =
-                  whole.data() + ((o * blocks + bl) * t + s.tp_rank()) * piece * inner;
-              std::copy(src, src + piece * inner, out);
-              out += piece * inner;
-            }
-        }
-        break;
-      }
-      Impl::round_weights(p, w);
+      initial_weights(p, s.tp_size(), s.tp_rank(), seed, w);
       if (float *m = s.state_floats(p.master_offset()))
         std::copy(w, w + count, m);
     }

@@ -59,6 +59,12 @@
 
 namespace mt::rt {
 
+// A parameter's initial weights (its Param.init, rounded to its dtype), as
+// floats: a tensor-parallel shard gets exactly its slice of the whole
+// parameter's values, so every layout starts from the one-device weights.
+void initial_weights(const mt::plan::Param &p, int64_t tp_size, int64_t tp_rank, uint64_t seed,
+                     float *w);
+
 class CpuExecutor : public Executor {
 public:
   // Allocates the rank's arena and state buffer (sizes as described above).
