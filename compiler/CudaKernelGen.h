@@ -38,6 +38,21 @@ struct CudaKernelOptions {
   int64_t tensorParallel = 1; // tensor-parallel size: dropout of a shard maps its indices
 };
 
+// The device helpers every generated source starts with: mt_u64, the 16-bit
+// storage structs mt_bf16 / mt_f16 and their conversions (round half to
+// even), 128-bit accesses (mt_load / mt_store of V lanes), Philox4x32-10
+// (mt_philox) and dropout, GeLU, block sums. Other generators
+// (FlashAttentionGen) build on it so that every kernel rounds and draws
+// random numbers the same way.
+const char *cudaKernelPrelude();
+
+// A float constant as CUDA C, exact to float precision ("0.125f").
+std::string cudaFloatLiteral(double v);
+
+// FNV-1a of a source: generated entries are named after it, so identical
+// sources share one name and one compiled binary.
+uint32_t cudaSourceHash(const std::string &source);
+
 // Generates the kernel of `fused`, an mt.fused op. On failure returns
 // nothing and sets `error` to what the generator cannot express.
 std::optional<CudaKernel> generateCudaKernel(mlir::Operation *fused,
