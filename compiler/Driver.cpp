@@ -255,6 +255,8 @@ std::string kernelSources(const plan::Plan &plan) {
   const auto *kernels = plan.kernels();
   for (uint32_t k = 0; kernels && k < kernels->size(); ++k) {
     const plan::Kernel &kern = *kernels->Get(k);
+    if (!kern.cuda_source() || kern.cuda_source()->size() == 0)
+      continue; // a gemm kernel: cuBLASLt runs it
     std::string scalars;
     for (uint32_t i = 0; kern.scalar_args() && i < kern.scalar_args()->size(); ++i)
       scalars += (i ? ", " : "") + kern.scalar_args()->Get(i)->str();
@@ -284,11 +286,14 @@ int checkKernels(const plan::Plan &plan, const std::vector<std::string> &archs) 
   }
   const std::string version = std::to_string(nvrtc->major) + "." + std::to_string(nvrtc->minor);
   const auto *kernels = plan.kernels();
-  const uint32_t count = kernels ? kernels->size() : 0;
+  uint32_t count = 0;
   std::map<std::string, uint32_t> distinct; // source -> first kernel with it
-  for (uint32_t k = 0; k < count; ++k) {
+  for (uint32_t k = 0; kernels && k < kernels->size(); ++k) {
     const plan::Kernel &kern = *kernels->Get(k);
     std::string source = kern.cuda_source() ? kern.cuda_source()->str() : "";
+    if (source.empty())
+      continue; // a gemm kernel: cuBLASLt runs it
+    ++count;
     if (!distinct.emplace(source, k).second)
       continue;
     for (const std::string &arch : archs) {

@@ -627,7 +627,10 @@ private:
     std::vector<fb::Offset<fb::String>> scalarArgs;
     CudaKernelOptions options;
     options.tensorParallel = spec.parallel.tensor_model_parallel_size;
-    std::optional<CudaKernel> cuda = generateCudaKernel(fused, options, &error);
+    // A gemm kernel has no CUDA source: cuBLASLt runs it (its GPU step).
+    std::optional<CudaKernel> cuda =
+        fused.getKind() == FusionKind::Gemm ? CudaKernel()
+                                            : generateCudaKernel(fused, options, &error);
     if (!cuda) {
       fused.emitError("plan writer: kernel '") << fused.getName() << "': " << error;
       return failure();

@@ -1,4 +1,5 @@
-// mt-fuse: chains of elementwise ops -> mt.fused kernels; GEMM epilogues.
+// mt-fuse: chains of elementwise ops -> mt.fused kernels; GEMMs with their
+// epilogues -> `gemm` kernels.
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
@@ -20,35 +21,6 @@ using namespace mlir;
 
 namespace mt {
 namespace {
-
-// Marks each mt.matmul whose only user is the mt.bias_add of its result with
-// the cuBLASLt epilogue that absorbs it: "bias", or "bias_gelu" when that
-// bias_add feeds one tanh mt.gelu (cuBLASLt's GELU epilogue is the tanh
-// form; its aux output keeps the pre-activation the backward reads). The
-// absorbed ops go into `absorbed` and stay out of fused kernels.
-void markEpilogues(Block &body, DenseSet<Operation *> &absorbed) {
-  for (MatmulOp mm : body.getOps<MatmulOp>()) {
-    Value y = mm.getResult();
-    if (!y.hasOneUse())
-      continue;
-    auto bias = dyn_cast<BiasAddOp>(*y.getUsers().begin());
-    if (!bias || bias.getInput() != y)
-      continue;
-    GeluOp gelu;
-    int gelus = 0;
-    for (Operation *user : bias.getResult().getUsers())
-      if (auto g = dyn_cast<GeluOp>(user)) {
-        gelu = g;
-        ++gelus;
-      }
-    bool withGelu = gelus == 1 && gelu.getApproximation() == GeluApproximation::Tanh;
-    mm->setAttr("mt.epilogue",
-                StringAttr::get(mm.getContext(), withGelu ? "bias_gelu" : "bias"));
-    absorbed.insert(bias);
-    if (withGelu)
-      absorbed.insert(gelu);
-  }
-}
 
 bool isCandidate(Operation *op) {
   return FusedOp::isFusible(op, FusionKind::Elementwise) || FusedOp::isRowReduction(op);
@@ -72,6 +44,44 @@ bool adjacent(Operation *a, Operation *b) {
     if (!isa<ParamRefOp>(op))
       return false;
   return true;
+}
+
+// Each mt.matmul whose only user is the mt.bias_add of its result becomes
+// a `gemm` kernel: one cuBLASLt call whose epilogue adds the bias, and also
+// applies the GeLU when that bias add feeds one tanh mt.gelu (cuBLASLt's
+// GELU epilogue is the tanh form) and every other user of the bias add comes
+// after the GeLU (its aux output keeps the pre-activation the backward
+// reads). Only adjacent ops are grouped (parameter reads may lie between),
+// so outlining at the last op's position lengthens no value's life. The
+// groups go into `taken` and stay out of elementwise kernels.
+SmallVector<SmallVector<Operation *>> gemmGroups(Block &body, DenseSet<Operation *> &taken) {
+  SmallVector<SmallVector<Operation *>> groups;
+  for (MatmulOp mm : body.getOps<MatmulOp>()) {
+    Value y = mm.getResult();
+    if (!y.hasOneUse())
+      continue;
+    auto bias = dyn_cast<BiasAddOp>(*y.getUsers().begin());
+    if (!bias || bias.getInput() != y || bias->getBlock() != mm->getBlock() ||
+        !adjacent(mm, bias))
+      continue;
+    SmallVector<Operation *> group{mm, bias};
+    GeluOp gelu;
+    int gelus = 0;
+    for (Operation *user : bias.getResult().getUsers())
+      if (auto g = dyn_cast<GeluOp>(user)) {
+        gelu = g;
+        ++gelus;
+      }
+    if (gelus == 1 && gelu.getApproximation() == GeluApproximation::Tanh &&
+        gelu->getBlock() == bias->getBlock() && adjacent(bias, gelu) &&
+        llvm::all_of(bias.getResult().getUsers(), [&](Operation *u) {
+          return u == gelu.getOperation() || gelu->isBeforeInBlock(u);
+        }))
+      group.push_back(gelu);
+    taken.insert(group.begin(), group.end());
+    groups.push_back(std::move(group));
+  }
+  return groups;
 }
 
 // The longest chain from `first`: each op's result has every use in the
@@ -136,9 +146,11 @@ void outline(ArrayRef<Operation *> chain) {
   for (Operation *op : chain)
     locs.push_back(op->getLoc());
   Location loc = b.getFusedLoc(locs);
+  const FusionKind kind = isa<MatmulOp>(chain.front()) ? FusionKind::Gemm
+                          : row                        ? FusionKind::RowReduction
+                                                       : FusionKind::Elementwise;
   auto fused = b.create<FusedOp>(loc, ValueRange(outputs).getTypes(), inputs,
-                                 kernelName(chain),
-                                 row ? FusionKind::RowReduction : FusionKind::Elementwise);
+                                 kernelName(chain), kind);
   // Discardable attributes every op of the chain agrees on (mt.layer,
   // mt.recomputed) describe the kernel as well.
   for (NamedAttribute a : chain.front()->getDiscardableAttrs())
@@ -174,10 +186,9 @@ struct MtFusePass : impl::MtFusePassBase<MtFusePass> {
         continue;
       Block &body = f.getBody().front();
       DenseSet<Operation *> taken;
-      markEpilogues(body, taken);
+      SmallVector<SmallVector<Operation *>> chains = gemmGroups(body, taken);
       // Chains are found first and outlined after, so the walk sees the
       // block as it was.
-      SmallVector<SmallVector<Operation *>> chains;
       for (Operation &op : body) {
         if (taken.contains(&op) || !isCandidate(&op))
           continue;

@@ -190,28 +190,28 @@ def MtRecomputePass : Pass<"mt-recompute", "mlir::ModuleOp"> {
 }
 
 def MtFusePass : Pass<"mt-fuse", "mlir::ModuleOp"> {
-  let summary = "Groups chains of elementwise ops into mt.fused kernels; marks GEMM epilogues";
+  let summary = "Groups chains of elementwise ops into mt.fused kernels, and GEMMs with their epilogues";
   let description = [{
     Runs on every function, in two steps.
 
-    **GEMM epilogues.** An `mt.matmul` whose only user is the `mt.bias_add`
-    of its result gets `mt.epilogue = "bias"`: the CUDA backend runs the
-    bias add inside the cuBLASLt GEMM. If that bias_add feeds exactly one
-    `mt.gelu` of the `tanh` form (the form cuBLASLt's GELU epilogue
-    computes), the mark is `"bias_gelu"` and the gelu is absorbed too; the
-    epilogue's aux output is the pre-activation that the backward's
-    `mt.gelu_grad` reads. Absorbed ops stay where they are, outside every
-    fused kernel, so the CPU executor still runs them one by one. A bias
-    add into a GEMM costs nothing extra, so the epilogue wins over a fused
-    kernel. A bias added after a collective (tensor-parallel row-parallel
-    layers) has no GEMM as its input's only producer and is fused instead.
+    **GEMM epilogues.** An `mt.matmul` whose only user is the adjacent
+    `mt.bias_add` of its result becomes a `gemm` kernel: the CUDA backend
+    runs it as one cuBLASLt GEMM whose epilogue adds the bias. If that
+    bias_add feeds exactly one adjacent `mt.gelu` of the `tanh` form (the
+    form cuBLASLt's GELU epilogue computes), and its other users come after
+    the gelu, the gelu joins the kernel too; the bias add's result is then
+    also a result of the kernel when the backward's `mt.gelu_grad` reads it
+    (the epilogue's aux output). A bias add into a GEMM costs nothing extra,
+    so the epilogue wins over an elementwise kernel. A bias added after a
+    collective (tensor-parallel row-parallel layers) has no GEMM as its
+    input's only producer and is fused into an elementwise kernel instead.
 
     **Chains.** Candidates are the ops `mt.fused` allows (`mt.bias_add`,
     `mt.add`, `mt.gelu`, `mt.gelu_grad`, `mt.swiglu`, `mt.swiglu_grad`,
     `mt.dropout`, `mt.reshape`, and the row-wise `mt.layer_norm` and
     `mt.rms_norm`). In program order, each candidate not yet taken starts a
     chain, which grows while the last op's result has all its uses in one
-    next op that is a candidate, not absorbed by an epilogue, and adjacent
+    next op that is a candidate, not in a gemm kernel, and adjacent
     (only parameter reads, which take neither time nor arena bytes, may lie
     between). So every intermediate value is used only inside the chain
     and only the last op's result leaves it. A chain holds at most one
@@ -238,9 +238,13 @@ def MtFusePass : Pass<"mt-fuse", "mlir::ModuleOp"> {
     %h = mt.add %res, %d : tensor<4x128x64xf32>
 
     // after
-    %y = mt.matmul %x, %w {mt.epilogue = "bias"} : (tensor<4x128x64xf32>, tensor<64x64xf32>) -> tensor<4x128x64xf32>
     %b = mt.param_ref @decoder.layers.0.self_attention.linear_proj.bias : tensor<64xf32>
-    %yb = mt.bias_add %y, %b : tensor<4x128x64xf32>, tensor<64xf32>
+    %yb = mt.fused gemm "decoder.layers.0 matmul+bias_add" (%xx = %x, %ww = %w, %bb = %b)
+        : (tensor<4x128x64xf32>, tensor<64x64xf32>, tensor<64xf32>) -> tensor<4x128x64xf32> {
+      %m = mt.matmul %xx, %ww : (tensor<4x128x64xf32>, tensor<64x64xf32>) -> tensor<4x128x64xf32>
+      %o = mt.bias_add %m, %bb : tensor<4x128x64xf32>, tensor<64xf32>
+      mt.yield %o : tensor<4x128x64xf32>
+    }
     %h = mt.fused elementwise "decoder.layers.0 dropout+add" (%a = %yb, %r = %res)
         : (tensor<4x128x64xf32>, tensor<4x128x64xf32>) -> tensor<4x128x64xf32> {
       %d = mt.dropout %a {rate = 1.000000e-01 : f64, stream = 2 : i64} : tensor<4x128x64xf32>

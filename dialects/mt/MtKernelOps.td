@@ -6,6 +6,7 @@
 def Mt_FusionKind : I32EnumAttr<"FusionKind", "the shape of a fused kernel's loop", [
     I32EnumAttrCase<"Elementwise", 0, "elementwise">,
     I32EnumAttrCase<"RowReduction", 1, "row_reduction">,
+    I32EnumAttrCase<"Gemm", 2, "gemm">,
   ]> {
   let cppNamespace = "::mt";
 }
@@ -35,7 +36,14 @@ def Mt_FusedOp : Mt_Op<"fused", [IsolatedFromAbove, SingleBlock,
       whole input row, plus elementwise ops before or after it on the same
       rows. `mt.reshape` is excluded, as it may change what a row is.
 
-    Not allowed: GEMMs and attention (library calls), ops that add into
+    - `gemm`: one cuBLASLt matmul whose epilogue computes the rest. The
+      body is exactly an `mt.matmul`, the `mt.bias_add` of its result, and
+      optionally the tanh `mt.gelu` of that (cuBLASLt's GELU epilogue is the
+      tanh form). With the GeLU, the bias add's result may be a second
+      result: the epilogue's aux output, the pre-activation the backward's
+      `mt.gelu_grad` reads.
+
+    Not allowed: GEMMs outside `gemm` kernels, attention, ops that add into
     gradient buffers (their column sums reduce across rows), and
     `mt.cross_entropy`, which reduces every token to one number. Each result
     is a value the body computes (not an entry argument), yielded once.

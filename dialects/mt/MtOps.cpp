@@ -466,6 +466,9 @@ LogicalResult AdamWOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
 bool FusedOp::isRowReduction(Operation *op) { return isa<LayerNormOp, RMSNormOp>(op); }
 
 bool FusedOp::isFusible(Operation *op, FusionKind kind) {
+  if (kind == FusionKind::Gemm)
+    return isa<MatmulOp, BiasAddOp>(op) ||
+           (isa<GeluOp>(op) && cast<GeluOp>(op).getApproximation() == GeluApproximation::Tanh);
   if (isa<BiasAddOp, AddOp, GeluOp, GeluGradOp, SwiGLUOp, SwiGLUGradOp, DropoutOp>(op))
     return true;
   if (isa<ReshapeOp>(op))
@@ -483,7 +486,7 @@ ParseResult FusedOp::parse(OpAsmParser &parser, OperationState &result) {
     return failure();
   std::optional<FusionKind> kind = symbolizeFusionKind(kindWord);
   if (!kind)
-    return parser.emitError(kindLoc, "expected 'elementwise' or 'row_reduction', got '")
+    return parser.emitError(kindLoc, "expected 'elementwise', 'row_reduction' or 'gemm', got '")
            << kindWord << "'";
   result.addAttribute(getKindAttrName(result.name), FusionKindAttr::get(ctx, *kind));
   StringAttr name;
@@ -562,6 +565,22 @@ LogicalResult FusedOp::verifyRegions() {
                                       ? "; a reshape may change what a row is"
                                       : "; see mt.fused for the ops a kernel can hold");
     rowOps += isRowReduction(&op);
+  }
+  if (kind == FusionKind::Gemm) {
+    // matmul, bias_add of its result, optionally the gelu of that: the
+    // order of cuBLASLt's epilogue.
+    SmallVector<Operation *> ops;
+    for (Operation &op : body.without_terminator())
+      ops.push_back(&op);
+    auto mm = ops.empty() ? MatmulOp() : dyn_cast<MatmulOp>(ops[0]);
+    auto bias = ops.size() < 2 ? BiasAddOp() : dyn_cast<BiasAddOp>(ops[1]);
+    auto gelu = ops.size() < 3 ? GeluOp() : dyn_cast<GeluOp>(ops[2]);
+    if (!mm || !bias || bias.getInput() != mm.getResult() || ops.size() > 3 ||
+        (ops.size() == 3 && (!gelu || gelu.getInput() != bias.getResult())))
+      return emitOpError("a gemm kernel is an mt.matmul, the mt.bias_add of its result, "
+                         "and optionally the tanh mt.gelu of that, in this order");
+    if (!mm.getResult().hasOneUse())
+      return emitOpError("a gemm kernel's matmul result feeds only its bias add");
   }
   if (kind == FusionKind::RowReduction && rowOps != 1)
     return emitOpError() << "a row_reduction kernel holds exactly one mt.layer_norm or "

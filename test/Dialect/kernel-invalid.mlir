@@ -2,7 +2,7 @@
 // RUN: mtc-opt %s -split-input-file -verify-diagnostics -allow-unregistered-dialect
 
 func.func @f(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
-  // expected-error @+1 {{expected 'elementwise' or 'row_reduction', got 'pointwise'}}
+  // expected-error @+1 {{expected 'elementwise', 'row_reduction' or 'gemm', got 'pointwise'}}
   %y = mt.fused pointwise "k" (%a = %x) : (tensor<4x8xf32>) -> tensor<4x8xf32> {
     %g = mt.gelu %a tanh : tensor<4x8xf32>
     mt.yield %g : tensor<4x8xf32>

@@ -1,17 +1,22 @@
-// mt-fuse: GEMM epilogues first (bias, bias_gelu), then maximal chains of
-// adjacent fusible ops whose intermediates stay inside the chain become
-// mt.fused kernels at the position of their last op. A second run changes
-// nothing.
+// mt-fuse: GEMMs with their epilogues (bias, bias + tanh GeLU) first, as
+// gemm kernels; then maximal chains of adjacent fusible ops whose
+// intermediates stay inside the chain become mt.fused kernels at the
+// position of their last op. A second run changes nothing.
 // RUN: mtc-opt %s -split-input-file -mt-fuse | FileCheck %s
 // RUN: mtc-opt %s -split-input-file -mt-fuse -mt-fuse | FileCheck %s
 
-// The bias add goes into the GEMM's epilogue; dropout and the residual add
-// become one kernel, named after its layer, reading the bias add's result.
+// The bias add goes into the GEMM's epilogue (a gemm kernel); dropout and
+// the residual add become one kernel, named after its layer, reading the
+// gemm kernel's result.
 // CHECK-LABEL: func.func @epilogue_bias(
 // CHECK-SAME:      %[[X:.*]]: tensor<2x4x16xf32>, %[[RES:.*]]: tensor<2x4x16xf32>)
-// CHECK:         %[[Y:.*]] = mt.matmul %[[X]], %{{.*}} {mt.epilogue = "bias", mt.layer = 0 : i64}
+// CHECK:         %[[W:.*]] = mt.param_ref @l0.proj.weight
 // CHECK-NEXT:    %[[B:.*]] = mt.param_ref @l0.proj.bias
-// CHECK-NEXT:    %[[YB:.*]] = mt.bias_add %[[Y]], %[[B]] {mt.layer = 0 : i64}
+// CHECK-NEXT:    %[[YB:.*]] = mt.fused gemm "decoder.layers.0 matmul+bias_add" (%[[GX:.*]] = %[[X]], %[[GW:.*]] = %[[W]], %[[GB:.*]] = %[[B]]) : (tensor<2x4x16xf32>, tensor<16x16xf32>, tensor<16xf32>) -> tensor<2x4x16xf32> attributes {mt.layer = 0 : i64} {
+// CHECK-NEXT:      %[[M:.*]] = mt.matmul %[[GX]], %[[GW]] {mt.layer = 0 : i64}
+// CHECK-NEXT:      %[[O:.*]] = mt.bias_add %[[M]], %[[GB]] {mt.layer = 0 : i64}
+// CHECK-NEXT:      mt.yield %[[O]] : tensor<2x4x16xf32>
+// CHECK-NEXT:    }
 // CHECK-NEXT:    %[[H:.*]] = mt.fused elementwise "decoder.layers.0 dropout+add" (%[[A:.*]] = %[[YB]], %[[R:.*]] = %[[RES]]) : (tensor<2x4x16xf32>, tensor<2x4x16xf32>) -> tensor<2x4x16xf32> attributes {mt.layer = 0 : i64} {
 // CHECK-NEXT:      %[[D:.*]] = mt.dropout %[[A]] {mt.layer = 0 : i64, rate = 1.000000e-01 : f64, stream = 2 : i64}
 // CHECK-NEXT:      %[[S:.*]] = mt.add %[[R]], %[[D]] {mt.layer = 0 : i64}
@@ -32,16 +37,19 @@ func.func @epilogue_bias(%x: tensor<2x4x16xf32>, %res: tensor<2x4x16xf32>) -> te
 
 // -----
 
-// A tanh GeLU after the bias add joins the epilogue, whose aux output is the
-// pre-activation the backward's gelu_grad reads; the dropout after the
-// absorbed gelu is left alone (a chain of one).
+// A tanh GeLU after the bias add joins the epilogue; the bias add's result
+// is also a result of the kernel (cuBLASLt's aux output), the
+// pre-activation the backward's gelu_grad reads. The dropout after the gelu
+// is left alone (a chain of one).
 // CHECK-LABEL: func.func @epilogue_bias_gelu(
-// CHECK:         mt.matmul {{.*}} {mt.epilogue = "bias_gelu"}
-// CHECK-NEXT:    mt.param_ref
-// CHECK-NEXT:    %[[YB:.*]] = mt.bias_add
-// CHECK-NEXT:    %[[G:.*]] = mt.gelu %[[YB]] tanh
-// CHECK-NEXT:    mt.dropout %[[G]]
-// CHECK-NEXT:    mt.gelu_grad %{{.*}}, %[[YB]] tanh
+// CHECK:         %[[K:.*]]:2 = mt.fused gemm "matmul+bias_add+gelu"
+// CHECK-NEXT:      %[[M:.*]] = mt.matmul
+// CHECK-NEXT:      %[[YB:.*]] = mt.bias_add %[[M]]
+// CHECK-NEXT:      %[[G:.*]] = mt.gelu %[[YB]] tanh
+// CHECK-NEXT:      mt.yield %[[YB]], %[[G]]
+// CHECK-NEXT:    }
+// CHECK-NEXT:    mt.dropout %[[K]]#1
+// CHECK-NEXT:    mt.gelu_grad %{{.*}}, %[[K]]#0 tanh
 // CHECK-NOT:     mt.fused
 mt.param @l0.fc1.weight : tensor<32x16xf32>, normal(2.000000e-02)
 mt.param @l0.fc1.bias : tensor<32xf32>, zeros
@@ -61,9 +69,9 @@ func.func @epilogue_bias_gelu(%x: tensor<2x4x16xf32>, %dy: tensor<2x4x32xf32>) -
 // cuBLASLt's GELU epilogue is the tanh form: an erf GeLU stays out of the
 // GEMM and fuses with what follows it.
 // CHECK-LABEL: func.func @erf_gelu(
-// CHECK:         mt.matmul {{.*}} {mt.epilogue = "bias"}
-// CHECK:         %[[YB:.*]] = mt.bias_add
-// CHECK-NEXT:    mt.fused elementwise "gelu+dropout" (%[[A:.*]] = %[[YB]])
+// CHECK:         %[[YB:.*]] = mt.fused gemm "matmul+bias_add"
+// CHECK-NOT:       mt.gelu
+// CHECK:         mt.fused elementwise "gelu+dropout" (%[[A:.*]] = %[[YB]])
 // CHECK-NEXT:      mt.gelu %[[A]] erf
 // CHECK-NEXT:      mt.dropout
 // CHECK-NEXT:      mt.yield
@@ -107,11 +115,10 @@ func.func @no_gemm_producer(%y: tensor<2x4x32xf32>) -> tensor<2x4x32xf32> {
 
 // -----
 
-// A GEMM result read twice gets no epilogue; its bias add fuses instead.
+// A GEMM result read twice gets no gemm kernel; its bias add fuses instead.
 // Ops of different layers give a kernel name without a layer.
 // CHECK-LABEL: func.func @matmul_used_twice(
 // CHECK:         %[[Y:.*]] = mt.matmul
-// CHECK-NOT:     mt.epilogue
 // CHECK-SAME:    -> tensor<2x4x32xf32>
 // CHECK:         %[[G:.*]] = mt.fused elementwise "bias_add+gelu" (%{{.*}} = %[[Y]], %{{.*}} = %{{.*}})
 // CHECK-NOT:     attributes
