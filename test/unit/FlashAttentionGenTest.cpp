@@ -28,21 +28,23 @@ using DType = FlashAttentionConfig::DType;
 
 bool contains(const std::string &s, const std::string &part) { return s.find(part) != std::string::npos; }
 
-// The matrix: d 64/128 x MHA/GQA x causal or not x dropout or not x three
-// dtypes, plus a tensor-parallel shard with dropout, at a seq no tile divides.
+// The matrix: d 64/128 x causal or not x dropout or not x three dtypes, at
+// a seq no tile divides, alternating MHA and GQA (they differ only in
+// constants), plus a tensor-parallel shard with dropout for f32 and bf16.
 std::vector<FlashAttentionConfig> matrix() {
   std::vector<FlashAttentionConfig> all;
+  bool gqa = false;
   for (int64_t d : {64, 128})
-    for (bool gqa : {false, true})
-      for (bool causal : {true, false})
-        for (double rate : {0.0, 0.1})
-          for (DType t : {DType::F32, DType::BF16, DType::F16}) {
-            FlashAttentionConfig c;
-            c.batch = 2, c.seq = 200, c.heads = 8, c.groups = gqa ? 2 : 8, c.headDim = d;
-            c.causal = causal, c.scale = 1.0 / std::sqrt(double(d)), c.dropoutRate = rate;
-            c.stream = 3, c.dtype = t;
-            all.push_back(c);
-          }
+    for (bool causal : {true, false})
+      for (double rate : {0.0, 0.1})
+        for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+          FlashAttentionConfig c;
+          c.batch = 2, c.seq = 200, c.heads = 8, c.groups = gqa ? 2 : 8, c.headDim = d;
+          c.causal = causal, c.scale = 1.0 / std::sqrt(double(d)), c.dropoutRate = rate;
+          c.stream = 3, c.dtype = t;
+          all.push_back(c);
+          gqa = !gqa;
+        }
   for (DType t : {DType::F32, DType::BF16}) {
     FlashAttentionConfig c;
     c.seq = 96, c.heads = 4, c.groups = 2, c.dropoutRate = 0.2, c.dtype = t, c.tensorParallel = 2;
@@ -144,15 +146,33 @@ TEST(FlashAttentionGen, CompilesWithNvrtc) {
       e = "no CUBIN";
     return e;
   };
+  // Every (config, source, arch) on two threads: NVRTC takes a second or
+  // two per source.
+  struct Job {
+    std::string what;
+    mt::CudaKernel kernel;
+    int arch;
+    std::string error;
+  };
+  std::vector<Job> jobs;
   for (const FlashAttentionConfig &c : matrix()) {
     auto f = mt::generateFlashAttentionForward(c, &error);
     auto b = mt::generateFlashAttentionBackward(c, &error);
     ASSERT_TRUE(f && b) << error;
     for (int arch : {80, 90}) {
-      EXPECT_EQ(compile(f->kernel, arch), "") << describe(c) << " sm_" << arch;
-      EXPECT_EQ(compile(b->main, arch), "") << describe(c) << " sm_" << arch;
+      jobs.push_back({describe(c) + " forward sm_" + std::to_string(arch), f->kernel, arch, ""});
+      jobs.push_back({describe(c) + " backward sm_" + std::to_string(arch), b->main, arch, ""});
     }
   }
+  auto work = [&](size_t first) {
+    for (size_t i = first; i < jobs.size(); i += 2)
+      jobs[i].error = compile(jobs[i].kernel, jobs[i].arch);
+  };
+  std::thread other(work, 1);
+  work(0);
+  other.join();
+  for (const Job &j : jobs)
+    EXPECT_EQ(j.error, "") << j.what;
 }
 
 } // namespace
@@ -281,7 +301,7 @@ double relativeError(const std::vector<float> &got, const std::vector<float> &wa
 // for bf16/f16 the probabilities (and dS) enter the tensor-core products
 // rounded to 8 (bf16) or 11 (f16) significant bits and the results are
 // stored rounded, so a few units of 2^-8 / 2^-11.
-double tolerance(DType t) { return t == DType::F32 ? 1e-5 : t == DType::BF16 ? 2e-2 : 4e-3; }
+double tolerance(DType t) { return t == DType::F32 ? 1e-5 : t == DType::BF16 ? 1e-2 : 4e-3; }
 
 // Forward and backward of `c` on the emulation against the CPU reference.
 void checkNumerics(const FlashAttentionConfig &c, const Rng &rng, uint32_t seed) {
@@ -416,7 +436,9 @@ TEST(FlashAttentionEmulation, DropoutMaskIsTheCpus) {
         differ += (ref[i] != 0) != (out.value[i] != 0);
       }
       EXPECT_EQ(differ, 0u) << "dtype " << int(t) << (causal ? " causal" : "");
-      EXPECT_GT(kept, n / (causal ? 3 : 2) * 0 + (causal ? n * 7 / 20 / 2 : n * 7 / 10 * 9 / 10))
-          << "about 70% of the unmasked probabilities are kept";
+      // About 70% of the unmasked probabilities survive a rate of 0.3.
+      const size_t unmasked = causal ? size_t(c.batch * c.heads * c.seq * (c.seq + 1) / 2) : n;
+      EXPECT_GT(kept, unmasked * 6 / 10);
+      EXPECT_LT(kept, unmasked * 8 / 10);
     }
 }
