@@ -200,24 +200,11 @@ const char *roundFn(Storage s) {
 int64_t elements(Value v) { return cast<RankedTensorType>(v.getType()).getNumElements(); }
 int64_t lastDim(Value v) { return cast<RankedTensorType>(v.getType()).getShape().back(); }
 
-// A float constant as CUDA C, exact to float precision.
-std::string flt(double v) {
-  char buf[48];
-  snprintf(buf, sizeof buf, "%.9gf", v);
-  std::string s = buf;
-  if (s.find_first_of(".e") == std::string::npos && s.find("inf") == std::string::npos)
-    s.insert(s.size() - 1, ".0");
-  return s;
-}
+std::string flt(double v) { return cudaFloatLiteral(v); }
 
 std::string num(int64_t v) { return std::to_string(v) + "ll"; }
 
-uint32_t fnv1a32(const std::string &s) {
-  uint32_t h = 2166136261u;
-  for (unsigned char c : s)
-    h = (h ^ c) * 16777619u;
-  return h;
-}
+uint32_t fnv1a32(const std::string &s) { return cudaSourceHash(s); }
 
 // The region as the generator sees it: arguments' names, the ops' needs.
 struct Region {
@@ -682,6 +669,22 @@ std::optional<CudaKernel> generateCudaKernel(Operation *op, const CudaKernelOpti
 }
 
 const char *cudaKernelPrelude() { return kPrelude; }
+
+std::string cudaFloatLiteral(double v) {
+  char buf[48];
+  snprintf(buf, sizeof buf, "%.9gf", v);
+  std::string s = buf;
+  if (s.find_first_of(".e") == std::string::npos && s.find("inf") == std::string::npos)
+    s.insert(s.size() - 1, ".0");
+  return s;
+}
+
+uint32_t cudaSourceHash(const std::string &source) {
+  uint32_t h = 2166136261u; // FNV-1a
+  for (unsigned char c : source)
+    h = (h ^ c) * 16777619u;
+  return h;
+}
 
 std::string shapeKey(mlir::Type type) {
   auto t = mlir::cast<mlir::RankedTensorType>(type);

@@ -34,16 +34,25 @@ struct CudaKernel {
   int vectorWidth = 1; // elements per thread and access (8 halfs or 4 floats: 128 bits)
 };
 
-// The device helpers every generated source starts with (typedefs mt_u64,
-// mt_bf16, mt_f16; storage conversions with round half to even; 16-, 8- and
-// 4-byte accesses mt_load / mt_store; Philox4x32-10 and mt_dropout; GeLU and
-// sigmoid; mt_block_sum), so that a source compiles with NVRTC alone.
-// compiler/CudaOpKernels uses them too.
-const char *cudaKernelPrelude();
-
 struct CudaKernelOptions {
   int64_t tensorParallel = 1; // tensor-parallel size: dropout of a shard maps its indices
 };
+
+// The device helpers every generated source starts with: mt_u64, the 16-bit
+// storage structs mt_bf16 / mt_f16 and their conversions (round half to
+// even), 128-bit accesses (mt_load / mt_store of V lanes), Philox4x32-10
+// (mt_philox) and dropout, GeLU and sigmoid, block sums, so that a source
+// compiles with NVRTC alone. The other generators (CudaOpKernels,
+// FlashAttentionGen) build on it so that every kernel rounds and draws
+// random numbers the same way.
+const char *cudaKernelPrelude();
+
+// A float constant as CUDA C, exact to float precision ("0.125f").
+std::string cudaFloatLiteral(double v);
+
+// FNV-1a of a source: generated entries are named after it, so identical
+// sources share one name and one compiled binary.
+uint32_t cudaSourceHash(const std::string &source);
 
 // Generates the kernel of `fused`, an mt.fused op. On failure returns
 // nothing and sets `error` to what the generator cannot express.

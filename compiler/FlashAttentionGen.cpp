@@ -1,0 +1,817 @@
+// CUDA C for flash attention (see FlashAttentionGen.h): per-config
+// constants, then fixed device code shared by the tensor-core and the fp32
+// variants (selected by MT_FLASH_MMA), on top of CudaKernelGen's prelude.
+#include "compiler/FlashAttentionGen.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace mt {
+namespace {
+
+// Fragment-level helpers: PTX wrappers, tile loads, the three warp GEMM
+// shapes the algorithm needs, stores and dropout factors.
+constexpr const char *kTileCode = R"mtcuda(// ---- PTX wrappers: tensor cores, ldmatrix and cp.async on the GPU; on a
+// host build (the CUDA emulation of the unit tests) the same operations
+// through its hooks or plain copies.
+#if MT_FLASH_MMA
+// Copies 16 bytes from global to shared memory without a register round trip.
+__device__ __forceinline__ void mt_cp16(void *dst, const void *src) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("{\n .reg .u64 a;\n .reg .u32 s;\n cvta.to.shared.u64 a, %0;\n cvt.u32.u64 s, a;\n"
+               " cp.async.cg.shared.global [s], [%1], 16;\n}\n" ::"l"(dst), "l"(src) : "memory");
+#else
+  *static_cast<mt_w4 *>(dst) = *static_cast<const mt_w4 *>(src);
+#endif
+}
+// Waits for this thread's cp.async copies (a barrier then publishes them).
+__device__ __forceinline__ void mt_cp_wait() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#else
+  // The host copies synchronously: nothing is in flight.
+#endif
+}
+// Four 8x8 matrices of 16-bit elements; lane i gives row i % 8 of matrix i / 8.
+template <bool Trans> __device__ __forceinline__ void mt_ldsm4(unsigned (&r)[4], const void *row) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (Trans)
+    asm volatile("{\n .reg .u64 a;\n .reg .u32 s;\n cvta.to.shared.u64 a, %4;\n cvt.u32.u64 s, a;\n"
+                 " ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [s];\n}\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(row));
+  else
+    asm volatile("{\n .reg .u64 a;\n .reg .u32 s;\n cvta.to.shared.u64 a, %4;\n cvt.u32.u64 s, a;\n"
+                 " ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [s];\n}\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(row));
+#else
+  mt_host_ldmatrix(r, 4, Trans, row);
+#endif
+}
+// d += A B for one m16n8k16 tile (fp32 accumulation), fragments in PTX's layout.
+__device__ __forceinline__ void mt_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.@MMA_TYPE@.@MMA_TYPE@.f32 {%0, %1, %2, %3}, "
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  const unsigned b[2] = {b0, b1};
+  mt_host_mma_@MMA_TYPE@_m16n8k16(d, a, b, d);
+#endif
+}
+// Two floats as one 32-bit pair of storage elements (lo in the low half),
+// rounded half to even.
+__device__ __forceinline__ unsigned mt_pack(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  unsigned r;
+  asm("cvt.rn.@MMA_TYPE@x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return @TO_STORAGE@(lo) | (@TO_STORAGE@(hi) << 16);
+#endif
+}
+#endif
+
+// ---- Warp tiles. A warp's accumulator tile is 16 x 8NT floats in the
+// m16n8 layout: lane 4g + c holds acc[t][0..1] at row g, columns 8t + 2c and
+// 8t + 2c + 1, and acc[t][2..3] at row g + 8. Shared tiles are row-major.
+
+// Rows r0 .. r0 + R - 1 of a tensor whose row r starts at src + r * stride,
+// into shared rows of kLd elements; rows at or past kSeq become zeros.
+template <int R> __device__ __forceinline__ void mt_load_tile(mt_t *dst, const mt_t *src, mt_u64 stride, long long r0) {
+#if MT_FLASH_MMA
+  constexpr int kChunks = kD / 8; // 16-byte pieces per row
+  for (int c = threadIdx.x; c < R * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    mt_t *d = dst + r * kLd + col;
+    if (r0 + r < kSeq) {
+      mt_cp16(d, src + (mt_u64)(r0 + r) * stride + col);
+    } else {
+      const mt_w4 zero = {{0u, 0u, 0u, 0u}};
+      *reinterpret_cast<mt_w4 *>(d) = zero;
+    }
+  }
+#else
+  for (int c = threadIdx.x; c < R * kD; c += kThreads) {
+    const int r = c / kD, col = c % kD;
+    dst[r * kLd + col] = r0 + r < kSeq ? src[(mt_u64)(r0 + r) * stride + col] : 0.0f;
+  }
+#endif
+}
+
+#if MT_FLASH_MMA
+// The A fragment of columns k0 .. k0 + 15 of a 16-row tile.
+__device__ __forceinline__ void mt_afrag(unsigned (&a)[4], const mt_t *A, int lda, int k0) {
+  const int lane = threadIdx.x & 31;
+  mt_ldsm4<false>(a, A + (lane & 15) * lda + k0 + ((lane >> 4) << 3));
+}
+#endif
+
+// acc[16 x 8NT] += A[16 x K] B[8NT x K]^T. A is the warp's 16 rows at A, or
+// (AReg, tensor cores only) its fragments already in registers.
+template <int NT, int K, bool AReg>
+__device__ __forceinline__ void mt_gemm_nt(float (&acc)[NT][4], const unsigned (*areg)[4], const mt_t *A, int lda,
+                                           const mt_t *B, int ldb) {
+  const int lane = threadIdx.x & 31;
+#if MT_FLASH_MMA
+  static_assert(NT % 2 == 0 && K % 16 == 0, "tiles of n16 x k16");
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    unsigned a[4];
+    if constexpr (AReg) {
+      for (int r = 0; r < 4; ++r) a[r] = areg[kk][r];
+    } else {
+      mt_afrag(a, A, lda, kk * 16);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t += 2) {
+      unsigned b[4];
+      mt_ldsm4<false>(b, B + (8 * t + (lane & 7) + ((lane >> 4) << 3)) * ldb + kk * 16 + (((lane >> 3) & 1) << 3));
+      mt_mma(acc[t], a, b[0], b[1]);
+      mt_mma(acc[t + 1], a, b[2], b[3]);
+    }
+  }
+#else
+  const int g = lane >> 2, c = lane & 3;
+  const mt_t *a0 = A + g * lda, *a1 = A + (g + 8) * lda;
+  for (int k = 0; k < K; ++k) {
+    const float x0 = a0[k], x1 = a1[k];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float y0 = B[(8 * t + 2 * c) * ldb + k], y1 = B[(8 * t + 2 * c + 1) * ldb + k];
+      acc[t][0] = fmaf(x0, y0, acc[t][0]);
+      acc[t][1] = fmaf(x0, y1, acc[t][1]);
+      acc[t][2] = fmaf(x1, y0, acc[t][2]);
+      acc[t][3] = fmaf(x1, y1, acc[t][3]);
+    }
+  }
+#endif
+}
+
+// acc[16 x 8NT] += A[16 x K] B[K x 8NT], A the warp's 16 rows, B row-major.
+template <int NT, int K>
+__device__ __forceinline__ void mt_gemm_nn(float (&acc)[NT][4], const mt_t *A, int lda, const mt_t *B, int ldb) {
+  const int lane = threadIdx.x & 31;
+#if MT_FLASH_MMA
+  static_assert(NT % 2 == 0 && K % 16 == 0, "tiles of n16 x k16");
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    unsigned a[4];
+    mt_afrag(a, A, lda, kk * 16);
+#pragma unroll
+    for (int t = 0; t < NT; t += 2) {
+      unsigned b[4];
+      mt_ldsm4<true>(b, B + (kk * 16 + (lane & 15)) * ldb + 8 * t + ((lane >> 4) << 3));
+      mt_mma(acc[t], a, b[0], b[1]);
+      mt_mma(acc[t + 1], a, b[2], b[3]);
+    }
+  }
+#else
+  const int g = lane >> 2, c = lane & 3;
+  for (int k = 0; k < K; ++k) {
+    const float x0 = A[g * lda + k], x1 = A[(g + 8) * lda + k];
+    const mt_t *b = B + k * ldb;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float y0 = b[8 * t + 2 * c], y1 = b[8 * t + 2 * c + 1];
+      acc[t][0] = fmaf(x0, y0, acc[t][0]);
+      acc[t][1] = fmaf(x0, y1, acc[t][1]);
+      acc[t][2] = fmaf(x1, y0, acc[t][2]);
+      acc[t][3] = fmaf(x1, y1, acc[t][3]);
+    }
+  }
+#endif
+}
+
+// acc[16 x 8NT] += P[16 x 8KP] B[8KP x 8NT]: P an accumulator tile in
+// registers (the probabilities), B row-major in shared memory.
+template <int NT, int KP>
+__device__ __forceinline__ void mt_gemm_rn(float (&acc)[NT][4], const float (&p)[KP][4], const mt_t *B, int ldb) {
+  const int lane = threadIdx.x & 31;
+#if MT_FLASH_MMA
+  static_assert(NT % 2 == 0 && KP % 2 == 0, "tiles of n16 x k16");
+  // Two accumulator tiles side by side are one A fragment (k16).
+#pragma unroll
+  for (int kk = 0; kk < KP / 2; ++kk) {
+    const unsigned a[4] = {mt_pack(p[2 * kk][0], p[2 * kk][1]), mt_pack(p[2 * kk][2], p[2 * kk][3]),
+                           mt_pack(p[2 * kk + 1][0], p[2 * kk + 1][1]), mt_pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int t = 0; t < NT; t += 2) {
+      unsigned b[4];
+      mt_ldsm4<true>(b, B + (kk * 16 + (lane & 15)) * ldb + 8 * t + ((lane >> 4) << 3));
+      mt_mma(acc[t], a, b[0], b[1]);
+      mt_mma(acc[t + 1], a, b[2], b[3]);
+    }
+  }
+#else
+  // A row of P is spread over the four lanes of a quad: take each lane's
+  // part in turn.
+  const int c = lane & 3;
+#pragma unroll
+  for (int kt = 0; kt < KP; ++kt) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const float p00 = __shfl_xor_sync(0xFFFFFFFFu, p[kt][0], m), p01 = __shfl_xor_sync(0xFFFFFFFFu, p[kt][1], m);
+      const float p10 = __shfl_xor_sync(0xFFFFFFFFu, p[kt][2], m), p11 = __shfl_xor_sync(0xFFFFFFFFu, p[kt][3], m);
+      const mt_t *b0 = B + (8 * kt + 2 * (c ^ m)) * ldb, *b1 = b0 + ldb;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float y00 = b0[8 * t + 2 * c], y01 = b0[8 * t + 2 * c + 1];
+        const float y10 = b1[8 * t + 2 * c], y11 = b1[8 * t + 2 * c + 1];
+        acc[t][0] = fmaf(p01, y10, fmaf(p00, y00, acc[t][0]));
+        acc[t][1] = fmaf(p01, y11, fmaf(p00, y01, acc[t][1]));
+        acc[t][2] = fmaf(p11, y10, fmaf(p10, y00, acc[t][2]));
+        acc[t][3] = fmaf(p11, y11, fmaf(p10, y01, acc[t][3]));
+      }
+    }
+  }
+#endif
+}
+
+// Two consecutive elements of an output row, rounded to the storage type.
+__device__ __forceinline__ void mt_store2(float *p, float a, float b) { p[0] = a; p[1] = b; }
+__device__ __forceinline__ void mt_store2(mt_bf16 *p, float a, float b) {
+  *reinterpret_cast<unsigned *>(p) = mt_to_bf16(a) | (mt_to_bf16(b) << 16);
+}
+__device__ __forceinline__ void mt_store2(mt_f16 *p, float a, float b) {
+  *reinterpret_cast<unsigned *>(p) = mt_to_f16(a) | (mt_to_f16(b) << 16);
+}
+__device__ __forceinline__ void mt_store1(float *p, float a) { *p = a; }
+__device__ __forceinline__ void mt_store1(mt_bf16 *p, float a) { p->bits = (unsigned short)mt_to_bf16(a); }
+__device__ __forceinline__ void mt_store1(mt_f16 *p, float a) { p->bits = (unsigned short)mt_to_f16(a); }
+
+// Dropout factor of mask element e: kKeepScale when kept, else 0 (the word
+// test of runtime/cpu_kernels.cpp's DropoutMask).
+__device__ __forceinline__ unsigned mt_word(const unsigned (&w)[4], mt_u64 e) {
+  return (e & 3) == 0 ? w[0] : (e & 3) == 1 ? w[1] : (e & 3) == 2 ? w[2] : w[3];
+}
+__device__ __forceinline__ float mt_keep1(mt_u64 e, mt_u64 seed, mt_u64 stream, mt_u64 offset) {
+  unsigned w[4];
+  mt_philox(e >> 2, seed, stream, offset, w);
+  return (mt_word(w, e) >> 8) >= kThreshold ? kKeepScale : 0.0f;
+}
+// Elements e and e + 1: one Philox block unless they straddle two.
+__device__ __forceinline__ void mt_keep2(mt_u64 e, mt_u64 seed, mt_u64 stream, mt_u64 offset, float &f0, float &f1) {
+  unsigned w[4];
+  mt_philox(e >> 2, seed, stream, offset, w);
+  f0 = (mt_word(w, e) >> 8) >= kThreshold ? kKeepScale : 0.0f;
+  if (((e + 1) & 3) == 0) mt_philox((e >> 2) + 1, seed, stream, offset, w);
+  f1 = (mt_word(w, e + 1) >> 8) >= kThreshold ? kKeepScale : 0.0f;
+}
+)mtcuda";
+
+// The forward kernel.
+constexpr const char *kForwardCode = R"mtcuda(// ---- Forward: one CTA per (query block, head, batch); each warp owns 16
+// query rows and walks the key/value tiles with an online softmax in log2
+// units (x = scale * log2(e) * q . k).
+__device__ __forceinline__ void mt_flash_fwd(const mt_t *q, const mt_t *k, const mt_t *v, mt_t *out, float *lse,
+                                             mt_u64 seed, mt_u64 offset, mt_u64 stream, mt_u64 head0, mt_t *smem) {
+  const float inf = __uint_as_float(0x7F800000u);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const long long m0 = (long long)blockIdx.x * kBr;
+  const int h = blockIdx.y;
+  const mt_u64 b = blockIdx.z;
+  const mt_t *qb = q + (b * kSeq * kHeads + h) * kD;
+  const mt_u64 kvOff = (b * kSeq * kGroups + h / kHeadsPerGroup) * kD;
+  const mt_t *kb = k + kvOff, *vb = v + kvOff;
+  mt_t *sK = smem, *sV = smem + kBc * kLd;
+#if MT_FLASH_MMA
+  mt_t *sQ = smem; // staged through the K/V buffers, then held as A fragments
+#else
+  mt_t *sQ = smem + 2 * kBc * kLd;
+#endif
+  mt_load_tile<kBr>(sQ, qb, kQStride, m0);
+#if MT_FLASH_MMA
+  mt_cp_wait();
+  __syncthreads();
+  unsigned qa[kD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) mt_afrag(qa[kk], sQ + warp * 16 * kLd, kLd, kk * 16);
+  __syncthreads(); // every warp has its Q before K overwrites the staging
+#else
+  const unsigned (*qa)[4] = nullptr;
+#endif
+  const long long nEnd = kCausal && m0 + kBr < kSeq ? m0 + kBr : kSeq;
+  const int nTiles = (int)((nEnd + kBc - 1) / kBc);
+  mt_load_tile<kBc>(sK, kb, kKStride, 0);
+
+  float o[kD / 8][4];
+  float s[kBc / 8][4];
+#pragma unroll
+  for (int t = 0; t < kD / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+  float mx[2] = {-inf, -inf}, l[2] = {0.0f, 0.0f};
+  const long long row0 = m0 + warp * 16 + g; // this lane's rows: row0, row0 + 8
+  const mt_u64 maskHead = (b * kTotalHeads + head0 + h) * kSeq;
+  for (int tile = 0; tile < nTiles; ++tile) {
+    const long long n0 = (long long)tile * kBc;
+#if MT_FLASH_MMA
+    mt_cp_wait();
+#endif
+    __syncthreads(); // K tile `tile` is in; every warp is done with the last V tile
+    mt_load_tile<kBc>(sV, vb, kKStride, n0);
+#pragma unroll
+    for (int t = 0; t < kBc / 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+    mt_gemm_nt<kBc / 8, kD, kMMA>(s, qa, sQ + warp * 16 * kLd, kLd, sK, kLd);
+
+    // Scale, mask (causal and past seq), and the rows' running maxima.
+    float tmax[2] = {-inf, -inf};
+#pragma unroll
+    for (int t = 0; t < kBc / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const long long i = row0 + 8 * (e >> 1), j = n0 + 8 * t + 2 * c + (e & 1);
+        const float x = (j >= kSeq || (kCausal && j > i)) ? -inf : s[t][e] * kScaleLog2;
+        s[t][e] = x;
+        tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
+      }
+    float base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xFFFFFFFFu, tmax[r], 1));
+      tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xFFFFFFFFu, tmax[r], 2));
+      const float mnew = fmaxf(mx[r], tmax[r]);
+      base[r] = mnew == -inf ? 0.0f : mnew; // a row with nothing unmasked yet stays at 0
+      const float alpha = exp2f(mx[r] - base[r]);
+      mx[r] = mnew;
+      l[r] *= alpha;
+#pragma unroll
+      for (int t = 0; t < kD / 8; ++t) {
+        o[t][2 * r] *= alpha;
+        o[t][2 * r + 1] *= alpha;
+      }
+    }
+    // The softmax's sums take the probabilities before dropout.
+#pragma unroll
+    for (int t = 0; t < kBc / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(s[t][e] - base[e >> 1]);
+        l[e >> 1] += p;
+        s[t][e] = p;
+      }
+    if constexpr (kDropout) {
+#pragma unroll
+      for (int t = 0; t < kBc / 8; ++t)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const long long i = row0 + 8 * r, j = n0 + 8 * t + 2 * c;
+          if (i < kSeq && j < kSeq) {
+            float f0, f1;
+            mt_keep2((maskHead + (mt_u64)i) * kSeq + (mt_u64)j, seed, stream, offset, f0, f1);
+            s[t][2 * r] *= f0;
+            s[t][2 * r + 1] *= f1;
+          }
+        }
+    }
+#if MT_FLASH_MMA
+    mt_cp_wait();
+#endif
+    __syncthreads(); // V tile `tile` is in; every warp is done with this K tile
+    if (tile + 1 < nTiles) mt_load_tile<kBc>(sK, kb, kKStride, n0 + kBc);
+    mt_gemm_rn<kD / 8, kBc / 8>(o, s, sV, kLd);
+  }
+
+  // out = o / l; lse in natural log.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xFFFFFFFFu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xFFFFFFFFu, l[r], 2);
+    const long long i = row0 + 8 * r;
+    if (i < kSeq) {
+      const float inv = 1.0f / l[r];
+      mt_t *orow = out + (b * kSeq + (mt_u64)i) * kQStride + h * kD + 2 * c;
+#pragma unroll
+      for (int t = 0; t < kD / 8; ++t) mt_store2(orow + 8 * t, o[t][2 * r] * inv, o[t][2 * r + 1] * inv);
+      if (c == 0) lse[(b * kHeads + h) * kSeq + (mt_u64)i] = (mx[r] + log2f(l[r])) * kLn2;
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads)
+@ENTRY_FWD@(const mt_t *q, const mt_t *k, const mt_t *v, mt_t *out, float *lse@SCALARS@) {
+  extern __shared__ mt_w4 mt_smem[];
+  mt_flash_fwd(q, k, v, out, lse, @RNG@, reinterpret_cast<mt_t *>(mt_smem));
+}
+)mtcuda";
+
+// The three backward kernels.
+constexpr const char *kBackwardCode = R"mtcuda(// ---- Backward, 1: delta = rowsum(dout * out) per (b, i, h), one warp a
+// row, and dq_accum's row cleared.
+extern "C" __global__ void __launch_bounds__(128)
+@ENTRY_DOT@(const mt_t *dout, const mt_t *q, const mt_t *k, const mt_t *v, const mt_t *out, const float *lse,
+            mt_t *dq, mt_t *dk, mt_t *dv, float *dq_accum, float *delta@SCALARS@) {
+  const mt_u64 row = (mt_u64)blockIdx.x * 4 + (threadIdx.x >> 5); // (b * seq + i) * heads + h
+  if (row >= kBatch * kSeq * kHeads) return;
+  const int lane = threadIdx.x & 31;
+  constexpr int V = kD / 32;
+  float x[V], y[V], zero[V];
+  mt_load<V>(dout, row * kD + lane * V, x);
+  mt_load<V>(out, row * kD + lane * V, y);
+  float sum = 0.0f;
+#pragma unroll
+  for (int l = 0; l < V; ++l) {
+    sum = fmaf(x[l], y[l], sum);
+    zero[l] = 0.0f;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+  mt_store<V>(dq_accum, row * kD + lane * V, zero);
+  if (lane == 0) {
+    const mt_u64 h = row % kHeads, bi = row / kHeads;
+    delta[(bi / kSeq * kHeads + h) * kSeq + bi % kSeq] = sum;
+  }
+}
+
+// ---- Backward, 2: one CTA per (key block, group, batch); each warp owns 16
+// key rows and keeps their dK and dV in registers over every query block of
+// every head of the group. P is recomputed from q, k and lse (log2 units);
+// dS goes through shared memory for dQ = dS K, added to dq_accum.
+__device__ __forceinline__ void mt_flash_bwd(const mt_t *dout, const mt_t *q, const mt_t *k, const mt_t *v,
+                                             const float *lse, mt_t *dk, mt_t *dv, float *dq_accum,
+                                             const float *delta, mt_u64 seed, mt_u64 offset, mt_u64 stream,
+                                             mt_u64 head0, mt_t *smem) {
+  const float inf = __uint_as_float(0x7F800000u);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const long long n0 = (long long)blockIdx.x * kBc;
+  const int grp = blockIdx.y;
+  const mt_u64 b = blockIdx.z;
+  const mt_u64 kvOff = (b * kSeq * kGroups + grp) * kD;
+  mt_t *sK = smem;
+#if MT_FLASH_MMA
+  mt_t *sQ = sK + kBc * kLd;
+#else
+  mt_t *sV = sK + kBc * kLd;
+  mt_t *sQ = sV + kBc * kLd;
+#endif
+  mt_t *sdO = sQ + kBr * kLd;
+  mt_t *sdS = sdO + kBr * kLd; // [query][key]
+  float *sLse = reinterpret_cast<float *>(sdS + kBr * kLdS), *sDelta = sLse + kBr;
+
+#if MT_FLASH_MMA
+  // V's 16 rows of this warp as A fragments for dP^T = V dO^T, staged
+  // through the Q/dO buffers (the first iteration's barrier guards them).
+  static_assert(kBc <= 2 * kBr, "V's staging fits the Q and dO tiles");
+  mt_load_tile<kBc>(sQ, v + kvOff, kKStride, n0);
+  mt_cp_wait();
+  __syncthreads();
+  unsigned va[kD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) mt_afrag(va[kk], sQ + warp * 16 * kLd, kLd, kk * 16);
+  const mt_t *sVw = nullptr;
+#else
+  mt_load_tile<kBc>(sV, v + kvOff, kKStride, n0);
+  const unsigned (*va)[4] = nullptr;
+  const mt_t *sVw = sV + warp * 16 * kLd;
+#endif
+  mt_load_tile<kBc>(sK, k + kvOff, kKStride, n0);
+
+  float dK[kD / 8][4], dV[kD / 8][4];
+#pragma unroll
+  for (int t = 0; t < kD / 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dK[t][e] = dV[t][e] = 0.0f;
+  float s[kBr / 8][4], pd[kBr / 8][4], dp[kBr / 8][4];
+  const long long j0 = n0 + warp * 16 + g; // this lane's key rows: j0, j0 + 8
+  const long long mStart = kCausal ? n0 / kBr * kBr : 0;
+  constexpr int kSlabs = kBr / 16, kChunk = kD / (kW / kSlabs); // dQ: 16-row slab x kChunk columns a warp
+  static_assert(kW % kSlabs == 0, "warps split dQ's rows evenly");
+  const int slab = warp % kSlabs, chunk = warp / kSlabs;
+  for (int hh = 0; hh < kHeadsPerGroup; ++hh) {
+    const mt_u64 h = (mt_u64)grp * kHeadsPerGroup + hh;
+    const mt_u64 qOff = (b * kSeq * kHeads + h) * kD;
+    const mt_u64 rowOff = (b * kHeads + h) * kSeq; // lse, delta
+    const mt_u64 maskHead = (b * kTotalHeads + head0 + h) * kSeq;
+    for (long long m0 = mStart; m0 < kSeq; m0 += kBr) {
+      __syncthreads(); // every warp is done with the last Q, dO and dS tiles
+      mt_load_tile<kBr>(sQ, q + qOff, kQStride, m0);
+      mt_load_tile<kBr>(sdO, dout + qOff, kQStride, m0);
+      for (int r = threadIdx.x; r < kBr; r += kThreads) {
+        const long long i = m0 + r;
+        sLse[r] = i < kSeq ? lse[rowOff + (mt_u64)i] * kLog2e : inf;
+        sDelta[r] = i < kSeq ? delta[rowOff + (mt_u64)i] : 0.0f;
+      }
+#if MT_FLASH_MMA
+      mt_cp_wait();
+#endif
+      __syncthreads();
+
+      // S^T = K Q^T: rows are this warp's keys, columns the block's queries.
+#pragma unroll
+      for (int t = 0; t < kBr / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[t][e] = dp[t][e] = 0.0f;
+      mt_gemm_nt<kBr / 8, kD, false>(s, nullptr, sK + warp * 16 * kLd, kLd, sQ, kLd);
+#pragma unroll
+      for (int t = 0; t < kBr / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int il = 8 * t + 2 * c + (e & 1);
+          const long long i = m0 + il, j = j0 + 8 * (e >> 1);
+          const bool valid = i < kSeq && j < kSeq && (!kCausal || j <= i);
+          const float p = valid ? exp2f(s[t][e] * kScaleLog2 - sLse[il]) : 0.0f;
+          s[t][e] = p;
+          pd[t][e] = p;
+          if constexpr (kDropout) {
+            if (valid) pd[t][e] = p * mt_keep1((maskHead + (mt_u64)i) * kSeq + (mt_u64)j, seed, stream, offset);
+          }
+        }
+      // dV += Pd^T dO (Pd: the probabilities after dropout).
+      mt_gemm_rn<kD / 8, kBr / 8>(dV, pd, sdO, kLd);
+      // dPd^T = V dO^T; dS = P * (dPd * mask - delta), where P * mask = Pd.
+      mt_gemm_nt<kBr / 8, kD, kMMA>(dp, va, sVw, kLd, sdO, kLd);
+#pragma unroll
+      for (int t = 0; t < kBr / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float d = sDelta[8 * t + 2 * c + (e & 1)];
+          if constexpr (kDropout)
+            s[t][e] = pd[t][e] * dp[t][e] - s[t][e] * d;
+          else
+            s[t][e] = s[t][e] * (dp[t][e] - d);
+        }
+      // dK += dS^T Q (times scale at the end).
+      mt_gemm_rn<kD / 8, kBr / 8>(dK, s, sQ, kLd);
+#pragma unroll
+      for (int t = 0; t < kBr / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          mt_store1(sdS + (8 * t + 2 * c + (e & 1)) * kLdS + warp * 16 + g + 8 * (e >> 1), s[t][e]);
+      __syncthreads();
+      // dQ += dS K over this key block: each warp one slab x chunk of it.
+      float dqa[kChunk / 8][4];
+#pragma unroll
+      for (int t = 0; t < kChunk / 8; ++t) dqa[t][0] = dqa[t][1] = dqa[t][2] = dqa[t][3] = 0.0f;
+      mt_gemm_nn<kChunk / 8, kBc>(dqa, sdS + slab * 16 * kLdS, kLdS, sK + chunk * kChunk, kLd);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const long long i = m0 + slab * 16 + g + 8 * r;
+        if (i < kSeq) {
+          float *row = dq_accum + qOff + (mt_u64)i * kQStride + chunk * kChunk + 2 * c;
+#pragma unroll
+          for (int t = 0; t < kChunk / 8; ++t) {
+            atomicAdd(row + 8 * t, dqa[t][2 * r]);
+            atomicAdd(row + 8 * t + 1, dqa[t][2 * r + 1]);
+          }
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const long long j = j0 + 8 * r;
+    if (j < kSeq) {
+      const mt_u64 at = kvOff + (mt_u64)j * kKStride + 2 * c;
+#pragma unroll
+      for (int t = 0; t < kD / 8; ++t) {
+        mt_store2(dk + at + 8 * t, dK[t][2 * r] * kScale, dK[t][2 * r + 1] * kScale);
+        mt_store2(dv + at + 8 * t, dV[t][2 * r], dV[t][2 * r + 1]);
+      }
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads)
+@ENTRY_MAIN@(const mt_t *dout, const mt_t *q, const mt_t *k, const mt_t *v, const mt_t *out, const float *lse,
+             mt_t *dq, mt_t *dk, mt_t *dv, float *dq_accum, float *delta@SCALARS@) {
+  extern __shared__ mt_w4 mt_smem[];
+  mt_flash_bwd(dout, q, k, v, lse, dk, dv, dq_accum, delta, @RNG@, reinterpret_cast<mt_t *>(mt_smem));
+}
+
+// ---- Backward, 3: dq = scale * dq_accum in the storage type.
+extern "C" __global__ void __launch_bounds__(256)
+@ENTRY_DQ@(const mt_t *dout, const mt_t *q, const mt_t *k, const mt_t *v, const mt_t *out, const float *lse,
+           mt_t *dq, mt_t *dk, mt_t *dv, float *dq_accum, float *delta@SCALARS@) {
+  const mt_u64 i = ((mt_u64)blockIdx.x * 256 + threadIdx.x) * 4;
+  if (i >= kBatch * kSeq * kHeads * kD) return;
+  float x[4];
+  mt_load<4>(dq_accum, i, x);
+#pragma unroll
+  for (int l = 0; l < 4; ++l) x[l] *= kScale;
+  mt_store<4>(dq, i, x);
+}
+)mtcuda";
+
+using DType = FlashAttentionConfig::DType;
+
+// Tile sizes of one kernel: warps own 16-row slabs, so the slab dimension is
+// 16 * warps (query rows forward, key rows backward).
+struct Tiles {
+  bool mma = false;
+  int warps = 4;
+  int br = 64, bc = 64; // query rows, key rows per tile
+  int ld = 0, lds = 0;  // shared row strides in elements: Q/K/V/dO tiles, dS
+  uint32_t sharedBytes = 0;
+};
+
+constexpr uint32_t kMaxShared = 48 * 1024; // the default limit: no attribute needed
+
+// 16-bit tiles are padded by 16 bytes a row, so ldmatrix's eight row
+// addresses fall in distinct bank groups; fp32 tiles by one float, so the
+// FMA loops' column reads do.
+Tiles forwardTiles(const FlashAttentionConfig &c) {
+  Tiles t;
+  const int d = int(c.headDim);
+  if (c.dtype != DType::F32) {
+    t.mma = true;
+    t.warps = 4, t.br = 64, t.bc = 64, t.ld = d + 8;
+    t.sharedBytes = uint32_t(2 * t.bc * t.ld * 2); // K and V; Q is staged in them
+  } else {
+    t.warps = d == 64 ? 4 : 2;
+    t.br = 16 * t.warps, t.bc = d == 64 ? 32 : 16, t.ld = d + 1;
+    t.sharedBytes = uint32_t((t.br + 2 * t.bc) * t.ld * 4);
+  }
+  return t;
+}
+
+Tiles backwardTiles(const FlashAttentionConfig &c) {
+  Tiles t;
+  const int d = int(c.headDim);
+  if (c.dtype != DType::F32) {
+    t.mma = true;
+    t.warps = 4, t.bc = 64, t.br = d == 64 ? 64 : 32, t.ld = d + 8, t.lds = t.bc + 8;
+    // K; Q and dO (V staged in them); dS; lse and delta.
+    t.sharedBytes = uint32_t((t.bc * t.ld + 2 * t.br * t.ld + t.br * t.lds) * 2 + 2 * t.br * 4);
+  } else {
+    t.warps = d == 64 ? 2 : 1;
+    t.bc = 16 * t.warps, t.br = t.bc, t.ld = d + 1, t.lds = t.bc + 1;
+    t.sharedBytes = uint32_t((2 * t.bc * t.ld + 2 * t.br * t.ld + t.br * t.lds) * 4 + 2 * t.br * 4);
+  }
+  return t;
+}
+
+// "" when the generator takes `c`, else what to change.
+std::string checkConfig(const FlashAttentionConfig &c) {
+  auto bad = [](const std::string &what) { return "cannot generate flash attention: " + what; };
+  if (c.batch < 1 || c.seq < 1 || c.heads < 1 || c.groups < 1 || c.tensorParallel < 1)
+    return bad("batch, seq, heads, groups and tensorParallel must be at least 1");
+  if (c.heads % c.groups != 0)
+    return bad("heads (" + std::to_string(c.heads) + ") must be a multiple of groups (" +
+               std::to_string(c.groups) + ")");
+  if (c.headDim != 64 && c.headDim != 128)
+    return bad("head dimension " + std::to_string(c.headDim) + " is not supported; use 64 or 128");
+  if (!std::isfinite(c.scale))
+    return bad("the softmax scale must be finite");
+  if (!(c.dropoutRate >= 0 && c.dropoutRate <= 1))
+    return bad("the dropout rate must be in [0, 1]");
+  if (c.heads > 65535 || c.groups > 65535 || c.batch > 65535)
+    return bad("heads, groups and batch must be at most 65535 (grid y and z)");
+  if ((c.seq + 15) / 16 > 0x7FFFFFFF || c.batch * c.seq * c.heads / 4 > 0x7FFFFFFF)
+    return bad("batch * seq * heads is too large for one grid");
+  return "";
+}
+
+std::string replaceAll(std::string s, const std::string &from, const std::string &to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+  return s;
+}
+
+std::string ll(int64_t v) { return std::to_string(v) + "ll"; }
+
+const char *dtypeName(DType d) { return d == DType::F32 ? "f32" : d == DType::BF16 ? "bf16" : "f16"; }
+
+// The per-config constants the fixed code reads, after the prelude.
+std::string constants(const FlashAttentionConfig &c, const Tiles &t) {
+  const double rate = c.dropoutRate;
+  const bool dropout = rate > 0;
+  // runtime/cpu_kernels.cpp's DropoutMask: kept when (word >> 8) >= ceil(rate * 2^24).
+  const uint32_t threshold = !dropout ? 0u : rate >= 1 ? (1u << 24) : uint32_t(std::ceil(rate * 16777216.0));
+  const double keep = !dropout ? 1.0 : rate >= 1 ? 0.0 : 1.0 / (1.0 - rate);
+  std::string s;
+  s += "\n// Flash attention: batch " + std::to_string(c.batch) + ", seq " + std::to_string(c.seq) +
+       ", heads " + std::to_string(c.heads) + " in " + std::to_string(c.groups) + " groups, head dim " +
+       std::to_string(c.headDim) + (c.causal ? ", causal" : "") + ", dropout " + cudaFloatLiteral(rate) +
+       ", " + dtypeName(c.dtype) + (c.tensorParallel > 1 ? ", shard of " + std::to_string(c.tensorParallel) : "") +
+       "; " + std::to_string(t.warps) + " warps, tiles " + std::to_string(t.br) + " x " + std::to_string(t.bc) + ".\n";
+  s += std::string("#define MT_FLASH_MMA ") + (t.mma ? "1" : "0") + "\n";
+  s += std::string("typedef ") + (c.dtype == DType::F32 ? "float" : c.dtype == DType::BF16 ? "mt_bf16" : "mt_f16") +
+       " mt_t;\n";
+  s += std::string("constexpr bool kMMA = ") + (t.mma ? "true" : "false") + ";\n";
+  s += "constexpr int kD = " + std::to_string(c.headDim) + ", kW = " + std::to_string(t.warps) +
+       ", kThreads = " + std::to_string(32 * t.warps) + ", kBr = " + std::to_string(t.br) +
+       ", kBc = " + std::to_string(t.bc) + ", kLd = " + std::to_string(t.ld) +
+       ", kLdS = " + std::to_string(t.lds) + ";\n";
+  s += "constexpr long long kBatch = " + ll(c.batch) + ", kSeq = " + ll(c.seq) + ", kHeads = " + ll(c.heads) +
+       ", kGroups = " + ll(c.groups) + ", kHeadsPerGroup = " + ll(c.heads / c.groups) +
+       ", kTotalHeads = " + ll(c.heads * c.tensorParallel) + ";\n";
+  s += "constexpr mt_u64 kQStride = " + ll(c.heads * c.headDim) + ", kKStride = " + ll(c.groups * c.headDim) +
+       "; // elements between rows of q and of k\n";
+  s += std::string("constexpr bool kCausal = ") + (c.causal ? "true" : "false") +
+       ", kDropout = " + (dropout ? "true" : "false") + ";\n";
+  s += "constexpr unsigned kThreshold = " + std::to_string(threshold) + "u;\n";
+  s += "constexpr float kKeepScale = " + cudaFloatLiteral(keep) + ", kScale = " + cudaFloatLiteral(c.scale) +
+       ", kScaleLog2 = " + cudaFloatLiteral(c.scale * 1.4426950408889634) + ";\n";
+  s += "constexpr float kLog2e = 1.44269504f, kLn2 = 0.693147181f;\n\n";
+  return s;
+}
+
+// The device code with the storage type's names filled in.
+std::string tileCode(const FlashAttentionConfig &c) {
+  std::string s = kTileCode;
+  s = replaceAll(s, "@MMA_TYPE@", c.dtype == DType::F16 ? "f16" : "bf16");
+  return replaceAll(s, "@TO_STORAGE@", c.dtype == DType::F16 ? "mt_to_f16" : "mt_to_bf16");
+}
+
+// The scalar parameters (dropout only) and the RNG arguments of the body.
+void scalars(const FlashAttentionConfig &c, std::string &source, CudaKernel &k) {
+  std::string params, rng = "0, 0, 0, 0";
+  if (c.dropoutRate > 0) {
+    k.scalarArgs = {"seed", "rng_offset"};
+    params = ", mt_u64 seed, mt_u64 rng_offset";
+    if (c.tensorParallel > 1) {
+      k.scalarArgs.push_back("tp_rank");
+      params += ", mt_u64 tp_rank";
+    }
+    k.scalarArgs.push_back("stream");
+    k.streams = {c.stream};
+    params += ", mt_u64 stream";
+    rng = std::string("seed, rng_offset, stream, ") + (c.tensorParallel > 1 ? "tp_rank * kHeads" : "0");
+  }
+  source = replaceAll(replaceAll(source, "@SCALARS@", params), "@RNG@", rng);
+}
+
+std::string hashName(const std::string &source) {
+  char hash[16];
+  snprintf(hash, sizeof hash, "%08x", cudaSourceHash(source));
+  return hash;
+}
+
+uint32_t blocks(int64_t n, int64_t per) { return uint32_t((n + per - 1) / per); }
+
+} // namespace
+
+std::optional<FlashAttentionForward> generateFlashAttentionForward(const FlashAttentionConfig &c,
+                                                                   std::string *error) {
+  if (std::string e = checkConfig(c); !e.empty()) {
+    *error = e;
+    return std::nullopt;
+  }
+  const Tiles t = forwardTiles(c);
+  if (t.sharedBytes > kMaxShared) {
+    *error = "cannot generate flash attention: the forward's tiles need " + std::to_string(t.sharedBytes) +
+             " bytes of shared memory";
+    return std::nullopt;
+  }
+  FlashAttentionForward f;
+  CudaKernel &k = f.kernel;
+  std::string src = std::string(cudaKernelPrelude()) + constants(c, t) + tileCode(c) + kForwardCode;
+  scalars(c, src, k);
+  k.entry = "mt_flash_fwd_" + hashName(src);
+  k.source = replaceAll(src, "@ENTRY_FWD@", k.entry);
+  k.grid[0] = blocks(c.seq, t.br);
+  k.grid[1] = uint32_t(c.heads);
+  k.grid[2] = uint32_t(c.batch);
+  k.block[0] = uint32_t(32 * t.warps);
+  k.sharedBytes = t.sharedBytes;
+  k.vectorWidth = 2;
+  f.lseBytes = uint64_t(c.batch * c.heads * c.seq) * 4;
+  return f;
+}
+
+std::optional<FlashAttentionBackward> generateFlashAttentionBackward(const FlashAttentionConfig &c,
+                                                                     std::string *error) {
+  if (std::string e = checkConfig(c); !e.empty()) {
+    *error = e;
+    return std::nullopt;
+  }
+  const Tiles t = backwardTiles(c);
+  if (t.sharedBytes > kMaxShared) {
+    *error = "cannot generate flash attention: the backward's tiles need " + std::to_string(t.sharedBytes) +
+             " bytes of shared memory";
+    return std::nullopt;
+  }
+  FlashAttentionBackward bw;
+  CudaKernel base;
+  std::string src = std::string(cudaKernelPrelude()) + constants(c, t) + tileCode(c) + kBackwardCode;
+  scalars(c, src, base);
+  const std::string hash = hashName(src);
+  bw.dot = bw.main = bw.dq = base;
+  bw.dot.entry = "mt_flash_bwd_dot_" + hash;
+  bw.main.entry = "mt_flash_bwd_" + hash;
+  bw.dq.entry = "mt_flash_bwd_dq_" + hash;
+  src = replaceAll(src, "@ENTRY_DOT@", bw.dot.entry);
+  src = replaceAll(src, "@ENTRY_MAIN@", bw.main.entry);
+  src = replaceAll(src, "@ENTRY_DQ@", bw.dq.entry);
+  bw.dot.source = bw.main.source = bw.dq.source = src;
+
+  const int64_t rows = c.batch * c.seq * c.heads;
+  bw.dot.grid[0] = blocks(rows, 4); // a warp a row
+  bw.dot.block[0] = 128;
+  bw.dot.vectorWidth = int(c.headDim / 32);
+  bw.main.grid[0] = blocks(c.seq, t.bc);
+  bw.main.grid[1] = uint32_t(c.groups);
+  bw.main.grid[2] = uint32_t(c.batch);
+  bw.main.block[0] = uint32_t(32 * t.warps);
+  bw.main.sharedBytes = t.sharedBytes;
+  bw.main.vectorWidth = 2;
+  bw.dq.grid[0] = blocks(rows * c.headDim / 4, 256);
+  bw.dq.block[0] = 256;
+  bw.dq.vectorWidth = 4;
+  bw.dqAccumBytes = uint64_t(rows * c.headDim) * 4;
+  bw.deltaBytes = uint64_t(rows) * 4;
+  bw.workspaceBytes = bw.dqAccumBytes + bw.deltaBytes;
+  return bw;
+}
+
+} // namespace mt
