@@ -1,6 +1,8 @@
 // Plan instructions -> GPU steps (compiler/GpuSteps.h has the GEMM mapping).
 #include "compiler/GpuSteps.h"
 
+#include "compiler/FlashAttentionGen.h"
+
 namespace mt {
 namespace {
 
@@ -41,6 +43,23 @@ GemmSpec forwardGemm(const GpuValueInfo &x, const GpuValueInfo &w, const GpuValu
   g.bType = x.dtype;
   g.dType = y.dtype;
   return g;
+}
+
+uint64_t alignUp(uint64_t n) { return (n + 255) / 256 * 256; }
+
+// The scalar arguments a generated kernel asks for, after its pointers.
+void scalarArgs(const CudaKernel &k, std::vector<GpuArgSpec> &args) {
+  size_t stream = 0;
+  for (const std::string &a : k.scalarArgs) {
+    if (a == "seed")
+      args.push_back({pl::GpuArgKind::SEED, 0});
+    else if (a == "rng_offset")
+      args.push_back({pl::GpuArgKind::RNG_OFFSET, 0});
+    else if (a == "tp_rank")
+      args.push_back({pl::GpuArgKind::TP_RANK, 0});
+    else // "stream": the next of the kernel's streams
+      args.push_back({pl::GpuArgKind::CONSTANT, k.streams.at(stream++)});
+  }
 }
 
 OpInstruction opInstruction(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
@@ -101,19 +120,85 @@ GpuLowering fromOpKernels(const OpKernels &k, const GpuInstruction &inst) {
       case OpArg::LossScale: s.args.push_back({pl::GpuArgKind::LOSS_SCALE, 0}); break;
       }
     }
-    size_t stream = 0;
-    for (const std::string &a : launch.kernel.scalarArgs) {
-      if (a == "seed")
-        s.args.push_back({pl::GpuArgKind::SEED, 0});
-      else if (a == "rng_offset")
-        s.args.push_back({pl::GpuArgKind::RNG_OFFSET, 0});
-      else if (a == "tp_rank")
-        s.args.push_back({pl::GpuArgKind::TP_RANK, 0});
-      else
-        s.args.push_back({pl::GpuArgKind::CONSTANT, launch.kernel.streams.at(stream++)});
-    }
+    scalarArgs(launch.kernel, s.args);
     l.steps.push_back(s);
   }
+  return l;
+}
+
+// ATTENTION (in q, k, v; out o) and ATTENTION_GRAD (in dout, q, k, v; out
+// dq, dk, dv) as generated flash attention (compiler/FlashAttentionGen.h).
+// The forward's row log-sum-exp goes to the workspace. The plan keeps
+// neither it nor the output for the backward (as the CPU executor, which
+// recomputes the probabilities), so the backward first runs the forward
+// again into its workspace, then its three kernels.
+GpuLowering lowerAttention(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
+                           int64_t tensorParallel) {
+  GpuLowering l;
+  const bool grad = inst.op == pl::Opcode::ATTENTION_GRAD;
+  const GpuValueInfo &q = values[inst.in[grad ? 1 : 0]], &k = values[inst.in[grad ? 2 : 1]];
+  FlashAttentionConfig c;
+  if (q.shape.size() != 4 || k.shape.size() != 4) {
+    l.missing = "attention operands are not [batch, seq, heads, head_dim]";
+    return l;
+  }
+  c.batch = q.shape[0];
+  c.seq = q.shape[1];
+  c.heads = q.shape[2];
+  c.groups = k.shape[2];
+  c.headDim = q.shape[3];
+  c.causal = inst.ints.at(0) != 0;
+  c.stream = uint64_t(inst.ints.at(1));
+  c.tensorParallel = inst.ints.at(2) == 2 ? tensorParallel : 1; // a shard of the heads
+  c.scale = inst.floats.at(0);
+  c.dropoutRate = inst.floats.at(1);
+  c.dtype = q.dtype == pl::DType::BF16  ? FlashAttentionConfig::DType::BF16
+            : q.dtype == pl::DType::F16 ? FlashAttentionConfig::DType::F16
+                                        : FlashAttentionConfig::DType::F32;
+  std::string error;
+  std::optional<FlashAttentionForward> fwd = generateFlashAttentionForward(c, &error);
+  if (!fwd) {
+    l.missing = "flash attention: " + error;
+    return l;
+  }
+  const uint64_t elt = q.dtype == pl::DType::F32 ? 4 : 2;
+  const uint64_t outBytes = alignUp(uint64_t(c.batch * c.seq * c.heads * c.headDim) * elt);
+  const uint64_t lseBytes = alignUp(fwd->lseBytes);
+  auto launch = [&](const CudaKernel &kern, std::vector<GpuArgSpec> args) {
+    l.kernels.push_back(kern);
+    GpuStepSpec s;
+    s.kind = pl::GpuStepKind::KERNEL;
+    s.kernel = -int64_t(l.kernels.size());
+    scalarArgs(kern, args);
+    s.args = std::move(args);
+    l.steps.push_back(std::move(s));
+  };
+  auto ws = [](uint64_t offset) { return GpuArgSpec{pl::GpuArgKind::WORKSPACE, offset}; };
+  if (!grad) {
+    // (q, k, v, out, lse)
+    launch(fwd->kernel, {value(inst.in[0]), value(inst.in[1]), value(inst.in[2]),
+                         value(inst.out[0]), ws(0)});
+    l.workspaceBytes = lseBytes;
+    return l;
+  }
+  std::optional<FlashAttentionBackward> bwd = generateFlashAttentionBackward(c, &error);
+  if (!bwd) {
+    l.missing = "flash attention: " + error;
+    return l;
+  }
+  // Workspace: out, lse, dq_accum, delta.
+  const uint64_t outAt = 0, lseAt = outBytes, accAt = lseAt + lseBytes,
+                 deltaAt = accAt + alignUp(bwd->dqAccumBytes);
+  l.workspaceBytes = deltaAt + alignUp(bwd->deltaBytes);
+  launch(fwd->kernel, {value(inst.in[1]), value(inst.in[2]), value(inst.in[3]), ws(outAt),
+                       ws(lseAt)});
+  // (dout, q, k, v, out, lse, dq, dk, dv, dq_accum, delta)
+  const std::vector<GpuArgSpec> args = {
+      value(inst.in[0]),  value(inst.in[1]),  value(inst.in[2]),  value(inst.in[3]),
+      ws(outAt),          ws(lseAt),          value(inst.out[0]), value(inst.out[1]),
+      value(inst.out[2]), ws(accAt),          ws(deltaAt)};
+  for (const CudaKernel *kern : {&bwd->dot, &bwd->main, &bwd->dq})
+    launch(*kern, args);
   return l;
 }
 
@@ -193,6 +278,7 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
     return nativeStep();
   case pl::Opcode::ATTENTION:
   case pl::Opcode::ATTENTION_GRAD:
+    return lowerAttention(inst, values, tensorParallel);
   case pl::Opcode::SHARDED_GRAD_NORM:
   case pl::Opcode::SHARDED_ADAMW:
     l.missing = std::string("no GPU kernel for ") + pl::EnumNameOpcode(inst.op) + " yet";
@@ -239,17 +325,7 @@ GpuLowering lowerFusedKernel(const GpuInstruction &inst, int64_t kernelIndex,
     s.args.push_back(value(v));
   for (uint32_t v : inst.out)
     s.args.push_back(value(v));
-  size_t stream = 0;
-  for (const std::string &a : kernel.scalarArgs) {
-    if (a == "seed")
-      s.args.push_back({pl::GpuArgKind::SEED, 0});
-    else if (a == "rng_offset")
-      s.args.push_back({pl::GpuArgKind::RNG_OFFSET, 0});
-    else if (a == "tp_rank")
-      s.args.push_back({pl::GpuArgKind::TP_RANK, 0});
-    else // "stream": the next of the kernel's streams
-      s.args.push_back({pl::GpuArgKind::CONSTANT, kernel.streams.at(stream++)});
-  }
+  scalarArgs(kernel, s.args);
   l.steps.push_back(s);
   return l;
 }
