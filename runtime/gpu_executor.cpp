@@ -289,9 +289,11 @@ uint64_t GpuExecutor::address(const pl::Program &program, const pl::GpuArg &a) c
 std::string GpuExecutor::staged(const pl::Program &program, bool upload) {
   const auto *list = upload ? program.inputs() : program.outputs();
   for (uint32_t k = 0; list && k < list->size(); ++k) {
+    if (!upload)
+      value_data(program, list->Get(k)); // every output comes back
     auto it = host_->staging.find({&program, list->Get(k)});
     if (it == host_->staging.end())
-      continue; // never written (inputs) or never asked for (outputs)
+      continue; // an input never written
     const uint64_t at = arena_base() + program.values()->Get(list->Get(k))->offset();
     std::string e = upload ? device_->to_device(at, it->second.data(), it->second.size())
                            : device_->to_host(it->second.data(), at, it->second.size());

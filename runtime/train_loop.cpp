@@ -5,8 +5,8 @@
 #include "runtime/checkpoint_layout.h"
 #include "runtime/collectives.h"
 #include "runtime/cpu_executor.h"
-#include "runtime/cuda_api.h"
-#include "runtime/cuda_device.h"
+#include "runtime/cuda_gpu_device.h"
+#include "runtime/gpu_executor.h"
 #include "runtime/gpt_dataset.h"
 #include "runtime/launch.h"
 #include "runtime/parallel_groups.h"
@@ -78,8 +78,10 @@ class Trainer {
 public:
   // `groups` are this rank's communicators (all null for one rank); `rank`
   // this process's rank in the plan.
-  Trainer(const pl::Plan &plan, const RunOptions &opts, int rank, const ParallelGroups &groups)
-      : plan(plan), opts(opts), rank(rank), groups(groups), comm(groups.get(Group::DP)) {}
+  Trainer(const pl::Plan &plan, const RunOptions &opts, int rank, int localRank,
+          const ParallelGroups &groups)
+      : plan(plan), opts(opts), rank(rank), localRank(localRank), groups(groups),
+        comm(groups.get(Group::DP)) {}
 
   int run() {
     const pl::Training *t = plan.training();
@@ -101,7 +103,18 @@ public:
     load = !opts.load.empty() ? opts.load : str(t->load());
 
     tpRank = myRank->tp_rank();
-    exec = std::make_unique<CpuExecutor>(plan, rank);
+    if (opts.device == "cuda") {
+      std::string err;
+      std::unique_ptr<GpuDevice> device = open_cuda_gpu_device(localRank, "", &err);
+      if (!device)
+        return fail("--device cuda: " + err);
+      auto gpu = std::make_unique<GpuExecutor>(plan, rank, std::move(device));
+      if (std::string e = gpu->open(); !e.empty())
+        return fail("--device cuda: " + e);
+      exec = std::move(gpu);
+    } else {
+      exec = std::make_unique<CpuExecutor>(plan, rank);
+    }
     exec->set_groups(&groups);
     fp16 = str(t->precision()) == "fp16";
     lossScale = fp16 ? t->initial_loss_scale() : 1.0;
@@ -660,6 +673,7 @@ private:
   const pl::Plan &plan;
   const RunOptions &opts;
   int rank = 0;
+  int localRank = 0; // which GPU of the node (--device cuda)
   const ParallelGroups &groups;
   Communicator *comm = nullptr; // the data-parallel group
   int dp = 1, dpRank = 0, pp = 1, ppRank = 0, tpRank = 0;
@@ -704,29 +718,6 @@ options:
   --help, -h            this text
 )";
 
-// --device cuda: opens what the CUDA executor needs, in the order a user
-// would fix it (GPU and driver, NVRTC, cuBLASLt, NCCL for several ranks),
-// and fails at the first problem. With everything in place it still fails:
-// the executor is not built yet, and a silent fall-back to the CPU would
-// hide that.
-int check_cuda(const LaunchInfo &launch, int world) {
-  std::string where = (world > 1 ? "rank " + std::to_string(launch.rank) + ": " : std::string()) +
-                      "--device cuda: ";
-  CudaDevice dev;
-  std::string err = open_cuda_device(launch.local_rank, &dev);
-  const cu::Nvrtc *nvrtc = nullptr;
-  if (err.empty() && (nvrtc = cu::load_nvrtc(&err)))
-    err = check_driver_runs_nvrtc(dev, *nvrtc);
-  if (err.empty())
-    cu::load_cublaslt(&err);
-  if (err.empty() && world > 1)
-    cu::load_nccl(&err);
-  close_cuda_device(&dev);
-  if (!err.empty())
-    return fail(where + err);
-  return fail(where + describe(dev) + " and the CUDA libraries are usable, but this mtrun's "
-                      "CUDA executor is not built yet; use --device cpu");
-}
 
 } // namespace
 
@@ -758,8 +749,10 @@ int run_training(const RunOptions &opts) {
                                   std::to_string(world)));
   if (!find_rank(plan, launch.rank))
     return fail(opts.plan_path + " has no rank " + std::to_string(launch.rank));
-  if (opts.device == "cuda")
-    return check_cuda(launch, world);
+  if (opts.device == "cuda" && world > 1)
+    return fail("--device cuda: " + opts.plan_path + " is for " + std::to_string(world) +
+                " ranks, and collectives between GPUs (NCCL) are not built into this mtrun's "
+                "GPU executor yet; run it with --device cpu, or compile a one-GPU layout");
   std::unique_ptr<Communicator> comm;
   if (world > 1) {
     if (std::string e = prepare_rendezvous_dir(launch); !e.empty())
@@ -793,7 +786,7 @@ int run_training(const RunOptions &opts) {
                 groups.coords.dp, layout.dp, host, launch.source.c_str());
     std::fflush(stdout);
   }
-  int status = Trainer(plan, opts, launch.rank, groups).run();
+  int status = Trainer(plan, opts, launch.rank, launch.local_rank, groups).run();
   if (comm && status == 0) {
     // Everyone is done with the rendezvous before the first rank removes it.
     if (std::string e = comm->barrier(); !e.empty())
