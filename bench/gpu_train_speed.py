@@ -229,7 +229,9 @@ def target_lines(res, pytorch=None):
               f"peak memory within {100 * TARGET_MEMORY_BAND:.0f}% of the plan and never above: "
               f"{gib(res['peak_memory'])} GiB measured ({res['memory_source']}), "
               f"{gib(res['plan_memory'])} GiB planned (of which {gib(res['plan_context_reserve'])} "
-              f"GiB stated CUDA context reserve), ratio {ratio:.3f}")
+              f"GiB stated CUDA context reserve; measured beyond the planned allocations: "
+              f"{gib(res['peak_memory'] - res['plan_memory'] + res['plan_context_reserve'])} GiB), "
+              f"ratio {ratio:.3f}")
     return lines
 
 

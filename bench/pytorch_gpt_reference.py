@@ -255,8 +255,9 @@ def main():
         return tokens[:, :-1], tokens[:, 1:]
 
     def attention_backend():
-        # Flash attention on the GPU, as mt's generated attention kernels are.
-        if args.device != "cuda":
+        # Flash attention on the GPU, as mt's generated attention kernels
+        # are; it takes 16-bit inputs only, so fp32 runs keep PyTorch's choice.
+        if args.device != "cuda" or autocast_dtype is None:
             return contextlib.nullcontext()
         from torch.nn.attention import SDPBackend, sdpa_kernel
         return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
