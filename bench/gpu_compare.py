@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""mt against the PyTorch reference on one GPU: speed, MFU and memory, one table.
+
+Usage: bench/gpu_compare.py [--only gpt-125m|gpt-1.3b ...] [--iters 20] [--warmup 5]
+         [--no-compile] [--peak-tflops T] [--mtc build/bin/mtc] [--mtrun build/bin/mtrun]
+         [--record] [--device cpu --set SECTION.KEY=VALUE ...]
+
+For each case, on the same GPU in this one invocation, runs
+bench/gpu_train_speed.py (mtrun --device cuda) and then
+bench/pytorch_gpt_reference.py with the same spec and overrides, each in its
+own process, and prints one table with both and their ratio, then the
+project's targets, met or missed:
+
+  gpt-125m  models/gpt-125m.toml as it is: sequence 1024, micro-batch 4,
+            global batch 128 (32 micro-batches); mt >= 600K tokens/s on an
+            H100 and >= 1.3x the PyTorch reference's tokens/s
+  gpt-1.3b  models/gpt-1.3b.toml on one GPU (dp 1): sequence 2048,
+            micro-batch 2, global batch 64 (32 micro-batches; the preset's
+            512 would take ~17 s an iteration on one GPU, and the optimizer
+            step is under 1% of an iteration at 64); mt >= 55% MFU
+  both      mt's peak GPU memory within 2% of the plan and never above
+
+MFU is Megatron-LM's FLOPs count (bench/flops.py) over the dense bf16 peak
+(989 TFLOP/s for H100 SXM and H200, from nvidia-smi's name, or
+--peak-tflops). A run that fails is shown with its error line and the
+script exits 1; nothing is estimated in its place. With --record the table
+is appended to bench/results/gpu-train-speed.md with the date, GPU, driver,
+commit and every command that ran.
+
+--device cpu with --set overrides for toy sizes runs the same steps on
+mtrun's CPU executor and PyTorch on the CPU, to check this script without a
+GPU; its numbers say nothing about the targets.
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+
+from gpu_train_speed import RESULTS, gib, record, target_lines
+from machine import cpu_name, gpu_name_and_driver
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+
+CASES = {
+    "gpt-125m": ("models/gpt-125m.toml", []),
+    "gpt-1.3b": ("models/gpt-1.3b.toml", ["--global-batch", "64"]),
+}
+
+
+def run_json(cmd, timeout):
+    """Runs one benchmark script; (result dict, None) or (None, its error line)."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        try:
+            r = subprocess.run(cmd + ["--json", out.name], capture_output=True, text=True,
+                               timeout=timeout, cwd=ROOT)
+        except subprocess.TimeoutExpired:
+            return None, f"did not finish in {timeout:.0f} s"
+        sys.stderr.write(r.stderr if r.returncode else "")
+        if r.returncode != 0:
+            lines = [l for l in (r.stderr + r.stdout).splitlines() if l.strip()]
+            return None, lines[-1] if lines else f"exit status {r.returncode}"
+        return json.load(open(out.name)), None
+
+
+def row(case, runner, res, err):
+    if err:
+        return f"| {case} | {runner} | failed: {err} ||||||||\n"
+    mfu = f"{100 * res['mfu']:.1f}%" if res.get("mfu") else "-"
+    plan = gib(res.get("plan_memory"))
+    return (f"| {case} | {runner} | {res['seq']} | {res['micro_batch']} / {res['global_batch']} "
+            f"| {res['iters']} | {res['step_ms']:.1f} | {res['tokens_per_s']:,.0f} "
+            f"| {res['tflops']:.3g} | {mfu} | {gib(res.get('peak_memory'))} | {plan} |\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", action="append", choices=list(CASES),
+                    help="run only this case (repeatable; default: all)")
+    ap.add_argument("--iters", type=int, default=20, help="measured iterations per run")
+    ap.add_argument("--warmup", type=int, default=5, help="iterations run first, not measured")
+    ap.add_argument("--no-compile", action="store_true", help="PyTorch without torch.compile")
+    ap.add_argument("--peak-tflops", type=float, help="dense bf16 peak of the GPU")
+    ap.add_argument("--mtc", default=os.path.join(ROOT, "build", "bin", "mtc"))
+    ap.add_argument("--mtrun", default=os.path.join(ROOT, "build", "bin", "mtrun"))
+    ap.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
+    ap.add_argument("--record", action="store_true")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu checks this script without a GPU (with --set for toy sizes)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="a spec override for both runners (repeatable)")
+    args = ap.parse_args()
+
+    gpu = gpu_name_and_driver() if args.device == "cuda" else (cpu_name(), "")
+    if gpu is None:
+        sys.exit("gpu_compare: no GPU: nvidia-smi is missing or lists no GPU "
+                 "(these benchmarks need one)")
+    common = ["--iters", str(args.iters), "--warmup", str(args.warmup), "--device", args.device]
+    common += [a for s in args.set for a in ("--set", s)]
+    if args.peak_tflops:
+        common += ["--peak-tflops", str(args.peak_tflops)]
+
+    table = ("| case | runner | seq | micro / global batch | iterations | step (ms) | tokens / s "
+             "| TFLOP/s | MFU | peak memory (GiB) | plan (GiB) |\n"
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+    targets, commands, failed = [], [], False
+    for case in args.only or list(CASES):
+        spec, extra = CASES[case]
+        mt_cmd = [sys.executable, os.path.join(BENCH, "gpu_train_speed.py"), "--spec", spec,
+                  *extra, *common, "--mtc", args.mtc, "--mtrun", args.mtrun]
+        pt_cmd = [sys.executable, os.path.join(BENCH, "pytorch_gpt_reference.py"), "--spec", spec,
+                  *extra, *common, *(["--no-compile"] if args.no_compile else [])]
+        print(f"{case}: mt ...", file=sys.stderr, flush=True)
+        mt, mt_err = run_json(mt_cmd, args.timeout)
+        print(f"{case}: PyTorch ...", file=sys.stderr, flush=True)
+        pt, pt_err = run_json(pt_cmd, args.timeout)
+        failed |= bool(mt_err or pt_err)
+        table += row(case, "mt", mt, mt_err)
+        label = "PyTorch" + (f" {pt['torch']}" if pt else "") + (
+            ", not compiled" if args.no_compile else "")
+        table += row(case, label, pt, pt_err)
+        if mt and pt:
+            table += (f"| {case} | mt / PyTorch | | | | {mt['step_ms'] / pt['step_ms']:.2f}x "
+                      f"| {mt['tokens_per_s'] / pt['tokens_per_s']:.2f}x | | | | |\n")
+        if mt:
+            targets += target_lines(mt, pt)
+            commands += mt["commands"]
+        elif case == "gpt-125m":
+            targets.append(f"- MISSED: gpt-125m targets: mt did not run ({mt_err})")
+        elif case == "gpt-1.3b":
+            targets.append(f"- MISSED: gpt-1.3b target: mt did not run ({mt_err})")
+        commands += [shlex.join([os.path.relpath(c, ROOT) if c.startswith(BENCH) else c
+                                 for c in cmd[1:]]) for cmd in (mt_cmd, pt_cmd)]
+
+    body = (table + "\nmt's peak memory: nvidia-smi's figure for the mtrun process (CUDA "
+            "context included), beside the plan's total with its stated context reserve. "
+            "PyTorch's: torch.cuda.max_memory_allocated over the measured iterations (no "
+            "context, no allocator cache).\n\n" + "\n".join(targets) + "\n")
+    print(body)
+    if args.record:
+        record("mt against PyTorch", body, gpu[0], gpu[1], commands)
+        print(f"recorded in {os.path.relpath(RESULTS, ROOT)}")
+    if failed:
+        sys.exit("gpu_compare: a run failed (its line is in the table); nothing was estimated "
+                 "in its place")
+
+
+if __name__ == "__main__":
+    main()
