@@ -242,6 +242,22 @@ OwningOpRef<ModuleOp> compileSpec(MLIRContext &context, const spec::Spec &spec,
   return module;
 }
 
+// The GPU steps' workspace of each stage (plan.fbs Rank
+// kernel_workspace_bytes; every rank of a stage has the same) joins its
+// stated cuBLASLt workspace. Memory rows are per stage, in stage order.
+void addKernelWorkspace(MemoryPlan &memory, const plan::Plan &plan) {
+  const auto *ranks = plan.ranks();
+  for (uint32_t i = 0; ranks && i < ranks->size(); ++i) {
+    const plan::Rank &r = *ranks->Get(i);
+    const size_t stage = size_t(r.pp_rank());
+    if (r.tp_rank() == 0 && r.dp_rank() == 0 && stage < memory.ranks.size())
+      memory.ranks[stage].workspace += int64_t(r.kernel_workspace_bytes());
+  }
+  for (auto [i, r] : llvm::enumerate(memory.ranks))
+    if (r.total() > memory.ranks[memory.heaviest].total())
+      memory.heaviest = int(i);
+}
+
 // Every kernel's CUDA C, each after a comment line that names it.
 std::string kernelSources(const plan::Plan &plan) {
   std::string out;
@@ -406,6 +422,20 @@ int runCompile(const std::vector<std::string> &args) {
     return 1;
 
   MemoryPlan memory = memoryPlanOf(*module, spec);
+  // The plan: its GPU steps decide each rank's kernel workspace, which the
+  // memory plan states beside cuBLASLt's.
+  std::string payload;
+  {
+    FailureOr<std::string> p = buildPlanPayload(*module, spec);
+    if (failed(p)) {
+      llvm::errs() << "mtc: internal error: could not lower '" << opts.specPath
+                   << "' to a plan (diagnostics above); please report this with the spec\n";
+      return 1;
+    }
+    payload = std::move(*p);
+  }
+  const plan::Plan *plan = plan::GetPlan(reinterpret_cast<const uint8_t *>(payload.data()));
+  addKernelWorkspace(memory, *plan);
   suggestFixes(memory, spec, [&](const spec::Spec &variant) -> std::optional<int64_t> {
     MLIRContext ctx;
     ctx.loadDialect<MtDialect, func::FuncDialect>();
@@ -414,6 +444,10 @@ int runCompile(const std::vector<std::string> &args) {
     if (!m)
       return std::nullopt;
     MemoryPlan p = memoryPlanOf(*m, variant);
+    FailureOr<std::string> payload = buildPlanPayload(*m, variant);
+    if (failed(payload))
+      return std::nullopt;
+    addKernelWorkspace(p, *plan::GetPlan(reinterpret_cast<const uint8_t *>(payload->data())));
     return p.ranks[p.heaviest].total();
   });
 
@@ -440,19 +474,6 @@ int runCompile(const std::vector<std::string> &args) {
     }
   }
 
-  // The plan, when anything below needs it.
-  std::string payload;
-  if (opts.checkKernels || opts.emit == "cuda" || (opts.emit == "plan" && !opts.output.empty())) {
-    FailureOr<std::string> p = buildPlanPayload(*module, spec);
-    if (failed(p)) {
-      llvm::errs() << "mtc: internal error: could not lower '" << opts.specPath
-                   << "' to a plan (diagnostics above); please report this with the spec\n";
-      return 1;
-    }
-    payload = std::move(*p);
-  }
-  const plan::Plan *plan =
-      payload.empty() ? nullptr : plan::GetPlan(reinterpret_cast<const uint8_t *>(payload.data()));
 
   std::string text;
   if (opts.emit == "cuda") {

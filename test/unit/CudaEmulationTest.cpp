@@ -842,8 +842,11 @@ void comparePreset(const std::vector<mt::spec::Override> &overrides, uint64_t in
   ASSERT_TRUE(mlir::succeeded(payload));
   const pl::Plan *whole = pl::GetPlan(reinterpret_cast<const uint8_t *>(payload->data()));
   std::set<std::string> presetSources;
+  // The mt.fused kernels (those with a CPU form), less gemm kernels, which
+  // cuBLASLt runs; the other instructions' kernels are mt-opkernel-tests'.
   for (const pl::Kernel *k : *whole->kernels())
-    if (k->cuda_source() && k->cuda_source()->size()) // gemm kernels are cuBLASLt's
+    if (k->cuda_source() && k->cuda_source()->size() && k->cpu_instructions() &&
+        k->cpu_instructions()->size())
       presetSources.insert(k->cuda_source()->str());
 
   mlir::OpBuilder b(&context);
