@@ -220,7 +220,7 @@ uint32_t inputNamed(const pl::Program &p, const std::string &name) {
 
 // Fills a program's inputs the way the training loop does.
 void fillInputs(mt::rt::Executor &ex, const pl::Program &p, int64_t vocab, uint64_t seed,
-                int64_t step, float gradNorm) {
+                int64_t step, float gradNorm, float gradScale = 1.0f) {
   std::mt19937_64 rng(seed);
   for (uint32_t i = 0; i < p.inputs()->size(); ++i) {
     const std::string name = p.input_names()->Get(i)->str();
@@ -238,7 +238,7 @@ void fillInputs(mt::rt::Executor &ex, const pl::Program &p, int64_t vocab, uint6
     } else if (name == "grad_norm") {
       *static_cast<float *>(data) = gradNorm;
     } else if (name == "grad_scale") {
-      *static_cast<float *>(data) = 1.0f;
+      *static_cast<float *>(data) = gradScale;
     } else {
       FAIL() << "unexpected program input '" << name << "'";
     }
@@ -265,7 +265,7 @@ double relDiff(const float *a, const float *b, int64_t n) {
 // attention, block reductions) and rounds intermediate values to the
 // storage type at other points than the CPU.
 void compareSteps(const std::vector<mt::spec::Override> &extra, double lossTol, double gradTol,
-                  double weightTol) {
+                  double weightTol, float lossScale = 1.0f) {
   auto file = compile(extra);
   ASSERT_TRUE(file);
   const pl::Plan &plan = *file->plan();
@@ -279,7 +279,16 @@ void compareSteps(const std::vector<mt::spec::Override> &extra, double lossTol, 
                                static_cast<mt::rt::Executor *>(&cpu)}) {
     ex->set_seed(1234);
     ASSERT_EQ(ex->init_params(1234), "");
+    ex->set_loss_scale(lossScale);
   }
+  // Initial weights are the same bits on both (the GPU's went through its
+  // 16-bit storage and back).
+  ASSERT_EQ(gpu.state_to_host(), "");
+  for (uint32_t i = 0; i < mt::rt::find_rank(plan, 0)->params()->size(); ++i)
+    ASSERT_EQ(std::memcmp(gpu.weight(int(i)), cpu.weight(int(i)),
+                          size_t(cpu.param_elements(int(i))) * 4),
+              0)
+        << "initial weights of parameter " << i;
   const pl::Rank &rank = *mt::rt::find_rank(plan, 0);
   const uint32_t params = rank.params()->size();
   for (int64_t step = 1; step <= 2; ++step) {
@@ -332,7 +341,7 @@ void compareSteps(const std::vector<mt::spec::Override> &extra, double lossTol, 
     for (mt::rt::Executor *ex : {static_cast<mt::rt::Executor *>(&gpu),
                                  static_cast<mt::rt::Executor *>(&cpu)}) {
       const pl::Program &p = *ex->program("optimizer_step");
-      fillInputs(*ex, p, vocab, 0, step, norm[1]);
+      fillInputs(*ex, p, vocab, 0, step, norm[1] / lossScale, 1.0f / lossScale);
       ASSERT_EQ(ex->run(p, 0), "");
     }
     ASSERT_EQ(gpu.state_to_host(), "");
@@ -373,6 +382,46 @@ TEST(GpuExecutor, TrainingStepsMatchTheCpuF32) { compareSteps({}, 1e-5, 1e-4, 1e
 // bf16 training that matters (test/mtrun/cuda-train.test, on a GPU).
 TEST(GpuExecutor, TrainingStepsMatchTheCpuBf16) {
   compareSteps({{"training.precision=\"bf16\""}}, 1e-2, 0.1, 0.1);
+}
+
+// fp16 with a loss scale: the gradient seed reads the scale from the
+// device (set_loss_scale), gradients are scaled alike on both, and the
+// optimizer takes them back with grad_scale.
+TEST(GpuExecutor, TrainingStepsMatchTheCpuFp16WithLossScale) {
+  compareSteps({{"training.precision=\"fp16\""}}, 1e-2, 0.1, 0.1, 4096.0f);
+}
+
+// Checkpoint state through the host views: what state_to_device writes,
+// state_to_host reads back, 16-bit weights included.
+TEST(GpuExecutor, StateRoundTripsThroughTheHost) {
+  auto file = compile({{"training.precision=\"bf16\""}});
+  ASSERT_TRUE(file);
+  mt::rt::GpuExecutor gpu(*file->plan(), 0, std::make_unique<EmulatedDevice>());
+  ASSERT_EQ(gpu.open(), "");
+  ASSERT_EQ(gpu.init_params(5), "");
+  const uint32_t params = mt::rt::find_rank(*file->plan(), 0)->params()->size();
+  std::vector<std::vector<float>> want(params);
+  for (uint32_t i = 0; i < params; ++i) {
+    const int64_t n = gpu.param_elements(int(i));
+    for (int64_t k = 0; k < n; ++k) {
+      // Values a bf16 weight can hold exactly, and distinct f32 moments.
+      gpu.weight(int(i))[k] = float(int(k % 61) - 30) * 0.25f;
+      gpu.exp_avg(int(i))[k] = float(k) * 1e-3f + float(i);
+    }
+    want[i].assign(gpu.weight(int(i)), gpu.weight(int(i)) + n);
+  }
+  ASSERT_EQ(gpu.state_to_device(), "");
+  for (uint32_t i = 0; i < params; ++i) {
+    std::fill(gpu.weight(int(i)), gpu.weight(int(i)) + gpu.param_elements(int(i)), 0.0f);
+    std::fill(gpu.exp_avg(int(i)), gpu.exp_avg(int(i)) + gpu.param_elements(int(i)), 0.0f);
+  }
+  ASSERT_EQ(gpu.state_to_host(), "");
+  for (uint32_t i = 0; i < params; ++i) {
+    const int64_t n = gpu.param_elements(int(i));
+    EXPECT_EQ(std::memcmp(gpu.weight(int(i)), want[i].data(), size_t(n) * 4), 0) << i;
+    for (int64_t k = 0; k < n; ++k)
+      ASSERT_EQ(gpu.exp_avg(int(i))[k], float(k) * 1e-3f + float(i)) << i << " " << k;
+  }
 }
 
 TEST(GpuExecutor, PlanWithoutGpuFormIsRefused) {
