@@ -461,16 +461,25 @@ private:
 
   // A kernel that only the GPU runs (no cpu_instructions): its index.
   int64_t addKernel(const CudaKernel &k) {
+    return kernelEntry(k.entry, k, fbb.CreateVector(std::vector<fb::Offset<pl::Value>>()),
+                       fbb.CreateVector(std::vector<fb::Offset<pl::Instruction>>()), 0);
+  }
+
+  // Appends a Kernel entry (the CUDA form `k`, and the CPU form when the
+  // kernel is an mt.fused region); returns its index.
+  int64_t kernelEntry(const std::string &name, const CudaKernel &k,
+                      fb::Offset<fb::Vector<fb::Offset<pl::Value>>> cpuValues,
+                      fb::Offset<fb::Vector<fb::Offset<pl::Instruction>>> cpuInstructions,
+                      uint64_t cpuScratch) {
     std::vector<fb::Offset<fb::String>> scalarArgs;
     for (const std::string &a : k.scalarArgs)
       scalarArgs.push_back(sharedString(a));
     kernels.push_back(pl::CreateKernel(
-        fbb, fbb.CreateString(k.entry), sharedString(k.source),
+        fbb, fbb.CreateString(name), sharedString(k.source),
         fbb.CreateVector(std::vector<uint32_t>(k.grid, k.grid + 3)),
-        fbb.CreateVector(std::vector<uint32_t>(k.block, k.block + 3)), k.sharedBytes,
-        fbb.CreateVector(std::vector<fb::Offset<pl::Value>>()),
-        fbb.CreateVector(std::vector<fb::Offset<pl::Instruction>>()), 0,
-        sharedString(k.entry), fbb.CreateVector(scalarArgs), fbb.CreateVector(k.streams)));
+        fbb.CreateVector(std::vector<uint32_t>(k.block, k.block + 3)), k.sharedBytes, cpuValues,
+        cpuInstructions, cpuScratch, sharedString(k.entry), fbb.CreateVector(scalarArgs),
+        fbb.CreateVector(k.streams)));
     fusedCuda.push_back(k);
     return int64_t(kernels.size() - 1);
   }
@@ -749,7 +758,6 @@ private:
         return failure();
     }
     std::string error;
-    std::vector<fb::Offset<fb::String>> scalarArgs;
     CudaKernelOptions options;
     options.tensorParallel = spec.parallel.tensor_model_parallel_size;
     // A gemm kernel has no CUDA source: cuBLASLt runs it (its GPU step).
@@ -760,17 +768,8 @@ private:
       fused.emitError("plan writer: kernel '") << fused.getName() << "': " << error;
       return failure();
     }
-    for (const std::string &a : cuda->scalarArgs)
-      scalarArgs.push_back(sharedString(a));
-    kernels.push_back(pl::CreateKernel(
-        fbb, fbb.CreateString(fused.getName().str()), sharedString(cuda->source),
-        fbb.CreateVector(std::vector<uint32_t>(cuda->grid, cuda->grid + 3)),
-        fbb.CreateVector(std::vector<uint32_t>(cuda->block, cuda->block + 3)),
-        cuda->sharedBytes, fbb.CreateVector(kvalues), fbb.CreateVector(insts), uint64_t(scratch),
-        sharedString(cuda->entry), fbb.CreateVector(scalarArgs),
-        fbb.CreateVector(cuda->streams)));
-    fusedCuda.push_back(*cuda);
-    return int64_t(kernels.size() - 1);
+    return kernelEntry(fused.getName().str(), *cuda, fbb.CreateVector(kvalues),
+                       fbb.CreateVector(insts), uint64_t(scratch));
   }
 
   // One copy of each distinct string in the file: every layer's kernel
@@ -790,7 +789,7 @@ private:
   std::vector<fb::Offset<pl::Value>> values;
   DenseMap<Value, uint32_t> valueIndex;
   std::vector<fb::Offset<pl::Kernel>> kernels; // one per mt.fused, in program order
-  std::vector<CudaKernel> fusedCuda;            // the CUDA form of each, by index
+  std::vector<CudaKernel> fusedCuda;            // the CUDA form of each kernel, by index
   std::vector<GpuValueInfo> valueInfo;          // the program's values, as `values`
   std::vector<GpuParamInfo> paramInfo;          // the stage's parameters
   uint64_t kernelWorkspace = 0;

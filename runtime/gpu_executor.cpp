@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <utility>
 
 namespace mt::rt {
 
@@ -71,6 +72,17 @@ struct GpuExecutor::HostState {
   // Program inputs and outputs: host bytes, laid out as on the device.
   std::map<std::pair<const pl::Program *, uint32_t>, std::vector<uint8_t>> staging;
 };
+
+namespace {
+// The f32 buffers a parameter holds (gradient, master copy, moments) with
+// their state-buffer offsets, as laid out alike on host and device.
+template <class H, class F> void for_each_f32(H &h, const pl::Param &p, F f) {
+  for (auto [v, off] : {std::pair{&h.grad, p.grad_offset()}, {&h.master, p.master_offset()},
+                        {&h.exp_avg, p.exp_avg_offset()}, {&h.exp_avg_sq, p.exp_avg_sq_offset()}})
+    if (!v->empty())
+      f(*v, off);
+}
+} // namespace
 
 GpuExecutor::GpuExecutor(const pl::Plan &plan, int rank, std::unique_ptr<GpuDevice> device)
     : plan_(plan), rank_(*find_rank(plan, rank)), device_(std::move(device)),
@@ -143,26 +155,15 @@ std::string GpuExecutor::init_params(uint64_t seed) {
   return state_to_device();
 }
 
-float *GpuExecutor::weight(int p) {
-  auto &v = host_->params[size_t(p)].weight;
-  return v.empty() ? nullptr : v.data();
-}
-float *GpuExecutor::grad(int p) {
-  auto &v = host_->params[size_t(p)].grad;
-  return v.empty() ? nullptr : v.data();
-}
-float *GpuExecutor::master(int p) {
-  auto &v = host_->params[size_t(p)].master;
-  return v.empty() ? nullptr : v.data();
-}
-float *GpuExecutor::exp_avg(int p) {
-  auto &v = host_->params[size_t(p)].exp_avg;
-  return v.empty() ? nullptr : v.data();
-}
-float *GpuExecutor::exp_avg_sq(int p) {
-  auto &v = host_->params[size_t(p)].exp_avg_sq;
-  return v.empty() ? nullptr : v.data();
-}
+namespace {
+float *view(std::vector<float> &v) { return v.empty() ? nullptr : v.data(); }
+} // namespace
+
+float *GpuExecutor::weight(int p) { return view(host_->params[size_t(p)].weight); }
+float *GpuExecutor::grad(int p) { return view(host_->params[size_t(p)].grad); }
+float *GpuExecutor::master(int p) { return view(host_->params[size_t(p)].master); }
+float *GpuExecutor::exp_avg(int p) { return view(host_->params[size_t(p)].exp_avg); }
+float *GpuExecutor::exp_avg_sq(int p) { return view(host_->params[size_t(p)].exp_avg_sq); }
 int64_t GpuExecutor::param_elements(int p) const {
   return element_count(rank_.params()->Get(uint32_t(p))->shape());
 }
@@ -185,14 +186,9 @@ std::string GpuExecutor::state_to_host() {
     } else if (n) {
       std::memcpy(h.weight.data(), image.data() + p.weight_offset(), n * 4);
     }
-    auto f32 = [&](std::vector<float> &v, int64_t off) {
-      if (!v.empty())
-        std::memcpy(v.data(), image.data() + off, v.size() * 4);
-    };
-    f32(h.grad, p.grad_offset());
-    f32(h.master, p.master_offset());
-    f32(h.exp_avg, p.exp_avg_offset());
-    f32(h.exp_avg_sq, p.exp_avg_sq_offset());
+    for_each_f32(h, p, [&](std::vector<float> &v, int64_t off) {
+      std::memcpy(v.data(), image.data() + off, v.size() * 4);
+    });
   }
   return "";
 }
@@ -201,7 +197,7 @@ std::string GpuExecutor::state_to_device() {
   std::vector<uint8_t> &image = host_->image;
   for (uint32_t i = 0; i < host_->params.size(); ++i) {
     const pl::Param &p = *rank_.params()->Get(i);
-    const HostState::Param &h = host_->params[i];
+    HostState::Param &h = host_->params[i];
     const size_t n = h.weight.size();
     if (n && (p.dtype() == pl::DType::BF16 || p.dtype() == pl::DType::F16)) {
       uint8_t *dst = image.data() + p.weight_offset();
@@ -212,14 +208,9 @@ std::string GpuExecutor::state_to_device() {
     } else if (n) {
       std::memcpy(image.data() + p.weight_offset(), h.weight.data(), n * 4);
     }
-    auto f32 = [&](const std::vector<float> &v, int64_t off) {
-      if (!v.empty())
-        std::memcpy(image.data() + off, v.data(), v.size() * 4);
-    };
-    f32(h.grad, p.grad_offset());
-    f32(h.master, p.master_offset());
-    f32(h.exp_avg, p.exp_avg_offset());
-    f32(h.exp_avg_sq, p.exp_avg_sq_offset());
+    for_each_f32(h, p, [&](std::vector<float> &v, int64_t off) {
+      std::memcpy(image.data() + off, v.data(), v.size() * 4);
+    });
   }
   return device_->to_device(base_, image.data(), image.size());
 }
