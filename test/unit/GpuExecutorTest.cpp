@@ -3,261 +3,21 @@
 // step the plan writer emits (generated kernels and their arguments, GEMM
 // descriptors with epilogues, flash attention, the loss, the norm and the
 // multi-tensor AdamW, the workspace layout) is checked against the
-// independent CPU reference, without a GPU.
-//
-// The device: memory is host memory (device addresses are host pointers),
-// kernels are the generated CUDA C compiled as host C++ under the CUDA
-// emulation (CudaHostKernel.h), and GEMMs are a double-precision reference
-// of plan.fbs's Gemm (column-major, transposes, accumulate, bias and GeLU
-// epilogues) rounded to the output's type.
-#include "CudaHostKernel.h"
+// independent CPU reference, without a GPU. The device is
+// EmulatedGpuDevice.h's.
+#include "EmulatedGpuDevice.h"
 
-#include "compiler/ImportSpec.h"
-#include "compiler/PlanWriter.h"
-#include "dialects/mt/MtOps.h"
-#include "passes/Passes.h"
 #include "runtime/cpu_executor.h"
-#include "runtime/cpu_kernels.h"
-#include "runtime/gpu_executor.h"
-#include "runtime/plan_reader.h"
-#include "spec/Spec.h"
-
-#include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "mlir/IR/MLIRContext.h"
-#include "mlir/Pass/PassManager.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
-#include <map>
-#include <random>
 
 namespace {
 
 namespace pl = mt::plan;
-using mt::rt::GpuDevice;
-
-float load(const void *p, pl::DType t, int64_t i) {
-  if (t == pl::DType::F32)
-    return static_cast<const float *>(p)[i];
-  uint16_t h;
-  std::memcpy(&h, static_cast<const uint8_t *>(p) + 2 * i, 2);
-  uint32_t u;
-  if (t == pl::DType::BF16) {
-    u = uint32_t(h) << 16;
-  } else { // f16
-    const uint32_t sign = uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-    if (e == 31) {
-      u = sign | 0x7F800000u | (m << 13);
-    } else if (e == 0) {
-      float f = float(m) * 0x1p-24f;
-      std::memcpy(&u, &f, 4);
-      u |= sign;
-    } else {
-      u = sign | ((e + 112u) << 23) | (m << 13);
-    }
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-void store(void *p, pl::DType t, int64_t i, float x) {
-  if (t == pl::DType::F32) {
-    static_cast<float *>(p)[i] = x;
-    return;
-  }
-  if (t == pl::DType::BF16) {
-    mt::cpu::round_to_bf16(&x, 1);
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    const uint16_t h = uint16_t(u >> 16);
-    std::memcpy(static_cast<uint8_t *>(p) + 2 * i, &h, 2);
-    return;
-  }
-  mt::cpu::round_to_fp16(&x, 1);
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  const uint32_t sign = (u >> 16) & 0x8000u, mag = u & 0x7FFFFFFFu;
-  uint16_t h;
-  if (mag > 0x7F800000u)
-    h = uint16_t(sign | 0x7E00u);
-  else if (mag == 0x7F800000u)
-    h = uint16_t(sign | 0x7C00u);
-  else if (mag >= 0x38800000u)
-    h = uint16_t(sign | (((mag >> 23) - 112u) << 10) | ((mag >> 13) & 0x3FFu));
-  else {
-    float a;
-    std::memcpy(&a, &mag, 4);
-    h = uint16_t(sign | uint32_t(a * 0x1p24f));
-  }
-  std::memcpy(static_cast<uint8_t *>(p) + 2 * i, &h, 2);
-}
-
-double gelu_tanh(double x) {
-  return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-}
-
-class EmulatedDevice : public GpuDevice {
-public:
-  std::string allocate(uint64_t bytes, uint64_t *base) override {
-    blocks_.emplace_back(bytes + 256, 0xFF); // poisoned: NaN floats until written
-    uint64_t p = reinterpret_cast<uint64_t>(blocks_.back().data());
-    *base = (p + 255) / 256 * 256;
-    return "";
-  }
-  std::string to_device(uint64_t dst, const void *src, uint64_t bytes) override {
-    std::memcpy(reinterpret_cast<void *>(dst), src, bytes);
-    return "";
-  }
-  std::string to_host(void *dst, uint64_t src, uint64_t bytes) override {
-    std::memcpy(dst, reinterpret_cast<const void *>(src), bytes);
-    return "";
-  }
-  std::string fill(uint64_t dst, uint8_t byte, uint64_t bytes) override {
-    std::memset(reinterpret_cast<void *>(dst), byte, bytes);
-    return "";
-  }
-  std::string load_kernel(uint32_t index, const pl::Kernel &k) override {
-    const std::string key = k.entry()->str() + '\n' + k.cuda_source()->str();
-    auto it = compiled_.find(key);
-    if (it == compiled_.end()) {
-      std::string error;
-      auto hk = mt::emu::HostKernel::compile(k.cuda_source()->str(), k.entry()->str(), &error);
-      if (!hk)
-        return "kernel '" + k.entry()->str() + "': " + error;
-      it = compiled_.emplace(key, std::move(hk)).first;
-    }
-    kernels_[index] = it->second.get();
-    return "";
-  }
-  std::string launch(uint32_t index, const pl::Kernel &k, void **params) override {
-    const unsigned grid[3] = {k.grid()->Get(0), k.grid()->Get(1), k.grid()->Get(2)};
-    const unsigned block[3] = {k.block()->Get(0), k.block()->Get(1), k.block()->Get(2)};
-    ++launches;
-    return kernels_.at(index)->launch(grid, block, k.shared_bytes(), params);
-  }
-  // plan.fbs Gemm, column-major, in double.
-  std::string gemm(const pl::Gemm &g, const uint64_t *ptr) override {
-    ++gemms;
-    const void *a = reinterpret_cast<const void *>(ptr[0]);
-    const void *b = reinterpret_cast<const void *>(ptr[1]);
-    void *d = reinterpret_cast<void *>(ptr[2]);
-    const void *bias = reinterpret_cast<const void *>(ptr[3]);
-    void *aux = reinterpret_cast<void *>(ptr[4]);
-    for (int64_t j = 0; j < g.n(); ++j)
-      for (int64_t i = 0; i < g.m(); ++i) {
-        double acc = 0;
-        for (int64_t l = 0; l < g.k(); ++l) {
-          const int64_t ai = g.trans_a() ? l + i * g.lda() : i + l * g.lda();
-          const int64_t bi = g.trans_b() ? j + l * g.ldb() : l + j * g.ldb();
-          acc += double(load(a, g.a_type(), ai)) * double(load(b, g.b_type(), bi));
-        }
-        const int64_t di = i + j * g.ldd();
-        if (g.accumulate())
-          acc += double(load(d, g.d_type(), di));
-        if (g.epilogue() != pl::GemmEpilogue::NONE)
-          acc += double(load(bias, g.bias_type(), i));
-        if (g.epilogue() == pl::GemmEpilogue::GELU_AUX_BIAS)
-          store(aux, g.d_type(), di, float(acc));
-        if (g.epilogue() == pl::GemmEpilogue::GELU_AUX_BIAS ||
-            g.epilogue() == pl::GemmEpilogue::GELU_BIAS)
-          acc = gelu_tanh(acc);
-        store(d, g.d_type(), di, float(acc));
-      }
-    return "";
-  }
-  std::string synchronize() override { return ""; }
-
-  int launches = 0, gemms = 0;
-
-private:
-  std::vector<std::vector<uint8_t>> blocks_;
-  std::map<std::string, std::unique_ptr<mt::emu::HostKernel>> compiled_;
-  std::map<uint32_t, const mt::emu::HostKernel *> kernels_;
-};
-
-// A small GPT whose heads are 64 wide (flash attention's smallest), with
-// every feature of a Megatron GPT layer: biases, GeLU, dropout everywhere.
-std::unique_ptr<mt::rt::PlanFile> compile(const std::vector<mt::spec::Override> &extra) {
-  std::vector<mt::spec::Override> overrides = {
-      {"model.num_layers=2"},       {"model.hidden_size=128"},
-      {"model.num_attention_heads=2"}, {"model.seq_length=64"},
-      {"model.vocab_size=500"},     {"model.make_vocab_size_divisible_by=128"},
-      {"training.micro_batch_size=2"}};
-  overrides.insert(overrides.end(), extra.begin(), extra.end());
-  absl::StatusOr<mt::spec::Spec> spec =
-      mt::spec::parseSpecFile(std::string(MT_SOURCE_DIR) + "/models/tiny.toml", overrides);
-  EXPECT_TRUE(spec.ok()) << spec.status().message();
-  if (!spec.ok())
-    return nullptr;
-  mlir::MLIRContext context;
-  context.loadDialect<mt::MtDialect, mlir::func::FuncDialect>();
-  mlir::OwningOpRef<mlir::ModuleOp> module = mt::importSpec(context, *spec);
-  mlir::PassManager pm(&context);
-  mt::buildTrainPipeline(pm);
-  EXPECT_TRUE(mlir::succeeded(pm.run(*module)));
-  mlir::FailureOr<std::string> payload = mt::buildPlanPayload(*module, *spec);
-  EXPECT_TRUE(mlir::succeeded(payload));
-  if (mlir::failed(payload))
-    return nullptr;
-  std::string error;
-  auto file = mt::rt::PlanFile::from_bytes(
-      mt::rt::wrap_plan_payload(reinterpret_cast<const uint8_t *>(payload->data()),
-                                payload->size()),
-      "gpu.plan", &error);
-  EXPECT_TRUE(file) << error;
-  return file;
-}
-
-uint32_t inputNamed(const pl::Program &p, const std::string &name) {
-  for (uint32_t i = 0; i < p.inputs()->size(); ++i)
-    if (p.input_names()->Get(i)->str() == name)
-      return p.inputs()->Get(i);
-  return UINT32_MAX;
-}
-
-// Fills a program's inputs the way the training loop does.
-void fillInputs(mt::rt::Executor &ex, const pl::Program &p, int64_t vocab, uint64_t seed,
-                int64_t step, float gradNorm, float gradScale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  for (uint32_t i = 0; i < p.inputs()->size(); ++i) {
-    const std::string name = p.input_names()->Get(i)->str();
-    const pl::Value &v = *p.values()->Get(p.inputs()->Get(i));
-    const int64_t n = mt::rt::element_count(v);
-    void *data = ex.value_data(p, p.inputs()->Get(i));
-    ASSERT_NE(data, nullptr) << name;
-    if (name == "tokens" || name == "labels") {
-      for (int64_t k = 0; k < n; ++k)
-        static_cast<int32_t *>(data)[k] = int32_t(rng() % uint64_t(vocab));
-    } else if (name == "steps") {
-      *static_cast<int64_t *>(data) = step - 1;
-    } else if (name == "step") {
-      *static_cast<int64_t *>(data) = step;
-    } else if (name == "grad_norm") {
-      *static_cast<float *>(data) = gradNorm;
-    } else if (name == "grad_scale") {
-      *static_cast<float *>(data) = gradScale;
-    } else {
-      FAIL() << "unexpected program input '" << name << "'";
-    }
-  }
-}
-
-float output(mt::rt::Executor &ex, const pl::Program &p) {
-  return *static_cast<float *>(ex.value_data(p, p.outputs()->Get(0)));
-}
-
-// Relative difference of two arrays against the larger magnitude.
-double relDiff(const float *a, const float *b, int64_t n) {
-  double diff = 0, mag = 1e-30;
-  for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
-    mag = std::max(mag, std::fabs(double(b[i])));
-  }
-  return diff / mag;
-}
+using namespace mt::emu;
 
 // Two training steps (two micro-batches each) on both executors: losses,
 // gradients, the gradient norm, and the updated weights, master weights and
@@ -266,7 +26,7 @@ double relDiff(const float *a, const float *b, int64_t n) {
 // storage type at other points than the CPU.
 void compareSteps(const std::vector<mt::spec::Override> &extra, double lossTol, double gradTol,
                   double weightTol, float lossScale = 1.0f) {
-  auto file = compile(extra);
+  auto file = compilePlan(extra);
   ASSERT_TRUE(file);
   const pl::Plan &plan = *file->plan();
   auto device = std::make_unique<EmulatedDevice>();
@@ -394,7 +154,7 @@ TEST(GpuExecutor, TrainingStepsMatchTheCpuFp16WithLossScale) {
 // Checkpoint state through the host views: what state_to_device writes,
 // state_to_host reads back, 16-bit weights included.
 TEST(GpuExecutor, StateRoundTripsThroughTheHost) {
-  auto file = compile({{"training.precision=\"bf16\""}});
+  auto file = compilePlan({{"training.precision=\"bf16\""}});
   ASSERT_TRUE(file);
   mt::rt::GpuExecutor gpu(*file->plan(), 0, std::make_unique<EmulatedDevice>());
   ASSERT_EQ(gpu.open(), "");
@@ -426,7 +186,7 @@ TEST(GpuExecutor, StateRoundTripsThroughTheHost) {
 
 TEST(GpuExecutor, PlanWithoutGpuFormIsRefused) {
   // Heads 16 wide: flash attention is generated for 64 and 128.
-  auto file = compile({{"model.num_attention_heads=8"}});
+  auto file = compilePlan({{"model.num_attention_heads=8"}});
   ASSERT_TRUE(file);
   mt::rt::GpuExecutor gpu(*file->plan(), 0, std::make_unique<EmulatedDevice>());
   const std::string e = gpu.open();
