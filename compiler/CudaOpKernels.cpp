@@ -226,6 +226,13 @@ public:
     out.steps.push_back(s);
   }
 
+  void native(std::vector<OpArg> args) {
+    OpStep s;
+    s.kind = OpStep::Native;
+    s.args = std::move(args);
+    out.steps.push_back(s);
+  }
+
   void collective(OpStep::Kind kind, int64_t group, uint64_t offset, uint64_t count,
                   OpStep::Type type) {
     OpStep s;
@@ -1042,6 +1049,7 @@ struct StateTensor {
   int64_t weight = -1, grad = -1, master = -1, m = -1, v = -1, count = 0;
   double weightDecay = 0;
   DType dtype = DType::F32;
+  bool replicated = false; // the norm counts it on tp rank 0 only
 };
 
 constexpr int64_t kChunk = 4096; // elements per block: 256 threads x 4 lanes x 4
@@ -1144,12 +1152,14 @@ void genNorm2(const std::vector<StateTensor> &tensors, const std::vector<int64_t
               Builder &b) {
   std::string table;
   int64_t chunks = 0;
+  bool anyReplicated = false;
   for (const StateTensor &t : tensors) {
     if (t.count == 0)
       continue;
     table += "  {" + u64(t.grad) + ", " + u64(t.count) + ", " + u64(chunks) + ", " +
-             (t.grad % 16 == 0 ? "1" : "0") + "},\n";
+             (t.grad % 16 == 0 ? "1" : "0") + ", " + (t.replicated ? "1" : "0") + "},\n";
     chunks += (t.count + kChunk - 1) / kChunk;
+    anyReplicated |= t.replicated;
   }
   const int64_t blocks = std::min<int64_t>(chunks, 1056);
   const uint64_t partials = b.alloc(uint64_t(std::max<int64_t>(blocks, 1)) * 8);
@@ -1158,16 +1168,19 @@ void genNorm2(const std::vector<StateTensor> &tensors, const std::vector<int64_t
                                           {"CHUNKS", num(chunks)}, {"G", num(blocks)}};
   s["NT"] = std::to_string(std::count(table.begin(), table.end(), '\n'));
   s["FIND"] = fill(kFindTensor, s);
+  s["TP"] = anyReplicated ? ", mt_u64 tp_rank" : "";
+  s["NOT_FIRST"] = anyReplicated ? "tp_rank != 0" : "0";
   if (blocks > 0)
-    b.launch("norm_squares", fill(R"(struct mt_norm_tensor { mt_u64 grad, count, first; int vec; };
+    b.launch("norm_squares", fill(R"(struct mt_norm_tensor { mt_u64 grad, count, first; int vec, replicated; };
 __device__ const mt_norm_tensor mt_tensors[${NT}] = {
 ${TABLE}};
 
-extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const unsigned char *state, double *partials) {
+extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const unsigned char *state, double *partials${TP}) {
   extern __shared__ double mt_shared_d[];
   double acc = 0.0;
   for (mt_u64 chunk = blockIdx.x; chunk < ${CHUNKS}; chunk += gridDim.x) {
 ${FIND}    const mt_norm_tensor t = mt_tensors[lo];
+    if (t.replicated && ${NOT_FIRST}) continue; // counted on tp rank 0
     const float *g = (const float *)(state + t.grad);
     const mt_u64 begin = (chunk - t.first) * ${CHUNK};
     const mt_u64 end = begin + ${CHUNK} < t.count ? begin + ${CHUNK} : t.count;
@@ -1184,7 +1197,8 @@ ${FIND}    const mt_norm_tensor t = mt_tensors[lo];
   acc = mt_block_sum_d(acc, mt_shared_d);
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
-)", s), uint64_t(blocks), 256, 256, {state(), wsAt(partials)});
+)", s), uint64_t(blocks), 256, 256, {state(), wsAt(partials)},
+             anyReplicated ? std::vector<std::string>{"tp_rank"} : std::vector<std::string>{});
   b.launch("norm_total", fill(R"(extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const double *partials, double *total) {
   extern __shared__ double mt_shared_d[];
   double t = 0.0;
@@ -1260,6 +1274,96 @@ void genGradSeed(const OpInstruction &ins, Builder &b) {
 }
 
 // ---------------------------------------------------------------------------
+// Sequence parallelism: moving rank blocks of [b, s, ...] values.
+
+std::string label(const OpInstruction &ins);
+
+// dst[o] = src[f(o)] in runs of `run` units; `source` maps output run q
+// (and tp_rank) to its source run.
+void genRunCopy(const std::string &name, uint64_t runs, uint64_t runBytes, const std::string &source,
+                bool tpRank, OpArg from, OpArg to, Builder &b) {
+  uint64_t unit = 16;
+  while (runBytes % unit)
+    unit /= 2;
+  const char *type = unit == 16 ? "uint4" : unit == 8 ? "uint2" : unit == 4 ? "unsigned" : "unsigned short";
+  const uint64_t run = runBytes / unit, n = runs * run;
+  std::map<std::string, std::string> s = {{"U", type}, {"N", u64(int64_t(n))},
+                                          {"RUN", u64(int64_t(run))}, {"SRC", source},
+                                          {"TP", tpRank ? ", mt_u64 tp_rank" : ""}};
+  b.launch(name, fill(R"(extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const ${U} *src, ${U} *dst${TP}) {
+  const mt_u64 o = (mt_u64)blockIdx.x * 256 + threadIdx.x;
+  if (o >= ${N}) return;
+  const mt_u64 q = o / ${RUN}, j = o % ${RUN};
+  dst[o] = src[(${SRC}) * ${RUN} + j];
+}
+)", s), (n + 255) / 256, 256, 0, {from, to},
+           tpRank ? std::vector<std::string>{"tp_rank"} : std::vector<std::string>{});
+}
+
+bool genSequence(const OpInstruction &ins, Builder &b, std::string *error) {
+  const bool gather = ins.op == Opcode::SEQ_ALL_GATHER;
+  const OpTensor &shard = gather ? ins.in[0] : ins.out[0];
+  const OpTensor &whole = gather ? ins.out[0] : ins.in[0];
+  const int64_t t = ins.tensorParallel;
+  if (shard.shape.size() < 2 || whole.shape.size() != shard.shape.size() ||
+      whole.shape[1] != shard.shape[1] * t || shard.dtype != whole.dtype) {
+    *error = label(ins) + ": operands are not [b, s, ...] and its " + std::to_string(t) +
+             " sequence shards of one type";
+    return false;
+  }
+  const int64_t batch = shard.shape[0];
+  const uint64_t runBytes = uint64_t(shard.elements() / batch) * uint64_t(bytesOf(shard.dtype));
+  const std::string B = u64(batch), T = u64(t);
+  switch (ins.op) {
+  case Opcode::SEQ_SPLIT: // output run q = row q: the input's run q * t + tp_rank
+    genRunCopy("seq_split", uint64_t(batch), runBytes, "q * " + T + " + tp_rank", true, in(0),
+               outp(0), b);
+    return true;
+  case Opcode::SEQ_ALL_GATHER: {
+    if (batch == 1) {
+      b.native({in(0), outp(0)});
+      return true;
+    }
+    // Gathered [t, b] runs -> output runs [b, t].
+    const uint64_t ws = b.alloc(runBytes * uint64_t(batch * t));
+    b.native({in(0), wsAt(ws)});
+    genRunCopy("seq_unblock", uint64_t(batch * t), runBytes,
+               "(q % " + T + ") * " + B + " + q / " + T, false, wsAt(ws), outp(0), b);
+    return true;
+  }
+  default: { // SEQ_REDUCE_SCATTER
+    if (batch == 1) {
+      b.native({in(0), outp(0)});
+      return true;
+    }
+    // Input runs [b, t] -> [t, b] blocks, one per rank.
+    const uint64_t ws = b.alloc(runBytes * uint64_t(batch * t));
+    genRunCopy("seq_block", uint64_t(batch * t), runBytes,
+               "(q % " + B + ") * " + T + " + q / " + B, false, in(0), wsAt(ws), b);
+    b.native({wsAt(ws), outp(0)});
+    return true;
+  }
+  }
+}
+
+// A tied embedding's gradient: the peer stage's copy arrives in the
+// workspace (the executor's exchange), then grad += it. Both stages add the
+// same two floats, so their copies keep the same bits.
+void genTiedGrad(const OpInstruction &ins, Builder &b) {
+  int64_t n = 1;
+  for (int64_t d : ins.params.at(0).shape)
+    n *= d;
+  const uint64_t ws = b.alloc(uint64_t(n) * 4);
+  b.native({grad(0), wsAt(ws)});
+  std::map<std::string, std::string> s = {{"N", u64(n)}};
+  b.launch("tied_add", fill(R"(extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const float *peer, float *grad) {
+  const mt_u64 i = (mt_u64)blockIdx.x * 256 + threadIdx.x;
+  if (i < ${N}) grad[i] += peer[i];
+}
+)", s), (uint64_t(n) + 255) / 256, 256, 0, {wsAt(ws), grad(0)});
+}
+
+// ---------------------------------------------------------------------------
 // Operand checks: the counts of the opcode's signature (plan.fbs).
 
 struct Signature {
@@ -1298,6 +1402,10 @@ std::optional<Signature> signatureOf(Opcode op) {
   case Opcode::GRAD_NORM: return Signature{0, 1, SIZE_MAX, 0, 0};
   case Opcode::GROUP_GRAD_NORM: return Signature{0, 1, SIZE_MAX, 1, 0};
   case Opcode::SHARDED_GRAD_NORM: return Signature{0, 1, SIZE_MAX, 1, 0};
+  case Opcode::SEQ_ALL_GATHER:
+  case Opcode::SEQ_REDUCE_SCATTER:
+  case Opcode::SEQ_SPLIT: return Signature{1, 1, 0, 1, 0};
+  case Opcode::ALL_REDUCE_TIED_GRAD: return Signature{0, 0, 1, 2, 0};
   default: return std::nullopt;
   }
 }
@@ -1394,6 +1502,13 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
   case Opcode::LR_SCHEDULE: genLrSchedule(ins, b); break;
   case Opcode::CLIP_COEFF: genClipCoeff(ins, b); break;
   case Opcode::GRAD_SEED: genGradSeed(ins, b); break;
+  case Opcode::SEQ_ALL_GATHER:
+  case Opcode::SEQ_REDUCE_SCATTER:
+  case Opcode::SEQ_SPLIT:
+    if (!genSequence(ins, b, error))
+      return std::nullopt;
+    break;
+  case Opcode::ALL_REDUCE_TIED_GRAD: genTiedGrad(ins, b); break;
   case Opcode::ADAMW:
     return generateAdamWGroup({ins}, error);
   case Opcode::SHARDED_ADAMW: {
@@ -1408,8 +1523,10 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
   case Opcode::GROUP_GRAD_NORM: {
     std::vector<StateTensor> t;
     for (const OpParam &p : ins.params)
-      if (p.countsInNorm && p.gradOffset >= 0)
+      if (p.countsInNorm && p.gradOffset >= 0) {
         t.push_back(adamTensor(p, 0));
+        t.back().replicated = p.replicated && ins.tensorParallel > 1;
+      }
     genNorm2(t, {ins.op == Opcode::GRAD_NORM ? 3 : ins.ints.at(0)}, b);
     break;
   }
@@ -1419,8 +1536,10 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
     if (!e.empty() && (*error = label(ins) + ": " + e, true))
       return std::nullopt;
     for (size_t k = 0; k < t.size(); ++k)
-      if (ins.params[ins.segments[k].param].countsInNorm)
+      if (const OpParam &p = ins.params[ins.segments[k].param]; p.countsInNorm) {
         counted.push_back(t[k]);
+        counted.back().replicated = p.replicated && ins.tensorParallel > 1;
+      }
     genNorm2(counted, {ins.ints.at(0), 3}, b);
     break;
   }

@@ -24,6 +24,17 @@
 //   SHARDED_GRAD_NORM:
 //     norm_squares, norm_total, all-reduce SUM(ints[0], f64 total),
 //     all-reduce SUM(mp, f64 total), norm_sqrt
+// Sequence parallelism over t = tensorParallel ranks; values [b, s, ...]
+// with b > 1 are reordered through the workspace, where rank r's block of
+// every sequence is contiguous ([t, b, s/t, ...]), because the collectives
+// take contiguous blocks (b = 1 needs no reordering):
+//   SEQ_ALL_GATHER      native all-gather (in0 -> ws), seq_unblock (ws, out0)
+//                       | b = 1: native all-gather (in0 -> out0)
+//   SEQ_REDUCE_SCATTER  seq_block (in0, ws), native reduce-scatter (ws -> out0)
+//                       | b = 1: native reduce-scatter (in0 -> out0)
+//   SEQ_SPLIT           seq_split (in0, out0) + tp_rank
+//   ALL_REDUCE_TIED_GRAD  native exchange (grad0 -> the peer, the peer's -> ws),
+//                       tied_add (ws, grad0)
 // Every other instruction is launches only.
 //
 // Kernel ABI. Each kernel's `args` says what its pointer arguments are, in
@@ -55,7 +66,8 @@
 //   LR_SCHEDULE         (in0 iteration i64, out0)
 //   CLIP_COEFF          (in0 norm, in1 grad_scale, out0)
 //   ADAMW, SHARDED_ADAMW (in0 lr, in1 clip_coeff, in2 step, state)
-//   GRAD_NORM & co.     norm_squares (state, ws) ; norm_total (ws) ; norm_sqrt (ws, out0)
+//   GRAD_NORM & co.     norm_squares (state, ws) [+ tp_rank when a replicated parameter
+//                       counts] ; norm_total (ws) ; norm_sqrt (ws, out0)
 // `out0` of CROSS_ENTROPY_GRAD may be in0's very bytes (in place); no other
 // output overlaps an input.
 //
@@ -109,9 +121,12 @@ struct OpParam {
   std::vector<int64_t> shape;
   plan::DType dtype = plan::DType::F32; // the model copy's type
   bool weightDecay = true;
-  // Counts in the gradient norm on this rank: in_grad_norm and (tp_dim >= 0
-  // or tp rank 0), as cpu_executor.cpp's counts_in_norm.
+  // Counts in the gradient norm: in_grad_norm (a pipeline stage's tied copy
+  // does not). A `replicated` parameter (every tensor-parallel rank holds it
+  // whole) counts on tp rank 0 only, which the norm kernel reads from its
+  // tp_rank argument: cpu_executor.cpp's counts_in_norm.
   bool countsInNorm = true;
+  bool replicated = false;
   int64_t weightOffset = -1, gradOffset = -1, masterOffset = -1;
   int64_t expAvgOffset = -1, expAvgSqOffset = -1;
 };
@@ -155,7 +170,9 @@ struct OpLaunch {
 };
 
 struct OpStep {
-  enum Kind { Launch, AllReduceSum, AllReduceMax };
+  // Native: the executor runs the opcode's own communication here (plan.fbs
+  // NATIVE), between the buffers `args` names.
+  enum Kind { Launch, AllReduceSum, AllReduceMax, Native };
   enum Type { F32, F64 };
   Kind kind = Launch;
   size_t launch = 0;     // Launch: index into OpKernels::launches
@@ -163,6 +180,7 @@ struct OpStep {
   uint64_t offset = 0;   // collectives: workspace byte offset of the elements
   uint64_t count = 0;    // collectives: elements
   Type type = F32;
+  std::vector<OpArg> args; // Native: source, destination
 };
 
 struct OpKernels {

@@ -86,6 +86,19 @@ OpInstruction opInstruction(const GpuInstruction &inst, const std::vector<GpuVal
   return o;
 }
 
+GpuArgSpec argOf(const OpArg &a, const GpuInstruction &inst) {
+  switch (a.kind) {
+  case OpArg::In: return value(inst.in.at(a.index));
+  case OpArg::Out: return value(inst.out.at(a.index));
+  case OpArg::ParamGrad: // a position in `params` (every parameter when it is empty)
+    return {pl::GpuArgKind::GRAD, inst.params.empty() ? a.index : inst.params.at(a.index)};
+  case OpArg::State: return {pl::GpuArgKind::STATE, 0};
+  case OpArg::Workspace: return {pl::GpuArgKind::WORKSPACE, a.index};
+  case OpArg::LossScale: return {pl::GpuArgKind::LOSS_SCALE, 0};
+  }
+  return {pl::GpuArgKind::STATE, 0};
+}
+
 // CudaOpKernels' launches and collectives as plan steps; its kernels are
 // new ones (GpuStepSpec::kernel < 0).
 GpuLowering fromOpKernels(const OpKernels &k, const GpuInstruction &inst) {
@@ -95,6 +108,13 @@ GpuLowering fromOpKernels(const OpKernels &k, const GpuInstruction &inst) {
     l.kernels.push_back(launch.kernel);
   for (const OpStep &step : k.steps) {
     GpuStepSpec s;
+    if (step.kind == OpStep::Native) {
+      s.kind = pl::GpuStepKind::NATIVE;
+      for (const OpArg &a : step.args)
+        s.args.push_back(argOf(a, inst));
+      l.steps.push_back(s);
+      continue;
+    }
     if (step.kind != OpStep::Launch) {
       s.kind = pl::GpuStepKind::ALL_REDUCE;
       s.args = {{pl::GpuArgKind::WORKSPACE, step.offset}};
@@ -108,18 +128,8 @@ GpuLowering fromOpKernels(const OpKernels &k, const GpuInstruction &inst) {
     const OpLaunch &launch = k.launches[step.launch];
     s.kind = pl::GpuStepKind::KERNEL;
     s.kernel = -int64_t(step.launch) - 1;
-    for (const OpArg &a : launch.args) {
-      switch (a.kind) {
-      case OpArg::In: s.args.push_back(value(inst.in.at(a.index))); break;
-      case OpArg::Out: s.args.push_back(value(inst.out.at(a.index))); break;
-      case OpArg::ParamGrad: // a position in `params` (every parameter when it is empty)
-        s.args.push_back({pl::GpuArgKind::GRAD, inst.params.empty() ? a.index : inst.params.at(a.index)});
-        break;
-      case OpArg::State: s.args.push_back({pl::GpuArgKind::STATE, 0}); break;
-      case OpArg::Workspace: s.args.push_back({pl::GpuArgKind::WORKSPACE, a.index}); break;
-      case OpArg::LossScale: s.args.push_back({pl::GpuArgKind::LOSS_SCALE, 0}); break;
-      }
-    }
+    for (const OpArg &a : launch.args)
+      s.args.push_back(argOf(a, inst));
     scalarArgs(launch.kernel, s.args);
     l.steps.push_back(s);
   }
@@ -264,17 +274,15 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
       return l;
     }
     break;
-  // Communication: the executor runs these over NCCL itself.
+  // Communication the executor runs itself (NCCL on a GPU) on the
+  // instruction's own buffers; SEQ_* and ALL_REDUCE_TIED_GRAD add kernels
+  // around theirs (CudaOpKernels.h).
   case pl::Opcode::ALL_REDUCE:
-  case pl::Opcode::SEQ_ALL_GATHER:
-  case pl::Opcode::SEQ_REDUCE_SCATTER:
-  case pl::Opcode::SEQ_SPLIT:
   case pl::Opcode::ALL_REDUCE_GRADS:
   case pl::Opcode::REDUCE_GRADS:
   case pl::Opcode::ALL_GATHER_PARAMS:
   case pl::Opcode::SEND:
   case pl::Opcode::RECV:
-  case pl::Opcode::ALL_REDUCE_TIED_GRAD:
     return nativeStep();
   case pl::Opcode::ATTENTION:
   case pl::Opcode::ATTENTION_GRAD:

@@ -126,7 +126,6 @@ public:
     paramIndex.clear();
     paramInfo.clear();
     kernelWorkspace = 0;
-    replicatedParams = false;
     int index = 0;
     for (ParamOp p : module.getOps<ParamOp>())
       paramIndex[p.getSymName()] = index++;
@@ -147,20 +146,19 @@ public:
         return failure();
       }
       // What the generated optimizer and norm kernels know of it. The norm
-      // counts a tensor-parallel replica once (cpu_executor.cpp): with tp > 1
-      // that depends on the tp rank, which the shared program does not
-      // know, so such plans get no GPU norm yet (gpuSteps).
+      // counts a tensor-parallel replica once (cpu_executor.cpp): on tp rank
+      // 0, which its kernel reads at run time (the program is shared).
       GpuParamInfo info;
       info.shape.assign(shape.begin(), shape.end());
       info.dtype = dtypeOf(p.getTensorType().getElementType());
       info.weightDecay = decays;
       info.countsInNorm = !p->hasAttr("mt.tied_copy");
+      info.replicated = !p.getTpDim().has_value();
       info.weightOffset = attr("mt.weight_offset");
       info.gradOffset = attr("mt.grad_offset");
       info.masterOffset = attr("mt.master_offset");
       info.expAvgOffset = attr("mt.exp_avg_offset");
       info.expAvgSqOffset = attr("mt.exp_avg_sq_offset");
-      replicatedParams |= !p.getTpDim().has_value();
       paramInfo.push_back(info);
       pl::Init init = p.getInit() == InitKind::Zeros  ? pl::Init::ZEROS
                       : p.getInit() == InitKind::Ones ? pl::Init::ONES
@@ -399,10 +397,6 @@ private:
       }
     } else if (inst.op == pl::Opcode::ADAMW) {
       l = adamWSteps(cast<AdamWOp>(op));
-    } else if ((inst.op == pl::Opcode::GRAD_NORM || inst.op == pl::Opcode::GROUP_GRAD_NORM) &&
-               spec.parallel.tensor_model_parallel_size > 1 && replicatedParams) {
-      l.missing = "no GPU kernel yet for a gradient norm that counts tensor-parallel "
-                  "replicas once";
     } else {
       l = lowerInstruction(gi, valueInfo, paramInfo, spec.parallel.tensor_model_parallel_size);
     }
@@ -793,7 +787,6 @@ private:
   std::vector<GpuValueInfo> valueInfo;          // the program's values, as `values`
   std::vector<GpuParamInfo> paramInfo;          // the stage's parameters
   uint64_t kernelWorkspace = 0;
-  bool replicatedParams = false; // the stage has parameters every tp rank holds whole
   std::vector<std::string> valueNames;
 };
 

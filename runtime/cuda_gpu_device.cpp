@@ -1,10 +1,13 @@
 // The GpuDevice of a real GPU: the driver API, NVRTC through the kernel
-// cache, and cuBLASLt, all loaded at run time (runtime/cuda_api.h). One
-// stream per rank; everything is asynchronous on it until synchronize().
+// cache, cuBLASLt and NCCL, all loaded at run time (runtime/cuda_api.h). One
+// stream per rank, NCCL's collectives included; everything is asynchronous
+// on it until synchronize().
 #include "runtime/cuda_gpu_device.h"
 
 #include "runtime/kernel_cache.h"
 
+#include <cmath>
+#include <cstring>
 #include <map>
 #include <tuple>
 
@@ -35,6 +38,90 @@ constexpr uint64_t kCublasWorkspaceBytes = 32ull << 20;
 int cuda_type(pl::DType t) {
   return t == pl::DType::BF16 ? CUDA_R_16BF : t == pl::DType::F16 ? CUDA_R_16F : CUDA_R_32F;
 }
+
+// nccl.h's values (stable since NCCL 2.10).
+constexpr cu::ncclDataType_t kNcclFloat16 = 6, kNcclFloat32 = 7, kNcclFloat64 = 8,
+                             kNcclBfloat16 = 9;
+constexpr cu::ncclRedOp_t kNcclSum = 0, kNcclMax = 2, kNcclAvg = 4;
+
+cu::ncclDataType_t nccl_type(CommElement t) {
+  switch (t) {
+  case CommElement::F32: return kNcclFloat32;
+  case CommElement::F64: return kNcclFloat64;
+  case CommElement::BF16: return kNcclBfloat16;
+  case CommElement::F16: return kNcclFloat16;
+  }
+  return kNcclFloat32;
+}
+
+// One group's NCCL communicator, on the device's stream.
+class NcclComm : public DeviceComm {
+public:
+  NcclComm(const cu::Nccl *nccl, cu::ncclComm_t comm, cu::CUstream stream, int rank, int size,
+           std::string name)
+      : nccl_(nccl), comm_(comm), stream_(stream), rank_(rank), size_(size),
+        name_(std::move(name)) {}
+  ~NcclComm() override { nccl_->ncclCommDestroy(comm_); }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  std::string all_reduce(uint64_t in, uint64_t out, uint64_t count, CommElement t, ReduceOp op,
+                         double scale) override {
+    cu::ncclRedOp_t o = op == ReduceOp::Max ? kNcclMax : kNcclSum;
+    if (std::string e = scaled(op, scale, &o); !e.empty())
+      return e;
+    return check(nccl_->ncclAllReduce(ptr(in), ptr(out), count, nccl_type(t), o, comm_, stream_),
+                 "ncclAllReduce");
+  }
+  std::string all_gather(uint64_t in, uint64_t out, uint64_t count, CommElement t) override {
+    return check(nccl_->ncclAllGather(ptr(in), ptr(out), count, nccl_type(t), comm_, stream_),
+                 "ncclAllGather");
+  }
+  std::string reduce_scatter(uint64_t in, uint64_t out, uint64_t count, CommElement t,
+                             double scale) override {
+    cu::ncclRedOp_t o = kNcclSum;
+    if (std::string e = scaled(ReduceOp::Sum, scale, &o); !e.empty())
+      return e;
+    return check(nccl_->ncclReduceScatter(ptr(in), ptr(out), count, nccl_type(t), o, comm_,
+                                          stream_),
+                 "ncclReduceScatter");
+  }
+  std::string group_start() override { return check(nccl_->ncclGroupStart(), "ncclGroupStart"); }
+  std::string group_end() override { return check(nccl_->ncclGroupEnd(), "ncclGroupEnd"); }
+  std::string send(uint64_t buf, uint64_t count, CommElement t, int peer) override {
+    return check(nccl_->ncclSend(ptr(buf), count, nccl_type(t), peer, comm_, stream_), "ncclSend");
+  }
+  std::string recv(uint64_t buf, uint64_t count, CommElement t, int peer) override {
+    return check(nccl_->ncclRecv(ptr(buf), count, nccl_type(t), peer, comm_, stream_), "ncclRecv");
+  }
+
+private:
+  static void *ptr(uint64_t a) { return reinterpret_cast<void *>(a); }
+  // A sum times 1/size is NCCL's average; the plans scale by nothing else.
+  std::string scaled(ReduceOp op, double scale, cu::ncclRedOp_t *o) const {
+    if (scale == 1.0)
+      return "";
+    if (op == ReduceOp::Sum && std::fabs(scale * size_ - 1.0) < 1e-12) {
+      *o = kNcclAvg;
+      return "";
+    }
+    return "a reduction scaled by " + std::to_string(scale) + " over the " + name_ +
+           " group of " + std::to_string(size_) + " GPUs; NCCL reduces by 1 or 1/" +
+           std::to_string(size_) + " only";
+  }
+  std::string check(cu::ncclResult_t r, const char *what) const {
+    if (r == 0)
+      return "";
+    return std::string(what) + " on the " + name_ + " group (" + std::to_string(size_) +
+           " GPUs) failed: " + nccl_->ncclGetErrorString(r) + " (NCCL error " +
+           std::to_string(r) + "; NCCL_DEBUG=WARN says more)";
+  }
+  const cu::Nccl *nccl_;
+  cu::ncclComm_t comm_;
+  cu::CUstream stream_;
+  int rank_, size_;
+  std::string name_;
+};
 
 class CudaGpuDevice : public GpuDevice {
 public:
@@ -169,6 +256,37 @@ public:
 
   std::string synchronize() override {
     return drv(dev_.driver->cuStreamSynchronize(stream_), "cuStreamSynchronize");
+  }
+
+  // NCCL's bootstrap: group rank 0's unique id reaches the others over the
+  // host group (Gloo, or threads), then every member joins.
+  std::unique_ptr<DeviceComm> connect(Communicator &group, std::string *error) override {
+    const cu::Nccl *nccl = cu::load_nccl(error);
+    if (!nccl)
+      return nullptr;
+    cu::ncclUniqueId id{};
+    if (group.rank() == 0)
+      if (cu::ncclResult_t r = nccl->ncclGetUniqueId(&id); r != 0) {
+        *error = std::string("ncclGetUniqueId failed: ") + nccl->ncclGetErrorString(r);
+        return nullptr;
+      }
+    static_assert(sizeof id % sizeof(float) == 0, "the id travels as floats");
+    std::vector<float> bytes(sizeof id / sizeof(float));
+    std::memcpy(bytes.data(), &id, sizeof id);
+    if (std::string e = group.broadcast(bytes.data(), bytes.size(), 0); !e.empty()) {
+      *error = e;
+      return nullptr;
+    }
+    std::memcpy(&id, bytes.data(), sizeof id);
+    cu::ncclComm_t comm = nullptr;
+    if (cu::ncclResult_t r = nccl->ncclCommInitRank(&comm, group.size(), id, group.rank());
+        r != 0) {
+      *error = std::string("ncclCommInitRank on ") + describe(dev_) + " failed: " +
+               nccl->ncclGetErrorString(r) + " (NCCL_DEBUG=WARN says more)";
+      return nullptr;
+    }
+    return std::make_unique<NcclComm>(nccl, comm, stream_, group.rank(), group.size(),
+                                      group.name());
   }
 
 private:

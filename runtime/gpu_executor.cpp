@@ -61,6 +61,12 @@ float from_half_bits(uint16_t h, pl::DType t) {
 
 std::string str(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
 
+CommElement element_of(pl::DType t) {
+  return t == pl::DType::BF16 ? CommElement::BF16
+         : t == pl::DType::F16 ? CommElement::F16
+                               : CommElement::F32;
+}
+
 } // namespace
 
 struct GpuExecutor::HostState {
@@ -116,13 +122,9 @@ std::string GpuExecutor::open() {
       if (!ins.gpu() || ins.gpu()->size() == 0)
         return at + ": this plan has no GPU form for it; recompile the spec with an mtc that "
                     "generates one, or run with --device cpu";
-      for (const pl::GpuStep *s : *ins.gpu()) {
-        if (s->kind() == pl::GpuStepKind::NATIVE && plan_.world_size() > 1)
-          return at + ": collectives between GPUs (NCCL) are not built yet; run plans of "
-                      "several ranks with --device cpu";
+      for (const pl::GpuStep *s : *ins.gpu())
         if (s->kind() == pl::GpuStepKind::KERNEL)
           kernels.insert(uint32_t(s->kernel()));
-      }
     }
   }
   const uint64_t state = align_up(rank_.state_bytes()), arena = align_up(rank_.arena_bytes());
@@ -131,9 +133,32 @@ std::string GpuExecutor::open() {
     return who + ": " + e;
   workspace_ = base_ + state + arena;
   loss_scale_at_ = workspace_ + work;
+  for (const pl::Param *p : *rank_.params())
+    if (p->flat_offset() >= 0) {
+      const bool half = p->dtype() == pl::DType::BF16 || p->dtype() == pl::DType::F16;
+      weight_bytes_ = half ? 2 : 4;
+      weight_element_ = element_of(p->dtype());
+      grad_base_ = base_ + uint64_t(p->grad_offset() - p->flat_offset() * 4);
+      weight_base_ = base_ + uint64_t(p->weight_offset() - p->flat_offset() * int64_t(weight_bytes_));
+      break;
+    }
   for (uint32_t k : kernels)
     if (std::string e = device_->load_kernel(k, *plan_.kernels()->Get(k)); !e.empty())
       return who + ": " + e;
+  // The device side of each group, in the same order on every rank.
+  if (plan_.world_size() > 1) {
+    if (!groups_)
+      return who + ": internal error: the executor of a plan of several ranks needs its "
+                   "groups (set_groups) before open()";
+    for (Group g : {Group::DP, Group::TP, Group::PP, Group::MP})
+      if (Communicator *c = groups_->get(g)) {
+        std::string err;
+        comms_[int(g)] = device_->connect(*c, &err);
+        if (!comms_[int(g)])
+          return who + ": connecting the GPUs of the " + group_name(g) + " group (" +
+                 std::to_string(c->size()) + " ranks): " + err;
+      }
+  }
   set_loss_scale(1.0f);
   host_->image.assign(size_t(rank_.state_bytes()), 0);
   return pending_error_;
@@ -328,15 +353,148 @@ std::string GpuExecutor::step(const pl::Program &program, const pl::Instruction 
     return device_->gemm(*s.gemm(), ptr);
   }
   case pl::GpuStepKind::ALL_REDUCE: {
-    const Communicator *c = groups_ ? groups_->get(Group(s.group())) : nullptr;
-    if (!c || c->size() == 1)
-      return ""; // a group of one rank
-    return "all-reduce between GPUs (NCCL) is not built yet";
+    std::string err;
+    DeviceComm *c = comm(s.group(), &err);
+    if (!c)
+      return err; // "" for a group of one rank
+    const uint64_t at = address(program, *s.args()->Get(0));
+    return c->all_reduce(at, at, s.count(),
+                         s.element() == pl::ReduceElement::F64 ? CommElement::F64 : CommElement::F32,
+                         s.reduce() == 1 ? ReduceOp::Max : ReduceOp::Sum, 1.0);
   }
   case pl::GpuStepKind::NATIVE:
-    return "collectives between GPUs (NCCL) are not built yet";
+    return native(program, ins, s);
   }
   return "unknown GPU step";
+}
+
+DeviceComm *GpuExecutor::comm(int64_t group, std::string *error) const {
+  error->clear();
+  if (group < 0 || group > 3) {
+    *error = "names group " + std::to_string(group) + "; plans number groups 0 to 3";
+    return nullptr;
+  }
+  if (!groups_ || !groups_->get(Group(group)))
+    return nullptr; // a group of one rank
+  if (!comms_[group])
+    *error = std::string("the ") + group_name(Group(group)) + " group has no GPU connection";
+  return comms_[group].get();
+}
+
+std::string GpuExecutor::point_to_point(const pl::Program &program, const pl::Instruction &ins,
+                                        DeviceComm &pp) {
+  const bool send = ins.op() == pl::Opcode::SEND;
+  const uint32_t v = send ? ins.in()->Get(0) : ins.out()->Get(0);
+  const pl::Value &value = *program.values()->Get(v);
+  const uint64_t at = address(program, pl::GpuArg(pl::GpuArgKind::VALUE, v));
+  const int peer = int(ins.ints()->Get(0));
+  const uint64_t n = uint64_t(element_count(value));
+  return send ? pp.send(at, n, element_of(value.dtype()), peer)
+              : pp.recv(at, n, element_of(value.dtype()), peer);
+}
+
+std::string GpuExecutor::native(const pl::Program &program, const pl::Instruction &ins,
+                                const pl::GpuStep &s) {
+  auto ints = [&](uint32_t k) { return ins.ints()->Get(k); };
+  auto value_at = [&](uint32_t v) {
+    return address(program, pl::GpuArg(pl::GpuArgKind::VALUE, v));
+  };
+  auto arg_or = [&](uint32_t k, uint32_t v) {
+    return s.args() && s.args()->size() > k ? address(program, *s.args()->Get(k)) : value_at(v);
+  };
+  auto count = [&](uint32_t v) { return uint64_t(element_count(*program.values()->Get(v))); };
+  auto elem = [&](uint32_t v) { return element_of(program.values()->Get(v)->dtype()); };
+  std::string err;
+  switch (ins.op()) {
+  case pl::Opcode::ALL_REDUCE: {
+    const uint32_t in = ins.in()->Get(0), out = ins.out()->Get(0);
+    DeviceComm *c = comm(ints(0), &err);
+    if (!c)
+      return err.empty() ? "exchanges activations within a group of one rank" : err;
+    return c->all_reduce(value_at(in), value_at(out), count(in), elem(in), ReduceOp::Sum, 1.0);
+  }
+  case pl::Opcode::SEQ_ALL_GATHER:
+  case pl::Opcode::SEQ_REDUCE_SCATTER: {
+    const uint32_t in = ins.in()->Get(0), out = ins.out()->Get(0);
+    DeviceComm *c = comm(ints(0), &err);
+    if (!c)
+      return err.empty() ? "exchanges activations within a group of one rank" : err;
+    const uint64_t src = arg_or(0, in), dst = arg_or(1, out);
+    if (ins.op() == pl::Opcode::SEQ_ALL_GATHER)
+      return c->all_gather(src, dst, count(in), elem(in));
+    return c->reduce_scatter(src, dst, count(out), elem(out), 1.0);
+  }
+  case pl::Opcode::ALL_REDUCE_GRADS: {
+    DeviceComm *c = comm(ints(0), &err);
+    if (!c)
+      return err;
+    const double scale = ins.floats()->Get(0);
+    const uint32_t n = ins.params() && ins.params()->size() ? ins.params()->size()
+                                                            : rank_.params()->size();
+    if (std::string e = c->group_start(); !e.empty())
+      return e;
+    for (uint32_t k = 0; k < n; ++k) {
+      const uint32_t p = ins.params() && ins.params()->size() ? ins.params()->Get(k) : k;
+      const pl::Param &param = *rank_.params()->Get(p);
+      if (param.grad_offset() < 0)
+        continue;
+      const uint64_t at = base_ + uint64_t(param.grad_offset());
+      if (std::string e = c->all_reduce(at, at, uint64_t(element_count(param.shape())),
+                                        CommElement::F32, ReduceOp::Sum, scale);
+          !e.empty())
+        return e;
+    }
+    return c->group_end();
+  }
+  case pl::Opcode::REDUCE_GRADS:
+  case pl::Opcode::ALL_GATHER_PARAMS: {
+    DeviceComm *c = comm(ints(0), &err);
+    if (!c)
+      return err; // one data-parallel rank: the bucket is already whole
+    const pl::Bucket &b = *rank_.buckets()->Get(uint32_t(ints(1)));
+    const uint64_t n = uint64_t(b.end() - b.begin()), shard = n / uint64_t(c->size());
+    const uint64_t mine = uint64_t(b.begin()) + uint64_t(c->rank()) * shard;
+    if (ins.op() == pl::Opcode::ALL_GATHER_PARAMS)
+      return c->all_gather(weight_base_ + mine * weight_bytes_,
+                           weight_base_ + uint64_t(b.begin()) * weight_bytes_, shard,
+                           weight_element_);
+    const uint64_t at = grad_base_ + uint64_t(b.begin()) * 4;
+    const double scale = ins.floats()->Get(0);
+    if (ints(2) == 0)
+      return c->all_reduce(at, at, n, CommElement::F32, ReduceOp::Sum, scale);
+    return c->reduce_scatter(at, grad_base_ + mine * 4, shard, CommElement::F32, scale);
+  }
+  case pl::Opcode::ALL_REDUCE_TIED_GRAD: {
+    // Mine to the peer, the peer's into the workspace; the next step adds it.
+    DeviceComm *pp = comm(int64_t(Group::PP), &err);
+    if (!pp)
+      return err.empty() ? "needs a pipeline group" : err;
+    const pl::Param &param = *rank_.params()->Get(ins.params()->Get(0));
+    const uint64_t n = uint64_t(element_count(param.shape()));
+    if (!s.args() || s.args()->size() != 2)
+      return "the plan's tied-gradient exchange lacks its gradient and workspace arguments";
+    const int peer = int(ints(0));
+    if (std::string e = pp->group_start(); !e.empty())
+      return e;
+    if (std::string e = pp->send(address(program, *s.args()->Get(0)), n, CommElement::F32, peer);
+        !e.empty())
+      return e;
+    if (std::string e = pp->recv(address(program, *s.args()->Get(1)), n, CommElement::F32, peer);
+        !e.empty())
+      return e;
+    return pp->group_end();
+  }
+  case pl::Opcode::SEND:
+  case pl::Opcode::RECV: {
+    DeviceComm *pp = comm(int64_t(Group::PP), &err);
+    if (!pp)
+      return err.empty() ? "needs a pipeline group" : err;
+    return point_to_point(program, ins, *pp);
+  }
+  default:
+    return "the plan asks the executor to run this opcode's communication itself, which it "
+           "has none of; recompile the spec with this mtc";
+  }
 }
 
 std::string GpuExecutor::run(const pl::Program &program, uint64_t rng_offset) {
@@ -345,13 +503,40 @@ std::string GpuExecutor::run(const pl::Program &program, uint64_t rng_offset) {
   if (std::string e = staged(program, true); !e.empty())
     return e;
   const auto *insts = program.instructions();
+  auto at = [&](uint32_t i, const std::string &e) {
+    const pl::Instruction &ins = *insts->Get(i);
+    return "rank " + std::to_string(rank_.rank()) + ": " + str(program.name()) + " #" +
+           std::to_string(i) + " (" + str(ins.where()) + ") " + opcode_name(ins.op()) + ": " + e;
+  };
+  auto is_p2p = [&](uint32_t i) {
+    const pl::Instruction &ins = *insts->Get(i);
+    return (ins.op() == pl::Opcode::SEND || ins.op() == pl::Opcode::RECV) && ins.gpu()->size() == 1 &&
+           ins.gpu()->Get(0)->kind() == pl::GpuStepKind::NATIVE;
+  };
   for (uint32_t i = 0; insts && i < insts->size(); ++i) {
+    if (is_p2p(i)) {
+      // A run of sends and receives progresses as one group.
+      std::string err;
+      DeviceComm *pp = comm(int64_t(Group::PP), &err);
+      if (!pp)
+        return at(i, err.empty() ? "needs a pipeline group" : err);
+      uint32_t end = i;
+      while (end < insts->size() && is_p2p(end))
+        ++end;
+      if (std::string e = pp->group_start(); !e.empty())
+        return at(i, e);
+      for (uint32_t k = i; k < end; ++k)
+        if (std::string e = point_to_point(program, *insts->Get(k), *pp); !e.empty())
+          return at(k, e);
+      if (std::string e = pp->group_end(); !e.empty())
+        return at(end - 1, e);
+      i = end - 1;
+      continue;
+    }
     const pl::Instruction &ins = *insts->Get(i);
     for (const pl::GpuStep *s : *ins.gpu())
       if (std::string e = step(program, ins, *s, rng_offset); !e.empty())
-        return "rank " + std::to_string(rank_.rank()) + ": " + str(program.name()) + " #" +
-               std::to_string(i) + " (" + str(ins.where()) + ") " + opcode_name(ins.op()) +
-               ": " + e;
+        return at(i, e);
   }
   if (std::string e = device_->synchronize(); !e.empty())
     return "rank " + std::to_string(rank_.rank()) + ": " + str(program.name()) + ": " + e;

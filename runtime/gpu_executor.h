@@ -17,12 +17,35 @@
 // state_to_host() and written back by state_to_device(), converting 16-bit
 // weights.
 //
-// Collectives. ALL_REDUCE steps over a group of one rank do nothing; NATIVE
-// steps (tensor, pipeline and data parallelism over NCCL) are not built yet,
-// so plans of several ranks are refused at open().
+// Collectives. Each parallel group of the rank (parallel_groups.h) gets a
+// DeviceComm from the device (NCCL on a GPU), bootstrapped over the group's
+// host communicator, in the same order on every rank (dp, tp, pp, mp) when
+// open() runs; set_groups() comes first. ALL_REDUCE steps reduce workspace
+// elements; NATIVE steps run the communication of their opcode on device
+// memory, in stream order with the kernels:
+//   ALL_REDUCE          in -> out, summed over tp (out of place when they differ)
+//   SEQ_ALL_GATHER      args[0] -> args[1] (the step's explicit source and
+//   SEQ_REDUCE_SCATTER  destination: the values, or the workspace where a
+//                       kernel reorders [b, s, ...] blocks; CudaOpKernels.h)
+//   ALL_REDUCE_GRADS    each parameter's f32 gradient in place, times the scale
+//   REDUCE_GRADS        the bucket's range of the flat gradient buffer in
+//                       place (all-reduce), or reduce-scattered in place onto
+//                       this rank's shard, times the scale
+//   ALL_GATHER_PARAMS   the bucket's range of the flat weight buffer, in place
+//   SEND, RECV          the value to / from the pipeline peer. A run of
+//                       consecutive SEND/RECV instructions is one group
+//                       (NCCL's group semantics: its transfers progress
+//                       together), so the schedule's paired "send forward,
+//                       receive backward" cannot deadlock; point-to-point
+//                       messages of a pair match by order (mt-schedule-pp
+//                       issues them in the same order on both sides)
+//   ALL_REDUCE_TIED_GRAD the gradient sent to the peer stage while the
+//                       peer's arrives in the workspace (one group); the
+//                       step's kernel then adds it
 #ifndef MT_RUNTIME_GPU_EXECUTOR_H
 #define MT_RUNTIME_GPU_EXECUTOR_H
 
+#include "runtime/collectives.h"
 #include "runtime/executor.h"
 
 #include <cstdint>
@@ -31,6 +54,37 @@
 #include <vector>
 
 namespace mt::rt {
+
+// Element types of device collectives.
+enum class CommElement : uint8_t { F32, F64, BF16, F16 };
+
+// Collectives between the devices of one parallel group, on device memory,
+// ordered with the device's kernels (NCCL on a GPU). Counts are elements;
+// every call returns "" or one error line.
+class DeviceComm {
+public:
+  virtual ~DeviceComm() = default;
+  virtual int rank() const = 0; // within the group
+  virtual int size() const = 0;
+  // out = (sum or max over the group of in) * scale; scale is 1, or 1/size()
+  // with Sum (an average). in == out: in place.
+  virtual std::string all_reduce(uint64_t in, uint64_t out, uint64_t count, CommElement t,
+                                 ReduceOp op, double scale) = 0;
+  // out holds size() * count elements, rank r's `in` at element r * count;
+  // in == out + rank() * count is in place.
+  virtual std::string all_gather(uint64_t in, uint64_t out, uint64_t count, CommElement t) = 0;
+  // in holds size() * count elements; out = the sum over the group of block
+  // rank(), times scale (as all_reduce's); out == in + rank() * count is in place.
+  virtual std::string reduce_scatter(uint64_t in, uint64_t out, uint64_t count, CommElement t,
+                                     double scale) = 0;
+  // Point to point with a peer of the group. The calls between group_start()
+  // and group_end() progress together; messages between two ranks match in
+  // the order they were issued.
+  virtual std::string group_start() = 0;
+  virtual std::string send(uint64_t buf, uint64_t count, CommElement t, int peer) = 0;
+  virtual std::string recv(uint64_t buf, uint64_t count, CommElement t, int peer) = 0;
+  virtual std::string group_end() = 0;
+};
 
 // What the executor needs from a device. Addresses are device addresses as
 // integers. Every call returns "" or one error line.
@@ -48,6 +102,14 @@ public:
   // ptr: A, B, D, then the epilogue's bias and aux (plan.fbs Gemm).
   virtual std::string gemm(const mt::plan::Gemm &g, const uint64_t *ptr) = 0;
   virtual std::string synchronize() = 0;
+  // The device side of a host group (collective over its ranks: every
+  // member calls it, in the same order as its other groups). Null with
+  // *error one line when the device has no collectives.
+  virtual std::unique_ptr<DeviceComm> connect(Communicator &group, std::string *error) {
+    *error = "this device has no collectives between GPUs";
+    (void)group;
+    return nullptr;
+  }
 };
 
 class GpuExecutor : public Executor {
@@ -56,8 +118,10 @@ public:
   GpuExecutor(const mt::plan::Plan &plan, int rank, std::unique_ptr<GpuDevice> device);
   ~GpuExecutor() override;
 
-  // Checks that every instruction has a GPU form, allocates device memory
-  // and loads every kernel. "" or one error line naming what is missing.
+  // Checks that every instruction has a GPU form, allocates device memory,
+  // loads every kernel and connects the device collectives of the groups
+  // set_groups() gave (plans of several ranks). "" or one error line naming
+  // what is missing.
   std::string open();
 
   std::string init_params(uint64_t seed) override;
@@ -97,12 +161,22 @@ private:
                    const mt::plan::GpuStep &s, uint64_t rng_offset);
   uint64_t address(const mt::plan::Program &program, const mt::plan::GpuArg &a) const;
   std::string staged(const mt::plan::Program &program, bool upload);
+  DeviceComm *comm(int64_t group, std::string *error) const;
+  std::string native(const mt::plan::Program &program, const mt::plan::Instruction &ins,
+                     const mt::plan::GpuStep &s);
+  std::string point_to_point(const mt::plan::Program &program, const mt::plan::Instruction &ins,
+                             DeviceComm &pp);
 
   const mt::plan::Plan &plan_;
   const mt::plan::Rank &rank_;
   std::unique_ptr<GpuDevice> device_;
   const ParallelGroups *groups_ = nullptr;
   uint64_t base_ = 0, workspace_ = 0, loss_scale_at_ = 0;
+  // The flat buffers of data-parallel plans: element e's gradient at
+  // grad_base_ + 4 e, its weight at weight_base_ + weight_bytes_ e.
+  uint64_t grad_base_ = 0, weight_base_ = 0, weight_bytes_ = 4;
+  CommElement weight_element_ = CommElement::F32;
+  std::unique_ptr<DeviceComm> comms_[4]; // by plan group number: dp, tp, pp, mp
   uint64_t seed_ = 0;
   std::vector<uint64_t> micro_offsets_;
   std::unique_ptr<HostState> host_;

@@ -109,6 +109,7 @@ public:
       if (!device)
         return fail("--device cuda: " + err);
       auto gpu = std::make_unique<GpuExecutor>(plan, rank, std::move(device));
+      gpu->set_groups(&groups); // open() connects each group's GPUs (NCCL)
       if (std::string e = gpu->open(); !e.empty())
         return fail("--device cuda: " + e);
       exec = std::move(gpu);
