@@ -1058,16 +1058,55 @@ std::string u64(int64_t v) { return std::to_string(uint64_t(v)) + "ull"; }
 
 // Blocks of tensor t start at table entry `first`; the search finds the
 // last entry with first <= the chunk.
-constexpr const char *kFindTensor = R"(  int lo = 0, hi = ${NT} - 1;
+constexpr const char *kFindTensor = R"(  int lo = ${LO}, hi = ${HI};
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
     if (mt_tensors[mid].first <= chunk) lo = mid; else hi = mid - 1;
   }
 )";
 
-void genAdamW(const std::vector<StateTensor> &tensors, const std::vector<double> &floats,
-              Builder &b) {
+// The distributed optimizer: every data-parallel rank's tensors in one
+// table, rank r's entries from mt_rank_entry[r], its chunks counted from 0
+// (mt_rank_chunks[r]); the kernel takes dp_rank, so one source serves every
+// rank of the shared program. One rank: no rank tables, no argument.
+struct RankTables {
+  std::vector<int64_t> entries{0}, chunks;
+  int64_t maxChunks = 0;
+  bool ranked() const { return chunks.size() > 1; }
+  // Declarations and the search bounds.
+  void fill(std::map<std::string, std::string> &s) const {
+    if (!ranked()) {
+      s["RANKS"] = "";
+      s["LO"] = "0";
+      s["HI"] = std::to_string(entries.back()) + " - 1";
+      s["DP"] = "";
+      s["RANK_CHUNKS"] = num(maxChunks);
+      return;
+    }
+    std::string e, c;
+    for (int64_t v : entries)
+      e += (e.empty() ? "" : ", ") + std::to_string(v);
+    for (int64_t v : chunks)
+      c += (c.empty() ? "" : ", ") + u64(v);
+    s["RANKS"] = "__device__ const int mt_rank_entry[" + std::to_string(entries.size()) + "] = {" +
+                 e + "};\n__device__ const mt_u64 mt_rank_chunks[" +
+                 std::to_string(chunks.size()) + "] = {" + c + "};\n";
+    s["LO"] = "mt_rank_entry[dp_rank]";
+    s["HI"] = "mt_rank_entry[dp_rank + 1] - 1";
+    s["DP"] = ", mt_u64 dp_rank";
+    s["RANK_CHUNKS"] = "mt_rank_chunks[dp_rank]";
+  }
+  std::vector<std::string> scalars() const {
+    return ranked() ? std::vector<std::string>{"dp_rank"} : std::vector<std::string>{};
+  }
+};
+
+void genAdamW(const std::vector<std::vector<StateTensor>> &byRank,
+              const std::vector<double> &floats, Builder &b) {
   std::string table;
+  RankTables ranks;
+  size_t nt = 0;
+  for (const std::vector<StateTensor> &tensors : byRank) {
   int64_t blocks = 0;
   for (const StateTensor &t : tensors) {
     const bool vec = t.weight % 16 == 0 && t.grad % 16 == 0 && t.m % 16 == 0 && t.v % 16 == 0 &&
@@ -1079,17 +1118,24 @@ void genAdamW(const std::vector<StateTensor> &tensors, const std::vector<double>
              (vec ? "1" : "0") + "},\n";
     blocks += (t.count + kChunk - 1) / kChunk;
   }
-  if (blocks == 0)
+  nt += tensors.size();
+  ranks.entries.push_back(int64_t(nt));
+  ranks.chunks.push_back(blocks);
+  ranks.maxChunks = std::max(ranks.maxChunks, blocks);
+  }
+  if (ranks.maxChunks == 0)
     return;
   std::map<std::string, std::string> s = {
-      {"NT", std::to_string(tensors.size())}, {"TABLE", table}, {"CHUNK", num(kChunk)},
+      {"NT", std::to_string(nt)}, {"TABLE", table}, {"CHUNK", num(kChunk)},
       {"B1", dbl(floats.at(0))}, {"B2", dbl(floats.at(1))}, {"EPS", dbl(floats.at(2))}};
+  ranks.fill(s);
   s["FIND"] = fill(kFindTensor, s);
+  s["GUARD"] = ranks.ranked() ? "  if (chunk >= mt_rank_chunks[dp_rank]) return; // past this rank's shard\n" : "";
   std::string src = fill(R"(// Byte offsets into the state buffer; master ~0: the weights are the f32 copy updated.
 struct mt_adam_tensor { mt_u64 weight, grad, master, m, v, count, first; double weight_decay; int dtype, vec; };
 __device__ const mt_adam_tensor mt_tensors[${NT}] = {
 ${TABLE}};
-
+${RANKS}
 // cpu::adamw_step on lanes i .. i + V - 1, in double; the weights (or the
 // master copy) updated in place, a reduced-precision model copy rounded from it.
 template <int V, class TW>
@@ -1125,11 +1171,11 @@ __device__ __forceinline__ void mt_adam_any(unsigned char *state, const mt_adam_
 
 // Block b updates chunk b - first of its tensor. A step below 1 leaves
 // everything as it is (the CPU executor stops with an error).
-extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const float *lr_in, const float *clip_in, const long long *step_in, unsigned char *state) {
+extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const float *lr_in, const float *clip_in, const long long *step_in, unsigned char *state${DP}) {
   const long long step = step_in[0];
   if (step < 1) return;
   const mt_u64 chunk = blockIdx.x;
-${FIND}  const mt_adam_tensor t = mt_tensors[lo];
+${GUARD}${FIND}  const mt_adam_tensor t = mt_tensors[lo];
   const double lr = (double)lr_in[0];
   const float clip = clip_in[0];
   const double c1 = 1.0 - pow(${B1}, (double)step), c2 = 1.0 - pow(${B2}, (double)step);
@@ -1142,31 +1188,42 @@ ${FIND}  const mt_adam_tensor t = mt_tensors[lo];
 }
 )",
                          s);
-  b.launch("adamw", src, uint64_t(blocks), 256, 0, {in(0), in(1), in(2), state()});
+  b.launch("adamw", src, uint64_t(ranks.maxChunks), 256, 0, {in(0), in(1), in(2), state()},
+           ranks.scalars());
 }
 
 // Gradient norms: squares of the listed f32 gradients in double, per block
 // (a fixed share of chunks), the blocks' partials summed by one block, the
 // collectives, then the square root.
-void genNorm2(const std::vector<StateTensor> &tensors, const std::vector<int64_t> &groups,
-              Builder &b) {
+void genNorm2(const std::vector<std::vector<StateTensor>> &byRank,
+              const std::vector<int64_t> &groups, Builder &b) {
   std::string table;
-  int64_t chunks = 0;
+  RankTables ranks;
   bool anyReplicated = false;
-  for (const StateTensor &t : tensors) {
-    if (t.count == 0)
-      continue;
-    table += "  {" + u64(t.grad) + ", " + u64(t.count) + ", " + u64(chunks) + ", " +
-             (t.grad % 16 == 0 ? "1" : "0") + ", " + (t.replicated ? "1" : "0") + "},\n";
-    chunks += (t.count + kChunk - 1) / kChunk;
-    anyReplicated |= t.replicated;
+  size_t nt = 0;
+  for (const std::vector<StateTensor> &tensors : byRank) {
+    int64_t chunks = 0;
+    for (const StateTensor &t : tensors) {
+      if (t.count == 0)
+        continue;
+      table += "  {" + u64(t.grad) + ", " + u64(t.count) + ", " + u64(chunks) + ", " +
+               (t.grad % 16 == 0 ? "1" : "0") + ", " + (t.replicated ? "1" : "0") + "},\n";
+      chunks += (t.count + kChunk - 1) / kChunk;
+      anyReplicated |= t.replicated;
+      ++nt;
+    }
+    ranks.entries.push_back(int64_t(nt));
+    ranks.chunks.push_back(chunks);
+    ranks.maxChunks = std::max(ranks.maxChunks, chunks);
   }
+  const int64_t chunks = ranks.maxChunks;
   const int64_t blocks = std::min<int64_t>(chunks, 1056);
   const uint64_t partials = b.alloc(uint64_t(std::max<int64_t>(blocks, 1)) * 8);
   const uint64_t total = b.alloc(8);
   std::map<std::string, std::string> s = {{"TABLE", table}, {"CHUNK", num(kChunk)},
-                                          {"CHUNKS", num(chunks)}, {"G", num(blocks)}};
+                                          {"G", num(blocks)}};
   s["NT"] = std::to_string(std::count(table.begin(), table.end(), '\n'));
+  ranks.fill(s);
   s["FIND"] = fill(kFindTensor, s);
   s["TP"] = anyReplicated ? ", mt_u64 tp_rank" : "";
   s["NOT_FIRST"] = anyReplicated ? "tp_rank != 0" : "0";
@@ -1174,11 +1231,11 @@ void genNorm2(const std::vector<StateTensor> &tensors, const std::vector<int64_t
     b.launch("norm_squares", fill(R"(struct mt_norm_tensor { mt_u64 grad, count, first; int vec, replicated; };
 __device__ const mt_norm_tensor mt_tensors[${NT}] = {
 ${TABLE}};
-
-extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const unsigned char *state, double *partials${TP}) {
+${RANKS}
+extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const unsigned char *state, double *partials${TP}${DP}) {
   extern __shared__ double mt_shared_d[];
   double acc = 0.0;
-  for (mt_u64 chunk = blockIdx.x; chunk < ${CHUNKS}; chunk += gridDim.x) {
+  for (mt_u64 chunk = blockIdx.x; chunk < ${RANK_CHUNKS}; chunk += gridDim.x) {
 ${FIND}    const mt_norm_tensor t = mt_tensors[lo];
     if (t.replicated && ${NOT_FIRST}) continue; // counted on tp rank 0
     const float *g = (const float *)(state + t.grad);
@@ -1198,7 +1255,12 @@ ${FIND}    const mt_norm_tensor t = mt_tensors[lo];
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 )", s), uint64_t(blocks), 256, 256, {state(), wsAt(partials)},
-             anyReplicated ? std::vector<std::string>{"tp_rank"} : std::vector<std::string>{});
+             [&] {
+               std::vector<std::string> a = ranks.scalars();
+               if (anyReplicated)
+                 a.insert(a.begin(), "tp_rank");
+               return a;
+             }());
   b.launch("norm_total", fill(R"(extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const double *partials, double *total) {
   extern __shared__ double mt_shared_d[];
   double t = 0.0;
@@ -1433,25 +1495,34 @@ StateTensor adamTensor(const OpParam &p, double weightDecay) {
 }
 
 // The shard's parts of the parameters, offsets advanced to the segment.
-std::vector<StateTensor> shardTensors(const OpInstruction &ins, double weightDecay,
-                                      std::string *error) {
-  std::vector<StateTensor> out;
-  for (const OpSegment &g : ins.segments) {
-    if (g.param >= ins.params.size()) {
-      *error = "segment names parameter " + std::to_string(g.param) + " of " +
-               std::to_string(ins.params.size());
-      return {};
+// Rank r's owned segments as AdamW/norm tensors (OpInstruction::rankSegments).
+std::vector<std::vector<StateTensor>> shardTensors(const OpInstruction &ins, double weightDecay,
+                                                   bool normOnly, std::string *error) {
+  std::vector<std::vector<StateTensor>> out;
+  for (const std::vector<OpSegment> &segments : ins.rankSegments) {
+    out.emplace_back();
+    for (const OpSegment &g : segments) {
+      if (g.param >= ins.params.size()) {
+        *error = "segment names parameter " + std::to_string(g.param) + " of " +
+                 std::to_string(ins.params.size());
+        return {};
+      }
+      const OpParam &p = ins.params[g.param];
+      if (normOnly && !p.countsInNorm)
+        continue;
+      StateTensor t = adamTensor(p, p.weightDecay ? weightDecay : 0.0);
+      t.count = g.count;
+      t.weight = p.weightOffset + g.paramBegin * bytesOf(p.dtype);
+      t.grad = p.gradOffset + g.paramBegin * 4;
+      t.master = ins.shardMasterOffset >= 0 ? ins.shardMasterOffset + g.stateIndex * 4 : -1;
+      t.m = ins.shardExpAvgOffset + g.stateIndex * 4;
+      t.v = ins.shardExpAvgSqOffset + g.stateIndex * 4;
+      t.replicated = p.replicated && ins.tensorParallel > 1;
+      out.back().push_back(t);
     }
-    const OpParam &p = ins.params[g.param];
-    StateTensor t = adamTensor(p, p.weightDecay ? weightDecay : 0.0);
-    t.count = g.count;
-    t.weight = p.weightOffset + g.paramBegin * bytesOf(p.dtype);
-    t.grad = p.gradOffset + g.paramBegin * 4;
-    t.master = ins.shardMasterOffset >= 0 ? ins.shardMasterOffset + g.stateIndex * 4 : -1;
-    t.m = ins.shardExpAvgOffset + g.stateIndex * 4;
-    t.v = ins.shardExpAvgSqOffset + g.stateIndex * 4;
-    out.push_back(t);
   }
+  if (out.empty())
+    *error = "no data-parallel rank's segments";
   return out;
 }
 
@@ -1513,7 +1584,7 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
     return generateAdamWGroup({ins}, error);
   case Opcode::SHARDED_ADAMW: {
     std::string e;
-    std::vector<StateTensor> t = shardTensors(ins, ins.floats.at(3), &e);
+    std::vector<std::vector<StateTensor>> t = shardTensors(ins, ins.floats.at(3), false, &e);
     if (!e.empty() && (*error = label(ins) + ": " + e, true))
       return std::nullopt;
     genAdamW(t, ins.floats, b);
@@ -1527,20 +1598,15 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
         t.push_back(adamTensor(p, 0));
         t.back().replicated = p.replicated && ins.tensorParallel > 1;
       }
-    genNorm2(t, {ins.op == Opcode::GRAD_NORM ? 3 : ins.ints.at(0)}, b);
+    genNorm2({t}, {ins.op == Opcode::GRAD_NORM ? 3 : ins.ints.at(0)}, b);
     break;
   }
   case Opcode::SHARDED_GRAD_NORM: {
     std::string e;
-    std::vector<StateTensor> t = shardTensors(ins, 0, &e), counted;
+    std::vector<std::vector<StateTensor>> t = shardTensors(ins, 0, true, &e);
     if (!e.empty() && (*error = label(ins) + ": " + e, true))
       return std::nullopt;
-    for (size_t k = 0; k < t.size(); ++k)
-      if (const OpParam &p = ins.params[ins.segments[k].param]; p.countsInNorm) {
-        counted.push_back(t[k]);
-        counted.back().replicated = p.replicated && ins.tensorParallel > 1;
-      }
-    genNorm2(counted, {ins.ints.at(0), 3}, b);
+    genNorm2(t, {ins.ints.at(0), 3}, b);
     break;
   }
   default:
@@ -1578,7 +1644,7 @@ std::optional<OpKernels> generateAdamWGroup(const std::vector<OpInstruction> &gr
     tensors.push_back(adamTensor(p, ins.floats[3]));
   }
   Builder b("ADAMW x" + std::to_string(group.size()));
-  genAdamW(tensors, group[0].floats, b);
+  genAdamW({tensors}, group[0].floats, b);
   return b.finish(error);
 }
 

@@ -39,7 +39,7 @@
 //
 // Kernel ABI. Each kernel's `args` says what its pointer arguments are, in
 // order; `CudaKernel::scalarArgs` follow them as in plan.fbs's Kernel table
-// ("seed", "rng_offset", "tp_rank", "stream" with `streams`). Per opcode
+// ("seed", "rng_offset", "tp_rank", "dp_rank", "stream" with `streams`). Per opcode
 // (in_k / out_k: the instruction's values; grad_k: parameter k's f32
 // gradient; state: the rank's state buffer, whose byte offsets the kernels
 // carry as constants; ws+o: workspace + o bytes):
@@ -65,7 +65,7 @@
 //   GRAD_SEED           (out0, loss_scale: the runtime's f32 loss scale on the device)
 //   LR_SCHEDULE         (in0 iteration i64, out0)
 //   CLIP_COEFF          (in0 norm, in1 grad_scale, out0)
-//   ADAMW, SHARDED_ADAMW (in0 lr, in1 clip_coeff, in2 step, state)
+//   ADAMW, SHARDED_ADAMW (in0 lr, in1 clip_coeff, in2 step, state) [+ dp_rank: SHARDED_*]
 //   GRAD_NORM & co.     norm_squares (state, ws) [+ tp_rank when a replicated parameter
 //                       counts] ; norm_total (ws) ; norm_sqrt (ws, out0)
 // `out0` of CROSS_ENTROPY_GRAD may be in0's very bytes (in place); no other
@@ -151,9 +151,12 @@ struct OpInstruction {
   int64_t tensorParallel = 1;
   // RESHAPE: the output is the input's bytes (nothing to launch).
   bool outAliasesIn0 = false;
-  // SHARDED_ADAMW and SHARDED_GRAD_NORM: the owned shard's segments, and the
-  // byte offsets of the shard state arrays (-1: none; no master for f32 models).
-  std::vector<OpSegment> segments;
+  // SHARDED_ADAMW and SHARDED_GRAD_NORM: the segments each data-parallel
+  // rank owns ([dp rank][...]: of the instruction's bucket, or of every
+  // bucket for the norm), and the byte offsets of the shard state arrays
+  // (-1: none; no master for f32 models). One kernel serves every rank: it
+  // takes "dp_rank" and keeps every rank's table.
+  std::vector<std::vector<OpSegment>> rankSegments;
   int64_t shardMasterOffset = -1, shardExpAvgOffset = -1, shardExpAvgSqOffset = -1;
 };
 

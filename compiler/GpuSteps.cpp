@@ -3,6 +3,8 @@
 
 #include "compiler/FlashAttentionGen.h"
 
+#include <algorithm>
+
 namespace mt {
 namespace {
 
@@ -57,6 +59,8 @@ void scalarArgs(const CudaKernel &k, std::vector<GpuArgSpec> &args) {
       args.push_back({pl::GpuArgKind::RNG_OFFSET, 0});
     else if (a == "tp_rank")
       args.push_back({pl::GpuArgKind::TP_RANK, 0});
+    else if (a == "dp_rank")
+      args.push_back({pl::GpuArgKind::DP_RANK, 0});
     else // "stream": the next of the kernel's streams
       args.push_back({pl::GpuArgKind::CONSTANT, k.streams.at(stream++)});
   }
@@ -71,7 +75,8 @@ OpInstruction opInstruction(const GpuInstruction &inst, const std::vector<GpuVal
   for (uint32_t v : inst.out)
     o.out.push_back({values[v].shape, values[v].dtype});
   // The norms read every parameter of the rank; others their own.
-  const bool all = inst.op == pl::Opcode::GRAD_NORM || inst.op == pl::Opcode::GROUP_GRAD_NORM;
+  const bool all = inst.op == pl::Opcode::GRAD_NORM || inst.op == pl::Opcode::GROUP_GRAD_NORM ||
+                   inst.op == pl::Opcode::SHARDED_GRAD_NORM || inst.op == pl::Opcode::SHARDED_ADAMW;
   if (all)
     o.params = params;
   else
@@ -222,8 +227,39 @@ GpuLowering nativeStep() {
 
 } // namespace
 
+// Each data-parallel rank's owned segments of the listed buckets (the CPU
+// executor's flat_segments over bucket_shard): rank r owns elements
+// [begin + r n, begin + (r + 1) n) of a bucket, n = (end - begin) / dp,
+// whose state is at shard element begin / dp + (e - begin - r n).
+static std::vector<std::vector<OpSegment>> rankSegments(const GpuShardLayout &layout,
+                                                 const std::vector<GpuParamInfo> &params,
+                                                 const std::vector<size_t> &buckets) {
+  const int64_t dp = std::max<int64_t>(layout.dataParallel, 1);
+  std::vector<std::vector<OpSegment>> out(static_cast<size_t>(dp));
+  for (int64_t r = 0; r < dp; ++r)
+    for (size_t b : buckets) {
+      const GpuShardLayout::Bucket &bk = layout.buckets.at(b);
+      const int64_t n = (bk.end - bk.begin) / dp, lo = bk.begin + r * n, hi = lo + n;
+      std::vector<uint32_t> members = bk.params;
+      std::sort(members.begin(), members.end(), [&](uint32_t x, uint32_t y) {
+        return layout.flatOffset.at(x) < layout.flatOffset.at(y);
+      });
+      for (uint32_t p : members) {
+        const int64_t f = layout.flatOffset.at(p);
+        int64_t count = 1;
+        for (int64_t d : params.at(p).shape)
+          count *= d;
+        const int64_t a = std::max(f, lo), z = std::min(f + count, hi);
+        if (a < z)
+          out[size_t(r)].push_back({p, a - f, bk.begin / dp + (a - lo), z - a});
+      }
+    }
+  return out;
+}
+
 GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
-                             const std::vector<GpuParamInfo> &params, int64_t tensorParallel) {
+                             const std::vector<GpuParamInfo> &params, int64_t tensorParallel,
+                             const GpuShardLayout *shards) {
   GpuLowering l;
   auto in = [&](size_t i) -> const GpuValueInfo & { return values[inst.in[i]]; };
   auto out = [&](size_t i) -> const GpuValueInfo & { return values[inst.out[i]]; };
@@ -288,9 +324,30 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
   case pl::Opcode::ATTENTION_GRAD:
     return lowerAttention(inst, values, tensorParallel);
   case pl::Opcode::SHARDED_GRAD_NORM:
-  case pl::Opcode::SHARDED_ADAMW:
-    l.missing = std::string("no GPU kernel for ") + pl::EnumNameOpcode(inst.op) + " yet";
-    return l;
+  case pl::Opcode::SHARDED_ADAMW: {
+    if (!shards) {
+      l.missing = "the plan writer gave no distributed-optimizer layout";
+      return l;
+    }
+    OpInstruction o = opInstruction(inst, values, params, tensorParallel);
+    std::vector<size_t> buckets;
+    if (inst.op == pl::Opcode::SHARDED_ADAMW)
+      buckets.push_back(size_t(inst.ints.at(0)));
+    else
+      for (size_t b = 0; b < shards->buckets.size(); ++b)
+        buckets.push_back(b);
+    o.rankSegments = rankSegments(*shards, params, buckets);
+    o.shardMasterOffset = shards->master;
+    o.shardExpAvgOffset = shards->expAvg;
+    o.shardExpAvgSqOffset = shards->expAvgSq;
+    std::string error;
+    std::optional<OpKernels> k = generateOpKernels(o, &error);
+    if (!k) {
+      l.missing = error;
+      return l;
+    }
+    return fromOpKernels(*k, inst);
+  }
   default:
     break;
   }

@@ -94,10 +94,27 @@ struct GemmKernelShape {
   bool auxOut = false;
 };
 
+// The distributed optimizer's layout of a stage (mt-plan-memory; plan.fbs
+// Bucket): the flat buffers' buckets, each parameter's flat element offset,
+// and the byte offsets of the shard state arrays (-1: none).
+struct GpuShardLayout {
+  struct Bucket {
+    int64_t begin = 0, end = 0;
+    std::vector<uint32_t> params;
+  };
+  int64_t dataParallel = 1;
+  std::vector<Bucket> buckets;
+  std::vector<int64_t> flatOffset; // by parameter
+  int64_t master = -1, expAvg = -1, expAvgSq = -1;
+};
+
 // The steps of an instruction that is not FUSED. `values` and `params` are
-// the program's values and the rank's parameters, indexed as in plan.bin.
+// the program's values and the rank's parameters, indexed as in plan.bin;
+// `shards` the layout SHARDED_* instructions need (null without the
+// distributed optimizer).
 GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
-                             const std::vector<GpuParamInfo> &params, int64_t tensorParallel);
+                             const std::vector<GpuParamInfo> &params, int64_t tensorParallel,
+                             const GpuShardLayout *shards = nullptr);
 
 // One launch for a run of consecutive ADAMW instructions that read the same
 // lr, clipping coefficient and step (compiler/CudaOpKernels.h).

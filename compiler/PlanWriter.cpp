@@ -175,6 +175,36 @@ public:
           int32_t(attr("mt.tied_peer")), !p->hasAttr("mt.tied_copy")));
     }
 
+    // The distributed optimizer's layout, for its GPU kernels.
+    shardLayout.reset();
+    if (auto shard = module->getAttrOfType<DictionaryAttr>("mt.shard_state")) {
+      GpuShardLayout g;
+      g.dataParallel = spec.parallel.data_parallel_size;
+      auto field = [&](StringRef n) {
+        auto v = shard.getAs<IntegerAttr>(n);
+        return v ? v.getInt() : int64_t(-1);
+      };
+      g.master = field("master_offset");
+      g.expAvg = field("exp_avg_offset");
+      g.expAvgSq = field("exp_avg_sq_offset");
+      for (ParamOp p : module.getOps<ParamOp>()) {
+        auto a = p->getAttrOfType<IntegerAttr>("mt.flat_offset");
+        g.flatOffset.push_back(a ? a.getInt() : -1);
+      }
+      if (auto bs = module->getAttrOfType<ArrayAttr>("mt.grad_buckets"))
+        for (Attribute a : bs) {
+          auto d = cast<DictionaryAttr>(a);
+          GpuShardLayout::Bucket b;
+          auto begin = d.getAs<IntegerAttr>("begin"), end = d.getAs<IntegerAttr>("end");
+          b.begin = begin ? begin.getInt() : 0;
+          b.end = end ? end.getInt() : 0;
+          for (Attribute n : d.getAs<ArrayAttr>("params"))
+            b.params.push_back(param(cast<FlatSymbolRefAttr>(n)));
+          g.buckets.push_back(std::move(b));
+        }
+      shardLayout = std::move(g);
+    }
+
     std::vector<fb::Offset<pl::Program>> programs;
     for (auto f : module.getOps<func::FuncOp>()) {
       auto prog = program(f);
@@ -398,7 +428,8 @@ private:
     } else if (inst.op == pl::Opcode::ADAMW) {
       l = adamWSteps(cast<AdamWOp>(op));
     } else {
-      l = lowerInstruction(gi, valueInfo, paramInfo, spec.parallel.tensor_model_parallel_size);
+      l = lowerInstruction(gi, valueInfo, paramInfo, spec.parallel.tensor_model_parallel_size,
+                           shardLayout ? &*shardLayout : nullptr);
     }
     kernelWorkspace = std::max(kernelWorkspace, l.workspaceBytes);
     std::vector<fb::Offset<pl::GpuStep>> steps;
@@ -786,6 +817,7 @@ private:
   std::vector<CudaKernel> fusedCuda;            // the CUDA form of each kernel, by index
   std::vector<GpuValueInfo> valueInfo;          // the program's values, as `values`
   std::vector<GpuParamInfo> paramInfo;          // the stage's parameters
+  std::optional<GpuShardLayout> shardLayout;    // the stage's distributed-optimizer layout
   uint64_t kernelWorkspace = 0;
   std::vector<std::string> valueNames;
 };

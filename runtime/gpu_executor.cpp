@@ -3,6 +3,7 @@
 
 #include "runtime/cpu_executor.h"
 #include "runtime/cpu_kernels.h"
+#include "runtime/grad_buckets.h"
 #include "runtime/plan_reader.h"
 
 #include <cmath>
@@ -74,6 +75,8 @@ struct GpuExecutor::HostState {
     std::vector<float> weight, grad, master, exp_avg, exp_avg_sq;
   };
   std::vector<Param> params;
+  // The distributed optimizer's shard state (f32 arrays in the state buffer).
+  std::vector<float> shard_master, shard_exp_avg, shard_exp_avg_sq;
   std::vector<uint8_t> image; // the state buffer's bytes, as on the device
   // Program inputs and outputs: host bytes, laid out as on the device.
   std::map<std::pair<const pl::Program *, uint32_t>, std::vector<uint8_t>> staging;
@@ -104,14 +107,29 @@ GpuExecutor::GpuExecutor(const pl::Plan &plan, int rank, std::unique_ptr<GpuDevi
     if (p.exp_avg_offset() >= 0) h.exp_avg.assign(n, 0.0f);
     if (p.exp_avg_sq_offset() >= 0) h.exp_avg_sq.assign(n, 0.0f);
   }
+  if (rank_.distributed_optimizer()) {
+    const size_t n = size_t(rank_.shard_elements());
+    if (rank_.shard_master_offset() >= 0) host_->shard_master.assign(n, 0.0f);
+    if (rank_.shard_exp_avg_offset() >= 0) host_->shard_exp_avg.assign(n, 0.0f);
+    if (rank_.shard_exp_avg_sq_offset() >= 0) host_->shard_exp_avg_sq.assign(n, 0.0f);
+  }
 }
 
 GpuExecutor::~GpuExecutor() = default;
 
+namespace {
+// The distributed optimizer's shard arrays with their state-buffer offsets.
+template <class H, class F> void for_each_shard_array(H &h, const pl::Rank &r, F f) {
+  for (auto [v, off] : {std::pair{&h.shard_master, r.shard_master_offset()},
+                        {&h.shard_exp_avg, r.shard_exp_avg_offset()},
+                        {&h.shard_exp_avg_sq, r.shard_exp_avg_sq_offset()}})
+    if (!v->empty())
+      f(*v, off);
+}
+} // namespace
+
 std::string GpuExecutor::open() {
   const std::string who = "rank " + std::to_string(rank_.rank());
-  if (rank_.distributed_optimizer())
-    return who + ": the distributed optimizer has no GPU form yet; run this plan with --device cpu";
   std::set<uint32_t> kernels;
   for (const pl::Program *prog : *rank_.programs()) {
     const auto *insts = prog->instructions();
@@ -177,6 +195,27 @@ std::string GpuExecutor::init_params(uint64_t seed) {
     for (std::vector<float> *b : {&h.grad, &h.exp_avg, &h.exp_avg_sq})
       std::fill(b->begin(), b->end(), 0.0f);
   }
+  // The distributed optimizer: zero moments, and the masters of the owned
+  // shards copied from the weights (padding zero), as the CPU executor.
+  for_each_shard_array(*host_, rank_, [](std::vector<float> &v, int64_t) {
+    std::fill(v.begin(), v.end(), 0.0f);
+  });
+  if (!host_->shard_master.empty()) {
+    std::vector<FlatParam> flat;
+    for (uint32_t p = 0; p < host_->params.size(); ++p)
+      if (const pl::Param &q = *rank_.params()->Get(p); q.flat_offset() >= 0)
+        flat.push_back({p, q.flat_offset(), element_count(q.shape())});
+    const int dp = std::max(1, plan_.data_parallel());
+    for (const pl::Bucket *b : *rank_.buckets()) {
+      const FlatRange shard = bucket_shard(b->begin(), b->end(), dp, rank_.dp_rank());
+      const int64_t state_at = shard_state_offset(b->begin(), dp);
+      for (const FlatSegment &g : flat_segments(flat, shard.begin, shard.end)) {
+        const float *w = host_->params[g.param].weight.data() + g.param_begin;
+        std::copy(w, w + g.count,
+                  host_->shard_master.begin() + (state_at + g.flat_begin - shard.begin));
+      }
+    }
+  }
   return state_to_device();
 }
 
@@ -189,6 +228,12 @@ float *GpuExecutor::grad(int p) { return view(host_->params[size_t(p)].grad); }
 float *GpuExecutor::master(int p) { return view(host_->params[size_t(p)].master); }
 float *GpuExecutor::exp_avg(int p) { return view(host_->params[size_t(p)].exp_avg); }
 float *GpuExecutor::exp_avg_sq(int p) { return view(host_->params[size_t(p)].exp_avg_sq); }
+float *GpuExecutor::shard_master() { return view(host_->shard_master); }
+float *GpuExecutor::shard_exp_avg() { return view(host_->shard_exp_avg); }
+float *GpuExecutor::shard_exp_avg_sq() { return view(host_->shard_exp_avg_sq); }
+int64_t GpuExecutor::shard_elements() const {
+  return rank_.distributed_optimizer() ? rank_.shard_elements() : 0;
+}
 int64_t GpuExecutor::param_elements(int p) const {
   return element_count(rank_.params()->Get(uint32_t(p))->shape());
 }
@@ -215,6 +260,9 @@ std::string GpuExecutor::state_to_host() {
       std::memcpy(v.data(), image.data() + off, v.size() * 4);
     });
   }
+  for_each_shard_array(*host_, rank_, [&](std::vector<float> &v, int64_t off) {
+    std::memcpy(v.data(), image.data() + off, v.size() * 4);
+  });
   return "";
 }
 
@@ -237,6 +285,9 @@ std::string GpuExecutor::state_to_device() {
       std::memcpy(image.data() + off, v.data(), v.size() * 4);
     });
   }
+  for_each_shard_array(*host_, rank_, [&](std::vector<float> &v, int64_t off) {
+    std::memcpy(image.data() + off, v.data(), v.size() * 4);
+  });
   return device_->to_device(base_, image.data(), image.size());
 }
 
@@ -336,6 +387,7 @@ std::string GpuExecutor::step(const pl::Program &program, const pl::Instruction 
                              : rng_offset);
         break;
       case pl::GpuArgKind::TP_RANK: values.push_back(uint64_t(rank_.tp_rank())); break;
+      case pl::GpuArgKind::DP_RANK: values.push_back(uint64_t(rank_.dp_rank())); break;
       case pl::GpuArgKind::CONSTANT: values.push_back(a->index()); break;
       default: values.push_back(address(program, *a)); break;
       }

@@ -131,10 +131,10 @@ public:
   float *exp_avg_sq(int param) override;
   float *grad(int param); // host view, current after state_to_host()
   int64_t param_elements(int param) const override;
-  float *shard_master() override { return nullptr; }
-  float *shard_exp_avg() override { return nullptr; }
-  float *shard_exp_avg_sq() override { return nullptr; }
-  int64_t shard_elements() const override { return 0; }
+  float *shard_master() override;
+  float *shard_exp_avg() override;
+  float *shard_exp_avg_sq() override;
+  int64_t shard_elements() const override;
   std::string state_to_host() override;
   std::string state_to_device() override;
 

@@ -144,8 +144,9 @@ std::vector<RankRun> runAll(const pl::Plan &plan, bool gpu, int steps) {
 }
 
 // Every rank's losses, gradients, norms and weights on the emulated GPUs
-// against the CPU's, within the single-GPU test's f32 bounds.
-void compareLayout(const std::vector<mt::spec::Override> &layout, int minCollectives) {
+// against the CPU's: f32 within the single-GPU test's bounds by default.
+void compareLayout(const std::vector<mt::spec::Override> &layout, int minCollectives,
+                   double lossTol = 1e-5, double tol = 1e-4, double weightTol = 1e-4) {
   auto file = compilePlan(layout);
   ASSERT_TRUE(file);
   const pl::Plan &plan = *file->plan();
@@ -160,26 +161,37 @@ void compareLayout(const std::vector<mt::spec::Override> &layout, int minCollect
     collectives += gpu[r].collectives;
     ASSERT_EQ(gpu[r].losses.size(), cpu[r].losses.size());
     for (size_t i = 0; i < cpu[r].losses.size(); ++i)
-      EXPECT_NEAR(gpu[r].losses[i], cpu[r].losses[i], 1e-5 * std::fabs(cpu[r].losses[i]))
+      EXPECT_NEAR(gpu[r].losses[i], cpu[r].losses[i], lossTol * std::fabs(cpu[r].losses[i]))
           << "rank " << r << " loss " << i;
     const pl::Rank &rank = *mt::rt::find_rank(plan, int(r));
     for (int s = 0; s < steps; ++s) {
       EXPECT_NEAR(gpu[r].norms[size_t(s)], cpu[r].norms[size_t(s)],
-                  1e-5 * cpu[r].norms[size_t(s)])
+                  lossTol * cpu[r].norms[size_t(s)])
           << "rank " << r << " step " << s + 1 << " gradient norm";
       for (uint32_t p = 0; p < rank.params()->size(); ++p) {
         const std::string name = rank.params()->Get(p)->name()->str();
         const auto &gg = gpu[r].grads[size_t(s)][p], &cg = cpu[r].grads[size_t(s)][p];
         const double dg = relDiff(gg.data(), cg.data(), int64_t(cg.size()));
-        const auto &gw = gpu[r].weights[size_t(s)][p], &cw = cpu[r].weights[size_t(s)][p];
+        // Weights where the gradient is above 1e-3 of the parameter's
+        // largest: AdamW moves every element by about lr whatever its
+        // gradient, so rounding noise in a near-zero gradient (the key
+        // bias's is exactly zero in exact arithmetic) may flip the sign of
+        // its step (GpuExecutorTest.cpp).
+        float top = 0;
+        for (float g : cg)
+          top = std::max(top, std::fabs(g));
+        std::vector<float> gw, cw;
+        for (size_t k = 0; k < cg.size(); ++k)
+          if (std::fabs(cg[k]) > 1e-3f * top) {
+            gw.push_back(gpu[r].weights[size_t(s)][p][k]);
+            cw.push_back(cpu[r].weights[size_t(s)][p][k]);
+          }
+        EXPECT_FALSE(cw.empty()) << name;
         const double dw = relDiff(gw.data(), cw.data(), int64_t(cw.size()));
         worstGrad = std::max(worstGrad, dg);
         worstWeight = std::max(worstWeight, dw);
-        EXPECT_LT(dg, 1e-4) << "rank " << r << " step " << s + 1 << " gradient of " << name;
-        // AdamW turns rounding noise of zero-in-exact-arithmetic gradients
-        // (the key bias's) into +-lr steps; see GpuExecutorTest.cpp.
-        if (name.find("linear_qkv.bias") == std::string::npos)
-          EXPECT_LT(dw, 1e-4) << "rank " << r << " step " << s + 1 << " weights of " << name;
+        EXPECT_LT(dg, tol) << "rank " << r << " step " << s + 1 << " gradient of " << name;
+        EXPECT_LT(dw, weightTol) << "rank " << r << " step " << s + 1 << " weights of " << name;
       }
     }
   }
@@ -213,6 +225,21 @@ TEST(GpuExecutorParallel, DataParallelBucketsMatchTheCpu) {
                  {"parallel.ddp_bucket_size=40000"},
                  {"training.global_batch_size=4"}},
                 4);
+}
+
+// The distributed optimizer: gradients reduce-scattered onto each rank's
+// shard, the sharded norm and AdamW (one kernel for every rank, reading its
+// dp rank), the weights all-gathered back; bf16, so the masters live in the
+// shard state and the gather moves 16-bit weights. Bounds as the one-GPU
+// bf16 test's (GpuExecutorTest.cpp): gradients within about one bf16 unit;
+// biases that moved off zero in one update carry AdamW's m / sqrt(v) of
+// one-unit gradient differences.
+TEST(GpuExecutorParallel, DistributedOptimizerMatchesTheCpu) {
+  compareLayout({{"parallel.data_parallel_size=2"},
+                 {"parallel.use_distributed_optimizer=true"},
+                 {"training.precision=\"bf16\""},
+                 {"training.global_batch_size=4"}},
+                4, 2e-2, 0.1, 0.2);
 }
 
 } // namespace
