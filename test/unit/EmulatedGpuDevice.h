@@ -3,9 +3,9 @@
 // the generated CUDA C compiled as host C++ under the CUDA emulation
 // (CudaHostKernel.h), and GEMMs are a double-precision reference of
 // plan.fbs's Gemm (column-major, transposes, accumulate, the bias and GeLU
-// epilogues and their gradients) rounded to the output's type. Also the helpers the tests share:
-// compiling a spec into a plan in memory and filling program inputs as the
-// training loop does.
+// epilogues and their gradients) rounded to the output's type. Also the
+// helpers the tests share: compiling a spec into a plan in memory and
+// filling program inputs as the training loop does.
 #ifndef MT_TEST_UNIT_EMULATEDGPUDEVICE_H
 #define MT_TEST_UNIT_EMULATEDGPUDEVICE_H
 
