@@ -1618,6 +1618,17 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
   return b.finish(error);
 }
 
+std::optional<OpKernels> generateGradAccumulate(int64_t count, std::string *error) {
+  if (count < 1) {
+    *error = "a gradient accumulation of " + std::to_string(count) + " values";
+    return std::nullopt;
+  }
+  Builder b("GRAD_ACCUMULATE");
+  const uint64_t ws = b.alloc(uint64_t(count) * 4);
+  genColSums(b, ws, 1, count, 1);
+  return b.finish(error);
+}
+
 std::optional<OpKernels> generateAdamWGroup(const std::vector<OpInstruction> &group,
                                             std::string *error) {
   if (group.empty()) {

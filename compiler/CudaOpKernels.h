@@ -197,6 +197,12 @@ struct OpKernels {
 // match the opcode's signature).
 std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string *error);
 
+// grad[j] += ws[j] for the first `count` f32 values of the workspace, into
+// the gradient of parameter 0 (OpArg::ParamGrad 0): cuBLASLt's bias-gradient
+// epilogues overwrite their output, while gradients accumulate over
+// micro-batches, so they write the workspace and this adds it in.
+std::optional<OpKernels> generateGradAccumulate(int64_t count, std::string *error);
+
 // Multi-tensor AdamW: one launch for consecutive ADAMW instructions that
 // share their lr, clip_coeff and step values, beta1, beta2 and eps (the caller
 // checks); each keeps its own weight decay (floats[3]).

@@ -47,6 +47,38 @@ GemmSpec forwardGemm(const GpuValueInfo &x, const GpuValueInfo &w, const GpuValu
   return g;
 }
 
+// dx[n, in] = dy[n, out] W[out, in].
+GemmSpec inputGradGemm(const GpuValueInfo &dy, const GpuValueInfo &w, const GpuValueInfo &dx) {
+  GemmSpec g;
+  g.m = lastDim(dx);
+  g.n = rows(dy);
+  g.k = lastDim(dy);
+  g.lda = g.m;
+  g.ldb = g.k;
+  g.ldd = g.m;
+  g.aType = w.dtype;
+  g.bType = dy.dtype;
+  g.dType = dx.dtype;
+  return g;
+}
+
+// grad W[out, in] += dy[n, out]^T x[n, in].
+GemmSpec weightGradGemm(const GpuValueInfo &dy, const GpuValueInfo &x) {
+  GemmSpec g;
+  g.m = lastDim(x);
+  g.n = lastDim(dy);
+  g.k = rows(dy);
+  g.transB = true;
+  g.lda = g.m;
+  g.ldb = g.n;
+  g.ldd = g.m;
+  g.aType = x.dtype;
+  g.bType = dy.dtype;
+  g.dType = pl::DType::F32;
+  g.accumulate = true;
+  return g;
+}
+
 uint64_t alignUp(uint64_t n) { return (n + 255) / 256 * 256; }
 
 // The scalar arguments a generated kernel asks for, after its pointers.
@@ -268,41 +300,15 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
     l.steps.push_back(gemmStep(forwardGemm(in(0), in(1), out(0)),
                                {value(inst.in[1]), value(inst.in[0]), value(inst.out[0])}));
     return l;
-  case pl::Opcode::MATMUL_INPUT_GRAD: {
-    // dx[n, in] = dy[n, out] W[out, in]
-    const GpuValueInfo &dy = in(0), &w = in(1), &dx = out(0);
-    GemmSpec g;
-    g.m = lastDim(dx);
-    g.n = rows(dy);
-    g.k = lastDim(dy);
-    g.lda = g.m;
-    g.ldb = g.k;
-    g.ldd = g.m;
-    g.aType = w.dtype;
-    g.bType = dy.dtype;
-    g.dType = dx.dtype;
-    l.steps.push_back(gemmStep(g, {value(inst.in[1]), value(inst.in[0]), value(inst.out[0])}));
+  case pl::Opcode::MATMUL_INPUT_GRAD:
+    l.steps.push_back(gemmStep(inputGradGemm(in(0), in(1), out(0)),
+                               {value(inst.in[1]), value(inst.in[0]), value(inst.out[0])}));
     return l;
-  }
-  case pl::Opcode::MATMUL_WEIGHT_GRAD: {
-    // grad W[out, in] += dy[n, out]^T x[n, in]
-    const GpuValueInfo &dy = in(0), &x = in(1);
-    GemmSpec g;
-    g.m = lastDim(x);
-    g.n = lastDim(dy);
-    g.k = rows(dy);
-    g.transB = true;
-    g.lda = g.m;
-    g.ldb = g.n;
-    g.ldd = g.m;
-    g.aType = x.dtype;
-    g.bType = dy.dtype;
-    g.dType = pl::DType::F32;
-    g.accumulate = true;
-    l.steps.push_back(gemmStep(g, {value(inst.in[1]), value(inst.in[0]),
-                                   {pl::GpuArgKind::GRAD, inst.params[0]}}));
+  case pl::Opcode::MATMUL_WEIGHT_GRAD:
+    l.steps.push_back(gemmStep(weightGradGemm(in(0), in(1)),
+                               {value(inst.in[1]), value(inst.in[0]),
+                                {pl::GpuArgKind::GRAD, inst.params[0]}}));
     return l;
-  }
   case pl::Opcode::RESHAPE:
     if (in(0).region == out(0).region && in(0).offset == out(0).offset) {
       GpuStepSpec s; // the same bytes under another shape
@@ -410,6 +416,54 @@ GpuLowering lowerGemmKernel(const GpuInstruction &inst, const GemmKernelShape &s
     args.push_back(value(inst.out[0]));
   GpuLowering l;
   l.steps.push_back(gemmStep(g, std::move(args)));
+  return l;
+}
+
+GpuLowering lowerGemmGradKernel(const GemmGradKernelShape &shape,
+                                const std::vector<GpuValueInfo> &values) {
+  GpuLowering l;
+  const GpuArgSpec biasOut = {pl::GpuArgKind::WORKSPACE, 0};
+  GemmSpec g;
+  std::vector<GpuArgSpec> args;
+  int64_t biasCount = 0;
+  if (shape.weightGrad) {
+    g = weightGradGemm(values[shape.dy], values[shape.operand]);
+    g.epilogue = pl::GemmEpilogue::BGRADB;
+    args = {value(shape.operand), value(shape.dy), {pl::GpuArgKind::GRAD, shape.weightParam},
+            biasOut};
+    biasCount = g.n;
+  } else {
+    g = inputGradGemm(values[shape.dy], values[shape.operand], values[shape.out]);
+    g.epilogue = shape.biasGrad ? pl::GemmEpilogue::DGELU_BGRAD : pl::GemmEpilogue::DGELU;
+    args = {value(shape.operand), value(shape.dy), value(shape.out)};
+    if (shape.biasGrad) {
+      args.push_back(biasOut);
+      biasCount = g.m;
+    }
+    args.push_back(value(shape.pre));
+  }
+  // cuBLASLt's bias gradient has D's type; the accumulation reads f32.
+  g.biasType = g.dType;
+  if (biasCount && g.dType != pl::DType::F32) {
+    l.missing = "a GEMM bias gradient of 16-bit values (mt-fuse fuses DGELU_BGRAD only "
+                "for f32 gradients)";
+    return l;
+  }
+  l.steps.push_back(gemmStep(g, std::move(args)));
+  if (!biasCount)
+    return l;
+  std::string error;
+  std::optional<OpKernels> k = generateGradAccumulate(biasCount, &error);
+  if (!k) {
+    l.missing = error;
+    return l;
+  }
+  GpuInstruction accumulate;
+  accumulate.params = {shape.biasParam};
+  GpuLowering add = fromOpKernels(*k, accumulate);
+  l.kernels = std::move(add.kernels);
+  l.steps.insert(l.steps.end(), add.steps.begin(), add.steps.end());
+  l.workspaceBytes = std::max(alignUp(uint64_t(biasCount) * 4), add.workspaceBytes);
   return l;
 }
 

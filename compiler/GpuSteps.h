@@ -20,6 +20,16 @@
 // MATMUL's mapping with cuBLASLt's bias epilogue (one bias per row of D,
 // that is per output feature) and GELU_AUX when the pre-activation is also
 // a result.
+// A gemm_grad kernel is one of:
+//   - MATMUL_INPUT_GRAD's mapping with DGELU (aux = the pre-activation, laid
+//     out as D = dx^T) and, with the bias gradient, DGELU_BGRAD: one sum per
+//     row of D (per input feature of the layer, which is the bias's) over
+//     its n tokens;
+//   - MATMUL_WEIGHT_GRAD's mapping with BGRADB: one sum per column of D (per
+//     output feature) over k, the tokens, of op(B) = dy.
+// The bias gradient goes to the kernel workspace (f32, D's type in both
+// forms), then a kernel adds it into the f32 gradient: cuBLASLt overwrites
+// its bias output, and gradients accumulate over micro-batches.
 #ifndef MT_COMPILER_GPUSTEPS_H
 #define MT_COMPILER_GPUSTEPS_H
 
@@ -108,6 +118,18 @@ struct GpuShardLayout {
   int64_t master = -1, expAvg = -1, expAvgSq = -1;
 };
 
+// The gemm_grad kernel of an mt.fused gemm_grad region, by program value
+// and parameter numbers.
+struct GemmGradKernelShape {
+  bool weightGrad = false; // BGRADB on MATMUL_WEIGHT_GRAD; else DGELU on MATMUL_INPUT_GRAD
+  bool biasGrad = false;   // the input-gradient form also sums the bias gradient
+  uint32_t dy = 0;         // the output gradient both forms read
+  uint32_t operand = 0;    // the weight (input gradient) or the layer's input x (weight gradient)
+  uint32_t pre = 0;        // input gradient: the GeLU's pre-activation (aux)
+  uint32_t out = 0;        // input gradient: the GeLU's input gradient (D)
+  uint32_t weightParam = 0, biasParam = 0;
+};
+
 // The steps of an instruction that is not FUSED. `values` and `params` are
 // the program's values and the rank's parameters, indexed as in plan.bin;
 // `shards` the layout SHARDED_* instructions need (null without the
@@ -131,6 +153,11 @@ GpuLowering lowerFusedKernel(const GpuInstruction &inst, int64_t kernelIndex,
 // The steps of a FUSED instruction of kind gemm: one cuBLASLt call.
 GpuLowering lowerGemmKernel(const GpuInstruction &inst, const GemmKernelShape &shape,
                             const std::vector<GpuValueInfo> &values);
+
+// The steps of a FUSED instruction of kind gemm_grad: one cuBLASLt call, and
+// with a bias gradient the kernel that adds it into the gradient.
+GpuLowering lowerGemmGradKernel(const GemmGradKernelShape &shape,
+                                const std::vector<GpuValueInfo> &values);
 
 } // namespace mt
 

@@ -422,6 +422,8 @@ private:
         shape.gelu = isa<GeluOp>(yield.getValues().back().getDefiningOp());
         shape.auxOut = yield.getNumOperands() == 2;
         l = lowerGemmKernel(gi, shape, valueInfo);
+      } else if (fused.getKind() == FusionKind::GemmGrad) {
+        l = gemmGradSteps(fused, gi);
       } else if (k >= 0 && size_t(k) < fusedCuda.size()) {
         l = lowerFusedKernel(gi, k, fusedCuda[size_t(k)]);
       }
@@ -452,6 +454,42 @@ private:
                                         s.group, s.reduce));
     }
     return steps;
+  }
+
+  // A gemm_grad region's GEMM (mt.fused verified its form): its operands
+  // by program value, its parameters by index.
+  GpuLowering gemmGradSteps(FusedOp fused, const GpuInstruction &gi) {
+    Block &body = fused.getBodyBlock();
+    GemmGradKernelShape shape;
+    bool ok = true;
+    auto in = [&](Value v) -> uint32_t {
+      auto arg = dyn_cast<BlockArgument>(v);
+      ok &= arg && arg.getOwner() == &body;
+      return ok ? gi.in.at(arg.getArgNumber()) : 0;
+    };
+    for (BiasGradOp b : body.getOps<BiasGradOp>()) {
+      shape.biasGrad = true;
+      shape.biasParam = param(b.getParamAttr());
+    }
+    if (auto wg = dyn_cast<MatmulWeightGradOp>(body.front())) {
+      shape.weightGrad = true;
+      shape.dy = in(wg.getGrad());
+      shape.operand = in(wg.getInput());
+      shape.weightParam = param(wg.getParamAttr());
+    } else {
+      auto mig = cast<MatmulInputGradOp>(body.front());
+      auto gelu = cast<GeluGradOp>(*std::next(body.begin()));
+      shape.dy = in(mig.getGrad());
+      shape.operand = in(mig.getWeight());
+      shape.pre = in(gelu.getInput());
+      shape.out = gi.out.at(0);
+    }
+    if (!ok) {
+      GpuLowering l;
+      l.missing = "a gemm_grad kernel whose GEMM reads a value computed inside it";
+      return l;
+    }
+    return lowerGemmGradKernel(shape, valueInfo);
   }
 
   // Consecutive mt.adamw ops reading the same lr, clipping coefficient and
@@ -785,10 +823,11 @@ private:
     std::string error;
     CudaKernelOptions options;
     options.tensorParallel = spec.parallel.tensor_model_parallel_size;
-    // A gemm kernel has no CUDA source: cuBLASLt runs it (its GPU step).
+    // A gemm or gemm_grad kernel has no CUDA source: cuBLASLt runs it (its
+    // GPU steps).
+    const bool gemm = fused.getKind() == FusionKind::Gemm || fused.getKind() == FusionKind::GemmGrad;
     std::optional<CudaKernel> cuda =
-        fused.getKind() == FusionKind::Gemm ? CudaKernel()
-                                            : generateCudaKernel(fused, options, &error);
+        gemm ? CudaKernel() : generateCudaKernel(fused, options, &error);
     if (!cuda) {
       fused.emitError("plan writer: kernel '") << fused.getName() << "': " << error;
       return failure();

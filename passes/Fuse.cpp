@@ -1,5 +1,5 @@
 // mt-fuse: chains of elementwise ops -> mt.fused kernels; GEMMs with their
-// epilogues -> `gemm` kernels.
+// epilogues -> `gemm` kernels, and backward GEMMs with theirs -> `gemm_grad`.
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
@@ -8,6 +8,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
 #include "llvm/ADT/DenseSet.h"
 
 #include <string>
@@ -84,6 +85,107 @@ SmallVector<SmallVector<Operation *>> gemmGroups(Block &body, DenseSet<Operation
   return groups;
 }
 
+// Whether `op`, a member of a group outlined at the later op `at`, can move
+// there: no op between reads its results; an op with side effects (one that
+// adds into a gradient) moves only past ops without any, so no gradient is
+// read or reduced before it is complete; and where an op between allocates
+// (has results, parameter reads aside), each operand of `op` lives to `at`
+// anyway, so the move lengthens no lifetime the memory plan sees.
+bool canSink(Operation *op, Operation *at, const DenseSet<Operation *> &members) {
+  const bool effects = !isMemoryEffectFree(op);
+  for (Operation *x = op->getNextNode(); x && x != at; x = x->getNextNode()) {
+    if (members.contains(x) || isa<ParamRefOp>(x))
+      continue;
+    if (llvm::any_of(x->getOperands(), [&](Value v) { return v.getDefiningOp() == op; }))
+      return false;
+    if (effects && !isMemoryEffectFree(x))
+      return false;
+    if (x->getNumResults() == 0)
+      continue;
+    for (Value v : op->getOperands()) {
+      if (v.getDefiningOp<ParamRefOp>())
+        continue;
+      bool reaches = llvm::any_of(v.getUsers(), [&](Operation *u) {
+        Operation *a = at->getBlock()->findAncestorOpInBlock(*u);
+        return a && (a == at || at->isBeforeInBlock(a));
+      });
+      if (!reaches)
+        return false;
+    }
+  }
+  return true;
+}
+
+// The group's last op in program order: where it is outlined.
+Operation *lastOf(ArrayRef<Operation *> group) {
+  Operation *last = group.front();
+  for (Operation *op : group)
+    if (last->isBeforeInBlock(op))
+      last = op;
+  return last;
+}
+
+// Whether `group` (ops of one block) can become one kernel at its last op.
+bool canOutline(ArrayRef<Operation *> group) {
+  Block *block = group.front()->getBlock();
+  if (llvm::any_of(group, [&](Operation *op) { return op->getBlock() != block; }))
+    return false;
+  DenseSet<Operation *> members(group.begin(), group.end());
+  Operation *at = lastOf(group);
+  return llvm::all_of(group, [&](Operation *op) { return op == at || canSink(op, at, members); });
+}
+
+// The single mt.bias_grad of `v` that no other group has taken, or null.
+BiasGradOp soleBiasGrad(Value v, const DenseSet<Operation *> &taken) {
+  BiasGradOp found;
+  for (Operation *u : v.getUsers())
+    if (auto b = dyn_cast<BiasGradOp>(u)) {
+      if (found)
+        return BiasGradOp();
+      found = b;
+    }
+  return found && !taken.contains(found) ? found : BiasGradOp();
+}
+
+// cuBLASLt's backward epilogues, as Megatron's TransformerEngine uses them:
+//  - an mt.matmul_input_grad whose only user is a tanh mt.gelu_grad becomes
+//    one GEMM with the DGELU epilogue (the pre-activation is its aux input;
+//    cuBLASLt wants its leading dimension, the features, a multiple of 8).
+//    With f32 gradients the mt.bias_grad of the GeLU's gradient joins it
+//    (DGELU_BGRAD). cuBLASLt sums the epilogue's unrounded values, so with
+//    16-bit gradients the bias gradient comes from the weight-gradient GEMM
+//    instead (below), which sums the stored values the CPU sums.
+//  - an mt.matmul_weight_grad and the one mt.bias_grad of its output gradient
+//    become one GEMM with the BGRADB epilogue (the column sums of dy).
+// Ops move to the group's last op only where canSink allows.
+SmallVector<SmallVector<Operation *>> gemmGradGroups(Block &body, DenseSet<Operation *> &taken) {
+  SmallVector<SmallVector<Operation *>> groups;
+  auto add = [&](SmallVector<Operation *> group) {
+    if (!canOutline(group))
+      return false;
+    taken.insert(group.begin(), group.end());
+    groups.push_back(std::move(group));
+    return true;
+  };
+  for (GeluGradOp gelu : body.getOps<GeluGradOp>()) {
+    auto mig = gelu.getGrad().getDefiningOp<MatmulInputGradOp>();
+    auto t = cast<RankedTensorType>(gelu.getType());
+    if (!mig || gelu.getApproximation() != GeluApproximation::Tanh ||
+        !mig.getResult().hasOneUse() || taken.contains(mig) || t.getRank() < 1 ||
+        ShapedType::isDynamic(t.getShape().back()) || t.getShape().back() % 8 != 0)
+      continue;
+    if (t.getElementType().isF32())
+      if (BiasGradOp bias = soleBiasGrad(gelu.getResult(), taken))
+        if (add({mig, gelu, bias}))
+          continue;
+    add({mig, gelu});
+  }
+  for (MatmulWeightGradOp wg : body.getOps<MatmulWeightGradOp>())
+    if (BiasGradOp bias = soleBiasGrad(wg.getGrad(), taken))
+      add({wg, bias});
+  return groups;
+}
+
 // The longest chain from `first`: each op's result has every use in the
 // next op, which is adjacent and fusible. At most one row-wise op, and then
 // no reshape; a trailing reshape is dropped (alone it is a free alias, as a
@@ -122,9 +224,11 @@ std::string kernelName(ArrayRef<Operation *> chain) {
   return name;
 }
 
-// Replaces `chain` by one mt.fused op at the position of its last op. Only
-// the last op's result is used outside the chain, so every operand is
-// defined before that position and every outside user comes after it.
+// Replaces `chain` by one mt.fused op at the position of its last op in
+// program order, with the body in `chain`'s order. Elementwise chains and
+// forward GEMMs use only the last op's result outside; GEMMs of the backward
+// were checked by canOutline. So every operand is defined before that
+// position and every outside user comes after it.
 void outline(ArrayRef<Operation *> chain) {
   DenseSet<Operation *> members(chain.begin(), chain.end());
   SmallVector<Value> inputs, outputs;
@@ -140,15 +244,17 @@ void outline(ArrayRef<Operation *> chain) {
         outputs.push_back(r);
   }
 
-  Operation *last = chain.back();
+  Operation *last = lastOf(chain);
   OpBuilder b(last);
   SmallVector<Location> locs;
   for (Operation *op : chain)
     locs.push_back(op->getLoc());
   Location loc = b.getFusedLoc(locs);
-  const FusionKind kind = isa<MatmulOp>(chain.front()) ? FusionKind::Gemm
-                          : row                        ? FusionKind::RowReduction
-                                                       : FusionKind::Elementwise;
+  const FusionKind kind =
+      isa<MatmulOp>(chain.front())                                    ? FusionKind::Gemm
+      : isa<MatmulInputGradOp, MatmulWeightGradOp>(chain.front())     ? FusionKind::GemmGrad
+      : row                                                           ? FusionKind::RowReduction
+                                                                      : FusionKind::Elementwise;
   auto fused = b.create<FusedOp>(loc, ValueRange(outputs).getTypes(), inputs,
                                  kernelName(chain), kind);
   // Discardable attributes every op of the chain agrees on (mt.layer,
@@ -187,6 +293,7 @@ struct MtFusePass : impl::MtFusePassBase<MtFusePass> {
       Block &body = f.getBody().front();
       DenseSet<Operation *> taken;
       SmallVector<SmallVector<Operation *>> chains = gemmGroups(body, taken);
+      chains.append(gemmGradGroups(body, taken));
       // Chains are found first and outlined after, so the walk sees the
       // block as it was.
       for (Operation &op : body) {

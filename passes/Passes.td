@@ -190,9 +190,9 @@ def MtRecomputePass : Pass<"mt-recompute", "mlir::ModuleOp"> {
 }
 
 def MtFusePass : Pass<"mt-fuse", "mlir::ModuleOp"> {
-  let summary = "Groups chains of elementwise ops into mt.fused kernels, and GEMMs with their epilogues";
+  let summary = "Groups chains of elementwise ops into mt.fused kernels, and forward and backward GEMMs with their epilogues";
   let description = [{
-    Runs on every function, in two steps.
+    Runs on every function, in three steps.
 
     **GEMM epilogues.** An `mt.matmul` whose only user is the adjacent
     `mt.bias_add` of its result becomes a `gemm` kernel: the CUDA backend
@@ -205,6 +205,29 @@ def MtFusePass : Pass<"mt-fuse", "mlir::ModuleOp"> {
     so the epilogue wins over an elementwise kernel. A bias added after a
     collective (tensor-parallel row-parallel layers) has no GEMM as its
     input's only producer and is fused into an elementwise kernel instead.
+
+    **Backward GEMM epilogues** (`gemm_grad` kernels, as Megatron's
+    TransformerEngine uses cuBLASLt):
+
+    - an `mt.matmul_input_grad` whose only user is a `tanh` `mt.gelu_grad`
+      of its result joins it (DGELU: the pre-activation is the epilogue's
+      aux input; cuBLASLt wants its leading dimension, the feature count, a
+      multiple of 8). With f32 gradients, the one `mt.bias_grad` of the
+      GeLU's gradient joins too (DGELU_BGRAD). cuBLASLt sums that bias
+      gradient from the epilogue's values before they are rounded to D's
+      type, so with bf16 or fp16 gradients it is left to the next rule,
+      which sums the stored values as the CPU executor does;
+    - an `mt.matmul_weight_grad` and the one `mt.bias_grad` of the same
+      output gradient become one kernel (BGRADB: the column sums of dy), a
+      kernel without results: both add into parameter gradients.
+
+    The group is outlined at its last op. An op moves down to it only when
+    no op in between reads its result, an op that adds into a gradient
+    crosses only ops without side effects (never a gradient reduction),
+    and where an op in between allocates, the moved op's operands live to
+    the group's position anyway; so no value lives longer than before. In
+    the GPT layer's order this moves the bias gradient past the input
+    gradient's GEMM and FC2's input gradient past FC2's weight gradient.
 
     **Chains.** Candidates are the ops `mt.fused` allows (`mt.bias_add`,
     `mt.add`, `mt.gelu`, `mt.gelu_grad`, `mt.swiglu`, `mt.swiglu_grad`,

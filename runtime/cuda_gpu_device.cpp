@@ -5,6 +5,7 @@
 #include "runtime/cuda_gpu_device.h"
 
 #include "runtime/kernel_cache.h"
+#include "runtime/plan_reader.h"
 
 #include <cmath>
 #include <cstring>
@@ -29,7 +30,9 @@ constexpr int CUBLASLT_MATMUL_DESC_TRANSA = 3, CUBLASLT_MATMUL_DESC_TRANSB = 4,
               CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,
               CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26;
 constexpr int CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4,
-              CUBLASLT_EPILOGUE_GELU_BIAS = 32 | 4, CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 32 | 128 | 4;
+              CUBLASLT_EPILOGUE_GELU_BIAS = 32 | 4, CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 32 | 128 | 4,
+              CUBLASLT_EPILOGUE_DGELU = 64 | 128, CUBLASLT_EPILOGUE_DGELU_BGRAD = 64 | 128 | 16,
+              CUBLASLT_EPILOGUE_BGRADB = 512;
 constexpr int CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1;
 
 // cuBLASLt's workspace: the figure mtc's memory plan states.
@@ -231,12 +234,14 @@ public:
     Gemm *plan = nullptr;
     if (std::string e = gemm_plan(g, &plan); !e.empty())
       return e;
-    if (g.epilogue() != pl::GemmEpilogue::NONE) {
+    // The bias (read, or for the bias gradients written) and aux pointers
+    // change from call to call; the descriptor is per shape.
+    if (gemm_epilogue_has_bias(g.epilogue())) {
       const void *bias = reinterpret_cast<const void *>(ptr[3]);
       lt_->cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                           sizeof bias);
     }
-    if (g.epilogue() == pl::GemmEpilogue::GELU_AUX_BIAS) {
+    if (gemm_epilogue_has_aux(g.epilogue())) {
       const void *aux = reinterpret_cast<const void *>(ptr[4]);
       lt_->cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                           &aux, sizeof aux);
@@ -321,15 +326,20 @@ private:
     case pl::GemmEpilogue::BIAS: epilogue = CUBLASLT_EPILOGUE_BIAS; break;
     case pl::GemmEpilogue::GELU_BIAS: epilogue = CUBLASLT_EPILOGUE_GELU_BIAS; break;
     case pl::GemmEpilogue::GELU_AUX_BIAS: epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
+    case pl::GemmEpilogue::DGELU: epilogue = CUBLASLT_EPILOGUE_DGELU; break;
+    case pl::GemmEpilogue::DGELU_BGRAD: epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD; break;
+    case pl::GemmEpilogue::BGRADB: epilogue = CUBLASLT_EPILOGUE_BGRADB; break;
     }
     lt_->cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                         sizeof epilogue);
-    if (g.epilogue() != pl::GemmEpilogue::NONE) {
+    // The bias or bias-gradient type (the plan states D's type for the
+    // gradients, cuBLASLt's default for them); aux has D's type and layout.
+    if (gemm_epilogue_has_bias(g.epilogue())) {
       const int bt = cuda_type(g.bias_type());
       lt_->cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
                                           sizeof bt);
     }
-    if (g.epilogue() == pl::GemmEpilogue::GELU_AUX_BIAS) {
+    if (gemm_epilogue_has_aux(g.epilogue())) {
       const int64_t ld = g.ldd();
       lt_->cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
                                           sizeof ld);

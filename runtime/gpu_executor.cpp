@@ -399,9 +399,16 @@ std::string GpuExecutor::step(const pl::Program &program, const pl::Instruction 
     return device_->launch(k, *plan_.kernels()->Get(k), params.data());
   }
   case pl::GpuStepKind::GEMM: {
+    // ptr: A, B, D, bias, aux; the step lists bias and aux only where its
+    // epilogue takes them (verified by the plan reader).
     uint64_t ptr[5] = {0, 0, 0, 0, 0};
-    for (uint32_t i = 0; i < s.args()->size() && i < 5; ++i)
-      ptr[i] = address(program, *s.args()->Get(i));
+    const pl::GemmEpilogue e = s.gemm()->epilogue();
+    uint32_t next = 0;
+    for (uint32_t slot = 0; slot < 5; ++slot) {
+      if ((slot == 3 && !gemm_epilogue_has_bias(e)) || (slot == 4 && !gemm_epilogue_has_aux(e)))
+        continue;
+      ptr[slot] = address(program, *s.args()->Get(next++));
+    }
     return device_->gemm(*s.gemm(), ptr);
   }
   case pl::GpuStepKind::ALL_REDUCE: {

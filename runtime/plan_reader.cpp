@@ -635,8 +635,10 @@ private:
         const pl::Gemm *g = step.gemm();
         if (!g)
           return at + "is a GEMM without its description";
-        const size_t want = 3 + (g->epilogue() != pl::GemmEpilogue::NONE) +
-                            (g->epilogue() == pl::GemmEpilogue::GELU_AUX_BIAS);
+        if (g->epilogue() > pl::GemmEpilogue::MAX)
+          return at + "has unknown GEMM epilogue " + std::to_string(int(g->epilogue()));
+        const bool bias = gemm_epilogue_has_bias(g->epilogue());
+        const size_t want = 3 + bias + gemm_epilogue_has_aux(g->epilogue());
         if (vsize(step.args()) != want)
           return at + "has " + std::to_string(vsize(step.args())) + " arguments, its GEMM takes " +
                  std::to_string(want);
@@ -649,6 +651,23 @@ private:
         for (size_t a = 0; a < vsize(step.args()); ++a)
           if (step.args()->Get(a)->kind() > pl::GpuArgKind::WORKSPACE)
             return at + "GEMM argument " + std::to_string(a) + " is not a tensor";
+        if (bias && !is_float_dtype(g->bias_type()))
+          return at + "has a GEMM bias type that is not F32, BF16 or F16";
+        // A bias gradient is written to the workspace (a kernel step adds it
+        // into the gradient): one value per row of D (DGELU_BGRAD) or per
+        // column (BGRADB), all inside the workspace.
+        if (gemm_epilogue_writes_bias(g->epilogue())) {
+          const pl::GpuArg &out = *step.args()->Get(3);
+          const int64_t count =
+              g->epilogue() == pl::GemmEpilogue::BGRADB ? g->n() : g->m();
+          if (out.kind() != pl::GpuArgKind::WORKSPACE ||
+              out.index() + uint64_t(count) * element_bytes(g->bias_type()) >
+                  rank_->kernel_workspace_bytes())
+            return at + "writes its bias gradient (" + std::to_string(count) +
+                   " values) outside the kernel workspace";
+          if (g->batch() != 1)
+            return at + "has a batched GEMM with a bias gradient";
+        }
         break;
       }
       case pl::GpuStepKind::ALL_REDUCE: {

@@ -25,7 +25,7 @@
 namespace mt::rt {
 
 // Bump whenever plan.fbs or the header changes meaning.
-constexpr uint32_t kPlanFormatVersion = 3;
+constexpr uint32_t kPlanFormatVersion = 4;
 constexpr size_t kPlanHeaderSize = 32;
 // Every persistent-state offset of a Param is a multiple of this.
 constexpr uint64_t kStateAlignment = 64;
@@ -51,6 +51,19 @@ uint64_t plan_bytes(const mt::plan::Value &v);
 std::string opcode_name(mt::plan::Opcode op);
 // The Rank table for `rank`, or null.
 const mt::plan::Rank *find_rank(const mt::plan::Plan &plan, int rank);
+// The pointers a GEMM epilogue takes after A, B and D (plan.fbs
+// GemmEpilogue): a bias (read, or for the bias gradients written), then aux.
+inline bool gemm_epilogue_has_bias(mt::plan::GemmEpilogue e) {
+  return e != mt::plan::GemmEpilogue::NONE && e != mt::plan::GemmEpilogue::DGELU;
+}
+inline bool gemm_epilogue_has_aux(mt::plan::GemmEpilogue e) {
+  return e == mt::plan::GemmEpilogue::GELU_AUX_BIAS || e == mt::plan::GemmEpilogue::DGELU ||
+         e == mt::plan::GemmEpilogue::DGELU_BGRAD;
+}
+inline bool gemm_epilogue_writes_bias(mt::plan::GemmEpilogue e) {
+  return e == mt::plan::GemmEpilogue::DGELU_BGRAD || e == mt::plan::GemmEpilogue::BGRADB;
+}
+
 // Opcodes whose out[0] may lie exactly on in[0]'s bytes: RESHAPE (a view)
 // and CROSS_ENTROPY_GRAD (the logits' gradient written over the logits).
 // The reader accepts that alias and the executor gives both one lifetime.

@@ -7,6 +7,7 @@ def Mt_FusionKind : I32EnumAttr<"FusionKind", "the shape of a fused kernel's loo
     I32EnumAttrCase<"Elementwise", 0, "elementwise">,
     I32EnumAttrCase<"RowReduction", 1, "row_reduction">,
     I32EnumAttrCase<"Gemm", 2, "gemm">,
+    I32EnumAttrCase<"GemmGrad", 3, "gemm_grad">,
   ]> {
   let cppNamespace = "::mt";
 }
@@ -42,11 +43,22 @@ def Mt_FusedOp : Mt_Op<"fused", [IsolatedFromAbove, SingleBlock,
       tanh form). With the GeLU, the bias add's result may be a second
       result: the epilogue's aux output, the pre-activation the backward's
       `mt.gelu_grad` reads.
+    - `gemm_grad`: one cuBLASLt backward matmul whose epilogue computes the
+      rest, in one of two forms:
+      - an `mt.matmul_input_grad`, the tanh `mt.gelu_grad` of its result
+        (cuBLASLt's DGELU epilogue, the pre-activation read as its aux
+        input) and optionally the `mt.bias_grad` of that (DGELU_BGRAD: the
+        bias gradient summed over the GEMM's tokens); the result is the
+        GeLU gradient;
+      - an `mt.matmul_weight_grad` and the `mt.bias_grad` of the same
+        output gradient (BGRADB: the column sums of the GEMM's B operand).
+        Both add into parameter gradients, so this kernel has no results.
 
-    Not allowed: GEMMs outside `gemm` kernels, attention, ops that add into
-    gradient buffers (their column sums reduce across rows), and
-    `mt.cross_entropy`, which reduces every token to one number. Each result
-    is a value the body computes (not an entry argument), yielded once.
+    Not allowed: GEMMs outside `gemm` and `gemm_grad` kernels, attention,
+    other ops that add into gradient buffers (their column sums reduce
+    across rows), and `mt.cross_entropy`, which reduces every token to one
+    number. Each result is a value the body computes (not an entry
+    argument), yielded once.
 
     `name` identifies the kernel in plan.bin, in logs and in errors.
 
@@ -56,6 +68,18 @@ def Mt_FusedOp : Mt_Op<"fused", [IsolatedFromAbove, SingleBlock,
       %d = mt.dropout %a {rate = 1.000000e-01 : f64, stream = 2 : i64} : tensor<4x128x64xf32>
       %s = mt.add %r, %d : tensor<4x128x64xf32>
       mt.yield %s : tensor<4x128x64xf32>
+    }
+    ```
+
+    A backward GEMM with the GeLU and bias gradients in its epilogue:
+
+    ```mlir
+    %dpre = mt.fused gemm_grad "decoder.layers.0 matmul_input_grad+gelu_grad+bias_grad" (%dy = %0, %w = %1, %pre = %2)
+        : (tensor<4x128x64xf32>, tensor<64x256xf32>, tensor<4x128x256xf32>) -> tensor<4x128x256xf32> {
+      %dh = mt.matmul_input_grad %dy, %w : (tensor<4x128x64xf32>, tensor<64x256xf32>) -> tensor<4x128x256xf32>
+      %dx = mt.gelu_grad %dh, %pre tanh : tensor<4x128x256xf32>
+      mt.bias_grad %dx into @decoder.layers.0.mlp.linear_fc1.bias : tensor<4x128x256xf32>
+      mt.yield %dx : tensor<4x128x256xf32>
     }
     ```
   }];
@@ -71,6 +95,8 @@ def Mt_FusedOp : Mt_Op<"fused", [IsolatedFromAbove, SingleBlock,
     static bool isFusible(::mlir::Operation *op, ::mt::FusionKind kind);
     // mt.layer_norm and mt.rms_norm: each output row needs its whole input row.
     static bool isRowReduction(::mlir::Operation *op);
+    // The body invariants of kind gemm_grad (part of the region verifier).
+    ::mlir::LogicalResult verifyGemmGrad();
   }];
 }
 

@@ -469,6 +469,10 @@ bool FusedOp::isFusible(Operation *op, FusionKind kind) {
   if (kind == FusionKind::Gemm)
     return isa<MatmulOp, BiasAddOp>(op) ||
            (isa<GeluOp>(op) && cast<GeluOp>(op).getApproximation() == GeluApproximation::Tanh);
+  if (kind == FusionKind::GemmGrad)
+    return isa<MatmulInputGradOp, MatmulWeightGradOp, BiasGradOp>(op) ||
+           (isa<GeluGradOp>(op) &&
+            cast<GeluGradOp>(op).getApproximation() == GeluApproximation::Tanh);
   if (isa<BiasAddOp, AddOp, GeluOp, GeluGradOp, SwiGLUOp, SwiGLUGradOp, DropoutOp>(op))
     return true;
   if (isa<ReshapeOp>(op))
@@ -486,7 +490,8 @@ ParseResult FusedOp::parse(OpAsmParser &parser, OperationState &result) {
     return failure();
   std::optional<FusionKind> kind = symbolizeFusionKind(kindWord);
   if (!kind)
-    return parser.emitError(kindLoc, "expected 'elementwise', 'row_reduction' or 'gemm', got '")
+    return parser.emitError(kindLoc, "expected 'elementwise', 'row_reduction', 'gemm' or "
+                                     "'gemm_grad', got '")
            << kindWord << "'";
   result.addAttribute(getKindAttrName(result.name), FusionKindAttr::get(ctx, *kind));
   StringAttr name;
@@ -541,6 +546,46 @@ void FusedOp::print(OpAsmPrinter &p) {
   p.printRegion(getBody(), /*printEntryBlockArgs=*/false);
 }
 
+// The two forms of cuBLASLt's backward epilogues (mt.fused): the input
+// gradient with DGELU (and DGELU_BGRAD), or the weight gradient with BGRADB.
+LogicalResult FusedOp::verifyGemmGrad() {
+  SmallVector<Operation *> ops;
+  for (Operation &op : getBodyBlock().without_terminator())
+    ops.push_back(&op);
+  auto at = [&](size_t i) { return i < ops.size() ? ops[i] : nullptr; };
+  if (auto mig = dyn_cast_or_null<MatmulInputGradOp>(at(0))) {
+    auto gelu = dyn_cast_or_null<GeluGradOp>(at(1));
+    auto bias = dyn_cast_or_null<BiasGradOp>(at(2));
+    if (!gelu || gelu.getGrad() != mig.getResult() || ops.size() > 3 ||
+        (ops.size() == 3 && (!bias || bias.getGrad() != gelu.getResult())))
+      return emitOpError("a gemm_grad kernel on mt.matmul_input_grad is that op, the tanh "
+                         "mt.gelu_grad of its result, and optionally the mt.bias_grad of "
+                         "that, in this order");
+    if (!mig.getResult().hasOneUse())
+      return emitOpError("a gemm_grad kernel's matmul_input_grad result feeds only its "
+                         "gelu_grad");
+    auto yield = dyn_cast<YieldOp>(getBodyBlock().getTerminator());
+    if (getNumResults() != 1 || !yield || yield.getNumOperands() != 1 ||
+        yield.getValues()[0] != gelu.getResult())
+      return emitOpError("a gemm_grad kernel on mt.matmul_input_grad has one result, the "
+                         "gelu_grad's");
+    return success();
+  }
+  auto wg = dyn_cast_or_null<MatmulWeightGradOp>(at(0));
+  auto bias = dyn_cast_or_null<BiasGradOp>(at(1));
+  if (!wg || !bias || ops.size() != 2)
+    return emitOpError("a gemm_grad kernel is an mt.matmul_input_grad with its tanh "
+                       "mt.gelu_grad (and optionally mt.bias_grad), or an "
+                       "mt.matmul_weight_grad and one mt.bias_grad, in this order");
+  if (bias.getGrad() != wg.getGrad())
+    return emitOpError("a gemm_grad kernel's mt.bias_grad sums the output gradient its "
+                       "mt.matmul_weight_grad reads");
+  if (getNumResults() != 0)
+    return emitOpError("a gemm_grad kernel on mt.matmul_weight_grad has no results; it adds "
+                       "into parameter gradients only");
+  return success();
+}
+
 LogicalResult FusedOp::verifyRegions() {
   Block &body = getBodyBlock();
   if (body.getNumArguments() != getNumOperands())
@@ -550,10 +595,14 @@ LogicalResult FusedOp::verifyRegions() {
     if (arg.getType() != operand.getType())
       return emitOpError() << "body argument #" << i << " has type " << arg.getType()
                            << " but operand #" << i << " has type " << operand.getType();
-  if (getNumResults() == 0)
+  const FusionKind kind = getKind();
+  // Only a weight-gradient GEMM with its bias gradient computes nothing but
+  // parameter gradients.
+  const bool gradOnly = kind == FusionKind::GemmGrad && !body.empty() &&
+                        isa<MatmulWeightGradOp>(body.front());
+  if (getNumResults() == 0 && !gradOnly)
     return emitOpError("has no results; a kernel must compute at least one value");
 
-  const FusionKind kind = getKind();
   int rowOps = 0;
   for (Operation &op : body.without_terminator()) {
     if (!isFusible(&op, kind))
@@ -581,6 +630,10 @@ LogicalResult FusedOp::verifyRegions() {
                          "and optionally the tanh mt.gelu of that, in this order");
     if (!mm.getResult().hasOneUse())
       return emitOpError("a gemm kernel's matmul result feeds only its bias add");
+  }
+  if (kind == FusionKind::GemmGrad) {
+    if (failed(verifyGemmGrad()))
+      return failure();
   }
   if (kind == FusionKind::RowReduction && rowOps != 1)
     return emitOpError() << "a row_reduction kernel holds exactly one mt.layer_norm or "

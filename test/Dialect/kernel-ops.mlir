@@ -75,3 +75,34 @@ func.func @layer_norm(%x: tensor<4x16xf32>, %b: tensor<16xf32>, %w: tensor<16xf3
   }
   return %y : tensor<4x16xf32>
 }
+
+// The backward GEMMs with cuBLASLt's DGELU_BGRAD and BGRADB epilogues.
+// CHECK-LABEL: func.func @gemm_grad
+// CHECK: %[[DX:.*]] = mt.fused gemm_grad "matmul_input_grad+gelu_grad+bias_grad" (%[[G:.*]] = %{{.*}}, %[[W:.*]] = %{{.*}}, %[[P:.*]] = %{{.*}}) : (tensor<2x4x16xf32>, tensor<16x32xf32>, tensor<2x4x32xf32>) -> tensor<2x4x32xf32> {
+// CHECK-NEXT: %[[DH:.*]] = mt.matmul_input_grad %[[G]], %[[W]]
+// CHECK-NEXT: %[[D:.*]] = mt.gelu_grad %[[DH]], %[[P]] tanh
+// CHECK-NEXT: mt.bias_grad %[[D]] into @fc1.bias
+// CHECK-NEXT: mt.yield %[[D]]
+// CHECK: mt.fused gemm_grad "matmul_weight_grad+bias_grad" (%[[G2:.*]] = %[[DX]], %[[X:.*]] = %{{.*}}) : (tensor<2x4x32xf32>, tensor<2x4x8xf32>) -> () {
+// CHECK-NEXT: mt.matmul_weight_grad %[[G2]], %[[X]] into @fc1.weight
+// CHECK-NEXT: mt.bias_grad %[[G2]] into @fc1.bias
+// CHECK-NEXT: mt.yield
+// CHECK-NEXT: }
+mt.param @fc1.weight : tensor<32x8xf32>, normal(2.000000e-02)
+mt.param @fc1.bias : tensor<32xf32>, zeros
+func.func @gemm_grad(%dy: tensor<2x4x16xf32>, %w: tensor<16x32xf32>, %pre: tensor<2x4x32xf32>, %x: tensor<2x4x8xf32>) -> tensor<2x4x32xf32> {
+  %dx = mt.fused gemm_grad "matmul_input_grad+gelu_grad+bias_grad" (%g = %dy, %ww = %w, %p = %pre)
+      : (tensor<2x4x16xf32>, tensor<16x32xf32>, tensor<2x4x32xf32>) -> tensor<2x4x32xf32> {
+    %dh = mt.matmul_input_grad %g, %ww : (tensor<2x4x16xf32>, tensor<16x32xf32>) -> tensor<2x4x32xf32>
+    %d = mt.gelu_grad %dh, %p tanh : tensor<2x4x32xf32>
+    mt.bias_grad %d into @fc1.bias : tensor<2x4x32xf32>
+    mt.yield %d : tensor<2x4x32xf32>
+  }
+  mt.fused gemm_grad "matmul_weight_grad+bias_grad" (%g = %dx, %a = %x)
+      : (tensor<2x4x32xf32>, tensor<2x4x8xf32>) -> () {
+    mt.matmul_weight_grad %g, %a into @fc1.weight : tensor<2x4x32xf32>, tensor<2x4x8xf32>
+    mt.bias_grad %g into @fc1.bias : tensor<2x4x32xf32>
+    mt.yield
+  }
+  return %dx : tensor<2x4x32xf32>
+}

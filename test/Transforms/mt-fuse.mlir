@@ -1,5 +1,6 @@
 // mt-fuse: GEMMs with their epilogues (bias, bias + tanh GeLU) first, as
-// gemm kernels; then maximal chains of adjacent fusible ops whose
+// gemm kernels, and backward GEMMs with theirs (DGELU, DGELU_BGRAD, BGRADB)
+// as gemm_grad kernels; then maximal chains of adjacent fusible ops whose
 // intermediates stay inside the chain become mt.fused kernels at the
 // position of their last op. A second run changes nothing.
 // RUN: mtc-opt %s -split-input-file -mt-fuse | FileCheck %s
@@ -246,4 +247,124 @@ func.func @reshapes(%a: tensor<2x4x16xf32>, %w: tensor<16x16xf32>) -> (tensor<8x
   %wn = mt.param_ref @ln.weight : tensor<16xf32>
   %ln = mt.rms_norm %r3, %wn {epsilon = 1.0e-05 : f64} : tensor<8x16xf32>, tensor<16xf32>
   return %ln, %m : tensor<8x16xf32>, tensor<2x4x16xf32>
+}
+
+// -----
+
+// A GPT MLP's backward as mt-autodiff writes it, f32. FC2's weight gradient
+// takes its bias gradient (BGRADB; the bias_grad moves past FC2's input
+// gradient, which allocates but reads the same dy); FC2's input gradient
+// takes the GeLU gradient and FC1's bias gradient (DGELU_BGRAD), moving past
+// FC2's weight gradient. FC1's weight and input gradients stay plain GEMMs.
+// CHECK-LABEL: func.func @mlp_backward(
+// CHECK-SAME:      %[[DY:[^:]*]]: tensor<2x4x16xf32>, %[[X:[^:]*]]: tensor<2x4x16xf32>, %[[PRE:[^:]*]]: tensor<2x4x32xf32>, %[[H:[^:]*]]: tensor<2x4x32xf32>)
+// CHECK:         mt.fused gemm_grad "decoder.layers.0 matmul_weight_grad+bias_grad" (%[[G:.*]] = %[[DY]], %[[A:.*]] = %[[H]]) : (tensor<2x4x16xf32>, tensor<2x4x32xf32>) -> () attributes {mt.layer = 0 : i64} {
+// CHECK-NEXT:      mt.matmul_weight_grad %[[G]], %[[A]] into @l0.fc2.weight
+// CHECK-NEXT:      mt.bias_grad %[[G]] into @l0.fc2.bias
+// CHECK-NEXT:      mt.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    %[[DPRE:.*]] = mt.fused gemm_grad "decoder.layers.0 matmul_input_grad+gelu_grad+bias_grad" (%[[G2:.*]] = %[[DY]], %[[W2:.*]] = %{{.*}}, %[[P:.*]] = %[[PRE]]) : (tensor<2x4x16xf32>, tensor<16x32xf32>, tensor<2x4x32xf32>) -> tensor<2x4x32xf32> attributes {mt.layer = 0 : i64} {
+// CHECK-NEXT:      %[[DH:.*]] = mt.matmul_input_grad %[[G2]], %[[W2]]
+// CHECK-NEXT:      %[[D:.*]] = mt.gelu_grad %[[DH]], %[[P]] tanh
+// CHECK-NEXT:      mt.bias_grad %[[D]] into @l0.fc1.bias
+// CHECK-NEXT:      mt.yield %[[D]] : tensor<2x4x32xf32>
+// CHECK-NEXT:    }
+// CHECK-NEXT:    mt.param_ref @l0.fc1.weight
+// CHECK-NEXT:    %[[DX:.*]] = mt.matmul_input_grad %[[DPRE]]
+// CHECK-NEXT:    mt.matmul_weight_grad %[[DPRE]], %[[X]] into @l0.fc1.weight
+// CHECK-NEXT:    return %[[DX]]
+mt.param @l0.fc1.weight : tensor<32x16xf32>, normal(2.000000e-02)
+mt.param @l0.fc1.bias : tensor<32xf32>, zeros
+mt.param @l0.fc2.weight : tensor<16x32xf32>, normal(2.000000e-02)
+mt.param @l0.fc2.bias : tensor<16xf32>, zeros
+func.func @mlp_backward(%dy: tensor<2x4x16xf32>, %x: tensor<2x4x16xf32>, %pre: tensor<2x4x32xf32>, %h: tensor<2x4x32xf32>) -> tensor<2x4x16xf32> {
+  mt.bias_grad %dy into @l0.fc2.bias {mt.layer = 0 : i64} : tensor<2x4x16xf32>
+  %w2 = mt.param_ref @l0.fc2.weight : tensor<16x32xf32>
+  %dh = mt.matmul_input_grad %dy, %w2 {mt.layer = 0 : i64} : (tensor<2x4x16xf32>, tensor<16x32xf32>) -> tensor<2x4x32xf32>
+  mt.matmul_weight_grad %dy, %h into @l0.fc2.weight {mt.layer = 0 : i64} : tensor<2x4x16xf32>, tensor<2x4x32xf32>
+  %dpre = mt.gelu_grad %dh, %pre tanh {mt.layer = 0 : i64} : tensor<2x4x32xf32>
+  mt.bias_grad %dpre into @l0.fc1.bias {mt.layer = 0 : i64} : tensor<2x4x32xf32>
+  %w1 = mt.param_ref @l0.fc1.weight : tensor<32x16xf32>
+  %dx = mt.matmul_input_grad %dpre, %w1 {mt.layer = 0 : i64} : (tensor<2x4x32xf32>, tensor<32x16xf32>) -> tensor<2x4x16xf32>
+  mt.matmul_weight_grad %dpre, %x into @l0.fc1.weight {mt.layer = 0 : i64} : tensor<2x4x32xf32>, tensor<2x4x16xf32>
+  return %dx : tensor<2x4x16xf32>
+}
+
+// -----
+
+// The same in bf16: cuBLASLt's DGELU_BGRAD would sum the GeLU gradients
+// before they are rounded to bf16, so FC1's bias gradient goes to FC1's
+// weight-gradient GEMM (BGRADB over the stored values, as the CPU sums).
+// CHECK-LABEL: func.func @mlp_backward_bf16(
+// CHECK:         mt.fused gemm_grad "matmul_weight_grad+bias_grad"
+// CHECK:         mt.bias_grad %{{.*}} into @l0.fc2.bias
+// CHECK:         %[[DPRE:.*]] = mt.fused gemm_grad "matmul_input_grad+gelu_grad"
+// CHECK-NEXT:      mt.matmul_input_grad
+// CHECK-NEXT:      %[[D:.*]] = mt.gelu_grad
+// CHECK-NEXT:      mt.yield %[[D]] : tensor<2x4x32xbf16>
+// CHECK-NEXT:    }
+// CHECK-NEXT:    mt.param_ref @l0.fc1.weight
+// CHECK-NEXT:    %[[DX:.*]] = mt.matmul_input_grad %[[DPRE]]
+// CHECK-NEXT:    mt.fused gemm_grad "matmul_weight_grad+bias_grad" (%[[G:.*]] = %[[DPRE]], %{{.*}}) : (tensor<2x4x32xbf16>, tensor<2x4x16xbf16>) -> () {
+// CHECK-NEXT:      mt.matmul_weight_grad %[[G]], %{{.*}} into @l0.fc1.weight
+// CHECK-NEXT:      mt.bias_grad %[[G]] into @l0.fc1.bias
+// CHECK-NEXT:      mt.yield
+// CHECK-NEXT:    }
+// CHECK-NEXT:    return %[[DX]]
+mt.param @l0.fc1.weight : tensor<32x16xbf16>, normal(2.000000e-02)
+mt.param @l0.fc1.bias : tensor<32xbf16>, zeros
+mt.param @l0.fc2.weight : tensor<16x32xbf16>, normal(2.000000e-02)
+mt.param @l0.fc2.bias : tensor<16xbf16>, zeros
+func.func @mlp_backward_bf16(%dy: tensor<2x4x16xbf16>, %x: tensor<2x4x16xbf16>, %pre: tensor<2x4x32xbf16>, %h: tensor<2x4x32xbf16>) -> tensor<2x4x16xbf16> {
+  mt.bias_grad %dy into @l0.fc2.bias : tensor<2x4x16xbf16>
+  %w2 = mt.param_ref @l0.fc2.weight : tensor<16x32xbf16>
+  %dh = mt.matmul_input_grad %dy, %w2 : (tensor<2x4x16xbf16>, tensor<16x32xbf16>) -> tensor<2x4x32xbf16>
+  mt.matmul_weight_grad %dy, %h into @l0.fc2.weight : tensor<2x4x16xbf16>, tensor<2x4x32xbf16>
+  %dpre = mt.gelu_grad %dh, %pre tanh : tensor<2x4x32xbf16>
+  mt.bias_grad %dpre into @l0.fc1.bias : tensor<2x4x32xbf16>
+  %w1 = mt.param_ref @l0.fc1.weight : tensor<32x16xbf16>
+  %dx = mt.matmul_input_grad %dpre, %w1 : (tensor<2x4x32xbf16>, tensor<32x16xbf16>) -> tensor<2x4x16xbf16>
+  mt.matmul_weight_grad %dpre, %x into @l0.fc1.weight : tensor<2x4x32xbf16>, tensor<2x4x16xbf16>
+  return %dx : tensor<2x4x16xbf16>
+}
+
+// -----
+
+// No backward epilogue where it would not be exact or would move work
+// across what it must not: an erf GeLU gradient (cuBLASLt's DGELU is the
+// tanh form), a feature count that is no multiple of 8 (cuBLASLt's aux
+// leading dimension), and a bias gradient whose dy another bias gradient
+// sums too.
+// CHECK-LABEL: func.func @no_backward_epilogue(
+// CHECK-NOT:     mt.fused
+// CHECK:         return
+mt.param @w : tensor<16x12xf32>, normal(2.000000e-02)
+mt.param @b : tensor<16xf32>, zeros
+mt.param @b2 : tensor<16xf32>, zeros
+func.func @no_backward_epilogue(%dy: tensor<2x4x16xf32>, %pre: tensor<2x4x12xf32>, %x: tensor<2x4x12xf32>) -> (tensor<2x4x12xf32>, tensor<2x4x12xf32>) {
+  %w = mt.param_ref @w : tensor<16x12xf32>
+  %dh = mt.matmul_input_grad %dy, %w : (tensor<2x4x16xf32>, tensor<16x12xf32>) -> tensor<2x4x12xf32>
+  %d1 = mt.gelu_grad %dh, %pre erf : tensor<2x4x12xf32>
+  %dh2 = mt.matmul_input_grad %dy, %w : (tensor<2x4x16xf32>, tensor<16x12xf32>) -> tensor<2x4x12xf32>
+  %d2 = mt.gelu_grad %dh2, %pre tanh : tensor<2x4x12xf32>
+  mt.bias_grad %dy into @b : tensor<2x4x16xf32>
+  mt.bias_grad %dy into @b2 : tensor<2x4x16xf32>
+  mt.matmul_weight_grad %dy, %x into @w : tensor<2x4x16xf32>, tensor<2x4x12xf32>
+  return %d1, %d2 : tensor<2x4x12xf32>, tensor<2x4x12xf32>
+}
+
+// -----
+
+// A bias gradient does not move past a gradient reduction to reach its
+// weight-gradient GEMM.
+// CHECK-LABEL: func.func @no_move_past_reduction(
+// CHECK-NOT:     mt.fused
+// CHECK:         return
+mt.param @w : tensor<16x16xf32>, normal(2.000000e-02)
+mt.param @b : tensor<16xf32>, zeros
+func.func @no_move_past_reduction(%dy: tensor<2x4x16xf32>, %x: tensor<2x4x16xf32>) {
+  mt.bias_grad %dy into @b : tensor<2x4x16xf32>
+  mt.all_reduce_grads {group = "dp", scale = 5.000000e-01 : f64}
+  mt.matmul_weight_grad %dy, %x into @w : tensor<2x4x16xf32>, tensor<2x4x16xf32>
+  return
 }

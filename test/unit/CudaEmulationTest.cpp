@@ -854,7 +854,7 @@ void comparePreset(const std::vector<mt::spec::Override> &overrides, uint64_t in
   b.setInsertionPointToEnd(kernels->getBody());
   std::set<std::string> seen;
   module->walk([&](mt::FusedOp fused) {
-    if (fused.getKind() == mt::FusionKind::Gemm)
+    if (fused.getKind() == mt::FusionKind::Gemm || fused.getKind() == mt::FusionKind::GemmGrad)
       return;
     std::string error;
     mt::CudaKernelOptions options;

@@ -355,7 +355,7 @@ std::vector<OpInstruction> everyOpcode(DType d) {
   sharded.params = {p};
   sharded.ints = {0};
   sharded.floats = {0.9, 0.95, 1e-8, 0.1};
-  sharded.segments = {{0, 3, 0, 500}};
+  sharded.rankSegments = {{{0, 3, 0, 500}}};
   sharded.shardMasterOffset = d == DType::F32 ? -1 : 20480;
   sharded.shardExpAvgOffset = 24576;
   sharded.shardExpAvgSqOffset = 28672;
@@ -656,7 +656,7 @@ TEST(CudaOpKernelsEmulation, AdamWGroupAndShard) {
     sh.params[1].weightDecay = false;
     sh.ints = {0};
     sh.floats = {0.9, 0.95, 1e-8, 0.1};
-    sh.segments = {{0, 3, 0, 500}, {1, 0, 500, 200}};
+    sh.rankSegments = {{{0, 3, 0, 500}, {1, 0, 500, 200}}};
     sh.shardMasterOffset = 40960;
     sh.shardExpAvgOffset = 45056;
     sh.shardExpAvgSqOffset = 49152;
@@ -726,7 +726,7 @@ TEST(CudaOpKernelsEmulation, NormsAndScalars) {
   sh.out = {norm.t};
   sh.params = params;
   sh.ints = {0};
-  sh.segments = {{0, 1, 0, 100}, {1, 0, 100, 7}, {2, 5, 107, 50}};
+  sh.rankSegments = {{{0, 1, 0, 100}, {1, 0, 100, 7}, {2, 5, 107, 50}}};
   double part = mt::cpu::sum_squares(s.f(params[0].gradOffset) + 1, 100) +
                 mt::cpu::sum_squares(s.f(params[2].gradOffset) + 5, 50);
   Rank r2 = r;

@@ -2,10 +2,10 @@
 // memory is host memory (device addresses are host pointers), kernels are
 // the generated CUDA C compiled as host C++ under the CUDA emulation
 // (CudaHostKernel.h), and GEMMs are a double-precision reference of
-// plan.fbs's Gemm (column-major, transposes, accumulate, bias and GeLU
-// epilogues) rounded to the output's type. Also the helpers the tests share:
-// compiling a spec into a plan in memory and filling program inputs as the
-// training loop does.
+// plan.fbs's Gemm (column-major, transposes, accumulate, the bias and GeLU
+// epilogues and their gradients) rounded to the output's type. Also the
+// helpers the tests share: compiling a spec into a plan in memory and
+// filling program inputs as the training loop does.
 #ifndef MT_TEST_UNIT_EMULATEDGPUDEVICE_H
 #define MT_TEST_UNIT_EMULATEDGPUDEVICE_H
 
@@ -207,6 +207,12 @@ private:
   std::map<int, int> sent_, received_;
 };
 
+// d gelu_tanh / dx.
+inline double gelu_tanh_grad(double x) {
+  const double c = 0.7978845608028654, t = std::tanh(c * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
 class EmulatedDevice : public GpuDevice {
 public:
   std::unique_ptr<mt::rt::DeviceComm> connect(mt::rt::Communicator &group,
@@ -256,33 +262,55 @@ public:
     std::lock_guard<std::mutex> lock(emulationMutex());
     return kernels_.at(index)->launch(grid, block, k.shared_bytes(), params);
   }
-  // plan.fbs Gemm, column-major, in double.
+  // plan.fbs Gemm, column-major, in double. The bias gradients, as cuBLASLt
+  // defines them: DGELU_BGRAD sums each row of D's epilogue values before
+  // they are rounded to D's type; BGRADB sums each column of op(B) (the
+  // stored B values) over k. Both overwrite the bias output.
   std::string gemm(const pl::Gemm &g, const uint64_t *ptr) override {
     ++gemms;
     const void *a = reinterpret_cast<const void *>(ptr[0]);
     const void *b = reinterpret_cast<const void *>(ptr[1]);
     void *d = reinterpret_cast<void *>(ptr[2]);
-    const void *bias = reinterpret_cast<const void *>(ptr[3]);
+    void *bias = reinterpret_cast<void *>(ptr[3]);
     void *aux = reinterpret_cast<void *>(ptr[4]);
+    const pl::GemmEpilogue e = g.epilogue();
+    const bool addBias = e == pl::GemmEpilogue::BIAS || e == pl::GemmEpilogue::GELU_AUX_BIAS ||
+                         e == pl::GemmEpilogue::GELU_BIAS;
+    const bool dgelu = e == pl::GemmEpilogue::DGELU || e == pl::GemmEpilogue::DGELU_BGRAD;
+    std::vector<double> rowSums(e == pl::GemmEpilogue::DGELU_BGRAD ? size_t(g.m()) : 0, 0.0);
+    auto bAt = [&](int64_t l, int64_t j) { // op(B)[l, j]
+      return double(load(b, g.b_type(), g.trans_b() ? j + l * g.ldb() : l + j * g.ldb()));
+    };
     for (int64_t j = 0; j < g.n(); ++j)
       for (int64_t i = 0; i < g.m(); ++i) {
         double acc = 0;
         for (int64_t l = 0; l < g.k(); ++l) {
           const int64_t ai = g.trans_a() ? l + i * g.lda() : i + l * g.lda();
-          const int64_t bi = g.trans_b() ? j + l * g.ldb() : l + j * g.ldb();
-          acc += double(load(a, g.a_type(), ai)) * double(load(b, g.b_type(), bi));
+          acc += double(load(a, g.a_type(), ai)) * bAt(l, j);
         }
         const int64_t di = i + j * g.ldd();
         if (g.accumulate())
           acc += double(load(d, g.d_type(), di));
-        if (g.epilogue() != pl::GemmEpilogue::NONE)
+        if (addBias)
           acc += double(load(bias, g.bias_type(), i));
-        if (g.epilogue() == pl::GemmEpilogue::GELU_AUX_BIAS)
+        if (e == pl::GemmEpilogue::GELU_AUX_BIAS)
           store(aux, g.d_type(), di, float(acc));
-        if (g.epilogue() == pl::GemmEpilogue::GELU_AUX_BIAS ||
-            g.epilogue() == pl::GemmEpilogue::GELU_BIAS)
+        if (e == pl::GemmEpilogue::GELU_AUX_BIAS || e == pl::GemmEpilogue::GELU_BIAS)
           acc = gelu_tanh(acc);
+        if (dgelu)
+          acc *= gelu_tanh_grad(double(load(aux, g.d_type(), di)));
+        if (!rowSums.empty())
+          rowSums[size_t(i)] += acc;
         store(d, g.d_type(), di, float(acc));
+      }
+    for (size_t i = 0; i < rowSums.size(); ++i)
+      store(bias, g.bias_type(), int64_t(i), float(rowSums[i]));
+    if (e == pl::GemmEpilogue::BGRADB)
+      for (int64_t j = 0; j < g.n(); ++j) {
+        double sum = 0;
+        for (int64_t l = 0; l < g.k(); ++l)
+          sum += bAt(l, j);
+        store(bias, g.bias_type(), j, float(sum));
       }
     return "";
   }
