@@ -27,6 +27,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -101,27 +102,50 @@ inline double gelu_tanh(double x) {
   return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
 }
 
+// CUDA graphs as CUDA makes them: while capturing, launches, GEMMs and
+// fills are recorded with copies of their argument values and run nothing;
+// launching a graph replays the records. So a step that only works because
+// an argument is read at launch time (a per-step value passed by value)
+// goes wrong here as on a GPU, and host copies, synchronisation and kernel
+// loads inside a capture are errors, as stream capture makes them.
 class EmulatedDevice : public GpuDevice {
 public:
   std::string allocate(uint64_t bytes, uint64_t *base) override {
+    if (capturing_)
+      return "allocate while capturing a graph";
     blocks_.emplace_back(bytes + 256, 0xFF); // poisoned: NaN floats until written
     uint64_t p = reinterpret_cast<uint64_t>(blocks_.back().data());
     *base = (p + 255) / 256 * 256;
     return "";
   }
   std::string to_device(uint64_t dst, const void *src, uint64_t bytes) override {
+    if (capturing_)
+      return "a host-to-device copy while capturing a graph";
     std::memcpy(reinterpret_cast<void *>(dst), src, bytes);
     return "";
   }
   std::string to_host(void *dst, uint64_t src, uint64_t bytes) override {
+    if (capturing_)
+      return "a device-to-host copy while capturing a graph";
     std::memcpy(dst, reinterpret_cast<const void *>(src), bytes);
     return "";
   }
   std::string fill(uint64_t dst, uint8_t byte, uint64_t bytes) override {
+    if (capturing_) {
+      Node n;
+      n.kind = Node::Fill;
+      n.ptr[0] = dst;
+      n.ptr[1] = byte;
+      n.ptr[2] = bytes;
+      recording_.push_back(n);
+      return "";
+    }
     std::memset(reinterpret_cast<void *>(dst), byte, bytes);
     return "";
   }
   std::string load_kernel(uint32_t index, const pl::Kernel &k) override {
+    if (capturing_)
+      return "a kernel load while capturing a graph";
     const std::string key = k.entry()->str() + '\n' + k.cuda_source()->str();
     auto it = compiled_.find(key);
     if (it == compiled_.end()) {
@@ -134,7 +158,18 @@ public:
     kernels_[index] = it->second.get();
     return "";
   }
-  std::string launch(uint32_t index, const pl::Kernel &k, void **params) override {
+  std::string launch(uint32_t index, const pl::Kernel &k, void **params,
+                     uint32_t count) override {
+    if (capturing_) {
+      Node n;
+      n.kind = Node::Launch;
+      n.index = index;
+      n.kernel = &k;
+      for (uint32_t i = 0; i < count; ++i) // the values, as cuLaunchKernel copies them
+        n.args.push_back(*static_cast<const uint64_t *>(params[i]));
+      recording_.push_back(std::move(n));
+      return "";
+    }
     const unsigned grid[3] = {k.grid()->Get(0), k.grid()->Get(1), k.grid()->Get(2)};
     const unsigned block[3] = {k.block()->Get(0), k.block()->Get(1), k.block()->Get(2)};
     ++launches;
@@ -142,6 +177,14 @@ public:
   }
   // plan.fbs Gemm, column-major, in double.
   std::string gemm(const pl::Gemm &g, const uint64_t *ptr) override {
+    if (capturing_) {
+      Node n;
+      n.kind = Node::Gemm;
+      n.gemm = &g;
+      std::copy(ptr, ptr + 5, n.ptr);
+      recording_.push_back(n);
+      return "";
+    }
     ++gemms;
     const void *a = reinterpret_cast<const void *>(ptr[0]);
     const void *b = reinterpret_cast<const void *>(ptr[1]);
@@ -170,11 +213,71 @@ public:
       }
     return "";
   }
-  std::string synchronize() override { return ""; }
+  std::string synchronize() override {
+    return capturing_ ? "synchronize while capturing a graph" : "";
+  }
 
-  int launches = 0, gemms = 0;
+  std::string begin_capture() override {
+    if (capturing_)
+      return "a capture is already under way";
+    capturing_ = true;
+    recording_.clear();
+    return "";
+  }
+  std::string end_capture(uint64_t *graph) override {
+    *graph = 0;
+    if (!capturing_)
+      return "no capture under way";
+    capturing_ = false;
+    graphs_[++lastGraph_] = std::move(recording_);
+    recording_.clear();
+    *graph = lastGraph_;
+    ++captures;
+    return "";
+  }
+  std::string launch_graph(uint64_t graph) override {
+    auto it = graphs_.find(graph);
+    if (capturing_ || it == graphs_.end())
+      return capturing_ ? "a graph launch while capturing" : "no such graph";
+    ++graphLaunches;
+    for (const Node &n : it->second) {
+      std::string e;
+      if (n.kind == Node::Launch) {
+        std::vector<uint64_t> values = n.args; // the recorded values, never the caller's
+        std::vector<void *> params(values.size());
+        for (size_t i = 0; i < values.size(); ++i)
+          params[i] = &values[i];
+        e = launch(n.index, *n.kernel, params.data(), uint32_t(params.size()));
+      } else if (n.kind == Node::Gemm) {
+        e = gemm(*n.gemm, n.ptr);
+      } else {
+        e = fill(n.ptr[0], uint8_t(n.ptr[1]), n.ptr[2]);
+      }
+      if (!e.empty())
+        return e;
+    }
+    return "";
+  }
+  void destroy_graph(uint64_t graph) override { graphs_.erase(graph); }
+
+  // Executed work (graph replays included), captures and graph launches.
+  int launches = 0, gemms = 0, captures = 0, graphLaunches = 0;
+  size_t liveGraphs() const { return graphs_.size(); }
 
 private:
+  struct Node {
+    enum Kind { Launch, Gemm, Fill } kind = Launch;
+    uint32_t index = 0;
+    const pl::Kernel *kernel = nullptr;
+    std::vector<uint64_t> args;
+    const pl::Gemm *gemm = nullptr;
+    uint64_t ptr[5] = {0, 0, 0, 0, 0}; // GEMM pointers; a fill's dst, byte, bytes
+  };
+  bool capturing_ = false;
+  std::vector<Node> recording_;
+  std::map<uint64_t, std::vector<Node>> graphs_;
+  uint64_t lastGraph_ = 0;
+
   std::vector<std::vector<uint8_t>> blocks_;
   std::map<std::string, std::unique_ptr<mt::emu::HostKernel>> compiled_;
   std::map<uint32_t, const mt::emu::HostKernel *> kernels_;
