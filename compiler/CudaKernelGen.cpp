@@ -357,8 +357,8 @@ private:
           line("float " + name + "[V];");
           line("#pragma unroll");
           line("for (int l = 0; l < V; ++l) " + name + "[l] = " + x + "[l];");
-          line("mt_dropout<V>(" + name + ", " + first + ", seed, stream" + std::to_string(k) +
-               ", rng_offset, " + std::to_string(threshold) + "u, " + flt(scale) + ");");
+          line("mt_dropout<V>(" + name + ", " + first + ", *seed, stream" + std::to_string(k) +
+               ", *rng_offset, " + std::to_string(threshold) + "u, " + flt(scale) + ");");
           Storage s = *storageOf(cast<RankedTensorType>(v.getType()).getElementType());
           result = s == Storage::F32 ? name : lanes(v, name + "[l]");
         })
@@ -500,7 +500,10 @@ std::optional<CudaKernel> generateCudaKernel(Operation *op, const CudaKernelOpti
   size_t stream = 0;
   for (const std::string &s : k.scalarArgs) {
     std::string name = s == "stream" ? "stream" + std::to_string(stream++) : s;
-    param("mt_u64 " + name, name);
+    // The seed and the offset are read from the device (plan.fbs Kernel), so
+    // a captured CUDA graph sees each step's values.
+    const bool onDevice = s == "seed" || s == "rng_offset";
+    param((onDevice ? "const mt_u64 *" : "mt_u64 ") + name, name);
   }
 
   std::string src = "// mt kernel: " + opNames(body) + " (" +

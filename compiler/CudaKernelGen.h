@@ -27,8 +27,9 @@ struct CudaKernel {
   uint32_t grid[3] = {1, 1, 1};
   uint32_t block[3] = {1, 1, 1};
   uint32_t sharedBytes = 0; // dynamic shared memory of the launch
-  // After the pointer arguments, one `unsigned long long` each, in order:
-  // "seed", "rng_offset", "tp_rank" or "stream" (values in `streams`).
+  // After the pointer arguments, in order: "seed" and "rng_offset" (each a
+  // `const unsigned long long *` to the value on the device), "tp_rank" or
+  // "stream" (each an `unsigned long long`; values in `streams`).
   std::vector<std::string> scalarArgs;
   std::vector<uint64_t> streams;
   int vectorWidth = 1; // elements per thread and access (8 halfs or 4 floats: 128 bits)

@@ -401,7 +401,7 @@ bool genElementwise(const OpInstruction &ins, Builder &b) {
         rate >= 1 ? (1u << 24) : uint32_t(std::ceil(rate * 16777216.0));
     const double scale = rate >= 1 ? 0.0 : 1.0 / (1.0 - rate);
     std::string params = ptr(x, "x", true) + ", " + ptr(y, "y", false) +
-                         ", mt_u64 seed, mt_u64 rng_offset";
+                         ", const mt_u64 *seed, const mt_u64 *rng_offset";
     std::string call = "x, y, seed, rng_offset";
     std::vector<std::string> scalars = {"seed", "rng_offset"};
     std::string first = "i";
@@ -417,7 +417,7 @@ bool genElementwise(const OpInstruction &ins, Builder &b) {
     scalars.push_back("stream");
     elementwise(b, sharded ? "dropout_shard" : "dropout", params, call,
                 "  float a[V];\n  mt_load<V>(x, i, a);\n  mt_dropout<V>(a, " + first +
-                    ", seed, stream, rng_offset, " + std::to_string(threshold) + "u, " +
+                    ", *seed, stream, *rng_offset, " + std::to_string(threshold) + "u, " +
                     flt(scale) + ");\n  mt_store<V>(y, i, a);\n",
                 n, v, {in(0), outp(0)}, scalars, {uint64_t(stream)});
     return true;

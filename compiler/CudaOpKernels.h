@@ -39,7 +39,8 @@
 //
 // Kernel ABI. Each kernel's `args` says what its pointer arguments are, in
 // order; `CudaKernel::scalarArgs` follow them as in plan.fbs's Kernel table
-// ("seed", "rng_offset", "tp_rank", "dp_rank", "stream" with `streams`). Per opcode
+// ("seed" and "rng_offset" as pointers to device u64s, "tp_rank", "dp_rank",
+// "stream" with `streams` by value). Per opcode
 // (in_k / out_k: the instruction's values; grad_k: parameter k's f32
 // gradient; state: the rank's state buffer, whose byte offsets the kernels
 // carry as constants; ws+o: workspace + o bytes):

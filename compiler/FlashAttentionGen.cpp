@@ -718,7 +718,7 @@ void scalars(const FlashAttentionConfig &c, std::string &source, CudaKernel &k) 
   std::string params, rng = "0, 0, 0, 0";
   if (c.dropoutRate > 0) {
     k.scalarArgs = {"seed", "rng_offset"};
-    params = ", mt_u64 seed, mt_u64 rng_offset";
+    params = ", const mt_u64 *seed, const mt_u64 *rng_offset"; // device scalars (plan.fbs Kernel)
     if (c.tensorParallel > 1) {
       k.scalarArgs.push_back("tp_rank");
       params += ", mt_u64 tp_rank";
@@ -726,7 +726,7 @@ void scalars(const FlashAttentionConfig &c, std::string &source, CudaKernel &k) 
     k.scalarArgs.push_back("stream");
     k.streams = {c.stream};
     params += ", mt_u64 stream";
-    rng = std::string("seed, rng_offset, stream, ") + (c.tensorParallel > 1 ? "tp_rank * kHeads" : "0");
+    rng = std::string("*seed, *rng_offset, stream, ") + (c.tensorParallel > 1 ? "tp_rank * kHeads" : "0");
   }
   source = replaceAll(replaceAll(source, "@SCALARS@", params), "@RNG@", rng);
 }

@@ -26,7 +26,8 @@
 //   3. `dq`:   dq = scale * dq_accum in T (overwritten).
 // Scalars exist only with dropout (rate > 0): "seed", "rng_offset", then
 // "tp_rank" when tensorParallel > 1, then "stream" (its value in `streams`),
-// as CudaKernelGen names them. The mask is the CPU's bit for bit: element
+// as CudaKernelGen names them (seed and rng_offset are pointers to device
+// u64s, read once at entry, so a captured CUDA graph sees each step's). The mask is the CPU's bit for bit: element
 // ((b * heads * tensorParallel + tp_rank * heads + h) * seq + i) * seq + j
 // of Philox4x32-10 with key {seed, stream} and counter {index / 4, rng_offset}.
 // No launch needs more than 48 KiB of shared memory, so none needs an

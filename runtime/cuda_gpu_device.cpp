@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 #include <tuple>
 
 namespace mt::rt {
@@ -136,6 +137,8 @@ public:
       for (cu::cublasLtMatrixLayout_t l : {g.a, g.b, g.d})
         lt_->cublasLtMatrixLayoutDestroy(l);
     }
+    for (cu::CUgraphExec g : graphs_)
+      dev_.driver->cuGraphExecDestroy(g);
     if (handle_)
       lt_->cublasLtDestroy(handle_);
     for (cu::CUmodule m : modules_)
@@ -177,17 +180,23 @@ public:
     *base = p;
     return "";
   }
+  // Copies on the stream, then a wait: ordered after the work before them
+  // and before the work after them. (A synchronous cuMemcpy runs on the
+  // legacy default stream, which a non-blocking stream does not wait for,
+  // and may return before a pageable upload has landed.)
   std::string to_device(uint64_t dst, const void *src, uint64_t bytes) override {
-    if (std::string e = drv(dev_.driver->cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    if (std::string e = drv(dev_.driver->cuMemcpyHtoDAsync(dst, src, bytes, stream_),
+                            "cuMemcpyHtoDAsync");
         !e.empty())
       return e;
-    return drv(dev_.driver->cuMemcpyHtoD(dst, src, bytes), "cuMemcpyHtoD");
+    return drv(dev_.driver->cuStreamSynchronize(stream_), "cuStreamSynchronize");
   }
   std::string to_host(void *dst, uint64_t src, uint64_t bytes) override {
-    if (std::string e = drv(dev_.driver->cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    if (std::string e = drv(dev_.driver->cuMemcpyDtoHAsync(dst, src, bytes, stream_),
+                            "cuMemcpyDtoHAsync");
         !e.empty())
       return e;
-    return drv(dev_.driver->cuMemcpyDtoH(dst, src, bytes), "cuMemcpyDtoH");
+    return drv(dev_.driver->cuStreamSynchronize(stream_), "cuStreamSynchronize");
   }
   std::string fill(uint64_t dst, uint8_t byte, uint64_t bytes) override {
     return drv(dev_.driver->cuMemsetD8Async(dst, byte, bytes, stream_), "cuMemsetD8Async");
@@ -220,7 +229,7 @@ public:
     return "";
   }
 
-  std::string launch(uint32_t index, const pl::Kernel &k, void **params) override {
+  std::string launch(uint32_t index, const pl::Kernel &k, void **params, uint32_t) override {
     auto g = k.grid(), b = k.block();
     return drv(dev_.driver->cuLaunchKernel(functions_.at(index), g->Get(0), g->Get(1), g->Get(2),
                                            b->Get(0), b->Get(1), b->Get(2), k.shared_bytes(),
@@ -292,6 +301,45 @@ public:
     }
     return std::make_unique<NcclComm>(nccl, comm, stream_, group.rank(), group.size(),
                                       group.name());
+  }
+
+  // Stream capture in thread-local mode: only this thread's unsafe calls
+  // (a synchronous copy, an allocation) invalidate the capture. cuBLASLt
+  // is captured as well: its workspace is preallocated (lt_workspace_) and
+  // its algorithms were chosen in the eager run before, so it allocates
+  // nothing under capture.
+  std::string begin_capture() override {
+    return drv(dev_.driver->cuStreamBeginCapture(stream_, cu::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+               "cuStreamBeginCapture");
+  }
+  std::string end_capture(uint64_t *graph) override {
+    *graph = 0;
+    cu::CUgraph g = nullptr;
+    if (std::string e = drv(dev_.driver->cuStreamEndCapture(stream_, &g), "cuStreamEndCapture");
+        !e.empty()) {
+      if (g)
+        dev_.driver->cuGraphDestroy(g);
+      return e;
+    }
+    cu::CUgraphExec exec = nullptr;
+    std::string e = drv(dev_.driver->cuGraphInstantiate(&exec, g, 0), "cuGraphInstantiate");
+    dev_.driver->cuGraphDestroy(g); // the executable graph is independent of it
+    if (!e.empty())
+      return e;
+    graphs_.insert(exec);
+    *graph = reinterpret_cast<uint64_t>(exec);
+    return "";
+  }
+  std::string launch_graph(uint64_t graph) override {
+    return drv(dev_.driver->cuGraphLaunch(reinterpret_cast<cu::CUgraphExec>(graph), stream_),
+               "cuGraphLaunch");
+  }
+  void destroy_graph(uint64_t graph) override {
+    auto it = graphs_.find(reinterpret_cast<cu::CUgraphExec>(graph));
+    if (it == graphs_.end())
+      return;
+    dev_.driver->cuGraphExecDestroy(*it);
+    graphs_.erase(it);
   }
 
 private:
@@ -386,6 +434,7 @@ private:
   uint64_t lt_workspace_ = 0;
   std::vector<cu::CUdeviceptr> allocations_;
   std::vector<cu::CUmodule> modules_;
+  std::set<cu::CUgraphExec> graphs_;
   std::map<uint32_t, cu::CUfunction> functions_;
   std::map<std::pair<std::string, std::string>, cu::CUfunction> by_source_;
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, int, int,

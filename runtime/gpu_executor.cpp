@@ -115,7 +115,7 @@ GpuExecutor::GpuExecutor(const pl::Plan &plan, int rank, std::unique_ptr<GpuDevi
   }
 }
 
-GpuExecutor::~GpuExecutor() = default;
+GpuExecutor::~GpuExecutor() { drop_graphs(); }
 
 namespace {
 // The distributed optimizer's shard arrays with their state-buffer offsets.
@@ -147,7 +147,8 @@ std::string GpuExecutor::open() {
   }
   const uint64_t state = align_up(rank_.state_bytes()), arena = align_up(rank_.arena_bytes());
   const uint64_t work = align_up(rank_.kernel_workspace_bytes());
-  if (std::string e = device_->allocate(state + arena + work + kAlign, &base_); !e.empty())
+  if (std::string e = device_->allocate(state + arena + work + gpu_scalar_bytes(rank_), &base_);
+      !e.empty())
     return who + ": " + e;
   workspace_ = base_ + state + arena;
   loss_scale_at_ = workspace_ + work;
@@ -160,6 +161,8 @@ std::string GpuExecutor::open() {
       weight_base_ = base_ + uint64_t(p->weight_offset() - p->flat_offset() * int64_t(weight_bytes_));
       break;
     }
+  seed_at_ = loss_scale_at_ + kGpuScalarSlotBytes;
+  micro_slots_ = gpu_micro_batch_slots(rank_);
   for (uint32_t k : kernels)
     if (std::string e = device_->load_kernel(k, *plan_.kernels()->Get(k)); !e.empty())
       return who + ": " + e;
@@ -371,7 +374,7 @@ std::string GpuExecutor::staged(const pl::Program &program, bool upload) {
 }
 
 std::string GpuExecutor::step(const pl::Program &program, const pl::Instruction &ins,
-                              const pl::GpuStep &s, uint64_t rng_offset) {
+                              const pl::GpuStep &s) {
   switch (s.kind()) {
   case pl::GpuStepKind::NOTHING:
     return "";
@@ -380,12 +383,9 @@ std::string GpuExecutor::step(const pl::Program &program, const pl::Instruction 
     std::vector<uint64_t> values;
     for (const pl::GpuArg *a : *s.args()) {
       switch (a->kind()) {
-      case pl::GpuArgKind::SEED: values.push_back(seed_); break;
-      case pl::GpuArgKind::RNG_OFFSET:
-        values.push_back(ins.micro_batch() >= 0 && size_t(ins.micro_batch()) < micro_offsets_.size()
-                             ? micro_offsets_[size_t(ins.micro_batch())]
-                             : rng_offset);
-        break;
+      // Device scalars (write_scalars), so a captured graph sees each run's.
+      case pl::GpuArgKind::SEED: values.push_back(seed_at_); break;
+      case pl::GpuArgKind::RNG_OFFSET: values.push_back(rng_offset_at(ins.micro_batch())); break;
       case pl::GpuArgKind::TP_RANK: values.push_back(uint64_t(rank_.tp_rank())); break;
       case pl::GpuArgKind::DP_RANK: values.push_back(uint64_t(rank_.dp_rank())); break;
       case pl::GpuArgKind::CONSTANT: values.push_back(a->index()); break;
@@ -396,7 +396,7 @@ std::string GpuExecutor::step(const pl::Program &program, const pl::Instruction 
     std::vector<void *> params(values.size());
     for (size_t i = 0; i < values.size(); ++i)
       params[i] = &values[i];
-    return device_->launch(k, *plan_.kernels()->Get(k), params.data());
+    return device_->launch(k, *plan_.kernels()->Get(k), params.data(), uint32_t(params.size()));
   }
   case pl::GpuStepKind::GEMM: {
     // ptr: A, B, D, bias, aux; the step lists bias and aux only where its
@@ -556,11 +556,22 @@ std::string GpuExecutor::native(const pl::Program &program, const pl::Instructio
   }
 }
 
-std::string GpuExecutor::run(const pl::Program &program, uint64_t rng_offset) {
-  if (!pending_error_.empty())
-    return std::exchange(pending_error_, "");
-  if (std::string e = staged(program, true); !e.empty())
-    return e;
+// The u64 slots after the loss scale's: the seed (slot 0), the program's
+// RNG offset (slot 1), then micro-batch m's (slot 2 + m).
+uint64_t GpuExecutor::rng_offset_at(int32_t micro_batch) const {
+  return seed_at_ + kGpuScalarSlotBytes * (1 + uint64_t(micro_batch + 1));
+}
+
+// This run's seed and RNG offsets into their slots: a micro-batch without
+// an offset of its own uses the program's, as the CPU executor does.
+std::string GpuExecutor::write_scalars(uint64_t rng_offset) {
+  std::vector<uint64_t> slots = {seed_, rng_offset};
+  for (uint64_t m = 0; m < micro_slots_; ++m)
+    slots.push_back(m < micro_offsets_.size() ? micro_offsets_[m] : rng_offset);
+  return device_->to_device(seed_at_, slots.data(), slots.size() * kGpuScalarSlotBytes);
+}
+
+std::string GpuExecutor::run_steps(const pl::Program &program) {
   const auto *insts = program.instructions();
   auto at = [&](uint32_t i, const std::string &e) {
     const pl::Instruction &ins = *insts->Get(i);
@@ -594,11 +605,62 @@ std::string GpuExecutor::run(const pl::Program &program, uint64_t rng_offset) {
     }
     const pl::Instruction &ins = *insts->Get(i);
     for (const pl::GpuStep *s : *ins.gpu())
-      if (std::string e = step(program, ins, *s, rng_offset); !e.empty())
+      if (std::string e = step(program, ins, *s); !e.empty())
         return at(i, e);
   }
+  return "";
+}
+
+void GpuExecutor::drop_graphs() {
+  for (auto &[program, g] : graphs_)
+    if (g.handle)
+      device_->destroy_graph(g.handle);
+  graphs_.clear();
+}
+
+void GpuExecutor::set_cuda_graphs(bool on) {
+  if (!on)
+    drop_graphs();
+  use_graphs_ = on;
+}
+
+std::string GpuExecutor::run(const pl::Program &program, uint64_t rng_offset) {
+  if (!pending_error_.empty())
+    return std::exchange(pending_error_, "");
+  if (std::string e = staged(program, true); !e.empty())
+    return e;
+  if (std::string e = write_scalars(rng_offset); !e.empty())
+    return e;
+  Graph &g = graphs_[&program];
+  const std::string who = "rank " + std::to_string(rank_.rank()) + ": " + str(program.name());
+  if (!use_graphs_ || g.runs++ == 0) {
+    // Eager: every run without graphs, and the first with them (kernels
+    // load, cuBLASLt chooses its algorithms, before anything is captured).
+    if (std::string e = run_steps(program); !e.empty())
+      return e;
+  } else {
+    if (!g.handle) {
+      if (std::string e = device_->begin_capture(); !e.empty())
+        return who + ": capturing a CUDA graph: " + e;
+      std::string e = run_steps(program);
+      uint64_t handle = 0;
+      std::string end = device_->end_capture(&handle); // ends the capture whatever happened
+      if (!e.empty()) {
+        if (handle)
+          device_->destroy_graph(handle);
+        return e;
+      }
+      if (!end.empty())
+        return who + ": capturing a CUDA graph: " + end +
+               "; run with --no-cuda-graph to run the steps one by one";
+      g.handle = handle;
+    }
+    if (std::string e = device_->launch_graph(g.handle); !e.empty())
+      return who + ": " + e;
+    ++graph_launches_;
+  }
   if (std::string e = device_->synchronize(); !e.empty())
-    return "rank " + std::to_string(rank_.rank()) + ": " + str(program.name()) + ": " + e;
+    return who + ": " + e;
   return staged(program, false);
 }
 

@@ -6,9 +6,22 @@
 // Memory. One device allocation holds, in order, the state buffer
 // (state_bytes: weights in their dtype, f32 gradients, masters, moments, at
 // the plan's offsets), the activation arena (arena_bytes), the kernel
-// workspace (kernel_workspace_bytes) and 256 bytes for the loss scale (one
-// f32, read by GRAD_SEED's kernel): exactly what `mtc` printed, plus the
-// stated cuBLASLt workspace the device allocates itself.
+// workspace (kernel_workspace_bytes) and the device scalars
+// (gpu_scalar_bytes, plan_reader.h: 256 bytes unless a pipeline schedule
+// has more than 29 micro-batches): the loss scale (an f32, read by
+// GRAD_SEED's kernel), the seed, the program's RNG offset and one RNG offset
+// per micro-batch (u64 each; SEED and RNG_OFFSET arguments point at them).
+// That is exactly what `mtc` printed, plus the stated cuBLASLt workspace the
+// device allocates itself.
+//
+// CUDA graphs. Everything a step varies (inputs, the loss scale, the seed,
+// the RNG offsets) is in device memory at fixed addresses and every
+// argument is an address or a constant of the plan, so a program's steps
+// can be captured once and replayed. A program's first run is eager
+// (kernels load, cuBLASLt chooses its algorithms), its second is captured
+// into a graph and launched, later runs launch the graph. Host copies (the
+// scalars, inputs, outputs) stay outside the graph, around the launch.
+// set_cuda_graphs(false) keeps every run eager (mtrun --no-cuda-graph).
 //
 // Host side. Program inputs and outputs are staged in host buffers
 // (value_data), uploaded before run() and downloaded after it; they are
@@ -49,6 +62,7 @@
 #include "runtime/executor.h"
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,8 +111,10 @@ public:
   virtual std::string fill(uint64_t dst, uint8_t byte, uint64_t bytes) = 0;
   // Compiles (or finds in a cache) and loads plan kernel `index`.
   virtual std::string load_kernel(uint32_t index, const mt::plan::Kernel &kernel) = 0;
-  // cuLaunchKernel's convention: params[i] points at argument i's value.
-  virtual std::string launch(uint32_t index, const mt::plan::Kernel &kernel, void **params) = 0;
+  // cuLaunchKernel's convention: params[i] points at argument i's value
+  // (`count` of them, 8 bytes each).
+  virtual std::string launch(uint32_t index, const mt::plan::Kernel &kernel, void **params,
+                             uint32_t count) = 0;
   // ptr: A, B, D, then the epilogue's bias and aux (plan.fbs Gemm).
   virtual std::string gemm(const mt::plan::Gemm &g, const uint64_t *ptr) = 0;
   virtual std::string synchronize() = 0;
@@ -110,6 +126,14 @@ public:
     (void)group;
     return nullptr;
   }
+  // CUDA graphs. Between begin_capture and end_capture, launch and gemm
+  // record their work with the argument values they were given, running
+  // nothing; end_capture makes the record an executable graph (*graph, not
+  // 0). launch_graph runs it again, as recorded, in stream order.
+  virtual std::string begin_capture() = 0;
+  virtual std::string end_capture(uint64_t *graph) = 0;
+  virtual std::string launch_graph(uint64_t graph) = 0;
+  virtual void destroy_graph(uint64_t graph) = 0;
 };
 
 class GpuExecutor : public Executor {
@@ -151,6 +175,11 @@ public:
   void set_check_memory_plan(bool) override {}
   void set_groups(const ParallelGroups *groups) override { groups_ = groups; }
 
+  // Whether steady-state runs replay a captured CUDA graph (default on).
+  void set_cuda_graphs(bool on);
+  // Runs that launched a captured graph (tests).
+  int64_t graph_launches() const { return graph_launches_; }
+
   // Device addresses (tests).
   uint64_t state_base() const { return base_; }
   uint64_t arena_base() const { return base_ + rank_.state_bytes(); }
@@ -158,7 +187,7 @@ public:
 private:
   struct HostState; // host views of every parameter
   std::string step(const mt::plan::Program &program, const mt::plan::Instruction &ins,
-                   const mt::plan::GpuStep &s, uint64_t rng_offset);
+                   const mt::plan::GpuStep &s);
   uint64_t address(const mt::plan::Program &program, const mt::plan::GpuArg &a) const;
   std::string staged(const mt::plan::Program &program, bool upload);
   DeviceComm *comm(int64_t group, std::string *error) const;
@@ -166,12 +195,16 @@ private:
                      const mt::plan::GpuStep &s);
   std::string point_to_point(const mt::plan::Program &program, const mt::plan::Instruction &ins,
                              DeviceComm &pp);
+  std::string write_scalars(uint64_t rng_offset);
+  std::string run_steps(const mt::plan::Program &program);
+  uint64_t rng_offset_at(int32_t micro_batch) const;
+  void drop_graphs();
 
   const mt::plan::Plan &plan_;
   const mt::plan::Rank &rank_;
   std::unique_ptr<GpuDevice> device_;
   const ParallelGroups *groups_ = nullptr;
-  uint64_t base_ = 0, workspace_ = 0, loss_scale_at_ = 0;
+  uint64_t base_ = 0, workspace_ = 0, loss_scale_at_ = 0, seed_at_ = 0;
   // The flat buffers of data-parallel plans: element e's gradient at
   // grad_base_ + 4 e, its weight at weight_base_ + weight_bytes_ e.
   uint64_t grad_base_ = 0, weight_base_ = 0, weight_bytes_ = 4;
@@ -179,6 +212,15 @@ private:
   std::unique_ptr<DeviceComm> comms_[4]; // by plan group number: dp, tp, pp, mp
   uint64_t seed_ = 0;
   std::vector<uint64_t> micro_offsets_;
+  uint64_t micro_slots_ = 0; // RNG offset slots after the program's
+  // Per program: runs so far and its captured graph (0: none yet).
+  struct Graph {
+    int64_t runs = 0;
+    uint64_t handle = 0;
+  };
+  std::map<const mt::plan::Program *, Graph> graphs_;
+  bool use_graphs_ = true;
+  int64_t graph_launches_ = 0;
   std::unique_ptr<HostState> host_;
   std::string pending_error_; // from calls that cannot return one (zero_grads)
 };

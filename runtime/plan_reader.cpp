@@ -559,6 +559,9 @@ private:
       return e;
     if (std::string e = check_gpu_steps(s, ins); !e.empty())
       return e;
+    if (ins.micro_batch() < -1 || ins.micro_batch() > kMaxMicroBatch)
+      return "micro_batch " + std::to_string(ins.micro_batch()) + " is outside -1 to " +
+             std::to_string(kMaxMicroBatch);
     if (ins.op() == pl::Opcode::FUSED)
       return check_fused(s, ins);
     return check_shapes(s, ins);
@@ -1234,6 +1237,21 @@ const pl::Rank *find_rank(const pl::Plan &plan, int rank) {
     if (plan.ranks()->Get(uint32_t(i))->rank() == rank)
       return plan.ranks()->Get(uint32_t(i));
   return nullptr;
+}
+
+uint64_t gpu_micro_batch_slots(const pl::Rank &rank) {
+  int64_t slots = 0;
+  for (size_t p = 0; p < vsize(rank.programs()); ++p) {
+    const pl::Program &prog = *rank.programs()->Get(uint32_t(p));
+    for (size_t i = 0; i < vsize(prog.instructions()); ++i)
+      slots = std::max<int64_t>(slots, prog.instructions()->Get(uint32_t(i))->micro_batch() + 1);
+  }
+  return uint64_t(slots);
+}
+
+uint64_t gpu_scalar_bytes(const pl::Rank &rank) {
+  const uint64_t bytes = kGpuScalarSlotBytes * (3 + gpu_micro_batch_slots(rank));
+  return (bytes + 255) / 256 * 256;
 }
 
 std::unique_ptr<PlanFile> PlanFile::open(const std::string &path, std::string *error) {

@@ -112,6 +112,7 @@ public:
       gpu->set_groups(&groups); // open() connects each group's GPUs (NCCL)
       if (std::string e = gpu->open(); !e.empty())
         return fail("--device cuda: " + e);
+      gpu->set_cuda_graphs(opts.cuda_graphs);
       exec = std::move(gpu);
     } else {
       exec = std::make_unique<CpuExecutor>(plan, rank);
@@ -699,8 +700,11 @@ const char *kUsage = R"(usage: mtrun PLAN [options]
 Trains the model of PLAN (written by `mtc compile SPEC.toml -o PLAN`).
 
 options:
-  --device cpu|cuda     where to run (default cpu; cuda checks the GPU, driver and
-                        CUDA libraries, then stops: its executor is not built yet)
+  --device cpu|cuda     where to run (default cpu; cuda runs one rank on the GPU)
+  --no-cuda-graph       with --device cuda, launch every kernel and GEMM of every
+                        step from the host instead of capturing each program
+                        once as a CUDA graph and replaying it (for debugging
+                        and timing comparisons; the results are the same bits)
   --save DIR            save checkpoints to DIR (overrides [training] save)
   --load DIR            resume from the latest checkpoint in DIR (overrides [training] load)
   --train-iters N       stop after iteration N (overrides [training] train_iters)
@@ -828,6 +832,8 @@ int mtrun_main(int argc, char **argv) {
       return 0;
     } else if (a == "--check-memory-plan") {
       o.check_memory_plan = true;
+    } else if (a == "--no-cuda-graph") {
+      o.cuda_graphs = false;
     } else if ((r = value("--device", &o.device))) {
       if (r < 0) return usage("--device needs cpu or cuda");
     } else if ((r = value("--save", &o.save))) {

@@ -19,6 +19,7 @@ struct RunOptions {
   int64_t train_iters = -1;  // overrides the plan's train_iters when >= 0
   std::string log_file;      // iteration lines are also appended here
   bool check_memory_plan = false;
+  bool cuda_graphs = true;   // --device cuda: replay each program as a captured CUDA graph
   LaunchFlags launch;        // --rank / --world-size; SLURM_* and MT_* otherwise
   double timeout_s = 300;    // how long a rank waits for the others
 };

@@ -762,8 +762,11 @@ void compareAll(const mt::rt::PlanFile &file, uint64_t inputSeed, KernelStats *s
     uint32_t stream = 0;
     for (const auto *s : *k.scalar_args()) {
       const std::string a = s->str();
-      scalars.push_back(a == "seed" ? seed : a == "rng_offset" ? rngOffset : a == "tp_rank" ? 0
-                                                                : k.streams()->Get(stream++));
+      // The seed and the offset are device scalars: pointers to them.
+      scalars.push_back(a == "seed"         ? reinterpret_cast<uintptr_t>(&seed)
+                        : a == "rng_offset" ? reinterpret_cast<uintptr_t>(&rngOffset)
+                        : a == "tp_rank"    ? 0
+                                            : k.streams()->Get(stream++));
     }
     for (void *&p : pointers)
       params.push_back(&p);

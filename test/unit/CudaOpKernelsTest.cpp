@@ -180,8 +180,10 @@ std::string launch(const mt::OpLaunch &l, Rank &r) {
   std::vector<unsigned long long> scalars;
   size_t stream = 0;
   for (const std::string &s : l.kernel.scalarArgs)
-    scalars.push_back(s == "seed" ? r.seed : s == "rng_offset" ? r.rngOffset
-                      : s == "tp_rank" ? r.tpRank : l.kernel.streams.at(stream++));
+    scalars.push_back(s == "seed"         ? reinterpret_cast<uintptr_t>(&r.seed) // device scalars
+                      : s == "rng_offset" ? reinterpret_cast<uintptr_t>(&r.rngOffset)
+                      : s == "tp_rank"    ? r.tpRank
+                                          : l.kernel.streams.at(stream++));
   std::vector<void *> params;
   for (void *&p : ptrs)
     params.push_back(&p);

@@ -27,8 +27,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -123,14 +125,54 @@ inline pl::DType dtypeOf(mt::rt::CommElement t) {
 // their type (f64 values sum in double, in rank order). Point-to-point
 // messages between two ranks match by order, as NCCL's do (no tags): a plan
 // whose sends and receives a pair issues in different orders fails here.
+//
+// Under graph capture a collective is recorded (its arguments by value, as
+// NCCL's captured kernels hold them) and runs when the graph replays.
 class EmulatedComm : public mt::rt::DeviceComm {
 public:
-  explicit EmulatedComm(mt::rt::Communicator &c) : c_(c) {}
+  // `record`: takes the work and returns true when the device is capturing.
+  using Recorder = std::function<bool(std::function<std::string()>)>;
+  EmulatedComm(mt::rt::Communicator &c, Recorder record) : c_(c), record_(std::move(record)) {}
   int rank() const override { return c_.rank(); }
   int size() const override { return c_.size(); }
 
   std::string all_reduce(uint64_t in, uint64_t out, uint64_t count, mt::rt::CommElement t,
                          mt::rt::ReduceOp op, double scale) override {
+    return now([=] { return all_reduce_now(in, out, count, t, op, scale); });
+  }
+  std::string all_gather(uint64_t in, uint64_t out, uint64_t count,
+                         mt::rt::CommElement t) override {
+    return now([=] { return all_gather_now(in, out, count, t); });
+  }
+  std::string reduce_scatter(uint64_t in, uint64_t out, uint64_t count, mt::rt::CommElement t,
+                             double scale) override {
+    return now([=] { return reduce_scatter_now(in, out, count, t, scale); });
+  }
+  std::string group_start() override { return ""; }
+  std::string group_end() override { return ""; }
+  std::string send(uint64_t buf, uint64_t count, mt::rt::CommElement t, int peer) override {
+    return now([=] {
+      ++calls;
+      return c_.send(ptr(buf), count * elementBytes(t), peer, sent_[peer]++);
+    });
+  }
+  std::string recv(uint64_t buf, uint64_t count, mt::rt::CommElement t, int peer) override {
+    return now([=] {
+      ++calls;
+      return c_.recv(ptr(buf), count * elementBytes(t), peer, received_[peer]++);
+    });
+  }
+
+  int calls = 0; // collectives run (graph replays included)
+
+private:
+  std::string now(std::function<std::string()> f) {
+    if (record_ && record_(f))
+      return "";
+    return f();
+  }
+  std::string all_reduce_now(uint64_t in, uint64_t out, uint64_t count, mt::rt::CommElement t,
+                             mt::rt::ReduceOp op, double scale) {
     ++calls;
     if (t == mt::rt::CommElement::F64) {
       std::vector<double> mine(count), all(count * size_t(size()));
@@ -158,8 +200,7 @@ public:
     write(out, v, t);
     return "";
   }
-  std::string all_gather(uint64_t in, uint64_t out, uint64_t count,
-                         mt::rt::CommElement t) override {
+  std::string all_gather_now(uint64_t in, uint64_t out, uint64_t count, mt::rt::CommElement t) {
     ++calls;
     std::vector<float> v = read(in, count, t), all(count * size_t(size()));
     if (std::string e = c_.all_gather(v.data(), count, all.data()); !e.empty())
@@ -167,8 +208,8 @@ public:
     write(out, all, t);
     return "";
   }
-  std::string reduce_scatter(uint64_t in, uint64_t out, uint64_t count, mt::rt::CommElement t,
-                             double scale) override {
+  std::string reduce_scatter_now(uint64_t in, uint64_t out, uint64_t count,
+                                 mt::rt::CommElement t, double scale) {
     ++calls;
     std::vector<float> v = read(in, count * size_t(size()), t), mine(count);
     if (std::string e = c_.reduce_scatter(v.data(), count, mine.data()); !e.empty())
@@ -178,20 +219,6 @@ public:
     write(out, mine, t);
     return "";
   }
-  std::string group_start() override { return ""; }
-  std::string group_end() override { return ""; }
-  std::string send(uint64_t buf, uint64_t count, mt::rt::CommElement t, int peer) override {
-    ++calls;
-    return c_.send(ptr(buf), count * elementBytes(t), peer, sent_[peer]++);
-  }
-  std::string recv(uint64_t buf, uint64_t count, mt::rt::CommElement t, int peer) override {
-    ++calls;
-    return c_.recv(ptr(buf), count * elementBytes(t), peer, received_[peer]++);
-  }
-
-  int calls = 0;
-
-private:
   static void *ptr(uint64_t a) { return reinterpret_cast<void *>(a); }
   static std::vector<float> read(uint64_t at, uint64_t count, mt::rt::CommElement t) {
     std::vector<float> v(count);
@@ -204,6 +231,7 @@ private:
       store(ptr(at), dtypeOf(t), int64_t(i), v[i]);
   }
   mt::rt::Communicator &c_;
+  Recorder record_;
   std::map<int, int> sent_, received_;
 };
 
@@ -213,36 +241,67 @@ inline double gelu_tanh_grad(double x) {
   return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
+// CUDA graphs as CUDA makes them: while capturing, launches, GEMMs and
+// fills are recorded with copies of their argument values and run nothing;
+// launching a graph replays the records. So a step that only works because
+// an argument is read at launch time (a per-step value passed by value)
+// goes wrong here as on a GPU, and host copies, synchronisation and kernel
+// loads inside a capture are errors, as stream capture makes them.
 class EmulatedDevice : public GpuDevice {
 public:
   std::unique_ptr<mt::rt::DeviceComm> connect(mt::rt::Communicator &group,
                                               std::string *) override {
-    auto c = std::make_unique<EmulatedComm>(group);
+    auto c = std::make_unique<EmulatedComm>(group, [this](std::function<std::string()> f) {
+      if (!capturing_)
+        return false;
+      Node n;
+      n.kind = Node::Call;
+      n.call = std::move(f);
+      recording_.push_back(std::move(n));
+      return true;
+    });
     comms.push_back(c.get());
     return c;
   }
   std::vector<EmulatedComm *> comms;
 
   std::string allocate(uint64_t bytes, uint64_t *base) override {
+    if (capturing_)
+      return "allocate while capturing a graph";
     blocks_.emplace_back(bytes + 256, 0xFF); // poisoned: NaN floats until written
     uint64_t p = reinterpret_cast<uint64_t>(blocks_.back().data());
     *base = (p + 255) / 256 * 256;
     return "";
   }
   std::string to_device(uint64_t dst, const void *src, uint64_t bytes) override {
+    if (capturing_)
+      return "a host-to-device copy while capturing a graph";
     std::memcpy(reinterpret_cast<void *>(dst), src, bytes);
     return "";
   }
   std::string to_host(void *dst, uint64_t src, uint64_t bytes) override {
+    if (capturing_)
+      return "a device-to-host copy while capturing a graph";
     std::memcpy(dst, reinterpret_cast<const void *>(src), bytes);
     return "";
   }
   std::string fill(uint64_t dst, uint8_t byte, uint64_t bytes) override {
+    if (capturing_) {
+      Node n;
+      n.kind = Node::Fill;
+      n.ptr[0] = dst;
+      n.ptr[1] = byte;
+      n.ptr[2] = bytes;
+      recording_.push_back(n);
+      return "";
+    }
     std::memset(reinterpret_cast<void *>(dst), byte, bytes);
     return "";
   }
   std::string load_kernel(uint32_t index, const pl::Kernel &k) override {
     std::lock_guard<std::mutex> lock(emulationMutex());
+    if (capturing_)
+      return "a kernel load while capturing a graph";
     const std::string key = k.entry()->str() + '\n' + k.cuda_source()->str();
     auto it = compiled_.find(key);
     if (it == compiled_.end()) {
@@ -255,7 +314,18 @@ public:
     kernels_[index] = it->second.get();
     return "";
   }
-  std::string launch(uint32_t index, const pl::Kernel &k, void **params) override {
+  std::string launch(uint32_t index, const pl::Kernel &k, void **params,
+                     uint32_t count) override {
+    if (capturing_) {
+      Node n;
+      n.kind = Node::Launch;
+      n.index = index;
+      n.kernel = &k;
+      for (uint32_t i = 0; i < count; ++i) // the values, as cuLaunchKernel copies them
+        n.args.push_back(*static_cast<const uint64_t *>(params[i]));
+      recording_.push_back(std::move(n));
+      return "";
+    }
     const unsigned grid[3] = {k.grid()->Get(0), k.grid()->Get(1), k.grid()->Get(2)};
     const unsigned block[3] = {k.block()->Get(0), k.block()->Get(1), k.block()->Get(2)};
     ++launches;
@@ -267,6 +337,14 @@ public:
   // they are rounded to D's type; BGRADB sums each column of op(B) (the
   // stored B values) over k. Both overwrite the bias output.
   std::string gemm(const pl::Gemm &g, const uint64_t *ptr) override {
+    if (capturing_) {
+      Node n;
+      n.kind = Node::Gemm;
+      n.gemm = &g;
+      std::copy(ptr, ptr + 5, n.ptr);
+      recording_.push_back(n);
+      return "";
+    }
     ++gemms;
     const void *a = reinterpret_cast<const void *>(ptr[0]);
     const void *b = reinterpret_cast<const void *>(ptr[1]);
@@ -314,11 +392,74 @@ public:
       }
     return "";
   }
-  std::string synchronize() override { return ""; }
+  std::string synchronize() override {
+    return capturing_ ? "synchronize while capturing a graph" : "";
+  }
 
-  int launches = 0, gemms = 0;
+  std::string begin_capture() override {
+    if (capturing_)
+      return "a capture is already under way";
+    capturing_ = true;
+    recording_.clear();
+    return "";
+  }
+  std::string end_capture(uint64_t *graph) override {
+    *graph = 0;
+    if (!capturing_)
+      return "no capture under way";
+    capturing_ = false;
+    graphs_[++lastGraph_] = std::move(recording_);
+    recording_.clear();
+    *graph = lastGraph_;
+    ++captures;
+    return "";
+  }
+  std::string launch_graph(uint64_t graph) override {
+    auto it = graphs_.find(graph);
+    if (capturing_ || it == graphs_.end())
+      return capturing_ ? "a graph launch while capturing" : "no such graph";
+    ++graphLaunches;
+    for (const Node &n : it->second) {
+      std::string e;
+      if (n.kind == Node::Launch) {
+        std::vector<uint64_t> values = n.args; // the recorded values, never the caller's
+        std::vector<void *> params(values.size());
+        for (size_t i = 0; i < values.size(); ++i)
+          params[i] = &values[i];
+        e = launch(n.index, *n.kernel, params.data(), uint32_t(params.size()));
+      } else if (n.kind == Node::Gemm) {
+        e = gemm(*n.gemm, n.ptr);
+      } else if (n.kind == Node::Call) {
+        e = n.call();
+      } else {
+        e = fill(n.ptr[0], uint8_t(n.ptr[1]), n.ptr[2]);
+      }
+      if (!e.empty())
+        return e;
+    }
+    return "";
+  }
+  void destroy_graph(uint64_t graph) override { graphs_.erase(graph); }
+
+  // Executed work (graph replays included), captures and graph launches.
+  int launches = 0, gemms = 0, captures = 0, graphLaunches = 0;
+  size_t liveGraphs() const { return graphs_.size(); }
 
 private:
+  struct Node {
+    enum Kind { Launch, Gemm, Fill, Call } kind = Launch;
+    std::function<std::string()> call; // a collective (EmulatedComm)
+    uint32_t index = 0;
+    const pl::Kernel *kernel = nullptr;
+    std::vector<uint64_t> args;
+    const pl::Gemm *gemm = nullptr;
+    uint64_t ptr[5] = {0, 0, 0, 0, 0}; // GEMM pointers; a fill's dst, byte, bytes
+  };
+  bool capturing_ = false;
+  std::vector<Node> recording_;
+  std::map<uint64_t, std::vector<Node>> graphs_;
+  uint64_t lastGraph_ = 0;
+
   std::vector<std::vector<uint8_t>> blocks_;
   std::map<std::string, std::unique_ptr<mt::emu::HostKernel>> compiled_;
   std::map<uint32_t, const mt::emu::HostKernel *> kernels_;

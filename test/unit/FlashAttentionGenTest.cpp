@@ -93,7 +93,7 @@ TEST(FlashAttentionGen, LaunchShapesAndArguments) {
   EXPECT_EQ(f->kernel.streams, (std::vector<uint64_t>{5}));
   EXPECT_TRUE(contains(f->kernel.source, "void __launch_bounds__(kThreads)\n" + f->kernel.entry +
                                              "(const mt_t *q, const mt_t *k, const mt_t *v, mt_t *out, float *lse, "
-                                             "mt_u64 seed, mt_u64 rng_offset, mt_u64 tp_rank, mt_u64 stream)"));
+                                             "const mt_u64 *seed, const mt_u64 *rng_offset, mt_u64 tp_rank, mt_u64 stream)"));
   EXPECT_TRUE(contains(f->kernel.source, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
 
   auto b = mt::generateFlashAttentionBackward(c, &error);
@@ -278,8 +278,8 @@ struct Rng {
 std::string launch(const mt::CudaKernel &k, std::vector<void *> pointers, const Rng &rng) {
   std::vector<uint64_t> scalars;
   for (const std::string &name : k.scalarArgs)
-    scalars.push_back(name == "seed"         ? rng.seed
-                      : name == "rng_offset" ? rng.offset
+    scalars.push_back(name == "seed"         ? reinterpret_cast<uintptr_t>(&rng.seed) // device scalars
+                      : name == "rng_offset" ? reinterpret_cast<uintptr_t>(&rng.offset)
                       : name == "tp_rank"    ? rng.tpRank
                                              : k.streams.at(0));
   std::vector<void *> params;
