@@ -77,6 +77,14 @@ if hasattr(os, "geteuid") and os.geteuid() == 0 and all(
 if subprocess.call([sys.executable, "-c", "import ctypes; ctypes.CDLL('libcuda.so.1')"],
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0:
     config.available_features.add("cuda-driver")
+    # `cuda-2gpus`: two GPUs or more, for NCCL between ranks (NCCL puts one
+    # rank of a communicator on each GPU).
+    try:
+        _gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        if _gpus.returncode == 0 and _gpus.stdout.count("GPU ") >= 2:
+            config.available_features.add("cuda-2gpus")
+    except (OSError, subprocess.SubprocessError):
+        pass
 for _home in [os.environ.get("MT_CUDA_HOME"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"]:
     if _home and os.path.isfile(os.path.join(_home, "lib64", "stubs", "libcuda.so")):
         config.available_features.add("cuda-stub")
