@@ -1073,6 +1073,13 @@ struct RankTables {
   std::vector<int64_t> entries{0}, chunks;
   int64_t maxChunks = 0;
   bool ranked() const { return chunks.size() > 1; }
+  // The next rank: the table holds `tableEntries` entries after it, and it
+  // has `rankChunks` chunks.
+  void add(size_t tableEntries, int64_t rankChunks) {
+    entries.push_back(int64_t(tableEntries));
+    chunks.push_back(rankChunks);
+    maxChunks = std::max(maxChunks, rankChunks);
+  }
   // Declarations and the search bounds.
   void fill(std::map<std::string, std::string> &s) const {
     if (!ranked()) {
@@ -1107,21 +1114,19 @@ void genAdamW(const std::vector<std::vector<StateTensor>> &byRank,
   RankTables ranks;
   size_t nt = 0;
   for (const std::vector<StateTensor> &tensors : byRank) {
-  int64_t blocks = 0;
-  for (const StateTensor &t : tensors) {
-    const bool vec = t.weight % 16 == 0 && t.grad % 16 == 0 && t.m % 16 == 0 && t.v % 16 == 0 &&
-                     (t.master < 0 || t.master % 16 == 0);
-    table += "  {" + u64(t.weight) + ", " + u64(t.grad) + ", " + u64(t.master < 0 ? -1 : t.master) +
-             ", " + u64(t.m) + ", " + u64(t.v) + ", " + u64(t.count) + ", " + u64(blocks) + ", " +
-             dbl(t.weightDecay) + ", " +
-             std::to_string(t.dtype == DType::BF16 ? 1 : t.dtype == DType::F16 ? 2 : 0) + ", " +
-             (vec ? "1" : "0") + "},\n";
-    blocks += (t.count + kChunk - 1) / kChunk;
-  }
-  nt += tensors.size();
-  ranks.entries.push_back(int64_t(nt));
-  ranks.chunks.push_back(blocks);
-  ranks.maxChunks = std::max(ranks.maxChunks, blocks);
+    int64_t blocks = 0;
+    for (const StateTensor &t : tensors) {
+      const bool vec = t.weight % 16 == 0 && t.grad % 16 == 0 && t.m % 16 == 0 && t.v % 16 == 0 &&
+                       (t.master < 0 || t.master % 16 == 0);
+      table += "  {" + u64(t.weight) + ", " + u64(t.grad) + ", " +
+               u64(t.master < 0 ? -1 : t.master) + ", " + u64(t.m) + ", " + u64(t.v) + ", " + u64(t.count) + ", " + u64(blocks) + ", " +
+               dbl(t.weightDecay) + ", " +
+               std::to_string(t.dtype == DType::BF16 ? 1 : t.dtype == DType::F16 ? 2 : 0) + ", " +
+               (vec ? "1" : "0") + "},\n";
+      blocks += (t.count + kChunk - 1) / kChunk;
+    }
+    nt += tensors.size();
+    ranks.add(nt, blocks);
   }
   if (ranks.maxChunks == 0)
     return;
@@ -1130,7 +1135,9 @@ void genAdamW(const std::vector<std::vector<StateTensor>> &byRank,
       {"B1", dbl(floats.at(0))}, {"B2", dbl(floats.at(1))}, {"EPS", dbl(floats.at(2))}};
   ranks.fill(s);
   s["FIND"] = fill(kFindTensor, s);
-  s["GUARD"] = ranks.ranked() ? "  if (chunk >= mt_rank_chunks[dp_rank]) return; // past this rank's shard\n" : "";
+  s["GUARD"] = ranks.ranked()
+                   ? "  if (chunk >= mt_rank_chunks[dp_rank]) return; // past this rank's shard\n"
+                   : "";
   std::string src = fill(R"(// Byte offsets into the state buffer; master ~0: the weights are the f32 copy updated.
 struct mt_adam_tensor { mt_u64 weight, grad, master, m, v, count, first; double weight_decay; int dtype, vec; };
 __device__ const mt_adam_tensor mt_tensors[${NT}] = {
@@ -1212,9 +1219,7 @@ void genNorm2(const std::vector<std::vector<StateTensor>> &byRank,
       anyReplicated |= t.replicated;
       ++nt;
     }
-    ranks.entries.push_back(int64_t(nt));
-    ranks.chunks.push_back(chunks);
-    ranks.maxChunks = std::max(ranks.maxChunks, chunks);
+    ranks.add(nt, chunks);
   }
   const int64_t chunks = ranks.maxChunks;
   const int64_t blocks = std::min<int64_t>(chunks, 1056);

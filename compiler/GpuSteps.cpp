@@ -2,6 +2,7 @@
 #include "compiler/GpuSteps.h"
 
 #include "compiler/FlashAttentionGen.h"
+#include "runtime/grad_buckets.h"
 
 #include <algorithm>
 
@@ -264,27 +265,26 @@ GpuLowering nativeStep() {
 // [begin + r n, begin + (r + 1) n) of a bucket, n = (end - begin) / dp,
 // whose state is at shard element begin / dp + (e - begin - r n).
 static std::vector<std::vector<OpSegment>> rankSegments(const GpuShardLayout &layout,
-                                                 const std::vector<GpuParamInfo> &params,
-                                                 const std::vector<size_t> &buckets) {
-  const int64_t dp = std::max<int64_t>(layout.dataParallel, 1);
+                                                        const std::vector<GpuParamInfo> &params,
+                                                        const std::vector<size_t> &buckets) {
+  const int dp = int(std::max<int64_t>(layout.dataParallel, 1));
+  std::vector<rt::FlatParam> flat;
+  for (uint32_t p = 0; p < params.size(); ++p)
+    if (layout.flatOffset.at(p) >= 0) {
+      int64_t count = 1;
+      for (int64_t d : params[p].shape)
+        count *= d;
+      flat.push_back({p, layout.flatOffset[p], count});
+    }
   std::vector<std::vector<OpSegment>> out(static_cast<size_t>(dp));
-  for (int64_t r = 0; r < dp; ++r)
+  for (int r = 0; r < dp; ++r)
     for (size_t b : buckets) {
       const GpuShardLayout::Bucket &bk = layout.buckets.at(b);
-      const int64_t n = (bk.end - bk.begin) / dp, lo = bk.begin + r * n, hi = lo + n;
-      std::vector<uint32_t> members = bk.params;
-      std::sort(members.begin(), members.end(), [&](uint32_t x, uint32_t y) {
-        return layout.flatOffset.at(x) < layout.flatOffset.at(y);
-      });
-      for (uint32_t p : members) {
-        const int64_t f = layout.flatOffset.at(p);
-        int64_t count = 1;
-        for (int64_t d : params.at(p).shape)
-          count *= d;
-        const int64_t a = std::max(f, lo), z = std::min(f + count, hi);
-        if (a < z)
-          out[size_t(r)].push_back({p, a - f, bk.begin / dp + (a - lo), z - a});
-      }
+      const rt::FlatRange shard = rt::bucket_shard(bk.begin, bk.end, dp, r);
+      const int64_t stateAt = rt::shard_state_offset(bk.begin, dp);
+      for (const rt::FlatSegment &g : rt::flat_segments(flat, shard.begin, shard.end))
+        out[size_t(r)].push_back(
+            {g.param, g.param_begin, stateAt + (g.flat_begin - shard.begin), g.count});
     }
   return out;
 }

@@ -105,12 +105,12 @@ struct GemmKernelShape {
 };
 
 // The distributed optimizer's layout of a stage (mt-plan-memory; plan.fbs
-// Bucket): the flat buffers' buckets, each parameter's flat element offset,
+// Bucket): the flat buffers' buckets' ranges, each parameter's flat element
+// offset (-1: none),
 // and the byte offsets of the shard state arrays (-1: none).
 struct GpuShardLayout {
   struct Bucket {
     int64_t begin = 0, end = 0;
-    std::vector<uint32_t> params;
   };
   int64_t dataParallel = 1;
   std::vector<Bucket> buckets;

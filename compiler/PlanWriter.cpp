@@ -198,9 +198,7 @@ public:
           auto begin = d.getAs<IntegerAttr>("begin"), end = d.getAs<IntegerAttr>("end");
           b.begin = begin ? begin.getInt() : 0;
           b.end = end ? end.getInt() : 0;
-          for (Attribute n : d.getAs<ArrayAttr>("params"))
-            b.params.push_back(param(cast<FlatSymbolRefAttr>(n)));
-          g.buckets.push_back(std::move(b));
+          g.buckets.push_back(b);
         }
       shardLayout = std::move(g);
     }

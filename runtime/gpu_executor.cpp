@@ -83,13 +83,24 @@ struct GpuExecutor::HostState {
 };
 
 namespace {
-// The f32 buffers a parameter holds (gradient, master copy, moments) with
-// their state-buffer offsets, as laid out alike on host and device.
-template <class H, class F> void for_each_f32(H &h, const pl::Param &p, F f) {
-  for (auto [v, off] : {std::pair{&h.grad, p.grad_offset()}, {&h.master, p.master_offset()},
-                        {&h.exp_avg, p.exp_avg_offset()}, {&h.exp_avg_sq, p.exp_avg_sq_offset()}})
-    if (!v->empty())
-      f(*v, off);
+// Every f32 host buffer with its state-buffer offset, laid out alike on host
+// and device: each parameter's gradient, master copy and moments, then the
+// distributed optimizer's shard arrays. Empty buffers (absent) are skipped.
+template <class H, class F> void for_each_f32(H &h, const pl::Rank &r, F f) {
+  auto each = [&](std::vector<float> &v, int64_t off) {
+    if (!v.empty())
+      f(v, off);
+  };
+  for (uint32_t i = 0; i < h.params.size(); ++i) {
+    const pl::Param &p = *r.params()->Get(i);
+    each(h.params[i].grad, p.grad_offset());
+    each(h.params[i].master, p.master_offset());
+    each(h.params[i].exp_avg, p.exp_avg_offset());
+    each(h.params[i].exp_avg_sq, p.exp_avg_sq_offset());
+  }
+  each(h.shard_master, r.shard_master_offset());
+  each(h.shard_exp_avg, r.shard_exp_avg_offset());
+  each(h.shard_exp_avg_sq, r.shard_exp_avg_sq_offset());
 }
 } // namespace
 
@@ -116,17 +127,6 @@ GpuExecutor::GpuExecutor(const pl::Plan &plan, int rank, std::unique_ptr<GpuDevi
 }
 
 GpuExecutor::~GpuExecutor() { drop_graphs(); }
-
-namespace {
-// The distributed optimizer's shard arrays with their state-buffer offsets.
-template <class H, class F> void for_each_shard_array(H &h, const pl::Rank &r, F f) {
-  for (auto [v, off] : {std::pair{&h.shard_master, r.shard_master_offset()},
-                        {&h.shard_exp_avg, r.shard_exp_avg_offset()},
-                        {&h.shard_exp_avg_sq, r.shard_exp_avg_sq_offset()}})
-    if (!v->empty())
-      f(*v, off);
-}
-} // namespace
 
 std::string GpuExecutor::open() {
   const std::string who = "rank " + std::to_string(rank_.rank());
@@ -200,9 +200,9 @@ std::string GpuExecutor::init_params(uint64_t seed) {
   }
   // The distributed optimizer: zero moments, and the masters of the owned
   // shards copied from the weights (padding zero), as the CPU executor.
-  for_each_shard_array(*host_, rank_, [](std::vector<float> &v, int64_t) {
-    std::fill(v.begin(), v.end(), 0.0f);
-  });
+  for (std::vector<float> *b :
+       {&host_->shard_master, &host_->shard_exp_avg, &host_->shard_exp_avg_sq})
+    std::fill(b->begin(), b->end(), 0.0f);
   if (!host_->shard_master.empty()) {
     std::vector<FlatParam> flat;
     for (uint32_t p = 0; p < host_->params.size(); ++p)
@@ -259,11 +259,8 @@ std::string GpuExecutor::state_to_host() {
     } else if (n) {
       std::memcpy(h.weight.data(), image.data() + p.weight_offset(), n * 4);
     }
-    for_each_f32(h, p, [&](std::vector<float> &v, int64_t off) {
-      std::memcpy(v.data(), image.data() + off, v.size() * 4);
-    });
   }
-  for_each_shard_array(*host_, rank_, [&](std::vector<float> &v, int64_t off) {
+  for_each_f32(*host_, rank_, [&](std::vector<float> &v, int64_t off) {
     std::memcpy(v.data(), image.data() + off, v.size() * 4);
   });
   return "";
@@ -284,11 +281,8 @@ std::string GpuExecutor::state_to_device() {
     } else if (n) {
       std::memcpy(image.data() + p.weight_offset(), h.weight.data(), n * 4);
     }
-    for_each_f32(h, p, [&](std::vector<float> &v, int64_t off) {
-      std::memcpy(image.data() + off, v.data(), v.size() * 4);
-    });
   }
-  for_each_shard_array(*host_, rank_, [&](std::vector<float> &v, int64_t off) {
+  for_each_f32(*host_, rank_, [&](std::vector<float> &v, int64_t off) {
     std::memcpy(image.data() + off, v.data(), v.size() * 4);
   });
   return device_->to_device(base_, image.data(), image.size());
@@ -543,14 +537,7 @@ std::string GpuExecutor::native(const pl::Program &program, const pl::Instructio
       return e;
     return pp->group_end();
   }
-  case pl::Opcode::SEND:
-  case pl::Opcode::RECV: {
-    DeviceComm *pp = comm(int64_t(Group::PP), &err);
-    if (!pp)
-      return err.empty() ? "needs a pipeline group" : err;
-    return point_to_point(program, ins, *pp);
-  }
-  default:
+  default: // SEND and RECV run in groups (run_steps)
     return "the plan asks the executor to run this opcode's communication itself, which it "
            "has none of; recompile the spec with this mtc";
   }
