@@ -1,0 +1,278 @@
+#!/usr/bin/env bash
+# Carries mt to a GPU machine that has the NVIDIA driver, the CUDA libraries
+# and Python with PyTorch, but neither the Debian packages mt builds with
+# (LLVM/MLIR, abseil, TOML++, OpenBLAS, Gloo) nor a network to fetch them.
+#
+#   tools/device-kit.sh pack [DIR]      here, after ./setup.sh: builds mt and
+#                                       writes DIR/kit.tar.xz (DIR: .devkit)
+#   tools/device-kit.sh run STEP... [--kit DIR]
+#                                       there, in a copy of this checkout with
+#                                       DIR beside it: unpacks the kit and runs
+#                                       the steps in order; each step's log goes
+#                                       to $OUT (or DIR/out) as STEP.log
+#
+# Steps (docs/building.md, "On a GPU machine without the build packages"):
+#   probe    the GPU, the driver, and where the CUDA libraries mt opens are
+#   unit     the GoogleTest suites that run on a real GPU (mt-cuda-tests,
+#            and every *OnGpu* test: kernels and whole training steps against
+#            the CPU)
+#   lit      the lit tests that need a GPU (test/mtrun/cuda*.test)
+#   bench    bench/gpu_compare.py --record (gpt-125m and gpt-1.3b against
+#            PyTorch); the results table is copied to the logs
+#   profile  Nsight Compute over two steps of gpt-125m: time per kernel
+#   all      probe unit lit bench profile
+#
+# The kit holds mtc, mtrun, the GPU test binaries, lit with FileCheck, not
+# and count, and every shared library they need other than glibc's, each
+# program started through a wrapper in bin/ that puts the kit's lib/ first. The CUDA libraries are not
+# carried: the machine's own are found (the system's, /usr/local/cuda, or
+# the pip packages beside PyTorch) and named by `probe`.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+
+die() { echo "device-kit: error: $*" >&2; exit 1; }
+
+BINARIES=(build/bin/mtc build/bin/mtrun
+          build/test/unit/mt-cuda-tests build/test/unit/mt-gpu-executor-tests
+          build/test/unit/mt-flash-tests build/test/unit/mt-opkernel-tests)
+LLVM_TOOLS=(FileCheck not count)
+LLVM_BIN=/usr/lib/llvm-19/bin
+LIT_DIR=/usr/lib/llvm-19/build/utils/lit
+# The kit and the checkout travel together under the device tool's 64 MiB.
+MAX_KIT_BYTES=$((52 * 1024 * 1024))
+
+# --- pack ------------------------------------------------------------------
+STAGE=""
+pack() {
+  local dir=${1:-.devkit}
+  [ -d build ] || die "no build/ here; run ./setup.sh first"
+  export CCACHE_BASEDIR="$ROOT"
+  cmake -S . -B build -DMT_STATIC_LLVM=ON > /dev/null
+  ninja -C build mtc mtrun mt-cuda-tests mt-gpu-executor-tests mt-flash-tests mt-opkernel-tests
+  for b in "${BINARIES[@]}"; do [ -x "$b" ] || die "$b was not built"; done
+
+  local stage
+  stage=$(mktemp -d)
+  STAGE=$stage
+  trap 'rm -rf "$STAGE"' EXIT
+  mkdir -p "$stage/bin" "$stage/libexec" "$stage/lib"
+  cp "${BINARIES[@]}" "$stage/libexec/"
+  for t in "${LLVM_TOOLS[@]}"; do cp "$LLVM_BIN/$t" "$stage/libexec/"; done
+  cp -r "$LIT_DIR" "$stage/lit"
+  find "$stage/lit" -name __pycache__ -prune -exec rm -rf {} +
+
+  # Every library the binaries load, transitively, except glibc's own
+  # (the machine's glibc is as new or newer: the kit is built on Debian 12).
+  local libs
+  libs=$(for f in "$stage"/libexec/*; do ldd "$f"; done |
+         awk '/=>/ && $3 ~ /^\// {print $3}' |
+         grep -v -E '/(libc|libm|libpthread|libdl|librt|libresolv|ld-linux-x86-64)\.so' | sort -u)
+  if for f in "$stage"/libexec/*; do ldd "$f"; done | grep -q 'not found'; then
+    die "a library of the kit's binaries is missing here: $(for f in "$stage"/libexec/*; do ldd "$f"; done | grep 'not found' | sort -u | head -1)"
+  fi
+  for l in $libs; do cp -L "$l" "$stage/lib/"; done
+  strip --strip-unneeded "$stage"/libexec/* "$stage"/lib/* 2> /dev/null || true
+  # bin/ holds a wrapper per program that puts lib/ first in its library
+  # path, so the kit's libraries win over the machine's only in its own
+  # processes (and their children: mtrun's ranks).
+  for f in "$stage"/libexec/*; do
+    local name
+    name=$(basename "$f")
+    cat > "$stage/bin/$name" << EOF
+#!/bin/sh
+kit=\$(dirname "\$(dirname "\$(readlink -f "\$0")")")
+LD_LIBRARY_PATH="\$kit/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "\$kit/libexec/$name" "\$@"
+EOF
+    chmod +x "$stage/bin/$name"
+  done
+  # The kit must not resolve anything outside itself but glibc.
+  local leak
+  leak=$(for f in "$stage"/libexec/* "$stage"/lib/*; do LD_LIBRARY_PATH="$stage/lib" ldd "$f" 2> /dev/null; done |
+         awk '/=>/ {print $3}' | grep -v "^$stage/lib/" |
+         grep -v -E '/(libc|libm|libpthread|libdl|librt|libresolv|ld-linux-x86-64)\.so' | sort -u || true)
+  [ -z "$leak" ] || die "the kit would load these from outside itself: $leak"
+
+  { git rev-parse HEAD 2> /dev/null || echo unknown; } > "$stage/COMMIT"
+  mkdir -p "$dir"
+  local tmp="$dir/kit.tar.xz.tmp"
+  tar -C "$stage" -cf - . | xz -T2 -6 > "$tmp"
+  local bytes
+  bytes=$(stat -c %s "$tmp")
+  if [ "$bytes" -gt "$MAX_KIT_BYTES" ]; then
+    rm -f "$tmp"
+    die "the kit is $((bytes / 1048576)) MiB; with the checkout it must stay under the device tool's 64 MiB"
+  fi
+  mv "$tmp" "$dir/kit.tar.xz"
+  echo "device-kit: $dir/kit.tar.xz ($((bytes / 1048576)) MiB, commit $(cat "$stage/COMMIT" | cut -c1-12)):" \
+       "$(ls "$stage/bin" | wc -l) programs, $(ls "$stage/lib" | wc -l) libraries"
+}
+
+# --- run (on the GPU machine) ------------------------------------------------
+KIT=""
+LOGS=""
+
+unpack() {
+  local dir=$1
+  [ -f "$dir/kit.tar.xz" ] || die "$dir/kit.tar.xz is missing; run 'tools/device-kit.sh pack' here and carry $dir"
+  KIT=/tmp/mt-kit
+  # Python's tarfile rather than tar + xz: the machine is only sure to have Python.
+  rm -rf "$KIT" && mkdir -p "$KIT"
+  python3 - "$dir/kit.tar.xz" "$KIT" << 'EOF'
+import sys, tarfile
+with tarfile.open(sys.argv[1], "r:xz") as t:
+    t.extractall(sys.argv[2])
+EOF
+  export PATH="$KIT/bin:$PATH"
+  local head
+  head=$(git -C "$ROOT" rev-parse HEAD 2> /dev/null || echo unknown)
+  [ "$(cat "$KIT/COMMIT")" = "$head" ] ||
+    echo "device-kit: warning: the kit was built at $(cut -c1-12 "$KIT/COMMIT"), this checkout is at ${head:0:12}; pack again if the sources changed"
+}
+
+# The CUDA libraries mtrun opens (runtime/cuda_api.cpp): the system's first,
+# then /usr/local/cuda/lib64; where neither has one, the pip packages beside
+# PyTorch (nvidia/*/lib) are added to LD_LIBRARY_PATH.
+CUDA_LIBRARIES=""
+find_cuda_libraries() {
+  local sites
+  sites=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2> /dev/null || true)
+  for lib in libcuda.so.1 libnvrtc.so.13 libcublasLt.so.13 libnccl.so.2; do
+    local where=""
+    if ldconfig -p 2> /dev/null | grep -q " $lib "; then
+      where="system: $(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')"
+    elif [ -e "/usr/local/cuda/lib64/$lib" ]; then
+      where="/usr/local/cuda/lib64/$lib"
+    else
+      local found=""
+      for s in $sites; do
+        [ -d "$s/nvidia" ] || continue
+        found=$(find "$s/nvidia" -name "$lib" 2> /dev/null | head -1)
+        [ -n "$found" ] && break
+      done
+      if [ -n "$found" ]; then
+        export LD_LIBRARY_PATH="$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        where="$found (added to LD_LIBRARY_PATH)"
+      fi
+    fi
+    CUDA_LIBRARIES+=$(printf '  %-20s %s' "$lib" "${where:-NOT FOUND}")$'\n'
+  done
+}
+
+# lit's site configuration for this checkout and the kit's tools.
+lit_site() {
+  local obj=/tmp/mt-obj
+  rm -rf "$obj" && mkdir -p "$obj/test"
+  # %mt_obj_root/bin: the programs themselves (cuda.test runs ldd on mtrun).
+  ln -s "$KIT/libexec" "$obj/bin"
+  cat > "$obj/test/lit.site.cfg.py" << EOF
+config.mt_src_root = r"$ROOT"
+config.mt_obj_root = r"$obj"
+config.mt_tools_dir = r"$KIT/bin"
+config.llvm_tools_dir = r"$KIT/bin"
+lit_config.load_config(config, r"$ROOT/test/lit.cfg.py")
+EOF
+  echo "$obj"
+}
+
+step_probe() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
+  echo "CUDA libraries:"
+  printf '%s' "$CUDA_LIBRARIES"
+  echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+  echo "kit: $(cut -c1-12 "$KIT/COMMIT"), $(ls "$KIT/bin" | tr '\n' ' ')"
+  LD_LIBRARY_PATH="$KIT/lib" ldd "$KIT/libexec/mtrun" | grep -E 'not found' && return 1
+  mtrun --help > /dev/null
+}
+
+# A suite's tests that need a GPU; a filter that matched none would pass.
+gpu_suite() {
+  local bin=$1 filter=$2
+  if ! "$bin" --gtest_list_tests --gtest_filter="$filter" | grep -q '^  '; then
+    echo "$bin has no tests matching $filter"
+    return 1
+  fi
+  "$bin" --gtest_filter="$filter"
+}
+
+step_unit() {
+  local rc=0
+  mt-cuda-tests || rc=1
+  gpu_suite mt-gpu-executor-tests '*OnGpu*' || rc=1
+  gpu_suite mt-flash-tests '*OnGpu*' || rc=1
+  gpu_suite mt-opkernel-tests '*OnGpu*' || rc=1
+  return $rc
+}
+
+step_lit() {
+  local obj
+  obj=$(lit_site)
+  local tests=()
+  for t in test/mtrun/cuda*.test; do tests+=("$obj/$t"); done
+  python3 "$KIT/lit/lit.py" -v "${tests[@]}"
+}
+
+step_bench() {
+  local rc=0
+  PYTHONUNBUFFERED=1 python3 bench/gpu_compare.py --record --mtc "$KIT/bin/mtc" --mtrun "$KIT/bin/mtrun" || rc=1
+  [ -f bench/results/gpu-train-speed.md ] && cp bench/results/gpu-train-speed.md "$LOGS/"
+  return $rc
+}
+
+step_profile() {
+  command -v ncu > /dev/null || { echo "ncu is not on PATH"; return 1; }
+  local d
+  d=$(mktemp -d)
+  mtc compile models/gpt-125m.toml --set training.train_iters=2 --set training.eval_iters=0 \
+      --set training.global_batch_size=4 -o "$d/p.plan" > /dev/null
+  # Eager steps: each kernel is its own launch for ncu.
+  ncu --metrics gpu__time_duration.sum --print-summary per-kernel --csv \
+      mtrun "$d/p.plan" --device cuda --no-cuda-graph > "$LOGS/ncu-gpt-125m.csv"
+  python3 - "$LOGS/ncu-gpt-125m.csv" << 'EOF'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
+if not rows:
+    sys.exit("ncu wrote no per-kernel summary")
+head, data = rows[0], rows[1:]
+print(f"{len(data)} summary rows; header: {', '.join(head)}")
+for r in data[:60]:
+    print(" | ".join(r))
+EOF
+}
+
+run_steps() {
+  local dir=.devkit steps=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --kit) dir=$2; shift 2 ;;
+      all) steps+=(probe unit lit bench profile); shift ;;
+      probe|unit|lit|bench|profile) steps+=("$1"); shift ;;
+      *) die "unknown step '$1'; use probe, unit, lit, bench, profile or all" ;;
+    esac
+  done
+  [ ${#steps[@]} -gt 0 ] || die "name the steps to run: probe, unit, lit, bench, profile or all"
+  LOGS=${OUT:-$dir/out}
+  mkdir -p "$LOGS"
+  unpack "$dir"
+  find_cuda_libraries
+  local failed=()
+  for s in "${steps[@]}"; do
+    echo "=== device-kit: $s"
+    local start=$SECONDS
+    if ! (set -o pipefail; "step_$s" 2>&1 | tee "$LOGS/$s.log"); then
+      failed+=("$s")
+    fi
+    echo "=== device-kit: $s took $((SECONDS - start)) s"
+  done
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "device-kit: failed: ${failed[*]} (logs in $LOGS)"
+    return 1
+  fi
+  echo "device-kit: every step passed (logs in $LOGS)"
+}
+
+case "${1:-}" in
+  pack) shift; pack "$@" ;;
+  run) shift; run_steps "$@" ;;
+  *) echo "usage: tools/device-kit.sh pack [DIR] | run STEP... [--kit DIR]" >&2; exit 2 ;;
+esac
