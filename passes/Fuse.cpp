@@ -52,7 +52,8 @@ bool adjacent(Operation *a, Operation *b) {
 // applies the GeLU when that bias add feeds one tanh mt.gelu (cuBLASLt's
 // GELU epilogue is the tanh form) and every other user of the bias add comes
 // after the GeLU (its aux output keeps the pre-activation the backward
-// reads). Only adjacent ops are grouped (parameter reads may lie between),
+// reads; cuBLASLt wants the aux leading dimension, the features, a multiple
+// of 8, so otherwise the GeLU stays out). Only adjacent ops are grouped (parameter reads may lie between),
 // so outlining at the last op's position lengthens no value's life. The
 // groups go into `taken` and stay out of elementwise kernels.
 SmallVector<SmallVector<Operation *>> gemmGroups(Block &body, DenseSet<Operation *> &taken) {
@@ -73,8 +74,11 @@ SmallVector<SmallVector<Operation *>> gemmGroups(Block &body, DenseSet<Operation
         gelu = g;
         ++gelus;
       }
+    auto features = cast<RankedTensorType>(y.getType()).getShape().back();
+    const bool needsAux = !bias.getResult().hasOneUse();
     if (gelus == 1 && gelu.getApproximation() == GeluApproximation::Tanh &&
         gelu->getBlock() == bias->getBlock() && adjacent(bias, gelu) &&
+        (!needsAux || (!ShapedType::isDynamic(features) && features % 8 == 0)) &&
         llvm::all_of(bias.getResult().getUsers(), [&](Operation *u) {
           return u == gelu.getOperation() || gelu->isBeforeInBlock(u);
         }))

@@ -67,6 +67,29 @@ func.func @epilogue_bias_gelu(%x: tensor<2x4x16xf32>, %dy: tensor<2x4x32xf32>) -
 
 // -----
 
+// With 36 features the aux output's leading dimension is no multiple of 8,
+// which cuBLASLt's GELU_AUX_BIAS refuses: the GeLU stays out of the GEMM
+// (the bias still goes in) and fuses with the dropout.
+// CHECK-LABEL: func.func @epilogue_aux_not_multiple_of_8(
+// CHECK:         %[[YB:.*]] = mt.fused gemm "matmul+bias_add"
+// CHECK-NOT:       mt.gelu
+// CHECK:         mt.fused elementwise "gelu+dropout" (%{{.*}} = %[[YB]])
+// CHECK:         mt.gelu_grad %{{.*}}, %[[YB]] tanh
+mt.param @l0.fc1.weight : tensor<36x16xf32>, normal(2.000000e-02)
+mt.param @l0.fc1.bias : tensor<36xf32>, zeros
+func.func @epilogue_aux_not_multiple_of_8(%x: tensor<2x4x16xf32>, %dy: tensor<2x4x36xf32>) -> (tensor<2x4x36xf32>, tensor<2x4x36xf32>) {
+  %w = mt.param_ref @l0.fc1.weight : tensor<36x16xf32>
+  %y = mt.matmul %x, %w : (tensor<2x4x16xf32>, tensor<36x16xf32>) -> tensor<2x4x36xf32>
+  %b = mt.param_ref @l0.fc1.bias : tensor<36xf32>
+  %yb = mt.bias_add %y, %b : tensor<2x4x36xf32>, tensor<36xf32>
+  %g = mt.gelu %yb tanh : tensor<2x4x36xf32>
+  %d = mt.dropout %g {rate = 0.1 : f64, stream = 3 : i64} : tensor<2x4x36xf32>
+  %dg = mt.gelu_grad %dy, %yb tanh : tensor<2x4x36xf32>
+  return %d, %dg : tensor<2x4x36xf32>, tensor<2x4x36xf32>
+}
+
+// -----
+
 // cuBLASLt's GELU epilogue is the tanh form: an erf GeLU stays out of the
 // GEMM and fuses with what follows it.
 // CHECK-LABEL: func.func @erf_gelu(
