@@ -242,19 +242,18 @@ OwningOpRef<ModuleOp> compileSpec(MLIRContext &context, const spec::Spec &spec,
   return module;
 }
 
-// The GPU steps' workspace of each stage (plan.fbs Rank
-// kernel_workspace_bytes; every rank of a stage has the same) and the GPU
-// executor's device scalars (loss scale, seed, RNG offsets:
-// gpu_scalar_bytes) join its stated cuBLASLt workspace. Memory rows are per
-// stage, in stage order.
+// Each stage's workspace as the plan states it (Memory.workspace): the
+// stated cuBLASLt workspace, the GPU steps' kernel workspace and the GPU
+// executor's device scalars (loss scale, seed, RNG offsets), all known only
+// once the plan is written. Memory rows are per stage, in stage order; every
+// rank of a stage has the same.
 void addKernelWorkspace(MemoryPlan &memory, const plan::Plan &plan) {
   const auto *ranks = plan.ranks();
   for (uint32_t i = 0; ranks && i < ranks->size(); ++i) {
     const plan::Rank &r = *ranks->Get(i);
     const size_t stage = size_t(r.pp_rank());
-    if (r.tp_rank() == 0 && r.dp_rank() == 0 && stage < memory.ranks.size())
-      memory.ranks[stage].workspace +=
-          int64_t((r.kernel_workspace_bytes() + 255) / 256 * 256 + rt::gpu_scalar_bytes(r));
+    if (r.tp_rank() == 0 && r.dp_rank() == 0 && stage < memory.ranks.size() && r.memory())
+      memory.ranks[stage].workspace = int64_t(r.memory()->workspace());
   }
   for (auto [i, r] : llvm::enumerate(memory.ranks))
     if (r.total() > memory.ranks[memory.heaviest].total())

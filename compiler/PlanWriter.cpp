@@ -4,10 +4,12 @@
 
 #include "compiler/CudaKernelGen.h"
 #include "compiler/GpuSteps.h"
+#include "compiler/MemoryReport.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/StageModules.h"
 #include "plan_generated.h"
 #include "runtime/parallel_groups.h"
+#include "runtime/plan_reader.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -126,6 +128,7 @@ public:
     paramIndex.clear();
     paramInfo.clear();
     kernelWorkspace = 0;
+    microBatchSlots = 0;
     int index = 0;
     for (ParamOp p : module.getOps<ParamOp>())
       paramIndex[p.getSymName()] = index++;
@@ -223,10 +226,16 @@ public:
       return a ? a.getInt() : 0;
     };
     StageEntry e;
-    e.memory = pl::CreateMemory(fbb, mem("weights"), mem("grads"), mem("master_weights"),
-                                mem("optimizer_moments"), mem("activations"),
-                                mem("workspace"), mem("context_reserve"),
-                                spec.cluster.device_memory_bytes);
+    // As mtc prints it (MemoryReport.h): the workspace is cuBLASLt's stated
+    // one and what the GPU executor allocates after the arena (the kernel
+    // workspace and the device scalars); the reserve is the stated CUDA
+    // context and libraries.
+    e.memory = pl::CreateMemory(
+        fbb, mem("weights"), mem("grads"), mem("master_weights"), mem("optimizer_moments"),
+        mem("activations"),
+        uint64_t(kCublasWorkspaceBytes) +
+            rt::gpu_executor_workspace_bytes(kernelWorkspace, microBatchSlots),
+        uint64_t(kCudaContextReserveBytes), spec.cluster.device_memory_bytes);
     e.params = fbb.CreateVector(params);
     e.programs = fbb.CreateVector(programs);
     e.stateBytes = i64("mt.state_bytes");
@@ -394,6 +403,8 @@ private:
       return failure();
     std::string where = whereOf(op, insts.size());
     auto mb = op.getAttrOfType<IntegerAttr>("mt.micro_batch");
+    if (mb)
+      microBatchSlots = std::max<uint64_t>(microBatchSlots, uint64_t(mb.getInt()) + 1);
     // A kernel's cpu_instructions run only on the CPU: GPU steps belong to
     // the program's own instructions.
     std::vector<fb::Offset<pl::GpuStep>> gpu;
@@ -856,6 +867,7 @@ private:
   std::vector<GpuParamInfo> paramInfo;          // the stage's parameters
   std::optional<GpuShardLayout> shardLayout;    // the stage's distributed-optimizer layout
   uint64_t kernelWorkspace = 0;
+  uint64_t microBatchSlots = 0; // the micro-batches the stage's instructions name
   std::vector<std::string> valueNames;
 };
 

@@ -1249,9 +1249,17 @@ uint64_t gpu_micro_batch_slots(const pl::Rank &rank) {
   return uint64_t(slots);
 }
 
-uint64_t gpu_scalar_bytes(const pl::Rank &rank) {
-  const uint64_t bytes = kGpuScalarSlotBytes * (3 + gpu_micro_batch_slots(rank));
+uint64_t gpu_scalar_bytes(uint64_t micro_batch_slots) {
+  const uint64_t bytes = kGpuScalarSlotBytes * (3 + micro_batch_slots);
   return (bytes + 255) / 256 * 256;
+}
+
+uint64_t gpu_scalar_bytes(const pl::Rank &rank) {
+  return gpu_scalar_bytes(gpu_micro_batch_slots(rank));
+}
+
+uint64_t gpu_executor_workspace_bytes(uint64_t kernel_workspace_bytes, uint64_t micro_batch_slots) {
+  return (kernel_workspace_bytes + 255) / 256 * 256 + gpu_scalar_bytes(micro_batch_slots);
 }
 
 std::unique_ptr<PlanFile> PlanFile::open(const std::string &path, std::string *error) {

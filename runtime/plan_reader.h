@@ -74,12 +74,18 @@ inline bool out0_may_alias_in0(mt::plan::Opcode op) {
 // The GPU executor's device scalars (gpu_executor.h), after the kernel
 // workspace: the loss scale (an f32 in an 8-byte slot), the seed, the
 // program's RNG offset, then one RNG offset per micro-batch the rank's
-// instructions name (u64 each), rounded up to 256 bytes. `mtc` counts them
-// in the memory plan's workspace, so what it prints is what mtrun allocates.
+// instructions name (u64 each), rounded up to 256 bytes. The plan's
+// Memory.workspace counts them with the kernel workspace (rounded up to 256
+// bytes) and cuBLASLt's stated workspace, so what mtc prints is what mtrun
+// allocates.
 constexpr uint64_t kGpuScalarSlotBytes = 8;
 constexpr int32_t kMaxMicroBatch = 65535; // the largest Instruction.micro_batch read
 uint64_t gpu_micro_batch_slots(const mt::plan::Rank &rank);
+uint64_t gpu_scalar_bytes(uint64_t micro_batch_slots);
 uint64_t gpu_scalar_bytes(const mt::plan::Rank &rank);
+// What the GPU executor allocates after the arena: the kernel workspace,
+// then the scalars.
+uint64_t gpu_executor_workspace_bytes(uint64_t kernel_workspace_bytes, uint64_t micro_batch_slots);
 
 // "f32", "bf16", "f16", "i32", "i64".
 const char *dtype_label(mt::plan::DType d);

@@ -264,10 +264,12 @@ public:
     return c;
   }
   std::vector<EmulatedComm *> comms;
+  uint64_t allocated = 0; // bytes asked of allocate()
 
   std::string allocate(uint64_t bytes, uint64_t *base) override {
     if (capturing_)
       return "allocate while capturing a graph";
+    allocated += bytes;
     blocks_.emplace_back(bytes + 256, 0xFF); // poisoned: NaN floats until written
     uint64_t p = reinterpret_cast<uint64_t>(blocks_.back().data());
     *base = (p + 255) / 256 * 256;

@@ -31,6 +31,7 @@ struct RankRun {
   std::vector<float> losses, norms;
   std::vector<std::vector<std::vector<float>>> grads, weights; // [step][param]
   int collectives = 0;
+  uint64_t allocated = 0; // device bytes the GPU executor asked for
 };
 
 uint32_t outputNamed(const pl::Program &p, const std::string &name) {
@@ -122,9 +123,11 @@ std::string runRank(const pl::Plan &plan, int rank, mt::rt::Communicator *world,
       out.weights.back().emplace_back(ex->weight(int(p)),
                                       ex->weight(int(p)) + ex->param_elements(int(p)));
   }
-  if (dev)
+  if (dev) {
     for (const EmulatedComm *c : dev->comms)
       out.collectives += c->calls;
+    out.allocated = dev->allocated;
+  }
   return "";
 }
 
@@ -164,6 +167,14 @@ void compareLayout(const std::vector<mt::spec::Override> &layout, int minCollect
       EXPECT_NEAR(gpu[r].losses[i], cpu[r].losses[i], lossTol * std::fabs(cpu[r].losses[i]))
           << "rank " << r << " loss " << i;
     const pl::Rank &rank = *mt::rt::find_rank(plan, int(r));
+    // The device allocation is the plan's: state and arena (each rounded to
+    // 256 bytes), then the workspace mtc prints (Memory.workspace) less the
+    // stated cuBLASLt workspace, which the CUDA device allocates itself.
+    auto align = [](uint64_t n) { return (n + 255) / 256 * 256; };
+    EXPECT_EQ(gpu[r].allocated, align(rank.state_bytes()) + align(rank.arena_bytes()) +
+                                    rank.memory()->workspace() - (32ull << 20))
+        << "rank " << r;
+    EXPECT_EQ(rank.memory()->activations_peak(), rank.arena_bytes()) << "rank " << r;
     for (int s = 0; s < steps; ++s) {
       EXPECT_NEAR(gpu[r].norms[size_t(s)], cpu[r].norms[size_t(s)],
                   lossTol * cpu[r].norms[size_t(s)])
