@@ -359,8 +359,9 @@ void graphsMatchEager(DeviceFactory make, double tolerance) {
   }
   // Turning graphs off drops them.
   graphs.set_cuda_graphs(false);
-  if (graphDev)
+  if (graphDev) {
     EXPECT_EQ(graphDev->liveGraphs(), 0u);
+  }
 }
 
 TEST(GpuExecutor, CudaGraphsMatchEagerBitForBit) { graphsMatchEager(emulatedDevice, 0); }
