@@ -1,8 +1,9 @@
 // compiler/CudaOpKernels: every opcode's kernels compile with NVRTC for sm_80
 // and sm_90 (f32, bf16, f16) when NVRTC is present, carry the features they
 // are built for, and compute what runtime/cpu_kernels computes when run on
-// the host emulation of CUDA (CudaHostKernel), on random inputs.
-#include "CudaHostKernel.h"
+// the host emulation of CUDA (CudaHostKernel), on random inputs; where there
+// is a GPU, the same checks run on it (CudaOpKernelsOnGpu).
+#include "KernelDevice.h"
 
 #include "compiler/CudaOpKernels.h"
 #include "runtime/cpu_kernels.h"
@@ -31,6 +32,8 @@ using mt::OpStep;
 using mt::OpTensor;
 using mt::plan::DType;
 using mt::plan::Opcode;
+using mt::test::KernelDevice;
+using mt::test::Mirror;
 
 bool contains(const std::string &s, const std::string &part) {
   return s.find(part) != std::string::npos;
@@ -105,6 +108,8 @@ struct Buffer {
     auto p = reinterpret_cast<uintptr_t>(storage.data());
     return reinterpret_cast<void *>((p + 15) / 16 * 16);
   }
+  // The bytes after data(): the elements rounded up to 16.
+  size_t bytes() const { return size_t((t.elements() * bytesOf(t.dtype) + 15) / 16 * 16); }
   void set(const std::vector<float> &v) {
     for (size_t i = 0; i < v.size(); ++i) {
       if (t.dtype == DType::F32)
@@ -140,75 +145,96 @@ std::vector<float> randomValues(size_t n, uint32_t seed, float scale = 1.0f, DTy
 }
 
 // ---------------------------------------------------------------------------
-// Running an instruction's steps on the emulation, one or more ranks in
-// lockstep (collectives combine the ranks' workspaces).
+// Running an instruction's steps on a device, one or more ranks in lockstep
+// (collectives combine the ranks' workspaces on the host).
+
+// A state buffer with two parameters: bf16 (or f16) with an f32 master,
+// and an f32 one updated in place; odd counts leave a scalar tail.
+struct OptimizerState {
+  std::vector<uint64_t> bytes = std::vector<uint64_t>(65536 / 8, 0);
+  uint8_t *base() { return reinterpret_cast<uint8_t *>(bytes.data()); }
+  float *f(int64_t offset) { return reinterpret_cast<float *>(base() + offset); }
+  uint16_t *h(int64_t offset) { return reinterpret_cast<uint16_t *>(base() + offset); }
+};
 
 struct Rank {
   std::vector<Buffer *> in, out;
-  std::vector<float *> grads;
-  void *state = nullptr;
+  std::vector<std::vector<float> *> grads;
+  OptimizerState *state = nullptr;
   float lossScale = 1.0f;
   uint64_t seed = 0, rngOffset = 0, tpRank = 0;
   std::vector<uint64_t> ws;
   void *wsData() { return ws.data(); }
 };
 
-const mt::emu::HostKernel *hostKernel(const mt::CudaKernel &k, std::string *error) {
-  static std::map<std::string, std::unique_ptr<mt::emu::HostKernel>> cache;
-  auto it = cache.find(k.entry);
-  if (it == cache.end())
-    it = cache.emplace(k.entry, mt::emu::HostKernel::compile(k.source, k.entry, error)).first;
-  return it->second.get();
-}
-
-std::string launch(const mt::OpLaunch &l, Rank &r) {
-  std::string error;
-  const mt::emu::HostKernel *k = hostKernel(l.kernel, &error);
-  if (!k)
-    return "compile " + l.kernel.entry + ": " + error;
-  std::vector<void *> ptrs;
+std::string launch(KernelDevice &device, const Mirror &m, const mt::OpLaunch &l, Rank &r) {
+  std::vector<uint64_t> args;
   for (const OpArg &a : l.args) {
     switch (a.kind) {
-    case OpArg::In: ptrs.push_back(r.in.at(a.index)->data()); break;
-    case OpArg::Out: ptrs.push_back(r.out.at(a.index)->data()); break;
-    case OpArg::ParamGrad: ptrs.push_back(r.grads.at(a.index)); break;
-    case OpArg::State: ptrs.push_back(r.state); break;
-    case OpArg::Workspace: ptrs.push_back(reinterpret_cast<uint8_t *>(r.wsData()) + a.index); break;
-    case OpArg::LossScale: ptrs.push_back(&r.lossScale); break;
+    case OpArg::In: args.push_back(m.at(r.in.at(a.index)->data())); break;
+    case OpArg::Out: args.push_back(m.at(r.out.at(a.index)->data())); break;
+    case OpArg::ParamGrad: args.push_back(m.at(r.grads.at(a.index)->data())); break;
+    case OpArg::State: args.push_back(m.at(r.state->base())); break;
+    case OpArg::Workspace: args.push_back(m.at(r.wsData(), uint64_t(a.index))); break;
+    case OpArg::LossScale: args.push_back(m.at(&r.lossScale)); break;
     }
   }
-  std::vector<unsigned long long> scalars;
   size_t stream = 0;
   for (const std::string &s : l.kernel.scalarArgs)
-    scalars.push_back(s == "seed"         ? reinterpret_cast<uintptr_t>(&r.seed) // device scalars
-                      : s == "rng_offset" ? reinterpret_cast<uintptr_t>(&r.rngOffset)
-                      : s == "tp_rank"    ? r.tpRank
-                                          : l.kernel.streams.at(stream++));
-  std::vector<void *> params;
-  for (void *&p : ptrs)
-    params.push_back(&p);
-  for (unsigned long long &s : scalars)
-    params.push_back(&s);
-  return k->launch(l.kernel.grid, l.kernel.block, l.kernel.sharedBytes, params.data());
+    args.push_back(s == "seed"         ? m.at(&r.seed) // device scalars
+                   : s == "rng_offset" ? m.at(&r.rngOffset)
+                   : s == "tp_rank"    ? r.tpRank
+                                       : l.kernel.streams.at(stream++));
+  return device.launch(l.kernel.source, l.kernel.entry, l.kernel.grid, l.kernel.block,
+                       l.kernel.sharedBytes, args);
+}
+
+// Every array the ranks' kernels may touch, copied to the device before the
+// steps and back after them.
+std::string mapRanks(Mirror &m, const std::vector<Rank *> &ranks) {
+  for (Rank *r : ranks) {
+    std::vector<std::pair<const void *, size_t>> arrays = {
+        {r->wsData(), r->ws.size() * 8}, {&r->lossScale, 4}, {&r->seed, 8}, {&r->rngOffset, 8}};
+    for (Buffer *b : r->in)
+      arrays.push_back({b->data(), b->bytes()});
+    for (Buffer *b : r->out)
+      arrays.push_back({b->data(), b->bytes()});
+    for (std::vector<float> *g : r->grads)
+      arrays.push_back({g->data(), g->size() * 4});
+    if (r->state)
+      arrays.push_back({r->state->base(), r->state->bytes.size() * 8});
+    for (const auto &[p, bytes] : arrays)
+      if (std::string e = m.map(p, bytes); !e.empty())
+        return e;
+  }
+  return "";
 }
 
 // `groups`: the collective groups the ranks form; a collective over any
 // other group has one rank here and leaves the values as they are.
-std::string runSteps(const OpKernels &k, std::vector<Rank *> ranks,
+std::string runSteps(KernelDevice &device, const OpKernels &k, std::vector<Rank *> ranks,
                      std::set<int64_t> groups = {0, 1, 2, 3}) {
   for (Rank *r : ranks) {
     r->ws.assign(size_t(k.workspaceBytes / 8 + 2), ~0ull); // NaN bytes: unwritten reads show
   }
+  Mirror m(device);
+  if (std::string e = mapRanks(m, ranks); !e.empty())
+    return e;
+  if (std::string e = m.upload(); !e.empty())
+    return e;
   for (const OpStep &s : k.steps) {
     if (s.kind == OpStep::Launch) {
       for (Rank *r : ranks)
-        if (std::string e = launch(k.launches[s.launch], *r); !e.empty())
+        if (std::string e = launch(device, m, k.launches[s.launch], *r); !e.empty())
           return e;
       continue;
     }
     EXPECT_LE(s.offset + s.count * (s.type == OpStep::F64 ? 8 : 4), k.workspaceBytes);
     if (!groups.count(s.group))
       continue;
+    for (Rank *r : ranks)
+      if (std::string e = m.download(r->wsData()); !e.empty())
+        return e;
     for (uint64_t i = 0; i < s.count; ++i) {
       auto at = [&](Rank *r) { return reinterpret_cast<uint8_t *>(r->wsData()) + s.offset; };
       if (s.type == OpStep::F64) {
@@ -227,8 +253,11 @@ std::string runSteps(const OpKernels &k, std::vector<Rank *> ranks,
           reinterpret_cast<float *>(at(r))[i] = v;
       }
     }
+    for (Rank *r : ranks)
+      if (std::string e = m.upload(r->wsData()); !e.empty())
+        return e;
   }
-  return "";
+  return m.download();
 }
 
 OpKernels generate(const OpInstruction &ins) {
@@ -457,11 +486,12 @@ TEST(CudaOpKernels, FeaturesAndSequences) {
 
 
 // ---------------------------------------------------------------------------
-// Numerics on the host emulation against runtime/cpu_kernels.
+// Numerics against runtime/cpu_kernels, each test on the host emulation
+// (CudaOpKernelsEmulation) and on a GPU (CudaOpKernelsOnGpu).
 
 // Cross-entropy and its gradient (in place over the logits), rows whose
 // length takes 8, 4 or 1 lanes.
-TEST(CudaOpKernelsEmulation, CrossEntropy) {
+MT_KERNEL_TEST(CudaOpKernels, CrossEntropy) {
   for (DType d : kFloatTypes)
     for (int64_t vocab : {1000, 1001}) {
       SCOPED_TRACE(std::string(mt::plan::EnumNameDType(d)) + " vocab " + std::to_string(vocab));
@@ -481,7 +511,7 @@ TEST(CudaOpKernelsEmulation, CrossEntropy) {
       Rank r;
       r.in = {&x, &lab};
       r.out = {&loss};
-      ASSERT_EQ(runSteps(generate(ins), {&r}), "");
+      ASSERT_EQ(runSteps(device, generate(ins), {&r}), "");
       double want = 0;
       ASSERT_TRUE(mt::cpu::cross_entropy_fwd(logits.data(), labels32.data(), nullptr, n, vocab, &want));
       double worst = 0;
@@ -492,7 +522,7 @@ TEST(CudaOpKernelsEmulation, CrossEntropy) {
       ins.out = {x.t};
       r.in = {&x, &lab, &dloss};
       r.out = {&x};
-      ASSERT_EQ(runSteps(generate(ins), {&r}), "");
+      ASSERT_EQ(runSteps(device, generate(ins), {&r}), "");
       std::vector<float> grad(logits.size());
       mt::cpu::cross_entropy_bwd(logits.data(), labels32.data(), nullptr, n, vocab, 1.5, grad.data());
       EXPECT_TRUE(close(x.get(), rounded(grad, d), d, 1e-6, 1e-12, &worst));
@@ -501,7 +531,7 @@ TEST(CudaOpKernelsEmulation, CrossEntropy) {
 
 // Vocab parallel over two ranks, the collectives done between the phases
 // as the steps say: the same loss and gradients as the whole vocabulary.
-TEST(CudaOpKernelsEmulation, CrossEntropyVocabParallel) {
+MT_KERNEL_TEST(CudaOpKernels, CrossEntropyVocabParallel) {
   for (DType d : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(mt::plan::EnumNameDType(d));
     const int64_t n = 5, vocab = 512, part = vocab / 2;
@@ -532,7 +562,7 @@ TEST(CudaOpKernelsEmulation, CrossEntropyVocabParallel) {
       r[k].in = {&x[k], &lab};
       r[k].out = {&loss[k]};
     }
-    ASSERT_EQ(runSteps(generate(ins), {&r[0], &r[1]}), "");
+    ASSERT_EQ(runSteps(device, generate(ins), {&r[0], &r[1]}), "");
     double want = 0;
     ASSERT_TRUE(mt::cpu::cross_entropy_fwd(logits.data(), labels32.data(), nullptr, n, vocab, &want));
     for (int k = 0; k < 2; ++k)
@@ -544,7 +574,7 @@ TEST(CudaOpKernelsEmulation, CrossEntropyVocabParallel) {
       r[k].in = {&x[k], &lab, &dloss};
       r[k].out = {&x[k]};
     }
-    ASSERT_EQ(runSteps(generate(ins), {&r[0], &r[1]}), "");
+    ASSERT_EQ(runSteps(device, generate(ins), {&r[0], &r[1]}), "");
     std::vector<float> grad(logits.size());
     mt::cpu::cross_entropy_bwd(logits.data(), labels32.data(), nullptr, n, vocab, 0.75, grad.data());
     for (int k = 0; k < 2; ++k) {
@@ -556,15 +586,6 @@ TEST(CudaOpKernelsEmulation, CrossEntropyVocabParallel) {
     }
   }
 }
-
-// A state buffer with two parameters: bf16 (or f16) with an f32 master,
-// and an f32 one updated in place; odd counts leave a scalar tail.
-struct OptimizerState {
-  std::vector<uint64_t> bytes = std::vector<uint64_t>(65536 / 8, 0);
-  uint8_t *base() { return reinterpret_cast<uint8_t *>(bytes.data()); }
-  float *f(int64_t offset) { return reinterpret_cast<float *>(base() + offset); }
-  uint16_t *h(int64_t offset) { return reinterpret_cast<uint16_t *>(base() + offset); }
-};
 
 OpParam stateParam(DType d, int64_t count, int64_t at) {
   OpParam p;
@@ -578,7 +599,7 @@ OpParam stateParam(DType d, int64_t count, int64_t at) {
   return p;
 }
 
-TEST(CudaOpKernelsEmulation, AdamWGroupAndShard) {
+MT_KERNEL_TEST(CudaOpKernels, AdamWGroupAndShard) {
   for (DType d : {DType::BF16, DType::F16}) {
     SCOPED_TRACE(mt::plan::EnumNameDType(d));
     const std::vector<OpParam> params = {stateParam(d, 1001, 0), stateParam(DType::F32, 999, 4096)};
@@ -624,8 +645,8 @@ TEST(CudaOpKernelsEmulation, AdamWGroupAndShard) {
     EXPECT_EQ(k->launches.size(), 1u);
     Rank r;
     r.in = {&lr, &clip, &step};
-    r.state = s.base();
-    ASSERT_EQ(runSteps(*k, {&r}), "");
+    r.state = &s;
+    ASSERT_EQ(runSteps(device, *k, {&r}), "");
     for (size_t p = 0; p < params.size(); ++p) {
       std::vector<float> g = grad[p], want = master[p], wm = m[p], wv = v[p];
       for (float &x : g)
@@ -646,7 +667,7 @@ TEST(CudaOpKernelsEmulation, AdamWGroupAndShard) {
     // Step 0 is refused: nothing changes.
     std::vector<uint64_t> before = s.bytes;
     step.setInts({0});
-    ASSERT_EQ(runSteps(*k, {&r}), "");
+    ASSERT_EQ(runSteps(device, *k, {&r}), "");
     EXPECT_EQ(before, s.bytes);
 
     // The shard: elements [3, 503) of the first parameter and [0, 200) of
@@ -673,7 +694,7 @@ TEST(CudaOpKernelsEmulation, AdamWGroupAndShard) {
       s.f(sh.shardExpAvgSqOffset)[i] = 0;
     }
     step.setInts({1});
-    ASSERT_EQ(runSteps(generate(sh), {&r}), "");
+    ASSERT_EQ(runSteps(device, generate(sh), {&r}), "");
     std::vector<float> g(700);
     for (int i = 0; i < 500; ++i)
       g[size_t(i)] = s.f(params[0].gradOffset)[3 + i] * 0.5f;
@@ -694,7 +715,7 @@ TEST(CudaOpKernelsEmulation, AdamWGroupAndShard) {
 
 // Gradient norms (one parameter not counted), the clipping coefficient,
 // the schedule and the gradient seed.
-TEST(CudaOpKernelsEmulation, NormsAndScalars) {
+MT_KERNEL_TEST(CudaOpKernels, NormsAndScalars) {
   OptimizerState s;
   std::vector<OpParam> params = {stateParam(DType::F32, 2000, 0), stateParam(DType::F32, 7, 4096),
                                  stateParam(DType::F32, 300, 2048)};
@@ -718,8 +739,8 @@ TEST(CudaOpKernelsEmulation, NormsAndScalars) {
   ins.params = params;
   Rank r;
   r.out = {&norm};
-  r.state = s.base();
-  ASSERT_EQ(runSteps(generate(ins), {&r}), "");
+  r.state = &s;
+  ASSERT_EQ(runSteps(device, generate(ins), {&r}), "");
   EXPECT_TRUE(close(norm.get(), {float(std::sqrt(want))}, DType::F32, 1.2e-7, 0));
 
   // Sharded: parts of two parameters, summed over two data-parallel ranks.
@@ -734,7 +755,7 @@ TEST(CudaOpKernelsEmulation, NormsAndScalars) {
   Rank r2 = r;
   Buffer norm2(DType::F32, {});
   r2.out = {&norm2};
-  ASSERT_EQ(runSteps(generate(sh), {&r, &r2}, {0}), "");
+  ASSERT_EQ(runSteps(device, generate(sh), {&r, &r2}, {0}), "");
   EXPECT_TRUE(close(norm.get(), {float(std::sqrt(2 * part))}, DType::F32, 1.2e-7, 0));
   EXPECT_EQ(norm.get(), norm2.get());
 
@@ -751,7 +772,7 @@ TEST(CudaOpKernelsEmulation, NormsAndScalars) {
   for (float n : {0.5f, 4.0f}) {
     norm.set({n});
     scale.set({0.25f});
-    ASSERT_EQ(runSteps(generate(clip), {&rc}), "");
+    ASSERT_EQ(runSteps(device, generate(clip), {&rc}), "");
     const double c = std::min(1.0, 1.0 / (double(n) + 1e-6));
     EXPECT_EQ(coeff.get()[0], float(0.25 * c)) << n;
   }
@@ -784,7 +805,7 @@ TEST(CudaOpKernelsEmulation, NormsAndScalars) {
       rl.in = {&it};
       rl.out = {&lr};
       it.setInts({steps});
-      ASSERT_EQ(runSteps(generate(ls), {&rl}), "");
+      ASSERT_EQ(runSteps(device, generate(ls), {&rl}), "");
       EXPECT_TRUE(close(lr.get(), {float(megatron(style, 10, 100, 1e-3, 1e-4, steps))}, DType::F32, 6e-8, 0))
           << "style " << style << " step " << steps;
     }
@@ -797,13 +818,13 @@ TEST(CudaOpKernelsEmulation, NormsAndScalars) {
   Rank rs;
   rs.out = {&lr};
   rs.lossScale = 65536.0f;
-  ASSERT_EQ(runSteps(generate(seed), {&rs}), "");
+  ASSERT_EQ(runSteps(device, generate(seed), {&rs}), "");
   EXPECT_EQ(lr.get()[0], 8192.0f);
 }
 
 // Embedding forward (plain and vocab parallel), its deterministic gradient
 // (bit-equal to the CPU's token-order sums), position ids.
-TEST(CudaOpKernelsEmulation, Embeddings) {
+MT_KERNEL_TEST(CudaOpKernels, Embeddings) {
   for (DType d : kFloatTypes) {
     SCOPED_TRACE(mt::plan::EnumNameDType(d));
     const int64_t vocab = 40, h = 24, n = 12;
@@ -820,7 +841,7 @@ TEST(CudaOpKernelsEmulation, Embeddings) {
     Rank r;
     r.in = {&t, &id};
     r.out = {&y};
-    ASSERT_EQ(runSteps(generate(ins), {&r}), "");
+    ASSERT_EQ(runSteps(device, generate(ins), {&r}), "");
     std::vector<int32_t> ids32(ids.begin(), ids.end());
     std::vector<float> want(size_t(n * h));
     ASSERT_TRUE(mt::cpu::embedding_fwd(table.data(), vocab, h, ids32.data(), n, want.data()));
@@ -836,14 +857,14 @@ TEST(CudaOpKernelsEmulation, Embeddings) {
     Rank rv = r;
     rv.in = {&half, &id};
     rv.tpRank = 1;
-    ASSERT_EQ(runSteps(generate(vp), {&rv}), "");
+    ASSERT_EQ(runSteps(device, generate(vp), {&rv}), "");
     std::vector<float> got = y.get();
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < h; ++j)
         ASSERT_EQ(got[size_t(i * h + j)], ids[size_t(i)] >= 20 ? want[size_t(i * h + j)] : 0.0f);
     // An id outside the whole vocabulary gives NaN.
     id.setInts({3, 7, 3, 40, 0, 7, 7, 12, 3, 25, 39, 1});
-    ASSERT_EQ(runSteps(generate(vp), {&rv}), "");
+    ASSERT_EQ(runSteps(device, generate(vp), {&rv}), "");
     EXPECT_TRUE(std::isnan(y.get()[3 * h]));
     id.setInts(ids);
 
@@ -863,8 +884,8 @@ TEST(CudaOpKernelsEmulation, Embeddings) {
     std::vector<float> g = g0;
     Rank rg;
     rg.in = {&dyb, &id};
-    rg.grads = {g.data()};
-    ASSERT_EQ(runSteps(generate(gi), {&rg}), "");
+    rg.grads = {&g};
+    ASSERT_EQ(runSteps(device, generate(gi), {&rg}), "");
     std::vector<float> gw = g0;
     mt::cpu::embedding_bwd(dy.data(), ids32.data(), n, h, gw.data());
     EXPECT_EQ(g, gw);
@@ -874,9 +895,9 @@ TEST(CudaOpKernelsEmulation, Embeddings) {
     gi.ints = {1};
     gi.tensorParallel = 2;
     std::vector<float> gh(g0.begin() + (vocab / 2) * h, g0.end());
-    rg.grads = {gh.data()};
+    rg.grads = {&gh};
     rg.tpRank = 1;
-    ASSERT_EQ(runSteps(generate(gi), {&rg}), "");
+    ASSERT_EQ(runSteps(device, generate(gi), {&rg}), "");
     EXPECT_EQ(gh, std::vector<float>(gw.begin() + (vocab / 2) * h, gw.end()));
   }
   Buffer pos(DType::I32, {3, 5});
@@ -885,14 +906,14 @@ TEST(CudaOpKernelsEmulation, Embeddings) {
   pi.out = {pos.t};
   Rank r;
   r.out = {&pos};
-  ASSERT_EQ(runSteps(generate(pi), {&r}), "");
+  ASSERT_EQ(runSteps(device, generate(pi), {&r}), "");
   for (int i = 0; i < 15; ++i)
     EXPECT_EQ(static_cast<int32_t *>(pos.data())[i], i % 5);
 }
 
 // Norms and their gradients (dw, db added into f32 gradients), bias
 // gradients; rows of 96 (8 lanes) and 50 (2 lanes), 37 rows.
-TEST(CudaOpKernelsEmulation, NormsAndColumnSums) {
+MT_KERNEL_TEST(CudaOpKernels, NormsAndColumnSums) {
   for (DType d : kFloatTypes)
     for (int64_t h : {96, 50}) {
       SCOPED_TRACE(std::string(mt::plan::EnumNameDType(d)) + " h " + std::to_string(h));
@@ -918,7 +939,7 @@ TEST(CudaOpKernelsEmulation, NormsAndColumnSums) {
         Rank r;
         r.in = layer ? std::vector<Buffer *>{&xb, &wb, &bb} : std::vector<Buffer *>{&xb, &wb};
         r.out = {&yb};
-        ASSERT_EQ(runSteps(generate(f), {&r}), "");
+        ASSERT_EQ(runSteps(device, generate(f), {&r}), "");
         std::vector<float> want(x.size());
         if (layer)
           mt::cpu::layer_norm_fwd(x.data(), w.data(), b.data(), n, h, 1e-5, want.data());
@@ -940,8 +961,8 @@ TEST(CudaOpKernelsEmulation, NormsAndColumnSums) {
         Rank rg;
         rg.in = {&dyb, &xb, &wb};
         rg.out = {&yb};
-        rg.grads = layer ? std::vector<float *>{dw.data(), db.data()} : std::vector<float *>{dw.data()};
-        ASSERT_EQ(runSteps(generate(g), {&rg}), "");
+        rg.grads = layer ? std::vector<std::vector<float> *>{&dw, &db} : std::vector<std::vector<float> *>{&dw};
+        ASSERT_EQ(runSteps(device, generate(g), {&rg}), "");
         std::vector<float> wdx(x.size());
         if (layer)
           mt::cpu::layer_norm_bwd(dy.data(), x.data(), w.data(), n, h, 1e-5, wdx.data(), wdw.data(), wdb.data());
@@ -961,8 +982,8 @@ TEST(CudaOpKernelsEmulation, NormsAndColumnSums) {
       std::vector<float> db = randomValues(size_t(h), 76), wdb = db;
       Rank rb;
       rb.in = {&dyb};
-      rb.grads = {db.data()};
-      ASSERT_EQ(runSteps(generate(bg), {&rb}), "");
+      rb.grads = {&db};
+      ASSERT_EQ(runSteps(device, generate(bg), {&rb}), "");
       mt::cpu::bias_grad(dy.data(), n, h, wdb.data());
       EXPECT_TRUE(close(db, wdb, DType::F32, 1e-6, 1e-6));
     }
@@ -970,7 +991,7 @@ TEST(CudaOpKernelsEmulation, NormsAndColumnSums) {
 
 
 // The elementwise ops, split and rotary embedding, one instruction each.
-TEST(CudaOpKernelsEmulation, ElementwiseSplitRope) {
+MT_KERNEL_TEST(CudaOpKernels, ElementwiseSplitRope) {
   const int64_t n = 6, f = 40;
   for (DType d : kFloatTypes) {
     SCOPED_TRACE(mt::plan::EnumNameDType(d));
@@ -1000,7 +1021,7 @@ TEST(CudaOpKernelsEmulation, ElementwiseSplitRope) {
       r.seed = 1234;
       r.rngOffset = 77;
       r.tpRank = tpRank;
-      return runSteps(generate(ins), {&r});
+      return runSteps(device, generate(ins), {&r});
     };
     std::vector<float> want(a.size()), wanth(g.size());
     ASSERT_EQ(run1(Opcode::ADD, {&A, &Bb}, &Y, {}, {}), "");
@@ -1051,7 +1072,7 @@ TEST(CudaOpKernelsEmulation, ElementwiseSplitRope) {
     Rank rs;
     rs.in = {&QKV};
     rs.out = {&Q, &K, &V};
-    ASSERT_EQ(runSteps(generate(sp), {&rs}), "");
+    ASSERT_EQ(runSteps(device, generate(sp), {&rs}), "");
     std::vector<float> wq(size_t(rows * heads * hd)), wk(size_t(rows * groups * hd)), wv(wk.size());
     mt::cpu::split_qkv_fwd(qkv.data(), rows, heads, groups, hd, wq.data(), wk.data(), wv.data());
     EXPECT_EQ(Q.get(), wq);
@@ -1062,7 +1083,7 @@ TEST(CudaOpKernelsEmulation, ElementwiseSplitRope) {
     sp.out = {QKV2.t};
     rs.in = {&Q, &K, &V};
     rs.out = {&QKV2};
-    ASSERT_EQ(runSteps(generate(sp), {&rs}), "");
+    ASSERT_EQ(runSteps(device, generate(sp), {&rs}), "");
     EXPECT_EQ(QKV2.get(), qkv);
 
     // ROPE and its gradient on [2, 7, 3, d], d = 16 and an odd d = 9.

@@ -2,8 +2,9 @@
 // configuration of a matrix (head dim, GQA/MHA, causal, dropout, dtype,
 // tensor-parallel shard) compiled with NVRTC for sm_80 and sm_90 when the
 // library is present; and the kernels run on the host CUDA emulation
-// against runtime/cpu_kernels' attention_fwd/attention_bwd.
-#include "CudaHostKernel.h"
+// against runtime/cpu_kernels' attention_fwd/attention_bwd, and where there
+// is a GPU on it too (FlashAttentionOnGpu), the whole matrix included.
+#include "KernelDevice.h"
 #include "compiler/FlashAttentionGen.h"
 #include "runtime/cpu_kernels.h"
 #include "runtime/cuda_api.h"
@@ -187,7 +188,10 @@ TEST(FlashAttentionGen, CompilesWithNvrtc) {
 
 } // namespace
 
-// ---- Numerics on the host CUDA emulation ---------------------------------
+// ---- Numerics on the host CUDA emulation and on a GPU ---------------------
+
+using mt::test::KernelDevice;
+using mt::test::Mirror;
 
 // A tensor as the kernels see it: logical float values and, for bf16/f16,
 // their 16-bit storage.
@@ -198,6 +202,7 @@ struct Tensor {
 
   Tensor(DType t, size_t n) : type(t), value(n), bits(t == DType::F32 ? 0 : n) {}
   void *data() { return type == DType::F32 ? static_cast<void *>(value.data()) : bits.data(); }
+  size_t bytes() const { return type == DType::F32 ? value.size() * 4 : bits.size() * 2; }
 };
 
 uint16_t toF16(float x) { // x exactly representable in f16
@@ -257,37 +262,42 @@ Tensor randomTensor(DType t, size_t n, std::mt19937 &rng, float scale = 1.0f) {
   return x;
 }
 
-// Host-compiled kernels, one per (source, entry) for the whole run.
-const mt::emu::HostKernel &hostKernel(const mt::CudaKernel &k) {
-  static std::map<std::pair<std::string, std::string>, std::unique_ptr<mt::emu::HostKernel>> built;
-  auto &slot = built[{k.source, k.entry}];
-  if (!slot) {
-    std::string error;
-    slot = mt::emu::HostKernel::compile(k.source, k.entry, &error);
-    if (!slot)
-      ADD_FAILURE() << error;
-  }
-  return *slot;
-}
-
 struct Rng {
   uint64_t seed = 1234, offset = 77, tpRank = 0;
 };
 
-// Launches `k` with `pointers` and its scalar arguments; "" or the error.
-std::string launch(const mt::CudaKernel &k, std::vector<void *> pointers, const Rng &rng) {
-  std::vector<uint64_t> scalars;
+// Device copies of a check's tensors and of its seed and RNG offset (device
+// scalars, read through pointers as the runtime passes them).
+struct DeviceArrays {
+  Mirror mirror;
+  Rng rng;
+
+  DeviceArrays(KernelDevice &device, const Rng &r) : mirror(device), rng(r) {}
+  // "" or the error of mapping and uploading everything.
+  std::string upload(const std::vector<std::pair<void *, size_t>> &arrays) {
+    for (const auto &[p, bytes] : arrays)
+      if (std::string e = mirror.map(p, bytes); !e.empty())
+        return e;
+    for (uint64_t *v : {&rng.seed, &rng.offset})
+      if (std::string e = mirror.map(v, 8); !e.empty())
+        return e;
+    return mirror.upload();
+  }
+};
+
+// Launches `k` on the device copies of `pointers` with its scalar
+// arguments; "" or the error.
+std::string launch(KernelDevice &device, const DeviceArrays &a, const mt::CudaKernel &k,
+                   const std::vector<void *> &pointers) {
+  std::vector<uint64_t> args;
+  for (void *p : pointers)
+    args.push_back(a.mirror.at(p));
   for (const std::string &name : k.scalarArgs)
-    scalars.push_back(name == "seed"         ? reinterpret_cast<uintptr_t>(&rng.seed) // device scalars
-                      : name == "rng_offset" ? reinterpret_cast<uintptr_t>(&rng.offset)
-                      : name == "tp_rank"    ? rng.tpRank
-                                             : k.streams.at(0));
-  std::vector<void *> params;
-  for (void *&p : pointers)
-    params.push_back(&p);
-  for (uint64_t &v : scalars)
-    params.push_back(&v);
-  return hostKernel(k).launch(k.grid, k.block, k.sharedBytes, params.data());
+    args.push_back(name == "seed"         ? a.mirror.at(&a.rng.seed)
+                   : name == "rng_offset" ? a.mirror.at(&a.rng.offset)
+                   : name == "tp_rank"    ? a.rng.tpRank
+                                          : k.streams.at(0));
+  return device.launch(k.source, k.entry, k.grid, k.block, k.sharedBytes, args);
 }
 
 mt::cpu::AttentionShape shapeOf(const FlashAttentionConfig &c, const Rng &rng) {
@@ -313,8 +323,8 @@ double relativeError(const std::vector<float> &got, const std::vector<float> &wa
 // stored rounded, so a few units of 2^-8 / 2^-11.
 double tolerance(DType t) { return t == DType::F32 ? 1e-5 : t == DType::BF16 ? 1e-2 : 4e-3; }
 
-// Forward and backward of `c` on the emulation against the CPU reference.
-void checkNumerics(const FlashAttentionConfig &c, const Rng &rng, uint32_t seed) {
+// Forward and backward of `c` on `device` against the CPU reference.
+void checkNumerics(KernelDevice &device, const FlashAttentionConfig &c, const Rng &rng, uint32_t seed) {
   SCOPED_TRACE(describe(c) + " seq " + std::to_string(c.seq) + " batch " + std::to_string(c.batch));
   std::string error;
   auto fwd = mt::generateFlashAttentionForward(c, &error);
@@ -332,13 +342,20 @@ void checkNumerics(const FlashAttentionConfig &c, const Rng &rng, uint32_t seed)
   std::fill(dk.value.begin(), dk.value.end(), 1e30f), encode(dk);
   std::fill(dv.value.begin(), dv.value.end(), 1e30f), encode(dv);
 
-  ASSERT_EQ(launch(fwd->kernel, {q.data(), k.data(), v.data(), out.data(), lse.data()}, rng), "");
-  decode(out);
+  DeviceArrays arrays(device, rng);
+  ASSERT_EQ(arrays.upload({{q.data(), q.bytes()}, {k.data(), k.bytes()}, {v.data(), v.bytes()},
+                           {dout.data(), dout.bytes()}, {out.data(), out.bytes()},
+                           {dq.data(), dq.bytes()}, {dk.data(), dk.bytes()}, {dv.data(), dv.bytes()},
+                           {lse.data(), lse.size() * 4}, {dqAccum.data(), dqAccum.size() * 4},
+                           {delta.data(), delta.size() * 4}}),
+            "");
+  ASSERT_EQ(launch(device, arrays, fwd->kernel, {q.data(), k.data(), v.data(), out.data(), lse.data()}), "");
   std::vector<void *> args = {dout.data(), q.data(),  k.data(),  v.data(),       out.data(), lse.data(),
                               dq.data(),   dk.data(), dv.data(), dqAccum.data(), delta.data()};
   for (const mt::CudaKernel *kernel : {&bwd->dot, &bwd->main, &bwd->dq})
-    ASSERT_EQ(launch(*kernel, args, rng), "") << kernel->entry;
-  decode(dq), decode(dk), decode(dv);
+    ASSERT_EQ(launch(device, arrays, *kernel, args), "") << kernel->entry;
+  ASSERT_EQ(arrays.mirror.download(), "");
+  decode(out), decode(dq), decode(dk), decode(dv);
 
   const mt::cpu::AttentionShape shape = shapeOf(c, rng);
   const mt::cpu::RngKey key{rng.seed, c.stream, rng.offset};
@@ -390,35 +407,35 @@ FlashAttentionConfig smallConfig(DType t, int64_t d, bool gqa, bool causal, doub
 
 // Each dtype at both head dims, with GQA and MHA, causal or not, dropout
 // on or off, and seqs that are and are not multiples of the tiles.
-TEST(FlashAttentionEmulation, F32MatchesCpu) {
-  checkNumerics(smallConfig(DType::F32, 64, false, true, 0.0, 128, 2), Rng{}, 1);
-  checkNumerics(smallConfig(DType::F32, 128, true, false, 0.1, 80, 1), Rng{}, 2);
-  checkNumerics(smallConfig(DType::F32, 64, true, true, 0.2, 100, 1), Rng{}, 3);
+MT_KERNEL_TEST(FlashAttention, F32MatchesCpu) {
+  checkNumerics(device, smallConfig(DType::F32, 64, false, true, 0.0, 128, 2), Rng{}, 1);
+  checkNumerics(device, smallConfig(DType::F32, 128, true, false, 0.1, 80, 1), Rng{}, 2);
+  checkNumerics(device, smallConfig(DType::F32, 64, true, true, 0.2, 100, 1), Rng{}, 3);
 }
 
-TEST(FlashAttentionEmulation, Bf16MatchesCpu) {
-  checkNumerics(smallConfig(DType::BF16, 64, true, true, 0.1, 100, 2), Rng{}, 4);
-  checkNumerics(smallConfig(DType::BF16, 128, false, false, 0.0, 64, 1), Rng{}, 5);
+MT_KERNEL_TEST(FlashAttention, Bf16MatchesCpu) {
+  checkNumerics(device, smallConfig(DType::BF16, 64, true, true, 0.1, 100, 2), Rng{}, 4);
+  checkNumerics(device, smallConfig(DType::BF16, 128, false, false, 0.0, 64, 1), Rng{}, 5);
 }
 
-TEST(FlashAttentionEmulation, F16MatchesCpu) {
-  checkNumerics(smallConfig(DType::F16, 64, false, false, 0.0, 128, 1), Rng{}, 6);
-  checkNumerics(smallConfig(DType::F16, 128, true, true, 0.1, 72, 1), Rng{}, 7);
+MT_KERNEL_TEST(FlashAttention, F16MatchesCpu) {
+  checkNumerics(device, smallConfig(DType::F16, 64, false, false, 0.0, 128, 1), Rng{}, 6);
+  checkNumerics(device, smallConfig(DType::F16, 128, true, true, 0.1, 72, 1), Rng{}, 7);
 }
 
 // A tensor-parallel shard: rank 1 of 2 draws the second half of the whole
 // model's mask.
-TEST(FlashAttentionEmulation, TensorParallelShardMatchesCpu) {
+MT_KERNEL_TEST(FlashAttention, TensorParallelShardMatchesCpu) {
   FlashAttentionConfig c = smallConfig(DType::BF16, 64, true, true, 0.1, 64, 1);
   c.tensorParallel = 2;
-  checkNumerics(c, Rng{99, 5, 1}, 8);
+  checkNumerics(device, c, Rng{99, 5, 1}, 8);
 }
 
 // The dropout mask exactly: with q = 0 every row's probabilities are equal
 // and with v = I (seq == head dim) out[i][j] is row i's probability of key
 // j after dropout, so each element shows its mask bit; they must equal the
 // CPU's element for element.
-TEST(FlashAttentionEmulation, DropoutMaskIsTheCpus) {
+MT_KERNEL_TEST(FlashAttention, DropoutMaskIsTheCpus) {
   for (DType t : {DType::F32, DType::BF16})
     for (bool causal : {false, true}) {
       FlashAttentionConfig c = smallConfig(t, 64, false, causal, 0.3, 64, 2);
@@ -435,7 +452,12 @@ TEST(FlashAttentionEmulation, DropoutMaskIsTheCpus) {
             v.value[((b * c.seq + j) * c.heads + h) * 64 + j] = 1.0f;
       encode(q), encode(k), encode(v);
       std::vector<float> lse(fwd->lseBytes / 4);
-      ASSERT_EQ(launch(fwd->kernel, {q.data(), k.data(), v.data(), out.data(), lse.data()}, rng), "");
+      DeviceArrays arrays(device, rng);
+      ASSERT_EQ(arrays.upload({{q.data(), q.bytes()}, {k.data(), k.bytes()}, {v.data(), v.bytes()},
+                               {out.data(), out.bytes()}, {lse.data(), lse.size() * 4}}),
+                "");
+      ASSERT_EQ(launch(device, arrays, fwd->kernel, {q.data(), k.data(), v.data(), out.data(), lse.data()}), "");
+      ASSERT_EQ(arrays.mirror.download(), "");
       decode(out);
       std::vector<float> ref(n);
       mt::cpu::attention_fwd(q.value.data(), k.value.data(), v.value.data(), shapeOf(c, rng),
@@ -451,4 +473,14 @@ TEST(FlashAttentionEmulation, DropoutMaskIsTheCpus) {
       EXPECT_GT(kept, unmasked * 6 / 10);
       EXPECT_LT(kept, unmasked * 8 / 10);
     }
+}
+
+// The whole matrix at its real sizes (seq 200, eight heads; the tensor-
+// parallel shards as their last rank): too slow for the emulation, whose
+// tests above take small configurations of the same code paths.
+TEST(FlashAttentionOnGpu, EveryConfigurationMatchesCpu) {
+  MT_GPU_OR_SKIP(gpu);
+  uint32_t seed = 100;
+  for (const FlashAttentionConfig &c : matrix())
+    checkNumerics(*gpu, c, Rng{1234, 77, uint64_t(c.tensorParallel - 1)}, seed++);
 }
