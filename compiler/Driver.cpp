@@ -29,8 +29,10 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace mlir;
@@ -294,7 +296,9 @@ int archNumber(const std::string &arch) { return std::stoi(arch.substr(3)); }
 
 // NVRTC and the compile are the runtime's (runtime/cuda_api, kernel_cache),
 // with the options mtrun compiles with, so a kernel that passes here is one
-// mtrun can build.
+// mtrun can build. NVRTC programs are independent, so the compiles run on
+// every core; a failure is reported for the first failing kernel in plan
+// order, whatever order the compiles finished in.
 int checkKernels(const plan::Plan &plan, const std::vector<std::string> &archs) {
   std::string err;
   const cu::Nvrtc *nvrtc = cu::load_nvrtc(&err);
@@ -306,25 +310,48 @@ int checkKernels(const plan::Plan &plan, const std::vector<std::string> &archs) 
   const auto *kernels = plan.kernels();
   uint32_t count = 0;
   std::map<std::string, uint32_t> distinct; // source -> first kernel with it
+  struct Job {
+    uint32_t kernel;
+    int arch;
+  };
+  std::vector<Job> jobs;
   for (uint32_t k = 0; kernels && k < kernels->size(); ++k) {
     const plan::Kernel &kern = *kernels->Get(k);
-    std::string source = kern.cuda_source() ? kern.cuda_source()->str() : "";
-    if (source.empty())
+    if (!kern.cuda_source() || kern.cuda_source()->size() == 0)
       continue; // a gemm kernel: cuBLASLt runs it
     ++count;
-    if (!distinct.emplace(source, k).second)
-      continue;
-    for (const std::string &arch : archs) {
-      std::string entry = kern.entry() ? kern.entry()->str() : "";
-      std::string cubin, e;
-      if (!rt::nvrtc_compile(*nvrtc, entry, source, archNumber(arch), rt::nvrtc_options(archNumber(arch)),
-                             &cubin, &e)) {
-        llvm::errs() << "mtc compile: error: kernel " << k << " '"
-                     << (kern.name() ? kern.name()->str() : "") << "': " << e << "\n";
-        return 1;
-      }
-    }
+    if (distinct.emplace(kern.cuda_source()->str(), k).second)
+      for (const std::string &arch : archs)
+        jobs.push_back({k, archNumber(arch)});
   }
+  std::vector<std::string> errors(jobs.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t j; (j = next.fetch_add(1)) < jobs.size();) {
+      const plan::Kernel &kern = *kernels->Get(jobs[j].kernel);
+      const std::string entry = kern.entry() ? kern.entry()->str() : "";
+      std::string cubin;
+      if (!rt::nvrtc_compile(*nvrtc, entry, kern.cuda_source()->str(), jobs[j].arch,
+                             rt::nvrtc_options(jobs[j].arch), &cubin, &errors[j]) &&
+          errors[j].empty())
+        errors[j] = "NVRTC failed without a message";
+    }
+  };
+  const size_t threads =
+      std::min<size_t>(jobs.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t)
+    pool.emplace_back(work);
+  work();
+  for (std::thread &t : pool)
+    t.join();
+  for (size_t j = 0; j < jobs.size(); ++j)
+    if (!errors[j].empty()) {
+      const plan::Kernel &kern = *kernels->Get(jobs[j].kernel);
+      llvm::errs() << "mtc compile: error: kernel " << jobs[j].kernel << " '"
+                   << (kern.name() ? kern.name()->str() : "") << "': " << errors[j] << "\n";
+      return 1;
+    }
   std::string list;
   for (size_t i = 0; i < archs.size(); ++i)
     list += (i == 0 ? "" : i + 1 == archs.size() ? " and " : ", ") + archs[i];
