@@ -177,6 +177,9 @@ EOF
 
 step_probe() {
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
+  nvcc --version 2> /dev/null | tail -1 || true
+  python3 -c 'import torch; print("PyTorch", torch.__version__, "CUDA", torch.version.cuda)' 2> /dev/null || true
+  command -v ncu > /dev/null && ncu --version | tail -1
   echo "CUDA libraries:"
   printf '%s' "$CUDA_LIBRARIES"
   echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
