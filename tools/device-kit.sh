@@ -188,19 +188,29 @@ step_probe() {
   mtrun --help > /dev/null
 }
 
-# A suite's tests that need a GPU; a filter that matched none would pass.
+# A suite's tests on this GPU machine. A filter that matched none would
+# pass, and a skip here means the GPU, the driver or NVRTC was not usable:
+# both fail the step.
 gpu_suite() {
-  local bin=$1 filter=$2
+  local bin=$1 filter=$2 log
   if ! "$bin" --gtest_list_tests --gtest_filter="$filter" | grep -q '^  '; then
     echo "$bin has no tests matching $filter"
     return 1
   fi
-  "$bin" --gtest_filter="$filter"
+  log=$(mktemp)
+  local rc=0
+  "$bin" --gtest_filter="$filter" 2>&1 | tee "$log" || rc=1
+  if grep -q '^\[  SKIPPED \] [A-Za-z]' "$log"; then
+    echo "$bin skipped tests on a GPU machine (the reasons are above)"
+    rc=1
+  fi
+  rm -f "$log"
+  return $rc
 }
 
 step_unit() {
   local rc=0
-  mt-cuda-tests || rc=1
+  gpu_suite mt-cuda-tests '*' || rc=1
   gpu_suite mt-gpu-executor-tests '*OnGpu*' || rc=1
   gpu_suite mt-flash-tests '*OnGpu*' || rc=1
   gpu_suite mt-opkernel-tests '*OnGpu*' || rc=1
@@ -212,7 +222,17 @@ step_lit() {
   obj=$(lit_site)
   local tests=()
   for t in test/mtrun/cuda*.test; do tests+=("$obj/$t"); done
-  python3 "$KIT/lit/lit.py" -v "${tests[@]}"
+  local log rc=0
+  log=$(mktemp)
+  python3 "$KIT/lit/lit.py" -v "${tests[@]}" 2>&1 | tee "$log" || rc=1
+  # On a GPU machine only these two may be unsupported: the no-driver test,
+  # and the two-GPU test where there is one GPU.
+  if grep '^UNSUPPORTED:' "$log" | grep -v -E 'cuda-no-driver|cuda-parallel'; then
+    echo "these need a GPU and were unsupported here: lit found no usable libcuda.so.1"
+    rc=1
+  fi
+  rm -f "$log"
+  return $rc
 }
 
 step_bench() {
