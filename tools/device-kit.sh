@@ -41,6 +41,9 @@ LLVM_BIN=/usr/lib/llvm-19/bin
 LIT_DIR=/usr/lib/llvm-19/build/utils/lit
 # The kit and the checkout travel together under the device tool's 64 MiB.
 MAX_KIT_BYTES=$((52 * 1024 * 1024))
+# glibc's own libraries: the machine's (as new or newer: the kit is built on
+# Debian 12), never carried.
+GLIBC='/(libc|libm|libpthread|libdl|librt|libresolv|ld-linux-x86-64)\.so'
 
 # --- pack ------------------------------------------------------------------
 STAGE=""
@@ -52,26 +55,23 @@ pack() {
   ninja -C build mtc mtrun mt-cuda-tests mt-gpu-executor-tests mt-flash-tests mt-opkernel-tests
   for b in "${BINARIES[@]}"; do [ -x "$b" ] || die "$b was not built"; done
 
-  local stage
-  stage=$(mktemp -d)
-  STAGE=$stage
+  STAGE=$(mktemp -d)
   trap 'rm -rf "$STAGE"' EXIT
+  local stage=$STAGE
   mkdir -p "$stage/bin" "$stage/libexec" "$stage/lib"
   cp "${BINARIES[@]}" "$stage/libexec/"
   for t in "${LLVM_TOOLS[@]}"; do cp "$LLVM_BIN/$t" "$stage/libexec/"; done
   cp -r "$LIT_DIR" "$stage/lit"
   find "$stage/lit" -name __pycache__ -prune -exec rm -rf {} +
 
-  # Every library the binaries load, transitively, except glibc's own
-  # (the machine's glibc is as new or newer: the kit is built on Debian 12).
-  local libs
-  libs=$(for f in "$stage"/libexec/*; do ldd "$f"; done |
-         awk '/=>/ && $3 ~ /^\// {print $3}' |
-         grep -v -E '/(libc|libm|libpthread|libdl|librt|libresolv|ld-linux-x86-64)\.so' | sort -u)
-  if for f in "$stage"/libexec/*; do ldd "$f"; done | grep -q 'not found'; then
-    die "a library of the kit's binaries is missing here: $(for f in "$stage"/libexec/*; do ldd "$f"; done | grep 'not found' | sort -u | head -1)"
-  fi
-  for l in $libs; do cp -L "$l" "$stage/lib/"; done
+  # Every library the binaries load, transitively, except glibc's own.
+  local deps missing
+  deps=$(for f in "$stage"/libexec/*; do ldd "$f"; done)
+  missing=$(grep 'not found' <<< "$deps" | sort -u | head -1 || true)
+  [ -z "$missing" ] || die "a library of the kit's binaries is missing here: $missing"
+  for l in $(awk '/=>/ && $3 ~ /^\// {print $3}' <<< "$deps" | grep -v -E "$GLIBC" | sort -u); do
+    cp -L "$l" "$stage/lib/"
+  done
   strip --strip-unneeded "$stage"/libexec/* "$stage"/lib/* 2> /dev/null || true
   # bin/ holds a wrapper per program that puts lib/ first in its library
   # path, so the kit's libraries win over the machine's only in its own
@@ -89,8 +89,7 @@ EOF
   # The kit must not resolve anything outside itself but glibc.
   local leak
   leak=$(for f in "$stage"/libexec/* "$stage"/lib/*; do LD_LIBRARY_PATH="$stage/lib" ldd "$f" 2> /dev/null; done |
-         awk '/=>/ {print $3}' | grep -v "^$stage/lib/" |
-         grep -v -E '/(libc|libm|libpthread|libdl|librt|libresolv|ld-linux-x86-64)\.so' | sort -u || true)
+         awk '/=>/ {print $3}' | grep -v "^$stage/lib/" | grep -v -E "$GLIBC" | sort -u || true)
   [ -z "$leak" ] || die "the kit would load these from outside itself: $leak"
 
   { git rev-parse HEAD 2> /dev/null || echo unknown; } > "$stage/COMMIT"

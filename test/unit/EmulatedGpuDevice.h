@@ -551,6 +551,22 @@ inline double relDiff(const float *a, const float *b, int64_t n) {
   return diff / mag;
 }
 
+// Where a gradient is above 1e-3 of its parameter's largest: AdamW moves
+// every element by about lr whatever its gradient's size, so where a
+// gradient is rounding noise (the key bias's is exactly zero in exact
+// arithmetic: softmax ignores a constant per row) two runs that round
+// differently may update in opposite directions. Weights are compared
+// there only.
+inline std::vector<char> significant(const float *grad, int64_t n) {
+  float top = 0;
+  for (int64_t k = 0; k < n; ++k)
+    top = std::max(top, std::fabs(grad[k]));
+  std::vector<char> mask;
+  for (int64_t k = 0; k < n; ++k)
+    mask.push_back(std::fabs(grad[k]) > 1e-3f * top);
+  return mask;
+}
+
 } // namespace mt::emu
 
 #endif // MT_TEST_UNIT_EMULATEDGPUDEVICE_H

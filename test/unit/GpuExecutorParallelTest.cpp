@@ -183,17 +183,10 @@ void compareLayout(const std::vector<mt::spec::Override> &layout, int minCollect
         const std::string name = rank.params()->Get(p)->name()->str();
         const auto &gg = gpu[r].grads[size_t(s)][p], &cg = cpu[r].grads[size_t(s)][p];
         const double dg = relDiff(gg.data(), cg.data(), int64_t(cg.size()));
-        // Weights where the gradient is above 1e-3 of the parameter's
-        // largest: AdamW moves every element by about lr whatever its
-        // gradient, so rounding noise in a near-zero gradient (the key
-        // bias's is exactly zero in exact arithmetic) may flip the sign of
-        // its step (GpuExecutorTest.cpp).
-        float top = 0;
-        for (float g : cg)
-          top = std::max(top, std::fabs(g));
+        const std::vector<char> compared = significant(cg.data(), int64_t(cg.size()));
         std::vector<float> gw, cw;
         for (size_t k = 0; k < cg.size(); ++k)
-          if (std::fabs(cg[k]) > 1e-3f * top) {
+          if (compared[k]) {
             gw.push_back(gpu[r].weights[size_t(s)][p][k]);
             cw.push_back(cpu[r].weights[size_t(s)][p][k]);
           }
