@@ -174,12 +174,11 @@ GpuLowering fromOpKernels(const OpKernels &k, const GpuInstruction &inst) {
   return l;
 }
 
-// ATTENTION (in q, k, v; out o) and ATTENTION_GRAD (in dout, q, k, v; out
-// dq, dk, dv) as generated flash attention (compiler/FlashAttentionGen.h).
-// The forward's row log-sum-exp goes to the workspace. The plan keeps
-// neither it nor the output for the backward (as the CPU executor, which
-// recomputes the probabilities), so the backward first runs the forward
-// again into its workspace, then its three kernels.
+// ATTENTION (in q, k, v; out o, lse) and ATTENTION_GRAD (in dout, q, k, v,
+// o, lse; out dq, dk, dv) as generated flash attention
+// (compiler/FlashAttentionGen.h). The backward reads the forward's output and
+// log-sum-exp from the plan, so it runs only its three kernels; its
+// workspace holds dQ's f32 accumulator and the rows' dout . o.
 GpuLowering lowerAttention(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
                            int64_t tensorParallel) {
   GpuLowering l;
@@ -204,14 +203,6 @@ GpuLowering lowerAttention(const GpuInstruction &inst, const std::vector<GpuValu
             : q.dtype == pl::DType::F16 ? FlashAttentionConfig::DType::F16
                                         : FlashAttentionConfig::DType::F32;
   std::string error;
-  std::optional<FlashAttentionForward> fwd = generateFlashAttentionForward(c, &error);
-  if (!fwd) {
-    l.missing = "flash attention: " + error;
-    return l;
-  }
-  const uint64_t elt = q.dtype == pl::DType::F32 ? 4 : 2;
-  const uint64_t outBytes = alignUp(uint64_t(c.batch * c.seq * c.heads * c.headDim) * elt);
-  const uint64_t lseBytes = alignUp(fwd->lseBytes);
   auto launch = [&](const CudaKernel &kern, std::vector<GpuArgSpec> args) {
     l.kernels.push_back(kern);
     GpuStepSpec s;
@@ -223,10 +214,14 @@ GpuLowering lowerAttention(const GpuInstruction &inst, const std::vector<GpuValu
   };
   auto ws = [](uint64_t offset) { return GpuArgSpec{pl::GpuArgKind::WORKSPACE, offset}; };
   if (!grad) {
+    std::optional<FlashAttentionForward> fwd = generateFlashAttentionForward(c, &error);
+    if (!fwd) {
+      l.missing = "flash attention: " + error;
+      return l;
+    }
     // (q, k, v, out, lse)
     launch(fwd->kernel, {value(inst.in[0]), value(inst.in[1]), value(inst.in[2]),
-                         value(inst.out[0]), ws(0)});
-    l.workspaceBytes = lseBytes;
+                         value(inst.out[0]), value(inst.out[1])});
     return l;
   }
   std::optional<FlashAttentionBackward> bwd = generateFlashAttentionBackward(c, &error);
@@ -234,16 +229,13 @@ GpuLowering lowerAttention(const GpuInstruction &inst, const std::vector<GpuValu
     l.missing = "flash attention: " + error;
     return l;
   }
-  // Workspace: out, lse, dq_accum, delta.
-  const uint64_t outAt = 0, lseAt = outBytes, accAt = lseAt + lseBytes,
-                 deltaAt = accAt + alignUp(bwd->dqAccumBytes);
+  // Workspace: dq_accum, delta.
+  const uint64_t accAt = 0, deltaAt = alignUp(bwd->dqAccumBytes);
   l.workspaceBytes = deltaAt + alignUp(bwd->deltaBytes);
-  launch(fwd->kernel, {value(inst.in[1]), value(inst.in[2]), value(inst.in[3]), ws(outAt),
-                       ws(lseAt)});
   // (dout, q, k, v, out, lse, dq, dk, dv, dq_accum, delta)
   const std::vector<GpuArgSpec> args = {
       value(inst.in[0]),  value(inst.in[1]),  value(inst.in[2]),  value(inst.in[3]),
-      ws(outAt),          ws(lseAt),          value(inst.out[0]), value(inst.out[1]),
+      value(inst.in[4]),  value(inst.in[5]),  value(inst.out[0]), value(inst.out[1]),
       value(inst.out[2]), ws(accAt),          ws(deltaAt)};
   for (const CudaKernel *kern : {&bwd->dot, &bwd->main, &bwd->dq})
     launch(*kern, args);

@@ -217,10 +217,10 @@ private:
       k = b.create<RopeOp>(loc, k, base);
     }
     Value o = b.create<AttentionOp>(
-        loc, q.getType(), q, k, v, b.getUnitAttr(),
+        loc, q.getType(), attentionLseType(q.getType()), q, k, v, b.getUnitAttr(),
         b.getF64FloatAttr(1.0 / std::sqrt(static_cast<double>(headDim))),
         b.getF64FloatAttr(m.attention_dropout), b.getI64IntegerAttr(nextStream++),
-        IntegerAttr());
+        IntegerAttr()).getResult();
     o = b.create<ReshapeOp>(loc, act({batch, seq, heads * headDim}), o);
     Value proj = linear(p + "self_attention.linear_proj.", o, hidden, scaledNormal());
     x = b.create<AddOp>(loc, x, dropout(proj, m.hidden_dropout));

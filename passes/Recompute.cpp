@@ -252,11 +252,12 @@ struct MtRecomputePass : impl::MtRecomputePassBase<MtRecomputePass> {
       return success();
     }
     // mt.attention_grad recomputes the attention probabilities (and their
-    // dropout mask) from q and k: nothing of size seq x seq is ever saved,
-    // which is what Megatron's selective recomputation achieves.
+    // dropout mask) from q, k and the forward's log-sum-exp: nothing of size
+    // seq x seq is ever saved, which is what Megatron's selective
+    // recomputation achieves.
     if (s.granularity == "selective") {
       record("selective (core attention: inherent, mt.attention_grad recomputes "
-             "the probabilities from q and k)",
+             "the probabilities from q, k and the log-sum-exp)",
              {});
       return success();
     }

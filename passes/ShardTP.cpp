@@ -226,6 +226,7 @@ private:
         })
         .Case([&](AttentionOp a) -> LogicalResult {
           a.getResult().setType(a.getQuery().getType());
+          a.getLse().setType(cast<RankedTensorType>(attentionLseType(a.getQuery().getType())));
           if (feat.contains(a.getQuery()))
             a.setTpShardDimAttr(b.getI64IntegerAttr(2));
           propagate(a, a.getQuery());

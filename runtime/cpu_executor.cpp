@@ -865,7 +865,7 @@ struct CpuExecutor::Impl {
       break;
     case pl::Opcode::ATTENTION:
       cpu::attention_fwd(fin(0), fin(1), fin(2), attention_shape(vin(0), vin(1)), key(ival(1)),
-                         fout(0));
+                         fout(0), fout(1));
       break;
     case pl::Opcode::CROSS_ENTROPY: {
       int64_t vocab = dim(vin(0), -1), rows = n(vin(1));
@@ -957,8 +957,8 @@ struct CpuExecutor::Impl {
                     fval(0), fout(0));
       break;
     case pl::Opcode::ATTENTION_GRAD:
-      cpu::attention_bwd(fin(0), fin(1), fin(2), fin(3), attention_shape(vin(1), vin(2)),
-                         key(ival(1)), fout(0), fout(1), fout(2));
+      cpu::attention_bwd(fin(0), fin(1), fin(2), fin(3), fin(4), fin(5),
+                         attention_shape(vin(1), vin(2)), key(ival(1)), fout(0), fout(1), fout(2));
       break;
     case pl::Opcode::CROSS_ENTROPY_GRAD: {
       int64_t vocab = dim(vin(0), -1), rows = n(vin(1));

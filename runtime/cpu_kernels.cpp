@@ -294,7 +294,9 @@ template <class T> double row_exp(const T *x, int64_t n, double m, T *y) {
 // Small helpers
 
 // In-place softmax of p[0, valid); p[valid, len) is set to 0 (causal mask).
-template <class T> void softmax_prefix(T *p, int64_t valid, int64_t len) {
+// Softmax over p[0, valid), zeros in [valid, len); returns the row's
+// log-sum-exp.
+template <class T> double softmax_prefix(T *p, int64_t valid, int64_t len) {
   double m = -std::numeric_limits<double>::infinity();
   for (int64_t j = 0; j < valid; ++j)
     m = std::max(m, static_cast<double>(p[j]));
@@ -309,6 +311,7 @@ template <class T> void softmax_prefix(T *p, int64_t valid, int64_t len) {
     p[j] = static_cast<T>(static_cast<double>(p[j]) * inv);
   for (int64_t j = valid; j < len; ++j)
     p[j] = T(0);
+  return m + std::log(sum);
 }
 
 template <class T> struct FloatBits;
@@ -725,16 +728,17 @@ void rope_bwd(const T *dy, int64_t batch, int64_t seq, int64_t heads, int64_t d,
 
 // ---------------------------------------------------------------------------
 // Attention. For each (batch, head) and block of query rows: scores by one
-// GEMM over strided q/k rows, softmax per row, then GEMMs with v; nothing of
-// size seq x seq outlives the block.
+// GEMM over strided q/k rows, softmax per row (the backward: exp(scores -
+// lse)), then GEMMs with v; nothing of size seq x seq outlives the block.
 
 namespace {
 
-// The softmax block for rows [i0, i0 + rows) of (b, h): p[rows, cols] with
-// cols = i0 + rows when causal (later columns are all masked), else seq.
+// Scaled scores for rows [i0, i0 + rows) of (b, h): p[rows, cols] = scale
+// q k^T with cols = i0 + rows when causal (later columns are all masked),
+// else seq. Returns cols.
 template <class T>
-int64_t attention_probs(const T *q, const T *k, const AttentionShape &s, int64_t b, int64_t h,
-                        int64_t i0, int64_t rows, T *p) {
+int64_t attention_scores(const T *q, const T *k, const AttentionShape &s, int64_t b, int64_t h,
+                         int64_t i0, int64_t rows, T *p) {
   const int64_t per_group = s.heads / s.groups;
   const int64_t g = h / per_group;
   const int64_t q_stride = s.heads * s.d, k_stride = s.groups * s.d;
@@ -742,8 +746,6 @@ int64_t attention_probs(const T *q, const T *k, const AttentionShape &s, int64_t
   const T *qb = q + (b * s.seq + i0) * q_stride + h * s.d;
   const T *kb = k + b * s.seq * k_stride + g * s.d;
   gemm(false, true, rows, cols, s.d, s.scale, qb, q_stride, kb, k_stride, 0.0, p, cols);
-  for (int64_t r = 0; r < rows; ++r)
-    softmax_prefix(p + r * cols, s.causal ? i0 + r + 1 : cols, cols);
   return cols;
 }
 
@@ -757,7 +759,7 @@ uint64_t attention_mask_index(const AttentionShape &s, int64_t b, int64_t h, int
 
 template <class T>
 void attention_fwd(const T *q, const T *k, const T *v, const AttentionShape &s, const RngKey &key,
-                   T *out) {
+                   T *out, T *lse) {
   if (s.batch == 0 || s.seq == 0 || s.heads == 0)
     return;
   const int64_t per_group = s.heads / s.groups;
@@ -768,9 +770,13 @@ void attention_fwd(const T *q, const T *k, const T *v, const AttentionShape &s, 
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
       const T *vb = v + b * s.seq * k_stride + (h / per_group) * s.d;
+      T *lse_bh = lse + (b * s.heads + h) * s.seq;
       for (int64_t i0 = 0; i0 < s.seq; i0 += block) {
         const int64_t rows = std::min(block, s.seq - i0);
-        const int64_t cols = attention_probs(q, k, s, b, h, i0, rows, p.data());
+        const int64_t cols = attention_scores(q, k, s, b, h, i0, rows, p.data());
+        for (int64_t r = 0; r < rows; ++r)
+          lse_bh[i0 + r] = static_cast<T>(
+              softmax_prefix(p.data() + r * cols, s.causal ? i0 + r + 1 : cols, cols));
         // Causally masked columns are 0 already and need no random numbers.
         if (mask.active)
           for (int64_t r = 0; r < rows; ++r)
@@ -783,8 +789,8 @@ void attention_fwd(const T *q, const T *k, const T *v, const AttentionShape &s, 
 }
 
 template <class T>
-void attention_bwd(const T *dout, const T *q, const T *k, const T *v, const AttentionShape &s,
-                   const RngKey &key, T *dq, T *dk, T *dv) {
+void attention_bwd(const T *dout, const T *q, const T *k, const T *v, const T *out, const T *lse,
+                   const AttentionShape &s, const RngKey &key, T *dq, T *dk, T *dv) {
   const int64_t kv_count = s.batch * s.seq * s.groups * s.d;
   std::fill(dk, dk + kv_count, T(0));
   std::fill(dv, dv + kv_count, T(0));
@@ -803,11 +809,22 @@ void attention_bwd(const T *dout, const T *q, const T *k, const T *v, const Atte
       const int64_t kv_at = b * s.seq * k_stride + (h / per_group) * s.d;
       const T *kb = k + kv_at, *vb = v + kv_at;
       T *dkb = dk + kv_at, *dvb = dv + kv_at;
+      const T *lse_bh = lse + (b * s.heads + h) * s.seq;
       for (int64_t i0 = 0; i0 < s.seq; i0 += block) {
         const int64_t rows = std::min(block, s.seq - i0);
         const int64_t q_at = (b * s.seq + i0) * q_stride + h * s.d;
-        const T *qb = q + q_at, *dob = dout + q_at;
-        const int64_t cols = attention_probs(q, k, s, b, h, i0, rows, p.data());
+        const T *qb = q + q_at, *dob = dout + q_at, *ob = out + q_at;
+        // p = exp(scores - lse): the forward's probabilities, from its
+        // log-sum-exp.
+        const int64_t cols = attention_scores(q, k, s, b, h, i0, rows, p.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t valid = s.causal ? i0 + r + 1 : cols;
+          const double l = static_cast<double>(lse_bh[i0 + r]);
+          T *pr = p.data() + r * cols;
+          for (int64_t j = 0; j < valid; ++j)
+            pr[j] = static_cast<T>(std::exp(static_cast<double>(pr[j]) - l));
+          std::fill(pr + valid, pr + cols, T(0));
+        }
         // out = pd v with pd = dropout(p): dv += pd^T dout, dpd = dout v^T.
         const T *pd = p.data();
         if (mask.active) {
@@ -822,7 +839,8 @@ void attention_bwd(const T *dout, const T *q, const T *k, const T *v, const Atte
         }
         gemm(true, false, cols, s.d, rows, 1.0, pd, cols, dob, q_stride, 1.0, dvb, k_stride);
         gemm(false, true, rows, cols, s.d, 1.0, dob, q_stride, vb, k_stride, 0.0, dp.data(), cols);
-        // dp = dropout_bwd(dpd); softmax: ds = p * (dp - sum_j dp_j p_j).
+        // dp = dropout_bwd(dpd); softmax: ds = p * (dp - sum_j dp_j p_j),
+        // where sum_j dp_j p_j = sum_j dpd_j pd_j = dout_i . out_i.
         for (int64_t r = 0; r < rows; ++r) {
           T *dpr = dp.data() + r * cols;
           const T *pr = p.data() + r * cols;
@@ -830,8 +848,8 @@ void attention_bwd(const T *dout, const T *q, const T *k, const T *v, const Atte
             for (int64_t j = 0; j < cols; ++j)
               dpr[j] = static_cast<T>(static_cast<double>(dpr[j]) * factor[r * cols + j]);
           double dot = 0;
-          for (int64_t j = 0; j < cols; ++j)
-            dot += static_cast<double>(dpr[j]) * pr[j];
+          for (int64_t e = 0; e < s.d; ++e)
+            dot += static_cast<double>(dob[r * q_stride + e]) * static_cast<double>(ob[r * q_stride + e]);
           for (int64_t j = 0; j < cols; ++j)
             dpr[j] = static_cast<T>(pr[j] * (dpr[j] - dot));
         }
@@ -1039,8 +1057,8 @@ void init_normal(float *x, int64_t count, double std, uint64_t seed, uint64_t st
   template void rope_fwd<T>(const T *, int64_t, int64_t, int64_t, int64_t, double, T *);          \
   template void rope_bwd<T>(const T *, int64_t, int64_t, int64_t, int64_t, double, T *);          \
   template void attention_fwd<T>(const T *, const T *, const T *, const AttentionShape &,         \
-                                 const RngKey &, T *);                                             \
-  template void attention_bwd<T>(const T *, const T *, const T *, const T *,                      \
+                                 const RngKey &, T *, T *);                                        \
+  template void attention_bwd<T>(const T *, const T *, const T *, const T *, const T *, const T *, \
                                  const AttentionShape &, const RngKey &, T *, T *, T *);           \
   template bool cross_entropy_fwd<T>(const T *, const int32_t *, const float *, int64_t, int64_t, \
                                      double *);                                                    \

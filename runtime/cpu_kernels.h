@@ -147,8 +147,11 @@ void rope_bwd(const T *dy, int64_t batch, int64_t seq, int64_t heads, int64_t d,
 // Exact attention. q, out [batch, seq, heads, d]; k, v [batch, seq, groups, d];
 // head h reads group h / (heads / groups). p = softmax(scale * q k^T, causal
 // mask when `causal`), dropout of `dropout_rate` on p with element index
-// ((b * heads + h) * seq + i) * seq + j, out = p v. Backward recomputes p from
-// q and k (no seq x seq matrix is saved) and overwrites dq, dk, dv.
+// ((b * heads + h) * seq + i) * seq + j, out = p v; lse [batch, heads, seq]
+// is each row's log-sum-exp of its masked scores (natural log). Backward
+// takes out and lse from the forward: p = exp(scale * q k^T - lse) (no seq x
+// seq matrix is saved) and the softmax's row sums are dout . out; it
+// overwrites dq, dk, dv.
 struct AttentionShape {
   int64_t batch, seq, heads, groups, d;
   bool causal;
@@ -161,11 +164,11 @@ struct AttentionShape {
 };
 template <class T>
 void attention_fwd(const T *q, const T *k, const T *v, const AttentionShape &s,
-                   const RngKey &key, T *out);
+                   const RngKey &key, T *out, T *lse);
 template <class T>
-void attention_bwd(const T *dout, const T *q, const T *k, const T *v,
-                   const AttentionShape &s, const RngKey &key, T *dq, T *dk,
-                   T *dv);
+void attention_bwd(const T *dout, const T *q, const T *k, const T *v, const T *out,
+                   const T *lse, const AttentionShape &s, const RngKey &key, T *dq,
+                   T *dk, T *dv);
 
 // ---------------------------------------------------------------------------
 // Cross-entropy over logits [n, vocab] (vocab may be the padded size):

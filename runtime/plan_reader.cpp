@@ -58,7 +58,7 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::RESHAPE, "a", "a", 0, 0, 0},
     {pl::Opcode::SPLIT_QKV, "f", "fff", 0, 0, 0},
     {pl::Opcode::ROPE, "f", "f", 0, 0, 1},
-    {pl::Opcode::ATTENTION, "fff", "f", 0, 3, 2},
+    {pl::Opcode::ATTENTION, "fff", "fF", 0, 3, 2},
     {pl::Opcode::CROSS_ENTROPY, "fi", "s", 0, 1, 0},
     {pl::Opcode::GRAD_SEED, "", "s", 0, 0, 1},
     {pl::Opcode::EMBEDDING_GRAD, "fi", "", 1, 1, 0},
@@ -71,7 +71,7 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::SWIGLU_GRAD, "ff", "f", 0, 0, 0},
     {pl::Opcode::SPLIT_QKV_GRAD, "fff", "f", 0, 0, 0},
     {pl::Opcode::ROPE_GRAD, "f", "f", 0, 0, 1},
-    {pl::Opcode::ATTENTION_GRAD, "ffff", "fff", 0, 3, 2},
+    {pl::Opcode::ATTENTION_GRAD, "fffffF", "fff", 0, 3, 2},
     {pl::Opcode::CROSS_ENTROPY_GRAD, "fis", "f", 0, 1, 0},
     {pl::Opcode::GRAD_NORM, "", "s", 0, 0, 0},
     {pl::Opcode::LR_SCHEDULE, "l", "s", 0, 3, 2},
@@ -107,6 +107,7 @@ static_assert(signatures_in_order(), "kSignatures must be in opcode order");
 const char *kind_name(char k) {
   switch (k) {
   case 'f': return "a float tensor (f32, bf16 or f16)";
+  case 'F': return "an f32 tensor";
   case 'i': return "an i32 tensor";
   case 's': return "an f32 scalar";
   case 'l': return "an i64 scalar";
@@ -478,6 +479,7 @@ private:
   bool kind_matches(const pl::Value &v, char kind) const {
     switch (kind) {
     case 'f': return is_float_dtype(v.dtype());
+    case 'F': return v.dtype() == pl::DType::F32;
     case 'i': return v.dtype() == pl::DType::I32;
     case 's': return v.dtype() == pl::DType::F32 && element_count(v) == 1;
     case 'l': return v.dtype() == pl::DType::I64 && element_count(v) == 1;
@@ -1058,15 +1060,17 @@ private:
         return bad("x[b, s, h, d] with even d -> y shaped as x");
       break;
     case pl::Opcode::ATTENTION:
-      if (!attention_ok(in(0), in(1), in(2)) || n(out(0)) != n(in(0)))
+      if (!attention_ok(in(0), in(1), in(2)) || !same_shape(out(0), in(0)) ||
+          !lse_ok(in(0), out(1)))
         return bad("q[b, s, heads, d], k and v [b, s, groups, d] with groups dividing heads "
-                   "-> o shaped as q");
+                   "-> o shaped as q, lse[b, heads, s]");
       break;
     case pl::Opcode::ATTENTION_GRAD:
-      if (!attention_ok(in(1), in(2), in(3)) || n(in(0)) != n(in(1)) ||
-          n(out(0)) != n(in(1)) || n(out(1)) != n(in(2)) || n(out(2)) != n(in(3)))
-        return bad("dout and q [b, s, heads, d], k and v [b, s, groups, d] -> dq, dk, dv "
-                   "shaped as q, k, v");
+      if (!attention_ok(in(1), in(2), in(3)) || !same_shape(in(0), in(1)) ||
+          !same_shape(in(4), in(1)) || !lse_ok(in(1), in(5)) || n(out(0)) != n(in(1)) ||
+          n(out(1)) != n(in(2)) || n(out(2)) != n(in(3)))
+        return bad("dout, q and o [b, s, heads, d], k and v [b, s, groups, d], lse[b, heads, s] "
+                   "-> dq, dk, dv shaped as q, k, v");
       break;
     case pl::Opcode::CROSS_ENTROPY:
       if (last(in(0)) < 1 || n(in(0)) != n(in(1)) * last(in(0)))
@@ -1148,6 +1152,18 @@ private:
     auto d = [](const pl::Value &x, uint32_t i) { return x.shape()->Get(i); };
     return d(k, 0) == d(q, 0) && d(k, 1) == d(q, 1) && d(k, 3) == d(q, 3) &&
            shape_text(k.shape()) == shape_text(v.shape()) && d(q, 2) % d(k, 2) == 0;
+  }
+
+  static bool same_shape(const pl::Value &a, const pl::Value &b) {
+    return shape_text(a.shape()) == shape_text(b.shape());
+  }
+
+  // The forward's log-sum-exp: [batch, heads, seq] of q [batch, seq, heads, d].
+  static bool lse_ok(const pl::Value &q, const pl::Value &lse) {
+    if (vsize(lse.shape()) != 3)
+      return false;
+    auto d = [](const pl::Value &x, uint32_t i) { return x.shape()->Get(i); };
+    return d(lse, 0) == d(q, 0) && d(lse, 1) == d(q, 2) && d(lse, 2) == d(q, 1);
   }
 
   const pl::Plan &plan_;

@@ -243,6 +243,14 @@ LogicalResult RopeOp::verify() {
   return success();
 }
 
+Type mt::attentionLseType(Type query) {
+  auto q = dyn_cast<RankedTensorType>(query);
+  Type f32 = Float32Type::get(query.getContext());
+  if (!q || q.getRank() != 4)
+    return UnrankedTensorType::get(f32);
+  return RankedTensorType::get({q.getDimSize(0), q.getDimSize(2), q.getDimSize(1)}, f32);
+}
+
 LogicalResult AttentionOp::verify() {
   RankedTensorType q = tensorOf(getQuery()), k = tensorOf(getKey());
   if (q.getRank() != 4 || k.getRank() != 4)

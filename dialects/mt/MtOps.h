@@ -24,6 +24,12 @@ struct ParamStateResource
     : public mlir::SideEffects::Resource::Base<ParamStateResource> {
   llvm::StringRef getName() final { return "mt.param_state"; }
 };
+
+// The type of mt.attention's log-sum-exp for a query of type `query`
+// ([batch, seq, heads, head_dim]): f32 [batch, heads, seq]. Any other query
+// type gives an unranked tensor, which no lse matches, so the op's type
+// constraint fails and its verifier names the bad query.
+mlir::Type attentionLseType(mlir::Type query);
 } // namespace mt
 
 #include "dialects/mt/MtInterfaces.h.inc"

@@ -317,7 +317,9 @@ def Mt_RopeOp : Mt_Op<"rope", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInte
 }
 
 def Mt_AttentionOp : Mt_Op<"attention", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure,
-    AllTypesMatch<["query", "result"]>, AllTypesMatch<["key", "value"]>]> {
+    AllTypesMatch<["query", "result"]>, AllTypesMatch<["key", "value"]>,
+    TypesMatchWith<"lse is f32 [batch, heads, seq] of the query", "query", "lse",
+                   "::mt::attentionLseType($_self)">]> {
   let summary = "scaled dot-product attention with grouped keys and values";
   let description = [{
     For each head `h` of `query` (`[batch, seq, heads, d]`), attends over the
@@ -328,15 +330,22 @@ def Mt_AttentionOp : Mt_Op<"attention", [DeclareOpInterfaceMethods<Mt_Differenti
     are this tensor-parallel rank's share of the model's heads, and the
     dropout mask is that share of the whole model's mask.
 
+    The second result, `lse` (f32 `[batch, heads, seq]`), is each query
+    row's log-sum-exp of its scaled, masked scores (natural log, before
+    dropout). `mt.attention_grad` takes it and the output back, so the
+    backward rebuilds the probabilities as `exp(scale * q k^T - lse)` without
+    running the forward again. It costs `2 / head_dim` of the output's bytes
+    in 16-bit training.
+
     ```mlir
-    %o = mt.attention %q, %k, %v {causal, scale = 1.250000e-01 : f64, dropout_rate = 1.000000e-01 : f64, stream = 1 : i64} : tensor<4x1024x12x64xf32>, tensor<4x1024x12x64xf32>
+    %o, %lse = mt.attention %q, %k, %v {causal, scale = 1.250000e-01 : f64, dropout_rate = 1.000000e-01 : f64, stream = 1 : i64} : tensor<4x1024x12x64xf32>, tensor<4x1024x12x64xf32>
     ```
   }];
   let arguments = (ins Mt_FloatTensor:$query, Mt_FloatTensor:$key,
                        Mt_FloatTensor:$value, UnitAttr:$causal, F64Attr:$scale,
                        F64Attr:$dropout_rate, I64Attr:$stream,
                        OptionalAttr<I64Attr>:$tp_shard_dim);
-  let results = (outs Mt_FloatTensor:$result);
+  let results = (outs Mt_FloatTensor:$result, StaticShapeTensorOf<[F32]>:$lse);
   let assemblyFormat = "$query `,` $key `,` $value attr-dict `:` type($query) `,` type($key)";
   let hasVerifier = 1;
 }

@@ -193,25 +193,31 @@ def Mt_RopeGradOp : Mt_Op<"rope_grad", [Pure, SameOperandsAndResultType]> {
 }
 
 def Mt_AttentionGradOp : Mt_Op<"attention_grad", [Pure,
-    AllTypesMatch<["grad", "query", "query_grad"]>,
-    AllTypesMatch<["key", "value", "key_grad", "value_grad"]>]> {
-  let summary = "attention backward; recomputes the probabilities from q and k";
+    AllTypesMatch<["grad", "query", "out", "query_grad"]>,
+    AllTypesMatch<["key", "value", "key_grad", "value_grad"]>,
+    TypesMatchWith<"lse is f32 [batch, heads, seq] of the query", "query", "lse",
+                   "::mt::attentionLseType($_self)">]> {
+  let summary = "attention backward from the forward's output and log-sum-exp";
   let description = [{
-    Returns the gradients of query, key and value. Nothing of size
-    `seq x seq` is kept from the forward: the probabilities (and the dropout
-    mask, from the same RNG `stream`) are recomputed.
+    Returns the gradients of query, key and value. `out` and `lse` are the
+    forward `mt.attention`'s results. Nothing of size `seq x seq` is kept
+    from the forward: the probabilities are rebuilt as
+    `exp(scale * q k^T - lse)` (the dropout mask from the same RNG `stream`),
+    and the softmax backward's row sums `sum_j dP_ij P_ij` are
+    `dout_i . out_i`, so the forward is not run again.
 
     ```mlir
-    %dq, %dk, %dv = mt.attention_grad %do, %q, %k, %v {causal, dropout_rate = 1.000000e-01 : f64, scale = 2.500000e-01 : f64, stream = 1 : i64} : tensor<4x128x4x16xf32>, tensor<4x128x4x16xf32>
+    %dq, %dk, %dv = mt.attention_grad %do, %q, %k, %v, %o, %lse {causal, dropout_rate = 1.000000e-01 : f64, scale = 2.500000e-01 : f64, stream = 1 : i64} : tensor<4x128x4x16xf32>, tensor<4x128x4x16xf32>
     ```
   }];
   let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$query,
                        Mt_FloatTensor:$key, Mt_FloatTensor:$value,
+                       Mt_FloatTensor:$out, StaticShapeTensorOf<[F32]>:$lse,
                        UnitAttr:$causal, F64Attr:$scale, F64Attr:$dropout_rate,
                        I64Attr:$stream, OptionalAttr<I64Attr>:$tp_shard_dim);
   let results = (outs Mt_FloatTensor:$query_grad, Mt_FloatTensor:$key_grad,
                       Mt_FloatTensor:$value_grad);
-  let assemblyFormat = "$grad `,` $query `,` $key `,` $value attr-dict `:` type($query) `,` type($key)";
+  let assemblyFormat = "$grad `,` $query `,` $key `,` $value `,` $out `,` $lse attr-dict `:` type($query) `,` type($key)";
 }
 
 def Mt_CrossEntropyGradOp : Mt_Op<"cross_entropy_grad", [Pure,

@@ -138,7 +138,7 @@ LogicalResult AttentionOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
                                     SmallVectorImpl<Value> &out) {
   auto g = b.create<AttentionGradOp>(
       getLoc(), TypeRange{getQuery().getType(), getKey().getType(), getValue().getType()},
-      grads[0], getQuery(), getKey(), getValue(), getCausalAttr(), getScaleAttr(),
+      grads[0], getQuery(), getKey(), getValue(), getResult(), getLse(), getCausalAttr(), getScaleAttr(),
       getDropoutRateAttr(), getStreamAttr(), getTpShardDimAttr());
   out.append({g.getQueryGrad(), g.getKeyGrad(), g.getValueGrad()});
   return success();

@@ -240,7 +240,7 @@ func.func @f(%x: tensor<2x4x3x8xf32>) {
 
 func.func @f(%q: tensor<2x4x6x8xf32>, %k: tensor<2x4x4x8xf32>) {
   // expected-error @+1 {{6 query heads cannot share 4 key/value groups evenly}}
-  %o = mt.attention %q, %k, %k {causal, scale = 0.35 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : tensor<2x4x6x8xf32>, tensor<2x4x4x8xf32>
+  %o, %lse = mt.attention %q, %k, %k {causal, scale = 0.35 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : tensor<2x4x6x8xf32>, tensor<2x4x4x8xf32>
   return
 }
 
@@ -248,7 +248,7 @@ func.func @f(%q: tensor<2x4x6x8xf32>, %k: tensor<2x4x4x8xf32>) {
 
 func.func @f(%q: tensor<2x4x4x8xf32>, %k: tensor<2x5x4x8xf32>) {
   // expected-error @+1 {{query [2, 4, 4, 8] and key [2, 5, 4, 8] must agree in batch, seq and head_dim}}
-  %o = mt.attention %q, %k, %k {causal, scale = 0.35 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : tensor<2x4x4x8xf32>, tensor<2x5x4x8xf32>
+  %o, %lse = mt.attention %q, %k, %k {causal, scale = 0.35 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : tensor<2x4x4x8xf32>, tensor<2x5x4x8xf32>
   return
 }
 
@@ -256,7 +256,7 @@ func.func @f(%q: tensor<2x4x4x8xf32>, %k: tensor<2x5x4x8xf32>) {
 
 func.func @f(%q: tensor<2x4x4x8xf32>) {
   // expected-error @+1 {{scale must be positive}}
-  %o = mt.attention %q, %q, %q {causal, scale = 0.0 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>
+  %o, %lse = mt.attention %q, %q, %q {causal, scale = 0.0 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>
   return
 }
 
@@ -264,7 +264,25 @@ func.func @f(%q: tensor<2x4x4x8xf32>) {
 
 func.func @f(%q: tensor<2x4x4x8xf32>) {
   // expected-error @+1 {{dropout_rate must be in [0, 1), got -1.000000e-01}}
-  %o = mt.attention %q, %q, %q {causal, scale = 0.35 : f64, dropout_rate = -0.1 : f64, stream = 0 : i64} : tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>
+  %o, %lse = mt.attention %q, %q, %q {causal, scale = 0.35 : f64, dropout_rate = -0.1 : f64, stream = 0 : i64} : tensor<2x4x4x8xf32>, tensor<2x4x4x8xf32>
+  return
+}
+
+// -----
+
+// The log-sum-exp is [batch, heads, seq], not the query's [batch, seq, heads].
+func.func @f(%q: tensor<2x4x3x8xf32>) {
+  // expected-error @+1 {{failed to verify that lse is f32 [batch, heads, seq] of the query}}
+  %o, %lse = "mt.attention"(%q, %q, %q) {causal, scale = 0.35 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : (tensor<2x4x3x8xf32>, tensor<2x4x3x8xf32>, tensor<2x4x3x8xf32>) -> (tensor<2x4x3x8xf32>, tensor<2x4x3xf32>)
+  return
+}
+
+// -----
+
+// The backward's lse must be the forward's: f32, [batch, heads, seq].
+func.func @f(%q: tensor<2x4x3x8xf32>, %lse: tensor<2x3x5xf32>) {
+  // expected-error @+1 {{failed to verify that lse is f32 [batch, heads, seq] of the query}}
+  %dq, %dk, %dv = "mt.attention_grad"(%q, %q, %q, %q, %q, %lse) {causal, scale = 0.35 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : (tensor<2x4x3x8xf32>, tensor<2x4x3x8xf32>, tensor<2x4x3x8xf32>, tensor<2x4x3x8xf32>, tensor<2x4x3x8xf32>, tensor<2x3x5xf32>) -> (tensor<2x4x3x8xf32>, tensor<2x4x3x8xf32>, tensor<2x4x3x8xf32>)
   return
 }
 

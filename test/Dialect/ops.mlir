@@ -74,8 +74,9 @@ func.func @attention(%qkv: tensor<2x8x64xf32>) -> tensor<2x8x32xf32> {
   // CHECK: mt.rope %{{.*}} {base = 1.000000e+04 : f64} : tensor<2x8x4x8xf32>
   %qr = mt.rope %q {base = 10000.0 : f64} : tensor<2x8x4x8xf32>
   %kr = mt.rope %k {base = 10000.0 : f64} : tensor<2x8x2x8xf32>
-  // CHECK: mt.attention %{{.*}}, %{{.*}}, %{{.*}} {causal, dropout_rate = 0.000000e+00 : f64, scale = 3.535530e-01 : f64, stream = 0 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
-  %o = mt.attention %qr, %kr, %v {causal, scale = 0.353553 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
+  // The second result is the rows' log-sum-exp, f32 [batch, heads, seq].
+  // CHECK: %[[O:.*]], %[[LSE:.*]] = mt.attention %{{.*}}, %{{.*}}, %{{.*}} {causal, dropout_rate = 0.000000e+00 : f64, scale = 3.535530e-01 : f64, stream = 0 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
+  %o, %lse = mt.attention %qr, %kr, %v {causal, scale = 0.353553 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
   // CHECK: mt.reshape %{{.*}} : (tensor<2x8x4x8xf32>) -> tensor<2x8x32xf32>
   %r = mt.reshape %o : (tensor<2x8x4x8xf32>) -> tensor<2x8x32xf32>
   return %r : tensor<2x8x32xf32>
@@ -114,7 +115,7 @@ module @tensor_parallel {
     // CHECK: mt.tp_copy %{{.*}} {tp_size = 2 : i64} : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
     %c = mt.tp_copy %g {tp_size = 2 : i64} : (tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
     // CHECK: mt.attention {{.*}}tp_shard_dim = 2 : i64
-    %o = mt.attention %q, %kv, %kv {causal, scale = 0.5 : f64, dropout_rate = 0.1 : f64, stream = 1 : i64, tp_shard_dim = 2 : i64} : tensor<2x4x2x4xf32>, tensor<2x4x1x4xf32>
+    %o, %lse = mt.attention %q, %kv, %kv {causal, scale = 0.5 : f64, dropout_rate = 0.1 : f64, stream = 1 : i64, tp_shard_dim = 2 : i64} : tensor<2x4x2x4xf32>, tensor<2x4x1x4xf32>
     // CHECK: mt.cross_entropy %{{.*}}, %{{.*}} {vocab_parallel}
     %l = mt.cross_entropy %c, %ids {vocab_parallel} : (tensor<2x4x8xf32>, tensor<2x4xi32>) -> tensor<f32>
     return %l : tensor<f32>

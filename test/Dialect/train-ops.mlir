@@ -11,7 +11,8 @@ mt.param @ln.bias : tensor<16xf32>, zeros
 // CHECK-LABEL: func.func @backward
 func.func @backward(%x: tensor<2x8x16xf32>, %ids: tensor<2x8xi32>, %dy: tensor<2x8x48xf32>,
                     %lnw: tensor<16xf32>, %w: tensor<48x16xf32>, %logits: tensor<2x8x64xf32>,
-                    %u: tensor<2x8x32xf32>, %dq: tensor<2x8x2x8xf32>, %dkv: tensor<2x8x1x8xf32>) {
+                    %u: tensor<2x8x32xf32>, %dq: tensor<2x8x2x8xf32>, %dkv: tensor<2x8x1x8xf32>,
+                    %lse: tensor<2x2x8xf32>) {
   // CHECK: mt.grad_seed {scale = 2.500000e-01 : f64} : tensor<f32>
   %seed = mt.grad_seed {scale = 0.25 : f64} : tensor<f32>
   // CHECK: mt.cross_entropy_grad
@@ -34,8 +35,8 @@ func.func @backward(%x: tensor<2x8x16xf32>, %ids: tensor<2x8xi32>, %dy: tensor<2
   %ds = mt.swiglu_grad %x, %u : (tensor<2x8x16xf32>, tensor<2x8x32xf32>) -> tensor<2x8x32xf32>
   // CHECK: mt.rope_grad
   %dro = mt.rope_grad %dq {base = 1.0e+04 : f64} : tensor<2x8x2x8xf32>
-  // CHECK: mt.attention_grad
-  %a, %k, %v = mt.attention_grad %dq, %dq, %dkv, %dkv {causal, scale = 0.35 : f64, dropout_rate = 0.0 : f64, stream = 1 : i64} : tensor<2x8x2x8xf32>, tensor<2x8x1x8xf32>
+  // CHECK: mt.attention_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %[[LSE:.*]] {causal
+  %a, %k, %v = mt.attention_grad %dq, %dq, %dkv, %dkv, %dq, %lse {causal, scale = 0.35 : f64, dropout_rate = 0.0 : f64, stream = 1 : i64} : tensor<2x8x2x8xf32>, tensor<2x8x1x8xf32>
   // CHECK: mt.split_qkv_grad
   %dqkv = mt.split_qkv_grad %a, %k, %v : (tensor<2x8x2x8xf32>, tensor<2x8x1x8xf32>, tensor<2x8x1x8xf32>) -> tensor<2x8x32xf32>
   return

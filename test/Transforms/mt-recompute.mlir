@@ -99,7 +99,7 @@ module attributes {mt.training = {recompute_granularity = "none", recompute_meth
 // Megatron's selective recomputation (core attention) is inherent:
 // mt.attention_grad recomputes the probabilities.
 // SEL-LABEL: func.func @train_step(
-// SEL-SAME: attributes {mt.recompute = "selective (core attention: inherent, mt.attention_grad recomputes the probabilities from q and k)", mt.recomputed_layers = array<i64>}
+// SEL-SAME: attributes {mt.recompute = "selective (core attention: inherent, mt.attention_grad recomputes the probabilities from q, k and the log-sum-exp)", mt.recomputed_layers = array<i64>}
 // SEL-NOT: mt.recomputed{{[,}]}}
 
 // Uniform, 1 layer per chunk: every layer is its own chunk.

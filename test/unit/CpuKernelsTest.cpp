@@ -541,11 +541,14 @@ TEST(Rope, BackwardInvertsForwardAndMatchesFiniteDifferences) {
 // ---------------------------------------------------------------------------
 // Attention
 
-// Softmax attention by the definition, one (b, h, i) row at a time.
+// Softmax attention by the definition, one (b, h, i) row at a time; each
+// row's log-sum-exp goes to `lse` ([batch, heads, seq]) when given.
 template <class T>
 Vec naiveAttention(const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
-                   const cpu::AttentionShape &s, const cpu::RngKey &key) {
+                   const cpu::AttentionShape &s, const cpu::RngKey &key, Vec *lse = nullptr) {
   Vec out(s.batch * s.seq * s.heads * s.d, 0.0);
+  if (lse)
+    lse->assign(s.batch * s.heads * s.seq, 0.0);
   const int64_t perGroup = s.heads / s.groups;
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
@@ -567,6 +570,8 @@ Vec naiveAttention(const std::vector<T> &q, const std::vector<T> &k, const std::
           pj = std::exp(pj - m);
           sum += pj;
         }
+        if (lse)
+          (*lse)[(b * s.heads + h) * s.seq + i] = m + std::log(sum);
         for (int64_t j = 0; j < valid; ++j) {
           p[j] /= sum;
           if (s.dropout_rate > 0) {
@@ -602,11 +607,14 @@ TEST_P(AttentionTest, ForwardMatchesNaiveSoftmax) {
   const std::vector<float> q = toFloat(randomVec(rng, s.batch * s.seq * s.heads * s.d, -2, 2));
   const std::vector<float> k = toFloat(randomVec(rng, s.batch * s.seq * s.groups * s.d, -2, 2));
   const std::vector<float> v = toFloat(randomVec(rng, s.batch * s.seq * s.groups * s.d));
-  std::vector<float> out(q.size());
-  cpu::attention_fwd(q.data(), k.data(), v.data(), s, key, out.data());
-  const Vec expected = naiveAttention(q, k, v, s, key);
+  std::vector<float> out(q.size()), lse(s.batch * s.heads * s.seq);
+  cpu::attention_fwd(q.data(), k.data(), v.data(), s, key, out.data(), lse.data());
+  Vec expectedLse;
+  const Vec expected = naiveAttention(q, k, v, s, key, &expectedLse);
   for (size_t i = 0; i < out.size(); ++i)
     ASSERT_NEAR(out[i], expected[i], 2e-5) << i;
+  for (size_t i = 0; i < lse.size(); ++i)
+    ASSERT_NEAR(lse[i], expectedLse[i], 2e-5) << i;
 }
 
 TEST_P(AttentionTest, GradientsMatchFiniteDifferences) {
@@ -617,15 +625,16 @@ TEST_P(AttentionTest, GradientsMatchFiniteDifferences) {
   Vec k = randomVec(rng, s.batch * s.seq * s.groups * s.d);
   Vec v = randomVec(rng, s.batch * s.seq * s.groups * s.d);
   const Vec r = randomVec(rng, q.size());
-  Vec out(q.size());
+  Vec out(q.size()), lse(s.batch * s.heads * s.seq);
   auto f = [&] {
-    cpu::attention_fwd(q.data(), k.data(), v.data(), s, key, out.data());
+    cpu::attention_fwd(q.data(), k.data(), v.data(), s, key, out.data(), lse.data());
     return dot(r, out);
   };
   EXPECT_NEAR(f(), dot(r, naiveAttention(q, k, v, s, key)), 1e-13);
+  // The backward reads the unperturbed forward's out and lse.
   Vec dq(q.size()), dk(k.size(), 7.0), dv(v.size(), 7.0);
-  cpu::attention_bwd(r.data(), q.data(), k.data(), v.data(), s, key, dq.data(), dk.data(),
-                     dv.data());
+  cpu::attention_bwd(r.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), s, key,
+                     dq.data(), dk.data(), dv.data());
   expectGradient("attention dq", q, dq, f);
   expectGradient("attention dk", k, dk, f);
   expectGradient("attention dv", v, dv, f);
@@ -640,14 +649,15 @@ TEST_P(AttentionTest, GradientsMatchFiniteDifferencesAcrossRowBlocks) {
   Vec k = randomVec(rng, s.batch * s.seq * s.groups * s.d);
   Vec v = randomVec(rng, s.batch * s.seq * s.groups * s.d);
   const Vec r = randomVec(rng, q.size());
-  Vec out(q.size());
+  Vec out(q.size()), lse(s.batch * s.heads * s.seq);
   auto f = [&] {
-    cpu::attention_fwd(q.data(), k.data(), v.data(), s, key, out.data());
+    cpu::attention_fwd(q.data(), k.data(), v.data(), s, key, out.data(), lse.data());
     return dot(r, out);
   };
+  f();
   Vec dq(q.size()), dk(k.size()), dv(v.size());
-  cpu::attention_bwd(r.data(), q.data(), k.data(), v.data(), s, key, dq.data(), dk.data(),
-                     dv.data());
+  cpu::attention_bwd(r.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), s, key,
+                     dq.data(), dk.data(), dv.data());
   expectGradient("attention dq", q, dq, f, sampleIndices(rng, q.size(), 40));
   expectGradient("attention dk", k, dk, f, sampleIndices(rng, k.size(), 40));
   expectGradient("attention dv", v, dv, f, sampleIndices(rng, v.size(), 40));

@@ -359,10 +359,12 @@ void checkNumerics(KernelDevice &device, const FlashAttentionConfig &c, const Rn
 
   const mt::cpu::AttentionShape shape = shapeOf(c, rng);
   const mt::cpu::RngKey key{rng.seed, c.stream, rng.offset};
-  std::vector<float> refOut(nq), refDq(nq), refDk(nk), refDv(nk);
-  mt::cpu::attention_fwd(q.value.data(), k.value.data(), v.value.data(), shape, key, refOut.data());
-  mt::cpu::attention_bwd(dout.value.data(), q.value.data(), k.value.data(), v.value.data(), shape, key,
-                         refDq.data(), refDk.data(), refDv.data());
+  std::vector<float> refOut(nq), cpuLse(lse.size()), refDq(nq), refDk(nk), refDv(nk);
+  mt::cpu::attention_fwd(q.value.data(), k.value.data(), v.value.data(), shape, key, refOut.data(),
+                         cpuLse.data());
+  mt::cpu::attention_bwd(dout.value.data(), q.value.data(), k.value.data(), v.value.data(),
+                         refOut.data(), cpuLse.data(), shape, key, refDq.data(), refDk.data(),
+                         refDv.data());
   // lse in double from the same (rounded) inputs.
   std::vector<float> refLse(lse.size());
   const int64_t d = c.headDim, perGroup = c.heads / c.groups;
@@ -459,9 +461,10 @@ MT_KERNEL_TEST(FlashAttention, DropoutMaskIsTheCpus) {
       ASSERT_EQ(launch(device, arrays, fwd->kernel, {q.data(), k.data(), v.data(), out.data(), lse.data()}), "");
       ASSERT_EQ(arrays.mirror.download(), "");
       decode(out);
-      std::vector<float> ref(n);
+      std::vector<float> ref(n), refLse(lse.size());
       mt::cpu::attention_fwd(q.value.data(), k.value.data(), v.value.data(), shapeOf(c, rng),
-                             mt::cpu::RngKey{rng.seed, c.stream, rng.offset}, ref.data());
+                             mt::cpu::RngKey{rng.seed, c.stream, rng.offset}, ref.data(),
+                             refLse.data());
       size_t kept = 0, differ = 0;
       for (size_t i = 0; i < n; ++i) {
         kept += ref[i] != 0;

@@ -582,7 +582,7 @@ TEST(PlanReader, BadMagicVersionAndFlags) {
   uint32_t seven = 7;
   std::memcpy(&b[8], &seven, 4);
   EXPECT_EQ(open_error(b), "tiny.plan: error: was written by plan format version 7; this mtrun reads "
-                           "version 4; recompile it with the mtc that matches this mtrun");
+                           "version 5; recompile it with the mtc that matches this mtrun");
   b = bytes;
   uint32_t flags = 4;
   std::memcpy(&b[12], &flags, 4);
@@ -718,6 +718,25 @@ TEST(PlanReader, SemanticErrors) {
         {2, "EMBEDDING: ints[0] (vocab_parallel) is 2; it must be 0 or 1"}}) {
     Tiny t; // a vocab-parallel embedding without tensor-parallel ranks
     t.d.programs[0].code[0].ints = {flag};
+    EXPECT_CONTAINS(semantic_error(t.d), message);
+  }
+  for (auto [lseShape, lseType, message] :
+       {std::tuple<std::vector<int64_t>, DType, const char *>{
+            {Tiny::B, Tiny::S, 2}, DType::F32,
+            "ATTENTION: needs q[b, s, heads, d], k and v [b, s, groups, d] with groups dividing "
+            "heads -> o shaped as q, lse[b, heads, s], got"},
+        {{Tiny::B, 2, Tiny::S}, DType::BF16, "ATTENTION: out[1] (%lse [2,2,3] bf16) must be an f32 tensor"}}) {
+    Tiny t; // attention whose log-sum-exp is not f32 [b, heads, s]
+    Prog &p = t.d.programs[0];
+    uint32_t x0 = 0;
+    while (p.values[x0].name != "x0")
+      ++x0;
+    const uint32_t q = t.d.arena(p, "q", {Tiny::B, Tiny::S, 2, Tiny::H / 2});
+    const uint32_t o = t.d.arena(p, "o", {Tiny::B, Tiny::S, 2, Tiny::H / 2});
+    const uint32_t lse = t.d.arena(p, "lse", lseShape, lseType);
+    p.code.push_back(I{Opcode::RESHAPE, {x0}, {q}, {}, {}, {}, "heads"});
+    p.code.push_back(
+        I{Opcode::ATTENTION, {q, q, q}, {o, lse}, {}, {1, 1, -1}, {0.5, 0.0}, "attention"});
     EXPECT_CONTAINS(semantic_error(t.d), message);
   }
   {
@@ -1430,6 +1449,7 @@ struct Block {
     uint32_t q = A("q", {B, S, Heads, D}), k = A("k", {B, S, Groups, D}), v = A("v", {B, S, Groups, D});
     uint32_t qr = A("qr", {B, S, Heads, D}), kr = A("kr", {B, S, Groups, D});
     uint32_t o = A("o", {B, S, Heads, D}), o2 = A("o2", {B, S, Heads * D});
+    uint32_t lse = A("lse", {B, Heads, S});
     p.values[o2].offset = p.values[o].offset; // a view
     uint32_t ao = A("ao", {B, S, H}), ad = A("ad", {B, S, H}), x5 = A("x5", {B, S, H});
     uint32_t h2 = A("h2", {B, S, H}), u = A("u", {B, S, 2 * F}), sw = A("sw", {B, S, F});
@@ -1444,7 +1464,7 @@ struct Block {
     PlanDesc::op(p, O::SPLIT_QKV, {q3}, {q, k, v});
     PlanDesc::op(p, O::ROPE, {q}, {qr}, {}, {}, {base});
     PlanDesc::op(p, O::ROPE, {k}, {kr}, {}, {}, {base});
-    PlanDesc::op(p, O::ATTENTION, {qr, kr, v}, {o}, {}, {1, 1, -1}, {scale, rate});
+    PlanDesc::op(p, O::ATTENTION, {qr, kr, v}, {o, lse}, {}, {1, 1, -1}, {scale, rate});
     PlanDesc::op(p, O::RESHAPE, {o}, {o2});
     PlanDesc::op(p, O::MATMUL, {o2, W(wo)}, {ao});
     PlanDesc::op(p, O::DROPOUT, {ao}, {ad}, {}, {2, -1}, {rate});
@@ -1482,7 +1502,8 @@ struct Block {
     PlanDesc::op(p, O::MATMUL_INPUT_GRAD, {dao, W(wo)}, {do2});
     PlanDesc::op(p, O::MATMUL_WEIGHT_GRAD, {dao, o2}, {}, {P(wo)});
     PlanDesc::op(p, O::RESHAPE, {do2}, {dov});
-    PlanDesc::op(p, O::ATTENTION_GRAD, {dov, qr, kr, v}, {dqr, dkr, dv}, {}, {1, 1, -1}, {scale, rate});
+    PlanDesc::op(p, O::ATTENTION_GRAD, {dov, qr, kr, v, o, lse}, {dqr, dkr, dv}, {}, {1, 1, -1},
+                 {scale, rate});
     PlanDesc::op(p, O::ROPE_GRAD, {dqr}, {dq}, {}, {}, {base});
     PlanDesc::op(p, O::ROPE_GRAD, {dkr}, {dk}, {}, {}, {base});
     PlanDesc::op(p, O::SPLIT_QKV_GRAD, {dq, dk, dv}, {dq3});
