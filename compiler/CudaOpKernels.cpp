@@ -535,6 +535,79 @@ void genRope(const OpInstruction &ins, Builder &b, bool grad) {
            {in(0), outp(0)});
 }
 
+// SPLIT_QKV_ROPE and its gradient: the split with ROPE's rotation (and
+// ROPE_GRAD's) of the query and key heads, so the unrotated q and k are never
+// stored. One thread per V pairs (x[j], x[j + d/2]) of one head slot of the
+// qkv row (V divides d/2, so both halves are aligned V-lane accesses); value
+// slots are copied. Angles and rotation in double, as genRope.
+void genSplitQkvRope(const OpInstruction &ins, Builder &b, bool grad) {
+  const OpTensor &qkv = grad ? ins.out[0] : ins.in[0];
+  const OpTensor &q = grad ? ins.in[0] : ins.out[0];
+  const OpTensor &k = grad ? ins.in[1] : ins.out[1];
+  const OpTensor &vv = grad ? ins.in[2] : ins.out[2];
+  const int64_t seq = q.shape[1], heads = q.shape[2], d = q.shape[3], half = d / 2;
+  const int64_t groups = k.shape[2], pg = heads / groups, slots = groups * (pg + 2);
+  const int64_t rows = q.shape[0] * seq;
+  const int v = lanesFor({qkv.dtype, q.dtype, k.dtype, vv.dtype}, {half});
+  const int64_t pairs = half / v, threads = rows * slots * pairs;
+  const uint32_t block = uint32_t(std::min<int64_t>(256, roundWarps(threads)));
+  std::map<std::string, std::string> s = {
+      {"B", std::to_string(block)}, {"V", std::to_string(v)}, {"THREADS", num(threads)},
+      {"PAIRS", num(pairs)}, {"SLOTS", num(slots)}, {"PG", num(pg)}, {"PG1", num(pg + 1)},
+      {"HEADS", num(heads)}, {"GROUPS", num(groups)}, {"SEQ", num(seq)}, {"D", num(d)},
+      {"HALF", num(half)}, {"DD", dbl(double(d))}, {"BASE", dbl(ins.floats.at(0))},
+      {"SIGN", grad ? "-1.0" : "1.0"}};
+  // Where slot `s` of group `g` of row `row` lives in q, k or v.
+  std::string where = R"(  const mt_u64 row = hs / ${SLOTS}, r = hs % ${SLOTS}, g = r / (${PG} + 2), s = r % (${PG} + 2);
+  const mt_u64 at = hs * ${D} + j0;
+  const mt_u64 kv = (row * ${GROUPS} + g) * ${D} + j0;
+  const mt_u64 qa = (row * ${HEADS} + g * ${PG} + s) * ${D} + j0;
+)";
+  std::string rotate = R"(  if (s <= ${PG}) {
+    const double p = (double)(row % ${SEQ});
+#pragma unroll
+    for (int l = 0; l < ${V}; ++l) {
+      const double inv = pow(${BASE}, -2.0 * (double)(j0 + l) / ${DD});
+      const double angle = ${SIGN} * p * inv, sn = sin(angle), cs = cos(angle);
+      const double x1 = a[l], x2 = c[l];
+      a[l] = (float)(x1 * cs - x2 * sn);
+      c[l] = (float)(x2 * cs + x1 * sn);
+    }
+  }
+)";
+  std::string head = "extern \"C\" __global__ void __launch_bounds__(${B}) @ENTRY@(" +
+                     (grad ? ptr(q, "q", true) + ", " + ptr(k, "k", true) + ", " +
+                                 ptr(vv, "v", true) + ", " + ptr(qkv, "qkv", false)
+                           : ptr(qkv, "qkv", true) + ", " + ptr(q, "q", false) + ", " +
+                                 ptr(k, "k", false) + ", " + ptr(vv, "v", false)) +
+                     R"() {
+  const mt_u64 t = (mt_u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= ${THREADS}) return;
+  const mt_u64 hs = t / ${PAIRS}, j0 = (t % ${PAIRS}) * ${V};
+)" + where + "  float a[${V}], c[${V}];\n";
+  std::string body;
+  if (!grad)
+    body = R"(  mt_load<${V}>(qkv, at, a);
+  mt_load<${V}>(qkv, at + ${HALF}, c);
+)" + rotate + R"(  if (s < ${PG}) { mt_store<${V}>(q, qa, a); mt_store<${V}>(q, qa + ${HALF}, c); }
+  else if (s == ${PG}) { mt_store<${V}>(k, kv, a); mt_store<${V}>(k, kv + ${HALF}, c); }
+  else { mt_store<${V}>(v, kv, a); mt_store<${V}>(v, kv + ${HALF}, c); }
+}
+)";
+  else
+    body = R"(  if (s < ${PG}) { mt_load<${V}>(q, qa, a); mt_load<${V}>(q, qa + ${HALF}, c); }
+  else if (s == ${PG}) { mt_load<${V}>(k, kv, a); mt_load<${V}>(k, kv + ${HALF}, c); }
+  else { mt_load<${V}>(v, kv, a); mt_load<${V}>(v, kv + ${HALF}, c); }
+)" + rotate + R"(  mt_store<${V}>(qkv, at, a);
+  mt_store<${V}>(qkv, at + ${HALF}, c);
+}
+)";
+  std::vector<OpArg> args = grad ? std::vector<OpArg>{in(0), in(1), in(2), outp(0)}
+                                 : std::vector<OpArg>{in(0), outp(0), outp(1), outp(2)};
+  b.launch(grad ? "split_qkv_rope_grad" : "split_qkv_rope", fill(head + body, s),
+           uint64_t((threads + block - 1) / block), block, 0, args);
+}
+
 // ---------------------------------------------------------------------------
 // Row kernels: norms, their gradients, column sums.
 
@@ -1468,6 +1541,8 @@ std::optional<Signature> signatureOf(Opcode op) {
   case Opcode::SHARDED_ADAMW: return Signature{3, 0, SIZE_MAX, 1, 4};
   case Opcode::GRAD_NORM: return Signature{0, 1, SIZE_MAX, 0, 0};
   case Opcode::GROUP_GRAD_NORM: return Signature{0, 1, SIZE_MAX, 1, 0};
+  case Opcode::SPLIT_QKV_ROPE: return Signature{1, 3, 0, 0, 1};
+  case Opcode::SPLIT_QKV_ROPE_GRAD: return Signature{3, 1, 0, 0, 1};
   case Opcode::SHARDED_GRAD_NORM: return Signature{0, 1, SIZE_MAX, 1, 0};
   case Opcode::SEQ_ALL_GATHER:
   case Opcode::SEQ_REDUCE_SCATTER:
@@ -1560,6 +1635,15 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
         *error = label(ins) + ": negative dimension";
         return std::nullopt;
       }
+  if (ins.op == Opcode::SPLIT_QKV_ROPE || ins.op == Opcode::SPLIT_QKV_ROPE_GRAD) {
+    // The rotation reads positions from q's shape and rotates pairs.
+    const auto &qk = ins.op == Opcode::SPLIT_QKV_ROPE ? ins.out : ins.in;
+    if (qk[0].shape.size() != 4 || qk[1].shape.size() != 4 || qk[0].shape[3] % 2 != 0 ||
+        qk[1].shape[2] < 1) {
+      *error = label(ins) + ": needs q and k [b, s, heads, d] with even d";
+      return std::nullopt;
+    }
+  }
   Builder b(label(ins));
   switch (ins.op) {
   case Opcode::LAYER_NORM: genNorm(ins, b, true); break;
@@ -1573,6 +1657,8 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
   case Opcode::SPLIT_QKV_GRAD: genSplitQkv(ins, b, true); break;
   case Opcode::ROPE: genRope(ins, b, false); break;
   case Opcode::ROPE_GRAD: genRope(ins, b, true); break;
+  case Opcode::SPLIT_QKV_ROPE: genSplitQkvRope(ins, b, false); break;
+  case Opcode::SPLIT_QKV_ROPE_GRAD: genSplitQkvRope(ins, b, true); break;
   case Opcode::CROSS_ENTROPY: genCrossEntropy(ins, b, false); break;
   case Opcode::CROSS_ENTROPY_GRAD: genCrossEntropy(ins, b, true); break;
   case Opcode::LR_SCHEDULE: genLrSchedule(ins, b); break;

@@ -54,7 +54,8 @@
 //   RMS_NORM_GRAD       norm_grad (in0, in1, in2, out0, ws) ; col_sums (ws, grad0)
 //   BIAS_GRAD           bias_partials (in0 dy, ws) ; col_sums (ws, grad0)
 //   BIAS_ADD, ADD, GELU, GELU_GRAD, SWIGLU, SWIGLU_GRAD, SPLIT_QKV,
-//   SPLIT_QKV_GRAD, ROPE, ROPE_GRAD, RESHAPE: (in..., out...) in plan order
+//   SPLIT_QKV_GRAD, ROPE, ROPE_GRAD, SPLIT_QKV_ROPE, SPLIT_QKV_ROPE_GRAD,
+//   RESHAPE: (in..., out...) in plan order
 //   DROPOUT             (in0, out0) + seed, rng_offset, [tp_rank,] stream
 //   CROSS_ENTROPY       ce_rows (in0 logits, in1 labels, ws) ; ce_loss (ws, out0)
 //     vocab parallel:   ce_max (in0, ws max) ; ce_sum (in0, in1, ws max, ws sum) + tp_rank ;
@@ -75,8 +76,9 @@
 // Numerics against the CPU (which computes in double where it matters):
 //   - elementwise ops, split, embedding, position ids: fp32 math (the
 //     fused kernels' helpers), rounded once to the output type; copies exact.
-//   - ROPE: angles and rotation in double, as the CPU (equal up to double
-//     sin/cos ulps, so equal after rounding to the output type).
+//   - ROPE, SPLIT_QKV_ROPE and their gradients: angles and rotation in
+//     double, as the CPU (equal up to double sin/cos ulps, so equal after
+//     rounding to the output type).
 //   - norms and their gradients: fp32 statistics (two passes for the
 //     variance); column sums of dw/db: fp32 per block of rows, then the
 //     blocks summed in double. Relative error ~1e-6 of the fp32 result.

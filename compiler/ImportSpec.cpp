@@ -209,7 +209,7 @@ private:
                        (heads + 2 * groups) * headDim, normal());
     auto split = b.create<SplitQKVOp>(
         loc, act({batch, seq, heads, headDim}), act({batch, seq, groups, headDim}),
-        act({batch, seq, groups, headDim}), qkv);
+        act({batch, seq, groups, headDim}), qkv, /*rope_base=*/FloatAttr());
     Value q = split.getQuery(), k = split.getKey(), v = split.getValue();
     if (m.position_embedding_type == spec::PositionEmbedding::Rope) {
       FloatAttr base = b.getF64FloatAttr(static_cast<double>(m.rotary_base));

@@ -616,7 +616,11 @@ private:
           i.op = pl::Opcode::FUSED;
           i.ints = {ok ? *k : -1};
         })
-        .Case([&](SplitQKVOp) { i.op = pl::Opcode::SPLIT_QKV; })
+        .Case([&](SplitQKVOp o) {
+          i.op = o.getRopeBase() ? pl::Opcode::SPLIT_QKV_ROPE : pl::Opcode::SPLIT_QKV;
+          if (o.getRopeBase())
+            eps(o.getRopeBaseAttr());
+        })
         .Case([&](RopeOp o) { i.op = pl::Opcode::ROPE; eps(o.getBaseAttr()); })
         .Case([&](AttentionOp o) {
           i.op = pl::Opcode::ATTENTION;
@@ -657,7 +661,11 @@ private:
           i.ints.push_back(o.getApproximation() == GeluApproximation::Tanh);
         })
         .Case([&](SwiGLUGradOp) { i.op = pl::Opcode::SWIGLU_GRAD; })
-        .Case([&](SplitQKVGradOp) { i.op = pl::Opcode::SPLIT_QKV_GRAD; })
+        .Case([&](SplitQKVGradOp o) {
+          i.op = o.getRopeBase() ? pl::Opcode::SPLIT_QKV_ROPE_GRAD : pl::Opcode::SPLIT_QKV_GRAD;
+          if (o.getRopeBase())
+            eps(o.getRopeBaseAttr());
+        })
         .Case([&](RopeGradOp o) { i.op = pl::Opcode::ROPE_GRAD; eps(o.getBaseAttr()); })
         .Case([&](AttentionGradOp o) {
           i.op = pl::Opcode::ATTENTION_GRAD;

@@ -1,5 +1,6 @@
-// mt-fuse: chains of elementwise ops -> mt.fused kernels; GEMMs with their
-// epilogues -> `gemm` kernels, and backward GEMMs with theirs -> `gemm_grad`.
+// mt-fuse: RoPE into the QKV split (both ways); chains of elementwise ops ->
+// mt.fused kernels; GEMMs with their epilogues -> `gemm` kernels, and
+// backward GEMMs with theirs -> `gemm_grad`.
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
@@ -45,6 +46,40 @@ bool adjacent(Operation *a, Operation *b) {
     if (!isa<ParamRefOp>(op))
       return false;
   return true;
+}
+
+// RoPE inside the QKV split, both ways. An mt.split_qkv whose query and key
+// each have one user, an mt.rope of one base, rotates them itself
+// (`rope_base`) and the two mt.rope go; an mt.split_qkv_grad whose query and
+// key gradients each come from an mt.rope_grad of one base used nowhere else
+// rotates them back itself. The unrotated tensors never exist, and each
+// direction loses two kernels that read and wrote a whole q or k. No value
+// lives longer: the rotated q replaces the unrotated one from the split on,
+// and the rotated dq the unrotated one up to the merge.
+void ropeIntoSplit(Block &body) {
+  for (SplitQKVOp split : llvm::make_early_inc_range(body.getOps<SplitQKVOp>())) {
+    auto q = dyn_cast_or_null<RopeOp>(soleUser(split.getQuery()));
+    auto k = dyn_cast_or_null<RopeOp>(soleUser(split.getKey()));
+    if (split.getRopeBase() || !q || !k || q.getBaseAttr() != k.getBaseAttr())
+      continue;
+    split.setRopeBaseAttr(q.getBaseAttr());
+    for (RopeOp r : {q, k}) {
+      r.getResult().replaceAllUsesWith(r.getInput());
+      r->erase();
+    }
+  }
+  for (SplitQKVGradOp merge : llvm::make_early_inc_range(body.getOps<SplitQKVGradOp>())) {
+    auto q = merge.getQueryGrad().getDefiningOp<RopeGradOp>();
+    auto k = merge.getKeyGrad().getDefiningOp<RopeGradOp>();
+    if (merge.getRopeBase() || !q || !k || q == k || q.getBaseAttr() != k.getBaseAttr() ||
+        !q->hasOneUse() || !k->hasOneUse())
+      continue;
+    merge.setRopeBaseAttr(q.getBaseAttr());
+    merge.getQueryGradMutable().assign(q.getGrad());
+    merge.getKeyGradMutable().assign(k.getGrad());
+    q->erase();
+    k->erase();
+  }
 }
 
 // Each mt.matmul whose only user is the mt.bias_add of its result becomes
@@ -295,6 +330,7 @@ struct MtFusePass : impl::MtFusePassBase<MtFusePass> {
       if (f.isExternal())
         continue;
       Block &body = f.getBody().front();
+      ropeIntoSplit(body);
       DenseSet<Operation *> taken;
       SmallVector<SmallVector<Operation *>> chains = gemmGroups(body, taken);
       chains.append(gemmGradGroups(body, taken));

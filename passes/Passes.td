@@ -190,9 +190,38 @@ def MtRecomputePass : Pass<"mt-recompute", "mlir::ModuleOp"> {
 }
 
 def MtFusePass : Pass<"mt-fuse", "mlir::ModuleOp"> {
-  let summary = "Groups chains of elementwise ops into mt.fused kernels, and forward and backward GEMMs with their epilogues";
+  let summary = "Rotates RoPE inside the QKV split, groups chains of elementwise ops into mt.fused kernels, and forward and backward GEMMs with their epilogues";
   let description = [{
-    Runs on every function, in three steps.
+    Runs on every function, in four steps.
+
+    **RoPE in the QKV split.** An `mt.split_qkv` whose query and key each
+    have exactly one user, an `mt.rope`, both of one base, takes that base
+    as `rope_base` (its query and key come out rotated) and the two
+    `mt.rope` go. Likewise an `mt.split_qkv_grad` whose query and key
+    gradients each come from an `mt.rope_grad` used nowhere else, both of
+    one base, rotates them back itself and the two `mt.rope_grad` go. The
+    unrotated tensors never exist, and each direction loses two kernels that
+    read and wrote a whole q or k. The pass runs after autodiff and
+    recompute, so it sees the forward, its recomputed copy and the backward;
+    tensor-parallel sharding is already done (rotation is per head, so a
+    rank's share of the heads rotates alike). A query also read elsewhere
+    keeps its `mt.rope`.
+
+    ```mlir
+    // before
+    %q, %k, %v = mt.split_qkv %qkv : (tensor<2x8x64xf32>) -> (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>)
+    %qr = mt.rope %q {base = 1.000000e+04 : f64} : tensor<2x8x4x8xf32>
+    %kr = mt.rope %k {base = 1.000000e+04 : f64} : tensor<2x8x2x8xf32>
+    ...
+    %dq = mt.rope_grad %dqr {base = 1.000000e+04 : f64} : tensor<2x8x4x8xf32>
+    %dk = mt.rope_grad %dkr {base = 1.000000e+04 : f64} : tensor<2x8x2x8xf32>
+    %dqkv = mt.split_qkv_grad %dq, %dk, %dv : (...) -> tensor<2x8x64xf32>
+
+    // after
+    %qr, %kr, %v = mt.split_qkv %qkv {rope_base = 1.000000e+04 : f64} : (tensor<2x8x64xf32>) -> (...)
+    ...
+    %dqkv = mt.split_qkv_grad %dqr, %dkr, %dv {rope_base = 1.000000e+04 : f64} : (...) -> tensor<2x8x64xf32>
+    ```
 
     **GEMM epilogues.** An `mt.matmul` whose only user is the adjacent
     `mt.bias_add` of its result becomes a `gemm` kernel: the CUDA backend

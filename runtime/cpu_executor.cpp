@@ -859,6 +859,11 @@ struct CpuExecutor::Impl {
                          fout(2));
       break;
     }
+    case pl::Opcode::SPLIT_QKV_ROPE:
+      cpu::split_qkv_rope_fwd(fin(0), dim(vout(0), 0), dim(vout(0), 1), dim(vout(0), 2),
+                              dim(vout(1), 2), dim(vout(0), 3), fval(0), fout(0), fout(1),
+                              fout(2));
+      break;
     case pl::Opcode::ROPE:
       cpu::rope_fwd(fin(0), dim(vin(0), 0), dim(vin(0), 1), dim(vin(0), 2), dim(vin(0), 3),
                     fval(0), fout(0));
@@ -952,6 +957,10 @@ struct CpuExecutor::Impl {
                          fout(0));
       break;
     }
+    case pl::Opcode::SPLIT_QKV_ROPE_GRAD:
+      cpu::split_qkv_rope_bwd(fin(0), fin(1), fin(2), dim(vin(0), 0), dim(vin(0), 1),
+                              dim(vin(0), 2), dim(vin(1), 2), dim(vin(0), 3), fval(0), fout(0));
+      break;
     case pl::Opcode::ROPE_GRAD:
       cpu::rope_bwd(fin(0), dim(vin(0), 0), dim(vin(0), 1), dim(vin(0), 2), dim(vin(0), 3),
                     fval(0), fout(0));

@@ -678,37 +678,52 @@ void split_qkv_bwd(const T *dq, const T *dk, const T *dv, int64_t n, int64_t hea
 
 namespace {
 
+// cos and sin of sign * p * base^(-2j/d) for p < seq, j < d/2, in double:
+// the one table every rotation below reads, so the fused split computes
+// exactly what ROPE computes.
+struct RopeAngles {
+  int64_t half;
+  std::vector<double> cos, sin;
+
+  RopeAngles(int64_t seq, int64_t d, double base, double sign)
+      : half(d / 2), cos(size_t(seq * (d / 2))), sin(size_t(seq * (d / 2))) {
+    for (int64_t j = 0; j < half; ++j) {
+      double inv_freq = std::pow(base, -2.0 * static_cast<double>(j) / static_cast<double>(d));
+      for (int64_t p = 0; p < seq; ++p) {
+        double angle = sign * static_cast<double>(p) * inv_freq;
+        cos[size_t(p * half + j)] = std::cos(angle);
+        sin[size_t(p * half + j)] = std::sin(angle);
+      }
+    }
+  }
+
+  // Rotates one head x[d] at position p into y[d]; an odd d's last element
+  // is copied.
+  template <class T>
+  void rotate(const T *x, int64_t p, int64_t d, T *y) const {
+    const double *c = cos.data() + p * half;
+    const double *s = sin.data() + p * half;
+    for (int64_t j = 0; j < half; ++j) {
+      double x1 = x[j], x2 = x[j + half];
+      y[j] = static_cast<T>(x1 * c[j] - x2 * s[j]);
+      y[j + half] = static_cast<T>(x2 * c[j] + x1 * s[j]);
+    }
+    if (d % 2)
+      y[d - 1] = x[d - 1];
+  }
+};
+
 // Rotates every (x[j], x[j + d/2]) pair by sign * p * base^(-2j/d).
 template <class T>
 void rope_rotate(const T *x, int64_t batch, int64_t seq, int64_t heads, int64_t d, double base,
                  double sign, T *y) {
-  const int64_t half = d / 2;
-  std::vector<double> cos_table(seq * half), sin_table(seq * half);
-  for (int64_t j = 0; j < half; ++j) {
-    double inv_freq = std::pow(base, -2.0 * static_cast<double>(j) / static_cast<double>(d));
-    for (int64_t p = 0; p < seq; ++p) {
-      double angle = sign * static_cast<double>(p) * inv_freq;
-      cos_table[p * half + j] = std::cos(angle);
-      sin_table[p * half + j] = std::sin(angle);
-    }
-  }
+  const RopeAngles angles(seq, d, base, sign);
   for (int64_t b = 0; b < batch; ++b)
-    for (int64_t p = 0; p < seq; ++p) {
-      const double *c = cos_table.data() + p * half;
-      const double *s = sin_table.data() + p * half;
+    for (int64_t p = 0; p < seq; ++p)
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t at = ((b * seq + p) * heads + h) * d;
-        const T *xr = x + at;
-        T *yr = y + at;
-        for (int64_t j = 0; j < half; ++j) {
-          double x1 = xr[j], x2 = xr[j + half];
-          yr[j] = static_cast<T>(x1 * c[j] - x2 * s[j]);
-          yr[j + half] = static_cast<T>(x2 * c[j] + x1 * s[j]);
-        }
-        if (d % 2)
-          yr[d - 1] = xr[d - 1];
+        angles.rotate(x + at, p, d, y + at);
       }
-    }
 }
 
 } // namespace
@@ -724,6 +739,44 @@ void rope_bwd(const T *dy, int64_t batch, int64_t seq, int64_t heads, int64_t d,
               T *dx) {
   // The rotation is orthogonal: its transpose is the opposite rotation.
   rope_rotate(dy, batch, seq, heads, d, base, -1.0, dx);
+}
+
+template <class T>
+void split_qkv_rope_fwd(const T *qkv, int64_t batch, int64_t seq, int64_t heads, int64_t groups,
+                        int64_t d, double base, T *q, T *k, T *v) {
+  const RopeAngles angles(seq, d, base, 1.0);
+  const int64_t per_group = heads / groups;
+  const int64_t group_width = (per_group + 2) * d;
+  for (int64_t i = 0; i < batch * seq; ++i) {
+    const int64_t p = i % seq;
+    const T *row = qkv + i * groups * group_width;
+    for (int64_t g = 0; g < groups; ++g) {
+      const T *src = row + g * group_width;
+      for (int64_t h = 0; h < per_group; ++h)
+        angles.rotate(src + h * d, p, d, q + (i * heads + g * per_group + h) * d);
+      angles.rotate(src + per_group * d, p, d, k + (i * groups + g) * d);
+      std::memcpy(v + (i * groups + g) * d, src + (per_group + 1) * d, sizeof(T) * d);
+    }
+  }
+}
+
+template <class T>
+void split_qkv_rope_bwd(const T *dq, const T *dk, const T *dv, int64_t batch, int64_t seq,
+                        int64_t heads, int64_t groups, int64_t d, double base, T *dqkv) {
+  const RopeAngles angles(seq, d, base, -1.0);
+  const int64_t per_group = heads / groups;
+  const int64_t group_width = (per_group + 2) * d;
+  for (int64_t i = 0; i < batch * seq; ++i) {
+    const int64_t p = i % seq;
+    T *row = dqkv + i * groups * group_width;
+    for (int64_t g = 0; g < groups; ++g) {
+      T *dst = row + g * group_width;
+      for (int64_t h = 0; h < per_group; ++h)
+        angles.rotate(dq + (i * heads + g * per_group + h) * d, p, d, dst + h * d);
+      angles.rotate(dk + (i * groups + g) * d, p, d, dst + per_group * d);
+      std::memcpy(dst + (per_group + 1) * d, dv + (i * groups + g) * d, sizeof(T) * d);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -1056,6 +1109,10 @@ void init_normal(float *x, int64_t count, double std, uint64_t seed, uint64_t st
                                  int64_t, T *);                                                    \
   template void rope_fwd<T>(const T *, int64_t, int64_t, int64_t, int64_t, double, T *);          \
   template void rope_bwd<T>(const T *, int64_t, int64_t, int64_t, int64_t, double, T *);          \
+  template void split_qkv_rope_fwd<T>(const T *, int64_t, int64_t, int64_t, int64_t, int64_t,    \
+                                      double, T *, T *, T *);                                    \
+  template void split_qkv_rope_bwd<T>(const T *, const T *, const T *, int64_t, int64_t,          \
+                                      int64_t, int64_t, int64_t, double, T *);                   \
   template void attention_fwd<T>(const T *, const T *, const T *, const AttentionShape &,         \
                                  const RngKey &, T *, T *);                                        \
   template void attention_bwd<T>(const T *, const T *, const T *, const T *, const T *, const T *, \

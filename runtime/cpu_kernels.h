@@ -143,6 +143,20 @@ template <class T>
 void rope_bwd(const T *dy, int64_t batch, int64_t seq, int64_t heads, int64_t d,
               double base, T *dx);
 
+// SPLIT_QKV then ROPE on q and k, as one pass (the unrotated q and k never
+// exist): qkv [batch, seq, groups * (heads/groups + 2) * d] -> q [batch, seq,
+// heads, d] and k [batch, seq, groups, d] rotated, v as split. Backward
+// rotates dq and dk back by the opposite angle while merging them with dv
+// into dqkv (overwritten). Bit-identical to the separate ops: the same
+// double angles and rotation.
+template <class T>
+void split_qkv_rope_fwd(const T *qkv, int64_t batch, int64_t seq, int64_t heads,
+                        int64_t groups, int64_t d, double base, T *q, T *k, T *v);
+template <class T>
+void split_qkv_rope_bwd(const T *dq, const T *dk, const T *dv, int64_t batch,
+                        int64_t seq, int64_t heads, int64_t groups, int64_t d,
+                        double base, T *dqkv);
+
 // ---------------------------------------------------------------------------
 // Exact attention. q, out [batch, seq, heads, d]; k, v [batch, seq, groups, d];
 // head h reads group h / (heads / groups). p = softmax(scale * q k^T, causal

@@ -91,6 +91,8 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::RECV, "", "f", 0, 2, 0},
     {pl::Opcode::ALL_REDUCE_TIED_GRAD, "", "", 1, 2, 0},
     {pl::Opcode::GROUP_GRAD_NORM, "", "s", 0, 1, 0},
+    {pl::Opcode::SPLIT_QKV_ROPE, "f", "fff", 0, 0, 1},
+    {pl::Opcode::SPLIT_QKV_ROPE_GRAD, "fff", "f", 0, 0, 1},
 };
 constexpr size_t kNumOpcodes = sizeof(kSignatures) / sizeof(kSignatures[0]);
 static_assert(kNumOpcodes == size_t(pl::Opcode::MAX) + 1,
@@ -868,6 +870,13 @@ private:
         return "ints[1] (tag) is negative";
       break;
     }
+    case pl::Opcode::ROPE:
+    case pl::Opcode::ROPE_GRAD:
+    case pl::Opcode::SPLIT_QKV_ROPE:
+    case pl::Opcode::SPLIT_QKV_ROPE_GRAD:
+      if (!(floats(0) > 1.0))
+        return "floats[0] (base) is " + std::to_string(floats(0)) + "; it must exceed 1";
+      break;
     case pl::Opcode::GROUP_GRAD_NORM:
       if (ints(0) != 3)
         return "ints[0] is group " + std::to_string(ints(0)) +
@@ -1054,6 +1063,18 @@ private:
         return bad("dq[..., heads, d], dk[..., groups, d], dv[..., groups, d] -> "
                    "dqkv[n, groups * (heads/groups + 2) * d] with groups dividing heads");
       break;
+    case pl::Opcode::SPLIT_QKV_ROPE:
+      if (!qkv_ok(in(0), out(0), out(1), out(2)) || !rope_qk_ok(out(0), out(1)))
+        return bad("qkv[b, s, groups * (heads/groups + 2) * d] -> q[b, s, heads, d], "
+                   "k[b, s, groups, d], v[b, s, groups, d] with groups dividing heads and "
+                   "even d");
+      break;
+    case pl::Opcode::SPLIT_QKV_ROPE_GRAD:
+      if (!qkv_ok(out(0), in(0), in(1), in(2)) || !rope_qk_ok(in(0), in(1)))
+        return bad("dq[b, s, heads, d], dk[b, s, groups, d], dv[b, s, groups, d] -> "
+                   "dqkv[b, s, groups * (heads/groups + 2) * d] with groups dividing heads "
+                   "and even d");
+      break;
     case pl::Opcode::ROPE:
     case pl::Opcode::ROPE_GRAD:
       if (rank(in(0).shape()) != 4 || last(in(0)) % 2 != 0 || n(out(0)) != n(in(0)))
@@ -1143,6 +1164,16 @@ private:
     int64_t n = element_count(q) / (heads * d);
     return element_count(k) == n * groups * d && element_count(v) == n * groups * d &&
            element_count(qkv) == n * groups * (heads / groups + 2) * d;
+  }
+
+  // Rotation after the split reads positions from q's and k's [b, s, ...]
+  // and rotates pairs of each head: both rank 4, one batch and sequence, d
+  // even (qkv_ok has checked the rest).
+  static bool rope_qk_ok(const pl::Value &q, const pl::Value &k) {
+    if (vsize(q.shape()) != 4 || vsize(k.shape()) != 4)
+      return false;
+    auto d = [](const pl::Value &x, uint32_t i) { return x.shape()->Get(i); };
+    return d(q, 0) == d(k, 0) && d(q, 1) == d(k, 1) && d(q, 3) % 2 == 0;
   }
 
   static bool attention_ok(const pl::Value &q, const pl::Value &k, const pl::Value &v) {

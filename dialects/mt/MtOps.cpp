@@ -199,6 +199,18 @@ LogicalResult ReshapeOp::verify() {
   return success();
 }
 
+// The rotation that `rope_base` asks of mt.split_qkv and mt.split_qkv_grad:
+// mt.rope's own conditions on the base and head_dim.
+static LogicalResult verifyRopeBase(Operation *op, std::optional<APFloat> base, int64_t d) {
+  if (!base)
+    return success();
+  if (!(base->convertToDouble() > 1.0))
+    return op->emitOpError("rope_base must be greater than 1");
+  if (d % 2 != 0)
+    return op->emitOpError() << "rope_base needs an even head_dim to rotate pairs, got " << d;
+  return success();
+}
+
 LogicalResult SplitQKVOp::verify() {
   RankedTensorType in = tensorOf(getInput()), q = tensorOf(getQuery()),
                    k = tensorOf(getKey()), v = tensorOf(getValue());
@@ -228,7 +240,7 @@ LogicalResult SplitQKVOp::verify() {
                          << " features but (heads + 2 * groups) * head_dim = ("
                          << heads << " + 2 * " << groups << ") * " << d << " = "
                          << (heads + 2 * groups) * d;
-  return success();
+  return verifyRopeBase(getOperation(), getRopeBase(), d);
 }
 
 LogicalResult RopeOp::verify() {
@@ -421,7 +433,7 @@ LogicalResult SplitQKVGradOp::verify() {
   if (out.getShape() != ArrayRef<int64_t>(expected))
     return emitOpError() << "result shape " << shapeStr(out.getShape())
                          << " should be " << shapeStr(expected);
-  return success();
+  return verifyRopeBase(getOperation(), getRopeBase(), d);
 }
 
 LogicalResult CrossEntropyGradOp::verify() {

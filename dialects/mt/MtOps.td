@@ -289,11 +289,18 @@ def Mt_SplitQKVOp : Mt_Op<"split_qkv", [DeclareOpInterfaceMethods<Mt_Differentia
     `[batch, seq, num_query_groups, head_dim]`. Keeping groups contiguous is
     what lets tensor parallelism split QKV by query group.
 
+    With `rope_base`, queries and keys come out rotated: the result is what
+    `mt.rope` with that base computes on each of them, so the unrotated
+    queries and keys never exist (`mt-fuse` sets it when each of them has
+    one user, an `mt.rope`). Values are not rotated. The head_dim must then
+    be even.
+
     ```mlir
     %q, %k, %v = mt.split_qkv %qkv : (tensor<4x1024x2304xf32>) -> (tensor<4x1024x12x64xf32>, tensor<4x1024x12x64xf32>, tensor<4x1024x12x64xf32>)
+    %qr, %kr, %v2 = mt.split_qkv %qkv2 {rope_base = 5.000000e+05 : f64} : (tensor<2x2048x6144xbf16>) -> (tensor<2x2048x32x128xbf16>, tensor<2x2048x8x128xbf16>, tensor<2x2048x8x128xbf16>)
     ```
   }];
-  let arguments = (ins Mt_FloatTensor:$input);
+  let arguments = (ins Mt_FloatTensor:$input, OptionalAttr<F64Attr>:$rope_base);
   let results = (outs Mt_FloatTensor:$query, Mt_FloatTensor:$key, Mt_FloatTensor:$value);
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;

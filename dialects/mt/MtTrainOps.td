@@ -167,14 +167,18 @@ def Mt_SwiGLUGradOp : Mt_Op<"swiglu_grad", [Pure, AllTypesMatch<["input", "resul
 def Mt_SplitQKVGradOp : Mt_Op<"split_qkv_grad", [Pure]> {
   let summary = "gathers query, key and value gradients back into the fused QKV layout";
   let description = [{
-    The inverse of `mt.split_qkv`'s layout.
+    The inverse of `mt.split_qkv`'s layout. With `rope_base` (the VJP of
+    an `mt.split_qkv` with it), the query and key gradients are first rotated
+    back, as `mt.rope_grad` with that base does, so their unrotated form
+    never exists. The head_dim must then be even.
 
     ```mlir
     %dqkv = mt.split_qkv_grad %dq, %dk, %dv : (tensor<4x128x4x16xf32>, tensor<4x128x4x16xf32>, tensor<4x128x4x16xf32>) -> tensor<4x128x192xf32>
+    %dqkv2 = mt.split_qkv_grad %dq2, %dk2, %dv2 {rope_base = 1.000000e+04 : f64} : (tensor<4x128x4x16xf32>, tensor<4x128x2x16xf32>, tensor<4x128x2x16xf32>) -> tensor<4x128x128xf32>
     ```
   }];
   let arguments = (ins Mt_FloatTensor:$query_grad, Mt_FloatTensor:$key_grad,
-                       Mt_FloatTensor:$value_grad);
+                       Mt_FloatTensor:$value_grad, OptionalAttr<F64Attr>:$rope_base);
   let results = (outs Mt_FloatTensor:$result);
   let assemblyFormat = "$query_grad `,` $key_grad `,` $value_grad attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;

@@ -123,8 +123,9 @@ LogicalResult SplitQKVOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
                                    SmallVectorImpl<Value> &out) {
   if (!grads[0] || !grads[1] || !grads[2])
     return emitOpError("cannot differentiate: query, key and value must all reach the loss");
+  // Rotated queries and keys: their gradients are rotated back in the merge.
   out.push_back(b.create<SplitQKVGradOp>(getLoc(), getInput().getType(), grads[0],
-                                         grads[1], grads[2]));
+                                         grads[1], grads[2], getRopeBaseAttr()));
   return success();
 }
 

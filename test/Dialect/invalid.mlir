@@ -222,6 +222,22 @@ func.func @f(%x: tensor<2x4x64xf32>) {
 
 // -----
 
+func.func @f(%x: tensor<2x4x64xf32>) {
+  // expected-error @+1 {{rope_base must be greater than 1}}
+  %q, %k, %v = mt.split_qkv %x {rope_base = 1.0 : f64} : (tensor<2x4x64xf32>) -> (tensor<2x4x4x8xf32>, tensor<2x4x2x8xf32>, tensor<2x4x2x8xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4x56xf32>) {
+  // expected-error @+1 {{rope_base needs an even head_dim to rotate pairs, got 7}}
+  %q, %k, %v = mt.split_qkv %x {rope_base = 10000.0 : f64} : (tensor<2x4x56xf32>) -> (tensor<2x4x4x7xf32>, tensor<2x4x2x7xf32>, tensor<2x4x2x7xf32>)
+  return
+}
+
+// -----
+
 func.func @f(%x: tensor<2x4x3x7xf32>) {
   // expected-error @+1 {{head_dim must be even to rotate pairs}}
   %y = mt.rope %x {base = 10000.0 : f64} : tensor<2x4x3x7xf32>

@@ -77,6 +77,8 @@ func.func @attention(%qkv: tensor<2x8x64xf32>) -> tensor<2x8x32xf32> {
   // The second result is the rows' log-sum-exp, f32 [batch, heads, seq].
   // CHECK: %[[O:.*]], %[[LSE:.*]] = mt.attention %{{.*}}, %{{.*}}, %{{.*}} {causal, dropout_rate = 0.000000e+00 : f64, scale = 3.535530e-01 : f64, stream = 0 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
   %o, %lse = mt.attention %qr, %kr, %v {causal, scale = 0.353553 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
+  // CHECK: mt.split_qkv %{{.*}} {rope_base = 1.000000e+04 : f64} : (tensor<2x8x64xf32>) -> (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>)
+  %q2, %k2, %v2 = mt.split_qkv %qkv {rope_base = 10000.0 : f64} : (tensor<2x8x64xf32>) -> (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>)
   // CHECK: mt.reshape %{{.*}} : (tensor<2x8x4x8xf32>) -> tensor<2x8x32xf32>
   %r = mt.reshape %o : (tensor<2x8x4x8xf32>) -> tensor<2x8x32xf32>
   return %r : tensor<2x8x32xf32>

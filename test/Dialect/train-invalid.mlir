@@ -175,6 +175,22 @@ func.func @f(%q: tensor<2x8x2x8xf32>, %kv: tensor<2x8x1x8xf32>) {
 
 // -----
 
+func.func @f(%q: tensor<2x8x2x7xf32>, %kv: tensor<2x8x1x7xf32>) {
+  // expected-error @+1 {{rope_base needs an even head_dim to rotate pairs, got 7}}
+  %d = mt.split_qkv_grad %q, %kv, %kv {rope_base = 10000.0 : f64} : (tensor<2x8x2x7xf32>, tensor<2x8x1x7xf32>, tensor<2x8x1x7xf32>) -> tensor<2x8x28xf32>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<2x8x2x8xf32>, %kv: tensor<2x8x1x8xf32>) {
+  // expected-error @+1 {{rope_base must be greater than 1}}
+  %d = mt.split_qkv_grad %q, %kv, %kv {rope_base = 0.5 : f64} : (tensor<2x8x2x8xf32>, tensor<2x8x1x8xf32>, tensor<2x8x1x8xf32>) -> tensor<2x8x32xf32>
+  return
+}
+
+// -----
+
 func.func @f(%l: tensor<2x8x64xf32>, %ids: tensor<2x4xi32>, %s: tensor<f32>) {
   // expected-error @+1 {{logits [2, 8, 64] must be the labels' shape [2, 4] plus a vocabulary dimension}}
   %d = mt.cross_entropy_grad %l, %ids, %s : (tensor<2x8x64xf32>, tensor<2x4xi32>, tensor<f32>) -> tensor<2x8x64xf32>

@@ -39,6 +39,8 @@ func.func @backward(%x: tensor<2x8x16xf32>, %ids: tensor<2x8xi32>, %dy: tensor<2
   %a, %k, %v = mt.attention_grad %dq, %dq, %dkv, %dkv, %dq, %lse {causal, scale = 0.35 : f64, dropout_rate = 0.0 : f64, stream = 1 : i64} : tensor<2x8x2x8xf32>, tensor<2x8x1x8xf32>
   // CHECK: mt.split_qkv_grad
   %dqkv = mt.split_qkv_grad %a, %k, %v : (tensor<2x8x2x8xf32>, tensor<2x8x1x8xf32>, tensor<2x8x1x8xf32>) -> tensor<2x8x32xf32>
+  // CHECK: mt.split_qkv_grad %{{.*}}, %{{.*}}, %{{.*}} {rope_base = 5.000000e+05 : f64} : (tensor<2x8x2x8xf32>, tensor<2x8x1x8xf32>, tensor<2x8x1x8xf32>) -> tensor<2x8x32xf32>
+  %dqkv2 = mt.split_qkv_grad %a, %k, %v {rope_base = 5.0e+05 : f64} : (tensor<2x8x2x8xf32>, tensor<2x8x1x8xf32>, tensor<2x8x1x8xf32>) -> tensor<2x8x32xf32>
   return
 }
 

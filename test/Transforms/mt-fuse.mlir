@@ -1,5 +1,5 @@
-// mt-fuse: GEMMs with their epilogues (bias, bias + tanh GeLU) first, as
-// gemm kernels, and backward GEMMs with theirs (DGELU, DGELU_BGRAD, BGRADB)
+// mt-fuse: RoPE into the QKV split and out of its gradient first; GEMMs
+// with their epilogues (bias, bias + tanh GeLU) next, as gemm kernels, and backward GEMMs with theirs (DGELU, DGELU_BGRAD, BGRADB)
 // as gemm_grad kernels; then maximal chains of adjacent fusible ops whose
 // intermediates stay inside the chain become mt.fused kernels at the
 // position of their last op. A second run changes nothing.
@@ -390,4 +390,60 @@ func.func @no_move_past_reduction(%dy: tensor<2x4x16xf32>, %x: tensor<2x4x16xf32
   mt.all_reduce_grads {group = "dp", scale = 5.000000e-01 : f64}
   mt.matmul_weight_grad %dy, %x into @w : tensor<2x4x16xf32>, tensor<2x4x16xf32>
   return
+}
+
+// -----
+
+// Each of q and k has one user, an mt.rope of one base: the split rotates
+// them (rope_base) and the ropes go. In the backward, dq and dk each come
+// from an mt.rope_grad used only by the merge, which rotates them back.
+// CHECK-LABEL: func.func @rope_into_split(
+// CHECK-SAME:      %[[QKV:.*]]: tensor<2x8x64xf32>, %[[DO:.*]]: tensor<2x8x4x8xf32>)
+// CHECK-NOT:     mt.rope
+// CHECK:         %[[Q:[^,]*]], %[[K:[^,]*]], %[[V:[^ ]*]] = mt.split_qkv %[[QKV]] {mt.layer = 0 : i64, rope_base = 1.000000e+04 : f64} : (tensor<2x8x64xf32>) -> (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>)
+// CHECK-NEXT:    %[[O:.*]] = mt.attention %[[Q]], %[[K]], %[[V]]
+// CHECK-NEXT:    %[[DQ:[^,]*]], %[[DK:[^,]*]], %[[DV:[^ ]*]] = mt.attention_grad %[[DO]], %[[Q]], %[[K]], %[[V]]
+// CHECK-NEXT:    %[[D:.*]] = mt.split_qkv_grad %[[DQ]], %[[DK]], %[[DV]] {rope_base = 1.000000e+04 : f64} : (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>) -> tensor<2x8x64xf32>
+// CHECK-NEXT:    return %[[O]], %[[D]]
+func.func @rope_into_split(%qkv: tensor<2x8x64xf32>, %do: tensor<2x8x4x8xf32>) -> (tensor<2x8x4x8xf32>, tensor<2x8x64xf32>) {
+  %q, %k, %v = mt.split_qkv %qkv {mt.layer = 0 : i64} : (tensor<2x8x64xf32>) -> (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>)
+  %qr = mt.rope %q {base = 1.000000e+04 : f64, mt.layer = 0 : i64} : tensor<2x8x4x8xf32>
+  %kr = mt.rope %k {base = 1.000000e+04 : f64, mt.layer = 0 : i64} : tensor<2x8x2x8xf32>
+  %o = mt.attention %qr, %kr, %v {causal, dropout_rate = 0.000000e+00 : f64, scale = 3.500000e-01 : f64, stream = 1 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
+  %dqr, %dkr, %dv = mt.attention_grad %do, %qr, %kr, %v {causal, dropout_rate = 0.000000e+00 : f64, scale = 3.500000e-01 : f64, stream = 1 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
+  %dq = mt.rope_grad %dqr {base = 1.000000e+04 : f64} : tensor<2x8x4x8xf32>
+  %dk = mt.rope_grad %dkr {base = 1.000000e+04 : f64} : tensor<2x8x2x8xf32>
+  %dqkv = mt.split_qkv_grad %dq, %dk, %dv : (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>) -> tensor<2x8x64xf32>
+  return %o, %dqkv : tensor<2x8x4x8xf32>, tensor<2x8x64xf32>
+}
+
+// -----
+
+// The unrotated q is read by something else too, and the rotated dq
+// likewise: both would have to exist, so nothing changes. Ropes of two
+// bases do not fuse either.
+// CHECK-LABEL: func.func @rope_stays(
+// CHECK-NOT:     rope_base
+// CHECK:         mt.split_qkv
+// CHECK-NEXT:    mt.rope
+// CHECK-NEXT:    mt.rope
+// CHECK:         mt.rope_grad
+// CHECK-NEXT:    mt.rope_grad
+// CHECK-NEXT:    mt.split_qkv_grad
+// CHECK:         mt.split_qkv
+// CHECK-NEXT:    mt.rope {{.*}}base = 1.000000e+04
+// CHECK-NEXT:    mt.rope {{.*}}base = 5.000000e+05
+// CHECK-NOT:     rope_base
+// CHECK:         return
+func.func @rope_stays(%qkv: tensor<2x8x64xf32>, %dqr: tensor<2x8x4x8xf32>, %dkr: tensor<2x8x2x8xf32>, %dv: tensor<2x8x2x8xf32>) -> (tensor<2x8x4x8xf32>, tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x64xf32>, tensor<2x8x4x8xf32>, tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>) {
+  %q, %k, %v = mt.split_qkv %qkv : (tensor<2x8x64xf32>) -> (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>)
+  %qr = mt.rope %q {base = 1.000000e+04 : f64} : tensor<2x8x4x8xf32>
+  %kr = mt.rope %k {base = 1.000000e+04 : f64} : tensor<2x8x2x8xf32>
+  %dq = mt.rope_grad %dqr {base = 1.000000e+04 : f64} : tensor<2x8x4x8xf32>
+  %dk = mt.rope_grad %dkr {base = 1.000000e+04 : f64} : tensor<2x8x2x8xf32>
+  %dqkv = mt.split_qkv_grad %dq, %dk, %dv : (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>) -> tensor<2x8x64xf32>
+  %q2, %k2, %v2 = mt.split_qkv %qkv : (tensor<2x8x64xf32>) -> (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>)
+  %qr2 = mt.rope %q2 {base = 1.000000e+04 : f64} : tensor<2x8x4x8xf32>
+  %kr2 = mt.rope %k2 {base = 5.000000e+05 : f64} : tensor<2x8x2x8xf32>
+  return %q, %qr, %kr, %dqkv, %dq, %qr2, %kr2 : tensor<2x8x4x8xf32>, tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x64xf32>, tensor<2x8x4x8xf32>, tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
 }

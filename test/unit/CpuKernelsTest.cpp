@@ -538,6 +538,42 @@ TEST(Rope, BackwardInvertsForwardAndMatchesFiniteDifferences) {
   expectGradient("rope dx", x, dx, f);
 }
 
+// The fused split computes exactly what SPLIT_QKV then ROPE on q and k
+// computes (and its gradient what ROPE_GRAD then SPLIT_QKV_GRAD computes):
+// bit for bit, in float as the executor stores values, with GQA (3 query
+// heads per group) and a base that makes every pair's angle differ.
+TEST(SplitQkvRope, EqualsSplitThenRopeBitForBit) {
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  const int64_t batch = 2, seq = 7, heads = 6, groups = 2, d = 8;
+  const int64_t n = batch * seq, width = groups * (heads / groups + 2) * d;
+  const double base = 500000.0;
+  std::vector<float> qkv(size_t(n * width));
+  for (float &x : qkv)
+    x = u(rng);
+  std::vector<float> q(size_t(n * heads * d)), k(size_t(n * groups * d)), v(k.size());
+  std::vector<float> qr(q.size()), kr(k.size());
+  cpu::split_qkv_fwd(qkv.data(), n, heads, groups, d, q.data(), k.data(), v.data());
+  cpu::rope_fwd(q.data(), batch, seq, heads, d, base, qr.data());
+  cpu::rope_fwd(k.data(), batch, seq, groups, d, base, kr.data());
+  std::vector<float> fq(q.size(), -7.0f), fk(k.size(), -7.0f), fv(v.size(), -7.0f);
+  cpu::split_qkv_rope_fwd(qkv.data(), batch, seq, heads, groups, d, base, fq.data(), fk.data(),
+                          fv.data());
+  EXPECT_EQ(fq, qr);
+  EXPECT_EQ(fk, kr);
+  EXPECT_EQ(fv, v);
+  EXPECT_NE(fq, q); // the rotation did happen
+
+  std::vector<float> dq(q.size()), dk(k.size());
+  cpu::rope_bwd(qr.data(), batch, seq, heads, d, base, dq.data());
+  cpu::rope_bwd(kr.data(), batch, seq, groups, d, base, dk.data());
+  std::vector<float> want(qkv.size()), got(qkv.size(), -7.0f);
+  cpu::split_qkv_bwd(dq.data(), dk.data(), v.data(), n, heads, groups, d, want.data());
+  cpu::split_qkv_rope_bwd(qr.data(), kr.data(), v.data(), batch, seq, heads, groups, d, base,
+                          got.data());
+  EXPECT_EQ(got, want);
+}
+
 // ---------------------------------------------------------------------------
 // Attention
 

@@ -351,6 +351,9 @@ std::vector<OpInstruction> everyOpcode(DType d) {
   add(Opcode::SPLIT_QKV, {tensor(d, {2, 8, 384})},
       {tensor(d, {2, 8, 4, 64}), tensor(d, {2, 8, 1, 64}), tensor(d, {2, 8, 1, 64})});
   add(Opcode::ROPE, {tensor(d, {2, 8, 4, 64})}, {tensor(d, {2, 8, 4, 64})}, {}, {10000.0});
+  add(Opcode::SPLIT_QKV_ROPE, {tensor(d, {2, 8, 384})},
+      {tensor(d, {2, 8, 4, 64}), tensor(d, {2, 8, 1, 64}), tensor(d, {2, 8, 1, 64})}, {},
+      {10000.0});
   add(Opcode::CROSS_ENTROPY, {tensor(d, {16, 512}), ids}, {scalar}, {0});
   add(Opcode::CROSS_ENTROPY, {tensor(d, {16, 512}), ids}, {scalar}, {1});
   add(Opcode::GRAD_SEED, {}, {scalar}, {}, {1.0});
@@ -365,6 +368,9 @@ std::vector<OpInstruction> everyOpcode(DType d) {
       {tensor(d, {2, 8, 4, 64}), tensor(d, {2, 8, 1, 64}), tensor(d, {2, 8, 1, 64})},
       {tensor(d, {2, 8, 384})});
   add(Opcode::ROPE_GRAD, {tensor(d, {2, 8, 4, 64})}, {tensor(d, {2, 8, 4, 64})}, {}, {10000.0});
+  add(Opcode::SPLIT_QKV_ROPE_GRAD,
+      {tensor(d, {2, 8, 4, 64}), tensor(d, {2, 8, 1, 64}), tensor(d, {2, 8, 1, 64})},
+      {tensor(d, {2, 8, 384})}, {}, {10000.0});
   add(Opcode::CROSS_ENTROPY_GRAD, {tensor(d, {16, 512}), ids, scalar}, {tensor(d, {16, 512})}, {0});
   add(Opcode::CROSS_ENTROPY_GRAD, {tensor(d, {16, 512}), ids, scalar}, {tensor(d, {16, 512})}, {1});
   OpParam p;
@@ -990,7 +996,8 @@ MT_KERNEL_TEST(CudaOpKernels, NormsAndColumnSums) {
 }
 
 
-// The elementwise ops, split and rotary embedding, one instruction each.
+// The elementwise ops, split, rotary embedding and the split with the
+// rotation, one instruction each.
 MT_KERNEL_TEST(CudaOpKernels, ElementwiseSplitRope) {
   const int64_t n = 6, f = 40;
   for (DType d : kFloatTypes) {
@@ -1100,6 +1107,44 @@ MT_KERNEL_TEST(CudaOpKernels, ElementwiseSplitRope) {
           mt::cpu::rope_fwd(x.data(), 2, 7, 3, rd, 500000.0, wr.data());
         EXPECT_TRUE(close(Yr.get(), rounded(wr, d), d, 1e-6, 1e-7)) << "d " << rd << " grad " << grad;
       }
+    }
+
+    // SPLIT_QKV_ROPE and its gradient against the CPU's fused split (which
+    // equals split then rope bit for bit: CpuKernelsTest): [2, 5] tokens, 6
+    // heads in 2 groups, head_dim 16 (V lanes per half), 6 (one lane) and
+    // 128 (Llama's).
+    for (int64_t rd : {16, 6, 128}) {
+      const int64_t b2 = 2, s2 = 5, h2 = 6, g2 = 2, w2 = g2 * (h2 / g2 + 2) * rd;
+      std::vector<float> x = randomValues(size_t(b2 * s2 * w2), 86, 1.0f, d);
+      Buffer X(d, {b2, s2, w2}), Qr(d, {b2, s2, h2, rd}), Kr(d, {b2, s2, g2, rd}),
+          Vr(d, {b2, s2, g2, rd}), X2(d, {b2, s2, w2});
+      X.set(x);
+      OpInstruction f;
+      f.op = Opcode::SPLIT_QKV_ROPE;
+      f.in = {X.t};
+      f.out = {Qr.t, Kr.t, Vr.t};
+      f.floats = {500000.0};
+      Rank rf;
+      rf.in = {&X};
+      rf.out = {&Qr, &Kr, &Vr};
+      ASSERT_EQ(runSteps(device, generate(f), {&rf}), "");
+      std::vector<float> wq(size_t(b2 * s2 * h2 * rd)), wk(size_t(b2 * s2 * g2 * rd)), wv(wk.size());
+      mt::cpu::split_qkv_rope_fwd(x.data(), b2, s2, h2, g2, rd, 500000.0, wq.data(), wk.data(),
+                                  wv.data());
+      EXPECT_TRUE(close(Qr.get(), rounded(wq, d), d, 1e-6, 1e-7)) << "d " << rd;
+      EXPECT_TRUE(close(Kr.get(), rounded(wk, d), d, 1e-6, 1e-7)) << "d " << rd;
+      EXPECT_EQ(Vr.get(), wv) << "d " << rd;
+      f.op = Opcode::SPLIT_QKV_ROPE_GRAD;
+      f.in = {Qr.t, Kr.t, Vr.t};
+      f.out = {X2.t};
+      rf.in = {&Qr, &Kr, &Vr};
+      rf.out = {&X2};
+      ASSERT_EQ(runSteps(device, generate(f), {&rf}), "");
+      const std::vector<float> gq = Qr.get(), gk = Kr.get(), gv = Vr.get();
+      std::vector<float> wx(x.size());
+      mt::cpu::split_qkv_rope_bwd(gq.data(), gk.data(), gv.data(), b2, s2, h2, g2, rd, 500000.0,
+                                  wx.data());
+      EXPECT_TRUE(close(X2.get(), rounded(wx, d), d, 1e-6, 1e-7)) << "d " << rd << " grad";
     }
   }
 }

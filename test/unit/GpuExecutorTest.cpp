@@ -165,6 +165,22 @@ void compareSteps(DeviceFactory make, const std::vector<mt::spec::Override> &ext
 TEST(GpuExecutor, TrainingStepsMatchTheCpuF32) { compareSteps(emulatedDevice, {}, 1e-5, 1e-4, 1e-5); }
 TEST_F(GpuExecutorOnGpu, TrainingStepsMatchTheCpuF32) { compareSteps(realGpu, {}, 1e-5, 1e-4, 1e-5); }
 
+// A Llama-style model (RoPE, grouped-query attention, RMSNorm, SwiGLU, no
+// biases): the QKV split runs with the rotation inside it
+// (SPLIT_QKV_ROPE and its gradient), as mt-fuse plans it. Embeddings stay
+// tied, so every row of the table gets a gradient to compare.
+const std::vector<mt::spec::Override> kLlamaStyle = {
+    {"model.position_embedding_type=\"rope\""}, {"model.num_attention_heads=4"},
+    {"model.num_query_groups=2"}, {"model.hidden_size=256"},
+    {"model.normalization=\"RMSNorm\""}, {"model.swiglu=true"},
+    {"model.add_bias_linear=false"}};
+TEST(GpuExecutor, LlamaStyleTrainingStepsMatchTheCpuF32) {
+  compareSteps(emulatedDevice, kLlamaStyle, 1e-5, 1e-4, 1e-5);
+}
+TEST_F(GpuExecutorOnGpu, LlamaStyleTrainingStepsMatchTheCpuF32) {
+  compareSteps(realGpu, kLlamaStyle, 1e-5, 1e-4, 1e-5);
+}
+
 // bf16: gradients differ by about one bf16 unit (2^-8). The weights that
 // moved off zero in the one update at a non-zero lr (biases, ~lr in size)
 // carry AdamW's m / sqrt(v), which turns those one-unit gradient differences

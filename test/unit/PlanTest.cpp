@@ -666,7 +666,7 @@ TEST(PlanReader, SemanticErrors) {
     Tiny t; // an unknown opcode
     t.d.programs[0].code[1].op = Opcode(200);
     EXPECT_CONTAINS(semantic_error(t.d), "rank 0, program eval_step #1 (final_layernorm) opcode 200: "
-                                         "unknown opcode; this mtrun knows opcodes 0 to 45");
+                                         "unknown opcode; this mtrun knows opcodes 0 to 47");
   }
   for (auto [group, scale, message] :
        {std::tuple<int64_t, double, const char *>{
@@ -1415,7 +1415,9 @@ TEST(CpuExecutor, ReshapeAliasSharesTheBytesOfItsSource) {
 // ---------------------------------------------------------------------------
 // A Llama-style block exercising every other opcode, checked against
 // central differences of its own loss (dropout masks are fixed by the RNG
-// offset, so the loss is a deterministic function of the weights).
+// offset, so the loss is a deterministic function of the weights). With
+// `rope_in_split` the rotations run inside the split and its gradient
+// (SPLIT_QKV_ROPE, SPLIT_QKV_ROPE_GRAD), as mt-fuse plans them.
 
 struct Block {
   static constexpr int B = 2, S = 4, Vocab = 13, H = 8, Heads = 2, Groups = 1, D = 4, F = 6;
@@ -1425,7 +1427,7 @@ struct Block {
   std::vector<int32_t> token_ids = {1, 5, 12, 0, 7, 7, 3, 9};
   std::vector<int32_t> label_ids = {5, 12, 0, 7, 7, 3, 9, 2};
 
-  Block() {
+  explicit Block(bool rope_in_split = false) {
     tok = d.param("embedding.word_embeddings.weight", {Vocab, H});
     pos = d.param("embedding.position_embeddings.weight", {S, H});
     n1 = d.param("layers.0.input_layernorm.weight", {H}, pl::Init::ONES);
@@ -1446,8 +1448,7 @@ struct Block {
     uint32_t ids = d.arena(p, "position_ids", {B, S}, DType::I32);
     uint32_t xt = A("xt", {B, S, H}), xp = A("xp", {B, S, H}), x0 = A("x0", {B, S, H});
     uint32_t h1 = A("h1", {B, S, H}), q3 = A("qkv", {B, S, Groups * (Heads / Groups + 2) * D});
-    uint32_t q = A("q", {B, S, Heads, D}), k = A("k", {B, S, Groups, D}), v = A("v", {B, S, Groups, D});
-    uint32_t qr = A("qr", {B, S, Heads, D}), kr = A("kr", {B, S, Groups, D});
+    uint32_t qr = A("qr", {B, S, Heads, D}), kr = A("kr", {B, S, Groups, D}), v = A("v", {B, S, Groups, D});
     uint32_t o = A("o", {B, S, Heads, D}), o2 = A("o2", {B, S, Heads * D});
     uint32_t lse = A("lse", {B, Heads, S});
     p.values[o2].offset = p.values[o].offset; // a view
@@ -1461,9 +1462,14 @@ struct Block {
     PlanDesc::op(p, O::ADD, {xt, xp}, {x0});
     PlanDesc::op(p, O::RMS_NORM, {x0, W(n1)}, {h1}, {}, {}, {eps});
     PlanDesc::op(p, O::MATMUL, {h1, W(qkv)}, {q3});
-    PlanDesc::op(p, O::SPLIT_QKV, {q3}, {q, k, v});
-    PlanDesc::op(p, O::ROPE, {q}, {qr}, {}, {}, {base});
-    PlanDesc::op(p, O::ROPE, {k}, {kr}, {}, {}, {base});
+    if (rope_in_split) {
+      PlanDesc::op(p, O::SPLIT_QKV_ROPE, {q3}, {qr, kr, v}, {}, {}, {base});
+    } else {
+      uint32_t q = A("q", {B, S, Heads, D}), k = A("k", {B, S, Groups, D});
+      PlanDesc::op(p, O::SPLIT_QKV, {q3}, {q, k, v});
+      PlanDesc::op(p, O::ROPE, {q}, {qr}, {}, {}, {base});
+      PlanDesc::op(p, O::ROPE, {k}, {kr}, {}, {}, {base});
+    }
     PlanDesc::op(p, O::ATTENTION, {qr, kr, v}, {o, lse}, {}, {1, 1, -1}, {scale, rate});
     PlanDesc::op(p, O::RESHAPE, {o}, {o2});
     PlanDesc::op(p, O::MATMUL, {o2, W(wo)}, {ao});
@@ -1484,7 +1490,6 @@ struct Block {
     uint32_t do2 = A("do2", {B, S, Heads * D}), dov = A("do", {B, S, Heads, D});
     p.values[dov].offset = p.values[do2].offset;
     uint32_t dqr = A("dqr", {B, S, Heads, D}), dkr = A("dkr", {B, S, Groups, D}), dv = A("dv", {B, S, Groups, D});
-    uint32_t dq = A("dq", {B, S, Heads, D}), dk = A("dk", {B, S, Groups, D});
     uint32_t dq3 = A("dqkv", {B, S, Groups * (Heads / Groups + 2) * D}), dh1 = A("dh1", {B, S, H});
     uint32_t dx0b = A("dx0b", {B, S, H}), dx0 = A("dx0", {B, S, H});
     PlanDesc::op(p, O::GRAD_SEED, {}, {dl}, {}, {}, {1.0});
@@ -1504,9 +1509,14 @@ struct Block {
     PlanDesc::op(p, O::RESHAPE, {do2}, {dov});
     PlanDesc::op(p, O::ATTENTION_GRAD, {dov, qr, kr, v, o, lse}, {dqr, dkr, dv}, {}, {1, 1, -1},
                  {scale, rate});
-    PlanDesc::op(p, O::ROPE_GRAD, {dqr}, {dq}, {}, {}, {base});
-    PlanDesc::op(p, O::ROPE_GRAD, {dkr}, {dk}, {}, {}, {base});
-    PlanDesc::op(p, O::SPLIT_QKV_GRAD, {dq, dk, dv}, {dq3});
+    if (rope_in_split) {
+      PlanDesc::op(p, O::SPLIT_QKV_ROPE_GRAD, {dqr, dkr, dv}, {dq3}, {}, {}, {base});
+    } else {
+      uint32_t dq = A("dq", {B, S, Heads, D}), dk = A("dk", {B, S, Groups, D});
+      PlanDesc::op(p, O::ROPE_GRAD, {dqr}, {dq}, {}, {}, {base});
+      PlanDesc::op(p, O::ROPE_GRAD, {dkr}, {dk}, {}, {}, {base});
+      PlanDesc::op(p, O::SPLIT_QKV_GRAD, {dq, dk, dv}, {dq3});
+    }
     PlanDesc::op(p, O::MATMUL_INPUT_GRAD, {dq3, W(qkv)}, {dh1});
     PlanDesc::op(p, O::MATMUL_WEIGHT_GRAD, {dq3, h1}, {}, {P(qkv)});
     PlanDesc::op(p, O::RMS_NORM_GRAD, {dh1, x0, W(n1)}, {dx0b}, {P(n1)}, {}, {eps});
@@ -1568,6 +1578,56 @@ TEST(CpuExecutor, LlamaStyleBlockGradientsMatchFiniteDifferences) {
       EXPECT_NEAR(grads[size_t(p)][size_t(i)], fd, 2e-3 + 2e-2 * std::abs(fd))
           << f->plan()->ranks()->Get(0)->params()->Get(uint32_t(p))->name()->str() << "[" << i << "]";
     }
+  }
+}
+
+// The rotation inside the split and its gradient compute exactly what the
+// separate instructions compute: the same loss and gradients, bit for bit.
+TEST(CpuExecutor, RopeInSplitEqualsSplitThenRope) {
+  std::vector<double> losses;
+  std::vector<std::vector<std::vector<float>>> grads;
+  for (bool fused : {false, true}) {
+    Block blk(fused);
+    auto f = open_ok(blk.d);
+    ASSERT_NE(f, nullptr);
+    CpuExecutor ex(*f->plan(), 0);
+    ex.set_seed(42);
+    ex.set_check_memory_plan(true);
+    for (int p = 0; p < 9; ++p)
+      fill(ex.weight(p), ex.param_elements(p), uint64_t(100 + p), 0.5);
+    ex.zero_grads();
+    const pl::Program &prog = *ex.program("train_step");
+    write_ids(ex, prog, blk.tokens, blk.token_ids);
+    write_ids(ex, prog, blk.labels, blk.label_ids);
+    ASSERT_EQ(ex.run(prog, 17), "");
+    losses.push_back(double(*static_cast<float *>(ex.value_data(prog, blk.loss))));
+    grads.emplace_back();
+    for (int p = 0; p < 9; ++p)
+      grads.back().emplace_back(ex.grad(p), ex.grad(p) + ex.param_elements(p));
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  for (int p = 0; p < 9; ++p)
+    EXPECT_EQ(grads[0][size_t(p)], grads[1][size_t(p)]) << "parameter " << p;
+}
+
+TEST(PlanReader, RopeInSplitErrors) {
+  {
+    Block blk(true); // a base that rotates nothing
+    for (I &ins : blk.d.programs[0].code)
+      if (ins.op == Opcode::SPLIT_QKV_ROPE)
+        ins.floats = {1.0};
+    EXPECT_CONTAINS(semantic_error(blk.d),
+                    "SPLIT_QKV_ROPE: floats[0] (base) is 1.000000; it must exceed 1");
+  }
+  {
+    Block blk(true); // dk as [b * s, 1, groups, d]: positions cannot be read from it
+    for (I &ins : blk.d.programs[0].code)
+      if (ins.op == Opcode::SPLIT_QKV_ROPE_GRAD)
+        blk.d.programs[0].values[ins.in[1]].shape = {Block::B * Block::S, 1, Block::Groups, Block::D};
+    EXPECT_CONTAINS(semantic_error(blk.d),
+                    "SPLIT_QKV_ROPE_GRAD: needs dq[b, s, heads, d], dk[b, s, groups, d], "
+                    "dv[b, s, groups, d] -> dqkv[b, s, groups * (heads/groups + 2) * d] with "
+                    "groups dividing heads and even d");
   }
 }
 
