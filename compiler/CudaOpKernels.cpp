@@ -490,6 +490,19 @@ void genSplitQkv(const OpInstruction &ins, Builder &b, bool grad) {
   elementwise(b, grad ? "split_qkv_grad" : "split_qkv", params, call, body, n, v, args);
 }
 
+// RoPE's rotation of V pairs: a[l] = x[j0 + l], c[l] = x[j0 + l + d/2] at
+// position p, angle p * base^(-2 (j0 + l) / d) (negated for the gradient),
+// in double like the CPU. Shared by ROPE and the split that rotates.
+constexpr const char *kRotatePairs = R"(#pragma unroll
+  for (int l = 0; l < ${V}; ++l) {
+    const double inv = pow(${BASE}, -2.0 * (double)(j0 + l) / ${DD});
+    const double angle = ${SIGN} * p * inv, sn = sin(angle), cs = cos(angle);
+    const double x1 = a[l], x2 = c[l];
+    a[l] = (float)(x1 * cs - x2 * sn);
+    c[l] = (float)(x2 * cs + x1 * sn);
+  }
+)";
+
 // ROPE and ROPE_GRAD on [b, s, heads, d]: one thread per V pairs (x[j],
 // x[j + d/2]) of one head; angle and rotation in double like the CPU. An odd
 // d's last element is copied by one more group per head.
@@ -518,15 +531,7 @@ void genRope(const OpInstruction &ins, Builder &b, bool grad) {
   float a[${V}], c[${V}];
   mt_load<${V}>(x, at + j0, a);
   mt_load<${V}>(x, at + j0 + ${HALF}, c);
-#pragma unroll
-  for (int l = 0; l < ${V}; ++l) {
-    const double inv = pow(${BASE}, -2.0 * (double)(j0 + l) / ${DD});
-    const double angle = ${SIGN} * p * inv, sn = sin(angle), cs = cos(angle);
-    const double x1 = a[l], x2 = c[l];
-    a[l] = (float)(x1 * cs - x2 * sn);
-    c[l] = (float)(x2 * cs + x1 * sn);
-  }
-  mt_store<${V}>(y, at + j0, a);
+)" + std::string(kRotatePairs) + R"(  mt_store<${V}>(y, at + j0, a);
   mt_store<${V}>(y, at + j0 + ${HALF}, c);
 }
 )",
@@ -563,18 +568,8 @@ void genSplitQkvRope(const OpInstruction &ins, Builder &b, bool grad) {
   const mt_u64 kv = (row * ${GROUPS} + g) * ${D} + j0;
   const mt_u64 qa = (row * ${HEADS} + g * ${PG} + s) * ${D} + j0;
 )";
-  std::string rotate = R"(  if (s <= ${PG}) {
-    const double p = (double)(row % ${SEQ});
-#pragma unroll
-    for (int l = 0; l < ${V}; ++l) {
-      const double inv = pow(${BASE}, -2.0 * (double)(j0 + l) / ${DD});
-      const double angle = ${SIGN} * p * inv, sn = sin(angle), cs = cos(angle);
-      const double x1 = a[l], x2 = c[l];
-      a[l] = (float)(x1 * cs - x2 * sn);
-      c[l] = (float)(x2 * cs + x1 * sn);
-    }
-  }
-)";
+  std::string rotate = "  if (s <= ${PG}) {\n  const double p = (double)(row % ${SEQ});\n" +
+                       std::string(kRotatePairs) + "  }\n";
   std::string head = "extern \"C\" __global__ void __launch_bounds__(${B}) @ENTRY@(" +
                      (grad ? ptr(q, "q", true) + ", " + ptr(k, "k", true) + ", " +
                                  ptr(vv, "v", true) + ", " + ptr(qkv, "qkv", false)

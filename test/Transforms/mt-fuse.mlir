@@ -401,16 +401,16 @@ func.func @no_move_past_reduction(%dy: tensor<2x4x16xf32>, %x: tensor<2x4x16xf32
 // CHECK-SAME:      %[[QKV:.*]]: tensor<2x8x64xf32>, %[[DO:.*]]: tensor<2x8x4x8xf32>)
 // CHECK-NOT:     mt.rope
 // CHECK:         %[[Q:[^,]*]], %[[K:[^,]*]], %[[V:[^ ]*]] = mt.split_qkv %[[QKV]] {mt.layer = 0 : i64, rope_base = 1.000000e+04 : f64} : (tensor<2x8x64xf32>) -> (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>)
-// CHECK-NEXT:    %[[O:.*]] = mt.attention %[[Q]], %[[K]], %[[V]]
-// CHECK-NEXT:    %[[DQ:[^,]*]], %[[DK:[^,]*]], %[[DV:[^ ]*]] = mt.attention_grad %[[DO]], %[[Q]], %[[K]], %[[V]]
+// CHECK-NEXT:    %[[O:[^,]*]], %[[LSE:[^ ]*]] = mt.attention %[[Q]], %[[K]], %[[V]]
+// CHECK-NEXT:    %[[DQ:[^,]*]], %[[DK:[^,]*]], %[[DV:[^ ]*]] = mt.attention_grad %[[DO]], %[[Q]], %[[K]], %[[V]], %[[O]], %[[LSE]]
 // CHECK-NEXT:    %[[D:.*]] = mt.split_qkv_grad %[[DQ]], %[[DK]], %[[DV]] {rope_base = 1.000000e+04 : f64} : (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>) -> tensor<2x8x64xf32>
 // CHECK-NEXT:    return %[[O]], %[[D]]
 func.func @rope_into_split(%qkv: tensor<2x8x64xf32>, %do: tensor<2x8x4x8xf32>) -> (tensor<2x8x4x8xf32>, tensor<2x8x64xf32>) {
   %q, %k, %v = mt.split_qkv %qkv {mt.layer = 0 : i64} : (tensor<2x8x64xf32>) -> (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>)
   %qr = mt.rope %q {base = 1.000000e+04 : f64, mt.layer = 0 : i64} : tensor<2x8x4x8xf32>
   %kr = mt.rope %k {base = 1.000000e+04 : f64, mt.layer = 0 : i64} : tensor<2x8x2x8xf32>
-  %o = mt.attention %qr, %kr, %v {causal, dropout_rate = 0.000000e+00 : f64, scale = 3.500000e-01 : f64, stream = 1 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
-  %dqr, %dkr, %dv = mt.attention_grad %do, %qr, %kr, %v {causal, dropout_rate = 0.000000e+00 : f64, scale = 3.500000e-01 : f64, stream = 1 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
+  %o, %lse = mt.attention %qr, %kr, %v {causal, dropout_rate = 0.000000e+00 : f64, scale = 3.500000e-01 : f64, stream = 1 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
+  %dqr, %dkr, %dv = mt.attention_grad %do, %qr, %kr, %v, %o, %lse {causal, dropout_rate = 0.000000e+00 : f64, scale = 3.500000e-01 : f64, stream = 1 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
   %dq = mt.rope_grad %dqr {base = 1.000000e+04 : f64} : tensor<2x8x4x8xf32>
   %dk = mt.rope_grad %dkr {base = 1.000000e+04 : f64} : tensor<2x8x2x8xf32>
   %dqkv = mt.split_qkv_grad %dq, %dk, %dv : (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>) -> tensor<2x8x64xf32>
