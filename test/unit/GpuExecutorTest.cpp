@@ -147,8 +147,9 @@ void compareSteps(DeviceFactory make, const std::vector<mt::spec::Override> &ext
           }
         }
       const double d = relDiff(a.data(), b.data(), int64_t(a.size()));
-      if (!ma.empty())
+      if (!ma.empty()) {
         EXPECT_LT(relDiff(ma.data(), mb.data(), int64_t(ma.size())), weightTol) << name;
+      }
       worstWeight = std::max(worstWeight, d);
       EXPECT_LT(d, weightTol) << "weights of " << name;
       EXPECT_LT(relDiff(gpu.exp_avg(int(i)), cpu.exp_avg(int(i)), n), gradTol) << name;
