@@ -558,12 +558,13 @@ void genSplitQkvRope(const OpInstruction &ins, Builder &b, bool grad) {
   const uint32_t block = uint32_t(std::min<int64_t>(256, roundWarps(threads)));
   std::map<std::string, std::string> s = {
       {"B", std::to_string(block)}, {"V", std::to_string(v)}, {"THREADS", num(threads)},
-      {"PAIRS", num(pairs)}, {"SLOTS", num(slots)}, {"PG", num(pg)}, {"PG1", num(pg + 1)},
+      {"PAIRS", num(pairs)}, {"SLOTS", num(slots)}, {"PG", num(pg)},
       {"HEADS", num(heads)}, {"GROUPS", num(groups)}, {"SEQ", num(seq)}, {"D", num(d)},
       {"HALF", num(half)}, {"DD", dbl(double(d))}, {"BASE", dbl(ins.floats.at(0))},
       {"SIGN", grad ? "-1.0" : "1.0"}};
   // Where slot `s` of group `g` of row `row` lives in q, k or v.
-  std::string where = R"(  const mt_u64 row = hs / ${SLOTS}, r = hs % ${SLOTS}, g = r / (${PG} + 2), s = r % (${PG} + 2);
+  std::string where = R"(  const mt_u64 row = hs / ${SLOTS}, r = hs % ${SLOTS};
+  const mt_u64 g = r / (${PG} + 2), s = r % (${PG} + 2);
   const mt_u64 at = hs * ${D} + j0;
   const mt_u64 kv = (row * ${GROUPS} + g) * ${D} + j0;
   const mt_u64 qa = (row * ${HEADS} + g * ${PG} + s) * ${D} + j0;

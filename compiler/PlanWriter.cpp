@@ -617,9 +617,11 @@ private:
           i.ints = {ok ? *k : -1};
         })
         .Case([&](SplitQKVOp o) {
-          i.op = o.getRopeBase() ? pl::Opcode::SPLIT_QKV_ROPE : pl::Opcode::SPLIT_QKV;
-          if (o.getRopeBase())
-            eps(o.getRopeBaseAttr());
+          i.op = pl::Opcode::SPLIT_QKV;
+          if (FloatAttr base = o.getRopeBaseAttr()) {
+            i.op = pl::Opcode::SPLIT_QKV_ROPE;
+            eps(base);
+          }
         })
         .Case([&](RopeOp o) { i.op = pl::Opcode::ROPE; eps(o.getBaseAttr()); })
         .Case([&](AttentionOp o) {
@@ -662,9 +664,11 @@ private:
         })
         .Case([&](SwiGLUGradOp) { i.op = pl::Opcode::SWIGLU_GRAD; })
         .Case([&](SplitQKVGradOp o) {
-          i.op = o.getRopeBase() ? pl::Opcode::SPLIT_QKV_ROPE_GRAD : pl::Opcode::SPLIT_QKV_GRAD;
-          if (o.getRopeBase())
-            eps(o.getRopeBaseAttr());
+          i.op = pl::Opcode::SPLIT_QKV_GRAD;
+          if (FloatAttr base = o.getRopeBaseAttr()) {
+            i.op = pl::Opcode::SPLIT_QKV_ROPE_GRAD;
+            eps(base);
+          }
         })
         .Case([&](RopeGradOp o) { i.op = pl::Opcode::ROPE_GRAD; eps(o.getBaseAttr()); })
         .Case([&](AttentionGradOp o) {

@@ -294,8 +294,7 @@ template <class T> double row_exp(const T *x, int64_t n, double m, T *y) {
 // Small helpers
 
 // In-place softmax of p[0, valid); p[valid, len) is set to 0 (causal mask).
-// Softmax over p[0, valid), zeros in [valid, len); returns the row's
-// log-sum-exp.
+// Returns the row's log-sum-exp.
 template <class T> double softmax_prefix(T *p, int64_t valid, int64_t len) {
   double m = -std::numeric_limits<double>::infinity();
   for (int64_t j = 0; j < valid; ++j)
@@ -900,9 +899,10 @@ void attention_bwd(const T *dout, const T *q, const T *k, const T *v, const T *o
           if (mask.active)
             for (int64_t j = 0; j < cols; ++j)
               dpr[j] = static_cast<T>(static_cast<double>(dpr[j]) * factor[r * cols + j]);
+          const T *dor = dob + r * q_stride, *orow = ob + r * q_stride;
           double dot = 0;
           for (int64_t e = 0; e < s.d; ++e)
-            dot += static_cast<double>(dob[r * q_stride + e]) * static_cast<double>(ob[r * q_stride + e]);
+            dot += static_cast<double>(dor[e]) * static_cast<double>(orow[e]);
           for (int64_t j = 0; j < cols; ++j)
             dpr[j] = static_cast<T>(pr[j] * (dpr[j] - dot));
         }

@@ -1169,32 +1169,30 @@ private:
   // Rotation after the split reads positions from q's and k's [b, s, ...]
   // and rotates pairs of each head: both rank 4, one batch and sequence, d
   // even (qkv_ok has checked the rest).
-  static bool rope_qk_ok(const pl::Value &q, const pl::Value &k) {
-    if (vsize(q.shape()) != 4 || vsize(k.shape()) != 4)
-      return false;
-    auto d = [](const pl::Value &x, uint32_t i) { return x.shape()->Get(i); };
-    return d(q, 0) == d(k, 0) && d(q, 1) == d(k, 1) && d(q, 3) % 2 == 0;
-  }
-
-  static bool attention_ok(const pl::Value &q, const pl::Value &k, const pl::Value &v) {
-    auto r4 = [](const pl::Value &x) { return vsize(x.shape()) == 4; };
-    if (!r4(q) || !r4(k) || !r4(v))
-      return false;
-    auto d = [](const pl::Value &x, uint32_t i) { return x.shape()->Get(i); };
-    return d(k, 0) == d(q, 0) && d(k, 1) == d(q, 1) && d(k, 3) == d(q, 3) &&
-           shape_text(k.shape()) == shape_text(v.shape()) && d(q, 2) % d(k, 2) == 0;
-  }
+  // Dimension i of a value whose rank the caller checked.
+  static int64_t extent(const pl::Value &x, uint32_t i) { return x.shape()->Get(i); }
 
   static bool same_shape(const pl::Value &a, const pl::Value &b) {
     return shape_text(a.shape()) == shape_text(b.shape());
   }
 
+  static bool rope_qk_ok(const pl::Value &q, const pl::Value &k) {
+    if (vsize(q.shape()) != 4 || vsize(k.shape()) != 4)
+      return false;
+    return extent(q, 0) == extent(k, 0) && extent(q, 1) == extent(k, 1) && extent(q, 3) % 2 == 0;
+  }
+
+  static bool attention_ok(const pl::Value &q, const pl::Value &k, const pl::Value &v) {
+    if (vsize(q.shape()) != 4 || vsize(k.shape()) != 4 || !same_shape(k, v))
+      return false;
+    return extent(k, 0) == extent(q, 0) && extent(k, 1) == extent(q, 1) &&
+           extent(k, 3) == extent(q, 3) && extent(q, 2) % extent(k, 2) == 0;
+  }
+
   // The forward's log-sum-exp: [batch, heads, seq] of q [batch, seq, heads, d].
   static bool lse_ok(const pl::Value &q, const pl::Value &lse) {
-    if (vsize(lse.shape()) != 3)
-      return false;
-    auto d = [](const pl::Value &x, uint32_t i) { return x.shape()->Get(i); };
-    return d(lse, 0) == d(q, 0) && d(lse, 1) == d(q, 2) && d(lse, 2) == d(q, 1);
+    return vsize(lse.shape()) == 3 && extent(lse, 0) == extent(q, 0) &&
+           extent(lse, 1) == extent(q, 2) && extent(lse, 2) == extent(q, 1);
   }
 
   const pl::Plan &plan_;

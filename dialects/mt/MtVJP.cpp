@@ -139,8 +139,8 @@ LogicalResult AttentionOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
                                     SmallVectorImpl<Value> &out) {
   auto g = b.create<AttentionGradOp>(
       getLoc(), TypeRange{getQuery().getType(), getKey().getType(), getValue().getType()},
-      grads[0], getQuery(), getKey(), getValue(), getResult(), getLse(), getCausalAttr(), getScaleAttr(),
-      getDropoutRateAttr(), getStreamAttr(), getTpShardDimAttr());
+      grads[0], getQuery(), getKey(), getValue(), getResult(), getLse(), getCausalAttr(),
+      getScaleAttr(), getDropoutRateAttr(), getStreamAttr(), getTpShardDimAttr());
   out.append({g.getQueryGrad(), g.getKeyGrad(), g.getValueGrad()});
   return success();
 }
