@@ -210,7 +210,7 @@ const Driver *load_driver(std::string *error) {
         MT_SYM(t, cuLaunchKernel),
         MT_SYM(t, cuStreamCreate),
         MT_SYM_AS(t, cuStreamDestroy, "cuStreamDestroy_v2"),
-        MT_SYM(t, cuStreamSynchronize),
+        MT_SYM(t, cuStreamSynchronize), MT_SYM(t, cuStreamQuery),
         MT_SYM_AS(t, cuStreamBeginCapture, "cuStreamBeginCapture_v2"),
         MT_SYM(t, cuStreamEndCapture),
         MT_SYM_AS(t, cuGraphInstantiate, "cuGraphInstantiateWithFlags"),

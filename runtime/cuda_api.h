@@ -37,6 +37,7 @@ typedef struct CUgraphExec_st *CUgraphExec;
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
 constexpr CUresult CUDA_ERROR_STUB_LIBRARY = 34;
+constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
@@ -81,6 +82,7 @@ struct Driver {
   CUresult (*cuStreamCreate)(CUstream *stream, unsigned flags);
   CUresult (*cuStreamDestroy)(CUstream stream);                            // _v2
   CUresult (*cuStreamSynchronize)(CUstream stream);
+  CUresult (*cuStreamQuery)(CUstream stream);
   CUresult (*cuStreamBeginCapture)(CUstream stream, CUstreamCaptureMode mode); // _v2
   CUresult (*cuStreamEndCapture)(CUstream stream, CUgraph *graph);
   CUresult (*cuGraphInstantiate)(CUgraphExec *exec, CUgraph graph,
@@ -207,6 +209,7 @@ struct ncclUniqueId {
 // nccl.h's values (stable since NCCL 2.10).
 constexpr ncclDataType_t ncclFloat16 = 6, ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9;
 constexpr ncclRedOp_t ncclSum = 0, ncclMax = 2, ncclAvg = 4;
+constexpr ncclResult_t ncclSuccess = 0, ncclInProgress = 7;
 
 struct Nccl {
   std::string path;

@@ -7,10 +7,13 @@
 #include "runtime/kernel_cache.h"
 #include "runtime/plan_reader.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
+#include <thread>
 #include <tuple>
 
 namespace mt::rt {
@@ -38,16 +41,53 @@ cu::ncclDataType_t nccl_type(CommElement t) {
   return cu::ncclFloat32;
 }
 
+class NcclComm;
+// The device's live communicators, which its waits watch; shared with them
+// so either may go first.
+using CommSet = std::shared_ptr<std::set<NcclComm *>>;
+
 // One group's NCCL communicator, on the device's stream.
 class NcclComm : public DeviceComm {
 public:
   NcclComm(const cu::Nccl *nccl, cu::ncclComm_t comm, cu::CUstream stream, int rank, int size,
-           std::string name)
+           std::string name, CommSet live)
       : nccl_(nccl), comm_(comm), stream_(stream), rank_(rank), size_(size),
-        name_(std::move(name)) {}
-  ~NcclComm() override { nccl_->ncclCommDestroy(comm_); }
+        name_(std::move(name)), live_(std::move(live)) {
+    live_->insert(this);
+  }
+  ~NcclComm() override {
+    live_->erase(this);
+    if (comm_)
+      nccl_->ncclCommDestroy(comm_);
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+
+  // An error NCCL found while its kernels run (a peer rank that died, a
+  // broken connection) leaves them waiting forever; it is reported through
+  // the communicator. Then the communicator is aborted, which ends its
+  // kernels, and the error is returned.
+  std::string async_error() {
+    if (!comm_)
+      return "";
+    cu::ncclResult_t state = cu::ncclSuccess;
+    cu::ncclResult_t r = nccl_->ncclCommGetAsyncError(comm_, &state);
+    if (r == cu::ncclSuccess && (state == cu::ncclSuccess || state == cu::ncclInProgress))
+      return "";
+    const cu::ncclResult_t why = r != cu::ncclSuccess ? r : state;
+    nccl_->ncclCommAbort(comm_);
+    comm_ = nullptr;
+    return "a collective on the " + name_ + " group (" + std::to_string(size_) +
+           " GPUs) failed: " + nccl_->ncclGetErrorString(why) + " (NCCL error " +
+           std::to_string(why) + "; another rank of the group may have stopped: its log " +
+           "says why; NCCL_DEBUG=WARN says more)";
+  }
+  // Ends the communicator's kernels (after another group's failure).
+  void abort() {
+    if (comm_)
+      nccl_->ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
 
   std::string all_reduce(uint64_t in, uint64_t out, uint64_t count, CommElement t, ReduceOp op,
                          double scale) override {
@@ -105,6 +145,7 @@ private:
   cu::CUstream stream_;
   int rank_, size_;
   std::string name_;
+  CommSet live_;
 };
 
 class CudaGpuDevice : public GpuDevice {
@@ -258,8 +299,31 @@ public:
     return "";
   }
 
+  // Without communicators, a plain wait. With them, the stream is polled
+  // and the communicators watched between polls, so a failed collective
+  // ends the wait with its error instead of blocking it forever.
   std::string synchronize() override {
-    return drv(dev_.driver->cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    if (comms_->empty())
+      return drv(dev_.driver->cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    for (int polls = 0;; ++polls) {
+      const cu::CUresult r = dev_.driver->cuStreamQuery(stream_);
+      if (r != cu::CUDA_ERROR_NOT_READY)
+        return drv(r, "waiting for the GPU's stream");
+      for (NcclComm *c : *comms_)
+        if (std::string e = c->async_error(); !e.empty()) {
+          // Aborting one communicator can leave the others' kernels waiting
+          // on it: end them all, then let the stream drain.
+          for (NcclComm *other : *comms_)
+            other->abort();
+          dev_.driver->cuStreamSynchronize(stream_);
+          return e;
+        }
+      // Spin briefly (a step's tail), then yield the core in 50 us naps.
+      if (polls < 256)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
 
   // NCCL's bootstrap: group rank 0's unique id reaches the others over the
@@ -290,7 +354,7 @@ public:
       return nullptr;
     }
     return std::make_unique<NcclComm>(nccl, comm, stream_, group.rank(), group.size(),
-                                      group.name());
+                                      group.name(), comms_);
   }
 
   // Stream capture in thread-local mode: only this thread's unsafe calls
@@ -466,6 +530,7 @@ private:
   std::map<uint32_t, cu::CUfunction> functions_;
   std::map<std::pair<std::string, std::string>, cu::CUfunction> by_source_;
   std::map<cu::CUfunction, uint32_t> shared_allowed_; // beyond the default 48 KiB
+  CommSet comms_ = std::make_shared<std::set<NcclComm *>>();
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, int, int,
                       int, bool, int, int>,
            Gemm>

@@ -26,7 +26,8 @@ namespace mine {
   X(Driver, cuModuleLoadData) X(Driver, cuModuleUnload) X(Driver, cuModuleGetFunction)           \
   X(Driver, cuFuncSetAttribute)                                                                  \
   X(Driver, cuLaunchKernel) X(Driver, cuStreamCreate) X(Driver, cuStreamDestroy)                 \
-  X(Driver, cuStreamSynchronize) X(Driver, cuStreamBeginCapture) X(Driver, cuStreamEndCapture)   \
+  X(Driver, cuStreamSynchronize) X(Driver, cuStreamQuery)                                        \
+  X(Driver, cuStreamBeginCapture) X(Driver, cuStreamEndCapture)                                  \
   X(Driver, cuGraphInstantiate) X(Driver, cuGraphLaunch) X(Driver, cuGraphExecDestroy)           \
   X(Driver, cuGraphDestroy)
 MT_DRIVER(MT_MEMBER)
@@ -120,6 +121,7 @@ static_assert(offsetof(cu::cublasLtMatmulHeuristicResult_t, wavesCount) ==
 static_assert(cu::CUDA_SUCCESS == ::CUDA_SUCCESS);
 static_assert(cu::CUDA_ERROR_NO_DEVICE == ::CUDA_ERROR_NO_DEVICE);
 static_assert(cu::CUDA_ERROR_STUB_LIBRARY == ::CUDA_ERROR_STUB_LIBRARY);
+static_assert(cu::CUDA_ERROR_NOT_READY == ::CUDA_ERROR_NOT_READY);
 static_assert(cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR ==
               ::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
 static_assert(cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR ==
@@ -154,6 +156,7 @@ static_assert(cu::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES ==
 static_assert(cu::ncclFloat16 == ::ncclFloat16 && cu::ncclFloat32 == ::ncclFloat32 &&
               cu::ncclFloat64 == ::ncclFloat64 && cu::ncclBfloat16 == ::ncclBfloat16);
 static_assert(cu::ncclSum == ::ncclSum && cu::ncclMax == ::ncclMax && cu::ncclAvg == ::ncclAvg);
+static_assert(cu::ncclSuccess == ::ncclSuccess && cu::ncclInProgress == ::ncclInProgress);
 } // namespace
 
 TEST(CudaApiHeaders, DeclarationsMatchTheToolkit) {
