@@ -3,10 +3,11 @@
 
 Usage: bench/compile_time.py [--mtc build/bin/mtc] [--repeat 5] [--record]
 
-Prints a table (preset, layers, IR ops, median wall time). With --record it
-appends the table, with the date, the machine and the commit, to
-bench/results/compile-time.md. Numbers are for the front end as it stands
-(import + mt-train-pipeline + summary).
+Prints a table per preset: the ops of @forward, the parameters, the median
+wall time of `mtc compile SPEC -o plan.bin` (import, mt-train-pipeline, the
+summary and writing the plan), the peak resident memory of that process and
+the plan's size. With --record it appends the table, with the date, the
+machine and the commit, to bench/results/compile-time.md.
 """
 import argparse
 import datetime
@@ -16,6 +17,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,17 +47,27 @@ def main():
         path = os.path.join(ROOT, "models", name)
         report = json.loads(subprocess.run([args.mtc, "compile", path, "--report=json"],
                                            check=True, capture_output=True, text=True).stdout)
-        times = []
-        for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            subprocess.run([args.mtc, "compile", path], check=True, capture_output=True)
-            times.append(time.perf_counter() - t0)
+        times, peak = [], 0
+        with tempfile.TemporaryDirectory() as tmp:
+            plan = os.path.join(tmp, "plan.bin")
+            for _ in range(args.repeat):
+                t0 = time.perf_counter()
+                proc = subprocess.Popen([args.mtc, "compile", path, "-o", plan],
+                                        stdout=subprocess.DEVNULL)
+                _, status, usage = os.wait4(proc.pid, 0)
+                times.append(time.perf_counter() - t0)
+                if os.waitstatus_to_exitcode(status) != 0:
+                    sys.exit(f"mtc compile {path} failed")
+                peak = max(peak, usage.ru_maxrss)  # KiB on Linux
+            size = os.path.getsize(plan)
         rows.append((name[:-5], report["forward_ops"], report["parameters"]["total"],
-                     statistics.median(times) * 1000.0))
+                     statistics.median(times), peak / 1024.0, size / 1e6))
 
-    lines = ["| preset | ops in @forward | parameters | median wall (ms) |",
-             "| --- | ---: | ---: | ---: |"]
-    lines += [f"| {n} | {ops} | {p:,} | {ms:.1f} |" for n, ops, p, ms in rows]
+    lines = ["| preset | ops in @forward | parameters | median wall (s) | peak memory (MiB) "
+             "| plan.bin (MB) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {n} | {ops} | {p:,} | {t:.2f} | {m:,.0f} | {mb:.1f} |"
+              for n, ops, p, t, m, mb in rows]
     table = "\n".join(lines)
     print(table)
 
@@ -64,8 +76,8 @@ def main():
                                 capture_output=True, text=True).stdout.strip() or "unknown"
         header = (f"\n## {datetime.date.today().isoformat()} - {cpu_name()}, "
                   f"{os.cpu_count()} cores - commit {commit}\n\n"
-                  f"`bench/compile_time.py --repeat {args.repeat}`; whole `mtc compile` process, "
-                  f"start-up included.\n\n")
+                  f"`bench/compile_time.py --repeat {args.repeat}`; whole `mtc compile SPEC -o "
+                  f"plan.bin` process, start-up included.\n\n")
         out = os.path.join(ROOT, "bench", "results", "compile-time.md")
         new = not os.path.exists(out)
         with open(out, "a") as f:

@@ -24,6 +24,7 @@
 #include "mlir/IR/Verifier.h"
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassManager.h"
+#include "mlir/Support/Timing.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/raw_ostream.h"
@@ -31,6 +32,7 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -162,6 +164,7 @@ bool parseMlirOptions(const std::vector<std::string> &mlirArgs) {
     registerAsmPrinterCLOptions();
     registerMLIRContextCLOptions();
     registerPassManagerCLOptions();
+    registerDefaultTimingManagerCLOptions();
     registered = true;
   }
   std::vector<const char *> argv = {"mtc"};
@@ -233,6 +236,8 @@ OwningOpRef<ModuleOp> compileSpec(MLIRContext &context, const spec::Spec &spec,
     llvm::errs() << "mtc compile: error: invalid pass manager options; see 'mtc compile --help'\n";
     return nullptr;
   }
+  if (cliOptions)
+    applyDefaultTimingPassManagerCLOptions(pm);
   buildTrainPipeline(pm, pipeline);
   if (failed(pm.run(*module))) {
     if (cliOptions)
@@ -309,7 +314,8 @@ int checkKernels(const plan::Plan &plan, const std::vector<std::string> &archs) 
   const std::string version = std::to_string(nvrtc->major) + "." + std::to_string(nvrtc->minor);
   const auto *kernels = plan.kernels();
   uint32_t count = 0;
-  std::map<std::string, uint32_t> distinct; // source -> first kernel with it
+  std::map<std::string_view, uint32_t> distinct; // source -> first kernel with it
+  std::set<const flatbuffers::String *> seen;
   struct Job {
     uint32_t kernel;
     int arch;
@@ -320,7 +326,10 @@ int checkKernels(const plan::Plan &plan, const std::vector<std::string> &archs) 
     if (!kern.cuda_source() || kern.cuda_source()->size() == 0)
       continue; // a gemm kernel: cuBLASLt runs it
     ++count;
-    if (distinct.emplace(kern.cuda_source()->str(), k).second)
+    // The plan writer stores each distinct source once: equal sources are
+    // the same string of the file.
+    if (seen.insert(kern.cuda_source()).second &&
+        distinct.emplace(kern.cuda_source()->string_view(), k).second)
       for (const std::string &arch : archs)
         jobs.push_back({k, archNumber(arch)});
   }
@@ -355,9 +364,9 @@ int checkKernels(const plan::Plan &plan, const std::vector<std::string> &archs) 
   std::string list;
   for (size_t i = 0; i < archs.size(); ++i)
     list += (i == 0 ? "" : i + 1 == archs.size() ? " and " : ", ") + archs[i];
-  llvm::outs() << "kernels: " << count << " generated, " << count << " compiled with NVRTC "
-               << version << " for " << list << " (" << distinct.size()
-               << " distinct source" << (distinct.size() == 1 ? "" : "s") << ")\n";
+  llvm::outs() << "kernels: " << count << " generated (" << distinct.size() << " distinct source"
+               << (distinct.size() == 1 ? "" : "s") << "), compiled with NVRTC " << version
+               << " for " << list << "\n";
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "llvm/ADT/TypeSwitch.h"
 
 #include <map>
+#include <unordered_map>
 
 using namespace mlir;
 namespace fb = flatbuffers;
@@ -127,6 +128,8 @@ public:
     ModuleOp module = stage;
     paramIndex.clear();
     paramInfo.clear();
+    lowerings.clear();
+    fusedKernels.clear();
     kernelWorkspace = 0;
     microBatchSlots = 0;
     int index = 0;
@@ -423,24 +426,21 @@ private:
   std::vector<fb::Offset<pl::GpuStep>> gpuSteps(Operation &op, const Inst &inst) {
     GpuInstruction gi{inst.op, inst.in, inst.out, inst.params, inst.ints, inst.floats};
     GpuLowering l;
-    if (auto fused = dyn_cast<FusedOp>(op)) {
-      const int64_t k = inst.ints.empty() ? -1 : inst.ints[0];
-      if (fused.getKind() == FusionKind::Gemm) {
-        auto yield = cast<YieldOp>(fused.getBodyBlock().getTerminator());
-        GemmKernelShape shape;
-        shape.gelu = isa<GeluOp>(yield.getValues().back().getDefiningOp());
-        shape.auxOut = yield.getNumOperands() == 2;
-        l = lowerGemmKernel(gi, shape, valueInfo);
-      } else if (fused.getKind() == FusionKind::GemmGrad) {
-        l = gemmGradSteps(fused, gi);
-      } else if (k >= 0 && size_t(k) < fusedCuda.size()) {
-        l = lowerFusedKernel(gi, k, fusedCuda[size_t(k)]);
-      }
-    } else if (inst.op == pl::Opcode::ADAMW) {
-      l = adamWSteps(cast<AdamWOp>(op));
+    std::string key = isa<AdamWOp>(op) ? std::string() : loweringKey(gi);
+    auto known = key.empty() ? lowerings.end() : lowerings.find(key);
+    if (known != lowerings.end()) {
+      l = rebind(known->second, gi);
     } else {
-      l = lowerInstruction(gi, valueInfo, paramInfo, spec.parallel.tensor_model_parallel_size,
-                           shardLayout ? &*shardLayout : nullptr);
+      l = lowerGpu(op, gi);
+      if (!key.empty()) {
+        // Its new kernels join the kernel table once; later instances of
+        // the same lowering launch those entries.
+        for (GpuStepSpec &s : l.steps)
+          if (s.kind == pl::GpuStepKind::KERNEL && s.kernel < 0)
+            s.kernel = addKernel(l.kernels.at(size_t(-s.kernel - 1)));
+        l.kernels.clear();
+        lowerings.try_emplace(std::move(key), l, gi);
+      }
     }
     kernelWorkspace = std::max(kernelWorkspace, l.workspaceBytes);
     std::vector<fb::Offset<pl::GpuStep>> steps;
@@ -463,6 +463,101 @@ private:
                                         s.group, s.reduce));
     }
     return steps;
+  }
+
+  GpuLowering lowerGpu(Operation &op, const GpuInstruction &gi) {
+    if (auto fused = dyn_cast<FusedOp>(op)) {
+      const int64_t k = gi.ints.empty() ? -1 : gi.ints[0];
+      if (fused.getKind() == FusionKind::Gemm) {
+        auto yield = cast<YieldOp>(fused.getBodyBlock().getTerminator());
+        GemmKernelShape shape;
+        shape.gelu = isa<GeluOp>(yield.getValues().back().getDefiningOp());
+        shape.auxOut = yield.getNumOperands() == 2;
+        return lowerGemmKernel(gi, shape, valueInfo);
+      }
+      if (fused.getKind() == FusionKind::GemmGrad)
+        return gemmGradSteps(fused, gi);
+      if (k >= 0 && size_t(k) < fusedCuda.size())
+        return lowerFusedKernel(gi, k, fusedCuda[size_t(k)]);
+      return GpuLowering();
+    }
+    if (auto adamw = dyn_cast<AdamWOp>(op))
+      return adamWSteps(adamw);
+    return lowerInstruction(gi, valueInfo, paramInfo, spec.parallel.tensor_model_parallel_size,
+                            shardLayout ? &*shardLayout : nullptr);
+  }
+
+  // Lowering an instruction generates its kernels' sources, and a pipeline
+  // program repeats each layer's instructions for every micro-batch: equal
+  // instructions are lowered once per stage. What lowerInstruction reads of
+  // an instruction is its opcode, ints and floats, its values' shapes and
+  // types (and, for RESHAPE, whether the bytes move), and its parameters
+  // (indices into the stage's table); those, with which of its values are
+  // the same value, are the key. An mt.fused's ints name its kernel entry,
+  // which equal regions share (kernel()), so the key covers its body too.
+  // Instructions that read every parameter or
+  // the distributed optimizer's layout occur once per step and are not
+  // keyed (empty key).
+  std::string loweringKey(const GpuInstruction &gi) const {
+    switch (gi.op) {
+    case pl::Opcode::GRAD_NORM:
+    case pl::Opcode::GROUP_GRAD_NORM:
+    case pl::Opcode::SHARDED_GRAD_NORM:
+    case pl::Opcode::SHARDED_ADAMW:
+      return "";
+    default:
+      break;
+    }
+    std::string key;
+    auto put = [&](const auto &x) {
+      key.append(reinterpret_cast<const char *>(&x), sizeof x);
+    };
+    put(gi.op);
+    std::vector<uint32_t> operands(gi.in);
+    operands.insert(operands.end(), gi.out.begin(), gi.out.end());
+    put(gi.in.size());
+    put(operands.size());
+    for (size_t i = 0; i < operands.size(); ++i) {
+      const GpuValueInfo &v = valueInfo.at(operands[i]);
+      put(v.dtype);
+      put(v.shape.size());
+      for (int64_t d : v.shape)
+        put(d);
+      // The first position holding the same value.
+      put(size_t(std::find(operands.begin(), operands.end(), operands[i]) - operands.begin()));
+    }
+    if (gi.op == pl::Opcode::RESHAPE && !gi.in.empty() && !gi.out.empty())
+      put(valueInfo[gi.in[0]].region == valueInfo[gi.out[0]].region &&
+          valueInfo[gi.in[0]].offset == valueInfo[gi.out[0]].offset);
+    put(gi.params.size());
+    for (uint32_t p : gi.params)
+      put(p);
+    put(gi.ints.size());
+    for (int64_t i : gi.ints)
+      put(i);
+    put(gi.floats.size());
+    for (double f : gi.floats)
+      put(f);
+    return key;
+  }
+
+  // A keyed lowering's steps for an equal instruction: its values in place
+  // of the first one's (by position; the key made the positions agree).
+  static GpuLowering rebind(const std::pair<GpuLowering, GpuInstruction> &first,
+                            const GpuInstruction &gi) {
+    const GpuInstruction &was = first.second;
+    GpuLowering l = first.first;
+    for (GpuStepSpec &s : l.steps)
+      for (GpuArgSpec &a : s.args) {
+        if (a.kind != pl::GpuArgKind::VALUE)
+          continue;
+        if (auto at = std::find(was.in.begin(), was.in.end(), a.index); at != was.in.end())
+          a.index = gi.in[size_t(at - was.in.begin())];
+        else
+          a.index = gi.out.at(size_t(std::find(was.out.begin(), was.out.end(), a.index) -
+                                     was.out.begin()));
+      }
+    return l;
   }
 
   // A gemm_grad region's GEMM (mt.fused verified its form): its operands
@@ -812,6 +907,42 @@ private:
   // unfused ops are. The CUDA form (source, entry, launch geometry, scalar
   // arguments) comes from compiler/CudaKernelGen.
   FailureOr<int64_t> kernel(FusedOp fused) {
+    // Every micro-batch's (and the recomputation's) copy of a layer's
+    // kernel is the same entry.
+    std::vector<std::pair<FusedOp, int64_t>> &same = fusedKernels[fusedHash(fused)];
+    for (auto [other, index] : same)
+      if (sameKernel(other, fused))
+        return index;
+    FailureOr<int64_t> index = newKernel(fused);
+    if (succeeded(index))
+      same.push_back({fused, *index});
+    return index;
+  }
+
+  // What the kernel entry of an mt.fused is made of: its kind and name,
+  // its operand and result types, and its body.
+  static size_t fusedHash(FusedOp fused) {
+    llvm::hash_code h = llvm::hash_combine(fused.getKind(), fused.getName());
+    for (Type t : fused->getOperandTypes())
+      h = llvm::hash_combine(h, t);
+    for (Type t : fused->getResultTypes())
+      h = llvm::hash_combine(h, t);
+    for (Operation &op : fused.getBodyBlock())
+      h = llvm::hash_combine(
+          h, OperationEquivalence::computeHash(&op, OperationEquivalence::ignoreHashValue,
+                                               OperationEquivalence::ignoreHashValue,
+                                               OperationEquivalence::IgnoreLocations));
+    return size_t(h);
+  }
+  static bool sameKernel(FusedOp a, FusedOp b) {
+    return a.getKind() == b.getKind() && a.getName() == b.getName() &&
+           a->getOperandTypes() == b->getOperandTypes() &&
+           a->getResultTypes() == b->getResultTypes() &&
+           OperationEquivalence::isRegionEquivalentTo(&a.getBody(), &b.getBody(),
+                                                      OperationEquivalence::IgnoreLocations);
+  }
+
+  FailureOr<int64_t> newKernel(FusedOp fused) {
     Block &body = fused.getBodyBlock();
     auto yield = cast<YieldOp>(body.getTerminator());
     std::vector<fb::Offset<pl::Value>> kvalues;
@@ -878,6 +1009,10 @@ private:
   std::vector<GpuValueInfo> valueInfo;          // the program's values, as `values`
   std::vector<GpuParamInfo> paramInfo;          // the stage's parameters
   std::optional<GpuShardLayout> shardLayout;    // the stage's distributed-optimizer layout
+  // The stage's lowered instructions (loweringKey) with the instruction
+  // first lowered, and its lowered mt.fused kernels (sameKernel).
+  std::unordered_map<std::string, std::pair<GpuLowering, GpuInstruction>> lowerings;
+  std::unordered_map<size_t, std::vector<std::pair<FusedOp, int64_t>>> fusedKernels;
   uint64_t kernelWorkspace = 0;
   uint64_t microBatchSlots = 0; // the micro-batches the stage's instructions name
   std::vector<std::string> valueNames;

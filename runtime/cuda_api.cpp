@@ -153,7 +153,7 @@ std::string result_name(const Driver *driver, CUresult r) {
       {209, "CUDA_ERROR_NO_BINARY_FOR_GPU"},
       {222, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"},
       {304, "CUDA_ERROR_OPERATING_SYSTEM"},
-      {35, "CUDA_ERROR_INSUFFICIENT_DRIVER"},
+      {36, "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER"},
       {999, "CUDA_ERROR_UNKNOWN"},
   };
   for (auto &[code, n] : kNames)
@@ -206,10 +206,11 @@ const Driver *load_driver(std::string *error) {
         MT_SYM(t, cuModuleLoadData),
         MT_SYM(t, cuModuleUnload),
         MT_SYM(t, cuModuleGetFunction),
+        MT_SYM(t, cuFuncSetAttribute),
         MT_SYM(t, cuLaunchKernel),
         MT_SYM(t, cuStreamCreate),
         MT_SYM_AS(t, cuStreamDestroy, "cuStreamDestroy_v2"),
-        MT_SYM(t, cuStreamSynchronize),
+        MT_SYM(t, cuStreamSynchronize), MT_SYM(t, cuStreamQuery),
         MT_SYM_AS(t, cuStreamBeginCapture, "cuStreamBeginCapture_v2"),
         MT_SYM(t, cuStreamEndCapture),
         MT_SYM_AS(t, cuGraphInstantiate, "cuGraphInstantiateWithFlags"),

@@ -5,10 +5,10 @@
 // No CUDA header is included. The few types and enum values used are
 // declared here with the values documented in cuda.h, nvrtc.h, cublasLt.h
 // and nccl.h; test/unit/CudaApiHeaderTest.cpp checks every function pointer
-// type below against those headers wherever the toolkit is installed at
-// configure time. Driver entry points are resolved by their ABI names (the
-// `_v2` suffixes cuda.h's macros add), which is what a header-based build
-// would link against.
+// type and constant below against those headers wherever the toolkit is
+// installed at configure time. Driver entry points are resolved by their ABI
+// names (the `_v2` suffixes cuda.h's macros add), which is what a
+// header-based build would link against.
 #ifndef MT_RUNTIME_CUDA_API_H
 #define MT_RUNTIME_CUDA_API_H
 
@@ -25,6 +25,7 @@ using CUdevice = int;
 using CUdeviceptr = unsigned long long;
 using CUdevice_attribute = int;
 using CUstreamCaptureMode = int;
+using CUfunction_attribute = int;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
@@ -36,10 +37,15 @@ typedef struct CUgraphExec_st *CUgraphExec;
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
 constexpr CUresult CUDA_ERROR_STUB_LIBRARY = 34;
+constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
 constexpr CUstreamCaptureMode CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1;
+constexpr CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+// Dynamic shared memory a kernel may use without opting in through
+// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
+constexpr unsigned kDefaultMaxDynamicSharedBytes = 48 * 1024;
 
 struct Driver {
   std::string path; // the file dlopen found
@@ -69,12 +75,14 @@ struct Driver {
   CUresult (*cuModuleLoadData)(CUmodule *module, const void *image);
   CUresult (*cuModuleUnload)(CUmodule module);
   CUresult (*cuModuleGetFunction)(CUfunction *fn, CUmodule module, const char *name);
+  CUresult (*cuFuncSetAttribute)(CUfunction fn, CUfunction_attribute attrib, int value);
   CUresult (*cuLaunchKernel)(CUfunction f, unsigned gridX, unsigned gridY, unsigned gridZ,
                              unsigned blockX, unsigned blockY, unsigned blockZ,
                              unsigned sharedBytes, CUstream stream, void **params, void **extra);
   CUresult (*cuStreamCreate)(CUstream *stream, unsigned flags);
   CUresult (*cuStreamDestroy)(CUstream stream);                            // _v2
   CUresult (*cuStreamSynchronize)(CUstream stream);
+  CUresult (*cuStreamQuery)(CUstream stream);
   CUresult (*cuStreamBeginCapture)(CUstream stream, CUstreamCaptureMode mode); // _v2
   CUresult (*cuStreamEndCapture)(CUstream stream, CUgraph *graph);
   CUresult (*cuGraphInstantiate)(CUgraphExec *exec, CUgraph graph,
@@ -136,6 +144,25 @@ struct cublasLtMatmulHeuristicResult_t {
   int reserved[4];
 };
 
+// cublasLt.h, cublas_api.h and library_types.h values mt uses.
+constexpr cublasComputeType_t CUBLAS_COMPUTE_32F = 68;
+constexpr cudaDataType_t CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14;
+constexpr int CUBLAS_OP_N = 0, CUBLAS_OP_T = 1;
+constexpr cublasLtMatmulDescAttributes_t CUBLASLT_MATMUL_DESC_TRANSA = 3,
+                                         CUBLASLT_MATMUL_DESC_TRANSB = 4,
+                                         CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
+                                         CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+                                         CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,
+                                         CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,
+                                         CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26;
+constexpr uint32_t CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4,
+                   CUBLASLT_EPILOGUE_GELU_BIAS = 32 | 4,
+                   CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 32 | 128 | 4,
+                   CUBLASLT_EPILOGUE_DGELU = 64 | 128,
+                   CUBLASLT_EPILOGUE_DGELU_BGRAD = 64 | 128 | 16,
+                   CUBLASLT_EPILOGUE_BGRADB = 512;
+constexpr cublasLtMatmulPreferenceAttributes_t CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1;
+
 struct CublasLt {
   std::string path;
   size_t version = 0; // cublasLtGetVersion: major * 10000 + minor * 100 + patch
@@ -178,6 +205,11 @@ typedef struct ncclComm *ncclComm_t;
 struct ncclUniqueId {
   char internal[128];
 };
+
+// nccl.h's values (stable since NCCL 2.10).
+constexpr ncclDataType_t ncclFloat16 = 6, ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9;
+constexpr ncclRedOp_t ncclSum = 0, ncclMax = 2, ncclAvg = 4;
+constexpr ncclResult_t ncclSuccess = 0, ncclInProgress = 7;
 
 struct Nccl {
   std::string path;

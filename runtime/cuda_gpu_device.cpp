@@ -7,10 +7,13 @@
 #include "runtime/kernel_cache.h"
 #include "runtime/plan_reader.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
+#include <thread>
 #include <tuple>
 
 namespace mt::rt {
@@ -19,59 +22,76 @@ namespace pl = mt::plan;
 
 namespace {
 
-// cublasLt.h, library_types.h and cublas_api.h values (the declarations test,
-// test/unit/CudaApiHeaderTest.cpp, checks the functions; these enumerators
-// are stable parts of the CUDA 12 and 13 ABI).
-constexpr int CUBLAS_COMPUTE_32F = 68;
-constexpr int CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14;
-constexpr int CUBLAS_OP_N = 0, CUBLAS_OP_T = 1;
-constexpr int CUBLASLT_MATMUL_DESC_TRANSA = 3, CUBLASLT_MATMUL_DESC_TRANSB = 4,
-              CUBLASLT_MATMUL_DESC_EPILOGUE = 7, CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
-              CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,
-              CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,
-              CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26;
-constexpr int CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4,
-              CUBLASLT_EPILOGUE_GELU_BIAS = 32 | 4, CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 32 | 128 | 4,
-              CUBLASLT_EPILOGUE_DGELU = 64 | 128, CUBLASLT_EPILOGUE_DGELU_BGRAD = 64 | 128 | 16,
-              CUBLASLT_EPILOGUE_BGRADB = 512;
-constexpr int CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1;
-
 // cuBLASLt's workspace: the figure mtc's memory plan states.
 constexpr uint64_t kCublasWorkspaceBytes = 32ull << 20;
 
 int cuda_type(pl::DType t) {
-  return t == pl::DType::BF16 ? CUDA_R_16BF : t == pl::DType::F16 ? CUDA_R_16F : CUDA_R_32F;
+  return t == pl::DType::BF16  ? cu::CUDA_R_16BF
+         : t == pl::DType::F16 ? cu::CUDA_R_16F
+                               : cu::CUDA_R_32F;
 }
-
-// nccl.h's values (stable since NCCL 2.10).
-constexpr cu::ncclDataType_t kNcclFloat16 = 6, kNcclFloat32 = 7, kNcclFloat64 = 8,
-                             kNcclBfloat16 = 9;
-constexpr cu::ncclRedOp_t kNcclSum = 0, kNcclMax = 2, kNcclAvg = 4;
 
 cu::ncclDataType_t nccl_type(CommElement t) {
   switch (t) {
-  case CommElement::F32: return kNcclFloat32;
-  case CommElement::F64: return kNcclFloat64;
-  case CommElement::BF16: return kNcclBfloat16;
-  case CommElement::F16: return kNcclFloat16;
+  case CommElement::F32: return cu::ncclFloat32;
+  case CommElement::F64: return cu::ncclFloat64;
+  case CommElement::BF16: return cu::ncclBfloat16;
+  case CommElement::F16: return cu::ncclFloat16;
   }
-  return kNcclFloat32;
+  return cu::ncclFloat32;
 }
+
+class NcclComm;
+// The device's live communicators, which its waits watch; shared with them
+// so either may go first.
+using CommSet = std::shared_ptr<std::set<NcclComm *>>;
 
 // One group's NCCL communicator, on the device's stream.
 class NcclComm : public DeviceComm {
 public:
   NcclComm(const cu::Nccl *nccl, cu::ncclComm_t comm, cu::CUstream stream, int rank, int size,
-           std::string name)
+           std::string name, CommSet live)
       : nccl_(nccl), comm_(comm), stream_(stream), rank_(rank), size_(size),
-        name_(std::move(name)) {}
-  ~NcclComm() override { nccl_->ncclCommDestroy(comm_); }
+        name_(std::move(name)), live_(std::move(live)) {
+    live_->insert(this);
+  }
+  ~NcclComm() override {
+    live_->erase(this);
+    if (comm_)
+      nccl_->ncclCommDestroy(comm_);
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
+  // An error NCCL found while its kernels run (a peer rank that died, a
+  // broken connection) leaves them waiting forever; it is reported through
+  // the communicator. Then the communicator is aborted, which ends its
+  // kernels, and the error is returned.
+  std::string async_error() {
+    if (!comm_)
+      return "";
+    cu::ncclResult_t state = cu::ncclSuccess;
+    cu::ncclResult_t r = nccl_->ncclCommGetAsyncError(comm_, &state);
+    if (r == cu::ncclSuccess && (state == cu::ncclSuccess || state == cu::ncclInProgress))
+      return "";
+    const cu::ncclResult_t why = r != cu::ncclSuccess ? r : state;
+    nccl_->ncclCommAbort(comm_);
+    comm_ = nullptr;
+    return "a collective on the " + name_ + " group (" + std::to_string(size_) +
+           " GPUs) failed: " + nccl_->ncclGetErrorString(why) + " (NCCL error " +
+           std::to_string(why) + "; another rank of the group may have stopped: its log " +
+           "says why; NCCL_DEBUG=WARN says more)";
+  }
+  // Ends the communicator's kernels (after another group's failure).
+  void abort() {
+    if (comm_)
+      nccl_->ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
   std::string all_reduce(uint64_t in, uint64_t out, uint64_t count, CommElement t, ReduceOp op,
                          double scale) override {
-    cu::ncclRedOp_t o = op == ReduceOp::Max ? kNcclMax : kNcclSum;
+    cu::ncclRedOp_t o = op == ReduceOp::Max ? cu::ncclMax : cu::ncclSum;
     if (std::string e = scaled(op, scale, &o); !e.empty())
       return e;
     return check(nccl_->ncclAllReduce(ptr(in), ptr(out), count, nccl_type(t), o, comm_, stream_),
@@ -83,7 +103,7 @@ public:
   }
   std::string reduce_scatter(uint64_t in, uint64_t out, uint64_t count, CommElement t,
                              double scale) override {
-    cu::ncclRedOp_t o = kNcclSum;
+    cu::ncclRedOp_t o = cu::ncclSum;
     if (std::string e = scaled(ReduceOp::Sum, scale, &o); !e.empty())
       return e;
     return check(nccl_->ncclReduceScatter(ptr(in), ptr(out), count, nccl_type(t), o, comm_,
@@ -106,7 +126,7 @@ private:
     if (scale == 1.0)
       return "";
     if (op == ReduceOp::Sum && std::fabs(scale * size_ - 1.0) < 1e-12) {
-      *o = kNcclAvg;
+      *o = cu::ncclAvg;
       return "";
     }
     return "a reduction scaled by " + std::to_string(scale) + " over the " + name_ +
@@ -125,6 +145,7 @@ private:
   cu::CUstream stream_;
   int rank_, size_;
   std::string name_;
+  CommSet live_;
 };
 
 class CudaGpuDevice : public GpuDevice {
@@ -132,6 +153,9 @@ public:
   ~CudaGpuDevice() override {
     if (!dev_.driver)
       return;
+    // Nothing below may go while the stream still runs kernels that use it.
+    if (stream_)
+      dev_.driver->cuStreamSynchronize(stream_);
     for (auto &[key, g] : gemms_) {
       lt_->cublasLtMatmulDescDestroy(g.desc);
       for (cu::cublasLtMatrixLayout_t l : {g.a, g.b, g.d})
@@ -207,7 +231,7 @@ public:
     auto known = by_source_.find({source, entry});
     if (known != by_source_.end()) {
       functions_[index] = known->second;
-      return "";
+      return allow_shared(known->second, kernel);
     }
     std::string cubin, err;
     const std::string name = kernel.name() ? kernel.name()->str() : entry;
@@ -226,6 +250,23 @@ public:
       return e;
     functions_[index] = f;
     by_source_[{source, entry}] = f;
+    return allow_shared(f, kernel);
+  }
+
+  // More than 48 KiB of dynamic shared memory takes an opt-in per function
+  // (cuda.h, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), else the
+  // launch fails. Entries that share a function get the largest they ask.
+  std::string allow_shared(cu::CUfunction f, const pl::Kernel &kernel) {
+    const uint32_t bytes = kernel.shared_bytes();
+    if (bytes <= cu::kDefaultMaxDynamicSharedBytes || bytes <= shared_allowed_[f])
+      return "";
+    if (std::string e = drv(dev_.driver->cuFuncSetAttribute(
+                                f, cu::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(bytes)),
+                            "allowing kernel '" + kernel.entry()->str() + "' " +
+                                std::to_string(bytes) + " bytes of shared memory");
+        !e.empty())
+      return e;
+    shared_allowed_[f] = bytes;
     return "";
   }
 
@@ -241,20 +282,10 @@ public:
     if (g.batch() != 1)
       return "batched GEMMs are not supported by this mtrun";
     Gemm *plan = nullptr;
-    if (std::string e = gemm_plan(g, &plan); !e.empty())
+    if (std::string e = gemm_plan(g, ptr, &plan); !e.empty())
       return e;
-    // The bias (read, or for the bias gradients written) and aux pointers
-    // change from call to call; the descriptor is per shape.
-    if (gemm_epilogue_has_bias(g.epilogue())) {
-      const void *bias = reinterpret_cast<const void *>(ptr[3]);
-      lt_->cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                          sizeof bias);
-    }
-    if (gemm_epilogue_has_aux(g.epilogue())) {
-      const void *aux = reinterpret_cast<const void *>(ptr[4]);
-      lt_->cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                          &aux, sizeof aux);
-    }
+    if (!set_epilogue_pointers(plan->desc, g, ptr))
+      return gemm_what(g) + ": cublasLtMatmulDescSetAttribute of the bias or aux pointer failed";
     const float alpha = 1.0f, beta = g.accumulate() ? 1.0f : 0.0f;
     void *d = reinterpret_cast<void *>(ptr[2]);
     cu::cublasStatus_t s = lt_->cublasLtMatmul(
@@ -268,8 +299,31 @@ public:
     return "";
   }
 
+  // Without communicators, a plain wait. With them, the stream is polled
+  // and the communicators watched between polls, so a failed collective
+  // ends the wait with its error instead of blocking it forever.
   std::string synchronize() override {
-    return drv(dev_.driver->cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    if (comms_->empty())
+      return drv(dev_.driver->cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    for (int polls = 0;; ++polls) {
+      const cu::CUresult r = dev_.driver->cuStreamQuery(stream_);
+      if (r != cu::CUDA_ERROR_NOT_READY)
+        return drv(r, "waiting for the GPU's stream");
+      for (NcclComm *c : *comms_)
+        if (std::string e = c->async_error(); !e.empty()) {
+          // Aborting one communicator can leave the others' kernels waiting
+          // on it: end them all, then let the stream drain.
+          for (NcclComm *other : *comms_)
+            other->abort();
+          dev_.driver->cuStreamSynchronize(stream_);
+          return e;
+        }
+      // Spin briefly (a step's tail), then yield the core in 50 us naps.
+      if (polls < 256)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
 
   // NCCL's bootstrap: group rank 0's unique id reaches the others over the
@@ -300,7 +354,7 @@ public:
       return nullptr;
     }
     return std::make_unique<NcclComm>(nccl, comm, stream_, group.rank(), group.size(),
-                                      group.name());
+                                      group.name(), comms_);
   }
 
   // Stream capture in thread-local mode: only this thread's unsafe calls
@@ -351,7 +405,32 @@ private:
     cu::cublasLtMatmulAlgo_t algo{};
   };
 
-  std::string gemm_plan(const pl::Gemm &g, Gemm **out) {
+  static std::string gemm_what(const pl::Gemm &g) {
+    return "cuBLASLt GEMM m " + std::to_string(g.m()) + ", n " + std::to_string(g.n()) + ", k " +
+           std::to_string(g.k());
+  }
+
+  // The bias (read, or for the bias gradients written) and aux pointers
+  // change from call to call; the descriptor is per shape. cuBLASLt's
+  // heuristic reads them too, for their alignment (cublasLt.h,
+  // CUBLASLT_MATMUL_DESC_BIAS_POINTER), so gemm_plan sets them first.
+  bool set_epilogue_pointers(cu::cublasLtMatmulDesc_t desc, const pl::Gemm &g,
+                             const uint64_t *ptr) const {
+    bool ok = true;
+    if (gemm_epilogue_has_bias(g.epilogue())) {
+      const void *bias = reinterpret_cast<const void *>(ptr[3]);
+      ok &= lt_->cublasLtMatmulDescSetAttribute(desc, cu::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                &bias, sizeof bias) == 0;
+    }
+    if (gemm_epilogue_has_aux(g.epilogue())) {
+      const void *aux = reinterpret_cast<const void *>(ptr[4]);
+      ok &= lt_->cublasLtMatmulDescSetAttribute(
+                desc, cu::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux) == 0;
+    }
+    return ok;
+  }
+
+  std::string gemm_plan(const pl::Gemm &g, const uint64_t *ptr, Gemm **out) {
     auto key = std::make_tuple(g.m(), g.n(), g.k(), g.trans_a(), g.trans_b(), g.lda(), g.ldb(),
                                g.ldd(), int(g.a_type()), int(g.b_type()), int(g.d_type()),
                                g.accumulate(), int(g.epilogue()), int(g.bias_type()));
@@ -361,56 +440,69 @@ private:
       return "";
     }
     Gemm p;
-    const std::string what = "cuBLASLt GEMM m " + std::to_string(g.m()) + ", n " +
-                             std::to_string(g.n()) + ", k " + std::to_string(g.k());
-    if (lt_->cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != 0)
-      return what + ": cublasLtMatmulDescCreate failed";
-    const int ta = g.trans_a() ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b() ? CUBLAS_OP_T : CUBLAS_OP_N;
-    lt_->cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-    lt_->cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-    int epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    const std::string what = gemm_what(g);
+    // Frees what was created so far when a later step fails.
+    auto fail = [&](const std::string &why) {
+      for (cu::cublasLtMatrixLayout_t l : {p.a, p.b, p.d})
+        if (l)
+          lt_->cublasLtMatrixLayoutDestroy(l);
+      if (p.desc)
+        lt_->cublasLtMatmulDescDestroy(p.desc);
+      return what + ": " + why;
+    };
+    if (lt_->cublasLtMatmulDescCreate(&p.desc, cu::CUBLAS_COMPUTE_32F, cu::CUDA_R_32F) != 0)
+      return fail("cublasLtMatmulDescCreate failed");
+    auto set = [&](cu::cublasLtMatmulDescAttributes_t attr, const void *value, size_t size) {
+      return lt_->cublasLtMatmulDescSetAttribute(p.desc, attr, value, size) == 0;
+    };
+    const int32_t ta = g.trans_a() ? cu::CUBLAS_OP_T : cu::CUBLAS_OP_N;
+    const int32_t tb = g.trans_b() ? cu::CUBLAS_OP_T : cu::CUBLAS_OP_N;
+    uint32_t epilogue = cu::CUBLASLT_EPILOGUE_DEFAULT;
     switch (g.epilogue()) {
     case pl::GemmEpilogue::NONE: break;
-    case pl::GemmEpilogue::BIAS: epilogue = CUBLASLT_EPILOGUE_BIAS; break;
-    case pl::GemmEpilogue::GELU_BIAS: epilogue = CUBLASLT_EPILOGUE_GELU_BIAS; break;
-    case pl::GemmEpilogue::GELU_AUX_BIAS: epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
-    case pl::GemmEpilogue::DGELU: epilogue = CUBLASLT_EPILOGUE_DGELU; break;
-    case pl::GemmEpilogue::DGELU_BGRAD: epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD; break;
-    case pl::GemmEpilogue::BGRADB: epilogue = CUBLASLT_EPILOGUE_BGRADB; break;
+    case pl::GemmEpilogue::BIAS: epilogue = cu::CUBLASLT_EPILOGUE_BIAS; break;
+    case pl::GemmEpilogue::GELU_BIAS: epilogue = cu::CUBLASLT_EPILOGUE_GELU_BIAS; break;
+    case pl::GemmEpilogue::GELU_AUX_BIAS: epilogue = cu::CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
+    case pl::GemmEpilogue::DGELU: epilogue = cu::CUBLASLT_EPILOGUE_DGELU; break;
+    case pl::GemmEpilogue::DGELU_BGRAD: epilogue = cu::CUBLASLT_EPILOGUE_DGELU_BGRAD; break;
+    case pl::GemmEpilogue::BGRADB: epilogue = cu::CUBLASLT_EPILOGUE_BGRADB; break;
     }
-    lt_->cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                        sizeof epilogue);
+    bool ok = set(cu::CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) &&
+              set(cu::CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) &&
+              set(cu::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue);
     // The bias or bias-gradient type (the plan states D's type for the
     // gradients, cuBLASLt's default for them); aux has D's type and layout.
-    if (gemm_epilogue_has_bias(g.epilogue())) {
-      const int bt = cuda_type(g.bias_type());
-      lt_->cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
-                                          sizeof bt);
+    if (ok && gemm_epilogue_has_bias(g.epilogue())) {
+      const int32_t bt = cuda_type(g.bias_type());
+      ok = set(cu::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
     }
-    if (gemm_epilogue_has_aux(g.epilogue())) {
+    if (ok && gemm_epilogue_has_aux(g.epilogue())) {
       const int64_t ld = g.ldd();
-      lt_->cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
-                                          sizeof ld);
+      ok = set(cu::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
     }
+    if (!ok || !set_epilogue_pointers(p.desc, g, ptr))
+      return fail("cublasLtMatmulDescSetAttribute failed");
     // Stored shapes, column-major: A is k x m when transposed, else m x k.
     const uint64_t ar = g.trans_a() ? g.k() : g.m(), ac = g.trans_a() ? g.m() : g.k();
     const uint64_t br = g.trans_b() ? g.n() : g.k(), bc = g.trans_b() ? g.k() : g.n();
     if (lt_->cublasLtMatrixLayoutCreate(&p.a, cuda_type(g.a_type()), ar, ac, g.lda()) != 0 ||
         lt_->cublasLtMatrixLayoutCreate(&p.b, cuda_type(g.b_type()), br, bc, g.ldb()) != 0 ||
         lt_->cublasLtMatrixLayoutCreate(&p.d, cuda_type(g.d_type()), g.m(), g.n(), g.ldd()) != 0)
-      return what + ": cublasLtMatrixLayoutCreate failed";
+      return fail("cublasLtMatrixLayoutCreate failed");
     cu::cublasLtMatmulPreference_t pref = nullptr;
-    lt_->cublasLtMatmulPreferenceCreate(&pref);
+    if (lt_->cublasLtMatmulPreferenceCreate(&pref) != 0)
+      return fail("cublasLtMatmulPreferenceCreate failed");
     const uint64_t ws = kCublasWorkspaceBytes;
-    lt_->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                              sizeof ws);
+    cu::cublasStatus_t s = lt_->cublasLtMatmulPreferenceSetAttribute(
+        pref, cu::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
     cu::cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    cu::cublasStatus_t s = lt_->cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d,
-                                                               p.d, pref, 1, &result, &found);
+    if (s == 0)
+      s = lt_->cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1,
+                                              &result, &found);
     lt_->cublasLtMatmulPreferenceDestroy(pref);
     if (s != 0 || found == 0)
-      return what + ": cuBLASLt has no algorithm for it (status " + std::to_string(s) + ")";
+      return fail("cuBLASLt has no algorithm for it (status " + std::to_string(s) + ")");
     p.algo = result.algo;
     *out = &(gemms_[key] = p);
     return "";
@@ -437,6 +529,8 @@ private:
   std::set<cu::CUgraphExec> graphs_;
   std::map<uint32_t, cu::CUfunction> functions_;
   std::map<std::pair<std::string, std::string>, cu::CUfunction> by_source_;
+  std::map<cu::CUfunction, uint32_t> shared_allowed_; // beyond the default 48 KiB
+  CommSet comms_ = std::make_shared<std::set<NcclComm *>>();
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, int, int,
                       int, bool, int, int>,
            Gemm>

@@ -24,8 +24,10 @@ namespace mine {
   X(Driver, cuMemAlloc) X(Driver, cuMemFree) X(Driver, cuMemcpyHtoD) X(Driver, cuMemcpyDtoH)     \
   X(Driver, cuMemcpyHtoDAsync) X(Driver, cuMemcpyDtoHAsync) X(Driver, cuMemsetD8Async)           \
   X(Driver, cuModuleLoadData) X(Driver, cuModuleUnload) X(Driver, cuModuleGetFunction)           \
+  X(Driver, cuFuncSetAttribute)                                                                  \
   X(Driver, cuLaunchKernel) X(Driver, cuStreamCreate) X(Driver, cuStreamDestroy)                 \
-  X(Driver, cuStreamSynchronize) X(Driver, cuStreamBeginCapture) X(Driver, cuStreamEndCapture)   \
+  X(Driver, cuStreamSynchronize) X(Driver, cuStreamQuery)                                        \
+  X(Driver, cuStreamBeginCapture) X(Driver, cuStreamEndCapture)                                  \
   X(Driver, cuGraphInstantiate) X(Driver, cuGraphLaunch) X(Driver, cuGraphExecDestroy)           \
   X(Driver, cuGraphDestroy)
 MT_DRIVER(MT_MEMBER)
@@ -119,14 +121,42 @@ static_assert(offsetof(cu::cublasLtMatmulHeuristicResult_t, wavesCount) ==
 static_assert(cu::CUDA_SUCCESS == ::CUDA_SUCCESS);
 static_assert(cu::CUDA_ERROR_NO_DEVICE == ::CUDA_ERROR_NO_DEVICE);
 static_assert(cu::CUDA_ERROR_STUB_LIBRARY == ::CUDA_ERROR_STUB_LIBRARY);
+static_assert(cu::CUDA_ERROR_NOT_READY == ::CUDA_ERROR_NOT_READY);
 static_assert(cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR ==
               ::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
 static_assert(cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR ==
               ::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
 static_assert(cu::CU_STREAM_NON_BLOCKING == ::CU_STREAM_NON_BLOCKING);
 static_assert(cu::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL == ::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+static_assert(cu::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES ==
+              ::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
 static_assert(cu::NVRTC_SUCCESS == ::NVRTC_SUCCESS);
 static_assert(cu::NVRTC_ERROR_COMPILATION == ::NVRTC_ERROR_COMPILATION);
+static_assert(cu::CUBLAS_COMPUTE_32F == ::CUBLAS_COMPUTE_32F);
+static_assert(cu::CUDA_R_32F == ::CUDA_R_32F && cu::CUDA_R_16F == ::CUDA_R_16F &&
+              cu::CUDA_R_16BF == ::CUDA_R_16BF);
+static_assert(cu::CUBLAS_OP_N == ::CUBLAS_OP_N && cu::CUBLAS_OP_T == ::CUBLAS_OP_T);
+static_assert(cu::CUBLASLT_MATMUL_DESC_TRANSA == ::CUBLASLT_MATMUL_DESC_TRANSA);
+static_assert(cu::CUBLASLT_MATMUL_DESC_TRANSB == ::CUBLASLT_MATMUL_DESC_TRANSB);
+static_assert(cu::CUBLASLT_MATMUL_DESC_EPILOGUE == ::CUBLASLT_MATMUL_DESC_EPILOGUE);
+static_assert(cu::CUBLASLT_MATMUL_DESC_BIAS_POINTER == ::CUBLASLT_MATMUL_DESC_BIAS_POINTER);
+static_assert(cu::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER ==
+              ::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER);
+static_assert(cu::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD == ::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD);
+static_assert(cu::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE == ::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE);
+static_assert(cu::CUBLASLT_EPILOGUE_DEFAULT == ::CUBLASLT_EPILOGUE_DEFAULT);
+static_assert(cu::CUBLASLT_EPILOGUE_BIAS == ::CUBLASLT_EPILOGUE_BIAS);
+static_assert(cu::CUBLASLT_EPILOGUE_GELU_BIAS == ::CUBLASLT_EPILOGUE_GELU_BIAS);
+static_assert(cu::CUBLASLT_EPILOGUE_GELU_AUX_BIAS == ::CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
+static_assert(cu::CUBLASLT_EPILOGUE_DGELU == ::CUBLASLT_EPILOGUE_DGELU);
+static_assert(cu::CUBLASLT_EPILOGUE_DGELU_BGRAD == ::CUBLASLT_EPILOGUE_DGELU_BGRAD);
+static_assert(cu::CUBLASLT_EPILOGUE_BGRADB == ::CUBLASLT_EPILOGUE_BGRADB);
+static_assert(cu::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES ==
+              ::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES);
+static_assert(cu::ncclFloat16 == ::ncclFloat16 && cu::ncclFloat32 == ::ncclFloat32 &&
+              cu::ncclFloat64 == ::ncclFloat64 && cu::ncclBfloat16 == ::ncclBfloat16);
+static_assert(cu::ncclSum == ::ncclSum && cu::ncclMax == ::ncclMax && cu::ncclAvg == ::ncclAvg);
+static_assert(cu::ncclSuccess == ::ncclSuccess && cu::ncclInProgress == ::ncclInProgress);
 } // namespace
 
 TEST(CudaApiHeaders, DeclarationsMatchTheToolkit) {
