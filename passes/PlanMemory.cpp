@@ -136,52 +136,83 @@ int64_t placeBySize(ArrayRef<Buffer> buffers, int64_t end, int64_t limit,
   // The placed buffers that overlap a new one in time are those live at its
   // first op and those that start later within its lifetime. Two segment
   // trees over op indices (shifted by one, so program arguments start at 0)
-  // answer both with O(log n) lists: `live` keeps a buffer at the nodes that
-  // tile its lifetime, so the lists on a leaf's path to the root hold the
+  // answer both with O(log n) nodes: `live` keeps a buffer at the nodes that
+  // tile its lifetime, so the nodes on a leaf's path to the root hold the
   // buffers live there; `starts` keeps it at every node above its first op,
-  // so the nodes that tile a range hold the buffers starting in it. The
-  // lists hold the placed bytes themselves, to be read in order.
-  using Range = std::pair<int64_t, int64_t>; // (offset, size)
+  // so the nodes that tile a range hold the buffers starting in it. A node
+  // keeps only the union of its buffers' bytes, as sorted disjoint
+  // [begin, end) ranges: a tight layout merges them into a few, and the
+  // lowest free offset is found by skipping forward through each node's
+  // ranges instead of sorting every overlapping buffer.
+  using Ranges = SmallVector<std::pair<int64_t, int64_t>, 0>;
   int64_t leaves = 1;
   while (leaves < end + 2)
     leaves *= 2;
-  std::vector<SmallVector<Range, 0>> live(2 * leaves), starts(2 * leaves);
+  std::vector<Ranges> live(2 * leaves), starts(2 * leaves);
+  // The first range of `r` that ends after `at`.
+  auto firstAfter = [](const Ranges &r, int64_t at) {
+    return llvm::upper_bound(r, at, [](int64_t v, const auto &x) { return v < x.second; });
+  };
+  // Adds [from, to) to `r`, merged with the ranges it overlaps or touches.
+  auto add = [](Ranges &r, int64_t from, int64_t to) {
+    auto lo = llvm::lower_bound(r, from, [](const auto &x, int64_t v) { return x.second < v; });
+    auto hi = lo;
+    for (; hi != r.end() && hi->first <= to; ++hi) {
+      from = std::min(from, hi->first);
+      to = std::max(to, hi->second);
+    }
+    if (lo == hi) {
+      r.insert(lo, {from, to});
+      return;
+    }
+    *lo = {from, to};
+    r.erase(lo + 1, hi);
+  };
 
   int64_t peak = 0;
-  SmallVector<Range> taken;
+  SmallVector<std::pair<const Ranges *, size_t>> nodes; // and the first range not yet passed
   for (int64_t id : order) {
     const Buffer &buf = buffers[id];
     const int64_t first = buf.begin + 1 + leaves, last = buf.end + 1 + leaves;
-    taken.clear();
+    nodes.clear();
     for (int64_t node = first; node >= 1; node /= 2)
-      llvm::append_range(taken, live[node]);
+      if (!live[node].empty())
+        nodes.push_back({&live[node], 0});
     for (int64_t lo = first + 1, hi = last + 1; lo < hi; lo /= 2, hi /= 2) {
-      if (lo & 1)
-        llvm::append_range(taken, starts[lo++]);
-      if (hi & 1)
-        llvm::append_range(taken, starts[--hi]);
+      if ((lo & 1) && !starts[lo++].empty())
+        nodes.push_back({&starts[lo - 1], 0});
+      if ((hi & 1) && !starts[--hi].empty())
+        nodes.push_back({&starts[hi], 0});
     }
-    llvm::sort(taken, [](const Range &x, const Range &y) { return x.first < y.first; });
+    // The lowest offset free in every node: move past any range that
+    // overlaps [at, at + size) until none does. Each move is to the end of
+    // a range that overlaps every offset skipped, so none is missed; `at`
+    // only grows, so each node's position only moves forward.
     int64_t at = 0;
-    for (auto [off, size] : taken) {
-      if (off >= at + buf.size)
-        break;
-      at = std::max(at, off + size);
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (auto &[r, i] : nodes) {
+        if (i < r->size() && (*r)[i].second <= at)
+          i = firstAfter(*r, at) - r->begin();
+        for (; i < r->size() && (*r)[i].first < at + buf.size; ++i) {
+          at = (*r)[i].second;
+          moved = true;
+        }
+      }
     }
     if (at + buf.size >= limit)
       return limit; // no smaller than best-fit: stop early
     offsets[id] = at;
     peak = std::max(peak, at + buf.size);
 
-    const Range placed{at, buf.size};
     for (int64_t lo = first, hi = last + 1; lo < hi; lo /= 2, hi /= 2) {
       if (lo & 1)
-        live[lo++].push_back(placed);
+        add(live[lo++], at, at + buf.size);
       if (hi & 1)
-        live[--hi].push_back(placed);
+        add(live[--hi], at, at + buf.size);
     }
     for (int64_t node = first; node >= 1; node /= 2)
-      starts[node].push_back(placed);
+      add(starts[node], at, at + buf.size);
   }
   return peak;
 }
