@@ -170,19 +170,23 @@ int64_t placeBySize(ArrayRef<Buffer> buffers, int64_t end, int64_t limit,
   };
 
   int64_t peak = 0;
-  SmallVector<std::pair<const Ranges *, size_t>> nodes; // and the first range not yet passed
+  // The nodes to search, each with the first of its ranges not yet passed.
+  SmallVector<std::pair<const Ranges *, size_t>> nodes;
   for (int64_t id : order) {
     const Buffer &buf = buffers[id];
     const int64_t first = buf.begin + 1 + leaves, last = buf.end + 1 + leaves;
     nodes.clear();
+    auto search = [&](const Ranges &r) {
+      if (!r.empty())
+        nodes.push_back({&r, 0});
+    };
     for (int64_t node = first; node >= 1; node /= 2)
-      if (!live[node].empty())
-        nodes.push_back({&live[node], 0});
+      search(live[node]);
     for (int64_t lo = first + 1, hi = last + 1; lo < hi; lo /= 2, hi /= 2) {
-      if ((lo & 1) && !starts[lo++].empty())
-        nodes.push_back({&starts[lo - 1], 0});
-      if ((hi & 1) && !starts[--hi].empty())
-        nodes.push_back({&starts[hi], 0});
+      if (lo & 1)
+        search(starts[lo++]);
+      if (hi & 1)
+        search(starts[--hi]);
     }
     // The lowest offset free in every node: move past any range that
     // overlaps [at, at + size) until none does. Each move is to the end of
