@@ -476,13 +476,20 @@ def MtPlanMemoryPass : Pass<"mt-plan-memory", "mlir::ModuleOp"> {
     are -1.
 
     Activations: liveness over each program's op order (the schedule the
-    runtime executes), then best-fit placement in one arena shared by all
-    programs (they never run at the same time). A value lives from the op
-    that defines it to its last use; an op's results never overlap its
-    operands, except that `mt.cross_entropy_grad` writes the logits' gradient
-    over the logits when that is their last use (the largest activation of a
+    runtime executes), then placement in one arena shared by all programs
+    (they never run at the same time). A value lives from the op that
+    defines it to its last use; an op's results never overlap its operands,
+    except that `mt.cross_entropy_grad` writes the logits' gradient over the
+    logits when that is their last use (the largest activation of a
     language model is then held once); `mt.reshape` results alias their
-    input. Each op gets
+    input. Every lifetime is known before any value is placed, so the
+    arena is laid out offline, greedy by size: the largest buffers first
+    (then the longest-lived), each at the lowest offset free over its whole
+    lifetime. Online best-fit in program order is computed too and kept
+    when its peak is no larger; it strands large buffers above small
+    long-lived ones and wasted 0.06-3% of the arena on the presets, which
+    the offline layout brings to (or within 0.75% of) the most bytes ever
+    live at once. Each op gets
     `mt.offsets` (one byte offset per result), each program argument
     `mt.offset`, each function `mt.arena_bytes`, and the module
     `mt.arena_bytes`, the peak over programs. Liveness is over the

@@ -1,4 +1,5 @@
-// mt-plan-memory: persistent-state layout and best-fit activation arena.
+// mt-plan-memory: persistent-state layout and the activation arena, placed
+// offline by size with online best-fit kept where it is smaller.
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
@@ -85,10 +86,147 @@ bool inArena(Value v) {
   return isa<RankedTensorType>(v.getType()) && !v.getDefiningOp<ParamRefOp>();
 }
 
+// One range of arena bytes: a value with its reshape aliases, or logits and
+// the gradient written over them. Live over op indices [begin, end],
+// inclusive (-1: a program argument, live before the first op).
+struct Buffer {
+  int64_t size, begin, end;
+};
+
+// Online best-fit in program order: at each op, its new buffers are placed,
+// then those whose last use it is are freed (after, so results never overlap
+// the operands they are computed from). Buffers are numbered in the order
+// they start. Returns the peak.
+int64_t placeBestFit(ArrayRef<Buffer> buffers, int64_t end, MutableArrayRef<int64_t> offsets) {
+  SmallVector<SmallVector<int64_t>> freeAt(end + 2);
+  Arena arena;
+  size_t next = 0;
+  for (int64_t t = -1; t <= end; ++t) {
+    for (; next < buffers.size() && buffers[next].begin == t; ++next) {
+      offsets[next] = arena.allocate(buffers[next].size);
+      freeAt[buffers[next].end + 1].push_back(next);
+    }
+    for (int64_t id : freeAt[t + 1])
+      arena.release(offsets[id], buffers[id].size);
+  }
+  return arena.peak();
+}
+
+// Offline placement, greedy by size: the largest buffers first (then the
+// longest-lived, then the earliest), each at the lowest offset free over
+// its whole lifetime. All lifetimes are known before placement, so a large
+// buffer is never stranded above the small ones that best-fit put first.
+// (Pisarchyk and Lee, "Efficient Memory Management for Deep Neural Net
+// Inference", 2020.) Returns the peak, or `limit` as soon as the peak would
+// reach it (best-fit's peak: this layout would not be kept).
+int64_t placeBySize(ArrayRef<Buffer> buffers, int64_t end, int64_t limit,
+                    MutableArrayRef<int64_t> offsets) {
+  SmallVector<int64_t> order(buffers.size());
+  for (auto [i, o] : llvm::enumerate(order))
+    o = i;
+  llvm::sort(order, [&](int64_t a, int64_t b) {
+    const Buffer &x = buffers[a], &y = buffers[b];
+    if (x.size != y.size)
+      return x.size > y.size;
+    if (x.end - x.begin != y.end - y.begin)
+      return x.end - x.begin > y.end - y.begin;
+    return std::make_pair(x.begin, a) < std::make_pair(y.begin, b);
+  });
+
+  // The placed buffers that overlap a new one in time are those live at its
+  // first op and those that start later within its lifetime. Two segment
+  // trees over op indices (shifted by one, so program arguments start at 0)
+  // answer both with O(log n) nodes: `live` keeps a buffer at the nodes that
+  // tile its lifetime, so the nodes on a leaf's path to the root hold the
+  // buffers live there; `starts` keeps it at every node above its first op,
+  // so the nodes that tile a range hold the buffers starting in it. A node
+  // keeps only the union of its buffers' bytes, as sorted disjoint
+  // [begin, end) ranges: a tight layout merges them into a few, and the
+  // lowest free offset is found by skipping forward through each node's
+  // ranges instead of sorting every overlapping buffer.
+  using Ranges = SmallVector<std::pair<int64_t, int64_t>, 0>;
+  int64_t leaves = 1;
+  while (leaves < end + 2)
+    leaves *= 2;
+  std::vector<Ranges> live(2 * leaves), starts(2 * leaves);
+  // The first range of `r` that ends after `at`.
+  auto firstAfter = [](const Ranges &r, int64_t at) {
+    return llvm::upper_bound(r, at, [](int64_t v, const auto &x) { return v < x.second; });
+  };
+  // Adds [from, to) to `r`, merged with the ranges it overlaps or touches.
+  auto add = [](Ranges &r, int64_t from, int64_t to) {
+    auto lo = llvm::lower_bound(r, from, [](const auto &x, int64_t v) { return x.second < v; });
+    auto hi = lo;
+    for (; hi != r.end() && hi->first <= to; ++hi) {
+      from = std::min(from, hi->first);
+      to = std::max(to, hi->second);
+    }
+    if (lo == hi) {
+      r.insert(lo, {from, to});
+      return;
+    }
+    *lo = {from, to};
+    r.erase(lo + 1, hi);
+  };
+
+  int64_t peak = 0;
+  // The nodes to search, each with the first of its ranges not yet passed.
+  SmallVector<std::pair<const Ranges *, size_t>> nodes;
+  for (int64_t id : order) {
+    const Buffer &buf = buffers[id];
+    const int64_t first = buf.begin + 1 + leaves, last = buf.end + 1 + leaves;
+    nodes.clear();
+    auto search = [&](const Ranges &r) {
+      if (!r.empty())
+        nodes.push_back({&r, 0});
+    };
+    for (int64_t node = first; node >= 1; node /= 2)
+      search(live[node]);
+    for (int64_t lo = first + 1, hi = last + 1; lo < hi; lo /= 2, hi /= 2) {
+      if (lo & 1)
+        search(starts[lo++]);
+      if (hi & 1)
+        search(starts[--hi]);
+    }
+    // The lowest offset free in every node: move past any range that
+    // overlaps [at, at + size) until none does. Each move is to the end of
+    // a range that overlaps every offset skipped, so none is missed; `at`
+    // only grows, so each node's position only moves forward.
+    int64_t at = 0;
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (auto &[r, i] : nodes) {
+        if (i < r->size() && (*r)[i].second <= at)
+          i = firstAfter(*r, at) - r->begin();
+        for (; i < r->size() && (*r)[i].first < at + buf.size; ++i) {
+          at = (*r)[i].second;
+          moved = true;
+        }
+      }
+    }
+    if (at + buf.size >= limit)
+      return limit; // no smaller than best-fit: stop early
+    offsets[id] = at;
+    peak = std::max(peak, at + buf.size);
+
+    for (int64_t lo = first, hi = last + 1; lo < hi; lo /= 2, hi /= 2) {
+      if (lo & 1)
+        add(live[lo++], at, at + buf.size);
+      if (hi & 1)
+        add(live[--hi], at, at + buf.size);
+    }
+    for (int64_t node = first; node >= 1; node /= 2)
+      add(starts[node], at, at + buf.size);
+  }
+  return peak;
+}
+
 // Places one program's values; returns its arena size. Only the function's
 // top-level ops are numbered and only their results placed: a value defined
 // inside an op's region (an mt.fused body) lives in the kernel, not in the
 // arena, and a use inside a region counts as a use by its top-level op.
+// Both placements are computed and the one with the smaller peak is kept
+// (best-fit on a tie), so the offline one can only shrink the arena.
 int64_t planFunction(func::FuncOp f) {
   Block &body = f.getBody().front();
   DenseMap<Operation *, int64_t> index;
@@ -127,71 +265,60 @@ int64_t planFunction(func::FuncOp f) {
     for (Value r : op.getResults())
       noteUses(r);
 
-  Arena arena;
-  DenseMap<Value, int64_t> offset;
-  std::map<int64_t, SmallVector<Value>> freeAt;
-  auto place = [&](Value v, int64_t defIndex) {
-    Value r = rootOf(v);
-    if (r != v) {
-      offset[v] = offset.lookup(r);
-      return;
-    }
-    offset[v] = arena.allocate(bytesOf(v.getType()));
-    freeAt[std::max(lastUse.lookup(v), defIndex)].push_back(v);
+  // Every root value gets a buffer, in the order the values are defined.
+  SmallVector<Buffer> buffers;
+  DenseMap<Value, int64_t> bufferOf;
+  auto open = [&](Value v, int64_t defIndex) {
+    bufferOf[v] = buffers.size();
+    buffers.push_back({alignUp(std::max<int64_t>(bytesOf(v.getType()), 1)), defIndex,
+                       std::max(lastUse.lookup(v), defIndex)});
   };
   for (BlockArgument a : body.getArguments())
     if (inArena(a))
-      place(a, -1);
-
-  // The logits' gradient takes the logits' bytes when this is their last
-  // use (the kernel writes each row after reading it): the largest
-  // activation of a language model is then held once, not twice.
-  auto inPlace = [&](Operation &op, int64_t i) -> bool {
-    auto ce = dyn_cast<CrossEntropyGradOp>(op);
-    if (!ce)
-      return false;
-    Value logits = ce.getLogits(), r = rootOf(logits);
-    if (!inArena(logits) || lastUse.lookup(r) != i ||
-        bytesOf(r.getType()) != bytesOf(ce.getType()))
-      return false;
-    auto it = freeAt.find(i);
-    if (it == freeAt.end() || !llvm::is_contained(it->second, r))
-      return false;
-    llvm::erase(it->second, r);
-    offset[ce.getResult()] = offset.lookup(r);
-    freeAt[std::max(lastUse.lookup(ce.getResult()), i)].push_back(ce.getResult());
-    return true;
-  };
-
-  OpBuilder b(f.getContext());
+      open(a, -1);
   for (Operation &op : body) {
     int64_t i = index.lookup(&op);
-    SmallVector<int64_t> offsets;
-    bool reused = inPlace(op, i);
-    for (Value r : op.getResults()) {
-      if (inArena(r)) {
-        if (!reused)
-          place(r, i);
-        offsets.push_back(offset.lookup(r));
-      } else {
-        offsets.push_back(-1);
+    // The logits' gradient takes the logits' bytes when this is their last
+    // use (the kernel writes each row after reading it): the largest
+    // activation of a language model is then held once, not twice.
+    if (auto ce = dyn_cast<CrossEntropyGradOp>(op)) {
+      Value logits = ce.getLogits(), r = rootOf(logits);
+      if (inArena(logits) && lastUse.lookup(r) == i &&
+          bytesOf(r.getType()) == bytesOf(ce.getType())) {
+        int64_t id = bufferOf.lookup(r);
+        bufferOf[ce.getResult()] = id;
+        buffers[id].end = std::max(lastUse.lookup(ce.getResult()), i);
+        continue;
       }
     }
-    if (op.getNumResults() > 0)
-      op.setAttr("mt.offsets", b.getDenseI64ArrayAttr(offsets));
-    // Release after this op's results are placed: results never overlap
-    // the operands they are computed from.
-    if (auto it = freeAt.find(i); it != freeAt.end()) {
-      for (Value v : it->second)
-        arena.release(offset.lookup(v), bytesOf(v.getType()));
-      freeAt.erase(it);
-    }
+    for (Value r : op.getResults())
+      if (inArena(r) && rootOf(r) == r)
+        open(r, i);
+  }
+
+  SmallVector<int64_t> bestFit(buffers.size()), bySize(buffers.size());
+  int64_t peak = placeBestFit(buffers, end, bestFit);
+  ArrayRef<int64_t> offsets = bestFit;
+  if (int64_t offline = placeBySize(buffers, end, peak, bySize); offline < peak) {
+    peak = offline;
+    offsets = bySize;
+  }
+
+  OpBuilder b(f.getContext());
+  auto offsetOf = [&](Value v) { return offsets[bufferOf.lookup(rootOf(v))]; };
+  for (Operation &op : body) {
+    if (op.getNumResults() == 0)
+      continue;
+    SmallVector<int64_t> resultOffsets;
+    for (Value r : op.getResults())
+      resultOffsets.push_back(inArena(r) ? offsetOf(r) : -1);
+    op.setAttr("mt.offsets", b.getDenseI64ArrayAttr(resultOffsets));
   }
   for (BlockArgument a : body.getArguments())
     if (inArena(a))
-      f.setArgAttr(a.getArgNumber(), "mt.offset", b.getI64IntegerAttr(offset.lookup(a)));
-  f->setAttr("mt.arena_bytes", b.getI64IntegerAttr(arena.peak()));
-  return arena.peak();
+      f.setArgAttr(a.getArgNumber(), "mt.offset", b.getI64IntegerAttr(offsetOf(a)));
+  f->setAttr("mt.arena_bytes", b.getI64IntegerAttr(peak));
+  return peak;
 }
 
 // Data-parallel plans: weights and gradients as flat buffers indexed alike
