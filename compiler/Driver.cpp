@@ -32,7 +32,6 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -315,7 +314,6 @@ int checkKernels(const plan::Plan &plan, const std::vector<std::string> &archs) 
   const auto *kernels = plan.kernels();
   uint32_t count = 0;
   std::map<std::string_view, uint32_t> distinct; // source -> first kernel with it
-  std::set<const flatbuffers::String *> seen;
   struct Job {
     uint32_t kernel;
     int arch;
@@ -326,10 +324,7 @@ int checkKernels(const plan::Plan &plan, const std::vector<std::string> &archs) 
     if (!kern.cuda_source() || kern.cuda_source()->size() == 0)
       continue; // a gemm kernel: cuBLASLt runs it
     ++count;
-    // The plan writer stores each distinct source once: equal sources are
-    // the same string of the file.
-    if (seen.insert(kern.cuda_source()).second &&
-        distinct.emplace(kern.cuda_source()->string_view(), k).second)
+    if (distinct.emplace(kern.cuda_source()->string_view(), k).second)
       for (const std::string &arch : archs)
         jobs.push_back({k, archNumber(arch)});
   }

@@ -432,22 +432,19 @@ private:
       l = rebind(known->second, gi);
     } else {
       l = lowerGpu(op, gi);
-      if (!key.empty()) {
-        // Its new kernels join the kernel table once; later instances of
-        // the same lowering launch those entries.
-        for (GpuStepSpec &s : l.steps)
-          if (s.kind == pl::GpuStepKind::KERNEL && s.kernel < 0)
-            s.kernel = addKernel(l.kernels.at(size_t(-s.kernel - 1)));
-        l.kernels.clear();
+      // Its new kernels join the kernel table once; later instances of the
+      // same lowering launch those entries.
+      for (GpuStepSpec &s : l.steps)
+        if (s.kind == pl::GpuStepKind::KERNEL && s.kernel < 0)
+          s.kernel = addKernel(l.kernels.at(size_t(-s.kernel - 1)));
+      l.kernels.clear();
+      if (!key.empty())
         lowerings.try_emplace(std::move(key), l, gi);
-      }
     }
     kernelWorkspace = std::max(kernelWorkspace, l.workspaceBytes);
     std::vector<fb::Offset<pl::GpuStep>> steps;
     for (const GpuStepSpec &s : l.steps) {
-      int64_t kernel = s.kernel;
-      if (s.kind == pl::GpuStepKind::KERNEL && kernel < 0)
-        kernel = addKernel(l.kernels.at(size_t(-kernel - 1)));
+      const int64_t kernel = s.kernel;
       std::vector<pl::GpuArg> args;
       for (const GpuArgSpec &a : s.args)
         args.emplace_back(a.kind, a.index);
@@ -495,9 +492,8 @@ private:
   // (indices into the stage's table); those, with which of its values are
   // the same value, are the key. An mt.fused's ints name its kernel entry,
   // which equal regions share (kernel()), so the key covers its body too.
-  // Instructions that read every parameter or
-  // the distributed optimizer's layout occur once per step and are not
-  // keyed (empty key).
+  // Instructions that read every parameter or the distributed optimizer's
+  // layout occur once per step and are not keyed (empty key).
   std::string loweringKey(const GpuInstruction &gi) const {
     switch (gi.op) {
     case pl::Opcode::GRAD_NORM:

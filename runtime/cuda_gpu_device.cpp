@@ -75,8 +75,7 @@ public:
     if (r == cu::ncclSuccess && (state == cu::ncclSuccess || state == cu::ncclInProgress))
       return "";
     const cu::ncclResult_t why = r != cu::ncclSuccess ? r : state;
-    nccl_->ncclCommAbort(comm_);
-    comm_ = nullptr;
+    abort();
     return "a collective on the " + name_ + " group (" + std::to_string(size_) +
            " GPUs) failed: " + nccl_->ncclGetErrorString(why) + " (NCCL error " +
            std::to_string(why) + "; another rank of the group may have stopped: its log " +
