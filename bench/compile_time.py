@@ -3,11 +3,13 @@
 
 Usage: bench/compile_time.py [--mtc build/bin/mtc] [--repeat 5] [--record]
 
-Prints a table per preset: the ops of @forward, the parameters, the median
-wall time of `mtc compile SPEC -o plan.bin` (import, mt-train-pipeline, the
-summary and writing the plan), the peak resident memory of that process and
-the plan's size. With --record it appends the table, with the date, the
-machine and the commit, to bench/results/compile-time.md.
+Prints a table per preset: the forward operations of one micro-batch (summed
+over the pipeline stages; the tables recorded up to commit 3a48631 show 0 for
+pipelined presets), the parameters, the median wall time of `mtc compile SPEC
+-o plan.bin` (import, mt-train-pipeline, the summary and writing the plan),
+the peak resident memory of that process and the plan's size. With --record
+it appends the table, with the date, the machine and the commit, to
+bench/results/compile-time.md.
 """
 import argparse
 import datetime
@@ -63,7 +65,7 @@ def main():
         rows.append((name[:-5], report["forward_ops"], report["parameters"]["total"],
                      statistics.median(times), peak / 1024.0, size / 1e6))
 
-    lines = ["| preset | ops in @forward | parameters | median wall (s) | peak memory (MiB) "
+    lines = ["| preset | forward ops | parameters | median wall (s) | peak memory (MiB) "
              "| plan.bin (MB) |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     lines += [f"| {n} | {ops} | {p:,} | {t:.2f} | {m:,.0f} | {mb:.1f} |"

@@ -2,6 +2,7 @@
 #include "compiler/ModelSummary.h"
 
 #include "dialects/mt/MtOps.h"
+#include "passes/StageModules.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -102,40 +103,60 @@ ModelSummary summarizeModel(ModuleOp module, const spec::Spec &spec) {
     s.shapes.push_back({name, std::vector<int64_t>(t.getShape().begin(), t.getShape().end()),
                         typeName(t.getElementType())});
   };
-  // The forward graph: @forward before mt-autodiff, @eval_step after it.
-  auto func = module.lookupSymbol<func::FuncOp>("forward");
-  if (!func)
-    func = module.lookupSymbol<func::FuncOp>("eval_step");
-  if (!func)
-    return s;
-  if (auto train = module.lookupSymbol<func::FuncOp>("train_step")) {
+  // The forward graph: @forward before mt-autodiff, @eval_step after it; in
+  // every pipeline stage when mt-partition-pp has split the model. A stage's
+  // programs are unrolled over micro-batches: its operations of micro-batch 0
+  // are one micro-batch's, as an unpipelined program's are.
+  auto firstMicroBatch = [](Operation *op) {
+    auto mb = op->getAttrOfType<IntegerAttr>("mt.micro_batch");
+    return !mb || mb.getInt() == 0;
+  };
+  auto countOps = [&](func::FuncOp f) {
     // Top-level operations: a fused kernel counts once.
-    s.numTrainOps = int64_t(llvm::range_size(train.getBody().front().without_terminator()));
+    return int64_t(llvm::count_if(f.getBody().front().without_terminator(),
+                                  [&](Operation &op) { return firstMicroBatch(&op); }));
+  };
+  SmallVector<func::FuncOp> forwards;
+  for (ModuleOp stage : stageModules(module)) {
+    auto func = stage.lookupSymbol<func::FuncOp>("forward");
+    if (!func)
+      func = stage.lookupSymbol<func::FuncOp>("eval_step");
+    if (!func)
+      continue;
+    forwards.push_back(func);
+    s.numOps += countOps(func);
+    if (auto train = stage.lookupSymbol<func::FuncOp>("train_step"))
+      s.numTrainOps += countOps(train);
   }
-  s.numOps = int64_t(llvm::range_size(func.getBody().front().without_terminator()));
-  addShape("tokens", func.getArgument(0));
+  s.numStages = int64_t(stageModules(module).size());
+  if (forwards.empty())
+    return s;
+  addShape("tokens", forwards.front().getArgument(0));
   bool haveHidden = false, haveQKV = false, haveFFN = false;
-  func.walk([&](Operation *op) {
-    // The residual stream, as the first norm reads it (a sequence shard
-    // under sequence parallelism).
-    if (isa<LayerNormOp, RMSNormOp>(op) && !haveHidden) {
-      addShape("hidden", op->getOperand(0));
-      haveHidden = true;
-    } else if (auto q = dyn_cast<SplitQKVOp>(op); q && !haveQKV) {
-      addShape("qkv", q.getInput());
-      addShape("query", q.getQuery());
-      addShape("key/value", q.getKey());
-      haveQKV = true;
-    } else if (auto mm = dyn_cast<MatmulOp>(op)) {
-      StringRef w = paramName(mm.getWeight());
-      if (!haveFFN && w.contains("linear_fc1")) {
-        addShape("mlp intermediate", mm.getResult());
-        haveFFN = true;
+  for (func::FuncOp func : forwards)
+    func.walk([&](Operation *op) {
+      if (!firstMicroBatch(op))
+        return;
+      // The residual stream, as the first norm reads it (a sequence shard
+      // under sequence parallelism).
+      if (isa<LayerNormOp, RMSNormOp>(op) && !haveHidden) {
+        addShape("hidden", op->getOperand(0));
+        haveHidden = true;
+      } else if (auto q = dyn_cast<SplitQKVOp>(op); q && !haveQKV) {
+        addShape("qkv", q.getInput());
+        addShape("query", q.getQuery());
+        addShape("key/value", q.getKey());
+        haveQKV = true;
+      } else if (auto mm = dyn_cast<MatmulOp>(op)) {
+        StringRef w = paramName(mm.getWeight());
+        if (!haveFFN && w.contains("linear_fc1")) {
+          addShape("mlp intermediate", mm.getResult());
+          haveFFN = true;
+        }
+      } else if (auto ce = dyn_cast<CrossEntropyOp>(op)) {
+        addShape("logits", ce.getLogits());
       }
-    } else if (auto ce = dyn_cast<CrossEntropyOp>(op)) {
-      addShape("logits", ce.getLogits());
-    }
-  });
+    });
   return s;
 }
 
@@ -215,7 +236,11 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
   for (const auto &sh : s.shapes)
     os << llvm::formatv("  {0,-18}{1} {2}\n", sh.name, dims(sh.dims), sh.dtype);
   os << "\nIR: " << s.numParamTensors << " parameter tensors, " << s.numOps
-     << " forward operations, " << s.numTrainOps << " in the training step\n";
+     << " forward operations, " << s.numTrainOps << " in the training step";
+  if (s.numStages > 1)
+    os << " (one micro-batch's, summed over " << s.numStages
+       << " pipeline stages with their sends and receives)";
+  os << "\n";
 }
 
 void printSummaryJson(llvm::raw_ostream &os, const ModelSummary &s,
@@ -240,6 +265,7 @@ void printSummaryJson(llvm::raw_ostream &os, const ModelSummary &s,
       {"activations", std::move(shapes)},
       {"forward_ops", s.numOps},
       {"train_step_ops", s.numTrainOps},
+      {"pipeline_stages", s.numStages},
   };
   os << llvm::formatv("{0:2}", llvm::json::Value(std::move(root))) << "\n";
 }

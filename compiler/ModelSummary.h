@@ -22,8 +22,9 @@ struct ModelSummary {
   int64_t totalParams = 0;           // from the IR
   int64_t analyticParams = 0;        // spec::countParameters
   int64_t numParamTensors = 0;
-  int64_t numOps = 0;                // operations in the forward graph
+  int64_t numOps = 0;                // operations in the forward graph (one micro-batch's)
   int64_t numTrainOps = 0;           // operations in @train_step (forward + backward)
+  int64_t numStages = 1;             // pipeline stages the counts are summed over
   struct Shape {
     std::string name;
     std::vector<int64_t> dims;
