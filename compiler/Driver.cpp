@@ -12,6 +12,7 @@
 #include "runtime/atomic_file.h"
 #include "runtime/checkpoint_layout.h"
 #include "runtime/cuda_api.h"
+#include "runtime/cuda_device.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/plan_reader.h"
 #include "spec/MegatronImport.h"
@@ -92,7 +93,8 @@ options:
                            names the kernel, the architecture and NVRTC's
                            first error
   --kernel-archs=LIST      architectures --check-kernels compiles for
-                           (default sm_80,sm_90)
+                           (default sm_80,sm_90; sm_80 or newer, among
+                           those the NVRTC found lists)
   --report=text|json       format of the summary and memory plan (default text)
   --no-fuse                skip mt-fuse: every op runs as its own kernel (to
                            compare against the fused plan, which trains the
@@ -310,6 +312,14 @@ int checkKernels(const plan::Plan &plan, const std::vector<std::string> &archs) 
     llvm::errs() << "mtc compile: error: --check-kernels: " << err << "\n";
     return 1;
   }
+  for (const std::string &arch : archs)
+    if (std::string why = rt::nvrtc_arch_unsupported(*nvrtc, archNumber(arch)); !why.empty()) {
+      llvm::errs() << "mtc compile: error: --kernel-archs: " << why
+                   << "; list only those, or set MT_CUDA_HOME to a CUDA toolkit whose NVRTC "
+                      "supports "
+                   << arch << "\n";
+      return 1;
+    }
   const std::string version = std::to_string(nvrtc->major) + "." + std::to_string(nvrtc->minor);
   const auto *kernels = plan.kernels();
   uint32_t count = 0;
@@ -422,6 +432,11 @@ int runCompile(const std::vector<std::string> &args) {
         if (!arch.consume_front("sm_") || arch.getAsInteger(10, number) || number == 0)
           return usageError("--kernel-archs takes architectures such as sm_80,sm_90, got '" +
                             value + "'");
+        if (number < unsigned(rt::kMinComputeCapability))
+          return usageError("--kernel-archs: mt's kernels need sm_" +
+                            std::to_string(rt::kMinComputeCapability) +
+                            " or newer (bf16 tensor cores, asynchronous copies), got 'sm_" +
+                            arch.str() + "'");
         opts.kernelArchs.push_back("sm_" + arch.str());
       }
     } else if (!a.empty() && a[0] == '-') {

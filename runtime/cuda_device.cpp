@@ -1,6 +1,8 @@
 // Opening a rank's GPU (see cuda_device.h).
 #include "runtime/cuda_device.h"
 
+#include "runtime/kernel_cache.h"
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -98,6 +100,14 @@ std::string check_driver_runs_nvrtc(const CudaDevice &device, const cu::Nvrtc &n
          std::to_string(nvrtc.minor) + ", whose binaries that driver cannot load; update the "
          "driver, or set MT_CUDA_HOME to a CUDA " + std::to_string(device.driver_version / 1000) +
          " toolkit";
+}
+
+std::string check_nvrtc_targets(const CudaDevice &device, const cu::Nvrtc &nvrtc) {
+  std::string why = nvrtc_arch_unsupported(nvrtc, device.arch);
+  if (why.empty())
+    return "";
+  return describe(device) + ": " + why + "; set MT_CUDA_HOME (or MT_NVRTC_LIBRARY) to a newer "
+         "CUDA toolkit whose NVRTC lists sm_" + std::to_string(device.arch);
 }
 
 std::string describe(const CudaDevice &d) {

@@ -44,6 +44,10 @@ void close_cuda_device(CudaDevice *device);
 // major version is at least NVRTC's), else one line saying which to change.
 std::string check_driver_runs_nvrtc(const CudaDevice &device, const cu::Nvrtc &nvrtc);
 
+// "" when this NVRTC can compile for the device's architecture, else one line
+// saying so and what to change (a GPU newer than the toolkit).
+std::string check_nvrtc_targets(const CudaDevice &device, const cu::Nvrtc &nvrtc);
+
 // "GPU 0 (NVIDIA H100 80GB HBM3, sm_90, 79.1 GiB, driver 13.0)"
 std::string describe(const CudaDevice &device);
 

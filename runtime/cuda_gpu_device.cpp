@@ -181,6 +181,8 @@ public:
       return err;
     if (std::string e = check_driver_runs_nvrtc(dev_, *nvrtc_); !e.empty())
       return e;
+    if (std::string e = check_nvrtc_targets(dev_, *nvrtc_); !e.empty())
+      return e;
     if (!(lt_ = cu::load_cublaslt(&err)))
       return err;
     cache_ = std::make_unique<KernelCache>(nvrtc_, cache_dir);

@@ -5,6 +5,7 @@
 #include "runtime/byte_order.h"
 #include "runtime/sha256.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -123,6 +124,28 @@ bool KernelCache::ensure_dir() {
   }
   dirUsable_ = true;
   return true;
+}
+
+std::vector<int> nvrtc_supported_archs(const cu::Nvrtc &n) {
+  int count = 0;
+  if (!n.nvrtcGetNumSupportedArchs || !n.nvrtcGetSupportedArchs ||
+      n.nvrtcGetNumSupportedArchs(&count) != cu::NVRTC_SUCCESS || count <= 0 || count > 1024)
+    return {};
+  std::vector<int> archs(size_t(count), 0);
+  if (n.nvrtcGetSupportedArchs(archs.data()) != cu::NVRTC_SUCCESS)
+    return {};
+  return archs;
+}
+
+std::string nvrtc_arch_unsupported(const cu::Nvrtc &n, int arch) {
+  std::vector<int> archs = nvrtc_supported_archs(n);
+  if (archs.empty() || std::find(archs.begin(), archs.end(), arch) != archs.end())
+    return "";
+  std::string list;
+  for (size_t i = 0; i < archs.size(); ++i)
+    list += (i ? ", " : "") + arch_name(archs[i]);
+  return "NVRTC " + std::to_string(n.major) + "." + std::to_string(n.minor) + " at " + n.path +
+         " cannot compile for " + arch_name(arch) + ": it supports " + list;
 }
 
 bool nvrtc_compile(const cu::Nvrtc &n, const std::string &name, const std::string &source,

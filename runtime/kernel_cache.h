@@ -48,6 +48,15 @@ bool nvrtc_compile(const cu::Nvrtc &nvrtc, const std::string &name, const std::s
                    int arch, const std::vector<std::string> &options, std::string *cubin,
                    std::string *error);
 
+// The architectures `nvrtc` can compile for (nvrtcGetSupportedArchs:
+// 75, 80, 86, ..., 121 for NVRTC 13.0); empty when it cannot say.
+std::vector<int> nvrtc_supported_archs(const cu::Nvrtc &nvrtc);
+
+// "" when `nvrtc` compiles for sm_<arch> (or cannot list what it supports),
+// else "NVRTC 13.0 at PATH cannot compile for sm_70: it supports sm_75,
+// sm_80, ..., sm_121" for the caller to finish with what to change.
+std::string nvrtc_arch_unsupported(const cu::Nvrtc &nvrtc, int arch);
+
 struct KernelCacheStats {
   int compiles = 0; // NVRTC invocations (misses and corrupt entries)
   int hits = 0;     // binaries served from disk

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -145,6 +146,61 @@ TEST(CudaDevice, NoGpuIsOneLine) {
   }
   EXPECT_EQ(err.find('\n'), std::string::npos);
   EXPECT_NE(err.find("use --device cpu"), std::string::npos) << err;
+}
+
+namespace {
+// An NVRTC that lists sm_80 and sm_90 only, and one that cannot list.
+cu::nvrtcResult twoArchCount(int *n) {
+  *n = 2;
+  return cu::NVRTC_SUCCESS;
+}
+cu::nvrtcResult twoArchList(int *archs) {
+  archs[0] = 80;
+  archs[1] = 90;
+  return cu::NVRTC_SUCCESS;
+}
+cu::nvrtcResult cannotList(int *) { return cu::NVRTC_ERROR_COMPILATION; }
+} // namespace
+
+TEST(CudaDevice, GpuNewerThanNvrtcSaysWhichToolkitToUse) {
+  cu::Nvrtc n{};
+  n.path = "/opt/cuda-12.4/lib64/libnvrtc.so.12";
+  n.major = 12;
+  n.minor = 4;
+  n.nvrtcGetNumSupportedArchs = twoArchCount;
+  n.nvrtcGetSupportedArchs = twoArchList;
+  EXPECT_EQ(nvrtc_supported_archs(n), (std::vector<int>{80, 90}));
+  CudaDevice dev;
+  dev.ordinal = 0;
+  dev.name = "NVIDIA B200";
+  dev.arch = 100;
+  dev.driver_version = 13000;
+  dev.total_memory = size_t(180) << 30;
+  EXPECT_EQ(check_nvrtc_targets(dev, n),
+            "GPU 0 (NVIDIA B200, sm_100, 180.0 GiB, driver 13.0): NVRTC 12.4 at "
+            "/opt/cuda-12.4/lib64/libnvrtc.so.12 cannot compile for sm_100: it supports sm_80, "
+            "sm_90; set MT_CUDA_HOME (or MT_NVRTC_LIBRARY) to a newer CUDA toolkit whose NVRTC "
+            "lists sm_100");
+  dev.arch = 90;
+  EXPECT_EQ(check_nvrtc_targets(dev, n), "");
+  // An NVRTC that cannot say what it supports is left to compile (and to
+  // fail with its own message if it must).
+  n.nvrtcGetSupportedArchs = cannotList;
+  dev.arch = 100;
+  EXPECT_TRUE(nvrtc_supported_archs(n).empty());
+  EXPECT_EQ(check_nvrtc_targets(dev, n), "");
+}
+
+TEST(KernelCache, ToolkitNvrtcListsTheArchitecturesMtCompilesFor) {
+  REQUIRE_NVRTC(nvrtc);
+  std::vector<int> archs = nvrtc_supported_archs(*nvrtc);
+  ASSERT_FALSE(archs.empty());
+  for (int arch : {80, 90}) {
+    EXPECT_NE(std::find(archs.begin(), archs.end(), arch), archs.end()) << arch;
+    EXPECT_EQ(nvrtc_arch_unsupported(*nvrtc, arch), "");
+  }
+  EXPECT_NE(nvrtc_arch_unsupported(*nvrtc, 99).find("cannot compile for sm_99: it supports "),
+            std::string::npos);
 }
 
 TEST(KernelCache, DefaultDirectory) {
