@@ -11,6 +11,7 @@
 #include "plan_generated.h"
 #include "runtime/atomic_file.h"
 #include "runtime/checkpoint_layout.h"
+#include "runtime/comm_order.h"
 #include "runtime/cuda_api.h"
 #include "runtime/cuda_device.h"
 #include "runtime/kernel_cache.h"
@@ -483,6 +484,13 @@ int runCompile(const std::vector<std::string> &args) {
     payload = std::move(*p);
   }
   const plan::Plan *plan = plan::GetPlan(reinterpret_cast<const uint8_t *>(payload.data()));
+  // The pipeline schedule must also complete under NCCL's stricter rules
+  // (messages matched by order, no buffering) than the CPU executor's.
+  if (std::string e = rt::check_comm_order(*plan); !e.empty()) {
+    llvm::errs() << "mtc: internal error: the plan for '" << opts.specPath
+                 << "' would not run on GPUs: " << e << "; please report this with the spec\n";
+    return 1;
+  }
   addKernelWorkspace(memory, *plan);
   suggestFixes(memory, spec, [&](const spec::Spec &variant) -> std::optional<int64_t> {
     MLIRContext ctx;

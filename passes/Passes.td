@@ -432,6 +432,18 @@ def MtSchedulePPPass : Pass<"mt-schedule-pp", "mlir::ModuleOp"> {
       `forward_backward_pipelining_with_interleaving`'s order of virtual
       micro-batches, backwards visiting the chunks in reverse.
 
+    With 1F1B each step receives its input first and sends its output
+    last, so a step's send and the next step's receive are adjacent (one
+    NCCL group on the GPU). The interleaved schedule exchanges as
+    Megatron-LM's does: after each unit of steps (a warm-up forward, a
+    steady forward and backward, a cool-down backward) one group sends the
+    unit's outputs and receives the inputs of the next unit's steps; the
+    first unit's inputs are received up front. A stage's k-th group then
+    meets its neighbours' k-th groups, which NCCL needs: it pairs messages
+    by order and completes one only while both ends are posted (`mtc`
+    replays every plan's communication under these rules,
+    runtime/comm_order.h).
+
     Inputs and outputs become per micro-batch (`tokens.0`, `labels.0`,
     `loss.0`, ...). Every clone carries `mt.micro_batch`, from which the
     runtime derives the RNG offset that micro-batch has in a run without

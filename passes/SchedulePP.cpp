@@ -20,9 +20,13 @@ namespace mt {
 namespace {
 
 // One forward or backward of one micro-batch through one model chunk.
+// Steps of one `unit` run back to back between two exchanges with the
+// neighbouring stages (interleaved schedule: a warm-up forward, a steady
+// forward and backward pair, a cool-down backward).
 struct PipelineStep {
   bool forward;
   int64_t microBatch, chunk;
+  int64_t unit = 0;
 };
 
 // Megatron-LM's order for pipeline rank `rank` of `pp`, with `vp` model
@@ -57,14 +61,19 @@ SmallVector<PipelineStep> pipelineOrder(int64_t pp, int64_t vp, int64_t rank, in
     return PipelineStep{forward, (k / (pp * vp)) * pp + k % pp, chunk};
   };
   const int64_t steady = total - warmup;
-  for (int64_t k = 0; k < warmup; ++k)
-    order.push_back(step(k, true));
-  for (int64_t i = 0; i < steady; ++i) {
-    order.push_back(step(warmup + i, true));
-    order.push_back(step(i, false));
+  int64_t unit = 0;
+  auto add = [&](PipelineStep s) {
+    s.unit = unit;
+    order.push_back(s);
+  };
+  for (int64_t k = 0; k < warmup; ++k, ++unit)
+    add(step(k, true));
+  for (int64_t i = 0; i < steady; ++i, ++unit) {
+    add(step(warmup + i, true));
+    add(step(i, false));
   }
-  for (int64_t k = steady; k < total; ++k)
-    order.push_back(step(k, false));
+  for (int64_t k = steady; k < total; ++k, ++unit)
+    add(step(k, false));
   return order;
 }
 
@@ -116,8 +125,9 @@ struct MtSchedulePPPass : impl::MtSchedulePPPassBase<MtSchedulePPPass> {
                      OpBuilder(stage).getI64IntegerAttr(maxInFlight));
       if (failed(unroll(stage, "train_step", order, microBatches, stride, true)))
         return signalPassFailure();
-      // Evaluation: every micro-batch's forward, chunk by chunk; with
-      // buffered sends this order cannot deadlock.
+      // Evaluation: every micro-batch's forward, chunk by chunk: each
+      // message's receiver is on its way to it whatever the others do, so
+      // this order completes with buffered sends and under NCCL alike.
       SmallVector<PipelineStep> evalOrder;
       for (int64_t m = 0; m < microBatches; ++m)
         for (int64_t c = 0; c < vp; ++c)
@@ -206,15 +216,52 @@ struct MtSchedulePPPass : impl::MtSchedulePPPassBase<MtSchedulePPPass> {
       for (IRMapping &map : maps)
         map.map(ref.getResult(), copy->getResult(0));
     }
-    for (const PipelineStep &s : order) {
+    // Clones step s's ops that `pick` selects.
+    auto emit = [&](const PipelineStep &s, function_ref<bool(Operation *)> pick) {
       IRMapping &map = maps[s.microBatch];
       for (Operation *op : (s.forward ? fwd : bwd)[s.chunk]) {
+        if (!pick(op))
+          continue;
         Operation *copy = b.clone(*op, map);
         copy->setAttr("mt.micro_batch", b.getI64IntegerAttr(s.microBatch));
         if (auto send = dyn_cast<SendOp>(copy))
           send.setTag(send.getTag() + s.microBatch * stride);
         if (auto recv = dyn_cast<RecvOp>(copy))
           recv.setTag(recv.getTag() + s.microBatch * stride);
+      }
+    };
+    auto any = [](Operation *) { return true; };
+    auto isSend = [](Operation *op) { return isa<SendOp>(op); };
+    auto isRecv = [](Operation *op) { return isa<RecvOp>(op); };
+    auto isCompute = [](Operation *op) { return !isa<SendOp, RecvOp>(op); };
+    if (!training || vp(order) == 1) {
+      // Each step receives its input first and sends its output last; the
+      // GPU executor issues adjacent sends and receives as one NCCL group,
+      // which pairs each 1F1B send with the receive Megatron-LM pairs it
+      // with.
+      for (const PipelineStep &s : order)
+        emit(s, any);
+    } else {
+      // Interleaved, as Megatron-LM exchanges: after each unit of steps,
+      // one group sends the unit's outputs and receives the inputs of the
+      // next unit's steps (the first unit's are received up front). Each
+      // stage's k-th group then meets its neighbours' k-th groups, which
+      // NCCL needs (runtime/comm_order.h); receiving each input only where
+      // its step starts can leave two stages each sending to the other.
+      for (const PipelineStep &s : order)
+        if (s.unit == order.front().unit)
+          emit(s, isRecv);
+      for (size_t i = 0; i < order.size();) {
+        size_t end = i;
+        while (end < order.size() && order[end].unit == order[i].unit)
+          ++end;
+        for (size_t k = i; k < end; ++k)
+          emit(order[k], isCompute);
+        for (size_t k = i; k < end; ++k)
+          emit(order[k], isSend);
+        for (size_t k = end; k < order.size() && order[k].unit == order[end].unit; ++k)
+          emit(order[k], isRecv);
+        i = end;
       }
     }
     SmallVector<Value> results;

@@ -1,6 +1,8 @@
 // The GPU executor (gpu_executor.h): plan GPU steps on a GpuDevice.
 #include "runtime/gpu_executor.h"
 
+#include "runtime/comm_order.h"
+
 #include "runtime/cpu_executor.h"
 #include "runtime/cpu_kernels.h"
 #include "runtime/grad_buckets.h"
@@ -565,11 +567,8 @@ std::string GpuExecutor::run_steps(const pl::Program &program) {
     return "rank " + std::to_string(rank_.rank()) + ": " + str(program.name()) + " #" +
            std::to_string(i) + " (" + str(ins.where()) + ") " + opcode_name(ins.op()) + ": " + e;
   };
-  auto is_p2p = [&](uint32_t i) {
-    const pl::Instruction &ins = *insts->Get(i);
-    return (ins.op() == pl::Opcode::SEND || ins.op() == pl::Opcode::RECV) && ins.gpu()->size() == 1 &&
-           ins.gpu()->Get(0)->kind() == pl::GpuStepKind::NATIVE;
-  };
+  // comm_order.h checks at compile time that these groups cannot deadlock.
+  auto is_p2p = [&](uint32_t i) { return issued_as_p2p(*insts->Get(i)); };
   for (uint32_t i = 0; insts && i < insts->size(); ++i) {
     if (is_p2p(i)) {
       // A run of sends and receives progresses as one group.
