@@ -4,6 +4,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/checkpoint_layout.h"
 #include "runtime/collectives.h"
+#include "runtime/comm_order.h"
 #include "runtime/cpu_executor.h"
 #include "runtime/cuda_gpu_device.h"
 #include "runtime/gpu_executor.h"
@@ -700,7 +701,8 @@ const char *kUsage = R"(usage: mtrun PLAN [options]
 Trains the model of PLAN (written by `mtc compile SPEC.toml -o PLAN`).
 
 options:
-  --device cpu|cuda     where to run (default cpu; cuda runs one rank on the GPU)
+  --device cpu|cuda     where to run (default cpu; cuda: each rank on one GPU of
+                        its node, local rank N on device N, NCCL between them)
   --no-cuda-graph       with --device cuda, launch every kernel and GEMM of every
                         step from the host instead of capturing each program
                         once as a CUDA graph and replaying it (for debugging
@@ -754,10 +756,12 @@ int run_training(const RunOptions &opts) {
                                   std::to_string(world)));
   if (!find_rank(plan, launch.rank))
     return fail(opts.plan_path + " has no rank " + std::to_string(launch.rank));
-  if (opts.device == "cuda" && world > 1)
-    return fail("--device cuda: " + opts.plan_path + " is for " + std::to_string(world) +
-                " ranks, and collectives between GPUs (NCCL) are not built into this mtrun's "
-                "GPU executor yet; run it with --device cpu, or compile a one-GPU layout");
+  // A plan from an mtc that did not check its schedule against NCCL's rules
+  // would hang the GPUs; mtc refuses to write such a plan now.
+  if (opts.device == "cuda")
+    if (std::string e = check_comm_order(plan); !e.empty())
+      return fail("--device cuda: " + opts.plan_path + " would hang on GPUs: " + e +
+                  "; recompile the spec with this mtc");
   std::unique_ptr<Communicator> comm;
   if (world > 1) {
     if (std::string e = prepare_rendezvous_dir(launch); !e.empty())
