@@ -71,9 +71,6 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
     // reduce (and a distributed optimizer over one rank is the plain one).
     if (dp == 1)
       return success();
-    if (overlap && i64("pipeline_model_parallel_size", 1) > 1)
-      return module.emitError("mt-data-parallel: overlap_grad_reduce is not supported with "
-                              "pipeline parallelism yet; set overlap_grad_reduce = false");
     auto norm = module.lookupSymbol<func::FuncOp>("grad_norm");
     auto optStep = module.lookupSymbol<func::FuncOp>("optimizer_step");
     auto train = module.lookupSymbol<func::FuncOp>("train_step");
@@ -121,12 +118,61 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
     module->setAttr("mt.data_parallel", b.getI64IntegerAttr(dp));
 
     const double scale = 1.0 / double(dp);
-    auto reduce = [&](OpBuilder &ob, Location loc, int64_t bucket) {
-      ob.create<ReduceGradsOp>(loc, ob.getI64IntegerAttr(bucket), ob.getStringAttr("dp"),
-                               ob.getF64FloatAttr(scale), ob.getBoolAttr(distOpt));
+    auto reduce = [&](OpBuilder &ob, Location loc, int64_t bucket) -> Operation * {
+      return ob.create<ReduceGradsOp>(loc, ob.getI64IntegerAttr(bucket), ob.getStringAttr("dp"),
+                                      ob.getF64FloatAttr(scale), ob.getBoolAttr(distOpt));
     };
+    // Buckets reduced in @grad_norm, right before the norm: after the
+    // exchanges that make replicas' gradients whole (tensor-parallel
+    // partial sums, tied embedding copies), whose layouts differ from the
+    // buckets' shards.
+    auto reduceBeforeNorm = [&](ArrayRef<int64_t> which) -> LogicalResult {
+      auto normOps = llvm::to_vector(norm.getOps<GradNormOp>());
+      if (normOps.empty())
+        return norm.emitError("mt-data-parallel: @grad_norm has no mt.grad_norm");
+      OpBuilder ob(normOps.front());
+      for (int64_t i : which)
+        reduce(ob, norm.getLoc(), i);
+      return success();
+    };
+    auto allBuckets = llvm::to_vector(llvm::seq<int64_t>(0, int64_t(buckets.size())));
 
-    if (overlap) {
+    if (overlap && module->hasAttr("mt.stage")) {
+      // A pipeline stage's @train_step is one micro-batch's forward and
+      // backward, which mt-schedule-pp unrolls over the micro-batches. Each
+      // bucket's reduction goes right after the op that completes its
+      // gradients, marked to be kept only in the last micro-batch's copy of
+      // that op's chunk (the last backward through it). A bucket holding a
+      // tied embedding copy is reduced in @grad_norm instead, after the
+      // copies' gradients are exchanged: the two stages' buckets differ,
+      // and with the distributed optimizer so would their shards.
+      DenseMap<int64_t, Operation *> completes;
+      for (Operation &op : train.getBody().front())
+        for (StringRef name : gradTargets(&op))
+          if (auto it = bucketOf.find(name); it != bucketOf.end())
+            completes[it->second] = &op;
+      SmallVector<int64_t> late;
+      for (auto [i, bucket] : llvm::enumerate(buckets)) {
+        bool tied = llvm::any_of(bucket, [](ParamOp p) { return p->hasAttr("mt.tied_peer"); });
+        if (tied || !completes.count(int64_t(i))) {
+          completes.erase(int64_t(i));
+          late.push_back(int64_t(i));
+        }
+      }
+      for (Operation &op : llvm::make_early_inc_range(train.getBody().front())) {
+        OpBuilder ob(op.getContext());
+        ob.setInsertionPointAfter(&op);
+        for (int64_t i = 0; i < int64_t(buckets.size()); ++i)
+          if (completes.lookup(i) == &op) {
+            Operation *r = reduce(ob, op.getLoc(), i);
+            r->setAttr("mt.last_micro_batch", ob.getUnitAttr());
+            if (Attribute chunk = op.getAttr("mt.chunk"))
+              r->setAttr("mt.chunk", chunk);
+          }
+      }
+      if (failed(reduceBeforeNorm(late)))
+        return failure();
+    } else if (overlap) {
       // The runtime runs @train_step for every micro-batch but the last and
       // @train_step_last for the last one: a copy with each bucket's
       // reduction right after the op that completes the bucket's
@@ -155,17 +201,9 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
       for (int64_t i = 0; i < int64_t(buckets.size()); ++i)
         if (!completes.count(i))
           reduce(ob, terminator->getLoc(), i);
-    } else {
-      // After the last micro-batch's backward, right before the norm: after
-      // the exchanges that make replicas' gradients whole (tensor-parallel
-      // partial sums, tied embedding copies), whose layouts differ from the
-      // buckets' shards.
-      auto normOps = llvm::to_vector(norm.getOps<GradNormOp>());
-      if (normOps.empty())
-        return norm.emitError("mt-data-parallel: @grad_norm has no mt.grad_norm");
-      OpBuilder ob(normOps.front());
-      for (int64_t i = 0; i < int64_t(buckets.size()); ++i)
-        reduce(ob, norm.getLoc(), i);
+    } else if (failed(reduceBeforeNorm(allBuckets))) {
+      // After the last micro-batch's backward.
+      return failure();
     }
     if (!distOpt)
       return success();

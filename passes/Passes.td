@@ -375,7 +375,12 @@ def MtDataParallelPass : Pass<"mt-data-parallel", "mlir::ModuleOp"> {
       runtime runs for the last micro-batch of a step: each bucket's
       reduction sits right after the op that completes the bucket's
       gradients, where an asynchronous collective overlaps the rest of the
-      backward (on the CPU it runs synchronously).
+      backward (on the CPU it runs synchronously). In a pipeline stage,
+      whose `@train_step` `mt-schedule-pp` unrolls, the reductions go into
+      `@train_step` itself after their completing ops, marked
+      `mt.last_micro_batch` (kept only in the last micro-batch's copy); a
+      bucket holding a tied embedding copy (`mt.tied_peer`) is reduced in
+      `@grad_norm` after the copies' gradients are exchanged.
 
     With `use_distributed_optimizer` (Megatron's DistributedOptimizer,
     ZeRO-1) the reductions are reduce-scatters (`scatter = true`): dp rank r
@@ -443,6 +448,9 @@ def MtSchedulePPPass : Pass<"mt-schedule-pp", "mlir::ModuleOp"> {
     by order and completes one only while both ends are posted (`mtc`
     replays every plan's communication under these rules,
     runtime/comm_order.h).
+
+    Ops marked `mt.last_micro_batch` (mt-data-parallel's overlapped bucket
+    reductions) are cloned only for the last micro-batch.
 
     Inputs and outputs become per micro-batch (`tokens.0`, `labels.0`,
     `loss.0`, ...). Every clone carries `mt.micro_batch`, from which the

@@ -222,7 +222,12 @@ struct MtSchedulePPPass : impl::MtSchedulePPPassBase<MtSchedulePPPass> {
       for (Operation *op : (s.forward ? fwd : bwd)[s.chunk]) {
         if (!pick(op))
           continue;
+        // mt-data-parallel's overlapped bucket reductions: in the last
+        // micro-batch's backward only, which completes the gradients.
+        if (op->hasAttr("mt.last_micro_batch") && s.microBatch != microBatches - 1)
+          continue;
         Operation *copy = b.clone(*op, map);
+        copy->removeAttr("mt.last_micro_batch");
         copy->setAttr("mt.micro_batch", b.getI64IntegerAttr(s.microBatch));
         if (auto send = dyn_cast<SendOp>(copy))
           send.setTag(send.getTag() + s.microBatch * stride);

@@ -891,14 +891,6 @@ private:
            "ddp_bucket_size only applies with overlap_grad_reduce = true (without it every "
            "gradient is reduced in one bucket after the backward)",
            "set overlap_grad_reduce = true, or remove ddp_bucket_size");
-    // The overlapped reductions live in the last micro-batch's program, which
-    // the pipeline schedule does not unroll yet.
-    if (p.overlap_grad_reduce && pp > 1)
-      fail(at("parallel", "overlap_grad_reduce"),
-           "overlap_grad_reduce is not supported with pipeline parallelism yet (" +
-               ref("parallel", "pipeline_model_parallel_size", pp) + ")",
-           "set overlap_grad_reduce = false; the gradients are then reduced in one bucket "
-           "after the last micro-batch");
     const std::string gran =
         given("parallel", "recompute_granularity")
             ? ref("parallel", "recompute_granularity", quote(toString(p.recompute_granularity)))
