@@ -176,8 +176,7 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
       // The runtime runs @train_step for every micro-batch but the last and
       // @train_step_last for the last one: a copy with each bucket's
       // reduction right after the op that completes the bucket's
-      // gradients, where an asynchronous reduction overlaps the rest of the
-      // backward.
+      // gradients, the earliest point its reduction can start.
       OpBuilder mb(module.getBodyRegion());
       mb.setInsertionPointAfter(train);
       auto last = cast<func::FuncOp>(mb.clone(*train));

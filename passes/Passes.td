@@ -374,8 +374,8 @@ def MtDataParallelPass : Pass<"mt-data-parallel", "mlir::ModuleOp"> {
     - with it, in `@train_step_last`, a copy of `@train_step` that the
       runtime runs for the last micro-batch of a step: each bucket's
       reduction sits right after the op that completes the bucket's
-      gradients, where an asynchronous collective overlaps the rest of the
-      backward (on the CPU it runs synchronously). In a pipeline stage,
+      gradients, the earliest point the collective can start (the CUDA
+      executor issues it on its compute stream, the CPU synchronously). In a pipeline stage,
       whose `@train_step` `mt-schedule-pp` unrolls, the reductions go into
       `@train_step` itself after their completing ops, marked
       `mt.last_micro_batch` (kept only in the last micro-batch's copy); a
