@@ -117,7 +117,9 @@ ModelSummary summarizeModel(ModuleOp module, const spec::Spec &spec) {
                                   [&](Operation &op) { return firstMicroBatch(&op); }));
   };
   SmallVector<func::FuncOp> forwards;
-  for (ModuleOp stage : stageModules(module)) {
+  SmallVector<ModuleOp> stages = stageModules(module);
+  s.numStages = int64_t(stages.size());
+  for (ModuleOp stage : stages) {
     auto func = stage.lookupSymbol<func::FuncOp>("forward");
     if (!func)
       func = stage.lookupSymbol<func::FuncOp>("eval_step");
@@ -128,7 +130,6 @@ ModelSummary summarizeModel(ModuleOp module, const spec::Spec &spec) {
     if (auto train = stage.lookupSymbol<func::FuncOp>("train_step"))
       s.numTrainOps += countOps(train);
   }
-  s.numStages = int64_t(stageModules(module).size());
   if (forwards.empty())
     return s;
   addShape("tokens", forwards.front().getArgument(0));

@@ -136,70 +136,68 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
       return success();
     };
     auto allBuckets = llvm::to_vector(llvm::seq<int64_t>(0, int64_t(buckets.size())));
-
-    if (overlap && module->hasAttr("mt.stage")) {
-      // A pipeline stage's @train_step is one micro-batch's forward and
-      // backward, which mt-schedule-pp unrolls over the micro-batches. Each
-      // bucket's reduction goes right after the op that completes its
-      // gradients, marked to be kept only in the last micro-batch's copy of
-      // that op's chunk (the last backward through it). A bucket holding a
-      // tied embedding copy is reduced in @grad_norm instead, after the
-      // copies' gradients are exchanged: the two stages' buckets differ,
-      // and with the distributed optimizer so would their shards.
-      DenseMap<int64_t, Operation *> completes;
-      for (Operation &op : train.getBody().front())
+    // Each of `which` (in index order) right after the op of `f` that
+    // completes its gradients, the earliest point its reduction can start;
+    // the buckets of one op in index order. `lastMicroBatch`: marked for
+    // mt-schedule-pp to keep in the last micro-batch's copy of that op's
+    // chunk only. Returns the buckets no op of `f` completes.
+    auto reduceAfterCompleting = [&](func::FuncOp f, ArrayRef<int64_t> which,
+                                     bool lastMicroBatch) {
+      DenseMap<int64_t, Operation *> completes; // bucket -> its last gradient op
+      for (Operation &op : f.getBody().front())
         for (StringRef name : gradTargets(&op))
           if (auto it = bucketOf.find(name); it != bucketOf.end())
             completes[it->second] = &op;
-      SmallVector<int64_t> late;
-      for (auto [i, bucket] : llvm::enumerate(buckets)) {
-        bool tied = llvm::any_of(bucket, [](ParamOp p) { return p->hasAttr("mt.tied_peer"); });
-        if (tied || !completes.count(int64_t(i))) {
-          completes.erase(int64_t(i));
-          late.push_back(int64_t(i));
+      DenseMap<Operation *, Operation *> after; // completing op -> its last reduction
+      SmallVector<int64_t> unplaced;
+      for (int64_t i : which) {
+        Operation *op = completes.lookup(i);
+        if (!op) {
+          unplaced.push_back(i);
+          continue;
         }
+        Operation *&at = after[op];
+        OpBuilder ob(op->getContext());
+        ob.setInsertionPointAfter(at ? at : op);
+        at = reduce(ob, op->getLoc(), i);
+        if (!lastMicroBatch)
+          continue;
+        at->setAttr("mt.last_micro_batch", ob.getUnitAttr());
+        if (Attribute chunk = op->getAttr("mt.chunk"))
+          at->setAttr("mt.chunk", chunk);
       }
-      for (Operation &op : llvm::make_early_inc_range(train.getBody().front())) {
-        OpBuilder ob(op.getContext());
-        ob.setInsertionPointAfter(&op);
-        for (int64_t i = 0; i < int64_t(buckets.size()); ++i)
-          if (completes.lookup(i) == &op) {
-            Operation *r = reduce(ob, op.getLoc(), i);
-            r->setAttr("mt.last_micro_batch", ob.getUnitAttr());
-            if (Attribute chunk = op.getAttr("mt.chunk"))
-              r->setAttr("mt.chunk", chunk);
-          }
-      }
+      return unplaced;
+    };
+
+    if (overlap && module->hasAttr("mt.stage")) {
+      // A pipeline stage's @train_step is one micro-batch's forward and
+      // backward, which mt-schedule-pp unrolls over the micro-batches: the
+      // reductions go into it, kept in the last micro-batch's backward
+      // through each chunk only. A bucket holding a tied embedding copy is
+      // reduced in @grad_norm instead, after the copies' gradients are
+      // exchanged: the two stages' buckets differ, and with the
+      // distributed optimizer so would their shards.
+      SmallVector<int64_t> early, late;
+      for (auto [i, bucket] : llvm::enumerate(buckets))
+        (llvm::any_of(bucket, [](ParamOp p) { return p->hasAttr("mt.tied_peer"); }) ? late
+                                                                                   : early)
+            .push_back(int64_t(i));
+      llvm::append_range(late, reduceAfterCompleting(train, early, true));
+      llvm::sort(late);
       if (failed(reduceBeforeNorm(late)))
         return failure();
     } else if (overlap) {
       // The runtime runs @train_step for every micro-batch but the last and
-      // @train_step_last for the last one: a copy with each bucket's
-      // reduction right after the op that completes the bucket's
-      // gradients, the earliest point its reduction can start.
+      // @train_step_last for the last one: a copy with the reductions.
       OpBuilder mb(module.getBodyRegion());
       mb.setInsertionPointAfter(train);
       auto last = cast<func::FuncOp>(mb.clone(*train));
       last.setName("train_step_last");
-      DenseMap<int64_t, Operation *> completes; // bucket -> its last gradient op
-      for (Operation &op : last.getBody().front())
-        for (StringRef name : gradTargets(&op))
-          if (auto it = bucketOf.find(name); it != bucketOf.end())
-            completes[it->second] = &op;
-      Operation *terminator = last.getBody().front().getTerminator();
-      // Per completing op, its buckets in index order right after it.
-      for (Operation &op : llvm::make_early_inc_range(last.getBody().front())) {
-        OpBuilder ob(op.getContext());
-        ob.setInsertionPointAfter(&op);
-        for (int64_t i = 0; i < int64_t(buckets.size()); ++i)
-          if (completes.lookup(i) == &op)
-            reduce(ob, op.getLoc(), i);
-      }
       // A bucket whose parameters get no gradient is reduced at the end.
+      Operation *terminator = last.getBody().front().getTerminator();
       OpBuilder ob(terminator);
-      for (int64_t i = 0; i < int64_t(buckets.size()); ++i)
-        if (!completes.count(i))
-          reduce(ob, terminator->getLoc(), i);
+      for (int64_t i : reduceAfterCompleting(last, allBuckets, false))
+        reduce(ob, terminator->getLoc(), i);
     } else if (failed(reduceBeforeNorm(allBuckets))) {
       // After the last micro-batch's backward.
       return failure();

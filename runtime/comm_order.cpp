@@ -6,6 +6,7 @@
 #include "runtime/plan_reader.h"
 
 #include <map>
+#include <set>
 #include <utility>
 
 namespace mt::rt {
@@ -46,8 +47,7 @@ std::vector<CommEvent> comm_events(const pl::Rank &rank, const pl::Program &prog
     const pl::Instruction &ins = *insts->Get(i);
     if (issued_as_p2p(ins)) {
       // A run of sends and receives: one group (GpuExecutor::run_steps).
-      if (events.empty() || events.back().kind != CommEvent::P2P ||
-          !issued_as_p2p(*insts->Get(i - 1)))
+      if (i == 0 || !issued_as_p2p(*insts->Get(i - 1)))
         events.push_back({CommEvent::P2P, {}, -1, 0, i});
       const bool send = ins.op() == pl::Opcode::SEND;
       const uint32_t v = send ? ins.in()->Get(0) : ins.out()->Get(0);
@@ -118,14 +118,13 @@ std::string check_comm_events(const std::vector<std::vector<CommEvent>> &events,
     for (size_t e = 0; e < events[s].size(); ++e)
       partner[s][e].resize(events[s][e].ops.size());
   }
-  std::map<std::pair<int, int>, bool> pairs;
-  for (const auto &kv : sends)
-    pairs[kv.first] = true;
-  for (const auto &kv : receives)
-    pairs[kv.first] = true;
-  for (const auto &kv : pairs) {
-    const auto [from, to] = kv.first;
-    const std::vector<At> &out = sends[kv.first], &in = receives[kv.first];
+  std::set<std::pair<int, int>> pairs;
+  for (const auto *m : {&sends, &receives})
+    for (const auto &kv : *m)
+      pairs.insert(kv.first);
+  for (const std::pair<int, int> &pair : pairs) {
+    const auto [from, to] = pair;
+    const std::vector<At> &out = sends[pair], &in = receives[pair];
     if (out.size() != in.size())
       return stage_name(from) + " sends " + std::to_string(out.size()) + " messages to " +
              stage_name(to) + ", which receives " + std::to_string(in.size()) + " from it";
