@@ -375,7 +375,8 @@ def MtDataParallelPass : Pass<"mt-data-parallel", "mlir::ModuleOp"> {
       runtime runs for the last micro-batch of a step: each bucket's
       reduction sits right after the op that completes the bucket's
       gradients, the earliest point the collective can start (the CUDA
-      executor issues it on its compute stream, the CPU synchronously). In a pipeline stage,
+      executor issues it on a side stream, so it overlaps the rest of the
+      backward; the CPU reduces synchronously). In a pipeline stage,
       whose `@train_step` `mt-schedule-pp` unrolls, the reductions go into
       `@train_step` itself after their completing ops, marked
       `mt.last_micro_batch` (kept only in the last micro-batch's copy); a

@@ -41,6 +41,7 @@ constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
+constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 constexpr CUstreamCaptureMode CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1;
 constexpr CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 // Dynamic shared memory a kernel may use without opting in through
@@ -83,6 +84,10 @@ struct Driver {
   CUresult (*cuStreamDestroy)(CUstream stream);                            // _v2
   CUresult (*cuStreamSynchronize)(CUstream stream);
   CUresult (*cuStreamQuery)(CUstream stream);
+  CUresult (*cuStreamWaitEvent)(CUstream stream, CUevent event, unsigned flags);
+  CUresult (*cuEventCreate)(CUevent *event, unsigned flags);
+  CUresult (*cuEventDestroy)(CUevent event);                               // _v2
+  CUresult (*cuEventRecord)(CUevent event, CUstream stream);
   CUresult (*cuStreamBeginCapture)(CUstream stream, CUstreamCaptureMode mode); // _v2
   CUresult (*cuStreamEndCapture)(CUstream stream, CUgraph *graph);
   CUresult (*cuGraphInstantiate)(CUgraphExec *exec, CUgraph graph,

@@ -1,7 +1,9 @@
 // The GpuDevice of a real GPU: the driver API, NVRTC through the kernel
-// cache, cuBLASLt and NCCL, all loaded at run time (runtime/cuda_api.h). One
-// stream per rank, NCCL's collectives included; everything is asynchronous
-// on it until synchronize().
+// cache, cuBLASLt and NCCL, all loaded at run time (runtime/cuda_api.h). Two
+// streams per rank: the compute stream runs the kernels, the GEMMs, the
+// copies and most collectives; the side stream runs the collectives the
+// executor puts there (begin_side .. end_side), ordered against the compute
+// stream by events. Everything is asynchronous until synchronize().
 #include "runtime/cuda_gpu_device.h"
 
 #include "runtime/kernel_cache.h"
@@ -46,11 +48,13 @@ class NcclComm;
 // so either may go first.
 using CommSet = std::shared_ptr<std::set<NcclComm *>>;
 
-// One group's NCCL communicator, on the device's stream.
+// One group's NCCL communicator. Its calls go to the stream `*stream`
+// names when they are made: the device's compute stream, or its side
+// stream between begin_side and end_side.
 class NcclComm : public DeviceComm {
 public:
-  NcclComm(const cu::Nccl *nccl, cu::ncclComm_t comm, cu::CUstream stream, int rank, int size,
-           std::string name, CommSet live)
+  NcclComm(const cu::Nccl *nccl, cu::ncclComm_t comm, const cu::CUstream *stream, int rank,
+           int size, std::string name, CommSet live)
       : nccl_(nccl), comm_(comm), stream_(stream), rank_(rank), size_(size),
         name_(std::move(name)), live_(std::move(live)) {
     live_->insert(this);
@@ -93,11 +97,11 @@ public:
     cu::ncclRedOp_t o = op == ReduceOp::Max ? cu::ncclMax : cu::ncclSum;
     if (std::string e = scaled(op, scale, &o); !e.empty())
       return e;
-    return check(nccl_->ncclAllReduce(ptr(in), ptr(out), count, nccl_type(t), o, comm_, stream_),
+    return check(nccl_->ncclAllReduce(ptr(in), ptr(out), count, nccl_type(t), o, comm_, *stream_),
                  "ncclAllReduce");
   }
   std::string all_gather(uint64_t in, uint64_t out, uint64_t count, CommElement t) override {
-    return check(nccl_->ncclAllGather(ptr(in), ptr(out), count, nccl_type(t), comm_, stream_),
+    return check(nccl_->ncclAllGather(ptr(in), ptr(out), count, nccl_type(t), comm_, *stream_),
                  "ncclAllGather");
   }
   std::string reduce_scatter(uint64_t in, uint64_t out, uint64_t count, CommElement t,
@@ -106,16 +110,18 @@ public:
     if (std::string e = scaled(ReduceOp::Sum, scale, &o); !e.empty())
       return e;
     return check(nccl_->ncclReduceScatter(ptr(in), ptr(out), count, nccl_type(t), o, comm_,
-                                          stream_),
+                                          *stream_),
                  "ncclReduceScatter");
   }
   std::string group_start() override { return check(nccl_->ncclGroupStart(), "ncclGroupStart"); }
   std::string group_end() override { return check(nccl_->ncclGroupEnd(), "ncclGroupEnd"); }
   std::string send(uint64_t buf, uint64_t count, CommElement t, int peer) override {
-    return check(nccl_->ncclSend(ptr(buf), count, nccl_type(t), peer, comm_, stream_), "ncclSend");
+    return check(nccl_->ncclSend(ptr(buf), count, nccl_type(t), peer, comm_, *stream_),
+                 "ncclSend");
   }
   std::string recv(uint64_t buf, uint64_t count, CommElement t, int peer) override {
-    return check(nccl_->ncclRecv(ptr(buf), count, nccl_type(t), peer, comm_, stream_), "ncclRecv");
+    return check(nccl_->ncclRecv(ptr(buf), count, nccl_type(t), peer, comm_, *stream_),
+                 "ncclRecv");
   }
 
 private:
@@ -141,7 +147,7 @@ private:
   }
   const cu::Nccl *nccl_;
   cu::ncclComm_t comm_;
-  cu::CUstream stream_;
+  const cu::CUstream *stream_;
   int rank_, size_;
   std::string name_;
   CommSet live_;
@@ -152,9 +158,10 @@ public:
   ~CudaGpuDevice() override {
     if (!dev_.driver)
       return;
-    // Nothing below may go while the stream still runs kernels that use it.
-    if (stream_)
-      dev_.driver->cuStreamSynchronize(stream_);
+    // Nothing below may go while the streams still run work that uses it.
+    for (cu::CUstream s : {side_, stream_})
+      if (s)
+        dev_.driver->cuStreamSynchronize(s);
     for (auto &[key, g] : gemms_) {
       lt_->cublasLtMatmulDescDestroy(g.desc);
       for (cu::cublasLtMatrixLayout_t l : {g.a, g.b, g.d})
@@ -168,8 +175,12 @@ public:
       dev_.driver->cuModuleUnload(m);
     for (cu::CUdeviceptr p : allocations_)
       dev_.driver->cuMemFree(p);
-    if (stream_)
-      dev_.driver->cuStreamDestroy(stream_);
+    for (cu::CUevent e : {forked_, joined_})
+      if (e)
+        dev_.driver->cuEventDestroy(e);
+    for (cu::CUstream s : {side_, stream_})
+      if (s)
+        dev_.driver->cuStreamDestroy(s);
     close_cuda_device(&dev_);
   }
 
@@ -186,10 +197,17 @@ public:
     if (!(lt_ = cu::load_cublaslt(&err)))
       return err;
     cache_ = std::make_unique<KernelCache>(nvrtc_, cache_dir);
-    if (std::string e = drv(dev_.driver->cuStreamCreate(&stream_, cu::CU_STREAM_NON_BLOCKING),
-                            "cuStreamCreate");
-        !e.empty())
-      return e;
+    for (cu::CUstream *s : {&stream_, &side_})
+      if (std::string e = drv(dev_.driver->cuStreamCreate(s, cu::CU_STREAM_NON_BLOCKING),
+                              "cuStreamCreate");
+          !e.empty())
+        return e;
+    for (cu::CUevent *ev : {&forked_, &joined_})
+      if (std::string e = drv(dev_.driver->cuEventCreate(ev, cu::CU_EVENT_DISABLE_TIMING),
+                              "cuEventCreate");
+          !e.empty())
+        return e;
+    nccl_stream_ = stream_;
     if (lt_->cublasLtCreate(&handle_) != 0)
       return "cublasLtCreate failed on " + describe(dev_);
     return allocate(kCublasWorkspaceBytes, &lt_workspace_);
@@ -316,7 +334,8 @@ public:
           // on it: end them all, then let the stream drain.
           for (NcclComm *other : *comms_)
             other->abort();
-          dev_.driver->cuStreamSynchronize(stream_);
+          for (cu::CUstream s : {side_, stream_})
+            dev_.driver->cuStreamSynchronize(s);
           return e;
         }
       // Spin briefly (a step's tail), then yield the core in 50 us naps.
@@ -354,8 +373,33 @@ public:
                nccl->ncclGetErrorString(r) + " (NCCL_DEBUG=WARN says more)";
       return nullptr;
     }
-    return std::make_unique<NcclComm>(nccl, comm, stream_, group.rank(), group.size(),
+    return std::make_unique<NcclComm>(nccl, comm, &nccl_stream_, group.rank(), group.size(),
                                       group.name(), comms_);
+  }
+
+  // The side stream waits for an event recorded on the compute stream
+  // (fork), the compute stream for one recorded on the side stream (join).
+  // Under capture the first fork takes the side stream into the capture and
+  // the join brings it back, as cuStreamEndCapture requires. One event
+  // each serves every fork and join: a wait takes the event's latest record.
+  bool has_side_stream() const override { return true; }
+  std::string begin_side() override {
+    if (std::string e = drv(dev_.driver->cuEventRecord(forked_, stream_), "cuEventRecord");
+        !e.empty())
+      return e;
+    if (std::string e = drv(dev_.driver->cuStreamWaitEvent(side_, forked_, 0),
+                            "cuStreamWaitEvent");
+        !e.empty())
+      return e;
+    nccl_stream_ = side_;
+    return "";
+  }
+  void end_side() override { nccl_stream_ = stream_; }
+  std::string join_side() override {
+    if (std::string e = drv(dev_.driver->cuEventRecord(joined_, side_), "cuEventRecord");
+        !e.empty())
+      return e;
+    return drv(dev_.driver->cuStreamWaitEvent(stream_, joined_, 0), "cuStreamWaitEvent");
   }
 
   // Stream capture in thread-local mode: only this thread's unsafe calls
@@ -522,7 +566,9 @@ private:
   const cu::Nvrtc *nvrtc_ = nullptr;
   const cu::CublasLt *lt_ = nullptr;
   std::unique_ptr<KernelCache> cache_;
-  cu::CUstream stream_ = nullptr;
+  cu::CUstream stream_ = nullptr, side_ = nullptr;
+  cu::CUevent forked_ = nullptr, joined_ = nullptr;
+  cu::CUstream nccl_stream_ = nullptr; // where NcclComm calls go now
   cu::cublasLtHandle_t handle_ = nullptr;
   uint64_t lt_workspace_ = 0;
   std::vector<cu::CUdeviceptr> allocations_;

@@ -1,6 +1,7 @@
 // The GpuDevice (gpu_executor.h) of a real GPU: the rank's device through
 // the driver API, kernels from NVRTC through the on-disk kernel cache, GEMMs
-// through cuBLASLt with an algorithm chosen once per shape, one stream.
+// through cuBLASLt with an algorithm chosen once per shape, a compute stream
+// and a side stream for the data-parallel collectives.
 #ifndef MT_RUNTIME_CUDA_GPU_DEVICE_H
 #define MT_RUNTIME_CUDA_GPU_DEVICE_H
 

@@ -182,6 +182,7 @@ std::string GpuExecutor::open() {
                  std::to_string(c->size()) + " ranks): " + err;
       }
   }
+  side_stream_ = comms_[int(Group::DP)] && device_->has_side_stream();
   set_loss_scale(1.0f);
   host_->image.assign(size_t(rank_.state_bytes()), 0);
   return pending_error_;
@@ -545,6 +546,124 @@ std::string GpuExecutor::native(const pl::Program &program, const pl::Instructio
   }
 }
 
+// The data-parallel group's collectives over the flat buffers run on the
+// side stream: a bucket's reduction (or its gather) then overlaps the
+// kernels after it until something touches its bytes.
+bool GpuExecutor::on_side(const pl::Instruction &ins) const {
+  switch (ins.op()) {
+  case pl::Opcode::REDUCE_GRADS:
+  case pl::Opcode::ALL_GATHER_PARAMS:
+  case pl::Opcode::ALL_REDUCE_GRADS:
+    return ins.ints() && ins.ints()->size() > 0 && ins.ints()->Get(0) == int64_t(Group::DP);
+  default:
+    return false;
+  }
+}
+
+// Whether an instruction left on the compute stream communicates over the
+// data-parallel group: the side stream's collectives on that communicator
+// come first, so the group's order is the program's.
+bool GpuExecutor::uses_dp_comm(const pl::Instruction &ins) const {
+  for (const pl::GpuStep *s : *ins.gpu())
+    if (s->kind() == pl::GpuStepKind::ALL_REDUCE && s->group() == int32_t(Group::DP))
+      return true;
+  switch (ins.op()) {
+  case pl::Opcode::ALL_REDUCE:
+  case pl::Opcode::SEQ_ALL_GATHER:
+  case pl::Opcode::SEQ_REDUCE_SCATTER:
+  case pl::Opcode::ALL_REDUCE_GRADS:
+  case pl::Opcode::REDUCE_GRADS:
+  case pl::Opcode::ALL_GATHER_PARAMS:
+    return ins.ints() && ins.ints()->size() > 0 && ins.ints()->Get(0) == int64_t(Group::DP);
+  default:
+    return false;
+  }
+}
+
+// The device bytes an instruction's steps may read or write, as spans;
+// where the plan does not bound them (a workspace pointer), to the end of
+// their region.
+void GpuExecutor::spans_of(const pl::Program &program, const pl::Instruction &ins,
+                           std::vector<Span> *out) const {
+  out->clear();
+  const uint64_t state_end = base_ + rank_.state_bytes();
+  auto param = [&](uint64_t i) -> const pl::Param & { return *rank_.params()->Get(uint32_t(i)); };
+  auto f32_bytes = [&](const pl::Param &p) { return uint64_t(element_count(p.shape())) * 4; };
+  auto weight_span = [&](const pl::Param &p) {
+    const bool half = p.dtype() == pl::DType::BF16 || p.dtype() == pl::DType::F16;
+    const uint64_t at = base_ + uint64_t(p.weight_offset());
+    out->push_back({at, at + uint64_t(element_count(p.shape())) * (half ? 2 : 4)});
+  };
+  auto grad_span = [&](const pl::Param &p) {
+    if (p.grad_offset() >= 0)
+      out->push_back({base_ + uint64_t(p.grad_offset()),
+                      base_ + uint64_t(p.grad_offset()) + f32_bytes(p)});
+  };
+  auto value_span = [&](uint32_t v) {
+    const pl::Value &value = *program.values()->Get(v);
+    switch (value.region()) {
+    case pl::Region::ARENA: {
+      const uint64_t at = arena_base() + value.offset();
+      out->push_back({at, at + plan_bytes(value)});
+      return;
+    }
+    case pl::Region::WEIGHT: weight_span(param(value.offset())); return;
+    case pl::Region::GRAD: grad_span(param(value.offset())); return;
+    }
+    out->push_back({base_, state_end}); // no such region: all of the state
+  };
+  auto arg_span = [&](const pl::GpuArg &a) {
+    switch (a.kind()) {
+    case pl::GpuArgKind::VALUE: value_span(uint32_t(a.index())); return;
+    case pl::GpuArgKind::WEIGHT: weight_span(param(a.index())); return;
+    case pl::GpuArgKind::GRAD: grad_span(param(a.index())); return;
+    case pl::GpuArgKind::MASTER:
+    case pl::GpuArgKind::EXP_AVG:
+    case pl::GpuArgKind::EXP_AVG_SQ: {
+      const uint64_t at = address(program, a);
+      out->push_back({at, at + f32_bytes(param(a.index()))});
+      return;
+    }
+    case pl::GpuArgKind::WORKSPACE: out->push_back({workspace_ + a.index(), loss_scale_at_}); return;
+    case pl::GpuArgKind::STATE: out->push_back({base_, state_end}); return;
+    default: return; // the device scalars and by-value arguments: never the side stream's
+    }
+  };
+  auto bucket_range = [&](uint64_t base, uint64_t bytes) {
+    const pl::Bucket &b = *rank_.buckets()->Get(uint32_t(ins.ints()->Get(1)));
+    out->push_back({base + uint64_t(b.begin()) * bytes, base + uint64_t(b.end()) * bytes});
+  };
+  switch (ins.op()) {
+  case pl::Opcode::REDUCE_GRADS: bucket_range(grad_base_, 4); return;
+  case pl::Opcode::ALL_GATHER_PARAMS: bucket_range(weight_base_, weight_bytes_); return;
+  case pl::Opcode::ALL_REDUCE_GRADS:
+    if (ins.params() && ins.params()->size())
+      for (uint32_t p : *ins.params())
+        grad_span(param(p));
+    else
+      out->push_back({base_, state_end});
+    return;
+  case pl::Opcode::SEND:
+  case pl::Opcode::RECV:
+  case pl::Opcode::ALL_REDUCE:
+  case pl::Opcode::SEQ_ALL_GATHER:
+  case pl::Opcode::SEQ_REDUCE_SCATTER:
+    for (const auto *list : {ins.in(), ins.out()})
+      for (uint32_t k = 0; list && k < list->size(); ++k)
+        value_span(list->Get(k));
+    break; // and the steps' arguments below
+  default:
+    break;
+  }
+  for (const pl::GpuStep *s : *ins.gpu()) {
+    if (s->kind() == pl::GpuStepKind::NATIVE && ins.op() == pl::Opcode::ALL_REDUCE_TIED_GRAD &&
+        ins.params() && ins.params()->size())
+      grad_span(param(ins.params()->Get(0)));
+    for (uint32_t k = 0; s->args() && k < s->args()->size(); ++k)
+      arg_span(*s->args()->Get(k));
+  }
+}
+
 // The u64 slots after the loss scale's: the seed (slot 0), the program's
 // RNG offset (slot 1), then micro-batch m's (slot 2 + m).
 uint64_t GpuExecutor::rng_offset_at(int32_t micro_batch) const {
@@ -569,7 +688,49 @@ std::string GpuExecutor::run_steps(const pl::Program &program) {
   };
   // comm_order.h checks at compile time that these groups cannot deadlock.
   auto is_p2p = [&](uint32_t i) { return issued_as_p2p(*insts->Get(i)); };
+  // The side stream's collectives not yet joined, and the bytes they use:
+  // an instruction on the compute stream that touches them (or talks over
+  // the data-parallel group) waits for all of them first.
+  std::vector<Span> pending, spans;
+  bool side_work = false;
+  auto join = [&](uint32_t i) -> std::string {
+    if (!side_work)
+      return "";
+    side_work = false;
+    pending.clear();
+    if (std::string e = device_->join_side(); !e.empty())
+      return at(i, "waiting for the data-parallel collectives: " + e);
+    return "";
+  };
+  auto wait_if_needed = [&](uint32_t i) -> std::string {
+    if (!side_work)
+      return "";
+    const pl::Instruction &ins = *insts->Get(i);
+    if (uses_dp_comm(ins))
+      return join(i);
+    spans_of(program, ins, &spans);
+    for (const Span &s : spans)
+      for (const Span &p : pending)
+        if (s.first < p.second && p.first < s.second)
+          return join(i);
+    return "";
+  };
   for (uint32_t i = 0; insts && i < insts->size(); ++i) {
+    if (side_stream_ && on_side(*insts->Get(i))) {
+      const pl::Instruction &ins = *insts->Get(i);
+      if (std::string e = device_->begin_side(); !e.empty())
+        return at(i, "starting the data-parallel stream: " + e);
+      for (const pl::GpuStep *s : *ins.gpu())
+        if (std::string e = step(program, ins, *s); !e.empty()) {
+          device_->end_side();
+          return at(i, e);
+        }
+      device_->end_side();
+      spans_of(program, ins, &spans);
+      pending.insert(pending.end(), spans.begin(), spans.end());
+      side_work = true;
+      continue;
+    }
     if (is_p2p(i)) {
       // A run of sends and receives progresses as one group.
       std::string err;
@@ -579,6 +740,9 @@ std::string GpuExecutor::run_steps(const pl::Program &program) {
       uint32_t end = i;
       while (end < insts->size() && is_p2p(end))
         ++end;
+      for (uint32_t k = i; k < end; ++k)
+        if (std::string e = wait_if_needed(k); !e.empty())
+          return e;
       if (std::string e = pp->group_start(); !e.empty())
         return at(i, e);
       for (uint32_t k = i; k < end; ++k)
@@ -589,12 +753,16 @@ std::string GpuExecutor::run_steps(const pl::Program &program) {
       i = end - 1;
       continue;
     }
+    if (std::string e = wait_if_needed(i); !e.empty())
+      return e;
     const pl::Instruction &ins = *insts->Get(i);
     for (const pl::GpuStep *s : *ins.gpu())
       if (std::string e = step(program, ins, *s); !e.empty())
         return at(i, e);
   }
-  return "";
+  // Everything joins the compute stream before the program ends (a capture
+  // must end joined; the host reads after the compute stream's wait).
+  return insts && insts->size() ? join(insts->size() - 1) : "";
 }
 
 void GpuExecutor::drop_graphs() {

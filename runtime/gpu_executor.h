@@ -55,6 +55,11 @@
 //   ALL_REDUCE_TIED_GRAD the gradient sent to the peer stage while the
 //                       peer's arrives in the workspace (one group); the
 //                       step's kernel then adds it
+// The data-parallel group's ALL_REDUCE_GRADS, REDUCE_GRADS and
+// ALL_GATHER_PARAMS go to the device's side stream (begin_side), where they
+// overlap the kernels after them; the compute stream joins it before the
+// first instruction whose device bytes (spans_of) meet theirs, before any
+// other collective over that group, and at the program's end.
 #ifndef MT_RUNTIME_GPU_EXECUTOR_H
 #define MT_RUNTIME_GPU_EXECUTOR_H
 
@@ -126,6 +131,17 @@ public:
     (void)group;
     return nullptr;
   }
+  // A second stream for collectives that may run beside the kernels (the
+  // data-parallel reductions and gathers). begin_side(): the side stream
+  // waits for all work issued so far, and DeviceComm calls go to it until
+  // end_side(); join_side(): later work waits for all the side stream's so
+  // far. Graph captures take the side stream in and must have joined it
+  // before end_capture. A device without one returns false from
+  // has_side_stream() and the executor issues everything in order.
+  virtual bool has_side_stream() const { return false; }
+  virtual std::string begin_side() { return ""; }
+  virtual void end_side() {}
+  virtual std::string join_side() { return ""; }
   // CUDA graphs. Between begin_capture and end_capture, launch and gemm
   // record their work with the argument values they were given, running
   // nothing; end_capture makes the record an executable graph (*graph, not
@@ -197,6 +213,12 @@ private:
                              DeviceComm &pp);
   std::string write_scalars(uint64_t rng_offset);
   std::string run_steps(const mt::plan::Program &program);
+  // Device bytes [first, second).
+  using Span = std::pair<uint64_t, uint64_t>;
+  void spans_of(const mt::plan::Program &program, const mt::plan::Instruction &ins,
+                std::vector<Span> *out) const;
+  bool on_side(const mt::plan::Instruction &ins) const;
+  bool uses_dp_comm(const mt::plan::Instruction &ins) const;
   uint64_t rng_offset_at(int32_t micro_batch) const;
   void drop_graphs();
 
@@ -220,6 +242,9 @@ private:
   };
   std::map<const mt::plan::Program *, Graph> graphs_;
   bool use_graphs_ = true;
+  // The side stream (GpuDevice::begin_side): used when the device has one
+  // and the plan has data-parallel collectives.
+  bool side_stream_ = false;
   int64_t graph_launches_ = 0;
   std::unique_ptr<HostState> host_;
   std::string pending_error_; // from calls that cannot return one (zero_grads)

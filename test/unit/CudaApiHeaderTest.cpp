@@ -26,7 +26,8 @@ namespace mine {
   X(Driver, cuModuleLoadData) X(Driver, cuModuleUnload) X(Driver, cuModuleGetFunction)           \
   X(Driver, cuFuncSetAttribute)                                                                  \
   X(Driver, cuLaunchKernel) X(Driver, cuStreamCreate) X(Driver, cuStreamDestroy)                 \
-  X(Driver, cuStreamSynchronize) X(Driver, cuStreamQuery)                                        \
+  X(Driver, cuStreamSynchronize) X(Driver, cuStreamQuery) X(Driver, cuStreamWaitEvent)          \
+  X(Driver, cuEventCreate) X(Driver, cuEventDestroy) X(Driver, cuEventRecord)                    \
   X(Driver, cuStreamBeginCapture) X(Driver, cuStreamEndCapture)                                  \
   X(Driver, cuGraphInstantiate) X(Driver, cuGraphLaunch) X(Driver, cuGraphExecDestroy)           \
   X(Driver, cuGraphDestroy)
@@ -127,6 +128,7 @@ static_assert(cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR ==
 static_assert(cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR ==
               ::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
 static_assert(cu::CU_STREAM_NON_BLOCKING == ::CU_STREAM_NON_BLOCKING);
+static_assert(cu::CU_EVENT_DISABLE_TIMING == ::CU_EVENT_DISABLE_TIMING);
 static_assert(cu::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL == ::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
 static_assert(cu::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES ==
               ::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);

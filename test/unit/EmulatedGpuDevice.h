@@ -252,6 +252,11 @@ public:
   std::unique_ptr<mt::rt::DeviceComm> connect(mt::rt::Communicator &group,
                                               std::string *) override {
     auto c = std::make_unique<EmulatedComm>(group, [this](std::function<std::string()> f) {
+      if (side_) {
+        ++sideCalls;
+        side_queue_.push_back(std::move(f));
+        return true;
+      }
       if (!capturing_)
         return false;
       Node n;
@@ -266,6 +271,39 @@ public:
   std::vector<EmulatedComm *> comms;
   uint64_t allocated = 0; // bytes asked of allocate()
 
+  // The side stream at its slowest: its collectives run only when the
+  // compute stream joins it, so a kernel that reads or overwrites their
+  // bytes before the join sees them unreduced (or changes what they
+  // send), as a GPU might. Work issued to it outside begin_side/end_side,
+  // host copies and waits with work unjoined are errors.
+  bool has_side_stream() const override { return true; }
+  std::string begin_side() override {
+    if (side_)
+      return "begin_side inside begin_side";
+    side_ = true;
+    return "";
+  }
+  void end_side() override { side_ = false; }
+  std::string join_side() override {
+    if (side_)
+      return "join_side inside begin_side";
+    ++joins;
+    std::vector<std::function<std::string()>> work = std::move(side_queue_);
+    side_queue_.clear();
+    for (std::function<std::string()> &f : work) {
+      if (capturing_) {
+        Node n;
+        n.kind = Node::Call;
+        n.call = std::move(f);
+        recording_.push_back(std::move(n));
+      } else if (std::string e = f(); !e.empty()) {
+        return e;
+      }
+    }
+    return "";
+  }
+  int sideCalls = 0, joins = 0; // collectives issued to the side stream; joins
+
   std::string allocate(uint64_t bytes, uint64_t *base) override {
     if (capturing_)
       return "allocate while capturing a graph";
@@ -278,16 +316,22 @@ public:
   std::string to_device(uint64_t dst, const void *src, uint64_t bytes) override {
     if (capturing_)
       return "a host-to-device copy while capturing a graph";
+    if (!side_queue_.empty())
+      return "a host-to-device copy while the side stream has work not joined";
     std::memcpy(reinterpret_cast<void *>(dst), src, bytes);
     return "";
   }
   std::string to_host(void *dst, uint64_t src, uint64_t bytes) override {
     if (capturing_)
       return "a device-to-host copy while capturing a graph";
+    if (!side_queue_.empty())
+      return "a device-to-host copy while the side stream has work not joined";
     std::memcpy(dst, reinterpret_cast<const void *>(src), bytes);
     return "";
   }
   std::string fill(uint64_t dst, uint8_t byte, uint64_t bytes) override {
+    if (side_)
+      return "a fill on the side stream, which runs collectives only";
     if (capturing_) {
       Node n;
       n.kind = Node::Fill;
@@ -318,6 +362,8 @@ public:
   }
   std::string launch(uint32_t index, const pl::Kernel &k, void **params,
                      uint32_t count) override {
+    if (side_)
+      return "a kernel launch on the side stream, which runs collectives only";
     if (capturing_) {
       Node n;
       n.kind = Node::Launch;
@@ -339,6 +385,8 @@ public:
   // they are rounded to D's type; BGRADB sums each column of op(B) (the
   // stored B values) over k. Both overwrite the bias output.
   std::string gemm(const pl::Gemm &g, const uint64_t *ptr) override {
+    if (side_)
+      return "a GEMM on the side stream, which runs collectives only";
     if (capturing_) {
       Node n;
       n.kind = Node::Gemm;
@@ -395,6 +443,8 @@ public:
     return "";
   }
   std::string synchronize() override {
+    if (!side_queue_.empty())
+      return "synchronize while the side stream has work not joined";
     return capturing_ ? "synchronize while capturing a graph" : "";
   }
 
@@ -410,6 +460,8 @@ public:
     if (!capturing_)
       return "no capture under way";
     capturing_ = false;
+    if (!side_queue_.empty())
+      return "the capture ended with the side stream not joined";
     graphs_[++lastGraph_] = std::move(recording_);
     recording_.clear();
     *graph = lastGraph_;
@@ -457,7 +509,8 @@ private:
     const pl::Gemm *gemm = nullptr;
     uint64_t ptr[5] = {0, 0, 0, 0, 0}; // GEMM pointers; a fill's dst, byte, bytes
   };
-  bool capturing_ = false;
+  bool capturing_ = false, side_ = false;
+  std::vector<std::function<std::string()>> side_queue_;
   std::vector<Node> recording_;
   std::map<uint64_t, std::vector<Node>> graphs_;
   uint64_t lastGraph_ = 0;

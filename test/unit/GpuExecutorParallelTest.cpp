@@ -31,7 +31,8 @@ struct RankRun {
   std::vector<float> losses, norms;
   std::vector<std::vector<std::vector<float>>> grads, weights; // [step][param]
   int collectives = 0;
-  uint64_t allocated = 0; // device bytes the GPU executor asked for
+  int side = 0, joins = 0; // collectives on the side stream; its joins
+  uint64_t allocated = 0;  // device bytes the GPU executor asked for
 };
 
 uint32_t outputNamed(const pl::Program &p, const std::string &name) {
@@ -127,6 +128,8 @@ std::string runRank(const pl::Plan &plan, int rank, mt::rt::Communicator *world,
     for (const EmulatedComm *c : dev->comms)
       out.collectives += c->calls;
     out.allocated = dev->allocated;
+    out.side = dev->sideCalls;
+    out.joins = dev->joins;
   }
   return "";
 }
@@ -146,10 +149,16 @@ std::vector<RankRun> runAll(const pl::Plan &plan, bool gpu, int steps) {
   return runs;
 }
 
+// What the emulated GPUs of a layout ran, summed over the ranks.
+struct LayoutStats {
+  int collectives = 0, side = 0, joins = 0;
+};
+
 // Every rank's losses, gradients, norms and weights on the emulated GPUs
 // against the CPU's: f32 within the single-GPU test's bounds by default.
 void compareLayout(const std::vector<mt::spec::Override> &layout, int minCollectives,
-                   double lossTol = 1e-5, double tol = 1e-4, double weightTol = 1e-4) {
+                   double lossTol = 1e-5, double tol = 1e-4, double weightTol = 1e-4,
+                   LayoutStats *stats = nullptr) {
   auto file = compilePlan(layout);
   ASSERT_TRUE(file);
   const pl::Plan &plan = *file->plan();
@@ -162,6 +171,10 @@ void compareLayout(const std::vector<mt::spec::Override> &layout, int minCollect
     ASSERT_EQ(cpu[r].error, "") << "CPU rank " << r;
     ASSERT_EQ(gpu[r].error, "") << "GPU rank " << r;
     collectives += gpu[r].collectives;
+    if (stats) {
+      stats->side += gpu[r].side;
+      stats->joins += gpu[r].joins;
+    }
     ASSERT_EQ(gpu[r].losses.size(), cpu[r].losses.size());
     for (size_t i = 0; i < cpu[r].losses.size(); ++i)
       EXPECT_NEAR(gpu[r].losses[i], cpu[r].losses[i], lossTol * std::fabs(cpu[r].losses[i]))
@@ -200,6 +213,8 @@ void compareLayout(const std::vector<mt::spec::Override> &layout, int minCollect
     }
   }
   EXPECT_GE(collectives, minCollectives);
+  if (stats)
+    stats->collectives = collectives;
   std::printf("[ stats    ] %d ranks: worst gradient %.2e, worst weight %.2e relative; %d "
               "device collectives\n",
               plan.world_size(), worstGrad, worstWeight, collectives);
@@ -222,13 +237,35 @@ TEST(GpuExecutorParallel, PipelineStagesMatchTheCpu) {
                 16);
 }
 
-// Two data-parallel replicas, gradients reduced in overlapped buckets.
+// Two data-parallel replicas, gradients reduced in overlapped buckets on
+// the side stream, which the emulation runs only when the compute stream
+// joins it: a kernel that touched a bucket before its join would see it
+// unreduced.
 TEST(GpuExecutorParallel, DataParallelBucketsMatchTheCpu) {
+  LayoutStats stats;
   compareLayout({{"parallel.data_parallel_size=2"},
                  {"parallel.overlap_grad_reduce=true"},
                  {"parallel.ddp_bucket_size=40000"},
                  {"training.global_batch_size=4"}},
-                4);
+                4, 1e-5, 1e-4, 1e-4, &stats);
+  EXPECT_GE(stats.side, 4); // every bucket's reduction
+  EXPECT_GE(stats.joins, 2);
+}
+
+// Pipeline stages in two replicas with overlapped reductions: each stage
+// reduces its buckets during the last micro-batch's backward, and the
+// buckets holding the tied embedding copies in @grad_norm, after the
+// copies' exchange, so the norm kernel must join the side stream first.
+TEST(GpuExecutorParallel, PipelineReplicasOverlapTheirReductions) {
+  LayoutStats stats;
+  compareLayout({{"parallel.pipeline_model_parallel_size=2"},
+                 {"parallel.data_parallel_size=2"},
+                 {"parallel.overlap_grad_reduce=true"},
+                 {"parallel.ddp_bucket_size=30000"},
+                 {"training.global_batch_size=8"}},
+                16, 1e-5, 1e-4, 1e-4, &stats);
+  EXPECT_GE(stats.side, 8);
+  EXPECT_GE(stats.joins, 8);
 }
 
 // The distributed optimizer: gradients reduce-scattered onto each rank's

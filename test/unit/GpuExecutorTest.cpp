@@ -9,11 +9,13 @@
 // there is one, and skips itself elsewhere.
 #include "EmulatedGpuDevice.h"
 
+#include "runtime/collectives.h"
 #include "runtime/cpu_executor.h"
 #include "runtime/cuda_gpu_device.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -373,6 +375,58 @@ TEST(GpuExecutor, CudaGraphsMatchEagerBitForBit) { graphsMatchEager(emulatedDevi
 // eager) round differently: they agree to 1e-4 of each array's largest
 // value, not bit for bit.
 TEST_F(GpuExecutorOnGpu, CudaGraphsMatchEager) { graphsMatchEager(realGpu, 1e-4); }
+
+// The side stream (GpuDevice::begin_side) against the compute stream, over
+// a group of one rank (NCCL runs a communicator of one GPU): a collective on
+// the side stream sees the compute stream's work before it, and the compute
+// stream's work after join_side sees its result; eagerly, and in a captured
+// graph, which must end with the side stream joined.
+void sideStreamOrdersCollectives(DeviceFactory make) {
+  Device device = make();
+  GpuDevice &d = *device.owned;
+  ASSERT_TRUE(d.has_side_stream());
+  mt::rt::ThreadGroup group(1, std::chrono::milliseconds(60000));
+  std::unique_ptr<mt::rt::Communicator> host = group.rank(0);
+  std::string error;
+  std::unique_ptr<mt::rt::DeviceComm> comm = d.connect(*host, &error);
+  ASSERT_TRUE(comm) << error;
+  const uint64_t n = 1 << 20, bytes = n * 4; // 4 MiB of f32
+  uint64_t x = 0, y = 0;
+  ASSERT_EQ(d.allocate(bytes, &x), "");
+  ASSERT_EQ(d.allocate(bytes, &y), "");
+  for (bool graph : {false, true}) {
+    SCOPED_TRACE(graph ? "captured" : "eager");
+    const uint8_t pattern = graph ? 0x3F : 0x40; // floats 0.747 and 3.004
+    ASSERT_EQ(d.fill(y, 0, bytes), "");
+    ASSERT_EQ(d.synchronize(), "");
+    if (graph)
+      ASSERT_EQ(d.begin_capture(), "");
+    ASSERT_EQ(d.fill(x, pattern, bytes), ""); // compute stream
+    ASSERT_EQ(d.begin_side(), "");
+    ASSERT_EQ(comm->all_reduce(x, y, n, mt::rt::CommElement::F32, mt::rt::ReduceOp::Sum, 1.0), "");
+    d.end_side();
+    ASSERT_EQ(d.join_side(), "");
+    uint64_t handle = 0;
+    if (graph) {
+      ASSERT_EQ(d.end_capture(&handle), "");
+      ASSERT_NE(handle, 0u);
+      ASSERT_EQ(d.launch_graph(handle), "");
+    }
+    ASSERT_EQ(d.synchronize(), "");
+    std::vector<uint8_t> out(bytes);
+    ASSERT_EQ(d.to_host(out.data(), y, bytes), "");
+    size_t wrong = 0;
+    for (uint8_t b : out)
+      wrong += b != pattern;
+    EXPECT_EQ(wrong, 0u) << "bytes of the side stream's result that are not the compute "
+                            "stream's fill";
+    if (handle)
+      d.destroy_graph(handle);
+  }
+}
+
+TEST(GpuExecutor, SideStreamOrdersCollectives) { sideStreamOrdersCollectives(emulatedDevice); }
+TEST_F(GpuExecutorOnGpu, SideStreamOrdersCollectives) { sideStreamOrdersCollectives(realGpu); }
 
 TEST(GpuExecutor, PlanWithoutGpuFormIsRefused) {
   // Heads 16 wide: flash attention is generated for 64 and 128.
