@@ -12,9 +12,12 @@
 #include "runtime/plan_reader.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/SmallString.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 #include <map>
+#include <type_traits>
 #include <unordered_map>
 
 using namespace mlir;
@@ -381,14 +384,13 @@ private:
                                    const std::string &name) {
     auto t = cast<RankedTensorType>(v.getType());
     auto shape = t.getShape();
-    return pl::CreateValue(fbb, fbb.CreateString(name), region, uint64_t(offset),
-                           fbb.CreateVector(std::vector<int64_t>(shape.begin(), shape.end())),
+    // Unnamed values store no name: readers label them by their index.
+    return pl::CreateValue(fbb, name.empty() ? 0 : sharedString(name), region, uint64_t(offset),
+                           sharedVector('s', std::vector<int64_t>(shape.begin(), shape.end())),
                            dtypeOf(t.getElementType()));
   }
 
   uint32_t addValue(Value v, pl::Region region, int64_t offset, std::string name) {
-    if (name.empty())
-      name = "%" + std::to_string(values.size());
     values.push_back(valueEntry(v, region, offset, name));
     auto t = cast<RankedTensorType>(v.getType());
     valueInfo.push_back({std::vector<int64_t>(t.getShape().begin(), t.getShape().end()),
@@ -404,7 +406,7 @@ private:
     FailureOr<Inst> inst = lower(op, numbers);
     if (failed(inst))
       return failure();
-    std::string where = whereOf(op, insts.size());
+    std::string where = whereOf(op);
     auto mb = op.getAttrOfType<IntegerAttr>("mt.micro_batch");
     if (mb)
       microBatchSlots = std::max<uint64_t>(microBatchSlots, uint64_t(mb.getInt()) + 1);
@@ -415,9 +417,9 @@ private:
       gpu = gpuSteps(op, *inst);
     insts.push_back(pl::CreateInstruction(
         fbb, inst->op, fbb.CreateVector(inst->in), fbb.CreateVector(inst->out),
-        fbb.CreateVector(inst->params), fbb.CreateVector(inst->ints),
-        fbb.CreateVector(inst->floats), fbb.CreateString(where),
-        mb ? int32_t(mb.getInt()) : -1, fbb.CreateVector(gpu)));
+        sharedVector('p', inst->params), sharedVector('l', inst->ints),
+        sharedVector('d', inst->floats), sharedString(where), mb ? int32_t(mb.getInt()) : -1,
+        sharedVector('g', gpu)));
     return success();
   }
 
@@ -443,22 +445,8 @@ private:
     }
     kernelWorkspace = std::max(kernelWorkspace, l.workspaceBytes);
     std::vector<fb::Offset<pl::GpuStep>> steps;
-    for (const GpuStepSpec &s : l.steps) {
-      const int64_t kernel = s.kernel;
-      std::vector<pl::GpuArg> args;
-      for (const GpuArgSpec &a : s.args)
-        args.emplace_back(a.kind, a.index);
-      fb::Offset<pl::Gemm> gemm;
-      if (s.kind == pl::GpuStepKind::GEMM) {
-        const GemmSpec &g = s.gemm;
-        gemm = pl::CreateGemm(fbb, g.m, g.n, g.k, g.transA, g.transB, g.lda, g.ldb, g.ldd,
-                              g.aType, g.bType, g.dType, g.accumulate, g.epilogue, g.biasType,
-                              g.batch, g.strideA, g.strideB, g.strideD);
-      }
-      steps.push_back(pl::CreateGpuStep(fbb, s.kind, int32_t(kernel),
-                                        fbb.CreateVectorOfStructs(args), gemm, s.count, s.element,
-                                        s.group, s.reduce));
-    }
+    for (const GpuStepSpec &s : l.steps)
+      steps.push_back(sharedStep(s, s.kernel));
     return steps;
   }
 
@@ -647,11 +635,11 @@ private:
     return int64_t(kernels.size() - 1);
   }
 
-  // "decoder.layers.1 mt.attention_grad (#57)": the layer comes from the
+  // "decoder.layers.1 mt.attention_grad": the layer comes from the
   // parameters the op or its neighbours touch.
-  std::string whereOf(Operation &op, size_t index) {
+  std::string whereOf(Operation &op) {
     if (auto fused = dyn_cast<FusedOp>(op))
-      return "mt.fused " + fused.getName().str() + " (#" + std::to_string(index) + ")";
+      return "mt.fused " + fused.getName().str();
     std::string layer;
     auto fromSym = [&](Attribute a) {
       if (auto s = dyn_cast_or_null<FlatSymbolRefAttr>(a))
@@ -663,8 +651,7 @@ private:
     for (Value v : op.getOperands())
       if (auto ref = v.getDefiningOp<ParamRefOp>())
         fromSym(ref.getNameAttr());
-    std::string s = (layer.empty() ? "" : layer + " ") + op.getName().getStringRef().str();
-    return s + " (#" + std::to_string(index) + ")";
+    return (layer.empty() ? "" : layer + " ") + op.getName().getStringRef().str();
   }
 
   uint32_t param(FlatSymbolRefAttr s) { return paramIndex.lookup(s.getValue()); }
@@ -993,10 +980,67 @@ private:
     return it->second;
   }
 
+  // One copy of each distinct vector, table or step: a pipeline stage
+  // repeats its layers' instructions for every micro-batch, and most of
+  // their ints, shapes, GEMM descriptors and steps on weights are equal.
+  // FlatBuffers objects may be referenced any number of times; the key is
+  // the content's bytes (or the offsets of already shared parts), tagged by
+  // kind.
+  template <class T> fb::uoffset_t sharedObject(char tag, const void *bytes, size_t n, T make) {
+    objectKey.assign(1, tag);
+    objectKey.append(static_cast<const char *>(bytes), static_cast<const char *>(bytes) + n);
+    auto [it, inserted] = objects.try_emplace(objectKey.str(), 0);
+    if (inserted)
+      it->second = make();
+    return it->second;
+  }
+  template <class T> fb::Offset<fb::Vector<T>> sharedVector(char tag, const std::vector<T> &v) {
+    static_assert(std::is_arithmetic_v<T> || std::is_same_v<T, fb::Offset<pl::GpuStep>>);
+    return sharedObject(tag, v.data(), v.size() * sizeof(T),
+                        [&] { return fbb.CreateVector(v).o; });
+  }
+  fb::Offset<pl::Gemm> sharedGemm(const GemmSpec &g) {
+    const int64_t f[] = {g.m,         g.n,         g.k,         g.transA,       g.transB,
+                         g.lda,       g.ldb,       g.ldd,       int64_t(g.aType), int64_t(g.bType),
+                         int64_t(g.dType), g.accumulate, int64_t(g.epilogue), int64_t(g.biasType),
+                         g.batch,     g.strideA,   g.strideB,   g.strideD};
+    return sharedObject('G', f, sizeof f, [&] {
+      return pl::CreateGemm(fbb, g.m, g.n, g.k, g.transA, g.transB, g.lda, g.ldb, g.ldd, g.aType,
+                            g.bType, g.dType, g.accumulate, g.epilogue, g.biasType, g.batch,
+                            g.strideA, g.strideB, g.strideD)
+          .o;
+    });
+  }
+  fb::Offset<pl::GpuStep> sharedStep(const GpuStepSpec &s, int64_t kernel) {
+    std::vector<uint64_t> key;
+    for (const GpuArgSpec &a : s.args)
+      key.insert(key.end(), {uint64_t(a.kind), a.index});
+    fb::Offset<fb::Vector<const pl::GpuArg *>> args(
+        sharedObject('A', key.data(), key.size() * 8, [&] {
+          std::vector<pl::GpuArg> v;
+          for (const GpuArgSpec &a : s.args)
+            v.emplace_back(a.kind, a.index);
+          return fbb.CreateVectorOfStructs(v).o;
+        }));
+    fb::Offset<pl::Gemm> gemm;
+    if (s.kind == pl::GpuStepKind::GEMM)
+      gemm = sharedGemm(s.gemm);
+    const uint64_t f[] = {uint64_t(s.kind), uint64_t(kernel), args.o,         gemm.o,
+                          s.count,          uint64_t(s.element), uint64_t(s.group),
+                          uint64_t(s.reduce)};
+    return sharedObject('S', f, sizeof f, [&] {
+      return pl::CreateGpuStep(fbb, s.kind, int32_t(kernel), args, gemm, s.count, s.element,
+                               s.group, s.reduce)
+          .o;
+    });
+  }
+
   ModuleOp module;
   const spec::Spec &spec;
   fb::FlatBufferBuilder fbb{1 << 16};
   std::map<std::string, fb::Offset<fb::String>> strings;
+  llvm::StringMap<fb::uoffset_t> objects; // sharedObject
+  llvm::SmallString<256> objectKey;
   llvm::StringMap<uint32_t> paramIndex;
   std::vector<fb::Offset<pl::Value>> values;
   DenseMap<Value, uint32_t> valueIndex;

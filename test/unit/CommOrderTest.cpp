@@ -1,7 +1,8 @@
 // The replay of inter-stage communication under NCCL's rules (comm_order.h):
 // hand-made schedules that must pass or fail, then the pipeline schedules
 // mtc compiles, which must pass, and must fail once their send/receive
-// groups are taken apart (so the replay really sees them).
+// groups are taken apart (so the replay really sees them). Last, how the
+// plan writer stores those unrolled schedules: each distinct part once.
 #include "compiler/ImportSpec.h"
 #include "compiler/PlanWriter.h"
 #include "dialects/mt/MtOps.h"
@@ -16,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -214,6 +216,68 @@ TEST(CommOrder, CompiledInterleavedAndParallelSchedulesComplete) {
                            {"training.precision=\"bf16\""},
                            {"training.global_batch_size=24"}},
                           2, 3);
+}
+
+// A stage's micro-batches repeat each layer's instructions; the plan stores
+// their equal parts once (PlanWriter's sharedObject): the `where` strings,
+// ints, GEMM descriptors, steps on parameters only, and value shapes point
+// at one object, while operand lists and values stay per micro-batch.
+TEST(PlanWriter, MicroBatchCopiesShareTheirParts) {
+  Compiled c = compile({{"model.num_layers=4"},
+                        {"parallel.pipeline_model_parallel_size=2"},
+                        {"training.global_batch_size=16"}});
+  ASSERT_FALSE(c.payload.empty());
+  const pl::Rank &rank = *c.plan()->ranks()->Get(0);
+  const pl::Program *train = nullptr;
+  for (const pl::Program *p : *rank.programs())
+    if (p->name()->str() == "train_step")
+      train = p;
+  ASSERT_NE(train, nullptr);
+  // Micro-batch 0's first instruction with a GEMM, and its copy in
+  // micro-batch 1.
+  const auto &insts = *train->instructions();
+  const pl::Instruction *first = nullptr, *copy = nullptr;
+  auto has_gemm = [](const pl::Instruction *ins) {
+    for (const pl::GpuStep *s : *ins->gpu())
+      if (s->kind() == pl::GpuStepKind::GEMM)
+        return true;
+    return false;
+  };
+  for (const pl::Instruction *ins : insts)
+    if (!first && ins->micro_batch() == 0 && has_gemm(ins))
+      first = ins;
+  ASSERT_NE(first, nullptr);
+  for (const pl::Instruction *ins : insts)
+    if (!copy && ins->micro_batch() == 1 && ins->op() == first->op() &&
+        ins->where()->str() == first->where()->str())
+      copy = ins;
+  ASSERT_NE(copy, nullptr) << first->where()->str();
+  EXPECT_EQ(first->where(), copy->where()) << "one string";
+  EXPECT_EQ(first->where()->str().find('#'), std::string::npos) << first->where()->str();
+  EXPECT_EQ(first->ints(), copy->ints());
+  EXPECT_NE(first->in(), copy->in()) << "each micro-batch's own operands";
+  EXPECT_NE(first->in()->Get(0), copy->in()->Get(0));
+  ASSERT_EQ(first->gpu()->size(), copy->gpu()->size());
+  for (uint32_t k = 0; k < first->gpu()->size(); ++k) {
+    const pl::GpuStep &a = *first->gpu()->Get(k), &b = *copy->gpu()->Get(k);
+    if (a.kind() == pl::GpuStepKind::GEMM)
+      EXPECT_EQ(a.gemm(), b.gemm()) << "one descriptor";
+  }
+  // The values of the two micro-batches: distinct tables, shared shapes.
+  const pl::Value &x = *train->values()->Get(first->in()->Get(0));
+  const pl::Value &y = *train->values()->Get(copy->in()->Get(0));
+  EXPECT_NE(x.offset(), y.offset());
+  EXPECT_EQ(x.shape(), y.shape());
+  // Steps on parameters only (the optimizer's, the gradient zeroing of a
+  // stage) are shared wherever they are equal: no two equal ones in the file.
+  size_t steps = 0, distinct = 0;
+  std::set<const pl::GpuStep *> seen;
+  for (const pl::Instruction *ins : insts)
+    for (const pl::GpuStep *s : *ins->gpu()) {
+      ++steps;
+      distinct += seen.insert(s).second;
+    }
+  EXPECT_LT(distinct, steps);
 }
 
 } // namespace

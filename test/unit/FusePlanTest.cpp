@@ -146,7 +146,7 @@ TEST(FusePlan, KernelEntry) {
   EXPECT_EQ(fused.in()->size(), 3u);
   EXPECT_EQ(fused.out()->size(), 1u);
   EXPECT_EQ(fused.where()->str(),
-            "mt.fused decoder.layers.3 bias_add+gelu+dropout+add (#0)");
+            "mt.fused decoder.layers.3 bias_add+gelu+dropout+add");
 }
 
 // Runs @step on fixed inputs; returns its output.

@@ -469,7 +469,7 @@ void write_ids(CpuExecutor &ex, const pl::Program &p, uint32_t v, const std::vec
 
 uint32_t find_value(const pl::Program &p, const std::string &name) {
   for (uint32_t i = 0; i < p.values()->size(); ++i)
-    if (p.values()->Get(i)->name()->str() == name)
+    if (const auto *n = p.values()->Get(i)->name(); n && n->str() == name)
       return i;
   ADD_FAILURE() << "no value " << name;
   return 0;
