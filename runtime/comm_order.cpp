@@ -37,6 +37,20 @@ bool issued_as_p2p(const pl::Instruction &ins) {
          ins.gpu()->size() == 1 && ins.gpu()->Get(0)->kind() == pl::GpuStepKind::NATIVE;
 }
 
+int native_collective_group(const pl::Instruction &ins) {
+  switch (ins.op()) {
+  case pl::Opcode::ALL_REDUCE:
+  case pl::Opcode::SEQ_ALL_GATHER:
+  case pl::Opcode::SEQ_REDUCE_SCATTER:
+  case pl::Opcode::ALL_REDUCE_GRADS:
+  case pl::Opcode::REDUCE_GRADS:
+  case pl::Opcode::ALL_GATHER_PARAMS:
+    return ins.ints() && ins.ints()->size() > 0 ? int(ins.ints()->Get(0)) : -1;
+  default:
+    return -1;
+  }
+}
+
 std::vector<CommEvent> comm_events(const pl::Rank &rank, const pl::Program &program) {
   std::vector<CommEvent> events;
   const auto *insts = program.instructions();
@@ -72,16 +86,9 @@ std::vector<CommEvent> comm_events(const pl::Rank &rank, const pl::Program &prog
                             -1, 0, i});
           break;
         }
-        case pl::Opcode::ALL_REDUCE:
-        case pl::Opcode::SEQ_ALL_GATHER:
-        case pl::Opcode::SEQ_REDUCE_SCATTER:
-        case pl::Opcode::ALL_REDUCE_GRADS:
-        case pl::Opcode::REDUCE_GRADS:
-        case pl::Opcode::ALL_GATHER_PARAMS:
-          if (spans_stages(ints(ins, 0)))
-            events.push_back({CommEvent::COLLECTIVE, {}, int(ints(ins, 0)), 0, i});
-          break;
         default:
+          if (const int g = native_collective_group(ins); g >= 0 && spans_stages(g))
+            events.push_back({CommEvent::COLLECTIVE, {}, g, 0, i});
           break;
         }
       }

@@ -38,6 +38,12 @@ namespace mt::rt {
 // GPU step is NATIVE); adjacent ones are issued as one NCCL group.
 bool issued_as_p2p(const mt::plan::Instruction &ins);
 
+// The group (plan numbering: 0 dp, 1 tp, 2 pp, 3 mp) over which an
+// instruction's NATIVE step runs a collective (ALL_REDUCE, SEQ_*, the
+// gradient reductions and the parameter gather name it in ints[0]); -1 for
+// any other instruction.
+int native_collective_group(const mt::plan::Instruction &ins);
+
 // One stage's communication in one program, in stream order.
 struct CommOp {
   bool send = false;

@@ -550,14 +550,10 @@ std::string GpuExecutor::native(const pl::Program &program, const pl::Instructio
 // side stream: a bucket's reduction (or its gather) then overlaps the
 // kernels after it until something touches its bytes.
 bool GpuExecutor::on_side(const pl::Instruction &ins) const {
-  switch (ins.op()) {
-  case pl::Opcode::REDUCE_GRADS:
-  case pl::Opcode::ALL_GATHER_PARAMS:
-  case pl::Opcode::ALL_REDUCE_GRADS:
-    return ins.ints() && ins.ints()->size() > 0 && ins.ints()->Get(0) == int64_t(Group::DP);
-  default:
-    return false;
-  }
+  const pl::Opcode op = ins.op();
+  return (op == pl::Opcode::REDUCE_GRADS || op == pl::Opcode::ALL_GATHER_PARAMS ||
+          op == pl::Opcode::ALL_REDUCE_GRADS) &&
+         native_collective_group(ins) == int(Group::DP);
 }
 
 // Whether an instruction left on the compute stream communicates over the
@@ -567,17 +563,7 @@ bool GpuExecutor::uses_dp_comm(const pl::Instruction &ins) const {
   for (const pl::GpuStep *s : *ins.gpu())
     if (s->kind() == pl::GpuStepKind::ALL_REDUCE && s->group() == int32_t(Group::DP))
       return true;
-  switch (ins.op()) {
-  case pl::Opcode::ALL_REDUCE:
-  case pl::Opcode::SEQ_ALL_GATHER:
-  case pl::Opcode::SEQ_REDUCE_SCATTER:
-  case pl::Opcode::ALL_REDUCE_GRADS:
-  case pl::Opcode::REDUCE_GRADS:
-  case pl::Opcode::ALL_GATHER_PARAMS:
-    return ins.ints() && ins.ints()->size() > 0 && ins.ints()->Get(0) == int64_t(Group::DP);
-  default:
-    return false;
-  }
+  return native_collective_group(ins) == int(Group::DP);
 }
 
 // The device bytes an instruction's steps may read or write, as spans;
