@@ -446,7 +446,7 @@ private:
     kernelWorkspace = std::max(kernelWorkspace, l.workspaceBytes);
     std::vector<fb::Offset<pl::GpuStep>> steps;
     for (const GpuStepSpec &s : l.steps)
-      steps.push_back(sharedStep(s, s.kernel));
+      steps.push_back(sharedStep(s));
     return steps;
   }
 
@@ -1011,7 +1011,8 @@ private:
           .o;
     });
   }
-  fb::Offset<pl::GpuStep> sharedStep(const GpuStepSpec &s, int64_t kernel) {
+  fb::Offset<pl::GpuStep> sharedStep(const GpuStepSpec &s) {
+    const int64_t kernel = s.kernel;
     std::vector<uint64_t> key;
     for (const GpuArgSpec &a : s.args)
       key.insert(key.end(), {uint64_t(a.kind), a.index});
