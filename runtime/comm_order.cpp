@@ -273,9 +273,7 @@ std::string check_comm_order(const pl::Plan &plan) {
       events.push_back(comm_events(*stage[s], *prog));
     }
     auto where = [&](int s, uint32_t i) {
-      const pl::Instruction &ins = *progs[s]->instructions()->Get(i);
-      return "#" + std::to_string(i) + " (" + (ins.where() ? ins.where()->str() : "") + ") " +
-             opcode_name(ins.op());
+      return instruction_label(*progs[s]->instructions()->Get(i), i);
     };
     if (std::string e = check_comm_events(events, where); !e.empty())
       return "program " + name + ": " + e;

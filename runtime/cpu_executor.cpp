@@ -31,24 +31,6 @@ bool is_half(pl::DType d) { return d == pl::DType::BF16 || d == pl::DType::F16; 
 // Bytes per element in the CPU layout: every float type is held as f32.
 size_t cpu_element_bytes(pl::DType d) { return is_float_dtype(d) ? 4 : element_bytes(d); }
 
-std::string value_label(const pl::Value &v, uint32_t index) {
-  std::string name = v.name() ? v.name()->str() : "";
-  if (name.empty())
-    return "%" + std::to_string(index);
-  if (name[0] == '%' || name[0] == '@')
-    return name;
-  return "%" + name;
-}
-
-std::string where_of(const pl::Instruction &ins) {
-  return ins.where() ? ins.where()->str() : "";
-}
-
-// "#57 (decoder.layers.1 attention) ATTENTION"
-std::string instruction_label(const pl::Instruction &ins, size_t index) {
-  return "#" + std::to_string(index) + " (" + where_of(ins) + ") " + opcode_name(ins.op());
-}
-
 // A 64-byte-aligned, zero-filled allocation.
 class Buffer {
 public:
@@ -642,7 +624,7 @@ struct CpuExecutor::Impl {
       bool unwritten = false;
       const OwnerMap::Owner *o = owners.foreign(b, e, ps.root[v], &unwritten);
       if (unwritten)
-        return who() + " reads " + value_label(f.value(v), v) +
+        return who() + " reads " + value_label(&f.value(v), v) +
                " but part of its bytes were never written";
       if (o) {
         std::string at = "before the program started"; // overlapping inputs
@@ -650,8 +632,8 @@ struct CpuExecutor::Impl {
           const size_t j = size_t(o->instruction);
           at = "at " + instruction_label(*ps.program->instructions()->Get(uint32_t(j)), j);
         }
-        return who() + " reads " + value_label(f.value(v), v) + " whose bytes were overwritten by " +
-               value_label(f.value(o->value), o->value) + " " + at;
+        return who() + " reads " + value_label(&f.value(v), v) + " whose bytes were overwritten by " +
+               value_label(&f.value(o->value), o->value) + " " + at;
       }
     }
     return "";
@@ -745,7 +727,7 @@ struct CpuExecutor::Impl {
     auto key = [&](int64_t stream) { return cpu::RngKey{seed, uint64_t(stream), rng_offset}; };
     auto bad_id = [&](size_t k, int64_t at, int64_t limit, const char *what) {
       return std::string(what) + " " + std::to_string(iin(k)[at]) + " at position " +
-             std::to_string(at) + " of " + value_label(vin(k), ins.in()->Get(uint32_t(k))) +
+             std::to_string(at) + " of " + value_label(&vin(k), ins.in()->Get(uint32_t(k))) +
              " is outside [0, " + std::to_string(limit) +
              "); check that the data was tokenized for this model's vocabulary";
     };

@@ -146,14 +146,6 @@ std::string shape_text(const flatbuffers::Vector<int64_t> *shape) {
   return s + "]";
 }
 
-std::string value_label(const pl::Value *v, uint32_t index) {
-  std::string name = v && v->name() ? v->name()->str() : "";
-  if (name.empty())
-    return "%" + std::to_string(index);
-  if (name[0] == '%' || name[0] == '@')
-    return name;
-  return "%" + name;
-}
 
 // ---------------------------------------------------------------------------
 // Semantic checks. Each returns "" or the part of the error line after the
@@ -463,9 +455,7 @@ private:
       std::vector<char> &written) {
     for (size_t i = 0; i < vsize(instrs); ++i) {
       const pl::Instruction &ins = *instrs->Get(i);
-      std::string where = ins.where() ? ins.where()->str() : "";
-      std::string who = s.name + " #" + std::to_string(i) + " (" + where + ") " +
-                        opcode_name(ins.op());
+      std::string who = s.name + " " + instruction_label(ins, i);
       if (std::string e = check_instruction(s, ins, written); !e.empty())
         return who + ": " + e;
     }
@@ -1248,6 +1238,20 @@ int64_t element_count(const flatbuffers::Vector<int64_t> *shape) {
 
 uint64_t plan_bytes(const pl::Value &v) {
   return uint64_t(element_count(v)) * element_bytes(v.dtype());
+}
+
+std::string value_label(const pl::Value *v, uint32_t index) {
+  std::string name = v && v->name() ? v->name()->str() : "";
+  if (name.empty())
+    return "%" + std::to_string(index);
+  if (name[0] == '%' || name[0] == '@')
+    return name;
+  return "%" + name;
+}
+
+std::string instruction_label(const pl::Instruction &ins, size_t index) {
+  return "#" + std::to_string(index) + " (" + (ins.where() ? ins.where()->str() : "") + ") " +
+         opcode_name(ins.op());
 }
 
 std::string opcode_name(pl::Opcode op) {

@@ -49,6 +49,10 @@ inline int64_t element_count(const mt::plan::Value &v) { return element_count(v.
 uint64_t plan_bytes(const mt::plan::Value &v);
 // "MATMUL", or "opcode 417" for a number the schema does not know.
 std::string opcode_name(mt::plan::Opcode op);
+// An instruction in messages: "#57 (decoder.layers.1 mt.attention) ATTENTION".
+std::string instruction_label(const mt::plan::Instruction &ins, size_t index);
+// A value in messages: "%tokens", or "%12" for an unnamed value (v may be null).
+std::string value_label(const mt::plan::Value *v, uint32_t index);
 // The Rank table for `rank`, or null.
 const mt::plan::Rank *find_rank(const mt::plan::Plan &plan, int rank);
 // The pointers a GEMM epilogue takes after A, B and D (plan.fbs
