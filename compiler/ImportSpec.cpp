@@ -92,6 +92,7 @@ public:
                        b.getBoolAttr(par.use_distributed_optimizer)),
         b.getNamedAttr("sequence_parallel", b.getBoolAttr(par.sequence_parallel)),
         b.getNamedAttr("overlap_grad_reduce", b.getBoolAttr(par.overlap_grad_reduce)),
+        b.getNamedAttr("overlap_param_gather", b.getBoolAttr(par.overlap_param_gather)),
         b.getNamedAttr("ddp_bucket_size", b.getI64IntegerAttr(par.ddp_bucket_size)),
     };
     (*module)->setAttr("mt.parallel", b.getDictionaryAttr(parallel));

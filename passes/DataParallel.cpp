@@ -8,6 +8,8 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 
+#include "llvm/ADT/DenseSet.h"
+
 #include <limits>
 
 namespace mt {
@@ -65,6 +67,12 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
     }
     const bool distOpt = flag("use_distributed_optimizer");
     const bool overlap = flag("overlap_grad_reduce");
+    const bool gatherInForward = flag("overlap_param_gather");
+    if (gatherInForward && !(distOpt && overlap)) {
+      module.emitError("mt-data-parallel: overlap_param_gather needs use_distributed_optimizer "
+                       "and overlap_grad_reduce");
+      return failure();
+    }
     // Tensor-parallel ranks and pipeline stages reduce their own parameters
     // over their data-parallel group, so the buckets below are this rank's
     // parameters whatever it holds. One data-parallel rank has nothing to
@@ -245,12 +253,81 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
                                 first.getStep(), ob.getI64IntegerAttr(i), first.getBeta1Attr(),
                                 first.getBeta2Attr(), first.getEpsilonAttr(),
                                 ob.getF64FloatAttr(decay));
-    for (int64_t i = 0; i < int64_t(buckets.size()); ++i)
-      ob.create<AllGatherParamsOp>(first.getLoc(), ob.getI64IntegerAttr(i),
-                                   ob.getStringAttr("dp"));
+    auto gather = [&](OpBuilder &at, Location loc, int64_t bucket) -> Operation * {
+      return at.create<AllGatherParamsOp>(loc, at.getI64IntegerAttr(bucket),
+                                          at.getStringAttr("dp"));
+    };
+    if (!gatherInForward)
+      for (int64_t i : allBuckets)
+        gather(ob, first.getLoc(), i);
     for (AdamWOp a : adams)
       a.erase();
+    if (gatherInForward)
+      placeGathersInForward(module, train, bucketOf, allBuckets, gather);
     return success();
+  }
+
+  // overlap_param_gather: the optimizer step leaves each rank's weights
+  // whole only in its own shards, and the next iteration's first
+  // micro-batch gathers them. Its program opens with every bucket's gather
+  // in the order the forward first reads them; the GPU executor issues
+  // them on its side stream and each instruction waits only for the
+  // gathers of the bytes it reads, so the later buckets arrive while the
+  // first layers run. @gather_params holds the same gathers for the
+  // runtime to run before evaluation and checkpoint saves.
+  void placeGathersInForward(
+      ModuleOp module, func::FuncOp train, const DenseMap<StringRef, int64_t> &bucketOf,
+      ArrayRef<int64_t> allBuckets,
+      function_ref<Operation *(OpBuilder &, Location, int64_t)> gather) {
+    SmallVector<int64_t> order;
+    DenseSet<int64_t> seen;
+    for (Operation &op : train.getBody().front())
+      for (Value v : op.getOperands())
+        if (auto ref = v.getDefiningOp<ParamRefOp>())
+          if (auto it = bucketOf.find(ref.getName()); it != bucketOf.end())
+            if (seen.insert(it->second).second)
+              order.push_back(it->second);
+    for (int64_t i : allBuckets)
+      if (seen.insert(i).second)
+        order.push_back(i); // read by no op of the step
+    auto atStart = [&](func::FuncOp f, bool firstMicroBatch) {
+      OpBuilder ob(&f.getBody().front(), f.getBody().front().begin());
+      for (int64_t i : order) {
+        Operation *g = gather(ob, f.getLoc(), i);
+        if (!firstMicroBatch)
+          continue;
+        g->setAttr("mt.first_micro_batch", ob.getUnitAttr());
+        g->setAttr("mt.chunk", ob.getI64IntegerAttr(0));
+      }
+    };
+    OpBuilder mb(module.getBodyRegion());
+    mb.setInsertionPointToEnd(module.getBody());
+    auto all = mb.create<func::FuncOp>(train.getLoc(), "gather_params",
+                                       mb.getFunctionType({}, {}));
+    auto ab = OpBuilder::atBlockEnd(all.addEntryBlock());
+    for (int64_t i : allBuckets)
+      gather(ab, all.getLoc(), i);
+    ab.create<func::ReturnOp>(all.getLoc());
+    if (module->hasAttr("mt.stage")) {
+      // mt-schedule-pp keeps them in micro-batch 0's first forward only.
+      atStart(train, true);
+      return;
+    }
+    // Micro-batch 0 runs @train_step_first; with one micro-batch it is
+    // also the last, which runs @train_step_last (overlap_grad_reduce).
+    int64_t microBatches = 1;
+    if (auto t = moduleAttr<DictionaryAttr>(module, "mt.training"))
+      if (auto a = t.getAs<IntegerAttr>("num_micro_batches"))
+        microBatches = a.getInt();
+    if (microBatches == 1) {
+      atStart(module.lookupSymbol<func::FuncOp>("train_step_last"), false);
+      return;
+    }
+    OpBuilder fb(module.getBodyRegion());
+    fb.setInsertionPoint(train);
+    auto firstStep = cast<func::FuncOp>(fb.clone(*train));
+    firstStep.setName("train_step_first");
+    atStart(firstStep, false);
   }
 };
 

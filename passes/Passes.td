@@ -394,6 +394,20 @@ def MtDataParallelPass : Pass<"mt-data-parallel", "mlir::ModuleOp"> {
     `mt.distributed_optimizer`, and mt-plan-memory plans masters and
     moments for the owned shards only.
 
+    With `overlap_param_gather` as well (Megatron's
+    `--overlap-param-gather`, which needs the other two), the optimizer
+    step gathers nothing: the next iteration's first micro-batch opens
+    with every bucket's `mt.all_gather_params`, in the order the step
+    first reads the buckets' weights, and the CUDA executor waits before
+    each instruction only for the gathers of the weights it reads, so the
+    later buckets arrive while the first layers run. That program is
+    `@train_step_first`, a copy of `@train_step` (with one micro-batch,
+    `@train_step_last` itself); in a pipeline stage the gathers open
+    `@train_step`, marked `mt.first_micro_batch` and `mt.chunk = 0` (kept
+    only in micro-batch 0's first forward). `@gather_params` holds every
+    gather for the runtime to run before an evaluation or a checkpoint
+    save reads the weights.
+
     Plans that also use tensor or pipeline parallelism are left to the
     sharding passes and stay unchanged here.
 
@@ -414,6 +428,13 @@ def MtDataParallelPass : Pass<"mt-data-parallel", "mlir::ModuleOp"> {
     func.func @optimizer_step(...) {
       ...
       mt.sharded_adamw %lr, %clip, %step {bucket = 0 : i64, ...} : tensor<f32>, tensor<f32>, tensor<i64>
+      mt.all_gather_params {bucket = 0 : i64, group = "dp"}
+      ...
+    }
+    // ... and overlap_param_gather = true (bucket 2 holds the embeddings)
+    func.func @train_step_first(...) -> tensor<f32> {
+      mt.all_gather_params {bucket = 2 : i64, group = "dp"}
+      mt.all_gather_params {bucket = 1 : i64, group = "dp"}
       mt.all_gather_params {bucket = 0 : i64, group = "dp"}
       ...
     }
@@ -451,7 +472,9 @@ def MtSchedulePPPass : Pass<"mt-schedule-pp", "mlir::ModuleOp"> {
     runtime/comm_order.h).
 
     Ops marked `mt.last_micro_batch` (mt-data-parallel's overlapped bucket
-    reductions) are cloned only for the last micro-batch.
+    reductions) are cloned only for the last micro-batch, ops marked
+    `mt.first_micro_batch` (its overlapped weight gathers) only for
+    micro-batch 0.
 
     Inputs and outputs become per micro-batch (`tokens.0`, `labels.0`,
     `loss.0`, ...). Every clone carries `mt.micro_batch`, from which the

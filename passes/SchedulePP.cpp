@@ -223,11 +223,15 @@ struct MtSchedulePPPass : impl::MtSchedulePPPassBase<MtSchedulePPPass> {
         if (!pick(op))
           continue;
         // mt-data-parallel's overlapped bucket reductions: in the last
-        // micro-batch's backward only, which completes the gradients.
+        // micro-batch's backward only, which completes the gradients; its
+        // overlapped weight gathers: in the first micro-batch's forward.
         if (op->hasAttr("mt.last_micro_batch") && s.microBatch != microBatches - 1)
+          continue;
+        if (op->hasAttr("mt.first_micro_batch") && s.microBatch != 0)
           continue;
         Operation *copy = b.clone(*op, map);
         copy->removeAttr("mt.last_micro_batch");
+        copy->removeAttr("mt.first_micro_batch");
         copy->setAttr("mt.micro_batch", b.getI64IntegerAttr(s.microBatch));
         if (auto send = dyn_cast<SendOp>(copy))
           send.setTag(send.getTag() + s.microBatch * stride);

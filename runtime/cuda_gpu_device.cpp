@@ -9,6 +9,7 @@
 #include "runtime/kernel_cache.h"
 #include "runtime/plan_reader.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -175,9 +176,10 @@ public:
       dev_.driver->cuModuleUnload(m);
     for (cu::CUdeviceptr p : allocations_)
       dev_.driver->cuMemFree(p);
-    for (cu::CUevent e : {forked_, joined_})
-      if (e)
-        dev_.driver->cuEventDestroy(e);
+    if (forked_)
+      dev_.driver->cuEventDestroy(forked_);
+    for (cu::CUevent e : side_done_)
+      dev_.driver->cuEventDestroy(e);
     for (cu::CUstream s : {side_, stream_})
       if (s)
         dev_.driver->cuStreamDestroy(s);
@@ -202,11 +204,10 @@ public:
                               "cuStreamCreate");
           !e.empty())
         return e;
-    for (cu::CUevent *ev : {&forked_, &joined_})
-      if (std::string e = drv(dev_.driver->cuEventCreate(ev, cu::CU_EVENT_DISABLE_TIMING),
-                              "cuEventCreate");
-          !e.empty())
-        return e;
+    if (std::string e = drv(dev_.driver->cuEventCreate(&forked_, cu::CU_EVENT_DISABLE_TIMING),
+                            "cuEventCreate");
+        !e.empty())
+      return e;
     nccl_stream_ = stream_;
     if (lt_->cublasLtCreate(&handle_) != 0)
       return "cublasLtCreate failed on " + describe(dev_);
@@ -378,10 +379,14 @@ public:
   }
 
   // The side stream waits for an event recorded on the compute stream
-  // (fork), the compute stream for one recorded on the side stream (join).
-  // Under capture the first fork takes the side stream into the capture and
-  // the join brings it back, as cuStreamEndCapture requires. One event
-  // each serves every fork and join: a wait takes the event's latest record.
+  // (fork); each batch of side work ends with an event of its own, and a
+  // join makes the compute stream wait for the youngest batch it needs
+  // (the side stream is in order). Under capture the first fork takes the
+  // side stream into the capture and the joins bring it back, as
+  // cuStreamEndCapture requires. A wait takes an event's latest record, so
+  // one fork event serves every fork, and a joined batch's event is
+  // recorded again by a later batch. A program's first run is eager, so
+  // the events a captured run needs exist before its capture.
   bool has_side_stream() const override { return true; }
   std::string begin_side() override {
     if (std::string e = drv(dev_.driver->cuEventRecord(forked_, stream_), "cuEventRecord");
@@ -394,12 +399,36 @@ public:
     nccl_stream_ = side_;
     return "";
   }
-  void end_side() override { nccl_stream_ = stream_; }
-  std::string join_side() override {
-    if (std::string e = drv(dev_.driver->cuEventRecord(joined_, side_), "cuEventRecord");
+  std::string end_side() override {
+    nccl_stream_ = stream_;
+    if (side_open_ == side_done_.size()) {
+      cu::CUevent ev = nullptr;
+      if (std::string e = drv(dev_.driver->cuEventCreate(&ev, cu::CU_EVENT_DISABLE_TIMING),
+                              "cuEventCreate");
+          !e.empty())
+        return e;
+      side_done_.push_back(ev);
+    }
+    if (std::string e = drv(dev_.driver->cuEventRecord(side_done_[side_open_], side_),
+                            "cuEventRecord");
         !e.empty())
       return e;
-    return drv(dev_.driver->cuStreamWaitEvent(stream_, joined_, 0), "cuStreamWaitEvent");
+    ++side_open_;
+    return "";
+  }
+  std::string join_side(size_t batches) override {
+    const size_t n = std::min(batches, side_open_);
+    if (n == 0)
+      return "";
+    if (std::string e = drv(dev_.driver->cuStreamWaitEvent(stream_, side_done_[n - 1], 0),
+                            "cuStreamWaitEvent");
+        !e.empty())
+      return e;
+    // The open batches' events first again, in order.
+    std::rotate(side_done_.begin(), side_done_.begin() + long(n),
+                side_done_.begin() + long(side_open_));
+    side_open_ -= n;
+    return "";
   }
 
   // Stream capture in thread-local mode: only this thread's unsafe calls
@@ -567,7 +596,10 @@ private:
   const cu::CublasLt *lt_ = nullptr;
   std::unique_ptr<KernelCache> cache_;
   cu::CUstream stream_ = nullptr, side_ = nullptr;
-  cu::CUevent forked_ = nullptr, joined_ = nullptr;
+  cu::CUevent forked_ = nullptr;
+  // One event per batch of side work; the first side_open_ are not joined.
+  std::vector<cu::CUevent> side_done_;
+  size_t side_open_ = 0;
   cu::CUstream nccl_stream_ = nullptr; // where NcclComm calls go now
   cu::cublasLtHandle_t handle_ = nullptr;
   uint64_t lt_workspace_ = 0;

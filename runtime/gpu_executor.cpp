@@ -8,6 +8,7 @@
 #include "runtime/grad_buckets.h"
 #include "runtime/plan_reader.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -137,8 +138,8 @@ std::string GpuExecutor::open() {
     const auto *insts = prog->instructions();
     for (uint32_t i = 0; insts && i < insts->size(); ++i) {
       const pl::Instruction &ins = *insts->Get(i);
-      const std::string at = who + ", program " + str(prog->name()) + " #" + std::to_string(i) +
-                             " (" + str(ins.where()) + ") " + opcode_name(ins.op());
+      const std::string at =
+          who + ", program " + str(prog->name()) + " " + instruction_label(ins, i);
       if (!ins.gpu() || ins.gpu()->size() == 0)
         return at + ": this plan has no GPU form for it; recompile the spec with an mtc that "
                     "generates one, or run with --device cpu";
@@ -668,37 +669,43 @@ std::string GpuExecutor::write_scalars(uint64_t rng_offset) {
 std::string GpuExecutor::run_steps(const pl::Program &program) {
   const auto *insts = program.instructions();
   auto at = [&](uint32_t i, const std::string &e) {
-    const pl::Instruction &ins = *insts->Get(i);
-    return "rank " + std::to_string(rank_.rank()) + ": " + str(program.name()) + " #" +
-           std::to_string(i) + " (" + str(ins.where()) + ") " + opcode_name(ins.op()) + ": " + e;
+    return "rank " + std::to_string(rank_.rank()) + ": " + str(program.name()) + " " +
+           instruction_label(*insts->Get(i), i) + ": " + e;
   };
   // comm_order.h checks at compile time that these groups cannot deadlock.
   auto is_p2p = [&](uint32_t i) { return issued_as_p2p(*insts->Get(i)); };
-  // The side stream's collectives not yet joined, and the bytes they use:
-  // an instruction on the compute stream that touches them (or talks over
-  // the data-parallel group) waits for all of them first.
-  std::vector<Span> pending, spans;
-  bool side_work = false;
-  auto join = [&](uint32_t i) -> std::string {
-    if (!side_work)
+  // The side stream's collectives not yet joined, oldest first, each with
+  // the bytes it uses: an instruction on the compute stream that touches
+  // one waits for it and the older ones; one that talks over the
+  // data-parallel group waits for all of them.
+  std::vector<std::vector<Span>> pending;
+  std::vector<Span> spans;
+  auto join = [&](uint32_t i, size_t batches) -> std::string {
+    if (pending.empty())
       return "";
-    side_work = false;
-    pending.clear();
-    if (std::string e = device_->join_side(); !e.empty())
+    batches = std::min(batches, pending.size());
+    pending.erase(pending.begin(), pending.begin() + long(batches));
+    if (std::string e = device_->join_side(batches); !e.empty())
       return at(i, "waiting for the data-parallel collectives: " + e);
     return "";
   };
   auto wait_if_needed = [&](uint32_t i) -> std::string {
-    if (!side_work)
+    if (pending.empty())
       return "";
     const pl::Instruction &ins = *insts->Get(i);
     if (uses_dp_comm(ins))
-      return join(i);
+      return join(i, pending.size());
     spans_of(program, ins, &spans);
-    for (const Span &s : spans)
-      for (const Span &p : pending)
-        if (s.first < p.second && p.first < s.second)
-          return join(i);
+    auto meets = [&](const std::vector<Span> &batch) {
+      for (const Span &s : spans)
+        for (const Span &p : batch)
+          if (s.first < p.second && p.first < s.second)
+            return true;
+      return false;
+    };
+    for (size_t k = pending.size(); k-- > 0;)
+      if (meets(pending[k]))
+        return join(i, k + 1);
     return "";
   };
   for (uint32_t i = 0; insts && i < insts->size(); ++i) {
@@ -711,10 +718,10 @@ std::string GpuExecutor::run_steps(const pl::Program &program) {
           device_->end_side();
           return at(i, e);
         }
-      device_->end_side();
+      if (std::string e = device_->end_side(); !e.empty())
+        return at(i, "closing the data-parallel stream's work: " + e);
       spans_of(program, ins, &spans);
-      pending.insert(pending.end(), spans.begin(), spans.end());
-      side_work = true;
+      pending.push_back(spans);
       continue;
     }
     if (is_p2p(i)) {
@@ -748,7 +755,7 @@ std::string GpuExecutor::run_steps(const pl::Program &program) {
   }
   // Everything joins the compute stream before the program ends (a capture
   // must end joined; the host reads after the compute stream's wait).
-  return insts && insts->size() ? join(insts->size() - 1) : "";
+  return insts && insts->size() ? join(insts->size() - 1, pending.size()) : "";
 }
 
 void GpuExecutor::drop_graphs() {

@@ -56,10 +56,13 @@
 //                       peer's arrives in the workspace (one group); the
 //                       step's kernel then adds it
 // The data-parallel group's ALL_REDUCE_GRADS, REDUCE_GRADS and
-// ALL_GATHER_PARAMS go to the device's side stream (begin_side), where they
-// overlap the kernels after them; the compute stream joins it before the
-// first instruction whose device bytes (spans_of) meet theirs, before any
-// other collective over that group, and at the program's end.
+// ALL_GATHER_PARAMS go to the device's side stream (begin_side), one batch
+// each, where they overlap the kernels after them. The compute stream
+// waits, before an instruction whose device bytes (spans_of) meet those of
+// a pending one, for that one and the side work issued before it (so a
+// layer waits for its own weights' gather, not for the gathers queued
+// behind it); before any other collective over that group it waits for
+// all of them, and at the program's end.
 #ifndef MT_RUNTIME_GPU_EXECUTOR_H
 #define MT_RUNTIME_GPU_EXECUTOR_H
 
@@ -134,14 +137,21 @@ public:
   // A second stream for collectives that may run beside the kernels (the
   // data-parallel reductions and gathers). begin_side(): the side stream
   // waits for all work issued so far, and DeviceComm calls go to it until
-  // end_side(); join_side(): later work waits for all the side stream's so
-  // far. Graph captures take the side stream in and must have joined it
+  // end_side(), which closes one batch of side work. join_side(n): later
+  // work waits for the oldest n batches not yet joined (all of them when
+  // there are fewer), which are then joined; the side stream runs its
+  // batches in order, so the younger ones may still be running. Graph
+  // captures take the side stream in and must have joined all of it
   // before end_capture. A device without one returns false from
   // has_side_stream() and the executor issues everything in order.
+  static constexpr size_t kAllSideWork = SIZE_MAX;
   virtual bool has_side_stream() const { return false; }
   virtual std::string begin_side() { return ""; }
-  virtual void end_side() {}
-  virtual std::string join_side() { return ""; }
+  virtual std::string end_side() { return ""; }
+  virtual std::string join_side(size_t batches = kAllSideWork) {
+    (void)batches;
+    return "";
+  }
   // CUDA graphs. Between begin_capture and end_capture, launch and gemm
   // record their work with the argument values they were given, running
   // nothing; end_capture makes the record an executable graph (*graph, not

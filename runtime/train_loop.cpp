@@ -127,6 +127,8 @@ public:
     exec->set_check_memory_plan(opts.check_memory_plan);
     trainStep.program = exec->program("train_step");
     lastStep.program = exec->program("train_step_last");
+    firstStep.program = exec->program("train_step_first");
+    gatherProg.program = exec->program("gather_params");
     evalStep.program = exec->program("eval_step");
     normProg.program = exec->program("grad_norm");
     optStep.program = exec->program("optimizer_step");
@@ -178,6 +180,10 @@ public:
       if (finite) {
         if (std::string err = update(norm); !err.empty())
           return fail(err);
+        // overlap_param_gather: the next iteration's first micro-batch
+        // gathers the updated weights; until then each rank's are whole
+        // only in its own shards.
+        weightsGathered = !gatherProg.program;
       } else {
         ++skipped;
         ++intervalSkipped;
@@ -374,7 +380,17 @@ private:
     return kinds;
   }
 
+  // The weights whole on every rank before evaluation or a save reads them.
+  std::string gatherWeights() {
+    if (weightsGathered)
+      return "";
+    weightsGathered = true;
+    return exec->run(*gatherProg.program, 0);
+  }
+
   std::string saveCheckpoint() {
+    if (std::string e = gatherWeights(); !e.empty())
+      return e;
     if (std::string e = exec->state_to_host(); !e.empty())
       return e;
     // Distributed optimizer: every rank's shards gathered to dp rank 0.
@@ -571,6 +587,7 @@ private:
 
   std::string forwardBackward(double *meanLoss) {
     double sum = 0;
+    weightsGathered = true; // by the first micro-batch, where the plan gathers late
     if (pp > 1) {
       if (std::string err = runPipelined(trainStep, *train, consumedTrain, false, &sum);
           !err.empty())
@@ -580,8 +597,12 @@ private:
     }
     for (int64_t m = 0; m < microBatches; ++m) {
       // Overlapped gradient reduction: the last micro-batch runs the copy of
-      // the step that reduces each bucket as soon as its gradients are done.
-      const ProgramIO &io = m + 1 == microBatches && lastStep.program ? lastStep : trainStep;
+      // the step that reduces each bucket as soon as its gradients are done;
+      // overlapped weight gathers: the first runs the copy that opens with
+      // them (with one micro-batch, the last's copy has both).
+      const ProgramIO &io = m + 1 == microBatches && lastStep.program ? lastStep
+                            : m == 0 && firstStep.program             ? firstStep
+                                                                      : trainStep;
       fillBatch(io, *train, sampleOf(consumedTrain, m));
       float loss = 0;
       if (std::string err = runScalar(io, "loss", rngOffset(m, false), &loss); !err.empty())
@@ -633,6 +654,8 @@ private:
     const pl::Training *t = plan.training();
     if (!evalStep.program)
       return opts.plan_path + " lacks the eval_step program; recompile it with this mtc";
+    if (std::string err = gatherWeights(); !err.empty())
+      return err;
     double sum = 0;
     int64_t n = 0;
     for (int64_t it = 0; it < t->eval_iters() && pp > 1; ++it) {
@@ -684,7 +707,7 @@ private:
   bool printer = true;
   std::unique_ptr<Executor> exec;
   std::unique_ptr<GptDataset> train, valid;
-  ProgramIO trainStep, lastStep, evalStep, normProg, optStep;
+  ProgramIO trainStep, lastStep, firstStep, gatherProg, evalStep, normProg, optStep;
   std::ofstream log;
   std::string save, load;
   int64_t trainIters = 0, mbs = 0, gbs = 0, microBatches = 1, seq = 0;
@@ -692,6 +715,7 @@ private:
   int64_t savedIteration = -1;
   float lastLr = 0, lastNorm = 0;
   bool lastSkipped = false, fp16 = false;
+  bool weightsGathered = true; // false between an update and the gathers it needs
   double lossScale = 1.0;
   int64_t growthTracker = 0, hysteresisTracker = 0;
 };

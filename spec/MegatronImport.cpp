@@ -427,8 +427,6 @@ const IgnoredFlag kIgnored[] = {
     {"--no-persist-layer-norm", false, "mt always fuses"},
     {"--no-async-tensor-model-parallel-allreduce", false,
      "not applicable: mt schedules communication itself"},
-    {"--overlap-param-gather", false,
-     "not applicable: mt schedules communication itself"},
     {"--tp-comm-overlap", false, "not applicable: mt schedules communication itself"},
     {"--num-workers", true, "not applicable: mt's data loader has no worker processes"},
     {"--dataloader-type", true,

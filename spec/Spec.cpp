@@ -238,6 +238,7 @@ std::string toToml(const Spec &spec) {
   w.boolean("sequence_parallel", p.sequence_parallel);
   w.boolean("use_distributed_optimizer", p.use_distributed_optimizer);
   w.boolean("overlap_grad_reduce", p.overlap_grad_reduce);
+  w.boolean("overlap_param_gather", p.overlap_param_gather);
   if (p.ddp_bucket_size > 0)
     w.integer("ddp_bucket_size", p.ddp_bucket_size);
   else

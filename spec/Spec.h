@@ -62,6 +62,7 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
   bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
   int64_t ddp_bucket_size = 0; // 0: not set (Megatron's max(40M, 1M * dp) with overlap)
   RecomputeGranularity recompute_granularity = RecomputeGranularity::None;
   RecomputeMethod recompute_method = RecomputeMethod::None;

@@ -159,6 +159,12 @@ std::vector<KeyInfo> buildTable() {
                   "Reduce each gradient bucket as soon as the last micro-batch's backward "
                   "has produced it, overlapping the rest of the backward; otherwise all "
                   "gradients are reduced in one bucket after the backward."));
+  t.push_back(key("parallel", "overlap_param_gather", B, false, "false", "",
+                  "--overlap-param-gather",
+                  "Gather the distributed optimizer's updated weights during the next "
+                  "iteration's first forward, each bucket before its first use, instead of "
+                  "at the end of the optimizer step; needs use_distributed_optimizer and "
+                  "overlap_grad_reduce."));
   t.push_back(key("parallel", "ddp_bucket_size", I, false, "max(40000000, 1000000 * dp)",
                   "elements", "--ddp-bucket-size",
                   "Gradient elements per data-parallel reduction bucket (buckets are "

@@ -678,6 +678,7 @@ private:
     getBool("parallel", "sequence_parallel", p.sequence_parallel);
     getBool("parallel", "use_distributed_optimizer", p.use_distributed_optimizer);
     getBool("parallel", "overlap_grad_reduce", p.overlap_grad_reduce);
+    getBool("parallel", "overlap_param_gather", p.overlap_param_gather);
     getInt("parallel", "ddp_bucket_size", p.ddp_bucket_size);
     getEnum("parallel", "recompute_granularity", p.recompute_granularity,
             {RecomputeGranularity::Selective, RecomputeGranularity::Full});
@@ -891,6 +892,18 @@ private:
            "ddp_bucket_size only applies with overlap_grad_reduce = true (without it every "
            "gradient is reduced in one bucket after the backward)",
            "set overlap_grad_reduce = true, or remove ddp_bucket_size");
+    // Megatron asserts both; the gathers only exist with the distributed
+    // optimizer, and they go into the program overlap_grad_reduce makes.
+    if (p.overlap_param_gather && !p.use_distributed_optimizer)
+      fail(at("parallel", "overlap_param_gather"),
+           "overlap_param_gather needs use_distributed_optimizer = true (without it every "
+           "rank updates all its weights and nothing is gathered)",
+           "set use_distributed_optimizer = true, or remove overlap_param_gather");
+    else if (p.overlap_param_gather && !p.overlap_grad_reduce)
+      fail(at("parallel", "overlap_param_gather"),
+           "overlap_param_gather needs overlap_grad_reduce = true, as Megatron-LM's "
+           "--overlap-param-gather needs --overlap-grad-reduce",
+           "set overlap_grad_reduce = true, or remove overlap_param_gather");
     const std::string gran =
         given("parallel", "recompute_granularity")
             ? ref("parallel", "recompute_granularity", quote(toString(p.recompute_granularity)))

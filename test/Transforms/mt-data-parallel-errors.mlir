@@ -37,3 +37,9 @@ module attributes {mt.parallel = {data_parallel_size = 2 : i64, use_distributed_
     return
   }
 }
+
+// -----
+
+// expected-error @below {{mt-data-parallel: overlap_param_gather needs use_distributed_optimizer and overlap_grad_reduce}}
+module attributes {mt.parallel = {data_parallel_size = 2 : i64, overlap_grad_reduce = true, overlap_param_gather = true}} {
+}

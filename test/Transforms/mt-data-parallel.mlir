@@ -101,3 +101,91 @@ module attributes {mt.parallel = {data_parallel_size = 4 : i64, pipeline_model_p
     return
   }
 }
+
+// -----
+
+// overlap_param_gather: the optimizer step gathers nothing; the first
+// micro-batch's copy of the step opens with every bucket's gather in the
+// order the step first reads the bucket's weights (@a's bucket 1, then
+// @b's bucket 0); @gather_params holds them all for evaluation and saves.
+// CHECK-LABEL: module attributes
+// CHECK-SAME: mt.grad_buckets = [{params = [@b]}, {params = [@a]}]
+// CHECK: func.func @train_step_first(
+// CHECK-NEXT: mt.all_gather_params {bucket = 1 : i64, group = "dp"}
+// CHECK-NEXT: mt.all_gather_params {bucket = 0 : i64, group = "dp"}
+// CHECK-NEXT: mt.param_ref @a
+// CHECK-NOT: mt.reduce_grads
+// CHECK: func.func @train_step(
+// CHECK-NOT: mt.all_gather_params
+// CHECK-NOT: mt.reduce_grads
+// CHECK: func.func @train_step_last(
+// CHECK-NOT: mt.all_gather_params
+// CHECK: mt.reduce_grads {bucket = 0
+// CHECK: mt.reduce_grads {bucket = 1
+// CHECK: func.func @optimizer_step(
+// CHECK-NEXT: mt.sharded_adamw {{.*}}bucket = 0
+// CHECK-NEXT: mt.sharded_adamw {{.*}}bucket = 1
+// CHECK-NEXT: return
+// CHECK: func.func @gather_params() {
+// CHECK-NEXT: mt.all_gather_params {bucket = 0 : i64, group = "dp"}
+// CHECK-NEXT: mt.all_gather_params {bucket = 1 : i64, group = "dp"}
+// CHECK-NEXT: return
+module attributes {mt.parallel = {data_parallel_size = 2 : i64, pipeline_model_parallel_size = 1 : i64, tensor_model_parallel_size = 1 : i64, use_distributed_optimizer = true, overlap_grad_reduce = true, overlap_param_gather = true, ddp_bucket_size = 16 : i64}, mt.training = {num_micro_batches = 2 : i64}} {
+  mt.param @a : tensor<8x4xf32>, normal(2.000000e-02)
+  mt.param @b : tensor<4x4xf32>, normal(2.000000e-02)
+  func.func @train_step(%x: tensor<2x4xf32>, %dy: tensor<2x4xf32>, %dh: tensor<2x8xf32>) -> tensor<f32> {
+    %wa = mt.param_ref @a : tensor<8x4xf32>
+    %wb = mt.param_ref @b : tensor<4x4xf32>
+    %t = mt.matmul_input_grad %dh, %wa : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
+    mt.matmul_weight_grad %dy, %t into @b : tensor<2x4xf32>, tensor<2x4xf32>
+    %dx = mt.matmul_input_grad %dy, %wb : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+    mt.matmul_weight_grad %dh, %dx into @a : tensor<2x8xf32>, tensor<2x4xf32>
+    %s = mt.grad_seed {scale = 1.000000e+00 : f64} : tensor<f32>
+    return %s : tensor<f32>
+  }
+  func.func @grad_norm() -> tensor<f32> {
+    %0 = mt.grad_norm : tensor<f32>
+    return %0 : tensor<f32>
+  }
+  func.func @optimizer_step(%lr: tensor<f32>, %clip: tensor<f32>, %step: tensor<i64>) {
+    mt.adamw @a, %lr, %clip, %step {beta1 = 9.000000e-01 : f64, beta2 = 9.500000e-01 : f64, epsilon = 1.000000e-08 : f64, weight_decay = 1.000000e-01 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+    mt.adamw @b, %lr, %clip, %step {beta1 = 9.000000e-01 : f64, beta2 = 9.500000e-01 : f64, epsilon = 1.000000e-08 : f64, weight_decay = 1.000000e-01 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+    return
+  }
+}
+
+// -----
+
+// overlap_param_gather with one micro-batch: it is the first and the last,
+// so @train_step_last opens with the gathers and reduces as it goes.
+// CHECK-LABEL: module attributes
+// CHECK-NOT: func.func @train_step_first
+// CHECK: func.func @train_step(
+// CHECK-NOT: mt.all_gather_params
+// CHECK: func.func @train_step_last(
+// CHECK-NEXT: mt.all_gather_params {bucket = 0 : i64, group = "dp"}
+// CHECK-NEXT: mt.param_ref @a
+// CHECK: mt.reduce_grads {bucket = 0
+// CHECK: func.func @optimizer_step(
+// CHECK-NOT: mt.all_gather_params
+// CHECK: func.func @gather_params() {
+// CHECK-NEXT: mt.all_gather_params {bucket = 0 : i64, group = "dp"}
+// CHECK-NEXT: return
+module attributes {mt.parallel = {data_parallel_size = 2 : i64, pipeline_model_parallel_size = 1 : i64, tensor_model_parallel_size = 1 : i64, use_distributed_optimizer = true, overlap_grad_reduce = true, overlap_param_gather = true}, mt.training = {num_micro_batches = 1 : i64}} {
+  mt.param @a : tensor<8x4xf32>, normal(2.000000e-02)
+  func.func @train_step(%dy: tensor<2x4xf32>, %dh: tensor<2x8xf32>) -> tensor<f32> {
+    %wa = mt.param_ref @a : tensor<8x4xf32>
+    %t = mt.matmul_input_grad %dh, %wa : (tensor<2x8xf32>, tensor<8x4xf32>) -> tensor<2x4xf32>
+    mt.matmul_weight_grad %dh, %t into @a : tensor<2x8xf32>, tensor<2x4xf32>
+    %s = mt.grad_seed {scale = 1.000000e+00 : f64} : tensor<f32>
+    return %s : tensor<f32>
+  }
+  func.func @grad_norm() -> tensor<f32> {
+    %0 = mt.grad_norm : tensor<f32>
+    return %0 : tensor<f32>
+  }
+  func.func @optimizer_step(%lr: tensor<f32>, %clip: tensor<f32>, %step: tensor<i64>) {
+    mt.adamw @a, %lr, %clip, %step {beta1 = 9.000000e-01 : f64, beta2 = 9.500000e-01 : f64, epsilon = 1.000000e-08 : f64, weight_decay = 1.000000e-01 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+    return
+  }
+}

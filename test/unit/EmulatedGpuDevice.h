@@ -283,13 +283,32 @@ public:
     side_ = true;
     return "";
   }
-  void end_side() override { side_ = false; }
-  std::string join_side() override {
+  std::string end_side() override {
+    if (!side_)
+      return "end_side outside begin_side";
+    side_ = false;
+    batch_ends_.push_back(side_queue_.size());
+    return "";
+  }
+  // The oldest `batches` batches run now (the side stream is in order);
+  // younger ones wait for a later join.
+  std::string join_side(size_t batches) override {
     if (side_)
       return "join_side inside begin_side";
+    const size_t n = std::min(batches, batch_ends_.size());
+    if (n == 0)
+      return "";
     ++joins;
-    std::vector<std::function<std::string()>> work = std::move(side_queue_);
-    side_queue_.clear();
+    if (n < batch_ends_.size())
+      ++partialJoins;
+    const size_t count = batch_ends_[n - 1];
+    std::vector<std::function<std::string()>> work(
+        std::make_move_iterator(side_queue_.begin()),
+        std::make_move_iterator(side_queue_.begin() + long(count)));
+    side_queue_.erase(side_queue_.begin(), side_queue_.begin() + long(count));
+    batch_ends_.erase(batch_ends_.begin(), batch_ends_.begin() + long(n));
+    for (size_t &e : batch_ends_)
+      e -= count;
     for (std::function<std::string()> &f : work) {
       if (capturing_) {
         Node n;
@@ -302,7 +321,9 @@ public:
     }
     return "";
   }
-  int sideCalls = 0, joins = 0; // collectives issued to the side stream; joins
+  // Collectives issued to the side stream; joins; joins that left younger
+  // batches running.
+  int sideCalls = 0, joins = 0, partialJoins = 0;
 
   std::string allocate(uint64_t bytes, uint64_t *base) override {
     if (capturing_)
@@ -511,6 +532,7 @@ private:
   };
   bool capturing_ = false, side_ = false;
   std::vector<std::function<std::string()>> side_queue_;
+  std::vector<size_t> batch_ends_; // side_queue_'s size at each batch's end_side
   std::vector<Node> recording_;
   std::map<uint64_t, std::vector<Node>> graphs_;
   uint64_t lastGraph_ = 0;

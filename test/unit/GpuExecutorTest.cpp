@@ -380,7 +380,9 @@ TEST_F(GpuExecutorOnGpu, CudaGraphsMatchEager) { graphsMatchEager(realGpu, 1e-4)
 // a group of one rank (NCCL runs a communicator of one GPU): a collective on
 // the side stream sees the compute stream's work before it, and the compute
 // stream's work after join_side sees its result; eagerly, and in a captured
-// graph, which must end with the side stream joined.
+// graph, which must end with the side stream joined. Two batches: the
+// compute stream overwrites the first one's source after join_side(1)
+// (the first batch only), then joins the second with the rest.
 void sideStreamOrdersCollectives(DeviceFactory make) {
   Device device = make();
   GpuDevice &d = *device.owned;
@@ -391,20 +393,39 @@ void sideStreamOrdersCollectives(DeviceFactory make) {
   std::unique_ptr<mt::rt::DeviceComm> comm = d.connect(*host, &error);
   ASSERT_TRUE(comm) << error;
   const uint64_t n = 1 << 20, bytes = n * 4; // 4 MiB of f32
-  uint64_t x = 0, y = 0;
-  ASSERT_EQ(d.allocate(bytes, &x), "");
-  ASSERT_EQ(d.allocate(bytes, &y), "");
+  uint64_t x = 0, y = 0, z = 0, w = 0;
+  for (uint64_t *p : {&x, &y, &z, &w})
+    ASSERT_EQ(d.allocate(bytes, p), "");
+  auto reduce = [&](uint64_t in, uint64_t out) {
+    ASSERT_EQ(d.begin_side(), "");
+    ASSERT_EQ(comm->all_reduce(in, out, n, mt::rt::CommElement::F32, mt::rt::ReduceOp::Sum, 1.0),
+              "");
+    ASSERT_EQ(d.end_side(), "");
+  };
+  auto expect_bytes = [&](uint64_t at, uint8_t pattern, const char *what) {
+    std::vector<uint8_t> out(bytes);
+    ASSERT_EQ(d.to_host(out.data(), at, bytes), "");
+    size_t wrong = 0;
+    for (uint8_t b : out)
+      wrong += b != pattern;
+    EXPECT_EQ(wrong, 0u) << what;
+  };
   for (bool graph : {false, true}) {
     SCOPED_TRACE(graph ? "captured" : "eager");
     const uint8_t pattern = graph ? 0x3F : 0x40; // floats 0.747 and 3.004
+    const uint8_t second = graph ? 0x3E : 0x41;  // 0.186 and 12.02
     ASSERT_EQ(d.fill(y, 0, bytes), "");
+    ASSERT_EQ(d.fill(w, 0, bytes), "");
     ASSERT_EQ(d.synchronize(), "");
-    if (graph)
+    if (graph) {
       ASSERT_EQ(d.begin_capture(), "");
+    }
     ASSERT_EQ(d.fill(x, pattern, bytes), ""); // compute stream
-    ASSERT_EQ(d.begin_side(), "");
-    ASSERT_EQ(comm->all_reduce(x, y, n, mt::rt::CommElement::F32, mt::rt::ReduceOp::Sum, 1.0), "");
-    d.end_side();
+    ASSERT_EQ(d.fill(z, second, bytes), "");
+    reduce(x, y);
+    reduce(z, w);
+    ASSERT_EQ(d.join_side(1), "");
+    ASSERT_EQ(d.fill(x, 0, bytes), ""); // after the first batch has read x
     ASSERT_EQ(d.join_side(), "");
     uint64_t handle = 0;
     if (graph) {
@@ -413,13 +434,10 @@ void sideStreamOrdersCollectives(DeviceFactory make) {
       ASSERT_EQ(d.launch_graph(handle), "");
     }
     ASSERT_EQ(d.synchronize(), "");
-    std::vector<uint8_t> out(bytes);
-    ASSERT_EQ(d.to_host(out.data(), y, bytes), "");
-    size_t wrong = 0;
-    for (uint8_t b : out)
-      wrong += b != pattern;
-    EXPECT_EQ(wrong, 0u) << "bytes of the side stream's result that are not the compute "
-                            "stream's fill";
+    expect_bytes(y, pattern, "bytes of the first side batch's result that are not the compute "
+                             "stream's fill before it");
+    expect_bytes(w, second, "bytes of the second side batch's result that are not the compute "
+                            "stream's fill before it");
     if (handle)
       d.destroy_graph(handle);
   }
