@@ -168,9 +168,6 @@ private:
   std::unique_ptr<Impl> impl_;
 };
 
-// CRC32C of data, continuing from crc (0 to start).
-uint32_t crc32c(const void *data, size_t n, uint32_t crc = 0);
-
 // For crash tests: save_checkpoint calls the hook before each step that
 // changes the disk (step names: "mkdir", "write", "fsync", "rename", "tracker",
 // "cleanup"), so a test can kill the process there. Null (the default) is off.

@@ -12,6 +12,7 @@
 #include "runtime/launch.h"
 #include "runtime/parallel_groups.h"
 #include "runtime/plan_reader.h"
+#include "runtime/tensorboard.h"
 
 #include <chrono>
 #include <csignal>
@@ -136,12 +137,18 @@ public:
       return fail(opts.plan_path + " lacks the train_step, grad_norm or optimizer_step "
                                    "program; recompile it with this mtc");
 
-    if (!opts.log_file.empty() && printer) {
-      log.open(opts.log_file, std::ios::app);
-      if (!log)
-        return fail("cannot open the log file " + opts.log_file +
-                    " for appending; check the directory exists and is writable");
-    }
+    // The printing rank's logs; every rank learns whether they opened, so
+    // a failure stops all of them at once.
+    std::string logErr = openLogs();
+    float logFailed = logErr.empty() ? 0.0f : 1.0f;
+    if (groups.world)
+      if (std::string err = groups.world->all_reduce(&logFailed, 1, ReduceOp::Max); !err.empty())
+        return fail(err);
+    if (!logErr.empty())
+      return fail(logErr);
+    if (logFailed > 0)
+      return fail("rank " + std::to_string(plan.world_size() - 1) +
+                  " could not open its log file or TensorBoard directory (its error says why)");
 
     // Every rank loads its own file; all agree on the outcome, so a rank
     // whose file is missing or refused stops the others at once.
@@ -201,6 +208,8 @@ public:
       }
       lastNorm = norm;
       lastSkipped = !finite;
+      if (board && iteration % opts.tensorboard_log_interval == 0)
+        boardIteration(loss);
 
       if (t->log_interval() > 0 && iteration % t->log_interval() == 0) {
         double ms = std::chrono::duration<double, std::milli>(
@@ -208,6 +217,8 @@ public:
                     double(intervalIters);
         logIteration(ms, lossCount ? lossSum / double(lossCount) : NAN, intervalSkipped,
                      intervalNan);
+        if (board && opts.log_timers_to_tensorboard)
+          scalar("iteration-time", ms / 1000.0, iteration);
         lossSum = 0;
         lossCount = intervalSkipped = intervalNan = intervalIters = 0;
         intervalStart = std::chrono::steady_clock::now();
@@ -246,6 +257,56 @@ public:
   }
 
 private:
+  std::string openLogs() {
+    if (!printer)
+      return "";
+    if (!opts.log_file.empty()) {
+      log.open(opts.log_file, std::ios::app);
+      if (!log)
+        return "cannot open the log file " + opts.log_file +
+               " for appending; check the directory exists and is writable";
+    }
+    if (!opts.tensorboard_dir.empty()) {
+      std::string err;
+      board = TensorBoardWriter::open(opts.tensorboard_dir, &err);
+      if (!board)
+        return err;
+    }
+    return "";
+  }
+
+  // One TensorBoard scalar. A failed write (a full disk) warns once and
+  // ends TensorBoard logging; the training goes on.
+  void scalar(const std::string &tag, double value, int64_t step) {
+    if (!board)
+      return;
+    if (std::string e = board->add_scalar(tag, value, step); !e.empty()) {
+      std::fprintf(stderr, "mtrun: warning: %s; TensorBoard logging stops here\n", e.c_str());
+      board.reset();
+    }
+  }
+  // The scalar, and the same against consumed samples (Megatron's "X vs
+  // samples" charts).
+  void scalars(const std::string &tag, double value) {
+    scalar(tag, value, iteration);
+    scalar(tag + " vs samples", value, consumedTrain);
+  }
+
+  // What Megatron-LM's training_log writes for an iteration.
+  void boardIteration(double loss) {
+    if (opts.log_learning_rate_to_tensorboard)
+      scalars("learning-rate", lastLr);
+    if (opts.log_batch_size_to_tensorboard)
+      scalars("batch-size", double(gbs));
+    scalars("lm loss", loss);
+    if (opts.log_loss_scale_to_tensorboard)
+      scalars("loss-scale", lossScale);
+    if (opts.log_world_size_to_tensorboard)
+      scalars("world-size", double(plan.world_size()));
+    if (!lastSkipped) // no norm for a skipped step, as in the iteration line
+      scalars("grad-norm", lastNorm);
+  }
+
   void say(const std::string &line) {
     if (!printer)
       return;
@@ -682,12 +743,17 @@ private:
       return err;
     if (std::isnan(loss))
       loss = std::fabs(loss);
+    const double ppl = std::exp(std::isnan(loss) ? 20.0 : std::min(20.0, loss));
     char buf[512];
     std::snprintf(buf, sizeof buf,
                   " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: "
                   "%.6E | ",
-                  (long long)iteration, loss,
-                  std::exp(std::isnan(loss) ? 20.0 : std::min(20.0, loss)));
+                  (long long)iteration, loss, ppl);
+    if (board) {
+      scalars("lm loss validation", loss);
+      if (opts.log_validation_ppl_to_tensorboard)
+        scalars("lm loss validation ppl", ppl);
+    }
     std::string line(buf);
     std::string rule(line.size() + 1, '-');
     say(rule);
@@ -709,6 +775,7 @@ private:
   std::unique_ptr<GptDataset> train, valid;
   ProgramIO trainStep, lastStep, firstStep, gatherProg, evalStep, normProg, optStep;
   std::ofstream log;
+  std::unique_ptr<TensorBoardWriter> board; // the printing rank's, with --tensorboard-dir
   std::string save, load;
   int64_t trainIters = 0, mbs = 0, gbs = 0, microBatches = 1, seq = 0;
   int64_t iteration = 0, consumedTrain = 0, consumedValid = 0, stepsTaken = 0, skipped = 0;
@@ -735,6 +802,18 @@ options:
   --load DIR            resume from the latest checkpoint in DIR (overrides [training] load)
   --train-iters N       stop after iteration N (overrides [training] train_iters)
   --log-file FILE       also append the log lines to FILE
+  --tensorboard-dir DIR write TensorBoard event files to DIR (the last rank,
+                        as Megatron-LM): learning-rate, lm loss, loss-scale,
+                        grad-norm and lm loss validation, each also against
+                        consumed samples ("... vs samples")
+  --tensorboard-log-interval N
+                        write them every N iterations (default 1)
+  --log-batch-size-to-tensorboard, --log-world-size-to-tensorboard,
+  --log-validation-ppl-to-tensorboard, --log-timers-to-tensorboard
+                        also batch-size, world-size, lm loss validation ppl,
+                        iteration-time (seconds, every log_interval)
+  --no-log-learning-rate-to-tensorboard, --no-log-loss-scale-to-tensorboard
+                        leave those out
   --check-memory-plan   poison dead arena bytes and fail if a value is read
                         after its planned lifetime (slow; for testing plans)
   --nproc N             start N ranks on this machine (outside SLURM); under
@@ -862,6 +941,26 @@ int mtrun_main(int argc, char **argv) {
       o.check_memory_plan = true;
     } else if (a == "--no-cuda-graph") {
       o.cuda_graphs = false;
+    } else if (a == "--log-batch-size-to-tensorboard") {
+      o.log_batch_size_to_tensorboard = true;
+    } else if (a == "--log-world-size-to-tensorboard") {
+      o.log_world_size_to_tensorboard = true;
+    } else if (a == "--log-validation-ppl-to-tensorboard") {
+      o.log_validation_ppl_to_tensorboard = true;
+    } else if (a == "--log-timers-to-tensorboard") {
+      o.log_timers_to_tensorboard = true;
+    } else if (a == "--no-log-learning-rate-to-tensorboard") {
+      o.log_learning_rate_to_tensorboard = false;
+    } else if (a == "--no-log-loss-scale-to-tensorboard") {
+      o.log_loss_scale_to_tensorboard = false;
+    } else if ((r = value("--tensorboard-dir", &o.tensorboard_dir))) {
+      if (r < 0 || o.tensorboard_dir.empty()) return usage("--tensorboard-dir needs a directory");
+    } else if ((r = value("--tensorboard-log-interval", &v))) {
+      char *end = nullptr;
+      long long n = r < 0 ? -1 : std::strtoll(v.c_str(), &end, 10);
+      if (r < 0 || v.empty() || *end != '\0' || n < 1)
+        return usage("--tensorboard-log-interval needs a number >= 1, got '" + v + "'");
+      o.tensorboard_log_interval = n;
     } else if ((r = value("--device", &o.device))) {
       if (r < 0) return usage("--device needs cpu or cuda");
     } else if ((r = value("--save", &o.save))) {

@@ -22,6 +22,16 @@ struct RunOptions {
   bool cuda_graphs = true;   // --device cuda: replay each program as a captured CUDA graph
   LaunchFlags launch;        // --rank / --world-size; SLURM_* and MT_* otherwise
   double timeout_s = 300;    // how long a rank waits for the others
+  // TensorBoard, as Megatron-LM's flags of the same names (the last rank
+  // writes, every tensorboard_log_interval iterations).
+  std::string tensorboard_dir;
+  int64_t tensorboard_log_interval = 1;
+  bool log_learning_rate_to_tensorboard = true;
+  bool log_loss_scale_to_tensorboard = true;
+  bool log_batch_size_to_tensorboard = false;
+  bool log_world_size_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false;
+  bool log_timers_to_tensorboard = false; // iteration-time, at each log_interval
 };
 
 // Runs the whole job; returns the process exit status. Errors are printed as

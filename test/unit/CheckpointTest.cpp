@@ -2,6 +2,7 @@
 // damage, and crash safety (a child killed at every step of a save, and at
 // random moments).
 #include "runtime/checkpoint.h"
+#include "runtime/crc32c.h"
 
 #include <gtest/gtest.h>
 
@@ -165,6 +166,16 @@ protected:
 TEST(Crc32cTest, KnownValueAndReference) {
   EXPECT_EQ(mt::rt::crc32c("123456789", 9), 0xE3069283u); // RFC 3720's check value
   EXPECT_EQ(mt::rt::crc32c("", 0), 0u);
+  // RFC 3720 B.4: 32 bytes of zeros, of ones, ascending, descending.
+  std::vector<uint8_t> zeros(32, 0), ones(32, 0xff), up(32), down(32);
+  for (int i = 0; i < 32; ++i) {
+    up[size_t(i)] = uint8_t(i);
+    down[size_t(i)] = uint8_t(31 - i);
+  }
+  EXPECT_EQ(mt::rt::crc32c(zeros.data(), 32), 0x8A9136AAu);
+  EXPECT_EQ(mt::rt::crc32c(ones.data(), 32), 0x62A8AB43u);
+  EXPECT_EQ(mt::rt::crc32c(up.data(), 32), 0x46DD794Eu);
+  EXPECT_EQ(mt::rt::crc32c(down.data(), 32), 0x113FDB5Cu);
   std::vector<unsigned char> buf(4096 + 16);
   std::mt19937 rng(7);
   for (auto &b : buf)
