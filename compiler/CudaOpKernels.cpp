@@ -1353,29 +1353,44 @@ ${FIND}    const mt_norm_tensor t = mt_tensors[lo];
 
 // Megatron's OptimizerParamScheduler.get_lr as cpu_executor.cpp's megatron_lr.
 void genLrSchedule(const OpInstruction &ins, Builder &b) {
-  const int64_t style = ins.ints.at(0), warmup = ins.ints.at(1), decay = ins.ints.at(2);
+  const int64_t style = ins.ints.at(0), warmup = ins.ints.at(1), decay = ins.ints.at(2),
+                samples = ins.ints.at(3), wsdStyle = ins.ints.at(4), wsdDecay = ins.ints.at(5);
   std::map<std::string, std::string> s = {
       {"W", num(warmup)}, {"D", num(decay)}, {"MAX", dbl(ins.floats.at(0))},
       {"MIN", dbl(ins.floats.at(1))}, {"WD", dbl(double(warmup))},
-      {"DW", dbl(double(decay - warmup))}, {"W1", dbl(double(std::max<int64_t>(warmup, 1)))},
-      {"PI", dbl(M_PI)}};
+      {"DW", dbl(double(decay - warmup))},
+      {"WS1", dbl(double(std::max<int64_t>(warmup * samples, 1)))}, {"G", num(samples)},
+      {"START", num(decay - wsdDecay)}, {"WSD", dbl(double(wsdDecay))}, {"PI", dbl(M_PI)}};
   std::string rest;
+  const std::string decayed = "  else if (steps > ${D}) lr = ${MIN};\n";
   switch (plan::LrStyle(style)) {
   case plan::LrStyle::CONSTANT:
     rest = "  else lr = ${MAX};\n";
     break;
   case plan::LrStyle::INVERSE_SQUARE_ROOT:
-    rest = "  else if (steps > ${D}) lr = ${MIN};\n"
-           "  else { lr = ${MAX} * sqrt(${W1}) / sqrt((double)(steps > 1 ? steps : 1)); if (lr < ${MIN}) lr = ${MIN}; }\n";
+    // In samples, as Megatron counts: the clamps to 1 see the batch.
+    rest = decayed + "  else { const long long n = steps * ${G}; lr = ${MAX} * sqrt(${WS1}) / "
+                     "sqrt((double)(n > 1 ? n : 1)); if (lr < ${MIN}) lr = ${MIN}; }\n";
     break;
   case plan::LrStyle::LINEAR:
-    rest = "  else if (steps > ${D}) lr = ${MIN};\n"
-           "  else lr = ${MIN} + (1.0 - (double)(steps - ${W}) / ${DW}) * (${MAX} - ${MIN});\n";
+    rest = decayed + "  else lr = ${MIN} + (1.0 - (double)(steps - ${W}) / ${DW}) * (${MAX} - ${MIN});\n";
     break;
   case plan::LrStyle::COSINE:
-    rest = "  else if (steps > ${D}) lr = ${MIN};\n"
-           "  else lr = ${MIN} + 0.5 * (cos(${PI} * ((double)(steps - ${W}) / ${DW})) + 1.0) * (${MAX} - ${MIN});\n";
+    rest = decayed + "  else lr = ${MIN} + 0.5 * (cos(${PI} * ((double)(steps - ${W}) / ${DW})) + 1.0) * (${MAX} - ${MIN});\n";
     break;
+  case plan::LrStyle::WSD: {
+    const char *anneal = "";
+    switch (plan::WsdStyle(wsdStyle)) {
+    case plan::WsdStyle::EXPONENTIAL: anneal = "2.0 * pow(0.5, r) - 1.0"; break;
+    case plan::WsdStyle::LINEAR: anneal = "1.0 - r"; break;
+    case plan::WsdStyle::COSINE: anneal = "0.5 * (cos(${PI} * r) + 1.0)"; break;
+    case plan::WsdStyle::MINUS_SQRT: anneal = "1.0 - sqrt(r)"; break;
+    }
+    rest = decayed + "  else if (steps <= ${START}) lr = ${MAX};\n"
+                     "  else { const double r = (double)(steps - ${START}) / ${WSD}; lr = ${MIN} + (" +
+           std::string(anneal) + ") * (${MAX} - ${MIN}); }\n";
+    break;
+  }
   }
   std::string src = fill(R"(extern "C" __global__ void __launch_bounds__(32) @ENTRY@(const long long *iteration, float *lr_out) {
   if (threadIdx.x != 0) return;
@@ -1531,7 +1546,7 @@ std::optional<Signature> signatureOf(Opcode op) {
   case Opcode::SPLIT_QKV_GRAD: return Signature{3, 1, 0, 0, 0};
   case Opcode::ROPE_GRAD: return Signature{1, 1, 0, 0, 1};
   case Opcode::CROSS_ENTROPY_GRAD: return Signature{3, 1, 0, 1, 0};
-  case Opcode::LR_SCHEDULE: return Signature{1, 1, 0, 3, 2};
+  case Opcode::LR_SCHEDULE: return Signature{1, 1, 0, 6, 2};
   case Opcode::CLIP_COEFF: return Signature{2, 1, 0, 0, 1};
   case Opcode::ADAMW: return Signature{3, 0, 1, 0, 4};
   case Opcode::SHARDED_ADAMW: return Signature{3, 0, SIZE_MAX, 1, 4};

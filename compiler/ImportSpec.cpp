@@ -39,9 +39,12 @@ public:
     const spec::ParallelConfig &p = spec.parallel;
     auto i64 = [&](int64_t v) { return b.getI64IntegerAttr(v); };
     auto f64 = [&](double v) { return b.getF64FloatAttr(v); };
+    // The dialect's names (mt.lr_schedule's style and anneal).
     const char *style = t.lr_decay_style == spec::LrDecayStyle::Constant ? "constant"
                         : t.lr_decay_style == spec::LrDecayStyle::Linear ? "linear"
-                                                                         : "cosine";
+                        : t.lr_decay_style == spec::LrDecayStyle::Cosine ? "cosine"
+                        : t.lr_decay_style == spec::LrDecayStyle::WSD    ? "wsd"
+                                                                         : "inverse_square_root";
     const char *precision = t.precision == spec::Precision::FP32   ? "fp32"
                             : t.precision == spec::Precision::BF16 ? "bf16"
                                                                    : "fp16";
@@ -60,6 +63,9 @@ public:
         b.getNamedAttr("lr_decay_style", b.getStringAttr(style)),
         b.getNamedAttr("lr_warmup_iters", i64(t.lr_warmup_iters)),
         b.getNamedAttr("lr_decay_iters", i64(t.lr_decay_iters)),
+        b.getNamedAttr("lr_wsd_decay_style", b.getStringAttr(spec::toString(t.lr_wsd_decay_style))),
+        b.getNamedAttr("lr_wsd_decay_iters", i64(t.lr_wsd_decay_iters)),
+        b.getNamedAttr("global_batch_size", i64(t.global_batch_size)),
         b.getNamedAttr("weight_decay", f64(t.weight_decay)),
         b.getNamedAttr("adam_beta1", f64(t.adam_beta1)),
         b.getNamedAttr("adam_beta2", f64(t.adam_beta2)),

@@ -27,6 +27,12 @@ namespace pl = mt::plan;
 namespace mt {
 namespace {
 
+// LR_SCHEDULE carries the dialect's enum codes.
+static_assert(int(LrStyle::WSD) == int(pl::LrStyle::WSD) &&
+              int(LrStyle::InverseSquareRoot) == int(pl::LrStyle::INVERSE_SQUARE_ROOT));
+static_assert(int(WsdStyle::MinusSqrt) == int(pl::WsdStyle::MINUS_SQRT) &&
+              int(WsdStyle::Cosine) == int(pl::WsdStyle::COSINE));
+
 constexpr const char *kProducer = "mtc 0.1.0";
 
 pl::DType dtypeOf(Type t) {
@@ -788,7 +794,13 @@ private:
         })
         .Case([&](LrScheduleOp o) {
           i.op = pl::Opcode::LR_SCHEDULE;
-          i.ints = {int64_t(o.getStyle()), o.getWarmupIters(), o.getDecayIters()};
+          // The plan's LrStyle and WsdStyle codes are the dialect's.
+          i.ints = {int64_t(o.getStyle()),
+                    o.getWarmupIters(),
+                    o.getDecayIters(),
+                    int64_t(o.getSamplesPerStep().value_or(1)),
+                    int64_t(o.getWsdStyle().value_or(WsdStyle::Exponential)),
+                    int64_t(o.getWsdDecayIters().value_or(0))};
           i.floats = {o.getLr().convertToDouble(), o.getMinLr().convertToDouble()};
         })
         .Case([&](ClipCoeffOp o) { i.op = pl::Opcode::CLIP_COEFF; eps(o.getMaxNormAttr()); })

@@ -55,6 +55,27 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
       module.emitError("mt-optimizer: mt.training.lr_decay_style is missing or unknown");
       ok = false;
     }
+    // Megatron counts the schedule in samples, which inverse_square_root
+    // sees; WSD's anneal.
+    IntegerAttr samples, wsdIters;
+    WsdStyleAttr wsdStyle;
+    if (style == LrStyle::InverseSquareRoot)
+      if (auto g = t.getAs<IntegerAttr>("global_batch_size"))
+        samples = g;
+    if (style == LrStyle::WSD) {
+      std::optional<WsdStyle> ws;
+      if (auto s = t.getAs<StringAttr>("lr_wsd_decay_style"))
+        ws = symbolizeWsdStyle(s.getValue());
+      if (!ws) {
+        module.emitError("mt-optimizer: the wsd schedule needs mt.training.lr_wsd_decay_style "
+                         "(exponential, linear, cosine or minus_sqrt)");
+        ok = false;
+      } else {
+        wsdStyle = WsdStyleAttr::get(module.getContext(), *ws);
+      }
+      wsdIters = IntegerAttr::get(IntegerType::get(module.getContext(), 64),
+                                  i64("lr_wsd_decay_iters"));
+    }
     if (!ok)
       return failure();
 
@@ -99,9 +120,13 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
     step.setArgAttr(3, "mt.name", b.getStringAttr("grad_scale"));
     Block *entry = step.addEntryBlock();
     b.setInsertionPointToEnd(entry);
-    Value lrValue = b.create<LrScheduleOp>(
-        loc, f32, entry->getArgument(0), LrStyleAttr::get(b.getContext(), *style), b.getF64FloatAttr(lr),
-        b.getF64FloatAttr(minLr), b.getI64IntegerAttr(warmup), b.getI64IntegerAttr(decay));
+    auto schedule = [&](Value steps) -> Value {
+      return b.create<LrScheduleOp>(loc, f32, steps, LrStyleAttr::get(b.getContext(), *style),
+                                    b.getF64FloatAttr(lr), b.getF64FloatAttr(minLr),
+                                    b.getI64IntegerAttr(warmup), b.getI64IntegerAttr(decay),
+                                    samples, wsdStyle, wsdIters);
+    };
+    Value lrValue = schedule(entry->getArgument(0));
     Value coeff = b.create<ClipCoeffOp>(loc, entry->getArgument(2), entry->getArgument(3),
                                         b.getF64FloatAttr(clip));
     for (auto param : module.getOps<ParamOp>()) {
@@ -115,10 +140,7 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
     }
     // Megatron logs the rate after its scheduler has stepped: the one the
     // next update will use.
-    Value nextLr = b.create<LrScheduleOp>(
-        loc, f32, entry->getArgument(1), LrStyleAttr::get(b.getContext(), *style),
-        b.getF64FloatAttr(lr), b.getF64FloatAttr(minLr), b.getI64IntegerAttr(warmup),
-        b.getI64IntegerAttr(decay));
+    Value nextLr = schedule(entry->getArgument(1));
     b.create<func::ReturnOp>(loc, ValueRange{lrValue, nextLr});
     return success();
   }

@@ -123,23 +123,58 @@ private:
   std::map<uint64_t, Owner> map_;
 };
 
+// LR_SCHEDULE's ints and floats (plan.fbs).
+struct LrSchedule {
+  pl::LrStyle style;
+  int64_t warmup, decay, samples_per_step;
+  pl::WsdStyle wsd_style;
+  int64_t wsd_decay;
+  double max_lr, min_lr;
+};
+
+LrSchedule lr_schedule_of(const pl::Instruction &ins) {
+  auto i = [&](uint32_t k) { return ins.ints()->Get(k); };
+  return {pl::LrStyle(i(0)),      i(1), i(2), i(3), pl::WsdStyle(i(4)), i(5),
+          ins.floats()->Get(0), ins.floats()->Get(1)};
+}
+
 // Megatron-LM's OptimizerParamScheduler.get_lr (init_lr 0) at `steps`
-// optimizer steps taken; see cpu_executor.h for the convention.
-double megatron_lr(pl::LrStyle style, int64_t warmup, int64_t decay_steps, double max_lr,
-                   double min_lr, int64_t steps) {
-  if (warmup > 0 && steps <= warmup)
-    return max_lr * double(steps) / double(warmup);
-  if (style == pl::LrStyle::CONSTANT)
+// optimizer steps taken; see cpu_executor.h for the convention. Megatron
+// counts samples (`samples_per_step` a step): only inverse-square-root's
+// clamps to 1 see them, every other style depends on ratios of steps.
+double megatron_lr(const LrSchedule &s, int64_t steps) {
+  const double max_lr = s.max_lr, min_lr = s.min_lr;
+  if (s.warmup > 0 && steps <= s.warmup)
+    return max_lr * double(steps) / double(s.warmup);
+  if (s.style == pl::LrStyle::CONSTANT)
     return max_lr;
-  if (steps > decay_steps)
+  if (steps > s.decay)
     return min_lr;
-  if (style == pl::LrStyle::INVERSE_SQUARE_ROOT) {
-    double w = double(std::max<int64_t>(warmup, 1)), s = double(std::max<int64_t>(steps, 1));
-    return std::max(min_lr, max_lr * std::sqrt(w) / std::sqrt(s));
+  if (s.style == pl::LrStyle::INVERSE_SQUARE_ROOT) {
+    double w = double(std::max<int64_t>(s.warmup * s.samples_per_step, 1)),
+           n = double(std::max<int64_t>(steps * s.samples_per_step, 1));
+    return std::max(min_lr, max_lr * std::sqrt(w) / std::sqrt(n));
   }
-  double ratio = double(steps - warmup) / double(decay_steps - warmup);
-  double coeff = style == pl::LrStyle::LINEAR ? 1.0 - ratio
-                                              : 0.5 * (std::cos(M_PI * ratio) + 1.0);
+  double ratio = double(steps - s.warmup) / double(s.decay - s.warmup);
+  double coeff = 0;
+  switch (s.style) {
+  case pl::LrStyle::LINEAR: coeff = 1.0 - ratio; break;
+  case pl::LrStyle::COSINE: coeff = 0.5 * (std::cos(M_PI * ratio) + 1.0); break;
+  default: { // WSD: lr until its anneal starts
+    const int64_t start = s.decay - s.wsd_decay;
+    if (steps <= start) {
+      coeff = 1.0;
+      break;
+    }
+    const double r = double(steps - start) / double(s.wsd_decay);
+    switch (s.wsd_style) {
+    case pl::WsdStyle::LINEAR: coeff = 1.0 - r; break;
+    case pl::WsdStyle::COSINE: coeff = 0.5 * (std::cos(M_PI * r) + 1.0); break;
+    case pl::WsdStyle::EXPONENTIAL: coeff = 2.0 * std::pow(0.5, r) - 1.0; break;
+    case pl::WsdStyle::MINUS_SQRT: coeff = 1.0 - std::sqrt(r); break;
+    }
+  }
+  }
   return min_lr + coeff * (max_lr - min_lr);
 }
 
@@ -989,7 +1024,7 @@ struct CpuExecutor::Impl {
       if (steps < 0)
         return "the iteration input is " + std::to_string(steps) +
                "; it counts optimizer steps taken and cannot be negative";
-      *fout(0) = float(megatron_lr(pl::LrStyle(ival(0)), ival(1), ival(2), fval(0), fval(1), steps));
+      *fout(0) = float(megatron_lr(lr_schedule_of(ins), steps));
       break;
     }
     case pl::Opcode::CLIP_COEFF: {

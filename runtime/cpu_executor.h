@@ -29,7 +29,8 @@
 //
 // LR_SCHEDULE is Megatron-LM's OptimizerParamScheduler.get_lr with init_lr 0,
 // in iteration units (Megatron counts samples, warmup and decay both scaled by
-// the global batch size, which gives the same ratios). Its `iteration` input
+// the global batch size, which gives the same ratios; inverse-square-root's
+// clamps to one sample take the batch, samples_per_step). Its `iteration` input
 // is the number of optimizer steps already taken: Megatron calls get_lr from
 // OptimizerParamScheduler.step() *after* optimizer.step(), so the update
 // number k (from 1) uses get_lr(num_steps = k - 1), and the first update of a

@@ -74,7 +74,7 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::ATTENTION_GRAD, "fffffF", "fff", 0, 3, 2},
     {pl::Opcode::CROSS_ENTROPY_GRAD, "fis", "f", 0, 1, 0},
     {pl::Opcode::GRAD_NORM, "", "s", 0, 0, 0},
-    {pl::Opcode::LR_SCHEDULE, "l", "s", 0, 3, 2},
+    {pl::Opcode::LR_SCHEDULE, "l", "s", 0, 6, 2},
     {pl::Opcode::CLIP_COEFF, "ss", "s", 0, 0, 1},
     {pl::Opcode::ADAMW, "ssl", "", 1, 0, 4},
     {pl::Opcode::FUSED, nullptr, nullptr, 0, 1, 0},
@@ -779,10 +779,19 @@ private:
       if (warmup < 0)
         return "ints[1] (warmup) is negative";
       // Megatron's OptimizerParamScheduler asserts both.
-      bool decays = style == int64_t(pl::LrStyle::LINEAR) || style == int64_t(pl::LrStyle::COSINE);
+      bool decays = style == int64_t(pl::LrStyle::LINEAR) ||
+                    style == int64_t(pl::LrStyle::COSINE) || style == int64_t(pl::LrStyle::WSD);
       if (decays && decay <= warmup)
         return "ints[2] (decay_iters " + std::to_string(decay) +
                ") must exceed ints[1] (warmup " + std::to_string(warmup) + ")";
+      if (ints(3) < 1)
+        return "ints[3] (samples_per_step) is " + std::to_string(ints(3)) + "; it must be >= 1";
+      if (ints(4) < 0 || ints(4) > int64_t(pl::WsdStyle::MAX))
+        return "ints[4] (wsd_style) is " + std::to_string(ints(4)) + "; WsdStyle has codes 0 to " +
+               std::to_string(int(pl::WsdStyle::MAX));
+      if (style == int64_t(pl::LrStyle::WSD) && (ints(5) < 1 || ints(5) > decay - warmup))
+        return "ints[5] (wsd_decay_iters " + std::to_string(ints(5)) +
+               ") must be in [1, decay_iters - warmup]";
       if (floats(1) < 0 || floats(0) < floats(1))
         return "needs 0 <= min_lr <= lr, got lr " + std::to_string(floats(0)) + ", min_lr " +
                std::to_string(floats(1));

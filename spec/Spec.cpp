@@ -48,6 +48,24 @@ const char *toString(LrDecayStyle v) {
     return "linear";
   case LrDecayStyle::Cosine:
     return "cosine";
+  case LrDecayStyle::InverseSquareRoot:
+    return "inverse-square-root";
+  case LrDecayStyle::WSD:
+    return "WSD";
+  }
+  return "";
+}
+
+const char *toString(WsdDecayStyle v) {
+  switch (v) {
+  case WsdDecayStyle::Exponential:
+    return "exponential";
+  case WsdDecayStyle::Linear:
+    return "linear";
+  case WsdDecayStyle::Cosine:
+    return "cosine";
+  case WsdDecayStyle::MinusSqrt:
+    return "minus_sqrt";
   }
   return "";
 }
@@ -269,6 +287,13 @@ std::string toToml(const Spec &spec) {
   w.integer("lr_decay_iters", t.lr_decay_iters);
   w.integer("lr_warmup_iters", t.lr_warmup_iters);
   w.unset("lr_warmup_fraction", "resolved into lr_warmup_iters");
+  if (t.lr_decay_style == LrDecayStyle::WSD) {
+    w.string("lr_wsd_decay_style", toString(t.lr_wsd_decay_style));
+    w.integer("lr_wsd_decay_iters", t.lr_wsd_decay_iters);
+  } else {
+    w.unset("lr_wsd_decay_style", "not set (lr_decay_style is not WSD)");
+    w.unset("lr_wsd_decay_iters", "not set (lr_decay_style is not WSD)");
+  }
   w.real("weight_decay", t.weight_decay);
   w.real("adam_beta1", t.adam_beta1);
   w.real("adam_beta2", t.adam_beta2);

@@ -16,7 +16,9 @@ namespace mt::spec {
 enum class PositionEmbedding { LearnedAbsolute, Rope };
 enum class Normalization { LayerNorm, RMSNorm };
 enum class Precision { FP32, FP16, BF16 };
-enum class LrDecayStyle { Constant, Linear, Cosine };
+enum class LrDecayStyle { Constant, Linear, Cosine, InverseSquareRoot, WSD };
+// WSD's anneal (Megatron's --lr-wsd-decay-style).
+enum class WsdDecayStyle { Exponential, Linear, Cosine, MinusSqrt };
 enum class RecomputeGranularity { None, Selective, Full };
 enum class RecomputeMethod { None, Uniform, Block };
 
@@ -24,6 +26,7 @@ const char *toString(PositionEmbedding v);
 const char *toString(Normalization v);
 const char *toString(Precision v);
 const char *toString(LrDecayStyle v);
+const char *toString(WsdDecayStyle v);
 const char *toString(RecomputeGranularity v);
 const char *toString(RecomputeMethod v);
 
@@ -79,6 +82,8 @@ struct TrainingConfig {
   LrDecayStyle lr_decay_style = LrDecayStyle::Linear;
   int64_t lr_decay_iters = 0;        // default train_iters
   int64_t lr_warmup_iters = 0;       // lr_warmup_fraction, when given, is resolved into this
+  WsdDecayStyle lr_wsd_decay_style = WsdDecayStyle::Exponential;
+  int64_t lr_wsd_decay_iters = 0;    // WSD: the anneal's length, ending at lr_decay_iters
   double weight_decay = 0.01;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;

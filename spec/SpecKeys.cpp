@@ -202,8 +202,10 @@ std::vector<KeyInfo> buildTable() {
   t.push_back(key("training", "min_lr", F, false, "0.0", "", "--min-lr",
                   "Learning rate at the end of the decay; at most lr.", atLeast(0)));
   t.push_back(key("training", "lr_decay_style", E, false, "\"linear\"", "", "--lr-decay-style",
-                  "Decay from lr to min_lr after the warmup.", none(),
-                  {"constant", "linear", "cosine"}));
+                  "Decay from lr to min_lr after the warmup. \"inverse-square-root\": lr * "
+                  "sqrt(warmup / step), not below min_lr; \"WSD\" (warmup-stable-decay): lr "
+                  "until lr_wsd_decay_iters before lr_decay_iters, then an anneal to min_lr.",
+                  none(), {"constant", "linear", "cosine", "inverse-square-root", "WSD"}));
   t.push_back(key("training", "lr_decay_iters", I, false, "train_iters", "iterations",
                   "--lr-decay-iters", "Iterations over which the learning rate decays.",
                   atLeast(1)));
@@ -214,6 +216,18 @@ std::vector<KeyInfo> buildTable() {
                   "floor(fraction * lr_decay_iters) iterations. Give this or "
                   "lr_warmup_iters, not both.",
                   unitClosed()));
+  t.push_back(key("training", "lr_wsd_decay_style", E, false, "\"exponential\"", "",
+                  "--lr-wsd-decay-style",
+                  "WSD's anneal from lr to min_lr over its last lr_wsd_decay_iters "
+                  "iterations: \"exponential\" (2 * 0.5^r - 1), \"linear\", \"cosine\" or "
+                  "\"minus_sqrt\" (1 - sqrt(r)), r going from 0 to 1. Needs lr_decay_style = "
+                  "\"WSD\".",
+                  none(), {"exponential", "linear", "cosine", "minus_sqrt"}));
+  t.push_back(key("training", "lr_wsd_decay_iters", I, false, "not set", "iterations",
+                  "--lr-wsd-decay-iters",
+                  "Length of WSD's anneal, which ends at lr_decay_iters; at most "
+                  "lr_decay_iters - lr_warmup_iters. Required with lr_decay_style = \"WSD\".",
+                  atLeast(1)));
   t.push_back(key("training", "weight_decay", F, false, "0.01", "", "--weight-decay",
                   "AdamW weight decay.", atLeast(0)));
   t.push_back(key("training", "adam_beta1", F, false, "0.9", "", "--adam-beta1",

@@ -693,7 +693,12 @@ private:
     getFloat("training", "lr", t.lr);
     getFloat("training", "min_lr", t.min_lr);
     getEnum("training", "lr_decay_style", t.lr_decay_style,
-            {LrDecayStyle::Constant, LrDecayStyle::Linear, LrDecayStyle::Cosine});
+            {LrDecayStyle::Constant, LrDecayStyle::Linear, LrDecayStyle::Cosine,
+             LrDecayStyle::InverseSquareRoot, LrDecayStyle::WSD});
+    getEnum("training", "lr_wsd_decay_style", t.lr_wsd_decay_style,
+            {WsdDecayStyle::Exponential, WsdDecayStyle::Linear, WsdDecayStyle::Cosine,
+             WsdDecayStyle::MinusSqrt});
+    getInt("training", "lr_wsd_decay_iters", t.lr_wsd_decay_iters);
     getInt("training", "lr_decay_iters", t.lr_decay_iters);
     getInt("training", "lr_warmup_iters", t.lr_warmup_iters);
     getFloat("training", "weight_decay", t.weight_decay);
@@ -987,6 +992,29 @@ private:
                ref("training", "lr_decay_iters", t.lr_decay_iters),
            "use lr_warmup_iters <= " + std::to_string(t.lr_decay_iters) +
                ", or raise lr_decay_iters");
+    // WSD: Megatron's scheduler asserts the anneal's length; mt also keeps
+    // the anneal after the warmup, where Megatron would jump to it.
+    const bool wsd = t.lr_decay_style == LrDecayStyle::WSD;
+    for (const char *k : {"lr_wsd_decay_style", "lr_wsd_decay_iters"})
+      if (!wsd && given("training", k))
+        fail(at("training", k),
+             std::string(k) + " only applies with lr_decay_style = \"WSD\", but " +
+                 ref("training", "lr_decay_style", quote(toString(t.lr_decay_style))),
+             "set lr_decay_style = \"WSD\", or remove " + std::string(k));
+    if (wsd && !given("training", "lr_wsd_decay_iters"))
+      fail(at("training", "lr_decay_style"),
+           "lr_decay_style = \"WSD\" needs lr_wsd_decay_iters, the length of its anneal to "
+           "min_lr",
+           "add lr_wsd_decay_iters = N (for example " +
+               std::to_string(std::max<int64_t>(1, (t.lr_decay_iters - t.lr_warmup_iters) / 10)) +
+               ", a tenth of the decay)");
+    if (wsd && t.lr_wsd_decay_iters > t.lr_decay_iters - t.lr_warmup_iters)
+      fail(at("training", "lr_wsd_decay_iters"),
+           "lr_wsd_decay_iters = " + std::to_string(t.lr_wsd_decay_iters) +
+               " starts the anneal before the warmup ends (" +
+               ref("training", "lr_decay_iters", t.lr_decay_iters) + ", lr_warmup_iters = " +
+               std::to_string(t.lr_warmup_iters) + ")",
+           "use lr_wsd_decay_iters <= " + std::to_string(t.lr_decay_iters - t.lr_warmup_iters));
     if (t.min_lr > t.lr)
       fail(at("training", "min_lr"),
            "min_lr = " + formatNumber(t.min_lr) + " exceeds " +

@@ -456,6 +456,16 @@ LogicalResult LrScheduleOp::verify() {
       decay <= warmup)
     return emitOpError() << "decay_iters (" << decay << ") must exceed warmup_iters ("
                          << warmup << ")";
+  if (auto s = getSamplesPerStep(); s && int64_t(*s) < 1)
+    return emitOpError() << "samples_per_step must be >= 1, got " << int64_t(*s);
+  const bool wsd = getStyle() == LrStyle::WSD;
+  if (wsd != getWsdStyle().has_value() || wsd != getWsdDecayIters().has_value())
+    return emitOpError("wsd_style and wsd_decay_iters are given with the wsd style, and only "
+                       "with it");
+  if (wsd && (int64_t(*getWsdDecayIters()) < 1 || int64_t(*getWsdDecayIters()) > decay - warmup))
+    return emitOpError() << "wsd_decay_iters (" << int64_t(*getWsdDecayIters())
+                         << ") must be in [1, decay_iters - warmup_iters = " << decay - warmup
+                         << "]";
   return success();
 }
 

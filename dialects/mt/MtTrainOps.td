@@ -252,6 +252,16 @@ def Mt_LrStyle : I32EnumAttr<"LrStyle", "learning-rate decay after warm-up", [
     I32EnumAttrCase<"Linear", 1, "linear">,
     I32EnumAttrCase<"Cosine", 2, "cosine">,
     I32EnumAttrCase<"InverseSquareRoot", 3, "inverse_square_root">,
+    I32EnumAttrCase<"WSD", 4, "wsd">,
+  ]> {
+  let cppNamespace = "::mt";
+}
+
+def Mt_WsdStyle : I32EnumAttr<"WsdStyle", "shape of the warmup-stable-decay schedule's anneal", [
+    I32EnumAttrCase<"Exponential", 0, "exponential">,
+    I32EnumAttrCase<"Linear", 1, "linear">,
+    I32EnumAttrCase<"Cosine", 2, "cosine">,
+    I32EnumAttrCase<"MinusSqrt", 3, "minus_sqrt">,
   ]> {
   let cppNamespace = "::mt";
 }
@@ -314,16 +324,27 @@ def Mt_LrScheduleOp : Mt_Op<"lr_schedule", [Pure]> {
     decay to `min_lr` at `decay_iters`, then `min_lr`. `steps` is the number of
     optimizer steps taken so far (skipped iterations do not count), so the
     schedule advances once per optimizer step, never per micro-batch.
+    Megatron-LM's OptimizerParamScheduler.get_lr, whose steps are samples:
+    `samples_per_step` (the global batch, default 1) matters to
+    `inverse_square_root`, `lr * sqrt(max(warmup samples, 1) / max(samples,
+    1))` not below `min_lr`; the other styles depend only on ratios of
+    steps. `wsd` (warmup-stable-decay) holds `lr` until `wsd_decay_iters`
+    steps before `decay_iters`, then anneals to `min_lr` in the shape named
+    after `anneal`, r going from 0 to 1: `exponential` 2 * 0.5^r - 1,
+    `linear` 1 - r, `cosine` (cos(pi r) + 1) / 2, `minus_sqrt` 1 - sqrt(r).
 
     ```mlir
     %lr = mt.lr_schedule %steps cosine {lr = 1.000000e-03 : f64, min_lr = 1.000000e-04 : f64, warmup_iters = 10 : i64, decay_iters = 100 : i64} : tensor<i64> -> tensor<f32>
+    %lr = mt.lr_schedule %steps wsd anneal minus_sqrt {lr = 1.000000e-03 : f64, min_lr = 1.000000e-04 : f64, warmup_iters = 10 : i64, decay_iters = 100 : i64, wsd_decay_iters = 20 : i64} : tensor<i64> -> tensor<f32>
     ```
   }];
   let arguments = (ins 0DTensorOf<[I64]>:$steps, Mt_LrStyle:$style,
                        F64Attr:$lr, F64Attr:$min_lr, I64Attr:$warmup_iters,
-                       I64Attr:$decay_iters);
+                       I64Attr:$decay_iters, OptionalAttr<I64Attr>:$samples_per_step,
+                       OptionalAttr<Mt_WsdStyle>:$wsd_style,
+                       OptionalAttr<I64Attr>:$wsd_decay_iters);
   let results = (outs Mt_ScalarF32:$result);
-  let assemblyFormat = "$steps $style attr-dict `:` type($steps) `->` type($result)";
+  let assemblyFormat = "$steps $style (`anneal` $wsd_style^)? attr-dict `:` type($steps) `->` type($result)";
   let hasVerifier = 1;
 }
 

@@ -223,6 +223,38 @@ func.func @f(%s: tensor<i64>) {
 
 // -----
 
+func.func @f(%s: tensor<i64>) {
+  // expected-error @+1 {{wsd_style and wsd_decay_iters are given with the wsd style, and only with it}}
+  %lr = mt.lr_schedule %s wsd {lr = 1.0e-03 : f64, min_lr = 0.0 : f64, warmup_iters = 0 : i64, decay_iters = 10 : i64} : tensor<i64> -> tensor<f32>
+  return
+}
+
+// -----
+
+func.func @f(%s: tensor<i64>) {
+  // expected-error @+1 {{wsd_style and wsd_decay_iters are given with the wsd style, and only with it}}
+  %lr = mt.lr_schedule %s cosine anneal linear {lr = 1.0e-03 : f64, min_lr = 0.0 : f64, warmup_iters = 0 : i64, decay_iters = 10 : i64, wsd_decay_iters = 2 : i64} : tensor<i64> -> tensor<f32>
+  return
+}
+
+// -----
+
+func.func @f(%s: tensor<i64>) {
+  // expected-error @+1 {{wsd_decay_iters (9) must be in [1, decay_iters - warmup_iters = 8]}}
+  %lr = mt.lr_schedule %s wsd anneal cosine {lr = 1.0e-03 : f64, min_lr = 0.0 : f64, warmup_iters = 2 : i64, decay_iters = 10 : i64, wsd_decay_iters = 9 : i64} : tensor<i64> -> tensor<f32>
+  return
+}
+
+// -----
+
+func.func @f(%s: tensor<i64>) {
+  // expected-error @+1 {{samples_per_step must be >= 1, got 0}}
+  %lr = mt.lr_schedule %s inverse_square_root {lr = 1.0e-03 : f64, min_lr = 0.0 : f64, warmup_iters = 2 : i64, decay_iters = 10 : i64, samples_per_step = 0 : i64} : tensor<i64> -> tensor<f32>
+  return
+}
+
+// -----
+
 mt.param @w : tensor<4x4xf32>, normal(2.000000e-02)
 func.func @f(%lr: tensor<f32>, %s: tensor<i64>) {
   // expected-error @+1 {{beta1 and beta2 must be in [0, 1)}}

@@ -52,6 +52,10 @@ func.func @optimizer(%steps: tensor<i64>, %step: tensor<i64>) -> tensor<f32> {
   %n = mt.grad_norm : tensor<f32>
   // CHECK: mt.lr_schedule %{{.*}} cosine
   %lr = mt.lr_schedule %steps cosine {lr = 1.0e-03 : f64, min_lr = 1.0e-04 : f64, warmup_iters = 10 : i64, decay_iters = 100 : i64} : tensor<i64> -> tensor<f32>
+  // CHECK: mt.lr_schedule %{{.*}} wsd anneal minus_sqrt {decay_iters = 100 : i64, lr = 1.000000e-03 : f64, min_lr = 1.000000e-04 : f64, warmup_iters = 10 : i64, wsd_decay_iters = 20 : i64}
+  %wsd = mt.lr_schedule %steps wsd anneal minus_sqrt {lr = 1.0e-03 : f64, min_lr = 1.0e-04 : f64, warmup_iters = 10 : i64, decay_iters = 100 : i64, wsd_decay_iters = 20 : i64} : tensor<i64> -> tensor<f32>
+  // CHECK: mt.lr_schedule %{{.*}} inverse_square_root {decay_iters = 100 : i64, lr = 1.000000e-03 : f64, min_lr = 1.000000e-04 : f64, samples_per_step = 512 : i64, warmup_iters = 10 : i64}
+  %isr = mt.lr_schedule %steps inverse_square_root {lr = 1.0e-03 : f64, min_lr = 1.0e-04 : f64, warmup_iters = 10 : i64, decay_iters = 100 : i64, samples_per_step = 512 : i64} : tensor<i64> -> tensor<f32>
   // CHECK: mt.clip_coeff %{{.*}}, %{{.*}} {max_norm
   %c = mt.clip_coeff %n, %n {max_norm = 1.0 : f64} : tensor<f32>
   // CHECK: mt.adamw @w, %{{.*}}, %{{.*}}, %{{.*}} {beta1

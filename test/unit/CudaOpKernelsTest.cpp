@@ -383,7 +383,10 @@ std::vector<OpInstruction> everyOpcode(DType d) {
   p.expAvgSqOffset = 16384;
   OpTensor step = tensor(DType::I64, {});
   add(Opcode::GRAD_NORM, {}, {scalar}, {}, {}, {p, p});
-  add(Opcode::LR_SCHEDULE, {step}, {scalar}, {2, 10, 100}, {1e-3, 1e-4});
+  add(Opcode::LR_SCHEDULE, {step}, {scalar}, {2, 10, 100, 1, 0, 0}, {1e-3, 1e-4});
+  add(Opcode::LR_SCHEDULE, {step}, {scalar}, {3, 10, 100, 512, 0, 0}, {1e-3, 1e-4});
+  for (int64_t anneal = 0; anneal < 4; ++anneal) // WSD's four anneals
+    add(Opcode::LR_SCHEDULE, {step}, {scalar}, {4, 10, 100, 1, anneal, 20}, {1e-3, 1e-4});
   add(Opcode::CLIP_COEFF, {scalar, scalar}, {scalar}, {}, {1.0});
   add(Opcode::ADAMW, {scalar, scalar, step}, {}, {}, {0.9, 0.95, 1e-8, 0.1}, {p});
   OpInstruction sharded;
@@ -783,8 +786,10 @@ MT_KERNEL_TEST(CudaOpKernels, NormsAndScalars) {
     EXPECT_EQ(coeff.get()[0], float(0.25 * c)) << n;
   }
 
-  // LR_SCHEDULE: Megatron's schedule (cpu_executor.cpp's megatron_lr).
-  auto megatron = [](int style, int64_t warmup, int64_t decay, double max, double min, int64_t steps) {
+  // LR_SCHEDULE: Megatron's schedule (cpu_executor.cpp's megatron_lr), in
+  // samples of `g` a step; WSD anneals over its last 20 steps.
+  auto megatron = [](int style, int anneal, int64_t g, int64_t warmup, int64_t decay, double max,
+                     double min, int64_t steps) {
     if (warmup > 0 && steps <= warmup)
       return max * double(steps) / double(warmup);
     if (style == 0)
@@ -792,29 +797,42 @@ MT_KERNEL_TEST(CudaOpKernels, NormsAndScalars) {
     if (steps > decay)
       return min;
     if (style == 3)
-      return std::max(min, max * std::sqrt(double(std::max<int64_t>(warmup, 1))) /
-                               std::sqrt(double(std::max<int64_t>(steps, 1))));
+      return std::max(min, max * std::sqrt(double(std::max<int64_t>(warmup * g, 1))) /
+                               std::sqrt(double(std::max<int64_t>(steps * g, 1))));
     double ratio = double(steps - warmup) / double(decay - warmup);
     double c = style == 1 ? 1.0 - ratio : 0.5 * (std::cos(M_PI * ratio) + 1.0);
+    if (style == 4) {
+      const int64_t start = decay - 20;
+      const double r = double(steps - start) / 20.0;
+      c = steps <= start ? 1.0
+          : anneal == 0  ? 2.0 * std::pow(0.5, r) - 1.0
+          : anneal == 1  ? 1.0 - r
+          : anneal == 2  ? 0.5 * (std::cos(M_PI * r) + 1.0)
+                         : 1.0 - std::sqrt(r);
+    }
     return min + c * (max - min);
   };
   Buffer it(DType::I64, {}), lr(DType::F32, {});
-  for (int style = 0; style < 4; ++style)
-    for (int64_t steps : {0, 5, 10, 11, 60, 100, 101, 500}) {
-      OpInstruction ls;
-      ls.op = Opcode::LR_SCHEDULE;
-      ls.in = {it.t};
-      ls.out = {lr.t};
-      ls.ints = {style, 10, 100};
-      ls.floats = {1e-3, 1e-4};
-      Rank rl;
-      rl.in = {&it};
-      rl.out = {&lr};
-      it.setInts({steps});
-      ASSERT_EQ(runSteps(device, generate(ls), {&rl}), "");
-      EXPECT_TRUE(close(lr.get(), {float(megatron(style, 10, 100, 1e-3, 1e-4, steps))}, DType::F32, 6e-8, 0))
-          << "style " << style << " step " << steps;
-    }
+  for (int style = 0; style < 5; ++style)
+    for (int anneal = 0; anneal < (style == 4 ? 4 : 1); ++anneal)
+      for (int64_t warmup : {int64_t(0), int64_t(10)})
+        for (int64_t steps : {0, 1, 5, 10, 11, 60, 85, 93, 100, 101, 500}) {
+          const int64_t g = style == 3 ? 8 : 1;
+          OpInstruction ls;
+          ls.op = Opcode::LR_SCHEDULE;
+          ls.in = {it.t};
+          ls.out = {lr.t};
+          ls.ints = {style, warmup, 100, g, style == 4 ? anneal : 0, style == 4 ? 20 : 0};
+          ls.floats = {1e-3, 1e-4};
+          Rank rl;
+          rl.in = {&it};
+          rl.out = {&lr};
+          it.setInts({steps});
+          ASSERT_EQ(runSteps(device, generate(ls), {&rl}), "");
+          EXPECT_TRUE(close(lr.get(), {float(megatron(style, anneal, g, warmup, 100, 1e-3, 1e-4, steps))},
+                            DType::F32, 6e-8, 0))
+              << "style " << style << " anneal " << anneal << " warmup " << warmup << " step " << steps;
+        }
 
   // GRAD_SEED: the scale times the runtime's loss scale.
   OpInstruction seed;

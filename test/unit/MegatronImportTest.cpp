@@ -354,13 +354,24 @@ TEST(ImportMegatron, MissingRequiredKeysNameTheirFlags) {
   EXPECT_EQ(err.find("--num-layers N"), std::string::npos) << err;
 }
 
+TEST(ImportMegatron, WarmupStableDecay) {
+  Spec s = importOk(std::string(kBase) + "--lr-decay-style WSD --lr-wsd-decay-style minus_sqrt "
+                                         "--lr-wsd-decay-iters 2");
+  EXPECT_EQ(s.training.lr_decay_style, LrDecayStyle::WSD);
+  EXPECT_EQ(s.training.lr_wsd_decay_style, WsdDecayStyle::MinusSqrt);
+  EXPECT_EQ(s.training.lr_wsd_decay_iters, 2);
+  EXPECT_EQ(importOk(std::string(kBase) + "--lr-decay-style inverse-square-root")
+                .training.lr_decay_style,
+            LrDecayStyle::InverseSquareRoot);
+}
+
 TEST(ImportMegatron, BadValues) {
   EXPECT_NE(importError(std::string(kBase) + "--num-layers two").find("integer"),
             std::string::npos);
   EXPECT_NE(importError(std::string(kBase) + "--lr fast").find("number"),
             std::string::npos);
-  EXPECT_NE(importError(std::string(kBase) + "--lr-decay-style inverse-square-root")
-                .find("use one of constant, linear, cosine"),
+  EXPECT_NE(importError(std::string(kBase) + "--lr-decay-style step")
+                .find("use one of constant, linear, cosine, inverse-square-root, WSD"),
             std::string::npos);
   EXPECT_NE(importError(std::string(kBase) + "--swiglu=true").find("takes no value"),
             std::string::npos);

@@ -582,7 +582,7 @@ TEST(PlanReader, BadMagicVersionAndFlags) {
   uint32_t seven = 7;
   std::memcpy(&b[8], &seven, 4);
   EXPECT_EQ(open_error(b), "tiny.plan: error: was written by plan format version 7; this mtrun reads "
-                           "version 5; recompile it with the mtc that matches this mtrun");
+                           "version 6; recompile it with the mtc that matches this mtrun");
   b = bytes;
   uint32_t flags = 4;
   std::memcpy(&b[12], &flags, 4);
@@ -1038,6 +1038,9 @@ TEST(CpuExecutor, LrScheduleMatchesMegatron) {
     pl::LrStyle style;
     int64_t warmup, decay, steps;
     double lr;
+    int64_t samples = 1; // Megatron's steps are samples: the global batch
+    pl::WsdStyle wsd = pl::WsdStyle::EXPONENTIAL;
+    int64_t wsdDecay = 0;
   };
   const Case cases[] = {
       {pl::LrStyle::CONSTANT, 10, 110, 0, 0.0},        // warm-up starts at 0
@@ -1063,12 +1066,29 @@ TEST(CpuExecutor, LrScheduleMatchesMegatron) {
       {pl::LrStyle::INVERSE_SQUARE_ROOT, 10, 2000, 2001, 0.001}, // past decay_iters
       {pl::LrStyle::INVERSE_SQUARE_ROOT, 0, 2000, 0, 0.01},      // warmup and steps taken as 1
       {pl::LrStyle::INVERSE_SQUARE_ROOT, 0, 2000, 4, 0.005},
+      // Megatron clamps samples, not steps, to 1: with 4 a step and no
+      // warm-up, step 4 is 16 samples against 1.
+      {pl::LrStyle::INVERSE_SQUARE_ROOT, 0, 2000, 4, 0.0025, 4},
+      {pl::LrStyle::INVERSE_SQUARE_ROOT, 0, 2000, 0, 0.01, 4},
+      {pl::LrStyle::INVERSE_SQUARE_ROOT, 10, 2000, 40, 0.005, 4}, // sqrt(40 / 160)
+      // WSD: lr until its 20-step anneal starts at 90, then min_lr at 110.
+      {pl::LrStyle::WSD, 10, 110, 5, 0.005, 1, pl::WsdStyle::LINEAR, 20},
+      {pl::LrStyle::WSD, 10, 110, 50, 0.01, 1, pl::WsdStyle::LINEAR, 20},
+      {pl::LrStyle::WSD, 10, 110, 90, 0.01, 1, pl::WsdStyle::COSINE, 20},
+      {pl::LrStyle::WSD, 10, 110, 95, 0.00775, 1, pl::WsdStyle::LINEAR, 20},    // r 0.25
+      {pl::LrStyle::WSD, 10, 110, 95, 0.008681980515339463, 1, pl::WsdStyle::COSINE, 20},
+      {pl::LrStyle::WSD, 10, 110, 95, 0.007136135474566861, 1, pl::WsdStyle::EXPONENTIAL, 20},
+      {pl::LrStyle::WSD, 10, 110, 95, 0.0055, 1, pl::WsdStyle::MINUS_SQRT, 20}, // 1 - sqrt(0.25)
+      {pl::LrStyle::WSD, 10, 110, 110, 0.001, 1, pl::WsdStyle::EXPONENTIAL, 20},
+      {pl::LrStyle::WSD, 10, 110, 110, 0.001, 1, pl::WsdStyle::MINUS_SQRT, 20},
+      {pl::LrStyle::WSD, 10, 110, 111, 0.001, 1, pl::WsdStyle::COSINE, 20},
   };
   for (const Case &c : cases) {
     ScalarProgram s;
     uint32_t it = s.d.input(*s.p, "iteration", {}, DType::I64);
     uint32_t lr = s.d.arena(*s.p, "lr", {});
-    PlanDesc::op(*s.p, Opcode::LR_SCHEDULE, {it}, {lr}, {}, {int64_t(c.style), c.warmup, c.decay},
+    PlanDesc::op(*s.p, Opcode::LR_SCHEDULE, {it}, {lr}, {},
+                 {int64_t(c.style), c.warmup, c.decay, c.samples, int64_t(c.wsd), c.wsdDecay},
                  {0.01, 0.001}, "lr");
     PlanDesc::output(*s.p, lr, "lr");
     auto f = open_ok(s.d);
@@ -1079,7 +1099,8 @@ TEST(CpuExecutor, LrScheduleMatchesMegatron) {
     ASSERT_EQ(ex.run(p, 0), "");
     EXPECT_FLOAT_EQ(*static_cast<float *>(ex.value_data(p, lr)), float(c.lr))
         << pl::EnumNameLrStyle(c.style) << " warmup " << c.warmup << " decay " << c.decay
-        << " steps " << c.steps;
+        << " steps " << c.steps << " samples " << c.samples << " anneal "
+        << pl::EnumNameWsdStyle(c.wsd);
   }
 }
 
@@ -1087,9 +1108,24 @@ TEST(CpuExecutor, LrScheduleRejectsDecayNotPastWarmup) {
   ScalarProgram s;
   uint32_t it = s.d.input(*s.p, "iteration", {}, DType::I64);
   uint32_t lr = s.d.arena(*s.p, "lr", {});
-  PlanDesc::op(*s.p, Opcode::LR_SCHEDULE, {it}, {lr}, {}, {int64_t(pl::LrStyle::COSINE), 10, 10},
+  PlanDesc::op(*s.p, Opcode::LR_SCHEDULE, {it}, {lr}, {}, {int64_t(pl::LrStyle::COSINE), 10, 10, 1, 0, 0},
                {0.01, 0.001}, "lr");
   EXPECT_CONTAINS(semantic_error(s.d), "LR_SCHEDULE: ints[2] (decay_iters 10) must exceed ints[1] (warmup 10)");
+}
+
+TEST(CpuExecutor, LrScheduleRejectsBadWsdAndSamples) {
+  auto error = [](std::vector<int64_t> ints) {
+    ScalarProgram s;
+    uint32_t it = s.d.input(*s.p, "iteration", {}, DType::I64);
+    uint32_t lr = s.d.arena(*s.p, "lr", {});
+    PlanDesc::op(*s.p, Opcode::LR_SCHEDULE, {it}, {lr}, {}, ints, {0.01, 0.001}, "lr");
+    return semantic_error(s.d);
+  };
+  const int64_t wsd = int64_t(pl::LrStyle::WSD);
+  EXPECT_CONTAINS(error({wsd, 10, 110, 1, 0, 0}), "ints[5] (wsd_decay_iters 0) must be in [1, decay_iters - warmup]");
+  EXPECT_CONTAINS(error({wsd, 10, 110, 1, 0, 101}), "ints[5] (wsd_decay_iters 101) must be in [1, decay_iters - warmup]");
+  EXPECT_CONTAINS(error({wsd, 10, 110, 1, 4, 20}), "ints[4] (wsd_style) is 4; WsdStyle has codes 0 to 3");
+  EXPECT_CONTAINS(error({wsd, 10, 110, 0, 0, 20}), "ints[3] (samples_per_step) is 0; it must be >= 1");
 }
 
 // AdamW in double for the reference: decoupled weight decay, bias correction.
@@ -1122,7 +1158,7 @@ TEST(CpuExecutor, GradNormClipAndAdamW) {
   uint32_t scale = d.input(st, "grad_scale", {});
   uint32_t lr = d.arena(st, "lr", {}), clip = d.arena(st, "clip", {});
   const double max_norm = 0.5, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
-  PlanDesc::op(st, Opcode::LR_SCHEDULE, {steps}, {lr}, {}, {int64_t(pl::LrStyle::CONSTANT), 0, 100},
+  PlanDesc::op(st, Opcode::LR_SCHEDULE, {steps}, {lr}, {}, {int64_t(pl::LrStyle::CONSTANT), 0, 100, 1, 0, 0},
                {0.01, 0.0}, "lr");
   PlanDesc::op(st, Opcode::CLIP_COEFF, {norm, scale}, {clip}, {}, {}, {max_norm}, "clip");
   PlanDesc::op(st, Opcode::ADAMW, {lr, clip, step}, {}, {uint32_t(a)}, {}, {b1, b2, eps, wd}, "adamw a");

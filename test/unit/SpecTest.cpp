@@ -74,6 +74,7 @@ void expectSameSpec(const Spec &a, const Spec &b) {
   SAME(parallel.sequence_parallel);
   SAME(parallel.use_distributed_optimizer);
   SAME(parallel.overlap_grad_reduce);
+  SAME(parallel.overlap_param_gather);
   SAME(parallel.ddp_bucket_size);
   SAME(parallel.recompute_granularity);
   SAME(parallel.recompute_method);
@@ -86,6 +87,8 @@ void expectSameSpec(const Spec &a, const Spec &b) {
   SAME(training.lr_decay_style);
   SAME(training.lr_decay_iters);
   SAME(training.lr_warmup_iters);
+  SAME(training.lr_wsd_decay_style);
+  SAME(training.lr_wsd_decay_iters);
   SAME(training.weight_decay);
   SAME(training.adam_beta1);
   SAME(training.adam_beta2);
@@ -138,6 +141,12 @@ TEST(Spec, EnumSpellings) {
   EXPECT_STREQ(toString(LrDecayStyle::Constant), "constant");
   EXPECT_STREQ(toString(LrDecayStyle::Linear), "linear");
   EXPECT_STREQ(toString(LrDecayStyle::Cosine), "cosine");
+  EXPECT_STREQ(toString(LrDecayStyle::InverseSquareRoot), "inverse-square-root");
+  EXPECT_STREQ(toString(LrDecayStyle::WSD), "WSD");
+  EXPECT_STREQ(toString(WsdDecayStyle::Exponential), "exponential");
+  EXPECT_STREQ(toString(WsdDecayStyle::Linear), "linear");
+  EXPECT_STREQ(toString(WsdDecayStyle::Cosine), "cosine");
+  EXPECT_STREQ(toString(WsdDecayStyle::MinusSqrt), "minus_sqrt");
   EXPECT_STREQ(toString(RecomputeGranularity::None), "none");
   EXPECT_STREQ(toString(RecomputeGranularity::Selective), "selective");
   EXPECT_STREQ(toString(RecomputeGranularity::Full), "full");
@@ -163,6 +172,18 @@ TEST(Spec, ParsesEveryEnumValue) {
     EXPECT_EQ(parseOk(kBase, {{std::string("training.lr_decay_style=") + toString(v)}})
                   .training.lr_decay_style,
               v);
+  EXPECT_EQ(parseOk(kBase, {{"training.lr_decay_style=\"inverse-square-root\""}})
+                .training.lr_decay_style,
+            LrDecayStyle::InverseSquareRoot);
+  for (auto v : {WsdDecayStyle::Exponential, WsdDecayStyle::Linear, WsdDecayStyle::Cosine,
+                 WsdDecayStyle::MinusSqrt}) {
+    Spec s = parseOk(kBase, {{"training.lr_decay_style=\"WSD\""},
+                             {"training.lr_wsd_decay_iters=5"},
+                             {std::string("training.lr_wsd_decay_style=\"") + toString(v) + "\""}});
+    EXPECT_EQ(s.training.lr_decay_style, LrDecayStyle::WSD);
+    EXPECT_EQ(s.training.lr_wsd_decay_style, v);
+    EXPECT_EQ(s.training.lr_wsd_decay_iters, 5);
+  }
   Spec sel = parseOk(kBase, {{"parallel.recompute_granularity=selective"}});
   EXPECT_EQ(sel.parallel.recompute_granularity, RecomputeGranularity::Selective);
   EXPECT_EQ(sel.parallel.recompute_method, RecomputeMethod::None);
@@ -664,6 +685,16 @@ TEST(Spec, RoundTripCustomDeviceAndSelectiveRecompute) {
                           {"model.norm_epsilon=1e-5"}});
   expectRoundTrip(kBase, {{"data.mock_data=true"}, {"cluster.device_memory=80.5"}});
   expectRoundTrip(kBase, {{"data.data_path=[2, \"weighted\"]"}});
+}
+
+TEST(Spec, RoundTripWarmupStableDecayAndOverlaps) {
+  expectRoundTrip(kBase, {{"training.lr_decay_style=\"WSD\""},
+                          {"training.lr_wsd_decay_style=\"cosine\""},
+                          {"training.lr_wsd_decay_iters=7"},
+                          {"parallel.data_parallel_size=2"},
+                          {"parallel.use_distributed_optimizer=true"},
+                          {"parallel.overlap_grad_reduce=true"},
+                          {"parallel.overlap_param_gather=true"}});
 }
 
 } // namespace
