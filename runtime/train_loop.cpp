@@ -14,6 +14,7 @@
 #include "runtime/plan_reader.h"
 #include "runtime/tensorboard.h"
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -35,6 +36,8 @@ namespace pl = mt::plan;
 // "FILE: error: ..." keep that form.
 // Set by SIGTERM; the training loop checks it after each iteration.
 volatile std::sig_atomic_t g_terminate = 0;
+// When run_training began (--exit-duration-in-mins).
+std::chrono::steady_clock::time_point g_start = std::chrono::steady_clock::now();
 extern "C" void on_sigterm(int) { g_terminate = 1; }
 
 int fail(const std::string &msg) {
@@ -230,23 +233,33 @@ public:
           iteration < trainIters)
         if (std::string err = saveCheckpoint(); !err.empty())
           return fail(err);
-      // SIGTERM (SLURM's warning before a time limit, or scancel): finish
-      // the iteration, save, and exit cleanly, as Megatron's
-      // --exit-signal-handler does. Every rank must agree to stop together.
-      bool stop = false;
-      if (std::string err = anyRankSignalled(&stop); !err.empty())
+      // SIGTERM (SLURM's warning before a time limit, or scancel), the
+      // run's time budget or its exit interval: finish the iteration, save,
+      // and exit cleanly, as Megatron's --exit-signal-handler,
+      // --exit-duration-in-mins and --exit-interval do. Every rank must
+      // agree to stop together.
+      Stop stop = Stop::No;
+      if (std::string err = anyRankStops(&stop); !err.empty())
         return fail(err);
-      if (stop) {
+      if (stop != Stop::No) {
+        char why[128];
+        if (stop == Stop::Signal)
+          std::snprintf(why, sizeof why, "received SIGTERM at iteration %lld", (long long)iteration);
+        else if (stop == Stop::Duration)
+          std::snprintf(why, sizeof why, "exiting after %.2f minutes (--exit-duration-in-mins %g) at iteration %lld",
+                        minutesSinceStart(), opts.exit_duration_mins, (long long)iteration);
+        else
+          std::snprintf(why, sizeof why, "exiting at iteration %lld (--exit-interval %lld)",
+                        (long long)iteration, (long long)opts.exit_interval);
         if (save.empty()) {
-          say("received SIGTERM at iteration " + std::to_string(iteration) +
+          say(std::string(why) +
               "; no save directory (--save or [training] save), so exiting without a checkpoint");
           return 0;
         }
         if (savedIteration != iteration)
           if (std::string err = saveCheckpoint(); !err.empty())
             return fail(err);
-        say("received SIGTERM at iteration " + std::to_string(iteration) +
-            "; checkpoint saved, exiting");
+        say(std::string(why) + "; checkpoint saved, exiting");
         return 0;
       }
     }
@@ -611,13 +624,25 @@ private:
     return "";
   }
 
-  std::string anyRankSignalled(bool *stop) {
-    float flag = g_terminate ? 1.0f : 0.0f;
+  // Why the run stops after this iteration. The interval is the same on
+  // every rank; a signal or the clock may reach one rank first, so the
+  // ranks take the strongest reason any of them has.
+  enum class Stop { No = 0, Interval = 1, Duration = 2, Signal = 3 };
+  std::string anyRankStops(Stop *stop) {
+    float flag = g_terminate ? float(Stop::Signal) : float(Stop::No);
+    if (opts.exit_duration_mins > 0 && minutesSinceStart() > opts.exit_duration_mins)
+      flag = std::max(flag, float(Stop::Duration));
+    if (opts.exit_interval > 0 && iteration % opts.exit_interval == 0 && iteration < trainIters)
+      flag = std::max(flag, float(Stop::Interval));
     if (groups.world)
       if (std::string err = groups.world->all_reduce(&flag, 1, ReduceOp::Max); !err.empty())
         return err;
-    *stop = flag > 0.0f;
+    *stop = Stop(int(flag));
     return "";
+  }
+  // Since mtrun started, as Megatron counts from pretrain()'s start.
+  double minutesSinceStart() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - g_start).count() / 60.0;
   }
 
   // Megatron's sampler: each micro-batch step takes mbs * dp consecutive
@@ -802,6 +827,11 @@ options:
   --load DIR            resume from the latest checkpoint in DIR (overrides [training] load)
   --train-iters N       stop after iteration N (overrides [training] train_iters)
   --log-file FILE       also append the log lines to FILE
+  --exit-interval N     save and exit after an iteration divisible by N
+  --exit-duration-in-mins M
+                        save and exit after the first iteration that ends
+                        more than M minutes after mtrun started (every rank
+                        stops at the same iteration); SIGTERM does the same
   --tensorboard-dir DIR write TensorBoard event files to DIR (the last rank,
                         as Megatron-LM): learning-rate, lm loss, loss-scale,
                         grad-norm and lm loss validation, each also against
@@ -832,6 +862,7 @@ options:
 } // namespace
 
 int run_training(const RunOptions &opts) {
+  g_start = std::chrono::steady_clock::now();
   // From the start: a SIGTERM during set-up also ends the run cleanly.
   std::signal(SIGTERM, on_sigterm);
   if (opts.device != "cpu" && opts.device != "cuda")
@@ -955,6 +986,18 @@ int mtrun_main(int argc, char **argv) {
       o.log_loss_scale_to_tensorboard = false;
     } else if ((r = value("--tensorboard-dir", &o.tensorboard_dir))) {
       if (r < 0 || o.tensorboard_dir.empty()) return usage("--tensorboard-dir needs a directory");
+    } else if ((r = value("--exit-interval", &v))) {
+      char *end = nullptr;
+      long long n = r < 0 ? -1 : std::strtoll(v.c_str(), &end, 10);
+      if (r < 0 || v.empty() || *end != '\0' || n < 1)
+        return usage("--exit-interval needs a number of iterations >= 1, got '" + v + "'");
+      o.exit_interval = n;
+    } else if ((r = value("--exit-duration-in-mins", &v))) {
+      char *end = nullptr;
+      double m = r < 0 ? -1 : std::strtod(v.c_str(), &end);
+      if (r < 0 || v.empty() || *end != '\0' || !(m > 0))
+        return usage("--exit-duration-in-mins needs minutes > 0, got '" + v + "'");
+      o.exit_duration_mins = m;
     } else if ((r = value("--tensorboard-log-interval", &v))) {
       char *end = nullptr;
       long long n = r < 0 ? -1 : std::strtoll(v.c_str(), &end, 10);

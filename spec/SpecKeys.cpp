@@ -210,7 +210,7 @@ std::vector<KeyInfo> buildTable() {
                   "--lr-decay-iters", "Iterations over which the learning rate decays.",
                   atLeast(1)));
   t.push_back(key("training", "lr_warmup_iters", I, false, "0", "iterations", "--lr-warmup-iters",
-                  "Linear warmup from 0 to lr; at most lr_decay_iters.", atLeast(0)));
+                  "Linear warmup from 0 to lr; below lr_decay_iters.", atLeast(0)));
   t.push_back(key("training", "lr_warmup_fraction", F, false, "not set", "", "--lr-warmup-fraction",
                   "Warmup as a fraction of lr_decay_iters, resolved to "
                   "floor(fraction * lr_decay_iters) iterations. Give this or "

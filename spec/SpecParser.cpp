@@ -986,12 +986,18 @@ private:
       t.lr_warmup_iters =
           static_cast<int64_t>(std::floor(fraction * static_cast<double>(t.lr_decay_iters)));
     }
-    if (t.lr_warmup_iters > t.lr_decay_iters)
-      fail(at("training", "lr_warmup_iters"),
-           "lr_warmup_iters = " + std::to_string(t.lr_warmup_iters) + " exceeds " +
+    // Megatron's OptimizerParamScheduler asserts warmup < decay.
+    if (t.lr_warmup_iters >= t.lr_decay_iters) {
+      const Entry *fraction = given("training", "lr_warmup_fraction");
+      const std::string warmup = "lr_warmup_iters = " + std::to_string(t.lr_warmup_iters);
+      fail(at("training", fraction ? "lr_warmup_fraction" : "lr_warmup_iters"),
+           (fraction ? "lr_warmup_fraction resolves to " + warmup + ", which" : warmup) +
+               (t.lr_warmup_iters > t.lr_decay_iters ? " exceeds " : " leaves no decay after ") +
                ref("training", "lr_decay_iters", t.lr_decay_iters),
-           "use lr_warmup_iters <= " + std::to_string(t.lr_decay_iters) +
-               ", or raise lr_decay_iters");
+           fraction ? std::string("use lr_warmup_fraction < 1, or raise lr_decay_iters")
+                    : "use lr_warmup_iters < " + std::to_string(t.lr_decay_iters) +
+                          ", or raise lr_decay_iters");
+    }
     // WSD: Megatron's scheduler asserts the anneal's length; mt also keeps
     // the anneal after the warmup, where Megatron would jump to it.
     const bool wsd = t.lr_decay_style == LrDecayStyle::WSD;
