@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
@@ -940,6 +941,24 @@ int run_training(const RunOptions &opts) {
   return status;
 }
 
+// mtrun's switches: flags without a value, each setting one option.
+struct Switch {
+  const char *name;
+  bool RunOptions::*option;
+  bool value;
+};
+constexpr Switch kSwitches[] = {
+    {"--check-memory-plan", &RunOptions::check_memory_plan, true},
+    {"--no-cuda-graph", &RunOptions::cuda_graphs, false},
+    {"--log-batch-size-to-tensorboard", &RunOptions::log_batch_size_to_tensorboard, true},
+    {"--log-world-size-to-tensorboard", &RunOptions::log_world_size_to_tensorboard, true},
+    {"--log-validation-ppl-to-tensorboard", &RunOptions::log_validation_ppl_to_tensorboard, true},
+    {"--log-timers-to-tensorboard", &RunOptions::log_timers_to_tensorboard, true},
+    {"--no-log-learning-rate-to-tensorboard", &RunOptions::log_learning_rate_to_tensorboard,
+     false},
+    {"--no-log-loss-scale-to-tensorboard", &RunOptions::log_loss_scale_to_tensorboard, false},
+};
+
 int mtrun_main(int argc, char **argv) {
   RunOptions o;
   int nproc = 0;
@@ -965,43 +984,38 @@ int mtrun_main(int argc, char **argv) {
     };
     std::string v;
     int r;
+    // The value `value` found (r > 0): a whole number in [lo, hi]; a real > 0.
+    auto integer = [&](long long lo, long long hi, long long *n) {
+      char *end = nullptr;
+      *n = r < 0 ? -1 : std::strtoll(v.c_str(), &end, 10);
+      return r > 0 && !v.empty() && *end == '\0' && *n >= lo && *n <= hi;
+    };
+    auto positive = [&](double *x) {
+      char *end = nullptr;
+      *x = r < 0 ? -1 : std::strtod(v.c_str(), &end);
+      return r > 0 && !v.empty() && *end == '\0' && *x > 0;
+    };
+    const Switch *sw = nullptr;
+    for (const Switch &s : kSwitches)
+      if (a == s.name)
+        sw = &s;
+    long long n = 0;
     if (a == "--help" || a == "-h") {
       std::printf("%s", kUsage);
       return 0;
-    } else if (a == "--check-memory-plan") {
-      o.check_memory_plan = true;
-    } else if (a == "--no-cuda-graph") {
-      o.cuda_graphs = false;
-    } else if (a == "--log-batch-size-to-tensorboard") {
-      o.log_batch_size_to_tensorboard = true;
-    } else if (a == "--log-world-size-to-tensorboard") {
-      o.log_world_size_to_tensorboard = true;
-    } else if (a == "--log-validation-ppl-to-tensorboard") {
-      o.log_validation_ppl_to_tensorboard = true;
-    } else if (a == "--log-timers-to-tensorboard") {
-      o.log_timers_to_tensorboard = true;
-    } else if (a == "--no-log-learning-rate-to-tensorboard") {
-      o.log_learning_rate_to_tensorboard = false;
-    } else if (a == "--no-log-loss-scale-to-tensorboard") {
-      o.log_loss_scale_to_tensorboard = false;
+    } else if (sw) {
+      o.*(sw->option) = sw->value;
     } else if ((r = value("--tensorboard-dir", &o.tensorboard_dir))) {
       if (r < 0 || o.tensorboard_dir.empty()) return usage("--tensorboard-dir needs a directory");
     } else if ((r = value("--exit-interval", &v))) {
-      char *end = nullptr;
-      long long n = r < 0 ? -1 : std::strtoll(v.c_str(), &end, 10);
-      if (r < 0 || v.empty() || *end != '\0' || n < 1)
+      if (!integer(1, LLONG_MAX, &n))
         return usage("--exit-interval needs a number of iterations >= 1, got '" + v + "'");
       o.exit_interval = n;
     } else if ((r = value("--exit-duration-in-mins", &v))) {
-      char *end = nullptr;
-      double m = r < 0 ? -1 : std::strtod(v.c_str(), &end);
-      if (r < 0 || v.empty() || *end != '\0' || !(m > 0))
+      if (!positive(&o.exit_duration_mins))
         return usage("--exit-duration-in-mins needs minutes > 0, got '" + v + "'");
-      o.exit_duration_mins = m;
     } else if ((r = value("--tensorboard-log-interval", &v))) {
-      char *end = nullptr;
-      long long n = r < 0 ? -1 : std::strtoll(v.c_str(), &end, 10);
-      if (r < 0 || v.empty() || *end != '\0' || n < 1)
+      if (!integer(1, LLONG_MAX, &n))
         return usage("--tensorboard-log-interval needs a number >= 1, got '" + v + "'");
       o.tensorboard_log_interval = n;
     } else if ((r = value("--device", &o.device))) {
@@ -1013,22 +1027,16 @@ int mtrun_main(int argc, char **argv) {
     } else if ((r = value("--log-file", &o.log_file))) {
       if (r < 0 || o.log_file.empty()) return usage("--log-file needs a file name");
     } else if ((r = value("--train-iters", &v))) {
-      char *end = nullptr;
-      long long n = r < 0 ? -1 : std::strtoll(v.c_str(), &end, 10);
-      if (r < 0 || v.empty() || *end != '\0' || n < 0)
+      if (!integer(0, LLONG_MAX, &n))
         return usage("--train-iters needs a number >= 0, got '" + v + "'");
       o.train_iters = n;
     } else if ((r = value("--nproc", &v))) {
-      char *end = nullptr;
-      long long n = r < 0 ? -1 : std::strtoll(v.c_str(), &end, 10);
-      if (r < 0 || v.empty() || *end != '\0' || n < 1 || n > 1024)
+      if (!integer(1, 1024, &n))
         return usage("--nproc needs a number of ranks from 1 to 1024, got '" + v + "'");
       nproc = int(n);
     } else if ((r = value("--rank", &v)) || (r = value("--world-size", &v))) {
-      char *end = nullptr;
-      long long n = r < 0 ? -1 : std::strtoll(v.c_str(), &end, 10);
       bool isRank = a.rfind("--rank", 0) == 0;
-      if (r < 0 || v.empty() || *end != '\0' || n < (isRank ? 0 : 1))
+      if (!integer(isRank ? 0 : 1, INT_MAX, &n))
         return usage(std::string(isRank ? "--rank" : "--world-size") + " needs a number, got '" +
                      v + "'");
       (isRank ? o.launch.rank : o.launch.world) = int(n);
@@ -1038,11 +1046,8 @@ int mtrun_main(int argc, char **argv) {
       if (r < 0 || o.launch.rendezvous_dir.empty())
         return usage("--rendezvous-dir needs a directory every rank can reach");
     } else if ((r = value("--timeout", &v))) {
-      char *end = nullptr;
-      double s = r < 0 ? -1 : std::strtod(v.c_str(), &end);
-      if (r < 0 || v.empty() || *end != '\0' || !(s > 0))
+      if (!positive(&o.timeout_s))
         return usage("--timeout needs seconds > 0, got '" + v + "'");
-      o.timeout_s = s;
     } else if (!a.empty() && a[0] == '-') {
       return usage("unknown option '" + a + "'");
     } else if (o.plan_path.empty()) {
