@@ -821,6 +821,32 @@ const char *data_split_name(DataSplit split) {
   return "unknown";
 }
 
+int64_t split_documents(const GptDataConfig &config, DataSplit split, std::string *error) {
+  std::array<double, 3> weights;
+  // As build(): mock data takes an even split.
+  if (std::string e = parse_megatron_split(config.mock ? "1,1,1" : config.split, &weights);
+      !e.empty()) {
+    *error = e;
+    return -1;
+  }
+  int64_t docs = 0;
+  auto add = [&](int64_t sequences) {
+    if (auto r = megatron_split_ranges(weights, sequences)[static_cast<int>(split)])
+      docs += r->second - r->first;
+  };
+  if (config.mock) {
+    add(kMockSequences);
+    return docs;
+  }
+  for (const auto &part : config.blend) {
+    auto data = IndexedDataset::open(part.second, error);
+    if (!data)
+      return -1;
+    add(static_cast<int64_t>(data->num_sequences()));
+  }
+  return docs;
+}
+
 std::array<int64_t, 3> megatron_num_samples(int64_t train_iters, int64_t global_batch,
                                             int64_t eval_interval, int64_t eval_iters) {
   const int64_t evals = eval_interval > 0 ? train_iters / eval_interval + 1 : 1;

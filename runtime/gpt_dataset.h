@@ -96,6 +96,12 @@ private:
   std::unique_ptr<Impl> impl_;
 };
 
+// The documents `split` holds under config's split string (summed over a
+// blend's datasets): 0 when the split gets no share, or when its share
+// rounds to no document. -1 with *error one line when a dataset cannot be
+// opened or the split string is bad.
+int64_t split_documents(const GptDataConfig &config, DataSplit split, std::string *error);
+
 // Megatron's per-split sample counts for a run (megatron/training/training.py,
 // get_train_valid_test_num_samples): train_iters * global_batch;
 // (train_iters / eval_interval + 1) * eval_iters * global_batch; eval_iters *

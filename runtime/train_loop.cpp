@@ -177,7 +177,9 @@ public:
     auto intervalStart = std::chrono::steady_clock::now();
     double lossSum = 0;
     int64_t lossCount = 0, intervalSkipped = 0, intervalNan = 0, intervalIters = 0;
-    while (iteration < trainIters) {
+    if (opts.skip_train)
+      say("skipping training (--skip-train is on) ...");
+    while (!opts.skip_train && iteration < trainIters) {
       double loss = 0;
       if (std::string err = forwardBackward(&loss); !err.empty())
         return fail(err);
@@ -228,7 +230,8 @@ public:
         intervalStart = std::chrono::steady_clock::now();
       }
       if (t->eval_interval() > 0 && iteration % t->eval_interval() == 0 && valid)
-        if (std::string err = evaluate(); !err.empty())
+        if (std::string err = evaluate(*valid, &consumedValid, "iteration " + std::to_string(iteration), true);
+            !err.empty())
           return fail(err);
       if (!save.empty() && t->save_interval() > 0 && iteration % t->save_interval() == 0 &&
           iteration < trainIters)
@@ -264,9 +267,24 @@ public:
         return 0;
       }
     }
-    if (!save.empty() && savedIteration != iteration)
+    if (!opts.skip_train && !save.empty() && savedIteration != iteration)
       if (std::string err = saveCheckpoint(); !err.empty())
         return fail(err);
+    // Megatron's pretrain() ends with the validation set, then the test set
+    // (its TensorBoard too, unless training was skipped).
+    const std::string at = "iteration " + std::to_string(iteration);
+    if (valid)
+      if (std::string err = evaluate(*valid, &consumedValid, at + " on validation set", !opts.skip_train);
+          !err.empty())
+        return fail(err);
+    if (test) {
+      int64_t consumedTest = 0;
+      if (std::string err = evaluate(*test, &consumedTest, at + " on test set", !opts.skip_train);
+          !err.empty())
+        return fail(err);
+    } else if (!testNote.empty()) {
+      say(testNote);
+    }
     return 0;
   }
 
@@ -570,6 +588,20 @@ private:
       if (!valid)
         return err;
     }
+    // The test set, evaluated once at the end. Megatron has none when the
+    // split gives it no share; one whose share rounds to no document would
+    // never fill a sample, so mtrun says so at the end instead.
+    if (t->eval_iters() > 0 && counts[2] > 0) {
+      const int64_t docs = split_documents(cfg, DataSplit::Test, &err);
+      if (docs < 0)
+        return err;
+      if (docs == 0) {
+        testNote = "no evaluation on the test set: [data] split '" + cfg.split +
+                   "' leaves it no documents";
+      } else if (!(test = GptDataset::build(cfg, DataSplit::Test, counts[2], &err))) {
+        return err;
+      }
+    }
     return "";
   }
 
@@ -737,7 +769,10 @@ private:
     exec->set_loss_scale(float(lossScale));
   }
 
-  std::string evaluate() {
+  // Megatron's evaluate_and_print_results: eval_iters global batches of
+  // `data` from sample *consumed on, "validation loss at WHERE".
+  std::string evaluate(const GptDataset &data, int64_t *consumed, const std::string &where,
+                       bool toBoard) {
     const pl::Training *t = plan.training();
     if (!evalStep.program)
       return opts.plan_path + " lacks the eval_step program; recompile it with this mtc";
@@ -747,22 +782,22 @@ private:
     int64_t n = 0;
     for (int64_t it = 0; it < t->eval_iters() && pp > 1; ++it) {
       double s = 0;
-      if (std::string err = runPipelined(evalStep, *valid, consumedValid, true, &s); !err.empty())
+      if (std::string err = runPipelined(evalStep, data, *consumed, true, &s); !err.empty())
         return err;
       sum += s;
       n += microBatches;
-      consumedValid += gbs;
+      *consumed += gbs;
     }
     for (int64_t it = 0; it < t->eval_iters() && pp == 1; ++it) {
       for (int64_t m = 0; m < microBatches; ++m) {
-        fillBatch(evalStep, *valid, sampleOf(consumedValid, m));
+        fillBatch(evalStep, data, sampleOf(*consumed, m));
         float loss = 0;
         if (std::string err = runScalar(evalStep, "loss", rngOffset(m, true), &loss); !err.empty())
           return err;
         sum += loss;
         ++n;
       }
-      consumedValid += gbs;
+      *consumed += gbs;
     }
     double loss = sum / double(n);
     if (std::string err = averageOverDataParallel(&loss); !err.empty())
@@ -772,10 +807,9 @@ private:
     const double ppl = std::exp(std::isnan(loss) ? 20.0 : std::min(20.0, loss));
     char buf[512];
     std::snprintf(buf, sizeof buf,
-                  " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: "
-                  "%.6E | ",
-                  (long long)iteration, loss, ppl);
-    if (board) {
+                  " validation loss at %s | lm loss value: %.6E | lm loss PPL: %.6E | ",
+                  where.c_str(), loss, ppl);
+    if (board && toBoard) {
       scalars("lm loss validation", loss);
       if (opts.log_validation_ppl_to_tensorboard)
         scalars("lm loss validation ppl", ppl);
@@ -798,7 +832,8 @@ private:
   const pl::Rank *myRank = nullptr;
   bool printer = true;
   std::unique_ptr<Executor> exec;
-  std::unique_ptr<GptDataset> train, valid;
+  std::unique_ptr<GptDataset> train, valid, test;
+  std::string testNote; // why there is no test set to evaluate, if there is none
   ProgramIO trainStep, lastStep, firstStep, gatherProg, evalStep, normProg, optStep;
   std::ofstream log;
   std::unique_ptr<TensorBoardWriter> board; // the printing rank's, with --tensorboard-dir
@@ -829,6 +864,8 @@ options:
   --train-iters N       stop after iteration N (overrides [training] train_iters)
   --log-file FILE       also append the log lines to FILE
   --exit-interval N     save and exit after an iteration divisible by N
+  --skip-train          no training: evaluate the validation and test sets at
+                        the loaded iteration (Megatron's --skip-train)
   --exit-duration-in-mins M
                         save and exit after the first iteration that ends
                         more than M minutes after mtrun started (every rank
@@ -949,6 +986,7 @@ struct Switch {
 };
 constexpr Switch kSwitches[] = {
     {"--check-memory-plan", &RunOptions::check_memory_plan, true},
+    {"--skip-train", &RunOptions::skip_train, true},
     {"--no-cuda-graph", &RunOptions::cuda_graphs, false},
     {"--log-batch-size-to-tensorboard", &RunOptions::log_batch_size_to_tensorboard, true},
     {"--log-world-size-to-tensorboard", &RunOptions::log_world_size_to_tensorboard, true},

@@ -22,6 +22,7 @@ struct RunOptions {
   bool cuda_graphs = true;   // --device cuda: replay each program as a captured CUDA graph
   LaunchFlags launch;        // --rank / --world-size; SLURM_* and MT_* otherwise
   double timeout_s = 300;    // how long a rank waits for the others
+  bool skip_train = false;       // evaluate only (Megatron's --skip-train)
   int64_t exit_interval = 0;     // save and exit after an iteration divisible by it
   double exit_duration_mins = 0; // save and exit once the run is older than this
   // TensorBoard, as Megatron-LM's flags of the same names (the last rank

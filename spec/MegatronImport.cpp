@@ -434,6 +434,7 @@ const IgnoredFlag kIgnored[] = {
     {"--data-impl", true, "not applicable: mt reads Megatron's mmap format"},
     {"--exit-duration-in-mins", true, "not part of the spec: an mtrun flag of the same name"},
     {"--exit-interval", true, "not part of the spec: an mtrun flag of the same name"},
+    {"--skip-train", false, "not part of the spec: an mtrun flag of the same name"},
     {"--exit-signal-handler", false,
      "not part of the spec: mtrun always saves and exits cleanly on SIGTERM"},
     {"--tensorboard-dir", true, "not part of the spec: an mtrun flag of the same name"},

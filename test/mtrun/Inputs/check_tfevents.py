@@ -81,20 +81,23 @@ def records(path):
 
 
 def scalars(directory):
-    """{tag: [(step, value)]} over every events file, in file order."""
+    """{tag: [(step, value)]} over every events file, files in the order
+    they were started (their first record's wall time), records in order."""
     out = {}
-    files = sorted(f for f in os.listdir(directory) if f.startswith("events.out.tfevents."))
+    files = []
+    for name in os.listdir(directory):
+        if not name.startswith("events.out.tfevents."):
+            continue
+        events = [{f: v for f, _, v in fields(body)}
+                  for body in records(os.path.join(directory, name))]
+        if not events or events[0].get(3) != b"brain.Event:2":
+            sys.exit(f"{name}: the first record is not the file version")
+        (started,) = struct.unpack("<d", events[0][1])
+        files.append((started, name, events[1:]))
     if not files:
         sys.exit(f"no events file in {directory}")
-    for name in files:
-        first = True
-        for body in records(os.path.join(directory, name)):
-            event = {f: v for f, _, v in fields(body)}
-            if first:
-                if event.get(3) != b"brain.Event:2":
-                    sys.exit(f"{name}: the first record is not the file version")
-                first = False
-                continue
+    for _, name, events in sorted(files):
+        for event in events:
             step = event.get(2, 0)
             for f, _, value in fields(event[5]):
                 if f != 1:
@@ -105,7 +108,7 @@ def scalars(directory):
 
 
 def log_lines(path):
-    its, vals = {}, {}
+    its, vals = {}, []
     for line in open(path):
         m = re.search(r"iteration\s+(\d+)/\s*\d+ \| consumed samples:\s+(\d+) .*learning rate: "
                       r"([0-9.E+-]+) \|.*lm loss: ([0-9.E+-]+) \| loss scale: ([0-9.]+) \|"
@@ -113,9 +116,13 @@ def log_lines(path):
         if m:
             its[int(m.group(1))] = (int(m.group(2)), float(m.group(3)), float(m.group(4)),
                                     float(m.group(5)), m.group(6) and float(m.group(6)))
-        m = re.search(r"validation loss at iteration (\d+) \| lm loss value: ([0-9.E+-]+)", line)
+        # In-training validations and the final evaluations (validation and
+        # test set), in the order they ran: Megatron writes all of them to
+        # "lm loss validation".
+        m = re.search(r"validation loss at iteration (\d+)(?: on \w+ set)? \| lm loss value: "
+                      r"([0-9.E+-]+)", line)
         if m:
-            vals[int(m.group(1))] = float(m.group(2))
+            vals.append((int(m.group(1)), float(m.group(2))))
     return its, vals
 
 
@@ -151,20 +158,20 @@ def main():
                 continue
             want.setdefault(tag, []).append((it, v))
             want.setdefault(tag + " vs samples", []).append((consumed, v))
-    for it, loss in vals.items():
+    for it, loss in vals:
         want.setdefault("lm loss validation", []).append((it, loss))
         want.setdefault("lm loss validation vs samples", []).append((samples[it], loss))
     for tag, points in sorted(want.items()):
         if tag not in got:
             sys.exit(f"no '{tag}' in the event files; they have {sorted(got)}")
-        have = dict(got[tag])
-        for step, v in points:
-            if step not in have:
-                sys.exit(f"'{tag}' has no step {step}: {sorted(have)}")
+        have = got[tag]
+        if [s for s, _ in have] != [s for s, _ in points]:
+            sys.exit(f"'{tag}' has steps {[s for s, _ in have]}, the log {[s for s, _ in points]}")
+        for (step, h), (_, v) in zip(have, points):
             # grad norms are printed with 3 decimals, the rest with 7 digits
-            ok = abs(have[step] - v) <= 5e-4 if tag.startswith("grad-norm") else close(have[step], v, 1e-6)
+            ok = abs(h - v) <= 5e-4 if tag.startswith("grad-norm") else close(h, v, 1e-6)
             if not ok:
-                sys.exit(f"'{tag}' at step {step}: {have[step]} in the events, {v} in the log")
+                sys.exit(f"'{tag}' at step {step}: {h} in the events, {v} in the log")
     try:
         from tensorboard.backend.event_processing import event_accumulator
     except ImportError:
