@@ -134,7 +134,7 @@ struct LrSchedule {
 
 LrSchedule lr_schedule_of(const pl::Instruction &ins) {
   auto i = [&](uint32_t k) { return ins.ints()->Get(k); };
-  return {pl::LrStyle(i(0)),      i(1), i(2), i(3), pl::WsdStyle(i(4)), i(5),
+  return {pl::LrStyle(i(0)), i(1), i(2), i(3), pl::WsdStyle(i(4)), i(5),
           ins.floats()->Get(0), ins.floats()->Get(1)};
 }
 

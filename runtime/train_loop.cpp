@@ -230,7 +230,8 @@ public:
         intervalStart = std::chrono::steady_clock::now();
       }
       if (t->eval_interval() > 0 && iteration % t->eval_interval() == 0 && valid)
-        if (std::string err = evaluate(*valid, &consumedValid, "iteration " + std::to_string(iteration), true);
+        if (std::string err = evaluate(*valid, &consumedValid,
+                                       "iteration " + std::to_string(iteration), true);
             !err.empty())
           return fail(err);
       if (!save.empty() && t->save_interval() > 0 && iteration % t->save_interval() == 0 &&
@@ -248,9 +249,11 @@ public:
       if (stop != Stop::No) {
         char why[128];
         if (stop == Stop::Signal)
-          std::snprintf(why, sizeof why, "received SIGTERM at iteration %lld", (long long)iteration);
+          std::snprintf(why, sizeof why, "received SIGTERM at iteration %lld",
+                        (long long)iteration);
         else if (stop == Stop::Duration)
-          std::snprintf(why, sizeof why, "exiting after %.2f minutes (--exit-duration-in-mins %g) at iteration %lld",
+          std::snprintf(why, sizeof why,
+                        "exiting after %.2f minutes (--exit-duration-in-mins %g) at iteration %lld",
                         minutesSinceStart(), opts.exit_duration_mins, (long long)iteration);
         else
           std::snprintf(why, sizeof why, "exiting at iteration %lld (--exit-interval %lld)",
@@ -274,7 +277,8 @@ public:
     // (its TensorBoard too, unless training was skipped).
     const std::string at = "iteration " + std::to_string(iteration);
     if (valid)
-      if (std::string err = evaluate(*valid, &consumedValid, at + " on validation set", !opts.skip_train);
+      if (std::string err =
+              evaluate(*valid, &consumedValid, at + " on validation set", !opts.skip_train);
           !err.empty())
         return fail(err);
     if (test) {
