@@ -3,6 +3,7 @@
 import os
 import sys
 
+import lit
 import lit.formats
 
 config.name = "mt"
@@ -23,34 +24,37 @@ path = os.pathsep.join([config.mt_tools_dir, config.llvm_tools_dir,
                         config.environment.get("PATH", os.environ["PATH"])])
 config.environment["PATH"] = path
 
-# Tests against numpy (Megatron's random streams) need it in the python3 that
-# RUN lines call.
+# %python: the python that compatibility tests run, and the reference
+# packages it imports (test/reference-packages.txt) as lit features.
+# It is the first of: $MT_PYTHON; build/reference-venv, where
+# `./setup.sh test --full` installs the pinned packages; PATH's python3 or
+# Debian's, whichever has numpy (setup.sh installs python3-numpy).
 import shutil
 import subprocess
 
-# %python is the first python3 with numpy (PATH's, then Debian's, where
-# setup.sh installs python3-numpy); without any, PATH's python3.
+sys.path.insert(0, os.path.dirname(__file__))
+import reference_packages  # noqa: E402
+
 def _has_numpy(exe):
     return exe and subprocess.call([exe, "-c", "import numpy"], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL) == 0
 
-_candidates = [shutil.which("python3", path=path), "/usr/bin/python3"]
-_python3 = next((c for c in _candidates if c and os.path.exists(c) and _has_numpy(c)), None)
-if _python3:
-    config.available_features.add("numpy")
-    # PyTorch, for the reference-model test (test/mtrun/pytorch-reference.test).
-    if subprocess.call([_python3, "-c", "import torch"], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL) == 0:
-        config.available_features.add("torch")
-        # Megatron-LM's own dataset writer (pip install megatron-core tokenizers),
-        # for byte identity with mt-preprocess.
-        if subprocess.call([_python3, "-c", "import megatron.core.datasets.indexed_dataset, tokenizers"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0:
-            config.available_features.add("megatron")
+_venv = os.path.join(config.mt_obj_root, "reference-venv", "bin", "python")
+if os.environ.get("MT_PYTHON"):
+    _python3 = os.environ["MT_PYTHON"]
+elif os.path.exists(_venv):
+    _python3 = _venv
 else:
-    _python3 = _candidates[0] or "python3"
+    _candidates = [shutil.which("python3", path=path), "/usr/bin/python3"]
+    _python3 = next((c for c in _candidates if c and os.path.exists(c) and _has_numpy(c)),
+                    _candidates[0] or "python3")
+_found = [f for f, why in reference_packages.probe(_python3).items() if why is None]
+config.available_features.update(_found)
+lit_config.note(f"%python is {_python3}; reference packages it imports: {', '.join(_found) or 'none'}")
 
 config.substitutions.append(("%python", _python3))
+# lit itself, for the test of test/run_tests.py (test/harness).
+config.substitutions.append(("%mt_lit", os.path.join(os.path.dirname(os.path.dirname(lit.__file__)), "lit.py")))
 # test/slurm runs its tests one at a time (see its lit.local.cfg).
 lit_config.parallelism_groups["slurm"] = 1
 config.substitutions.append(("%mt_src_root", config.mt_src_root))

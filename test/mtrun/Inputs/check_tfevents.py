@@ -2,16 +2,17 @@
 """Reads the TensorBoard event files of a directory and checks their scalars
 against mtrun's log lines.
 
-usage: check_tfevents.py DIR MTRUN.out [--interval N] [--absent TAG ...]
+usage: check_tfevents.py DIR MTRUN.out [--tensorboard] [--interval N] [--absent TAG ...]
 
+--tensorboard: TensorBoard's own reader (EventAccumulator, from the
+  tensorboard package) must see the same scalars as this decoder;
 --interval N: the iteration scalars are written every N iterations;
 --absent TAG: TAG must not be in the files (left out by a flag).
 
 The files are decoded here from the formats' definitions (TFRecord framing
 with masked CRC-32C, computed bit by bit; the protobuf wire format of
-tensorflow.Event), independently of mtrun's writer; where the tensorboard
-package is installed, its own reader (EventAccumulator) must see the same
-scalars. Prints one line per tag: its steps and the first and last values.
+tensorflow.Event), independently of mtrun's writer. Prints one line per
+tag: its steps and the first and last values.
 """
 import math
 import os
@@ -132,10 +133,12 @@ def close(a, b, rel):
 
 def main():
     directory, log = sys.argv[1], sys.argv[2]
-    interval, absent = 1, []
+    interval, absent, tensorboard = 1, [], False
     rest = sys.argv[3:]
     while rest:
-        if rest[0] == "--interval":
+        if rest[0] == "--tensorboard":
+            tensorboard, rest = True, rest[1:]
+        elif rest[0] == "--interval":
             interval, rest = int(rest[1]), rest[2:]
         elif rest[0] == "--absent":
             absent, rest = rest[1:], []
@@ -172,11 +175,8 @@ def main():
             ok = abs(h - v) <= 5e-4 if tag.startswith("grad-norm") else close(h, v, 1e-6)
             if not ok:
                 sys.exit(f"'{tag}' at step {step}: {h} in the events, {v} in the log")
-    try:
+    if tensorboard:
         from tensorboard.backend.event_processing import event_accumulator
-    except ImportError:
-        print("tensorboard's reader: not installed")
-    else:
         acc = event_accumulator.EventAccumulator(directory, size_guidance={"scalars": 0})
         acc.Reload()
         tags = acc.Tags()["scalars"]

@@ -60,6 +60,7 @@ global_batch_size = {GBS}
 train_iters = 1
 lr = 1e-3
 lr_warmup_iters = 1
+lr_decay_iters = 2
 lr_decay_style = "constant"
 clip_grad = 0.0
 adam_beta1 = {BETA1}
