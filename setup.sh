@@ -49,8 +49,8 @@ if [ "$mode" = demo ]; then
 else
   if [ "$full" = 1 ]; then
     # The pinned reference packages, in a virtual environment of Debian's
-    # python3 under build/ (reinstalled when the pins change; pip's cache
-    # keeps the wheels between clean clones). lit's %python is then its python.
+    # python3 under build/, reinstalled only when the pins change. lit's
+    # %python is then its python.
     venv=build/reference-venv
     pins=$(sha256sum test/reference-packages.txt | cut -d' ' -f1)
     if [ "$(cat "$venv/.pins" 2>/dev/null)" != "$pins" ]; then
