@@ -3,7 +3,8 @@
 
 Usage: bench/gpu_compare.py [--only gpt-125m|gpt-1.3b ...] [--iters 20] [--warmup 5]
          [--no-compile] [--peak-tflops T] [--mtc build/bin/mtc] [--mtrun build/bin/mtrun]
-         [--record] [--device cpu --set SECTION.KEY=VALUE ...]
+         [--timeout S] [--budget S] [--record [--results FILE]]
+         [--device cpu --set SECTION.KEY=VALUE ...]
 
 For each case, on the same GPU in this one invocation, runs
 bench/gpu_train_speed.py (mtrun --device cuda) and then
@@ -24,8 +25,11 @@ MFU is Megatron-LM's FLOPs count (bench/flops.py) over the dense bf16 peak
 (989 TFLOP/s for H100 SXM and H200, from nvidia-smi's name, or
 --peak-tflops). A run that fails is shown with its error line and the
 script exits 1; nothing is estimated in its place. With --record the table
-is appended to bench/results/gpu-train-speed.md with the date, GPU, driver,
-commit and every command that ran.
+is appended to bench/results/gpu-train-speed.md (or --results FILE) with the
+date, GPU, driver, commit and every command that ran; the file is rewritten
+after each run, so the runs that finished stay recorded when a later one is
+cut off. --budget bounds the whole invocation (tools/device-kit.sh runs one
+case at a time inside the device tool's 10 minutes a command).
 
 --device cpu with --set overrides for toy sizes runs the same steps on
 mtrun's CPU executor and PyTorch on the CPU, to check this script without a
@@ -35,11 +39,13 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
-from gpu_train_speed import RESULTS, gib, record, target_lines
+from gpu_results import RESULTS, gib, read_results, section, target_lines, write_results
 from machine import cpu_name, gpu_name_and_driver
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,18 +57,37 @@ CASES = {
 }
 
 
+def kill_tree(pid):
+    """Kills a process and every process under it: a runner's mtrun or
+    compile workers must not hold the GPU after the runner is given up on."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:
+        children = []
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for c in children:
+        kill_tree(c)
+
+
 def run_json(cmd, timeout):
     """Runs one benchmark script; (result dict, None) or (None, its error line)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        proc = subprocess.Popen(cmd + ["--json", out.name], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=ROOT)
         try:
-            r = subprocess.run(cmd + ["--json", out.name], capture_output=True, text=True,
-                               timeout=timeout, cwd=ROOT)
+            stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            proc.communicate()
             return None, f"did not finish in {timeout:.0f} s"
-        sys.stderr.write(r.stderr if r.returncode else "")
-        if r.returncode != 0:
-            lines = [l for l in (r.stderr + r.stdout).splitlines() if l.strip()]
-            return None, lines[-1] if lines else f"exit status {r.returncode}"
+        if proc.returncode != 0:
+            sys.stderr.write(stderr)
+            lines = [l for l in (stderr + stdout).splitlines() if l.strip()]
+            return None, lines[-1] if lines else f"exit status {proc.returncode}"
         return json.load(open(out.name)), None
 
 
@@ -76,6 +101,11 @@ def row(case, runner, res, err):
             f"| {res['tflops']:.3g} | {mfu} | {gib(res.get('peak_memory'))} | {plan} |\n")
 
 
+def command_line(cmd):
+    """A runner's command as recorded: its script relative to the checkout."""
+    return shlex.join([os.path.relpath(c, ROOT) if c.startswith(BENCH) else c for c in cmd[1:]])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", action="append", choices=list(CASES),
@@ -87,7 +117,10 @@ def main():
     ap.add_argument("--mtc", default=os.path.join(ROOT, "build", "bin", "mtc"))
     ap.add_argument("--mtrun", default=os.path.join(ROOT, "build", "bin", "mtrun"))
     ap.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
+    ap.add_argument("--budget", type=float,
+                    help="seconds all runs together may take; a run gets at most what is left")
     ap.add_argument("--record", action="store_true")
+    ap.add_argument("--results", default=RESULTS, help="the file --record writes")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu checks this script without a GPU (with --set for toy sizes)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -102,11 +135,35 @@ def main():
     common += [a for s in args.set for a in ("--set", s)]
     if args.peak_tflops:
         common += ["--peak-tflops", str(args.peak_tflops)]
+    deadline = time.monotonic() + args.budget if args.budget else None
 
-    table = ("| case | runner | seq | micro / global batch | iterations | step (ms) | tokens / s "
-             "| TFLOP/s | MFU | peak memory (GiB) | plan (GiB) |\n"
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
-    targets, commands, failed = [], [], False
+    def run(cmd):
+        timeout = args.timeout
+        if deadline:
+            timeout = min(timeout, deadline - time.monotonic())
+            if timeout < 1:
+                return None, f"not started: the --budget of {args.budget:.0f} s was spent"
+        return run_json(cmd, timeout)
+
+    rows, targets, commands, failed = [], [], [], False
+    earlier = read_results(args.results) if args.record else ""
+
+    def body(pending=()):
+        lines = targets + list(pending)
+        return ("| case | runner | seq | micro / global batch | iterations | step (ms) | tokens / s "
+                "| TFLOP/s | MFU | peak memory (GiB) | plan (GiB) |\n"
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+                + "".join(rows) + "\nmt's peak memory: nvidia-smi's figure for the mtrun process "
+                "(CUDA context included), beside the plan's total with its stated context reserve. "
+                "PyTorch's: torch.cuda.max_memory_allocated over the measured iterations (no "
+                "context, no allocator cache).\n" + "".join(f"\n{l}" for l in lines) + "\n")
+
+    def save(pending=()):
+        # After every run: a later run cut off (a time-out) leaves these rows.
+        if args.record:
+            write_results(earlier + section("mt against PyTorch", body(pending), gpu[0], gpu[1],
+                                            commands), args.results)
+
     for case in args.only or list(CASES):
         spec, extra = CASES[case]
         mt_cmd = [sys.executable, os.path.join(BENCH, "gpu_train_speed.py"), "--spec", spec,
@@ -114,35 +171,35 @@ def main():
         pt_cmd = [sys.executable, os.path.join(BENCH, "pytorch_gpt_reference.py"), "--spec", spec,
                   *extra, *common, *(["--no-compile"] if args.no_compile else [])]
         print(f"{case}: mt ...", file=sys.stderr, flush=True)
-        mt, mt_err = run_json(mt_cmd, args.timeout)
+        mt, mt_err = run(mt_cmd)
+        rows.append(row(case, "mt", mt, mt_err))
+        if mt:
+            commands += mt["commands"]
+        commands.append(command_line(mt_cmd))
+        save(target_lines(mt) if mt else [])
         print(f"{case}: PyTorch ...", file=sys.stderr, flush=True)
-        pt, pt_err = run_json(pt_cmd, args.timeout)
+        pt, pt_err = run(pt_cmd)
         failed |= bool(mt_err or pt_err)
-        table += row(case, "mt", mt, mt_err)
         label = "PyTorch" + (f" {pt['torch']}" if pt else "") + (
             ", not compiled" if args.no_compile else "")
-        table += row(case, label, pt, pt_err)
+        rows.append(row(case, label, pt, pt_err))
         if mt and pt:
-            table += (f"| {case} | mt / PyTorch | | | | {mt['step_ms'] / pt['step_ms']:.2f}x "
-                      f"| {mt['tokens_per_s'] / pt['tokens_per_s']:.2f}x | | | | |\n")
+            rows.append(f"| {case} | mt / PyTorch | | | | {mt['step_ms'] / pt['step_ms']:.2f}x "
+                        f"| {mt['tokens_per_s'] / pt['tokens_per_s']:.2f}x | | | | |\n")
         if mt:
             targets += target_lines(mt, pt)
-            commands += mt["commands"]
         elif case == "gpt-125m":
             targets.append(f"- MISSED: gpt-125m targets: mt did not run ({mt_err})")
         elif case == "gpt-1.3b":
             targets.append(f"- MISSED: gpt-1.3b target: mt did not run ({mt_err})")
-        commands += [shlex.join([os.path.relpath(c, ROOT) if c.startswith(BENCH) else c
-                                 for c in cmd[1:]]) for cmd in (mt_cmd, pt_cmd)]
+        commands.append(command_line(pt_cmd))
+        save()
 
-    body = (table + "\nmt's peak memory: nvidia-smi's figure for the mtrun process (CUDA "
-            "context included), beside the plan's total with its stated context reserve. "
-            "PyTorch's: torch.cuda.max_memory_allocated over the measured iterations (no "
-            "context, no allocator cache).\n\n" + "\n".join(targets) + "\n")
-    print(body)
+    print(body())
     if args.record:
-        record("mt against PyTorch", body, gpu[0], gpu[1], commands)
-        print(f"recorded in {os.path.relpath(RESULTS, ROOT)}")
+        path = os.path.abspath(args.results)
+        print("recorded in " + (os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep)
+                                else args.results))
     if failed:
         sys.exit("gpu_compare: a run failed (its line is in the table); nothing was estimated "
                  "in its place")

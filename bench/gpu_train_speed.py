@@ -37,7 +37,6 @@ result for gpu_compare.py.
 script on a machine without a GPU (no memory figure; MFU needs --peak-tflops).
 """
 import argparse
-import datetime
 import json
 import math
 import os
@@ -50,19 +49,13 @@ import time
 
 from flops import model_flops, peak_tflops_for
 from gpt_spec import ONE_GPU, load_spec, model_config
+from gpu_results import gib, record, target_lines
 from machine import GpuMemoryPoller, cpu_name, gpu_name_and_driver
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "bench", "results", "gpu-train-speed.md")
 
 ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ \| consumed samples:\s+\d+ \| elapsed time per "
                        r"iteration \(ms\): ([0-9.]+) .* lm loss: ([0-9.EeNAna+-]+)")
-
-# The targets the project states for one H100 (or H200).
-TARGET_TOKENS_125M = 600_000
-TARGET_RATIO_125M = 1.3
-TARGET_MFU_1_3B = 0.55
-TARGET_MEMORY_BAND = 0.02
 
 
 def fail(msg):
@@ -187,10 +180,6 @@ def rel(path):
     return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
 
 
-def gib(b):
-    return f"{b / 2**30:.2f}" if b else "-"
-
-
 def mt_table(res):
     """The result as a markdown table."""
     mfu = f"{100 * res['mfu']:.1f}%" if res["mfu"] else "-"
@@ -203,57 +192,6 @@ def mt_table(res):
         f"| {res['iters']} (+{res['warmup']} warm-up) | {res['step_ms']:.1f} "
         f"| {res['tokens_per_s']:,.0f} | {res['tflops']:.3g} | {mfu} "
         f"| {gib(res['peak_memory'])} | {gib(res['plan_memory'])} | {ratio} |\n")
-
-
-def target_lines(res, pytorch=None):
-    """The project's targets that apply to this result, each with met / missed."""
-    lines = []
-
-    def check(ok, text):
-        lines.append(f"- {'met' if ok else 'MISSED'}: {text}")
-
-    spec = os.path.basename(res["spec"])
-    if spec == "gpt-125m.toml" and res["seq"] == 1024:
-        check(res["tokens_per_s"] >= TARGET_TOKENS_125M,
-              f"gpt-125m >= {TARGET_TOKENS_125M:,} tokens/s on an H100: {res['tokens_per_s']:,.0f}")
-        if pytorch:
-            ratio = res["tokens_per_s"] / pytorch["tokens_per_s"]
-            check(ratio >= TARGET_RATIO_125M,
-                  f"gpt-125m >= {TARGET_RATIO_125M}x the PyTorch reference: {ratio:.2f}x")
-    if spec == "gpt-1.3b.toml" and res["mfu"]:
-        check(res["mfu"] >= TARGET_MFU_1_3B,
-              f"gpt-1.3b >= {100 * TARGET_MFU_1_3B:.0f}% MFU: {100 * res['mfu']:.1f}%")
-    if res["peak_memory"]:
-        ratio = res["peak_memory"] / res["plan_memory"]
-        check(1 - TARGET_MEMORY_BAND <= ratio <= 1,
-              f"peak memory within {100 * TARGET_MEMORY_BAND:.0f}% of the plan and never above: "
-              f"{gib(res['peak_memory'])} GiB measured ({res['memory_source']}), "
-              f"{gib(res['plan_memory'])} GiB planned (of which {gib(res['plan_context_reserve'])} "
-              f"GiB stated CUDA context reserve; measured beyond the planned allocations: "
-              f"{gib(res['peak_memory'] - res['plan_memory'] + res['plan_context_reserve'])} GiB), "
-              f"ratio {ratio:.3f}")
-    return lines
-
-
-def commit():
-    return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()
-
-
-def record(title, body, gpu, driver, commands):
-    """Appends one dated section to bench/results/gpu-train-speed.md."""
-    new = not os.path.exists(RESULTS)
-    with open(RESULTS, "a") as f:
-        if new:
-            f.write("# Training speed and memory on one GPU\n\n"
-                    "Recorded by bench/gpu_compare.py and bench/gpu_train_speed.py. Targets: "
-                    "gpt-125m (sequence 1024) >= 600K tokens/s on an H100 and >= 1.3x the "
-                    "PyTorch reference (bench/pytorch_gpt_reference.py); gpt-1.3b >= 55% MFU "
-                    "(Megatron-LM's FLOPs, dense bf16 peak 989 TFLOP/s); peak GPU memory "
-                    "within 2% of the plan and never above.\n\n")
-        driver_text = f", driver {driver}" if driver else ""
-        f.write(f"## {datetime.date.today()}: {title} on {gpu}{driver_text}, commit {commit()}\n\n"
-                f"{body}\nCommands:\n\n```\n" + "\n".join(commands) + "\n```\n\n")
 
 
 def main():

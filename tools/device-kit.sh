@@ -11,16 +11,28 @@
 #                                       the steps in order; each step's log goes
 #                                       to $OUT (or DIR/out) as STEP.log
 #
-# Steps (docs/building.md, "On a GPU machine without the build packages"):
-#   probe    the GPU, the driver, and where the CUDA libraries mt opens are
-#   unit     the GoogleTest suites that run on a real GPU (mt-cuda-tests,
-#            and every *OnGpu* test: kernels and whole training steps against
-#            the CPU)
-#   lit      the lit tests that need a GPU (test/mtrun/cuda*.test)
-#   bench    bench/gpu_compare.py --record (gpt-125m and gpt-1.3b against
-#            PyTorch); the results table is copied to the logs
-#   profile  Nsight Compute over two steps of gpt-125m: time per kernel
-#   all      probe unit lit bench profile
+# .devkit is git-ignored, and the device tool copies only tracked files,
+# untracked ones that are not ignored, and the ignored paths its `carry`
+# argument names: run the kit there with carry: [".devkit"] (or DIR).
+# Without the kit, `run` stops at once and says so. MT_KIT_UNPACKED=KITDIR
+# runs the steps with a kit already unpacked there instead (the kit's own
+# test, test/devkit, points it at stand-ins).
+#
+# Steps (docs/building.md, "On a GPU machine without the build packages").
+# The device tool stops a command after 10 minutes; each step ends well
+# inside that, but give each bench step a command of its own:
+#   probe       the GPU, the driver, and where the CUDA libraries mt opens are
+#   unit        the GoogleTest suites that run on a real GPU (mt-cuda-tests,
+#               and every *OnGpu* test: kernels and whole training steps
+#               against the CPU); a skip fails it, but for NoGpu* tests
+#   lit         the lit tests that need a GPU (test/mtrun/cuda*.test)
+#   bench-125m  bench/gpu_compare.py --record --only gpt-125m (mt against
+#               PyTorch) in at most 7.5 minutes; the rows go to the logs'
+#               gpu-train-speed.md after each run, so a time-out keeps them
+#   bench-1.3b  the same for gpt-1.3b
+#   bench       bench-125m bench-1.3b
+#   profile     Nsight Compute over two steps of gpt-125m: time per kernel
+#   all         probe unit lit bench-125m bench-1.3b profile
 #
 # The kit holds mtc, mtrun, the GPU test binaries, lit with FileCheck, not
 # and count, and every shared library they need other than glibc's, each
@@ -108,25 +120,45 @@ EOF
 }
 
 # --- run (on the GPU machine) ------------------------------------------------
+STEPS=(probe unit lit bench-125m bench-1.3b profile)
 KIT=""
 LOGS=""
 
+# The kit is git-ignored: it reaches the GPU machine only when carried.
+need_kit() {
+  local dir=$1
+  [ -f "$dir/kit.tar.xz" ] ||
+    die "$dir/kit.tar.xz is missing: $dir is git-ignored, so the device tool copies it only when its carry names it; run with carry: [\"$dir\"] (after 'tools/device-kit.sh pack' on the machine with the build packages)"
+}
+
 unpack() {
   local dir=$1
-  [ -f "$dir/kit.tar.xz" ] || die "$dir/kit.tar.xz is missing; run 'tools/device-kit.sh pack' here and carry $dir"
-  KIT=/tmp/mt-kit
-  # Python's tarfile rather than tar + xz: the machine is only sure to have Python.
-  rm -rf "$KIT" && mkdir -p "$KIT"
-  python3 - "$dir/kit.tar.xz" "$KIT" << 'EOF'
+  if [ -n "${MT_KIT_UNPACKED:-}" ]; then
+    # The kit's own test (test/devkit) runs the steps against stand-ins.
+    KIT=$MT_KIT_UNPACKED
+  else
+    KIT=/tmp/mt-kit
+    # Python's tarfile rather than tar + xz: the machine is only sure to have Python.
+    rm -rf "$KIT" && mkdir -p "$KIT"
+    python3 - "$dir/kit.tar.xz" "$KIT" << 'EOF'
 import sys, tarfile
 with tarfile.open(sys.argv[1], "r:xz") as t:
     t.extractall(sys.argv[2])
 EOF
+  fi
   export PATH="$KIT/bin:$PATH"
   local head
   head=$(git -C "$ROOT" rev-parse HEAD 2> /dev/null || echo unknown)
   [ "$(cat "$KIT/COMMIT")" = "$head" ] ||
     echo "device-kit: warning: the kit was built at $(cut -c1-12 "$KIT/COMMIT"), this checkout is at ${head:0:12}; pack again if the sources changed"
+}
+
+# Where the loader's cache has a library, from `ldconfig -p`, whose lines
+# are tab-indented: "\tlibcuda.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libcuda.so.1".
+# Only x86-64 entries: the kit's programs could not load a 32-bit one.
+system_library() {
+  { ldconfig -p 2> /dev/null || /sbin/ldconfig -p 2> /dev/null || true; } |
+    awk -v l="$1" '$1 == l && /x86-64/ {print $NF; exit}'
 }
 
 # The CUDA libraries mtrun opens (runtime/cuda_api.cpp): the system's first,
@@ -137,9 +169,10 @@ find_cuda_libraries() {
   local sites
   sites=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2> /dev/null || true)
   for lib in libcuda.so.1 libnvrtc.so.13 libcublasLt.so.13 libnccl.so.2; do
-    local where=""
-    if ldconfig -p 2> /dev/null | grep -q " $lib "; then
-      where="system: $(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')"
+    local where="" system
+    system=$(system_library "$lib")
+    if [ -n "$system" ]; then
+      where="system: $system"
     elif [ -e "/usr/local/cuda/lib64/$lib" ]; then
       where="/usr/local/cuda/lib64/$lib"
     else
@@ -187,20 +220,32 @@ step_probe() {
   mtrun --help > /dev/null
 }
 
+# Tests of what mt does without a usable GPU are named NoGpu* (e.g.
+# CudaDevice.NoGpuIsOneLine) and skip where there is one: on this machine
+# that is what they should do.
+NO_GPU_TESTS='\.NoGpu'
+
 # A suite's tests on this GPU machine. A filter that matched none would
-# pass, and a skip here means the GPU, the driver or NVRTC was not usable:
-# both fail the step.
+# pass, and any other skip here means the GPU, the driver or NVRTC was not
+# usable: both fail the step.
 gpu_suite() {
-  local bin=$1 filter=$2 log
-  if ! "$bin" --gtest_list_tests --gtest_filter="$filter" | grep -q '^  '; then
+  local bin=$1 filter=$2 log list
+  # Listed whole first: `grep -q` on a pipe may end it before the list is
+  # written, and pipefail would take the broken pipe for a failure.
+  list=$("$bin" --gtest_list_tests --gtest_filter="$filter") ||
+    { echo "$bin --gtest_list_tests failed"; return 1; }
+  if ! grep -q '^  ' <<< "$list"; then
     echo "$bin has no tests matching $filter"
     return 1
   fi
   log=$(mktemp)
   local rc=0
   "$bin" --gtest_filter="$filter" 2>&1 | tee "$log" || rc=1
-  if grep -q '^\[  SKIPPED \] [A-Za-z]' "$log"; then
-    echo "$bin skipped tests on a GPU machine (the reasons are above)"
+  local skipped
+  skipped=$(sed -n 's/^\[  SKIPPED \] \([A-Za-z_][^ ]*\).*/\1/p' "$log" | sort -u |
+            grep -v -E "$NO_GPU_TESTS" || true)
+  if [ -n "$skipped" ]; then
+    echo "$bin skipped tests on a GPU machine (the reasons are above): $(paste -sd ' ' <<< "$skipped")"
     rc=1
   fi
   rm -f "$log"
@@ -234,11 +279,23 @@ step_lit() {
   return $rc
 }
 
+# Both cases of bench/gpu_compare.py in one step came close to the device
+# tool's 10 minutes: a step runs one case, and gives up on its runs after
+# this many seconds in all (recording a run that did not fit as such).
+BENCH_BUDGET_S=450
+
+# One case of bench/gpu_compare.py (gpt-125m or gpt-1.3b). It records into
+# the logs' copy of the results file (the checkout's, plus a section per
+# case), rewritten whole after each run, so the rows of the runs that
+# finished come back even from a step cut off by a time-out; copy it to
+# bench/results/ from there.
 step_bench() {
-  local rc=0
-  PYTHONUNBUFFERED=1 python3 bench/gpu_compare.py --record --mtc "$KIT/bin/mtc" --mtrun "$KIT/bin/mtrun" || rc=1
-  [ -f bench/results/gpu-train-speed.md ] && cp bench/results/gpu-train-speed.md "$LOGS/"
-  return $rc
+  local results=$LOGS/gpu-train-speed.md
+  if [ ! -f "$results" ] && [ -f bench/results/gpu-train-speed.md ]; then
+    cp bench/results/gpu-train-speed.md "$results"
+  fi
+  PYTHONUNBUFFERED=1 python3 bench/gpu_compare.py --only "$1" --record --results "$results" \
+      --budget "$BENCH_BUDGET_S" --mtc "$KIT/bin/mtc" --mtrun "$KIT/bin/mtrun"
 }
 
 step_profile() {
@@ -262,17 +319,28 @@ for r in data[:60]:
 EOF
 }
 
+run_step() {
+  case $1 in
+    bench-*) step_bench "gpt-${1#bench-}" ;;
+    *) "step_$1" ;;
+  esac
+}
+
 run_steps() {
   local dir=.devkit steps=()
+  local names="${STEPS[*]}, bench (both bench steps) or all"
   while [ $# -gt 0 ]; do
     case "$1" in
       --kit) dir=$2; shift 2 ;;
-      all) steps+=(probe unit lit bench profile); shift ;;
-      probe|unit|lit|bench|profile) steps+=("$1"); shift ;;
-      *) die "unknown step '$1'; use probe, unit, lit, bench, profile or all" ;;
+      all) steps+=("${STEPS[@]}"); shift ;;
+      bench) steps+=(bench-125m bench-1.3b); shift ;;
+      *)
+        [[ " ${STEPS[*]} " == *" $1 "* ]] || die "unknown step '$1'; use $names"
+        steps+=("$1"); shift ;;
     esac
   done
-  [ ${#steps[@]} -gt 0 ] || die "name the steps to run: probe, unit, lit, bench, profile or all"
+  [ ${#steps[@]} -gt 0 ] || die "name the steps to run: $names"
+  [ -n "${MT_KIT_UNPACKED:-}" ] || need_kit "$dir"
   LOGS=${OUT:-$dir/out}
   mkdir -p "$LOGS"
   unpack "$dir"
@@ -281,7 +349,7 @@ run_steps() {
   for s in "${steps[@]}"; do
     echo "=== device-kit: $s"
     local start=$SECONDS
-    if ! (set -o pipefail; "step_$s" 2>&1 | tee "$LOGS/$s.log"); then
+    if ! (set -o pipefail; run_step "$s" 2>&1 | tee "$LOGS/$s.log"); then
       failed+=("$s")
     fi
     echo "=== device-kit: $s took $((SECONDS - start)) s"

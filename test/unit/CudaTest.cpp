@@ -137,6 +137,8 @@ TEST(CudaDevice, DeviceForLocalRank) {
   EXPECT_EQ(device_for_local_rank(2, 2), -1);
 }
 
+// Named NoGpu*: it skips where a GPU is usable, and tools/device-kit.sh
+// expects that skip on a GPU machine (any other skip fails its unit step).
 TEST(CudaDevice, NoGpuIsOneLine) {
   CudaDevice dev;
   std::string err = open_cuda_device(0, &dev);

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs tools/device-kit.sh as on a GPU machine, for device-kit.test, with
+# stand-ins: nvidia-smi and ldconfig (bin/) first on PATH, a kit
+# (MT_KIT_UNPACKED) whose GoogleTest binaries are fake-gtest, and a copy of
+# the checkout's bench scripts whose two runners are bench-runner.py.
+#   fake-gpu.sh SRC_ROOT WORK ARGS...    ARGS: the kit's, e.g. `run unit`
+set -euo pipefail
+src=$1 work=$2
+shift 2
+inputs=$(cd "$(dirname "$0")" && pwd)
+root=$work/root kit=$work/kit
+if [ ! -d "$root" ]; then
+  mkdir -p "$root/tools" "$root/bench/results" "$kit/bin" "$kit/libexec" "$work/tmp"
+  cp "$src/tools/device-kit.sh" "$root/tools/"
+  cp "$src"/bench/*.py "$root/bench/"
+  cp "$inputs/bench-runner.py" "$root/bench/gpu_train_speed.py"
+  cp "$inputs/bench-runner.py" "$root/bench/pytorch_gpt_reference.py"
+  printf '# Training speed and memory on one GPU\n\n## an earlier run\n\n' \
+    > "$root/bench/results/gpu-train-speed.md"
+  for b in mt-cuda-tests mt-gpu-executor-tests mt-flash-tests mt-opkernel-tests; do
+    ln -s "$inputs/fake-gtest" "$kit/bin/$b"
+  done
+  for b in mtc mtrun; do
+    printf '#!/bin/sh\n' > "$kit/libexec/$b"
+    chmod +x "$kit/libexec/$b"
+    ln -s "../libexec/$b" "$kit/bin/$b"
+  done
+  echo stand-in > "$kit/COMMIT"
+fi
+export PATH="$inputs/bin:$PATH" MT_KIT_UNPACKED=$kit OUT=$work/logs TMPDIR=$work/tmp
+# Not exec'd: bench-runner.py kills the kit as a time-out would, and this
+# script then says so.
+rc=0
+bash "$root/tools/device-kit.sh" "$@" || rc=$?
+[ $rc -lt 128 ] || echo "fake-gpu: the kit was killed (exit status $rc)"
+exit $rc
