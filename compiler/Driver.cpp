@@ -9,7 +9,7 @@
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
 #include "plan_generated.h"
-#include "runtime/atomic_file.h"
+#include "runtime/base/atomic_file.h"
 #include "runtime/checkpoint_layout.h"
 #include "runtime/comm_order.h"
 #include "runtime/cuda_api.h"

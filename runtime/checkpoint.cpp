@@ -6,9 +6,9 @@
 // (reflected) is from RFC 3720, appendix B.4.
 #include "runtime/checkpoint.h"
 
-#include "runtime/atomic_file.h"
-#include "runtime/byte_order.h"
-#include "runtime/crc32c.h"
+#include "runtime/base/atomic_file.h"
+#include "runtime/base/byte_order.h"
+#include "runtime/base/crc32c.h"
 
 #include <simdjson.h>
 

@@ -6,7 +6,7 @@
 // also leaves its process id and host in the store: after a failure, a peer
 // on this host whose process is gone is named as the cause.
 #include "runtime/collectives.h"
-#include "runtime/atomic_file.h"
+#include "runtime/base/atomic_file.h"
 #include "runtime/collectives_common.h"
 
 #include <gloo/allgather.h>

@@ -26,8 +26,8 @@
 // rounds differently from Megatron's Python and its -O3 x86-64 helpers).
 #include "runtime/gpt_dataset.h"
 
-#include "runtime/atomic_file.h"
-#include "runtime/byte_order.h"
+#include "runtime/base/atomic_file.h"
+#include "runtime/base/byte_order.h"
 #include "runtime/indexed_dataset.h"
 #include "runtime/numpy_random.h"
 

@@ -9,8 +9,8 @@
 // sequence pointers are the running sum of length * itemsize from 0.
 #include "runtime/indexed_dataset.h"
 
-#include "runtime/atomic_file.h"
-#include "runtime/byte_order.h"
+#include "runtime/base/atomic_file.h"
+#include "runtime/base/byte_order.h"
 
 #include <algorithm>
 #include <cerrno>

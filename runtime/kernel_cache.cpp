@@ -1,9 +1,9 @@
 // NVRTC compilation with an on-disk CUBIN cache (see kernel_cache.h).
 #include "runtime/kernel_cache.h"
 
-#include "runtime/atomic_file.h"
-#include "runtime/byte_order.h"
-#include "runtime/sha256.h"
+#include "runtime/base/atomic_file.h"
+#include "runtime/base/byte_order.h"
+#include "runtime/base/sha256.h"
 
 #include <algorithm>
 #include <cerrno>

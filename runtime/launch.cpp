@@ -2,7 +2,7 @@
 // (see launch.h and docs/launch.md).
 #include "runtime/launch.h"
 
-#include "runtime/atomic_file.h"
+#include "runtime/base/atomic_file.h"
 
 #include <algorithm>
 #include <cerrno>

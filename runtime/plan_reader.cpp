@@ -2,7 +2,7 @@
 // semantic checks that make every later index and offset safe to follow.
 #include "runtime/plan_reader.h"
 
-#include "runtime/byte_order.h"
+#include "runtime/base/byte_order.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,7 +1,7 @@
 // TensorBoard event files written by hand (format in tensorboard.h).
 #include "runtime/tensorboard.h"
 
-#include "runtime/crc32c.h"
+#include "runtime/base/crc32c.h"
 
 #include <cerrno>
 #include <cstring>

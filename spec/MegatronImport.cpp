@@ -1,7 +1,7 @@
 // `mtc import-megatron`: a Megatron-LM pretrain_gpt.py command line -> spec.toml.
 #include "spec/MegatronImport.h"
 
-#include "runtime/atomic_file.h"
+#include "runtime/base/atomic_file.h"
 
 #include "spec/Spec.h"
 #include "spec/SpecKeys.h"

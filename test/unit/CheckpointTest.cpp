@@ -2,7 +2,7 @@
 // damage, and crash safety (a child killed at every step of a save, and at
 // random moments).
 #include "runtime/checkpoint.h"
-#include "runtime/crc32c.h"
+#include "runtime/base/crc32c.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // it (see CudaHostKernel.h).
 #include "CudaHostKernel.h"
 
-#include "runtime/sha256.h"
+#include "runtime/base/sha256.h"
 
 #include <dlfcn.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
 #include "runtime/cuda_api.h"
 #include "runtime/cuda_device.h"
 #include "runtime/kernel_cache.h"
-#include "runtime/sha256.h"
+#include "runtime/base/sha256.h"
 
 #include <gtest/gtest.h>
 

@@ -5,7 +5,7 @@
 // reader where it is installed.)
 #include "runtime/tensorboard.h"
 
-#include "runtime/crc32c.h"
+#include "runtime/base/crc32c.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // CRC-32C (Castagnoli): SSE4.2's crc32 instruction where the CPU has it,
 // slicing-by-8 tables otherwise.
-#include "runtime/crc32c.h"
+#include "runtime/base/crc32c.h"
 
 #include <cstring>
 

@@ -1,5 +1,5 @@
 // SHA-256 as FIPS 180-4 specifies it (section 6.2).
-#include "runtime/sha256.h"
+#include "runtime/base/sha256.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,5 +1,5 @@
 // Atomic whole-file writes (see atomic_file.h).
-#include "runtime/atomic_file.h"
+#include "runtime/base/atomic_file.h"
 
 #include <algorithm>
 #include <cerrno>
