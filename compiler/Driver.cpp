@@ -11,7 +11,7 @@
 #include "plan_generated.h"
 #include "runtime/base/atomic_file.h"
 #include "runtime/checkpoint_layout.h"
-#include "runtime/comm_order.h"
+#include "runtime/comm/comm_order.h"
 #include "runtime/cuda_api.h"
 #include "runtime/cuda_device.h"
 #include "runtime/kernel_cache.h"

@@ -83,7 +83,7 @@ MemoryPlan memoryPlanOf(ModuleOp module, const spec::Spec &spec) {
       dp = a.getInt();
     const int64_t p = stageRank(stage);
     // Ranks of a stage: tp * dp * p to tp * dp * (p + 1) - 1 (Megatron's
-    // order, runtime/parallel_groups.h).
+    // order, runtime/comm/parallel_groups.h).
     const int64_t n = tp * dp;
     r.rank = n > 1 ? std::to_string(n * p) + "-" + std::to_string(n * (p + 1) - 1)
                    : std::to_string(p);

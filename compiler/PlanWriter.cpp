@@ -8,7 +8,7 @@
 #include "dialects/mt/MtOps.h"
 #include "passes/StageModules.h"
 #include "plan_generated.h"
-#include "runtime/parallel_groups.h"
+#include "runtime/comm/parallel_groups.h"
 #include "runtime/plan_reader.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -101,7 +101,7 @@ public:
       entries.push_back(*e);
     }
     // Megatron's rank order: rank = tp_rank + tp * (dp_rank + dp * pp_rank)
-    // (runtime/parallel_groups.h). The data-parallel ranks of a stage run
+    // (runtime/comm/parallel_groups.h). The data-parallel ranks of a stage run
     // the same programs on their share of the batch, and its tensor-parallel
     // ranks the same programs on their shard of every parameter
     // (instructions find their shard from the rank's place in its

@@ -469,7 +469,7 @@ def MtSchedulePPPass : Pass<"mt-schedule-pp", "mlir::ModuleOp"> {
     meets its neighbours' k-th groups, which NCCL needs: it pairs messages
     by order and completes one only while both ends are posted (`mtc`
     replays every plan's communication under these rules,
-    runtime/comm_order.h).
+    runtime/comm/comm_order.h).
 
     Ops marked `mt.last_micro_batch` (mt-data-parallel's overlapped bucket
     reductions) are cloned only for the last micro-batch, ops marked

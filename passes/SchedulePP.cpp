@@ -255,7 +255,7 @@ struct MtSchedulePPPass : impl::MtSchedulePPPassBase<MtSchedulePPPass> {
       // one group sends the unit's outputs and receives the inputs of the
       // next unit's steps (the first unit's are received up front). Each
       // stage's k-th group then meets its neighbours' k-th groups, which
-      // NCCL needs (runtime/comm_order.h); receiving each input only where
+      // NCCL needs (runtime/comm/comm_order.h); receiving each input only where
       // its step starts can leave two stages each sending to the other.
       for (const PipelineStep &s : order)
         if (s.unit == order.front().unit)

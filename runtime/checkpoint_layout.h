@@ -16,7 +16,7 @@
 #define MT_RUNTIME_CHECKPOINT_LAYOUT_H
 
 #include "runtime/checkpoint.h"
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 #include "runtime/plan_reader.h"
 
 #include <string>

@@ -49,9 +49,9 @@
 #define MT_RUNTIME_CPU_EXECUTOR_H
 
 #include "plan_generated.h"
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 #include "runtime/executor.h"
-#include "runtime/parallel_groups.h"
+#include "runtime/comm/parallel_groups.h"
 
 #include <cstdint>
 #include <memory>

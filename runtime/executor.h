@@ -12,7 +12,7 @@
 #define MT_RUNTIME_EXECUTOR_H
 
 #include "plan_generated.h"
-#include "runtime/parallel_groups.h"
+#include "runtime/comm/parallel_groups.h"
 
 #include <cstdint>
 #include <string>

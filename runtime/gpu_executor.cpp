@@ -1,7 +1,7 @@
 // The GPU executor (gpu_executor.h): plan GPU steps on a GpuDevice.
 #include "runtime/gpu_executor.h"
 
-#include "runtime/comm_order.h"
+#include "runtime/comm/comm_order.h"
 
 #include "runtime/cpu_executor.h"
 #include "runtime/cpu_kernels.h"

@@ -66,7 +66,7 @@
 #ifndef MT_RUNTIME_GPU_EXECUTOR_H
 #define MT_RUNTIME_GPU_EXECUTOR_H
 
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 #include "runtime/executor.h"
 
 #include <cstdint>

@@ -3,14 +3,14 @@
 
 #include "runtime/checkpoint.h"
 #include "runtime/checkpoint_layout.h"
-#include "runtime/collectives.h"
-#include "runtime/comm_order.h"
+#include "runtime/comm/collectives.h"
+#include "runtime/comm/comm_order.h"
 #include "runtime/cpu_executor.h"
 #include "runtime/cuda_gpu_device.h"
 #include "runtime/gpu_executor.h"
 #include "runtime/gpt_dataset.h"
-#include "runtime/launch.h"
-#include "runtime/parallel_groups.h"
+#include "runtime/comm/launch.h"
+#include "runtime/comm/parallel_groups.h"
 #include "runtime/plan_reader.h"
 #include "runtime/tensorboard.h"
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/launch.h"
+#include "runtime/comm/launch.h"
 
 namespace mt::rt {
 

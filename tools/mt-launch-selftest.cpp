@@ -1,8 +1,8 @@
 // mt-launch-selftest: checks a multi-rank launch end to end (srun, --nproc,
 // or ranks given by hand): every rank reads its launch information, connects
 // over Gloo, all-reduces [rank + 1] and meets the others at a barrier.
-#include "runtime/collectives.h"
-#include "runtime/launch.h"
+#include "runtime/comm/collectives.h"
+#include "runtime/comm/launch.h"
 
 #include <climits>
 #include <cstdio>

@@ -3,7 +3,7 @@
 // one group after the unit's compute: its outputs sent, then the inputs of
 // the next unit's steps received, as Megatron-LM's interleaved schedule
 // exchanges. (Receiving each input just before its step lets two stages
-// each wait to send to the other under NCCL; runtime/comm_order.h.)
+// each wait to send to the other under NCCL; runtime/comm/comm_order.h.)
 // RUN: mtc-opt %s -mt-partition-pp -mt-autodiff -mt-schedule-pp | FileCheck %s
 
 // Stage 0 of 2, two chunks (layers 0 and 2), 4 micro-batches: 4 warm-up

@@ -1,8 +1,8 @@
-// Collectives (runtime/collectives.h): both backends against serial
+// Collectives (runtime/comm/collectives.h): both backends against serial
 // references, sub-groups, point to point, and failures that must end in an
 // error line naming the missing rank instead of a hang.
-#include "runtime/collectives.h"
-#include "runtime/parallel_groups.h"
+#include "runtime/comm/collectives.h"
+#include "runtime/comm/parallel_groups.h"
 
 #include <gtest/gtest.h>
 

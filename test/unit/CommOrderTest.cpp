@@ -7,7 +7,7 @@
 #include "compiler/PlanWriter.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
-#include "runtime/comm_order.h"
+#include "runtime/comm/comm_order.h"
 #include "runtime/plan_reader.h"
 #include "spec/Spec.h"
 

@@ -9,9 +9,9 @@
 // implementation of the same opcodes, over whole training steps.
 #include "EmulatedGpuDevice.h"
 
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 #include "runtime/cpu_executor.h"
-#include "runtime/parallel_groups.h"
+#include "runtime/comm/parallel_groups.h"
 
 #include <gtest/gtest.h>
 

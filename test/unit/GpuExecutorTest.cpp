@@ -9,7 +9,7 @@
 // there is one, and skips itself elsewhere.
 #include "EmulatedGpuDevice.h"
 
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 #include "runtime/cpu_executor.h"
 #include "runtime/cuda_gpu_device.h"
 

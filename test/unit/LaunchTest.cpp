@@ -1,6 +1,6 @@
 // Launch information: SLURM's hostlist syntax, the environment's precedence
 // (flags > MT_* > SLURM), and the one-line errors.
-#include "runtime/launch.h"
+#include "runtime/comm/launch.h"
 
 #include <cstdlib>
 #include <map>

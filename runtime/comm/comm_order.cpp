@@ -1,8 +1,8 @@
 // Replaying a plan's inter-stage communication under NCCL's rules (see
 // comm_order.h).
-#include "runtime/comm_order.h"
+#include "runtime/comm/comm_order.h"
 
-#include "runtime/parallel_groups.h"
+#include "runtime/comm/parallel_groups.h"
 #include "runtime/plan_reader.h"
 
 #include <map>

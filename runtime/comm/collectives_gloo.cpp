@@ -5,9 +5,9 @@
 // line. Gloo's messages name socket addresses, not ranks, so every rank
 // also leaves its process id and host in the store: after a failure, a peer
 // on this host whose process is gone is named as the cause.
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 #include "runtime/base/atomic_file.h"
-#include "runtime/collectives_common.h"
+#include "runtime/comm/collectives_common.h"
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>

@@ -6,8 +6,8 @@
 // results are bit-identical on every rank and from run to run. A rank that
 // waits longer than the timeout withdraws and reports the ranks that never
 // came.
-#include "runtime/collectives.h"
-#include "runtime/collectives_common.h"
+#include "runtime/comm/collectives.h"
+#include "runtime/comm/collectives_common.h"
 
 #include <algorithm>
 #include <condition_variable>

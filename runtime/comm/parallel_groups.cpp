@@ -1,4 +1,4 @@
-#include "runtime/parallel_groups.h"
+#include "runtime/comm/parallel_groups.h"
 
 #include <vector>
 

@@ -1,6 +1,6 @@
 // Launch information from SLURM or mt's variables, and the --nproc launcher
 // (see launch.h and docs/launch.md).
-#include "runtime/launch.h"
+#include "runtime/comm/launch.h"
 
 #include "runtime/base/atomic_file.h"
 

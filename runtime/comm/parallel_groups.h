@@ -17,7 +17,7 @@
 #ifndef MT_RUNTIME_PARALLEL_GROUPS_H
 #define MT_RUNTIME_PARALLEL_GROUPS_H
 
-#include "runtime/collectives.h"
+#include "runtime/comm/collectives.h"
 
 #include <memory>
 #include <string>
