@@ -20,7 +20,7 @@ namespace mt {
 std::string shapeKey(mlir::Type tensorType);
 
 // What the plan's Kernel entry records about the CUDA form of a kernel
-// (runtime/plan.fbs documents the argument order).
+// (runtime/plan/plan.fbs documents the argument order).
 struct CudaKernel {
   std::string entry;  // the extern "C" __global__ function in `source`
   std::string source; // compiles with NVRTC alone: no includes, no options needed

@@ -15,7 +15,7 @@
 #include "runtime/cuda_api.h"
 #include "runtime/cuda_device.h"
 #include "runtime/kernel_cache.h"
-#include "runtime/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 #include "spec/MegatronImport.h"
 #include "spec/Spec.h"
 #include "spec/SpecKeys.h"

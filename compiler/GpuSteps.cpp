@@ -2,7 +2,7 @@
 #include "compiler/GpuSteps.h"
 
 #include "compiler/FlashAttentionGen.h"
-#include "runtime/grad_buckets.h"
+#include "runtime/plan/grad_buckets.h"
 
 #include <algorithm>
 

@@ -1,5 +1,5 @@
 // How the CUDA executor runs each plan instruction: its GPU steps
-// (runtime/plan.fbs, GpuStep). The plan writer describes an instruction in
+// (runtime/plan/plan.fbs, GpuStep). The plan writer describes an instruction in
 // plain data and gets back the steps, plus any kernels they launch, so the
 // runtime makes no choice the compiler could have made.
 //

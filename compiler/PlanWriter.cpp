@@ -9,7 +9,7 @@
 #include "passes/StageModules.h"
 #include "plan_generated.h"
 #include "runtime/comm/parallel_groups.h"
-#include "runtime/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/SmallString.h"

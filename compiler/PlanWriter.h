@@ -1,5 +1,5 @@
 // Lowers the planned training IR (after mt-plan-memory) to plan.bin's
-// FlatBuffer (schema: runtime/plan.fbs).
+// FlatBuffer (schema: runtime/plan/plan.fbs).
 #ifndef MT_COMPILER_PLANWRITER_H
 #define MT_COMPILER_PLANWRITER_H
 

@@ -17,7 +17,7 @@
 
 #include "runtime/checkpoint.h"
 #include "runtime/comm/collectives.h"
-#include "runtime/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 
 #include <string>
 #include <vector>

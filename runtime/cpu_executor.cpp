@@ -3,8 +3,8 @@
 #include "runtime/cpu_executor.h"
 
 #include "runtime/cpu_kernels.h"
-#include "runtime/grad_buckets.h"
-#include "runtime/plan_reader.h"
+#include "runtime/plan/grad_buckets.h"
+#include "runtime/plan/plan_reader.h"
 
 #include <algorithm>
 #include <climits>

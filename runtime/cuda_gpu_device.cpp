@@ -7,7 +7,7 @@
 #include "runtime/cuda_gpu_device.h"
 
 #include "runtime/kernel_cache.h"
-#include "runtime/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 
 #include <algorithm>
 #include <chrono>

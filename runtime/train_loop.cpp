@@ -11,7 +11,7 @@
 #include "runtime/gpt_dataset.h"
 #include "runtime/comm/launch.h"
 #include "runtime/comm/parallel_groups.h"
-#include "runtime/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 #include "runtime/tensorboard.h"
 
 #include <algorithm>

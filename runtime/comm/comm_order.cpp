@@ -3,7 +3,7 @@
 #include "runtime/comm/comm_order.h"
 
 #include "runtime/comm/parallel_groups.h"
-#include "runtime/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 
 #include <map>
 #include <set>

@@ -8,7 +8,7 @@
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
 #include "runtime/comm/comm_order.h"
-#include "runtime/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 #include "spec/Spec.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"

@@ -11,7 +11,7 @@
 #include "passes/Passes.h"
 #include "runtime/cpu_kernels.h"
 #include "runtime/cpu_executor.h"
-#include "runtime/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 #include "spec/Spec.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"

@@ -18,7 +18,7 @@
 #include "runtime/cpu_kernels.h"
 #include "runtime/executor.h"
 #include "runtime/gpu_executor.h"
-#include "runtime/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 #include "spec/Spec.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"

@@ -6,7 +6,7 @@
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
 #include "runtime/cpu_executor.h"
-#include "runtime/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 #include "spec/Spec.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"

@@ -1,8 +1,8 @@
 // plan.bin's reader (header, checksum, FlatBuffers and semantic checks) and
 // the CPU reference executor, on plans built here with the FlatBuffers builder.
 #include "runtime/cpu_executor.h"
-#include "runtime/grad_buckets.h"
-#include "runtime/plan_reader.h"
+#include "runtime/plan/grad_buckets.h"
+#include "runtime/plan/plan_reader.h"
 
 #include <gtest/gtest.h>
 
@@ -1669,7 +1669,7 @@ TEST(PlanReader, RopeInSplitErrors) {
 
 } // namespace
 
-// The distributed optimizer's shard arithmetic (runtime/grad_buckets.h).
+// The distributed optimizer's shard arithmetic (runtime/plan/grad_buckets.h).
 TEST(GradBuckets, ShardsAndSegments) {
   using mt::rt::bucket_shard;
   using mt::rt::flat_segments;

@@ -1,6 +1,6 @@
 // plan.bin reader: header, checksum, FlatBuffers verification and the
 // semantic checks that make every later index and offset safe to follow.
-#include "runtime/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 
 #include "runtime/base/byte_order.h"
 

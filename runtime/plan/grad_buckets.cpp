@@ -1,5 +1,5 @@
 // Flat-buffer segments and bucket shards (see grad_buckets.h).
-#include "runtime/grad_buckets.h"
+#include "runtime/plan/grad_buckets.h"
 
 #include <algorithm>
 
