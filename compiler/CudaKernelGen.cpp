@@ -2,7 +2,7 @@
 // device helpers (storage conversions, 128-bit accesses, Philox, block sums)
 // and the region's ops emitted as fp32 code over per-thread lanes.
 //
-// Numerics follow runtime/cpu_kernels.h, the reference: math in fp32, each
+// Numerics follow runtime/exec/cpu_kernels.h, the reference: math in fp32, each
 // op's result rounded to its type (round half to even) as the CPU executor
 // rounds after every instruction, and dropout masks bit-exact
 // (Philox4x32-10, same key, counter and threshold).
@@ -29,7 +29,7 @@ struct mt_f16 { unsigned short bits; };
 struct alignas(16) mt_w4 { unsigned w[4]; };
 struct alignas(8) mt_w2 { unsigned w[2]; };
 
-// Storage conversions, round half to even (runtime/cpu_kernels.cpp's round_to_*).
+// Storage conversions, round half to even (runtime/exec/cpu_kernels.cpp's round_to_*).
 __device__ __forceinline__ float mt_round_bf16(float x) {
   unsigned u = __float_as_uint(x);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return __uint_as_float((u | 0x00400000u) & 0xFFFF0000u);
@@ -114,7 +114,7 @@ template <int V> __device__ __forceinline__ void mt_store(mt_f16 *p, mt_u64 i, c
   } else { for (int l = 0; l < V; ++l) p[i + l].bits = (unsigned short)mt_to_f16(v[l]); }
 }
 
-// Philox4x32-10 (runtime/cpu_kernels.h): key {seed, stream}, counter
+// Philox4x32-10 (runtime/exec/cpu_kernels.h): key {seed, stream}, counter
 // {block low, block high, offset low, offset high}.
 __device__ __forceinline__ void mt_philox(mt_u64 block, mt_u64 seed, mt_u64 stream, mt_u64 offset, unsigned (&out)[4]) {
   unsigned c0 = (unsigned)block, c1 = (unsigned)(block >> 32), c2 = (unsigned)offset, c3 = (unsigned)(offset >> 32);

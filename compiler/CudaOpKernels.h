@@ -7,7 +7,7 @@
 // the output the kernels to launch in order, the collectives between them,
 // and the workspace the instruction needs. Sources are self-contained like
 // CudaKernelGen's (its prelude: no includes, no options), specialised for the
-// exact shapes, and follow runtime/cpu_executor.cpp and runtime/cpu_kernels.h
+// exact shapes, and follow runtime/exec/cpu_executor.cpp and runtime/exec/cpu_kernels.h
 // (the reference) in their semantics.
 //
 // Launch sequence. `steps` lists, in order, kernel launches and collectives

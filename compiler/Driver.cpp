@@ -12,9 +12,9 @@
 #include "runtime/base/atomic_file.h"
 #include "runtime/checkpoint_layout.h"
 #include "runtime/comm/comm_order.h"
-#include "runtime/cuda_api.h"
-#include "runtime/cuda_device.h"
-#include "runtime/kernel_cache.h"
+#include "runtime/exec/cuda/cuda_api.h"
+#include "runtime/exec/cuda/cuda_device.h"
+#include "runtime/exec/cuda/kernel_cache.h"
 #include "runtime/plan/plan_reader.h"
 #include "spec/MegatronImport.h"
 #include "spec/Spec.h"
@@ -301,7 +301,7 @@ std::string kernelSources(const plan::Plan &plan) {
 // "sm_90" -> 90 (validated when the option was read).
 int archNumber(const std::string &arch) { return std::stoi(arch.substr(3)); }
 
-// NVRTC and the compile are the runtime's (runtime/cuda_api, kernel_cache),
+// NVRTC and the compile are the runtime's (runtime/exec/cuda/cuda_api, kernel_cache),
 // with the options mtrun compiles with, so a kernel that passes here is one
 // mtrun can build. NVRTC programs are independent, so the compiles run on
 // every core; a failure is reported for the first failing kernel in plan

@@ -241,7 +241,7 @@ __device__ __forceinline__ void mt_store1(mt_bf16 *p, float a) { p->bits = (unsi
 __device__ __forceinline__ void mt_store1(mt_f16 *p, float a) { p->bits = (unsigned short)mt_to_f16(a); }
 
 // Dropout factor of mask element e: kKeepScale when kept, else 0 (the word
-// test of runtime/cpu_kernels.cpp's DropoutMask).
+// test of runtime/exec/cpu_kernels.cpp's DropoutMask).
 __device__ __forceinline__ unsigned mt_word(const unsigned (&w)[4], mt_u64 e) {
   return (e & 3) == 0 ? w[0] : (e & 3) == 1 ? w[1] : (e & 3) == 2 ? w[2] : w[3];
 }
@@ -675,7 +675,7 @@ const char *dtypeName(DType d) { return d == DType::F32 ? "f32" : d == DType::BF
 std::string constants(const FlashAttentionConfig &c, const Tiles &t) {
   const double rate = c.dropoutRate;
   const bool dropout = rate > 0;
-  // runtime/cpu_kernels.cpp's DropoutMask: kept when (word >> 8) >= ceil(rate * 2^24).
+  // runtime/exec/cpu_kernels.cpp's DropoutMask: kept when (word >> 8) >= ceil(rate * 2^24).
   const uint32_t threshold = !dropout ? 0u : rate >= 1 ? (1u << 24) : uint32_t(std::ceil(rate * 16777216.0));
   const double keep = !dropout ? 1.0 : rate >= 1 ? 0.0 : 1.0 / (1.0 - rate);
   std::string s;

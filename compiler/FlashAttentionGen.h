@@ -1,6 +1,6 @@
 // Generated flash attention for the CUDA backend: forward and backward
 // kernels specialised for one attention's exact shapes, dtype and dropout,
-// with the numerics of runtime/cpu_kernels.h's attention_fwd/attention_bwd.
+// with the numerics of runtime/exec/cpu_kernels.h's attention_fwd/attention_bwd.
 //
 // The algorithm is FlashAttention-2 (Dao, "FlashAttention-2: Faster
 // Attention with Better Parallelism and Work Partitioning", 2023): the

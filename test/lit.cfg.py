@@ -95,7 +95,7 @@ for _home in [os.environ.get("MT_CUDA_HOME"), os.environ.get("CUDA_HOME"), "/usr
         config.substitutions.append(("%cuda_stub", os.path.join(_home, "lib64", "stubs", "libcuda.so")))
         break
 # NVRTC (the CUDA toolkit's runtime compiler; no GPU needed) for the tests of
-# `mtc compile --check-kernels`. Searched as runtime/cuda_api.cpp searches.
+# `mtc compile --check-kernels`. Searched as runtime/exec/cuda/cuda_api.cpp searches.
 import ctypes
 
 def _find_nvrtc():

@@ -1,7 +1,7 @@
 // CPU reference kernels: every backward against central finite differences in
 // double precision, forwards against direct formulas written out here, Philox
 // against Random123's known answers, rounding against hand-checked values.
-#include "runtime/cpu_kernels.h"
+#include "runtime/exec/cpu_kernels.h"
 
 #include <gtest/gtest.h>
 

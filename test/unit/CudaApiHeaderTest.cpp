@@ -1,9 +1,9 @@
-// runtime/cuda_api.h declares CUDA's types and entry points itself; this
+// runtime/exec/cuda/cuda_api.h declares CUDA's types and entry points itself; this
 // file checks every function pointer there against the toolkit's own
 // headers (cuda.h, nvrtc.h, cublasLt.h, nccl.h), so a wrong parameter is a
 // compile error here, not memory corruption on a GPU. Built only where the
 // headers were found at configure time; elsewhere one test says it skipped.
-#include "runtime/cuda_api.h"
+#include "runtime/exec/cuda/cuda_api.h"
 
 #include <gtest/gtest.h>
 
@@ -169,7 +169,7 @@ TEST(CudaApiHeaders, DeclarationsMatchTheToolkit) {
 
 TEST(CudaApiHeaders, DeclarationsMatchTheToolkit) {
   GTEST_SKIP() << "no CUDA headers (cuda.h, nvrtc.h, cublasLt.h, nccl.h) were found at "
-                  "configure time; runtime/cuda_api.h's declarations are checked where they are";
+                  "configure time; runtime/exec/cuda/cuda_api.h's declarations are checked where they are";
 }
 
 #endif

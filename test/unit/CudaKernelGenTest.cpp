@@ -3,8 +3,8 @@
 // ops after it, a count that needs a scalar tail), and each generated source
 // through NVRTC for sm_80 when the library is present.
 #include "compiler/CudaKernelGen.h"
-#include "runtime/cuda_api.h"
-#include "runtime/kernel_cache.h"
+#include "runtime/exec/cuda/cuda_api.h"
+#include "runtime/exec/cuda/kernel_cache.h"
 #include "dialects/mt/MtOps.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"

@@ -1,14 +1,14 @@
 // compiler/CudaOpKernels: every opcode's kernels compile with NVRTC for sm_80
 // and sm_90 (f32, bf16, f16) when NVRTC is present, carry the features they
-// are built for, and compute what runtime/cpu_kernels computes when run on
+// are built for, and compute what runtime/exec/cpu_kernels computes when run on
 // the host emulation of CUDA (CudaHostKernel), on random inputs; where there
 // is a GPU, the same checks run on it (CudaOpKernelsOnGpu).
 #include "KernelDevice.h"
 
 #include "compiler/CudaOpKernels.h"
-#include "runtime/cpu_kernels.h"
-#include "runtime/cuda_api.h"
-#include "runtime/kernel_cache.h"
+#include "runtime/exec/cpu_kernels.h"
+#include "runtime/exec/cuda/cuda_api.h"
+#include "runtime/exec/cuda/kernel_cache.h"
 
 #include <gtest/gtest.h>
 
@@ -495,7 +495,7 @@ TEST(CudaOpKernels, FeaturesAndSequences) {
 
 
 // ---------------------------------------------------------------------------
-// Numerics against runtime/cpu_kernels, each test on the host emulation
+// Numerics against runtime/exec/cpu_kernels, each test on the host emulation
 // (CudaOpKernelsEmulation) and on a GPU (CudaOpKernelsOnGpu).
 
 // Cross-entropy and its gradient (in place over the logits), rows whose

@@ -1,8 +1,8 @@
 // The CUDA loading layer and NVRTC's kernel cache. Tests that compile need
 // NVRTC (the CUDA toolkit; no GPU) and are skipped, saying why, without it.
-#include "runtime/cuda_api.h"
-#include "runtime/cuda_device.h"
-#include "runtime/kernel_cache.h"
+#include "runtime/exec/cuda/cuda_api.h"
+#include "runtime/exec/cuda/cuda_device.h"
+#include "runtime/exec/cuda/kernel_cache.h"
 #include "runtime/base/sha256.h"
 
 #include <gtest/gtest.h>

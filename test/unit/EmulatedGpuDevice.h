@@ -1,4 +1,4 @@
-// An emulated GPU for the GPU executor's tests (runtime/gpu_executor.h):
+// An emulated GPU for the GPU executor's tests (runtime/exec/gpu_executor.h):
 // memory is host memory (device addresses are host pointers), kernels are
 // the generated CUDA C compiled as host C++ under the CUDA emulation
 // (CudaHostKernel.h), and GEMMs are a double-precision reference of
@@ -15,9 +15,9 @@
 #include "compiler/PlanWriter.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
-#include "runtime/cpu_kernels.h"
-#include "runtime/executor.h"
-#include "runtime/gpu_executor.h"
+#include "runtime/exec/cpu_kernels.h"
+#include "runtime/exec/executor.h"
+#include "runtime/exec/gpu_executor.h"
 #include "runtime/plan/plan_reader.h"
 #include "spec/Spec.h"
 

@@ -10,7 +10,7 @@
 #include "EmulatedGpuDevice.h"
 
 #include "runtime/comm/collectives.h"
-#include "runtime/cpu_executor.h"
+#include "runtime/exec/cpu_executor.h"
 #include "runtime/comm/parallel_groups.h"
 
 #include <gtest/gtest.h>

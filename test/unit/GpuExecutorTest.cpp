@@ -1,17 +1,17 @@
-// The GPU executor (runtime/gpu_executor.h) on an emulated device against
+// The GPU executor (runtime/exec/gpu_executor.h) on an emulated device against
 // the CPU executor: whole training steps of a compiled model, so every GPU
 // step the plan writer emits (generated kernels and their arguments, GEMM
 // descriptors with epilogues, flash attention, the loss, the norm and the
 // multi-tensor AdamW, the workspace layout) is checked against the
 // independent CPU reference, without a GPU. The device is
 // EmulatedGpuDevice.h's; the GpuExecutorOnGpu suite runs the same checks on
-// GPU 0 (runtime/cuda_gpu_device.h: NVRTC, cuBLASLt, CUDA graphs) where
+// GPU 0 (runtime/exec/cuda_gpu_device.h: NVRTC, cuBLASLt, CUDA graphs) where
 // there is one, and skips itself elsewhere.
 #include "EmulatedGpuDevice.h"
 
 #include "runtime/comm/collectives.h"
-#include "runtime/cpu_executor.h"
-#include "runtime/cuda_gpu_device.h"
+#include "runtime/exec/cpu_executor.h"
+#include "runtime/exec/cuda_gpu_device.h"
 
 #include <gtest/gtest.h>
 

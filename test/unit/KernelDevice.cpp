@@ -3,9 +3,9 @@
 
 #include "CudaHostKernel.h"
 
-#include "runtime/cuda_api.h"
-#include "runtime/cuda_device.h"
-#include "runtime/kernel_cache.h"
+#include "runtime/exec/cuda/cuda_api.h"
+#include "runtime/exec/cuda/cuda_device.h"
+#include "runtime/exec/cuda/kernel_cache.h"
 
 #include <cstring>
 #include <utility>
@@ -58,7 +58,7 @@ private:
 // GPU 0 through the driver API on the legacy default stream: synchronous
 // copies, and a context synchronisation after each launch so a fault is
 // reported by the launch that caused it. Launches are plain cuLaunchKernel
-// calls, as runtime/cuda_gpu_device.cpp makes them: the generators keep
+// calls, as runtime/exec/cuda_gpu_device.cpp makes them: the generators keep
 // dynamic shared memory within the default 48 KiB (FlashAttentionGen
 // refuses more), and cuLaunchKernel's error check would report a kernel
 // that asked for more.

@@ -5,7 +5,7 @@
 #include "compiler/PlanWriter.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
-#include "runtime/cpu_executor.h"
+#include "runtime/exec/cpu_executor.h"
 #include "runtime/plan/plan_reader.h"
 #include "spec/Spec.h"
 

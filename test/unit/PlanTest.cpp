@@ -1,6 +1,6 @@
 // plan.bin's reader (header, checksum, FlatBuffers and semantic checks) and
 // the CPU reference executor, on plans built here with the FlatBuffers builder.
-#include "runtime/cpu_executor.h"
+#include "runtime/exec/cpu_executor.h"
 #include "runtime/plan/grad_buckets.h"
 #include "runtime/plan/plan_reader.h"
 

@@ -1,10 +1,10 @@
 // The GPU executor (gpu_executor.h): plan GPU steps on a GpuDevice.
-#include "runtime/gpu_executor.h"
+#include "runtime/exec/gpu_executor.h"
 
 #include "runtime/comm/comm_order.h"
 
-#include "runtime/cpu_executor.h"
-#include "runtime/cpu_kernels.h"
+#include "runtime/exec/cpu_executor.h"
+#include "runtime/exec/cpu_kernels.h"
 #include "runtime/plan/grad_buckets.h"
 #include "runtime/plan/plan_reader.h"
 

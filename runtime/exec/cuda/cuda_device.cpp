@@ -1,7 +1,7 @@
 // Opening a rank's GPU (see cuda_device.h).
-#include "runtime/cuda_device.h"
+#include "runtime/exec/cuda/cuda_device.h"
 
-#include "runtime/kernel_cache.h"
+#include "runtime/exec/cuda/kernel_cache.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/cuda_api.h"
+#include "runtime/exec/cuda/cuda_api.h"
 
 namespace mt::rt {
 

@@ -1,5 +1,5 @@
 // dlopen and dlsym for the CUDA libraries (see cuda_api.h).
-#include "runtime/cuda_api.h"
+#include "runtime/exec/cuda/cuda_api.h"
 
 #include <cstdlib>
 #include <cstring>

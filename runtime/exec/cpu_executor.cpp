@@ -1,8 +1,8 @@
 // The CPU reference executor (see cpu_executor.h): one switch over opcodes,
-// shapes taken from the values, arithmetic in runtime/cpu_kernels.
-#include "runtime/cpu_executor.h"
+// shapes taken from the values, arithmetic in runtime/exec/cpu_kernels.
+#include "runtime/exec/cpu_executor.h"
 
-#include "runtime/cpu_kernels.h"
+#include "runtime/exec/cpu_kernels.h"
 #include "runtime/plan/grad_buckets.h"
 #include "runtime/plan/plan_reader.h"
 

@@ -1,12 +1,12 @@
 // The GpuDevice of a real GPU: the driver API, NVRTC through the kernel
-// cache, cuBLASLt and NCCL, all loaded at run time (runtime/cuda_api.h). Two
+// cache, cuBLASLt and NCCL, all loaded at run time (runtime/exec/cuda/cuda_api.h). Two
 // streams per rank: the compute stream runs the kernels, the GEMMs, the
 // copies and most collectives; the side stream runs the collectives the
 // executor puts there (begin_side .. end_side), ordered against the compute
 // stream by events. Everything is asynchronous until synchronize().
-#include "runtime/cuda_gpu_device.h"
+#include "runtime/exec/cuda_gpu_device.h"
 
-#include "runtime/kernel_cache.h"
+#include "runtime/exec/cuda/kernel_cache.h"
 #include "runtime/plan/plan_reader.h"
 
 #include <algorithm>

@@ -67,7 +67,7 @@
 #define MT_RUNTIME_GPU_EXECUTOR_H
 
 #include "runtime/comm/collectives.h"
-#include "runtime/executor.h"
+#include "runtime/exec/executor.h"
 
 #include <cstdint>
 #include <map>

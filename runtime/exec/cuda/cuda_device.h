@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <string>
 
-#include "runtime/cuda_api.h"
+#include "runtime/exec/cuda/cuda_api.h"
 
 namespace mt::rt {
 

@@ -1,5 +1,5 @@
 // NVRTC compilation with an on-disk CUBIN cache (see kernel_cache.h).
-#include "runtime/kernel_cache.h"
+#include "runtime/exec/cuda/kernel_cache.h"
 
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/byte_order.h"

@@ -50,7 +50,7 @@
 
 #include "plan_generated.h"
 #include "runtime/comm/collectives.h"
-#include "runtime/executor.h"
+#include "runtime/exec/executor.h"
 #include "runtime/comm/parallel_groups.h"
 
 #include <cstdint>

@@ -5,7 +5,7 @@
 // Numbers: As Easy as 1, 2, 3" (SC'11), with the multipliers and Weyl
 // constants of the Random123 distribution. AdamW follows Loshchilov and
 // Hutter (decoupled weight decay) as Megatron applies it.
-#include "runtime/cpu_kernels.h"
+#include "runtime/exec/cpu_kernels.h"
 
 #include <cblas.h>
 

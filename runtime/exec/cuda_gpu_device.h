@@ -5,8 +5,8 @@
 #ifndef MT_RUNTIME_CUDA_GPU_DEVICE_H
 #define MT_RUNTIME_CUDA_GPU_DEVICE_H
 
-#include "runtime/cuda_device.h"
-#include "runtime/gpu_executor.h"
+#include "runtime/exec/cuda/cuda_device.h"
+#include "runtime/exec/gpu_executor.h"
 
 #include <memory>
 #include <string>
