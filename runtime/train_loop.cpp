@@ -8,7 +8,7 @@
 #include "runtime/exec/cpu_executor.h"
 #include "runtime/exec/cuda_gpu_device.h"
 #include "runtime/exec/gpu_executor.h"
-#include "runtime/gpt_dataset.h"
+#include "runtime/data/gpt_dataset.h"
 #include "runtime/comm/launch.h"
 #include "runtime/comm/parallel_groups.h"
 #include "runtime/plan/plan_reader.h"

@@ -1,6 +1,6 @@
 // mt-dataset: inspect and verify Megatron indexed datasets, print training
-// samples (runtime/dataset_tool.h).
-#include "runtime/dataset_tool.h"
+// samples (runtime/data/dataset_tool.h).
+#include "runtime/data/dataset_tool.h"
 
 #include <string>
 #include <vector>

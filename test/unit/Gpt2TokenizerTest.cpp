@@ -1,7 +1,7 @@
 // GPT-2's byte-level BPE: the pre-token split, merges on a hand-made
 // vocabulary, the round trip on arbitrary bytes, loader errors, and GPT-2's
 // real files against ids from HF tokenizers (when the files are present).
-#include "runtime/gpt2_tokenizer.h"
+#include "runtime/data/tokenizers/gpt2_tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -683,7 +683,7 @@ std::string sourceRoot() {
   starts.push_back(cwd);
   for (std::string dir : starts) {
     for (int up = 0; up < 8 && !dir.empty(); ++up) {
-      if (exists(dir + "/runtime/gpt2_tokenizer.h") &&
+      if (exists(dir + "/runtime/data/tokenizers/gpt2_tokenizer.h") &&
           exists(dir + "/test/unit/Inputs/gpt2_reference.jsonl"))
         return dir;
       dir = parentDir(dir);

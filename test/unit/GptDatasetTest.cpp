@@ -2,10 +2,10 @@
 // numpy printed, Megatron's split/blend arithmetic against Megatron's Python
 // formulas, sample assembly on hand-built datasets checked by hand, the index
 // cache (reuse, corruption), and the errors.
-#include "runtime/gpt_dataset.h"
+#include "runtime/data/gpt_dataset.h"
 
-#include "runtime/indexed_dataset.h"
-#include "runtime/numpy_random.h"
+#include "runtime/data/indexed_dataset.h"
+#include "runtime/data/numpy_random.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Megatron indexed dataset: writer bytes against hand-packed expected bytes,
 // writer -> reader round trips, edge cases, and every reader validation error.
-#include "runtime/indexed_dataset.h"
+#include "runtime/data/indexed_dataset.h"
 
 #include <gtest/gtest.h>
 

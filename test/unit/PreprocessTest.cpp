@@ -1,8 +1,8 @@
 // mt-preprocess end to end on a small hand-made vocabulary: Megatron's
 // document semantics, order kept across worker counts, bad input refused with
 // nothing written.
-#include "runtime/indexed_dataset.h"
-#include "runtime/preprocess.h"
+#include "runtime/data/indexed_dataset.h"
+#include "runtime/data/preprocess.h"
 
 #include <gtest/gtest.h>
 

@@ -4,7 +4,7 @@
 // The algorithm follows OpenAI's gpt-2 src/encoder.py (bytes_to_unicode, the
 // pre-tokenisation pattern, bpe()); the facts used are listed where they are
 // used. Nothing here is copied from another implementation.
-#include "runtime/gpt2_tokenizer.h"
+#include "runtime/data/tokenizers/gpt2_tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

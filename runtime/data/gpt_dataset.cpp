@@ -24,12 +24,12 @@
 // Floating-point expressions follow Megatron's evaluation order, and this file
 // is built with -ffp-contract=off so no multiply-add is fused (a fused one
 // rounds differently from Megatron's Python and its -O3 x86-64 helpers).
-#include "runtime/gpt_dataset.h"
+#include "runtime/data/gpt_dataset.h"
 
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/byte_order.h"
-#include "runtime/indexed_dataset.h"
-#include "runtime/numpy_random.h"
+#include "runtime/data/indexed_dataset.h"
+#include "runtime/data/numpy_random.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -2,10 +2,10 @@
 // order, tokenizes batches on worker threads, writes results back in input
 // order, so output is the same whatever --workers is. Semantics follow
 // Megatron-LM's tools/preprocess_data.py (Encoder.encode, process_json_file).
-#include "runtime/preprocess.h"
+#include "runtime/data/preprocess.h"
 
-#include "runtime/gpt2_tokenizer.h"
-#include "runtime/indexed_dataset.h"
+#include "runtime/data/tokenizers/gpt2_tokenizer.h"
+#include "runtime/data/indexed_dataset.h"
 
 #include <simdjson.h>
 

@@ -1,5 +1,5 @@
 // numpy's random streams and pairwise sum (see numpy_random.h).
-#include "runtime/numpy_random.h"
+#include "runtime/data/numpy_random.h"
 
 namespace mt::rt {
 

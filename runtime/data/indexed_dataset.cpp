@@ -7,7 +7,7 @@
 // document, so a document without tokens repeats the previous entry and an
 // empty dataset has S = 0, D = 1, document_indices = [0] and an empty .bin;
 // sequence pointers are the running sum of length * itemsize from 0.
-#include "runtime/indexed_dataset.h"
+#include "runtime/data/indexed_dataset.h"
 
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/byte_order.h"

@@ -1,10 +1,10 @@
 // `mt-dataset`: inspect and verify Megatron indexed datasets, and print the
 // training samples Megatron would build from them (see dataset_tool.h).
-#include "runtime/dataset_tool.h"
+#include "runtime/data/dataset_tool.h"
 
-#include "runtime/gpt2_tokenizer.h"
-#include "runtime/gpt_dataset.h"
-#include "runtime/indexed_dataset.h"
+#include "runtime/data/tokenizers/gpt2_tokenizer.h"
+#include "runtime/data/gpt_dataset.h"
+#include "runtime/data/indexed_dataset.h"
 
 #include <sys/stat.h>
 
