@@ -10,7 +10,7 @@
 #include "passes/Passes.h"
 #include "plan_generated.h"
 #include "runtime/base/atomic_file.h"
-#include "runtime/checkpoint_layout.h"
+#include "runtime/ckpt/checkpoint_layout.h"
 #include "runtime/comm/comm_order.h"
 #include "runtime/exec/cuda/cuda_api.h"
 #include "runtime/exec/cuda/cuda_device.h"

@@ -1,8 +1,8 @@
 // mtrun: load and verify the plan, then train as Megatron-LM's train() does.
 #include "runtime/train_loop.h"
 
-#include "runtime/checkpoint.h"
-#include "runtime/checkpoint_layout.h"
+#include "runtime/ckpt/checkpoint.h"
+#include "runtime/ckpt/checkpoint_layout.h"
 #include "runtime/comm/collectives.h"
 #include "runtime/comm/comm_order.h"
 #include "runtime/exec/cpu_executor.h"

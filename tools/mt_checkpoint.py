@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reads mt training checkpoints (format: runtime/checkpoint.h) with numpy alone.
+"""Reads mt training checkpoints (format: runtime/ckpt/checkpoint.h) with numpy alone.
 
     from mt_checkpoint import load
     meta, tensors = load("SAVE")        # the latest checkpoint in SAVE

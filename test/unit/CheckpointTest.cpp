@@ -1,7 +1,7 @@
 // Training checkpoints: round trips, the tracker, one clear error per kind of
 // damage, and crash safety (a child killed at every step of a save, and at
 // random moments).
-#include "runtime/checkpoint.h"
+#include "runtime/ckpt/checkpoint.h"
 #include "runtime/base/crc32c.h"
 
 #include <gtest/gtest.h>

@@ -15,7 +15,7 @@
 #ifndef MT_RUNTIME_CHECKPOINT_LAYOUT_H
 #define MT_RUNTIME_CHECKPOINT_LAYOUT_H
 
-#include "runtime/checkpoint.h"
+#include "runtime/ckpt/checkpoint.h"
 #include "runtime/comm/collectives.h"
 #include "runtime/plan/plan_reader.h"
 

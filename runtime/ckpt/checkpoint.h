@@ -90,7 +90,7 @@ struct CheckpointMeta {
 // replaced by exchanging the two directories in one rename (RENAME_EXCHANGE),
 // so the name never points at nothing; on a file system that cannot exchange,
 // the save is refused rather than leave a moment without the old checkpoint.
-// This is one process's save of one rank file (runtime/checkpoint_layout.h
+// This is one process's save of one rank file (runtime/ckpt/checkpoint_layout.h
 // has the collective save of a whole layout); one save at a time may write
 // into SAVE. Returns "" or one error line.
 // `distrib_optim`, when given, is written beside the rank file as

@@ -4,7 +4,7 @@
 // megatron/training/checkpointing.py (get_checkpoint_tracker_filename,
 // read_metadata, get_checkpoint_name); the CRC32C polynomial 0x82F63B78
 // (reflected) is from RFC 3720, appendix B.4.
-#include "runtime/checkpoint.h"
+#include "runtime/ckpt/checkpoint.h"
 
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/byte_order.h"

@@ -1,5 +1,5 @@
 // Checkpoints of a whole parallel layout (see checkpoint_layout.h).
-#include "runtime/checkpoint_layout.h"
+#include "runtime/ckpt/checkpoint_layout.h"
 
 #include <algorithm>
 #include <climits>
