@@ -3,7 +3,7 @@
 // checked in CheckpointTest.cpp). (test/mtrun/tensorboard.test reads a
 // whole run's file with a separate decoder, and with TensorBoard's own
 // reader where it is installed.)
-#include "runtime/tensorboard.h"
+#include "runtime/train/tensorboard.h"
 
 #include "runtime/base/crc32c.h"
 

@@ -1,5 +1,5 @@
 // TensorBoard event files written by hand (format in tensorboard.h).
-#include "runtime/tensorboard.h"
+#include "runtime/train/tensorboard.h"
 
 #include "runtime/base/crc32c.h"
 

@@ -1,5 +1,5 @@
 // mtrun: load and verify the plan, then train as Megatron-LM's train() does.
-#include "runtime/train_loop.h"
+#include "runtime/train/train_loop.h"
 
 #include "runtime/ckpt/checkpoint.h"
 #include "runtime/ckpt/checkpoint_layout.h"
@@ -12,7 +12,7 @@
 #include "runtime/comm/launch.h"
 #include "runtime/comm/parallel_groups.h"
 #include "runtime/plan/plan_reader.h"
-#include "runtime/tensorboard.h"
+#include "runtime/train/tensorboard.h"
 
 #include <algorithm>
 #include <chrono>
