@@ -2,8 +2,8 @@
 // program per function, the memory plan and the training settings.
 #include "compiler/PlanWriter.h"
 
-#include "compiler/CudaKernelGen.h"
-#include "compiler/GpuSteps.h"
+#include "compiler/cuda/CudaKernelGen.h"
+#include "compiler/cuda/GpuSteps.h"
 #include "compiler/MemoryReport.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/StageModules.h"
@@ -429,7 +429,7 @@ private:
     return success();
   }
 
-  // The instruction's GPU steps (compiler/GpuSteps.h); none when it has no
+  // The instruction's GPU steps (compiler/cuda/GpuSteps.h); none when it has no
   // GPU form yet, which the CUDA executor reports at load.
   std::vector<fb::Offset<pl::GpuStep>> gpuSteps(Operation &op, const Inst &inst) {
     GpuInstruction gi{inst.op, inst.in, inst.out, inst.params, inst.ints, inst.floats};
@@ -900,7 +900,7 @@ private:
   // yielded values (bound to its outputs), then the body's other values in
   // kernel-local scratch. cpu_instructions: the body's ops, lowered as
   // unfused ops are. The CUDA form (source, entry, launch geometry, scalar
-  // arguments) comes from compiler/CudaKernelGen.
+  // arguments) comes from compiler/cuda/CudaKernelGen.
   FailureOr<int64_t> kernel(FusedOp fused) {
     // Every micro-batch's (and the recomputation's) copy of a layer's
     // kernel is the same entry.

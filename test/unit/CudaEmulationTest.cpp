@@ -4,7 +4,7 @@
 // FUSED instruction on random inputs.
 #include "CudaHostKernel.h"
 
-#include "compiler/CudaKernelGen.h"
+#include "compiler/cuda/CudaKernelGen.h"
 #include "compiler/ImportSpec.h"
 #include "compiler/PlanWriter.h"
 #include "dialects/mt/MtOps.h"

@@ -1,8 +1,8 @@
-// compiler/CudaKernelGen on hand-written mt.fused regions (ops and shapes the
+// compiler/cuda/CudaKernelGen on hand-written mt.fused regions (ops and shapes the
 // presets do not reach: SwiGLU and its gradient, GeLU gradients, a norm with
 // ops after it, a count that needs a scalar tail), and each generated source
 // through NVRTC for sm_80 when the library is present.
-#include "compiler/CudaKernelGen.h"
+#include "compiler/cuda/CudaKernelGen.h"
 #include "runtime/exec/cuda/cuda_api.h"
 #include "runtime/exec/cuda/kernel_cache.h"
 #include "dialects/mt/MtOps.h"

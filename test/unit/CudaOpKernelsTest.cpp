@@ -1,11 +1,11 @@
-// compiler/CudaOpKernels: every opcode's kernels compile with NVRTC for sm_80
+// compiler/cuda/CudaOpKernels: every opcode's kernels compile with NVRTC for sm_80
 // and sm_90 (f32, bf16, f16) when NVRTC is present, carry the features they
 // are built for, and compute what runtime/exec/cpu_kernels computes when run on
 // the host emulation of CUDA (CudaHostKernel), on random inputs; where there
 // is a GPU, the same checks run on it (CudaOpKernelsOnGpu).
 #include "KernelDevice.h"
 
-#include "compiler/CudaOpKernels.h"
+#include "compiler/cuda/CudaOpKernels.h"
 #include "runtime/exec/cpu_kernels.h"
 #include "runtime/exec/cuda/cuda_api.h"
 #include "runtime/exec/cuda/kernel_cache.h"

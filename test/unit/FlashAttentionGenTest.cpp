@@ -1,11 +1,11 @@
-// compiler/FlashAttentionGen: its refusals, its launch shapes and ABI; every
+// compiler/cuda/FlashAttentionGen: its refusals, its launch shapes and ABI; every
 // configuration of a matrix (head dim, GQA/MHA, causal, dropout, dtype,
 // tensor-parallel shard) compiled with NVRTC for sm_80 and sm_90 when the
 // library is present; and the kernels run on the host CUDA emulation
 // against runtime/exec/cpu_kernels' attention_fwd/attention_bwd, and where there
 // is a GPU on it too (FlashAttentionOnGpu), the whole matrix included.
 #include "KernelDevice.h"
-#include "compiler/FlashAttentionGen.h"
+#include "compiler/cuda/FlashAttentionGen.h"
 #include "runtime/exec/cpu_kernels.h"
 #include "runtime/exec/cuda/cuda_api.h"
 #include "runtime/exec/cuda/kernel_cache.h"

@@ -101,7 +101,7 @@ TEST(FusePlan, KernelEntry) {
   ASSERT_EQ(plan.kernels()->size(), 1u);
   const pl::Kernel &k = *plan.kernels()->Get(0);
   EXPECT_EQ(k.name()->str(), "decoder.layers.3 bias_add+gelu+dropout+add");
-  // The CUDA form (compiler/CudaKernelGen): 256 f32 elements, 4 per thread,
+  // The CUDA form (compiler/cuda/CudaKernelGen): 256 f32 elements, 4 per thread,
   // one block of 64; dropout takes the seed, the offset and its stream.
   EXPECT_NE(k.cuda_source()->str().find(k.entry()->str()), std::string::npos);
   EXPECT_EQ(k.entry()->str().rfind("mt_bias_add_gelu_dropout_add_", 0), 0u);

@@ -1,7 +1,7 @@
 // CUDA C for flash attention (see FlashAttentionGen.h): per-config
 // constants, then fixed device code shared by the tensor-core and the fp32
 // variants (selected by MT_FLASH_MMA), on top of CudaKernelGen's prelude.
-#include "compiler/FlashAttentionGen.h"
+#include "compiler/cuda/FlashAttentionGen.h"
 
 #include <cmath>
 #include <cstdio>

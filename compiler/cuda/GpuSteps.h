@@ -33,8 +33,8 @@
 #ifndef MT_COMPILER_GPUSTEPS_H
 #define MT_COMPILER_GPUSTEPS_H
 
-#include "compiler/CudaKernelGen.h"
-#include "compiler/CudaOpKernels.h"
+#include "compiler/cuda/CudaKernelGen.h"
+#include "compiler/cuda/CudaOpKernels.h"
 #include "plan_generated.h"
 
 #include <cstdint>
@@ -50,7 +50,7 @@ struct GpuValueInfo {
   plan::Region region = plan::Region::ARENA;
 };
 
-// A parameter as the generated kernels see it (compiler/CudaOpKernels.h).
+// A parameter as the generated kernels see it (compiler/cuda/CudaOpKernels.h).
 using GpuParamInfo = OpParam;
 
 // One plan instruction, as the writer built it.
@@ -139,7 +139,7 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
                              const GpuShardLayout *shards = nullptr);
 
 // One launch for a run of consecutive ADAMW instructions that read the same
-// lr, clipping coefficient and step (compiler/CudaOpKernels.h).
+// lr, clipping coefficient and step (compiler/cuda/CudaOpKernels.h).
 GpuLowering lowerAdamWGroup(const std::vector<GpuInstruction> &group,
                             const std::vector<GpuValueInfo> &values,
                             const std::vector<GpuParamInfo> &params);

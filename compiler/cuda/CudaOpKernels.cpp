@@ -1,7 +1,7 @@
 // CUDA C for plan instructions outside fused regions (see CudaOpKernels.h):
 // each kernel is a fixed body specialised by constants (shapes, dtypes,
 // floats), after CudaKernelGen's prelude and the reductions below.
-#include "compiler/CudaOpKernels.h"
+#include "compiler/cuda/CudaOpKernels.h"
 
 #include <algorithm>
 #include <cmath>

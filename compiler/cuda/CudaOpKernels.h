@@ -99,7 +99,7 @@
 #ifndef MT_COMPILER_CUDAOPKERNELS_H
 #define MT_COMPILER_CUDAOPKERNELS_H
 
-#include "compiler/CudaKernelGen.h"
+#include "compiler/cuda/CudaKernelGen.h"
 #include "plan_generated.h"
 
 #include <cstdint>

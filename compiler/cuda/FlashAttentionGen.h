@@ -59,7 +59,7 @@
 #ifndef MT_COMPILER_FLASHATTENTIONGEN_H
 #define MT_COMPILER_FLASHATTENTIONGEN_H
 
-#include "compiler/CudaKernelGen.h"
+#include "compiler/cuda/CudaKernelGen.h"
 
 #include <cstdint>
 #include <optional>

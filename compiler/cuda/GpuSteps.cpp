@@ -1,7 +1,7 @@
-// Plan instructions -> GPU steps (compiler/GpuSteps.h has the GEMM mapping).
-#include "compiler/GpuSteps.h"
+// Plan instructions -> GPU steps (compiler/cuda/GpuSteps.h has the GEMM mapping).
+#include "compiler/cuda/GpuSteps.h"
 
-#include "compiler/FlashAttentionGen.h"
+#include "compiler/cuda/FlashAttentionGen.h"
 #include "runtime/plan/grad_buckets.h"
 
 #include <algorithm>
@@ -176,7 +176,7 @@ GpuLowering fromOpKernels(const OpKernels &k, const GpuInstruction &inst) {
 
 // ATTENTION (in q, k, v; out o, lse) and ATTENTION_GRAD (in dout, q, k, v,
 // o, lse; out dq, dk, dv) as generated flash attention
-// (compiler/FlashAttentionGen.h). The backward reads the forward's output and
+// (compiler/cuda/FlashAttentionGen.h). The backward reads the forward's output and
 // log-sum-exp from the plan, so it runs only its three kernels; its
 // workspace holds dQ's f32 accumulator and the rows' dout . o.
 GpuLowering lowerAttention(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,

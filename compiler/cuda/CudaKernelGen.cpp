@@ -6,7 +6,7 @@
 // op's result rounded to its type (round half to even) as the CPU executor
 // rounds after every instruction, and dropout masks bit-exact
 // (Philox4x32-10, same key, counter and threshold).
-#include "compiler/CudaKernelGen.h"
+#include "compiler/cuda/CudaKernelGen.h"
 
 #include "dialects/mt/MtOps.h"
 
