@@ -2,10 +2,10 @@
 // (spec -> IR -> pipeline -> output). tools/mtc.cpp only calls runMtc.
 #include "compiler/Driver.h"
 
-#include "compiler/ImportSpec.h"
-#include "compiler/MemoryReport.h"
-#include "compiler/ModelSummary.h"
-#include "compiler/PlanWriter.h"
+#include "compiler/import/ImportSpec.h"
+#include "compiler/report/MemoryReport.h"
+#include "compiler/report/ModelSummary.h"
+#include "compiler/plan/PlanWriter.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
 #include "plan_generated.h"

@@ -3,8 +3,8 @@
 // mtc compiles, which must pass, and must fail once their send/receive
 // groups are taken apart (so the replay really sees them). Last, how the
 // plan writer stores those unrolled schedules: each distinct part once.
-#include "compiler/ImportSpec.h"
-#include "compiler/PlanWriter.h"
+#include "compiler/import/ImportSpec.h"
+#include "compiler/plan/PlanWriter.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
 #include "runtime/comm/comm_order.h"

@@ -11,8 +11,8 @@
 
 #include "CudaHostKernel.h"
 
-#include "compiler/ImportSpec.h"
-#include "compiler/PlanWriter.h"
+#include "compiler/import/ImportSpec.h"
+#include "compiler/plan/PlanWriter.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
 #include "runtime/exec/cpu_kernels.h"

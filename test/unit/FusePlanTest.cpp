@@ -1,7 +1,7 @@
 // mt-fuse through the plan writer and the CPU executor: the kernel-table entry
 // one mt.fused becomes (bound values, kernel-local scratch, body
 // instructions), and bit-identical results with and without fusion.
-#include "compiler/PlanWriter.h"
+#include "compiler/plan/PlanWriter.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
 #include "runtime/exec/cpu_executor.h"

@@ -1,8 +1,8 @@
 // Whole-model gradients through the real pipeline: a spec compiled by mtc's
 // passes (autodiff, optimizer, recompute, fuse, memory plan) into a plan, run
 // by the CPU executor, against central finite differences of the loss.
-#include "compiler/ImportSpec.h"
-#include "compiler/PlanWriter.h"
+#include "compiler/import/ImportSpec.h"
+#include "compiler/plan/PlanWriter.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
 #include "runtime/exec/cpu_executor.h"

@@ -1,5 +1,5 @@
 // Model summary from the IR (see ModelSummary.h).
-#include "compiler/ModelSummary.h"
+#include "compiler/report/ModelSummary.h"
 
 #include "dialects/mt/MtOps.h"
 #include "passes/StageModules.h"

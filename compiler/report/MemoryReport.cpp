@@ -1,5 +1,5 @@
 // The memory and feasibility plan: per-rank rows, verdict, and checked fixes.
-#include "compiler/MemoryReport.h"
+#include "compiler/report/MemoryReport.h"
 
 #include "passes/StageModules.h"
 

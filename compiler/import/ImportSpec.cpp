@@ -1,6 +1,6 @@
 // Spec -> mt IR. Mirrors Megatron-LM's GPT: pre-norm blocks, fused QKV laid out
 // by query group, parameter names and initialisation as Megatron chooses them.
-#include "compiler/ImportSpec.h"
+#include "compiler/import/ImportSpec.h"
 
 #include "dialects/mt/MtOps.h"
 

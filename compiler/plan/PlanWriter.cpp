@@ -1,10 +1,10 @@
 // IR after mt-plan-memory -> plan.bin's FlatBuffer: parameter table, one
 // program per function, the memory plan and the training settings.
-#include "compiler/PlanWriter.h"
+#include "compiler/plan/PlanWriter.h"
 
 #include "compiler/cuda/CudaKernelGen.h"
 #include "compiler/cuda/GpuSteps.h"
-#include "compiler/MemoryReport.h"
+#include "compiler/report/MemoryReport.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/StageModules.h"
 #include "plan_generated.h"
