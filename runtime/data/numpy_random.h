@@ -5,7 +5,7 @@
 //
 // Facts from numpy's sources (numpy/random/_mt19937.pyx, mtrand.pyx,
 // bit_generator.pyx, src/distributions/distributions.c, src/pcg64/pcg64.h,
-// core/src/umath/loops_utils.h.src); test/unit/GptDatasetTest.cpp checks
+// core/src/umath/loops_utils.h.src); test/unit/runtime/data/GptDatasetTest.cpp checks
 // every stream against numbers numpy printed.
 #ifndef MT_RUNTIME_NUMPY_RANDOM_H
 #define MT_RUNTIME_NUMPY_RANDOM_H

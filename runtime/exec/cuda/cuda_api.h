@@ -4,7 +4,7 @@
 //
 // No CUDA header is included. The few types and enum values used are
 // declared here with the values documented in cuda.h, nvrtc.h, cublasLt.h
-// and nccl.h; test/unit/CudaApiHeaderTest.cpp checks every function pointer
+// and nccl.h; test/unit/runtime/exec/cuda/CudaApiHeaderTest.cpp checks every function pointer
 // type and constant below against those headers wherever the toolkit is
 // installed at configure time. Driver entry points are resolved by their ABI
 // names (the `_v2` suffixes cuda.h's macros add), which is what a
