@@ -161,7 +161,7 @@ system_library() {
     awk -v l="$1" '$1 == l && /x86-64/ {print $NF; exit}'
 }
 
-# The CUDA libraries mtrun opens (runtime/cuda_api.cpp): the system's first,
+# The CUDA libraries mtrun opens (runtime/exec/cuda/cuda_api.cpp): the system's first,
 # then /usr/local/cuda/lib64; where neither has one, the pip packages beside
 # PyTorch (nvidia/*/lib) are added to LD_LIBRARY_PATH.
 CUDA_LIBRARIES=""
