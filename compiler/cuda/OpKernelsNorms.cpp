@@ -1,0 +1,245 @@
+// Op kernels of the row kernels: LAYER_NORM, RMS_NORM, their gradients,
+// BIAS_GRAD and the column sums that finish the parameter gradients.
+#include "compiler/cuda/OpKernelBuilder.h"
+
+#include <algorithm>
+#include <map>
+
+namespace mt::opk {
+
+namespace {
+
+// Blocks of the partial column sums: enough to fill an H100 (132 SMs) a few
+// times over, few enough that the second pass reads little.
+int64_t partialBlocks(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, 528)); }
+
+std::map<std::string, std::string> rowSubs(const RowShape &r, int64_t h, double eps) {
+  return {{"V", std::to_string(r.v)}, {"K", std::to_string(r.k)}, {"B", std::to_string(r.block)},
+          {"H", num(h)}, {"HF", flt(double(h))}, {"EPS", flt(eps)}};
+}
+
+} // namespace
+
+// LAYER_NORM and RMS_NORM: one block per row, the row in registers; fp32
+// statistics (the variance in a second pass over the registers).
+void genNorm(const OpInstruction &ins, Builder &b, bool layer) {
+  const OpTensor &x = ins.in[0], &w = ins.in[1], &y = ins.out[0];
+  const int64_t h = x.shape.back(), rows = h ? x.elements() / h : 0;
+  const RowShape r = rowShape(h, lanesFor({x.dtype, w.dtype, y.dtype}, {h}), 4, 1024);
+  auto s = rowSubs(r, h, ins.floats.at(0));
+  s["TX"] = storage(x.dtype);
+  s["TW"] = storage(w.dtype);
+  s["TY"] = storage(y.dtype);
+  s["TB"] = layer ? storage(ins.in[2].dtype) : "float";
+  s["BIAS"] = layer ? ", const ${TB} *bias" : "";
+  s["STATS"] = layer ? R"(  const float mean = mt_block_sum(s, mt_shared) / ${HF};
+  float q = 0.0f;
+#pragma unroll
+  for (int k = 0; k < ${K}; ++k)
+    if (((mt_u64)k * blockDim.x + threadIdx.x) * ${V} < ${H})
+      for (int l = 0; l < ${V}; ++l) { const float e = a[k][l] - mean; q += e * e; }
+  const float rstd = 1.0f / sqrtf(mt_block_sum(q, mt_shared) / ${HF} + ${EPS});
+)"
+                     : R"(  const float mean = 0.0f;
+  const float rstd = 1.0f / sqrtf(mt_block_sum(s, mt_shared) / ${HF} + ${EPS});
+)";
+  s["ACC"] = layer ? "s += a[k][l]" : "s += a[k][l] * a[k][l]";
+  s["BLOAD"] = layer ? "mt_load<${V}>(bias, c, bv);" : "";
+  s["EXPR"] = layer ? "(a[k][l] - mean) * rstd * wv[l] + bv[l]" : "a[k][l] * rstd * wv[l]";
+  std::string t = R"(extern "C" __global__ void __launch_bounds__(${B}) @ENTRY@(const ${TX} *x, const ${TW} *w${BIAS}, ${TY} *y) {
+  extern __shared__ float mt_shared[];
+  const mt_u64 at = (mt_u64)blockIdx.x * ${H};
+  float a[${K}][${V}];
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < ${K}; ++k) {
+    const mt_u64 c = ((mt_u64)k * blockDim.x + threadIdx.x) * ${V};
+    if (c < ${H}) { mt_load<${V}>(x, at + c, a[k]); for (int l = 0; l < ${V}; ++l) ${ACC}; }
+    else for (int l = 0; l < ${V}; ++l) a[k][l] = 0.0f;
+  }
+${STATS}#pragma unroll
+  for (int k = 0; k < ${K}; ++k) {
+    const mt_u64 c = ((mt_u64)k * blockDim.x + threadIdx.x) * ${V};
+    if (c >= ${H}) continue;
+    float wv[${V}], bv[${V}], o[${V}];
+    mt_load<${V}>(w, c, wv);
+    ${BLOAD}
+    for (int l = 0; l < ${V}; ++l) o[l] = ${EXPR};
+    mt_store<${V}>(y, at + c, o);
+  }
+}
+)";
+  // Two rounds: the substitutions themselves hold ${...}.
+  std::string src = fill(fill(t, s), s);
+  std::vector<OpArg> args = {in(0), in(1)};
+  if (layer)
+    args.push_back(in(2));
+  args.push_back(outp(0));
+  b.launch(layer ? "layer_norm" : "rms_norm", src, uint64_t(rows), r.block, 256, args);
+}
+
+// Adds the columns of `arrays` blocks x h partial sums (in double, block
+// order) into the f32 gradients: grad[j] = float(grad[j] + sum).
+void genColSums(Builder &b, uint64_t wsAt_, int64_t blocks, int64_t h, int arrays) {
+  std::map<std::string, std::string> s = {{"G", num(blocks)}, {"H", num(h)}};
+  std::string src = fill(R"(extern "C" __global__ void __launch_bounds__(64) @ENTRY@(const float *ws, float *g0)",
+                         s);
+  if (arrays == 2)
+    src += ", float *g1";
+  src += fill(R"() {
+  const mt_u64 j = (mt_u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= ${H}) return;
+  double s = 0.0;
+  for (mt_u64 b = 0; b < ${G}; ++b) s += ws[b * ${H} + j];
+  g0[j] = (float)((double)g0[j] + s);
+)",
+              s);
+  if (arrays == 2)
+    src += fill(R"(  s = 0.0;
+  for (mt_u64 b = 0; b < ${G}; ++b) s += ws[(${G} + b) * ${H} + j];
+  g1[j] = (float)((double)g1[j] + s);
+)",
+                s);
+  src += "}\n";
+  std::vector<OpArg> args = {wsAt(wsAt_), grad(0)};
+  if (arrays == 2)
+    args.push_back(grad(1));
+  b.launch("col_sums", src, uint64_t((h + 63) / 64), 64, 0, args);
+}
+
+// LAYER_NORM_GRAD and RMS_NORM_GRAD: blocks take rows blockIdx, blockIdx +
+// gridDim, ...; each writes dx per row and keeps its dw (and db) column
+// partials in registers, stored to the workspace at the end; col_sums adds
+// them into the gradients.
+void genNormGrad(const OpInstruction &ins, Builder &b, bool layer) {
+  const OpTensor &dy = ins.in[0], &x = ins.in[1], &w = ins.in[2], &dx = ins.out[0];
+  const int64_t h = x.shape.back(), rows = h ? x.elements() / h : 0;
+  const RowShape r = rowShape(h, lanesFor({dy.dtype, x.dtype, w.dtype, dx.dtype}, {h}), 2, 512);
+  const int64_t blocks = partialBlocks(rows);
+  const int arrays = layer ? 2 : 1;
+  const uint64_t ws = b.alloc(uint64_t(arrays * blocks * h) * 4);
+  auto s = rowSubs(r, h, ins.floats.at(0));
+  s["TDY"] = storage(dy.dtype);
+  s["TX"] = storage(x.dtype);
+  s["TW"] = storage(w.dtype);
+  s["TDX"] = storage(dx.dtype);
+  s["N"] = num(rows);
+  s["G"] = num(blocks);
+  s["ROW"] = layer ? R"(    const float mean = mt_block_sum(s, mt_shared) / ${HF};
+    float q = 0.0f;
+    for (int k = 0; k < ${K}; ++k)
+      if (((mt_u64)k * blockDim.x + threadIdx.x) * ${V} < ${H})
+        for (int l = 0; l < ${V}; ++l) { const float e = a[k][l] - mean; q += e * e; }
+    const float rstd = 1.0f / sqrtf(mt_block_sum(q, mt_shared) / ${HF} + ${EPS});
+    // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w.
+    float sg = 0.0f, sgx = 0.0f;
+    for (int k = 0; k < ${K}; ++k)
+      for (int l = 0; l < ${V}; ++l) {
+        a[k][l] = (a[k][l] - mean) * rstd;
+        const float gw = g[k][l] * wv[k][l];
+        sg += gw;
+        sgx += gw * a[k][l];
+      }
+    mt_block_sum2(sg, sgx, mt_shared);
+    const float mg = sg / ${HF}, mgx = sgx / ${HF};
+    for (int k = 0; k < ${K}; ++k)
+      for (int l = 0; l < ${V}; ++l) {
+        pw[k][l] += g[k][l] * a[k][l];
+        pb[k][l] += g[k][l];
+        a[k][l] = rstd * (g[k][l] * wv[k][l] - mg - a[k][l] * mgx);
+      }
+)"
+                    : R"(    const float rstd = 1.0f / sqrtf(mt_block_sum(s, mt_shared) / ${HF} + ${EPS});
+    // dx = rstd (g - x rstd^2 mean(g x)), g = dy w.
+    float sgx = 0.0f;
+    for (int k = 0; k < ${K}; ++k)
+      for (int l = 0; l < ${V}; ++l) sgx += g[k][l] * wv[k][l] * a[k][l];
+    const float mgx = mt_block_sum(sgx, mt_shared) / ${HF};
+    for (int k = 0; k < ${K}; ++k)
+      for (int l = 0; l < ${V}; ++l) {
+        pw[k][l] += g[k][l] * a[k][l] * rstd;
+        a[k][l] = rstd * (g[k][l] * wv[k][l] - a[k][l] * rstd * rstd * mgx);
+      }
+)";
+  s["ACC"] = layer ? "s += a[k][l]" : "s += a[k][l] * a[k][l]";
+  s["PB"] = layer ? "mt_store<${V}>(ws + (${G} + blockIdx.x) * ${H}, c, pb[k]);" : "";
+  std::string t = R"(extern "C" __global__ void __launch_bounds__(${B}) @ENTRY@(const ${TDY} *dy, const ${TX} *x, const ${TW} *w, ${TDX} *dx, float *ws) {
+  extern __shared__ float mt_shared[];
+  float wv[${K}][${V}], pw[${K}][${V}], pb[${K}][${V}];
+#pragma unroll
+  for (int k = 0; k < ${K}; ++k) {
+    const mt_u64 c = ((mt_u64)k * blockDim.x + threadIdx.x) * ${V};
+    for (int l = 0; l < ${V}; ++l) { pw[k][l] = 0.0f; pb[k][l] = 0.0f; wv[k][l] = 0.0f; }
+    if (c < ${H}) mt_load<${V}>(w, c, wv[k]);
+  }
+  for (mt_u64 row = blockIdx.x; row < ${N}; row += gridDim.x) {
+    const mt_u64 at = row * ${H};
+    float a[${K}][${V}], g[${K}][${V}];
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ${K}; ++k) {
+      const mt_u64 c = ((mt_u64)k * blockDim.x + threadIdx.x) * ${V};
+      if (c < ${H}) {
+        mt_load<${V}>(x, at + c, a[k]);
+        mt_load<${V}>(dy, at + c, g[k]);
+        for (int l = 0; l < ${V}; ++l) ${ACC};
+      } else {
+        for (int l = 0; l < ${V}; ++l) { a[k][l] = 0.0f; g[k][l] = 0.0f; }
+      }
+    }
+${ROW}#pragma unroll
+    for (int k = 0; k < ${K}; ++k) {
+      const mt_u64 c = ((mt_u64)k * blockDim.x + threadIdx.x) * ${V};
+      if (c < ${H}) mt_store<${V}>(dx, at + c, a[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < ${K}; ++k) {
+    const mt_u64 c = ((mt_u64)k * blockDim.x + threadIdx.x) * ${V};
+    if (c >= ${H}) continue;
+    mt_store<${V}>(ws + (mt_u64)blockIdx.x * ${H}, c, pw[k]);
+    ${PB}
+  }
+}
+)";
+  std::string src = fill(fill(t, s), s);
+  b.launch(layer ? "layer_norm_grad" : "rms_norm_grad", src, uint64_t(blocks), r.block, 256,
+           {in(0), in(1), in(2), outp(0), wsAt(ws)});
+  genColSums(b, ws, blocks, h, arrays);
+}
+
+// BIAS_GRAD: column partials of dy per block of rows, then col_sums.
+void genBiasGrad(const OpInstruction &ins, Builder &b) {
+  const OpTensor &dy = ins.in[0];
+  const int64_t h = dy.shape.back(), rows = h ? dy.elements() / h : 0;
+  const RowShape r = rowShape(h, lanesFor({dy.dtype, DType::F32}, {h}), 4, 256);
+  const int64_t blocks = partialBlocks(rows);
+  const uint64_t ws = b.alloc(uint64_t(blocks * h) * 4);
+  auto s = rowSubs(r, h, 0);
+  s["TDY"] = storage(dy.dtype);
+  s["N"] = num(rows);
+  std::string src = fill(R"(extern "C" __global__ void __launch_bounds__(${B}) @ENTRY@(const ${TDY} *dy, float *ws) {
+  float acc[${K}][${V}];
+  for (int k = 0; k < ${K}; ++k) for (int l = 0; l < ${V}; ++l) acc[k][l] = 0.0f;
+  for (mt_u64 row = blockIdx.x; row < ${N}; row += gridDim.x)
+#pragma unroll
+    for (int k = 0; k < ${K}; ++k) {
+      const mt_u64 c = ((mt_u64)k * blockDim.x + threadIdx.x) * ${V};
+      if (c >= ${H}) continue;
+      float g[${V}];
+      mt_load<${V}>(dy, row * ${H} + c, g);
+      for (int l = 0; l < ${V}; ++l) acc[k][l] += g[l];
+    }
+#pragma unroll
+  for (int k = 0; k < ${K}; ++k) {
+    const mt_u64 c = ((mt_u64)k * blockDim.x + threadIdx.x) * ${V};
+    if (c < ${H}) mt_store<${V}>(ws + (mt_u64)blockIdx.x * ${H}, c, acc[k]);
+  }
+}
+)",
+                         s);
+  b.launch("bias_partials", src, uint64_t(blocks), r.block, 0, {in(0), wsAt(ws)});
+  genColSums(b, ws, blocks, h, 1);
+}
+
+} // namespace mt::opk
