@@ -129,13 +129,6 @@ namespace {
 
 size_t pad8(size_t n) { return (n + 7) & ~size_t(7); }
 
-std::string dir_of(const std::string &path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos)
-    return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
 std::unique_ptr<Mapping> map_whole_file(const std::string &path, std::string *why) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
