@@ -675,7 +675,7 @@ const char *dtypeName(DType d) { return d == DType::F32 ? "f32" : d == DType::BF
 std::string constants(const FlashAttentionConfig &c, const Tiles &t) {
   const double rate = c.dropoutRate;
   const bool dropout = rate > 0;
-  // runtime/exec/cpu_kernels.cpp's DropoutMask: kept when (word >> 8) >= ceil(rate * 2^24).
+  // runtime/exec/cpu_kernels_internal.h's DropoutMask: kept when (word >> 8) >= ceil(rate * 2^24).
   const uint32_t threshold = !dropout ? 0u : rate >= 1 ? (1u << 24) : uint32_t(std::ceil(rate * 16777216.0));
   const double keep = !dropout ? 1.0 : rate >= 1 ? 0.0 : 1.0 / (1.0 - rate);
   std::string s;
