@@ -1,5 +1,5 @@
-// Reads spec.toml (and --set overrides) with TOML++, fills in Megatron's
-// defaults and checks every rule; the first problem becomes a one-line error.
+// Reads spec.toml (and --set overrides) with TOML++: each key with its type,
+// range and location; SpecValidate.cpp then checks the rules between keys.
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -7,56 +7,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <memory>
 #include <sstream>
-
-#include <toml++/toml.h>
 
 #include "absl/status/status.h"
 #include "spec/Spec.h"
 #include "spec/SpecKeys.h"
+#include "spec/SpecParserImpl.h"
 
-namespace mt::spec {
-
-namespace {
-
-// Where a value came from: the spec file or one `--set` override, which acts
-// as its own little file so messages point into what the user typed.
-struct Loc {
-  std::string file;
-  int64_t line = 1;
-  int64_t col = 1;
-  bool hasPosition = true;
-  std::string str() const {
-    if (!hasPosition)
-      return file;
-    return file + ":" + std::to_string(line) + ":" + std::to_string(col);
-  }
-};
-
-// Thrown inside the parser, turned into a Status at the API boundary.
-struct SpecError {
-  Loc loc;
-  std::string message;
-};
+namespace mt::spec::detail {
 
 [[noreturn]] void fail(const Loc &loc, const std::string &what, const std::string &todo) {
   throw SpecError{loc, what + "; " + todo};
 }
-
-struct Entry {
-  const KeyInfo *info = nullptr;
-  const toml::node *value = nullptr; // owned by a document the parser keeps
-  Loc keyLoc;
-  Loc valueLoc;
-};
-
-struct SectionState {
-  bool inFile = false; // has a header (or dotted keys) in the spec file
-  Loc header;
-  std::map<std::string, Entry> entries; // later overrides replace earlier values
-};
 
 std::string quote(const std::string &s) {
   std::string r = "\"";
@@ -70,6 +32,8 @@ std::string quote(const std::string &s) {
   }
   return r + "\"";
 }
+
+namespace {
 
 std::string floatText(double v) {
   std::string s = formatNumber(v);
@@ -141,26 +105,6 @@ std::string sectionList() {
   return r;
 }
 
-std::string divisorList(int64_t n) {
-  std::string r;
-  int count = 0;
-  for (int64_t d = 1; d <= n && count < 12; ++d)
-    if (n % d == 0)
-      r += (count++ ? ", " : "") + std::to_string(d);
-  return r;
-}
-
-// "use X = 24 or 32": the multiples of `step` around `v`, nearest first.
-std::string nearestMultiples(const char *name, int64_t v, int64_t step) {
-  int64_t lo = v / step * step, hi = lo + step;
-  std::string n = std::string(name) + " = ";
-  if (lo == 0 || hi - v < v - lo)
-    return n + std::to_string(hi);
-  if (v - lo < hi - v)
-    return n + std::to_string(lo);
-  return n + std::to_string(lo) + " or " + std::to_string(hi);
-}
-
 std::vector<std::pair<const toml::key *, const toml::node *>> inSourceOrder(const toml::table &t) {
   std::vector<std::pair<const toml::key *, const toml::node *>> items;
   for (auto &&[k, v] : t)
@@ -202,905 +146,503 @@ std::string keyHint(const std::string &section, const std::string &name) {
   return "see 'mtc spec-keys' or docs/spec.md for the keys of [" + section + "]";
 }
 
-constexpr int64_t kMaxInt = 2147483647; // 2^31 - 1
-
-class Parser {
-public:
-  explicit Parser(std::string source) : source(std::move(source)) {}
-
-  Spec run(const std::string &text, const std::vector<Override> &overrides) {
-    addDocument(parseDocument(text, source, "fix the TOML syntax"), source, false);
-    for (const Override &o : overrides)
-      addOverride(o.text);
-    checkRequired();
-    Spec spec;
-    spec.source = source;
-    readValues(spec);
-    resolveModel(spec);
-    checkParallel(spec);
-    resolveTraining(spec);
-    checkData(spec);
-    resolveCluster(spec);
-    return spec;
-  }
-
-private:
-  std::string source;
-  std::vector<std::unique_ptr<toml::table>> docs;
-  std::map<std::string, SectionState> sections;
-
-  static Loc locOf(const toml::source_region &r, const std::string &file) {
-    Loc l;
-    l.file = file;
-    if (r.begin.line > 0) {
-      l.line = r.begin.line;
-      l.col = r.begin.column;
-    }
-    return l;
-  }
-
-  const toml::table &parseDocument(const std::string &text, const std::string &file,
-                                   const std::string &todo) {
-    try {
-      docs.push_back(std::make_unique<toml::table>(
-          toml::parse(std::string_view(text), std::string_view(file))));
-    } catch (const toml::parse_error &e) {
-      throw syntaxError(e, file, todo);
-    }
-    return *docs.back();
-  }
-
-  static SpecError syntaxError(const toml::parse_error &e, const std::string &file,
-                               const std::string &todo) {
-    // TOML++ says "Error while parsing key-value pair: expected value, saw '\n'".
-    std::string desc(e.description());
-    const std::string prefix = "Error while parsing ";
-    if (desc.rfind(prefix, 0) == 0)
-      desc = "TOML syntax error while parsing " + desc.substr(prefix.size());
-    else
-      desc = "TOML syntax error: " + desc;
-    for (char &c : desc)
-      if (c == '\n' || c == '\r')
-        c = ' ';
-    return SpecError{locOf(e.source(), file), desc + "; " + todo};
-  }
-
-  void addDocument(const toml::table &root, const std::string &file, bool isOverride) {
-    for (auto [k, v] : inSourceOrder(root)) {
-      const std::string name(k->str());
-      Loc at = locOf(v->source(), file);
-      const toml::table *table = v->as_table();
-      bool isSection =
-          std::find(specSections().begin(), specSections().end(), name) != specSections().end();
-      if (!table) {
-        Loc keyAt = locOf(k->source(), file);
-        if (isSection)
-          fail(keyAt, "'" + name + "' must be a section, got " + got(*v),
-               "write [" + name + "] on its own line with the keys below it");
-        std::string where = findSection(name);
-        if (!where.empty())
-          fail(keyAt, "key '" + name + "' is outside any section", "move it under [" + where + "]");
-        std::vector<std::string> all;
-        for (const KeyInfo &info : specKeys())
-          all.push_back(info.name);
-        std::string hint = didYouMean(name, all);
-        fail(keyAt, "unknown key '" + name + "' outside any section",
-             hint.empty() ? "keys live in the sections " + sectionList()
-                          : "did you mean '" + hint + "' in [" + findSection(hint) + "]?");
-      }
-      if (!isSection) {
-        std::string hint = didYouMean(name, specSections());
-        fail(at, "unknown section [" + name + "]",
-             hint.empty() ? "the sections are " + sectionList() : "did you mean [" + hint + "]?");
-      }
-      SectionState &state = sections[name];
-      if (!isOverride && !state.inFile) {
-        state.inFile = true;
-        state.header = at;
-      }
-      for (auto [kk, vv] : inSourceOrder(*table)) {
-        const std::string keyName(kk->str());
-        Entry e;
-        e.info = findKey(name, keyName);
-        e.value = vv;
-        e.keyLoc = locOf(kk->source(), file);
-        e.valueLoc = locOf(vv->source(), file);
-        if (!e.info)
-          fail(e.keyLoc, "unknown key '" + keyName + "' in [" + name + "]", keyHint(name, keyName));
-        checkValue(e);
-        state.entries[keyName] = e;
-      }
-    }
-  }
-
-  void addOverride(const std::string &text) {
-    const std::string file = "--set " + text;
-    Loc whole{file, 1, 1, false};
-    const std::string form = "write it as --set SECTION.KEY=VALUE, e.g. --set model.num_layers=24";
-    size_t eq = text.find('=');
-    if (eq == std::string::npos)
-      fail(whole, "malformed override '" + text + "': no '='", form);
-    std::string lhs = text.substr(0, eq);
-    size_t b = lhs.find_first_not_of(" \t"), e = lhs.find_last_not_of(" \t");
-    lhs = b == std::string::npos ? "" : lhs.substr(b, e - b + 1);
-    size_t dot = lhs.find('.');
-    if (dot == std::string::npos || dot == 0 || dot + 1 == lhs.size() ||
-        lhs.find('.', dot + 1) != std::string::npos) {
-      std::string where = dot == std::string::npos ? findSection(lhs) : "";
-      if (!where.empty())
-        fail(whole, "malformed override '" + text + "': no section before '" + lhs + "'",
-             "write --set " + where + "." + text);
-      fail(whole, "malformed override '" + text + "': expected SECTION.KEY before '='", form);
-    }
-    for (char c : lhs)
-      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.')
-        fail(whole, "malformed override '" + text + "': '" + lhs + "' is not SECTION.KEY", form);
-    size_t vstart = text.find_first_not_of(" \t", eq + 1);
-    if (vstart == std::string::npos)
-      fail(whole, "malformed override '" + text + "': no value after '='", form);
-    if (text.find_first_of("\r\n") != std::string::npos)
-      fail(whole, "malformed override: the value spans several lines", "give one value per --set");
-
-    const std::string todo =
-        "write VALUE in TOML syntax, e.g. 24, 0.1, true, \"bf16\" or [\"a\", \"b\"]";
-    const toml::table *root = nullptr;
-    try {
-      docs.push_back(std::make_unique<toml::table>(
-          toml::parse(std::string_view(text), std::string_view(file))));
-      root = docs.back().get();
-    } catch (const toml::parse_error &err) {
-      // A bare word is a string: --set training.precision=bf16. Quoting keeps
-      // the value's column, so later errors still point at it.
-      std::string value = text.substr(vstart);
-      size_t vend = value.find_last_not_of(" \t");
-      value = value.substr(0, vend + 1);
-      bool bare = value.find_first_of("\"'\\[]{}=#") == std::string::npos;
-      if (!bare)
-        throw syntaxError(err, file, todo);
-      std::string quoted = text.substr(0, vstart) + "\"" + value + "\"";
-      try {
-        docs.push_back(std::make_unique<toml::table>(
-            toml::parse(std::string_view(quoted), std::string_view(file))));
-        root = docs.back().get();
-      } catch (const toml::parse_error &) {
-        throw syntaxError(err, file, todo);
-      }
-    }
-    addDocument(*root, file, true);
-  }
-
-  // Type and range of one value, as soon as it is read, so the first
-  // problem in the file is the one reported.
-  void checkValue(const Entry &e) {
-    const KeyInfo &k = *e.info;
-    const toml::node &v = *e.value;
-    const std::string name = std::string(k.section) + "." + k.name;
-    switch (k.type) {
-    case KeyType::Int: {
-      if (!v.is_integer()) {
-        std::string hint = "write a whole number without quotes";
-        if (auto d = v.value_exact<double>(); d && std::floor(*d) == *d && std::isfinite(*d))
-          hint = "write " + formatNumber(*d) + " without the decimal point";
-        fail(e.valueLoc, name + " must be an integer, got " + got(v), hint);
-      }
-      checkRange(e, name, static_cast<double>(*v.value_exact<int64_t>()));
-      return;
-    }
-    case KeyType::Float: {
-      if (!v.is_number())
-        fail(e.valueLoc, name + " must be a number, got " + got(v),
-             v.is_string() ? "write the number without quotes" : "write a number such as 0.1");
-      checkRange(e, name, *v.value<double>());
-      return;
-    }
-    case KeyType::Bool:
-      if (!v.is_boolean())
-        fail(e.valueLoc, name + " must be true or false, got " + got(v),
-             "write true or false without quotes");
-      return;
-    case KeyType::String:
-      if (!v.is_string())
-        fail(e.valueLoc, name + " must be a string, got " + got(v),
-             "put the value in double quotes");
-      if (std::string(k.name) == "split")
-        checkSplit(e, name);
-      return;
-    case KeyType::Enum: {
-      if (!v.is_string())
-        fail(e.valueLoc,
-             name + " must be a string, one of " + joinQuoted(k.choices) + ", got " + got(v),
-             "put the value in double quotes");
-      std::string s = *v.value_exact<std::string>();
-      if (std::find(k.choices.begin(), k.choices.end(), s) != k.choices.end())
-        return;
-      std::string hint = didYouMean(s, k.choices);
-      fail(e.valueLoc, name + " must be one of " + joinQuoted(k.choices) + ", got " + quote(s),
-           hint.empty() ? "use one of those values" : "did you mean " + quote(hint) + "?");
-    }
-    case KeyType::DataPath:
-      readDataPath(e, nullptr);
-      return;
-    case KeyType::DeviceMemory:
-      readDeviceMemory(e, nullptr);
-      return;
-    }
-  }
-
-  void checkRange(const Entry &e, const std::string &name, double x) {
-    const KeyInfo &k = *e.info;
-    if (!std::isfinite(x))
-      fail(e.valueLoc, name + " must be a finite number, got " + got(*e.value),
-           "use a value " + rangeText(k));
-    bool low = x < k.min || (k.minExclusive && x == k.min);
-    bool high = x > k.max || (k.maxExclusive && x == k.max);
-    if (low || high)
-      fail(e.valueLoc, name + " must be " + rangeText(k) + ", got " + got(*e.value),
-           "use a value in that range");
-    // Sizes multiply (world size, 4 * hidden_size, batch * dp); a 32-bit cap
-    // keeps every product the checks form inside int64.
-    if (k.type == KeyType::Int && x > kMaxInt)
-      fail(e.valueLoc, name + " must be <= " + std::to_string(kMaxInt) + ", got " + got(*e.value),
-           "use a smaller value");
-  }
-
-  void checkSplit(const Entry &e, const std::string &name) {
-    // Megatron splits on ',' if present, else on '/'.
-    std::string s = *e.value->value_exact<std::string>();
-    char sep = s.find(',') != std::string::npos ? ',' : '/';
-    std::vector<double> parts;
-    std::stringstream ss(s);
-    std::string item;
-    bool ok = !s.empty();
-    while (ok && std::getline(ss, item, sep)) {
-      size_t b = item.find_first_not_of(" \t"), en = item.find_last_not_of(" \t");
-      double d = 0;
-      ok = b != std::string::npos && parseNumber(item.substr(b, en - b + 1), d) && d >= 0;
-      parts.push_back(d);
-    }
-    if (!s.empty() && s.back() == sep)
-      ok = false;
-    if (!ok || parts.empty() || parts.size() > 3)
-      fail(e.valueLoc,
-           name + " must be 1 to 3 non-negative numbers separated by ',' or '/', got " + quote(s),
-           "write train, validation and test proportions, e.g. split = \"969,30,1\"");
-    double sum = 0;
-    for (double d : parts)
-      sum += d;
-    if (sum <= 0)
-      fail(e.valueLoc, name + " = " + quote(s) + " gives no samples to any split",
-           "make at least one part positive, e.g. split = \"969,30,1\"");
-  }
-
-  // Checks data_path's shape; fills `out` when given.
-  void readDataPath(const Entry &e, std::vector<std::pair<double, std::string>> *out) {
-    const std::string form =
-        "write a prefix \"path/corpus_text_document\", [\"prefix\"] or a blend "
-        "[w1, \"prefix1\", w2, \"prefix2\", ...]";
-    auto prefix = [&](const toml::node &n, const std::string &what) {
-      if (!n.is_string())
-        fail(locOf(n.source(), e.valueLoc.file),
-             "data.data_path " + what + " must be a dataset prefix (a string), got " + got(n),
-             form);
-      std::string p = *n.value_exact<std::string>();
-      if (p.empty())
-        fail(locOf(n.source(), e.valueLoc.file), "data.data_path has an empty prefix",
-             "give the dataset prefix, or remove data_path");
-      return p;
-    };
-    std::vector<std::pair<double, std::string>> blend;
-    if (e.value->is_string()) {
-      blend.emplace_back(1.0, prefix(*e.value, "value"));
-    } else if (const toml::array *a = e.value->as_array()) {
-      if (a->empty())
-        fail(e.valueLoc, "data.data_path is an empty array", form + ", or remove data_path");
-      if (a->size() == 1) {
-        blend.emplace_back(1.0, prefix(*a->get(0), "element 1"));
-      } else {
-        if (a->size() % 2 != 0)
-          fail(e.valueLoc,
-               "data.data_path blend has " + std::to_string(a->size()) +
-                   " elements; a blend alternates weight and prefix",
-               "give a weight before every prefix: [w1, \"prefix1\", w2, \"prefix2\", ...]");
-        for (size_t i = 0; i < a->size(); i += 2) {
-          const toml::node &w = *a->get(i);
-          Loc wAt = locOf(w.source(), e.valueLoc.file);
-          double weight = 0;
-          std::string what = "element " + std::to_string(i + 1);
-          if (auto d = w.value<double>(); d && w.is_number())
-            weight = *d;
-          else if (!w.is_string() || !parseNumber(*w.value_exact<std::string>(), weight))
-            fail(wAt,
-                 "data.data_path " + what + " must be a weight (a number or numeric string), got " +
-                     got(w),
-                 form);
-          if (!(weight > 0) || !std::isfinite(weight))
-            fail(wAt, "data.data_path weight must be > 0, got " + got(w),
-                 "give every dataset a positive weight, or drop it from the blend");
-          blend.emplace_back(weight, prefix(*a->get(i + 1), "element " + std::to_string(i + 2)));
-        }
-      }
-    } else {
-      fail(e.valueLoc, "data.data_path must be a string or an array, got " + got(*e.value), form);
-    }
-    if (out)
-      *out = blend;
-  }
-
-  void readDeviceMemory(const Entry &e, ClusterConfig *out) {
-    const toml::node &v = *e.value;
-    std::vector<std::string> names;
-    for (const DevicePreset &p : devicePresets())
-      names.push_back(p.name);
-    if (v.is_string()) {
-      std::string s = *v.value_exact<std::string>();
-      for (const DevicePreset &p : devicePresets())
-        if (s == p.name) {
-          if (out) {
-            out->device = p.name;
-            out->device_memory_bytes = p.bytes;
-          }
-          return;
-        }
-      std::string hint = didYouMean(s, names);
-      fail(e.valueLoc,
-           "cluster.device_memory " + quote(s) +
-               " is not a known device (presets: " + joinQuoted(names) + ")",
-           hint.empty() ? "use a preset, or give the memory in GiB as a number, e.g. "
-                          "device_memory = 80"
-                        : "did you mean " + quote(hint) +
-                              "? (a number gives the memory in GiB, e.g. device_memory = 80)");
-    }
-    if (!v.is_number())
-      fail(e.valueLoc,
-           "cluster.device_memory must be a preset name or a size in GiB, got " + got(v),
-           "write e.g. device_memory = \"H100-80GB\" or device_memory = 80");
-    double gib = *v.value<double>();
-    if (!(gib > 0) || !(gib < 1e9))
-      fail(e.valueLoc, "cluster.device_memory must be > 0 GiB, got " + got(v),
-           "give the memory of one GPU in GiB, e.g. device_memory = 80");
-    if (out) {
-      out->device = "custom";
-      out->device_memory_bytes = std::llround(gib * static_cast<double>(1LL << 30));
-    }
-  }
-
-  void checkRequired() {
-    for (const KeyInfo &k : specKeys()) {
-      if (!k.required || given(k.section, k.name))
-        continue;
-      auto it = sections.find(k.section);
-      std::string sec = std::string("[") + k.section + "]";
-      std::string doc = k.doc;
-      if (!doc.empty() && doc.back() == '.')
-        doc.pop_back();
-      if (!doc.empty())
-        doc[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(doc[0])));
-      if (it != sections.end() && it->second.inFile)
-        fail(it->second.header, sec + " is missing the required key '" + k.name + "' (" + doc + ")",
-             std::string("add ") + k.name + " = VALUE to " + sec);
-      fail(Loc{source, 1, 1},
-           std::string("missing required key '") + k.name + "' (" + doc + "): the spec has no " +
-               sec + " section",
-           "add a " + sec + " section with " + k.name + " = VALUE");
-    }
-  }
-
-  const Entry *given(const std::string &section, const std::string &name) const {
-    auto it = sections.find(section);
-    if (it == sections.end())
-      return nullptr;
-    auto e = it->second.entries.find(name);
-    return e == it->second.entries.end() ? nullptr : &e->second;
-  }
-
-  // Where to point for a key: its value, else its section header, else 1:1.
-  Loc at(const std::string &section, const std::string &name) const {
-    if (const Entry *e = given(section, name))
-      return e->valueLoc;
-    auto it = sections.find(section);
-    if (it != sections.end() && it->second.inFile)
-      return it->second.header;
-    return Loc{source, 1, 1};
-  }
-
-  // "name = value (FILE:L:C)" or "name = value (default)", for the other keys
-  // a cross-key message mentions.
-  std::string ref(const std::string &section, const std::string &name,
-                  const std::string &value) const {
-    std::string s = name + " = " + value;
-    if (const Entry *e = given(section, name))
-      return s + " (" + e->valueLoc.str() + ")";
-    return s + " (default)";
-  }
-  std::string ref(const std::string &section, const std::string &name, int64_t v) const {
-    return ref(section, name, std::to_string(v));
-  }
-
-  void getInt(const char *section, const char *name, int64_t &out) {
-    if (const Entry *e = given(section, name))
-      out = *e->value->value_exact<int64_t>();
-  }
-  void getFloat(const char *section, const char *name, double &out) {
-    if (const Entry *e = given(section, name))
-      out = *e->value->value<double>();
-  }
-  void getBool(const char *section, const char *name, bool &out) {
-    if (const Entry *e = given(section, name))
-      out = *e->value->value_exact<bool>();
-  }
-  void getString(const char *section, const char *name, std::string &out) {
-    if (const Entry *e = given(section, name))
-      out = *e->value->value_exact<std::string>();
-  }
-  template <typename T>
-  void getEnum(const char *section, const char *name, T &out, std::initializer_list<T> all) {
-    if (const Entry *e = given(section, name)) {
-      std::string s = *e->value->value_exact<std::string>();
-      for (T v : all)
-        if (s == toString(v))
-          out = v;
-    }
-  }
-
-  void readValues(Spec &spec) {
-    ModelConfig &m = spec.model;
-    getInt("model", "num_layers", m.num_layers);
-    getInt("model", "hidden_size", m.hidden_size);
-    getInt("model", "ffn_hidden_size", m.ffn_hidden_size);
-    getInt("model", "num_attention_heads", m.num_attention_heads);
-    getInt("model", "num_query_groups", m.num_query_groups);
-    getInt("model", "kv_channels", m.kv_channels);
-    getInt("model", "seq_length", m.seq_length);
-    getInt("model", "max_position_embeddings", m.max_position_embeddings);
-    getInt("model", "vocab_size", m.vocab_size);
-    getInt("model", "make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
-    getEnum("model", "position_embedding_type", m.position_embedding_type,
-            {PositionEmbedding::LearnedAbsolute, PositionEmbedding::Rope});
-    getInt("model", "rotary_base", m.rotary_base);
-    getEnum("model", "normalization", m.normalization,
-            {Normalization::LayerNorm, Normalization::RMSNorm});
-    getFloat("model", "norm_epsilon", m.norm_epsilon);
-    getBool("model", "swiglu", m.swiglu);
-    getBool("model", "untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights);
-    getBool("model", "add_bias_linear", m.add_bias_linear);
-    getFloat("model", "hidden_dropout", m.hidden_dropout);
-    getFloat("model", "attention_dropout", m.attention_dropout);
-    getFloat("model", "init_method_std", m.init_method_std);
-
-    ParallelConfig &p = spec.parallel;
-    getInt("parallel", "tensor_model_parallel_size", p.tensor_model_parallel_size);
-    getInt("parallel", "pipeline_model_parallel_size", p.pipeline_model_parallel_size);
-    getInt("parallel", "data_parallel_size", p.data_parallel_size);
-    getInt("parallel", "virtual_pipeline_model_parallel_size",
-           p.virtual_pipeline_model_parallel_size);
-    getInt("parallel", "decoder_first_pipeline_num_layers", p.decoder_first_pipeline_num_layers);
-    getInt("parallel", "decoder_last_pipeline_num_layers", p.decoder_last_pipeline_num_layers);
-    getBool("parallel", "sequence_parallel", p.sequence_parallel);
-    getBool("parallel", "use_distributed_optimizer", p.use_distributed_optimizer);
-    getBool("parallel", "overlap_grad_reduce", p.overlap_grad_reduce);
-    getBool("parallel", "overlap_param_gather", p.overlap_param_gather);
-    getInt("parallel", "ddp_bucket_size", p.ddp_bucket_size);
-    getEnum("parallel", "recompute_granularity", p.recompute_granularity,
-            {RecomputeGranularity::Selective, RecomputeGranularity::Full});
-    getEnum("parallel", "recompute_method", p.recompute_method,
-            {RecomputeMethod::Uniform, RecomputeMethod::Block});
-    getInt("parallel", "recompute_num_layers", p.recompute_num_layers);
-
-    TrainingConfig &t = spec.training;
-    getInt("training", "micro_batch_size", t.micro_batch_size);
-    getInt("training", "global_batch_size", t.global_batch_size);
-    getInt("training", "train_iters", t.train_iters);
-    getFloat("training", "lr", t.lr);
-    getFloat("training", "min_lr", t.min_lr);
-    getEnum("training", "lr_decay_style", t.lr_decay_style,
-            {LrDecayStyle::Constant, LrDecayStyle::Linear, LrDecayStyle::Cosine,
-             LrDecayStyle::InverseSquareRoot, LrDecayStyle::WSD});
-    getEnum("training", "lr_wsd_decay_style", t.lr_wsd_decay_style,
-            {WsdDecayStyle::Exponential, WsdDecayStyle::Linear, WsdDecayStyle::Cosine,
-             WsdDecayStyle::MinusSqrt});
-    getInt("training", "lr_wsd_decay_iters", t.lr_wsd_decay_iters);
-    getInt("training", "lr_decay_iters", t.lr_decay_iters);
-    getInt("training", "lr_warmup_iters", t.lr_warmup_iters);
-    getFloat("training", "weight_decay", t.weight_decay);
-    getFloat("training", "adam_beta1", t.adam_beta1);
-    getFloat("training", "adam_beta2", t.adam_beta2);
-    getFloat("training", "adam_eps", t.adam_eps);
-    getFloat("training", "clip_grad", t.clip_grad);
-    getEnum("training", "precision", t.precision,
-            {Precision::FP32, Precision::FP16, Precision::BF16});
-    getFloat("training", "initial_loss_scale", t.initial_loss_scale);
-    getFloat("training", "min_loss_scale", t.min_loss_scale);
-    getInt("training", "loss_scale_window", t.loss_scale_window);
-    getInt("training", "hysteresis", t.hysteresis);
-    getInt("training", "seed", t.seed);
-    getInt("training", "log_interval", t.log_interval);
-    getInt("training", "eval_interval", t.eval_interval);
-    getInt("training", "eval_iters", t.eval_iters);
-    getInt("training", "save_interval", t.save_interval);
-    getString("training", "save", t.save);
-    getString("training", "load", t.load);
-
-    DataConfig &d = spec.data;
-    if (const Entry *e = given("data", "data_path"))
-      readDataPath(*e, &d.data_path);
-    getString("data", "split", d.split);
-    getString("data", "tokenizer_type", d.tokenizer_type);
-    getString("data", "vocab_file", d.vocab_file);
-    getString("data", "merge_file", d.merge_file);
-    getBool("data", "mock_data", d.mock_data);
-
-    ClusterConfig &c = spec.cluster;
-    c.device = devicePresets()[0].name;
-    c.device_memory_bytes = devicePresets()[0].bytes;
-    if (const Entry *e = given("cluster", "device_memory"))
-      readDeviceMemory(*e, &c);
-    getInt("cluster", "gpus_per_node", c.gpus_per_node);
-    getInt("cluster", "nodes", c.nodes);
-  }
-
-  void resolveModel(Spec &spec) {
-    ModelConfig &m = spec.model;
-    if (!given("model", "kv_channels")) {
-      if (m.hidden_size % m.num_attention_heads != 0)
-        fail(at("model", "num_attention_heads"),
-             ref("model", "hidden_size", m.hidden_size) +
-                 " is not divisible by num_attention_heads = " +
-                 std::to_string(m.num_attention_heads),
-             "each head gets hidden_size / num_attention_heads channels: choose "
-             "num_attention_heads dividing " +
-                 std::to_string(m.hidden_size) + " (" + divisorList(m.hidden_size) +
-                 ", ...), or set kv_channels");
-      m.kv_channels = m.hidden_size / m.num_attention_heads;
-    }
-    if (!given("model", "num_query_groups"))
-      m.num_query_groups = m.num_attention_heads;
-    if (m.num_query_groups > m.num_attention_heads)
-      fail(at("model", "num_query_groups"),
-           "num_query_groups = " + std::to_string(m.num_query_groups) + " exceeds " +
-               ref("model", "num_attention_heads", m.num_attention_heads),
-           "each key/value group serves one or more query heads: use num_query_groups <= " +
-               std::to_string(m.num_attention_heads));
-    if (m.num_attention_heads % m.num_query_groups != 0)
-      fail(at("model", "num_query_groups"),
-           ref("model", "num_attention_heads", m.num_attention_heads) +
-               " is not divisible by num_query_groups = " + std::to_string(m.num_query_groups),
-           "every group must serve the same number of query heads: use a divisor of " +
-               std::to_string(m.num_attention_heads) + " (" + divisorList(m.num_attention_heads) +
-               ")");
-    if (!given("model", "ffn_hidden_size")) {
-      // Megatron: int((4 * h * 2 / 3) / 64) * 64 with SwiGLU, keeping the
-      // parameter count close to the 4h GELU MLP.
-      m.ffn_hidden_size = m.swiglu ? m.hidden_size / 24 * 64 : 4 * m.hidden_size;
-      if (m.ffn_hidden_size == 0)
-        fail(at("model", "swiglu"),
-             "with swiglu the default ffn_hidden_size, int((4 * hidden_size * 2 / 3) / 64) "
-             "* 64, is 0 for hidden_size = " +
-                 std::to_string(m.hidden_size),
-             "set ffn_hidden_size");
-    }
-    if (!given("model", "max_position_embeddings"))
-      m.max_position_embeddings = m.seq_length;
-    if (m.position_embedding_type == PositionEmbedding::LearnedAbsolute &&
-        m.seq_length > m.max_position_embeddings)
-      fail(at("model", "seq_length"),
-           "seq_length = " + std::to_string(m.seq_length) + " exceeds " +
-               ref("model", "max_position_embeddings", m.max_position_embeddings) +
-               " with learned_absolute position embeddings",
-           "raise max_position_embeddings to at least " + std::to_string(m.seq_length) +
-               ", lower seq_length, or use position_embedding_type = \"rope\"");
-    if (given("model", "rotary_base") && m.position_embedding_type != PositionEmbedding::Rope)
-      fail(at("model", "rotary_base"),
-           "rotary_base only applies to rope positions, but " +
-               ref("model", "position_embedding_type", quote(toString(m.position_embedding_type))),
-           "remove rotary_base or set position_embedding_type = \"rope\"");
-  }
-
-  void checkParallel(Spec &spec) {
-    const ModelConfig &m = spec.model;
-    ParallelConfig &p = spec.parallel;
-    const int64_t tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size,
-                  vp = p.virtual_pipeline_model_parallel_size;
-    const Loc tpAt = at("parallel", "tensor_model_parallel_size");
-    const std::string tpText = "tensor_model_parallel_size = " + std::to_string(tp);
-    if (m.num_attention_heads % tp != 0)
-      fail(tpAt,
-           ref("model", "num_attention_heads", m.num_attention_heads) + " is not divisible by " +
-               tpText,
-           "each tensor-parallel rank holds whole attention heads: use a "
-           "tensor_model_parallel_size dividing " +
-               std::to_string(m.num_attention_heads));
-    if (m.num_query_groups % tp != 0)
-      fail(tpAt,
-           ref("model", "num_query_groups", m.num_query_groups) + " is not divisible by " + tpText,
-           "each tensor-parallel rank holds whole key/value groups: use a "
-           "tensor_model_parallel_size dividing " +
-               std::to_string(m.num_query_groups) + ", or more query groups");
-    if (m.ffn_hidden_size % tp != 0)
-      fail(tpAt,
-           ref("model", "ffn_hidden_size", m.ffn_hidden_size) + " is not divisible by " + tpText,
-           "the MLP is split evenly over tensor-parallel ranks: use a "
-           "tensor_model_parallel_size dividing " +
-               std::to_string(m.ffn_hidden_size) + ", or set ffn_hidden_size to a multiple of " +
-               std::to_string(tp));
-    if (vp > 1 && pp == 1)
-      fail(at("parallel", "virtual_pipeline_model_parallel_size"),
-           "virtual_pipeline_model_parallel_size = " + std::to_string(vp) +
-               " needs pipeline parallelism, but " +
-               ref("parallel", "pipeline_model_parallel_size", pp),
-           "set pipeline_model_parallel_size >= 2, or "
-           "virtual_pipeline_model_parallel_size = 1");
-    const int64_t chunks = pp * vp;
-    const int64_t first = p.decoder_first_pipeline_num_layers,
-                  last = p.decoder_last_pipeline_num_layers;
-    for (const char *k : {"decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"}) {
-      if (!given("parallel", k))
-        continue;
-      if (pp == 1)
-        fail(at("parallel", k),
-             std::string(k) + " needs pipeline parallelism, but " +
-                 ref("parallel", "pipeline_model_parallel_size", pp),
-             "set pipeline_model_parallel_size >= 2, or remove " + std::string(k));
-      if (vp > 1)
-        fail(at("parallel", k),
-             std::string(k) + " cannot be combined with the interleaved schedule (" +
-                 ref("parallel", "virtual_pipeline_model_parallel_size", vp) + ")",
-             "remove " + std::string(k) + ", or set virtual_pipeline_model_parallel_size = 1");
-    }
-    if (first || last) {
-      // Megatron: the stages without a count share the rest evenly.
-      const int64_t rest = m.num_layers - first - last;
-      const int64_t even = pp - (first ? 1 : 0) - (last ? 1 : 0);
-      const std::string counts =
-          (first ? ref("parallel", "decoder_first_pipeline_num_layers", first) : std::string()) +
-          (first && last ? ", " : "") +
-          (last ? ref("parallel", "decoder_last_pipeline_num_layers", last) : std::string());
-      const char *k = first ? "decoder_first_pipeline_num_layers"
-                            : "decoder_last_pipeline_num_layers";
-      if (rest < (even > 0 ? even : 0) || (even == 0 && rest != 0))
-        fail(at("parallel", k),
-             "num_layers = " + std::to_string(m.num_layers) + " does not match " + counts +
-                 (even > 0 ? " with at least one layer on each of the other " +
-                                 std::to_string(even) + " stages"
-                           : " (the two stages must hold every layer)"),
-             "make the first and last counts add up to num_layers, or leave room for the "
-             "other stages");
-      else if (even > 0 && rest % even != 0)
-        fail(at("parallel", k),
-             "the " + std::to_string(rest) + " layers left after " + counts +
-                 " do not divide over the other " + std::to_string(even) + " pipeline stages",
-             "Megatron would stop with an assertion, mt refuses: choose counts that leave a "
-             "multiple of " + std::to_string(even) + " layers");
-    } else if (m.num_layers % chunks != 0) {
-      std::string by = vp > 1
-                           ? "pipeline_model_parallel_size * "
-                             "virtual_pipeline_model_parallel_size = " +
-                                 std::to_string(pp) + " * " + std::to_string(vp) + " = " +
-                                 std::to_string(chunks) + " (" +
-                                 ref("parallel", "pipeline_model_parallel_size", pp) + ", " +
-                                 ref("parallel", "virtual_pipeline_model_parallel_size", vp) + ")"
-                           : ref("parallel", "pipeline_model_parallel_size", pp);
-      fail(at("model", "num_layers"),
-           "num_layers = " + std::to_string(m.num_layers) + " is not divisible by " + by,
-           "Megatron would silently drop layers, mt refuses: use " +
-               nearestMultiples("num_layers", m.num_layers, chunks));
-    }
-    if (p.sequence_parallel && tp == 1)
-      fail(at("parallel", "sequence_parallel"),
-           "sequence_parallel requires tensor parallelism, but " +
-               ref("parallel", "tensor_model_parallel_size", tp),
-           "set tensor_model_parallel_size >= 2, or remove sequence_parallel");
-
-    // Megatron ignores --ddp-bucket-size without --overlap-grad-reduce (one
-    // bucket then holds every gradient); mt says so instead.
-    if (given("parallel", "ddp_bucket_size") && !p.overlap_grad_reduce)
-      fail(at("parallel", "ddp_bucket_size"),
-           "ddp_bucket_size only applies with overlap_grad_reduce = true (without it every "
-           "gradient is reduced in one bucket after the backward)",
-           "set overlap_grad_reduce = true, or remove ddp_bucket_size");
-    // Megatron asserts both; the gathers only exist with the distributed
-    // optimizer, and they go into the program overlap_grad_reduce makes.
-    if (p.overlap_param_gather && !p.use_distributed_optimizer)
-      fail(at("parallel", "overlap_param_gather"),
-           "overlap_param_gather needs use_distributed_optimizer = true (without it every "
-           "rank updates all its weights and nothing is gathered)",
-           "set use_distributed_optimizer = true, or remove overlap_param_gather");
-    else if (p.overlap_param_gather && !p.overlap_grad_reduce)
-      fail(at("parallel", "overlap_param_gather"),
-           "overlap_param_gather needs overlap_grad_reduce = true, as Megatron-LM's "
-           "--overlap-param-gather needs --overlap-grad-reduce",
-           "set overlap_grad_reduce = true, or remove overlap_param_gather");
-    const std::string gran =
-        given("parallel", "recompute_granularity")
-            ? ref("parallel", "recompute_granularity", quote(toString(p.recompute_granularity)))
-            : "recompute_granularity is not set";
-    if (p.recompute_method != RecomputeMethod::None &&
-        p.recompute_granularity != RecomputeGranularity::Full)
-      fail(at("parallel", "recompute_method"),
-           "recompute_method needs recompute_granularity = \"full\" (Megatron asserts "
-           "this), but " +
-               gran,
-           "set recompute_granularity = \"full\", or remove recompute_method");
-    if (given("parallel", "recompute_num_layers") &&
-        p.recompute_granularity != RecomputeGranularity::Full)
-      fail(at("parallel", "recompute_num_layers"),
-           "recompute_num_layers needs recompute_granularity = \"full\", but " + gran,
-           "set recompute_granularity = \"full\", or remove recompute_num_layers");
-    // Megatron counts recompute_num_layers per model chunk: the layers one
-    // TransformerBlock holds, num_layers / (pp * vp).
-    const int64_t perChunk = m.num_layers / chunks;
-    const std::string chunkText =
-        "the " + std::to_string(perChunk) +
-        " layers of each model chunk (num_layers / (pipeline_model_parallel_size * "
-        "virtual_pipeline_model_parallel_size) = " +
-        std::to_string(m.num_layers) + " / (" + std::to_string(pp) + " * " + std::to_string(vp) +
-        "))";
-    if (p.recompute_granularity == RecomputeGranularity::Full) {
-      if (p.recompute_method == RecomputeMethod::None)
-        fail(at("parallel", "recompute_granularity"),
-             "recompute_granularity = \"full\" needs recompute_method",
-             "add recompute_method = \"uniform\" or \"block\" to [parallel]");
-      if (p.recompute_num_layers == 0)
-        fail(at("parallel", "recompute_granularity"),
-             "recompute_granularity = \"full\" needs recompute_num_layers",
-             "add recompute_num_layers to [parallel] (1 to " + std::to_string(perChunk) +
-                 ", counted per model chunk)");
-      const int64_t n = p.recompute_num_layers;
-      if (p.recompute_method == RecomputeMethod::Block && n > perChunk)
-        fail(at("parallel", "recompute_num_layers"),
-             "recompute_num_layers = " + std::to_string(n) + " exceeds " + chunkText +
-                 " with recompute_method = \"block\"",
-             "use 1 to " + std::to_string(perChunk) + " (" + std::to_string(perChunk) +
-                 " recomputes every layer)");
-      if (p.recompute_method == RecomputeMethod::Uniform && perChunk % n != 0)
-        fail(at("parallel", "recompute_num_layers"),
-             "recompute_num_layers = " + std::to_string(n) + " does not divide " + chunkText +
-                 " with recompute_method = \"uniform\"",
-             "use a divisor of " + std::to_string(perChunk) + ": " + divisorList(perChunk));
-    }
-  }
-
-  void resolveTraining(Spec &spec) {
-    TrainingConfig &t = spec.training;
-    const int64_t dp = spec.parallel.data_parallel_size;
-    const int64_t step = t.micro_batch_size * dp;
-    if (!given("training", "global_batch_size"))
-      t.global_batch_size = step;
-    if (t.global_batch_size % step != 0)
-      fail(at("training", "global_batch_size"),
-           "global_batch_size = " + std::to_string(t.global_batch_size) +
-               " is not a multiple of micro_batch_size * data_parallel_size = " +
-               std::to_string(t.micro_batch_size) + " * " + std::to_string(dp) + " = " +
-               std::to_string(step) + " (" +
-               ref("training", "micro_batch_size", t.micro_batch_size) + ", " +
-               ref("parallel", "data_parallel_size", dp) + ")",
-           "use " + nearestMultiples("global_batch_size", t.global_batch_size, step));
-    if (!given("training", "lr_decay_iters"))
-      t.lr_decay_iters = t.train_iters;
-    if (const Entry *f = given("training", "lr_warmup_fraction")) {
-      if (const Entry *w = given("training", "lr_warmup_iters"))
-        fail(f->valueLoc,
-             "lr_warmup_fraction and lr_warmup_iters (" + w->valueLoc.str() +
-                 ") are mutually exclusive",
-             "keep one of them");
-      double fraction = *f->value->value<double>();
-      t.lr_warmup_iters =
-          static_cast<int64_t>(std::floor(fraction * static_cast<double>(t.lr_decay_iters)));
-    }
-    // Megatron's OptimizerParamScheduler asserts warmup < decay.
-    if (t.lr_warmup_iters >= t.lr_decay_iters) {
-      const Entry *fraction = given("training", "lr_warmup_fraction");
-      const std::string warmup = "lr_warmup_iters = " + std::to_string(t.lr_warmup_iters);
-      fail(at("training", fraction ? "lr_warmup_fraction" : "lr_warmup_iters"),
-           (fraction ? "lr_warmup_fraction resolves to " + warmup + ", which" : warmup) +
-               (t.lr_warmup_iters > t.lr_decay_iters ? " exceeds " : " leaves no decay after ") +
-               ref("training", "lr_decay_iters", t.lr_decay_iters),
-           fraction ? std::string("use lr_warmup_fraction < 1, or raise lr_decay_iters")
-                    : "use lr_warmup_iters < " + std::to_string(t.lr_decay_iters) +
-                          ", or raise lr_decay_iters");
-    }
-    // WSD: Megatron's scheduler asserts the anneal's length; mt also keeps
-    // the anneal after the warmup, where Megatron would jump to it.
-    const bool wsd = t.lr_decay_style == LrDecayStyle::WSD;
-    for (const char *k : {"lr_wsd_decay_style", "lr_wsd_decay_iters"})
-      if (!wsd && given("training", k))
-        fail(at("training", k),
-             std::string(k) + " only applies with lr_decay_style = \"WSD\", but " +
-                 ref("training", "lr_decay_style", quote(toString(t.lr_decay_style))),
-             "set lr_decay_style = \"WSD\", or remove " + std::string(k));
-    if (wsd && !given("training", "lr_wsd_decay_iters"))
-      fail(at("training", "lr_decay_style"),
-           "lr_decay_style = \"WSD\" needs lr_wsd_decay_iters, the length of its anneal to "
-           "min_lr",
-           "add lr_wsd_decay_iters = N (for example " +
-               std::to_string(std::max<int64_t>(1, (t.lr_decay_iters - t.lr_warmup_iters) / 10)) +
-               ", a tenth of the decay)");
-    if (wsd && t.lr_wsd_decay_iters > t.lr_decay_iters - t.lr_warmup_iters)
-      fail(at("training", "lr_wsd_decay_iters"),
-           "lr_wsd_decay_iters = " + std::to_string(t.lr_wsd_decay_iters) +
-               " starts the anneal before the warmup ends (" +
-               ref("training", "lr_decay_iters", t.lr_decay_iters) + ", lr_warmup_iters = " +
-               std::to_string(t.lr_warmup_iters) + ")",
-           "use lr_wsd_decay_iters <= " + std::to_string(t.lr_decay_iters - t.lr_warmup_iters));
-    if (t.min_lr > t.lr)
-      fail(at("training", "min_lr"),
-           "min_lr = " + formatNumber(t.min_lr) + " exceeds " +
-               ref("training", "lr", formatNumber(t.lr)),
-           "the schedule decays from lr down to min_lr: use min_lr <= " + formatNumber(t.lr));
-    if (t.precision != Precision::FP16)
-      for (const char *k :
-           {"initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis"})
-        if (given("training", k))
-          fail(at("training", k),
-               std::string(k) +
-                   " only applies with precision = \"fp16\" (dynamic loss "
-                   "scaling), but " +
-                   ref("training", "precision", quote(toString(t.precision))),
-               std::string("remove ") + k + ", or set precision = \"fp16\"");
-  }
-
-  void checkData(Spec &spec) {
-    const DataConfig &d = spec.data;
-    if (d.mock_data && !d.data_path.empty())
-      fail(at("data", "mock_data"),
-           "mock_data = true and data_path (" + at("data", "data_path").str() +
-               ") are mutually exclusive",
-           "remove data_path to train on synthetic tokens, or mock_data to read the dataset");
-  }
-
-  void resolveCluster(Spec &spec) {
-    ClusterConfig &c = spec.cluster;
-    const ParallelConfig &p = spec.parallel;
-    if (static_cast<double>(p.tensor_model_parallel_size) *
-            static_cast<double>(p.pipeline_model_parallel_size) *
-            static_cast<double>(p.data_parallel_size) >
-        static_cast<double>(kMaxInt))
-      fail(at("parallel", "data_parallel_size"),
-           "the world size tensor_model_parallel_size * pipeline_model_parallel_size * "
-           "data_parallel_size is larger than " +
-               std::to_string(kMaxInt) + " GPUs",
-           "use smaller parallel sizes");
-    const int64_t world = spec.worldSize();
-    const std::string worldText =
-        "tensor_model_parallel_size * pipeline_model_parallel_size * data_parallel_size = " +
-        std::to_string(p.tensor_model_parallel_size) + " * " +
-        std::to_string(p.pipeline_model_parallel_size) + " * " +
-        std::to_string(p.data_parallel_size) + " = " + std::to_string(world);
-    if (!given("cluster", "gpus_per_node")) {
-      if (world % c.nodes != 0)
-        fail(at("cluster", "nodes"),
-             "the world size " + worldText +
-                 " GPUs does not split evenly over nodes = " + std::to_string(c.nodes),
-             "set gpus_per_node, or use a number of nodes dividing " + std::to_string(world));
-      c.gpus_per_node = world / c.nodes;
-    }
-    if (c.nodes * c.gpus_per_node != world) {
-      std::string fix;
-      int64_t gpus = c.nodes * c.gpus_per_node;
-      int64_t tpp = p.tensor_model_parallel_size * p.pipeline_model_parallel_size;
-      if (gpus % tpp == 0)
-        fix = "set data_parallel_size = " + std::to_string(gpus / tpp) + " to use all " +
-              std::to_string(gpus) + " GPUs, or change nodes and gpus_per_node to give " +
-              std::to_string(world) + " GPUs";
-      else
-        fix = "change nodes and gpus_per_node to give " + std::to_string(world) + " GPUs";
-      fail(given("cluster", "gpus_per_node") ? at("cluster", "gpus_per_node")
-                                             : at("cluster", "nodes"),
-           "the world size " + worldText + " GPUs does not match nodes * gpus_per_node = " +
-               std::to_string(c.nodes) + " * " + std::to_string(c.gpus_per_node) + " = " +
-               std::to_string(gpus) + " (" + ref("cluster", "nodes", c.nodes) + ", " +
-               ref("cluster", "gpus_per_node", c.gpus_per_node) + ")",
-           fix);
-    }
-  }
-};
-
 } // namespace
+
+Loc Parser::locOf(const toml::source_region &r, const std::string &file) {
+  Loc l;
+  l.file = file;
+  if (r.begin.line > 0) {
+    l.line = r.begin.line;
+    l.col = r.begin.column;
+  }
+  return l;
+}
+
+const toml::table &Parser::parseDocument(const std::string &text, const std::string &file,
+                                          const std::string &todo) {
+  try {
+    docs.push_back(std::make_unique<toml::table>(
+        toml::parse(std::string_view(text), std::string_view(file))));
+  } catch (const toml::parse_error &e) {
+    throw syntaxError(e, file, todo);
+  }
+  return *docs.back();
+}
+
+SpecError Parser::syntaxError(const toml::parse_error &e, const std::string &file,
+                              const std::string &todo) {
+  // TOML++ says "Error while parsing key-value pair: expected value, saw '\n'".
+  std::string desc(e.description());
+  const std::string prefix = "Error while parsing ";
+  if (desc.rfind(prefix, 0) == 0)
+    desc = "TOML syntax error while parsing " + desc.substr(prefix.size());
+  else
+    desc = "TOML syntax error: " + desc;
+  for (char &c : desc)
+    if (c == '\n' || c == '\r')
+      c = ' ';
+  return SpecError{locOf(e.source(), file), desc + "; " + todo};
+}
+
+void Parser::addDocument(const toml::table &root, const std::string &file, bool isOverride) {
+  for (auto [k, v] : inSourceOrder(root)) {
+    const std::string name(k->str());
+    Loc at = locOf(v->source(), file);
+    const toml::table *table = v->as_table();
+    bool isSection =
+        std::find(specSections().begin(), specSections().end(), name) != specSections().end();
+    if (!table) {
+      Loc keyAt = locOf(k->source(), file);
+      if (isSection)
+        fail(keyAt, "'" + name + "' must be a section, got " + got(*v),
+             "write [" + name + "] on its own line with the keys below it");
+      std::string where = findSection(name);
+      if (!where.empty())
+        fail(keyAt, "key '" + name + "' is outside any section", "move it under [" + where + "]");
+      std::vector<std::string> all;
+      for (const KeyInfo &info : specKeys())
+        all.push_back(info.name);
+      std::string hint = didYouMean(name, all);
+      fail(keyAt, "unknown key '" + name + "' outside any section",
+           hint.empty() ? "keys live in the sections " + sectionList()
+                        : "did you mean '" + hint + "' in [" + findSection(hint) + "]?");
+    }
+    if (!isSection) {
+      std::string hint = didYouMean(name, specSections());
+      fail(at, "unknown section [" + name + "]",
+           hint.empty() ? "the sections are " + sectionList() : "did you mean [" + hint + "]?");
+    }
+    SectionState &state = sections[name];
+    if (!isOverride && !state.inFile) {
+      state.inFile = true;
+      state.header = at;
+    }
+    for (auto [kk, vv] : inSourceOrder(*table)) {
+      const std::string keyName(kk->str());
+      Entry e;
+      e.info = findKey(name, keyName);
+      e.value = vv;
+      e.keyLoc = locOf(kk->source(), file);
+      e.valueLoc = locOf(vv->source(), file);
+      if (!e.info)
+        fail(e.keyLoc, "unknown key '" + keyName + "' in [" + name + "]", keyHint(name, keyName));
+      checkValue(e);
+      state.entries[keyName] = e;
+    }
+  }
+}
+
+void Parser::addOverride(const std::string &text) {
+  const std::string file = "--set " + text;
+  Loc whole{file, 1, 1, false};
+  const std::string form = "write it as --set SECTION.KEY=VALUE, e.g. --set model.num_layers=24";
+  size_t eq = text.find('=');
+  if (eq == std::string::npos)
+    fail(whole, "malformed override '" + text + "': no '='", form);
+  std::string lhs = text.substr(0, eq);
+  size_t b = lhs.find_first_not_of(" \t"), e = lhs.find_last_not_of(" \t");
+  lhs = b == std::string::npos ? "" : lhs.substr(b, e - b + 1);
+  size_t dot = lhs.find('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == lhs.size() ||
+      lhs.find('.', dot + 1) != std::string::npos) {
+    std::string where = dot == std::string::npos ? findSection(lhs) : "";
+    if (!where.empty())
+      fail(whole, "malformed override '" + text + "': no section before '" + lhs + "'",
+           "write --set " + where + "." + text);
+    fail(whole, "malformed override '" + text + "': expected SECTION.KEY before '='", form);
+  }
+  for (char c : lhs)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.')
+      fail(whole, "malformed override '" + text + "': '" + lhs + "' is not SECTION.KEY", form);
+  size_t vstart = text.find_first_not_of(" \t", eq + 1);
+  if (vstart == std::string::npos)
+    fail(whole, "malformed override '" + text + "': no value after '='", form);
+  if (text.find_first_of("\r\n") != std::string::npos)
+    fail(whole, "malformed override: the value spans several lines", "give one value per --set");
+
+  const std::string todo =
+      "write VALUE in TOML syntax, e.g. 24, 0.1, true, \"bf16\" or [\"a\", \"b\"]";
+  const toml::table *root = nullptr;
+  try {
+    docs.push_back(std::make_unique<toml::table>(
+        toml::parse(std::string_view(text), std::string_view(file))));
+    root = docs.back().get();
+  } catch (const toml::parse_error &err) {
+    // A bare word is a string: --set training.precision=bf16. Quoting keeps
+    // the value's column, so later errors still point at it.
+    std::string value = text.substr(vstart);
+    size_t vend = value.find_last_not_of(" \t");
+    value = value.substr(0, vend + 1);
+    bool bare = value.find_first_of("\"'\\[]{}=#") == std::string::npos;
+    if (!bare)
+      throw syntaxError(err, file, todo);
+    std::string quoted = text.substr(0, vstart) + "\"" + value + "\"";
+    try {
+      docs.push_back(std::make_unique<toml::table>(
+          toml::parse(std::string_view(quoted), std::string_view(file))));
+      root = docs.back().get();
+    } catch (const toml::parse_error &) {
+      throw syntaxError(err, file, todo);
+    }
+  }
+  addDocument(*root, file, true);
+}
+
+// Type and range of one value, as soon as it is read, so the first
+// problem in the file is the one reported.
+void Parser::checkValue(const Entry &e) {
+  const KeyInfo &k = *e.info;
+  const toml::node &v = *e.value;
+  const std::string name = std::string(k.section) + "." + k.name;
+  switch (k.type) {
+  case KeyType::Int: {
+    if (!v.is_integer()) {
+      std::string hint = "write a whole number without quotes";
+      if (auto d = v.value_exact<double>(); d && std::floor(*d) == *d && std::isfinite(*d))
+        hint = "write " + formatNumber(*d) + " without the decimal point";
+      fail(e.valueLoc, name + " must be an integer, got " + got(v), hint);
+    }
+    checkRange(e, name, static_cast<double>(*v.value_exact<int64_t>()));
+    return;
+  }
+  case KeyType::Float: {
+    if (!v.is_number())
+      fail(e.valueLoc, name + " must be a number, got " + got(v),
+           v.is_string() ? "write the number without quotes" : "write a number such as 0.1");
+    checkRange(e, name, *v.value<double>());
+    return;
+  }
+  case KeyType::Bool:
+    if (!v.is_boolean())
+      fail(e.valueLoc, name + " must be true or false, got " + got(v),
+           "write true or false without quotes");
+    return;
+  case KeyType::String:
+    if (!v.is_string())
+      fail(e.valueLoc, name + " must be a string, got " + got(v),
+           "put the value in double quotes");
+    if (std::string(k.name) == "split")
+      checkSplit(e, name);
+    return;
+  case KeyType::Enum: {
+    if (!v.is_string())
+      fail(e.valueLoc,
+           name + " must be a string, one of " + joinQuoted(k.choices) + ", got " + got(v),
+           "put the value in double quotes");
+    std::string s = *v.value_exact<std::string>();
+    if (std::find(k.choices.begin(), k.choices.end(), s) != k.choices.end())
+      return;
+    std::string hint = didYouMean(s, k.choices);
+    fail(e.valueLoc, name + " must be one of " + joinQuoted(k.choices) + ", got " + quote(s),
+         hint.empty() ? "use one of those values" : "did you mean " + quote(hint) + "?");
+  }
+  case KeyType::DataPath:
+    readDataPath(e, nullptr);
+    return;
+  case KeyType::DeviceMemory:
+    readDeviceMemory(e, nullptr);
+    return;
+  }
+}
+
+void Parser::checkRange(const Entry &e, const std::string &name, double x) {
+  const KeyInfo &k = *e.info;
+  if (!std::isfinite(x))
+    fail(e.valueLoc, name + " must be a finite number, got " + got(*e.value),
+         "use a value " + rangeText(k));
+  bool low = x < k.min || (k.minExclusive && x == k.min);
+  bool high = x > k.max || (k.maxExclusive && x == k.max);
+  if (low || high)
+    fail(e.valueLoc, name + " must be " + rangeText(k) + ", got " + got(*e.value),
+         "use a value in that range");
+  // Sizes multiply (world size, 4 * hidden_size, batch * dp); a 32-bit cap
+  // keeps every product the checks form inside int64.
+  if (k.type == KeyType::Int && x > kMaxInt)
+    fail(e.valueLoc, name + " must be <= " + std::to_string(kMaxInt) + ", got " + got(*e.value),
+         "use a smaller value");
+}
+
+void Parser::checkSplit(const Entry &e, const std::string &name) {
+  // Megatron splits on ',' if present, else on '/'.
+  std::string s = *e.value->value_exact<std::string>();
+  char sep = s.find(',') != std::string::npos ? ',' : '/';
+  std::vector<double> parts;
+  std::stringstream ss(s);
+  std::string item;
+  bool ok = !s.empty();
+  while (ok && std::getline(ss, item, sep)) {
+    size_t b = item.find_first_not_of(" \t"), en = item.find_last_not_of(" \t");
+    double d = 0;
+    ok = b != std::string::npos && parseNumber(item.substr(b, en - b + 1), d) && d >= 0;
+    parts.push_back(d);
+  }
+  if (!s.empty() && s.back() == sep)
+    ok = false;
+  if (!ok || parts.empty() || parts.size() > 3)
+    fail(e.valueLoc,
+         name + " must be 1 to 3 non-negative numbers separated by ',' or '/', got " + quote(s),
+         "write train, validation and test proportions, e.g. split = \"969,30,1\"");
+  double sum = 0;
+  for (double d : parts)
+    sum += d;
+  if (sum <= 0)
+    fail(e.valueLoc, name + " = " + quote(s) + " gives no samples to any split",
+         "make at least one part positive, e.g. split = \"969,30,1\"");
+}
+
+// Checks data_path's shape; fills `out` when given.
+void Parser::readDataPath(const Entry &e, std::vector<std::pair<double, std::string>> *out) {
+  const std::string form =
+      "write a prefix \"path/corpus_text_document\", [\"prefix\"] or a blend "
+      "[w1, \"prefix1\", w2, \"prefix2\", ...]";
+  auto prefix = [&](const toml::node &n, const std::string &what) {
+    if (!n.is_string())
+      fail(locOf(n.source(), e.valueLoc.file),
+           "data.data_path " + what + " must be a dataset prefix (a string), got " + got(n),
+           form);
+    std::string p = *n.value_exact<std::string>();
+    if (p.empty())
+      fail(locOf(n.source(), e.valueLoc.file), "data.data_path has an empty prefix",
+           "give the dataset prefix, or remove data_path");
+    return p;
+  };
+  std::vector<std::pair<double, std::string>> blend;
+  if (e.value->is_string()) {
+    blend.emplace_back(1.0, prefix(*e.value, "value"));
+  } else if (const toml::array *a = e.value->as_array()) {
+    if (a->empty())
+      fail(e.valueLoc, "data.data_path is an empty array", form + ", or remove data_path");
+    if (a->size() == 1) {
+      blend.emplace_back(1.0, prefix(*a->get(0), "element 1"));
+    } else {
+      if (a->size() % 2 != 0)
+        fail(e.valueLoc,
+             "data.data_path blend has " + std::to_string(a->size()) +
+                 " elements; a blend alternates weight and prefix",
+             "give a weight before every prefix: [w1, \"prefix1\", w2, \"prefix2\", ...]");
+      for (size_t i = 0; i < a->size(); i += 2) {
+        const toml::node &w = *a->get(i);
+        Loc wAt = locOf(w.source(), e.valueLoc.file);
+        double weight = 0;
+        std::string what = "element " + std::to_string(i + 1);
+        if (auto d = w.value<double>(); d && w.is_number())
+          weight = *d;
+        else if (!w.is_string() || !parseNumber(*w.value_exact<std::string>(), weight))
+          fail(wAt,
+               "data.data_path " + what + " must be a weight (a number or numeric string), got " +
+                   got(w),
+               form);
+        if (!(weight > 0) || !std::isfinite(weight))
+          fail(wAt, "data.data_path weight must be > 0, got " + got(w),
+               "give every dataset a positive weight, or drop it from the blend");
+        blend.emplace_back(weight, prefix(*a->get(i + 1), "element " + std::to_string(i + 2)));
+      }
+    }
+  } else {
+    fail(e.valueLoc, "data.data_path must be a string or an array, got " + got(*e.value), form);
+  }
+  if (out)
+    *out = blend;
+}
+
+void Parser::readDeviceMemory(const Entry &e, ClusterConfig *out) {
+  const toml::node &v = *e.value;
+  std::vector<std::string> names;
+  for (const DevicePreset &p : devicePresets())
+    names.push_back(p.name);
+  if (v.is_string()) {
+    std::string s = *v.value_exact<std::string>();
+    for (const DevicePreset &p : devicePresets())
+      if (s == p.name) {
+        if (out) {
+          out->device = p.name;
+          out->device_memory_bytes = p.bytes;
+        }
+        return;
+      }
+    std::string hint = didYouMean(s, names);
+    fail(e.valueLoc,
+         "cluster.device_memory " + quote(s) +
+             " is not a known device (presets: " + joinQuoted(names) + ")",
+         hint.empty() ? "use a preset, or give the memory in GiB as a number, e.g. "
+                        "device_memory = 80"
+                      : "did you mean " + quote(hint) +
+                            "? (a number gives the memory in GiB, e.g. device_memory = 80)");
+  }
+  if (!v.is_number())
+    fail(e.valueLoc,
+         "cluster.device_memory must be a preset name or a size in GiB, got " + got(v),
+         "write e.g. device_memory = \"H100-80GB\" or device_memory = 80");
+  double gib = *v.value<double>();
+  if (!(gib > 0) || !(gib < 1e9))
+    fail(e.valueLoc, "cluster.device_memory must be > 0 GiB, got " + got(v),
+         "give the memory of one GPU in GiB, e.g. device_memory = 80");
+  if (out) {
+    out->device = "custom";
+    out->device_memory_bytes = std::llround(gib * static_cast<double>(1LL << 30));
+  }
+}
+
+void Parser::checkRequired() {
+  for (const KeyInfo &k : specKeys()) {
+    if (!k.required || given(k.section, k.name))
+      continue;
+    auto it = sections.find(k.section);
+    std::string sec = std::string("[") + k.section + "]";
+    std::string doc = k.doc;
+    if (!doc.empty() && doc.back() == '.')
+      doc.pop_back();
+    if (!doc.empty())
+      doc[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(doc[0])));
+    if (it != sections.end() && it->second.inFile)
+      fail(it->second.header, sec + " is missing the required key '" + k.name + "' (" + doc + ")",
+           std::string("add ") + k.name + " = VALUE to " + sec);
+    fail(Loc{source, 1, 1},
+         std::string("missing required key '") + k.name + "' (" + doc + "): the spec has no " +
+             sec + " section",
+         "add a " + sec + " section with " + k.name + " = VALUE");
+  }
+}
+
+const Entry *Parser::given(const std::string &section, const std::string &name) const {
+  auto it = sections.find(section);
+  if (it == sections.end())
+    return nullptr;
+  auto e = it->second.entries.find(name);
+  return e == it->second.entries.end() ? nullptr : &e->second;
+}
+
+void Parser::getInt(const char *section, const char *name, int64_t &out) {
+  if (const Entry *e = given(section, name))
+    out = *e->value->value_exact<int64_t>();
+}
+void Parser::getFloat(const char *section, const char *name, double &out) {
+  if (const Entry *e = given(section, name))
+    out = *e->value->value<double>();
+}
+void Parser::getBool(const char *section, const char *name, bool &out) {
+  if (const Entry *e = given(section, name))
+    out = *e->value->value_exact<bool>();
+}
+void Parser::getString(const char *section, const char *name, std::string &out) {
+  if (const Entry *e = given(section, name))
+    out = *e->value->value_exact<std::string>();
+}
+template <typename T>
+void Parser::getEnum(const char *section, const char *name, T &out, std::initializer_list<T> all) {
+  if (const Entry *e = given(section, name)) {
+    std::string s = *e->value->value_exact<std::string>();
+    for (T v : all)
+      if (s == toString(v))
+        out = v;
+  }
+}
+
+void Parser::readValues(Spec &spec) {
+  ModelConfig &m = spec.model;
+  getInt("model", "num_layers", m.num_layers);
+  getInt("model", "hidden_size", m.hidden_size);
+  getInt("model", "ffn_hidden_size", m.ffn_hidden_size);
+  getInt("model", "num_attention_heads", m.num_attention_heads);
+  getInt("model", "num_query_groups", m.num_query_groups);
+  getInt("model", "kv_channels", m.kv_channels);
+  getInt("model", "seq_length", m.seq_length);
+  getInt("model", "max_position_embeddings", m.max_position_embeddings);
+  getInt("model", "vocab_size", m.vocab_size);
+  getInt("model", "make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
+  getEnum("model", "position_embedding_type", m.position_embedding_type,
+          {PositionEmbedding::LearnedAbsolute, PositionEmbedding::Rope});
+  getInt("model", "rotary_base", m.rotary_base);
+  getEnum("model", "normalization", m.normalization,
+          {Normalization::LayerNorm, Normalization::RMSNorm});
+  getFloat("model", "norm_epsilon", m.norm_epsilon);
+  getBool("model", "swiglu", m.swiglu);
+  getBool("model", "untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights);
+  getBool("model", "add_bias_linear", m.add_bias_linear);
+  getFloat("model", "hidden_dropout", m.hidden_dropout);
+  getFloat("model", "attention_dropout", m.attention_dropout);
+  getFloat("model", "init_method_std", m.init_method_std);
+
+  ParallelConfig &p = spec.parallel;
+  getInt("parallel", "tensor_model_parallel_size", p.tensor_model_parallel_size);
+  getInt("parallel", "pipeline_model_parallel_size", p.pipeline_model_parallel_size);
+  getInt("parallel", "data_parallel_size", p.data_parallel_size);
+  getInt("parallel", "virtual_pipeline_model_parallel_size",
+         p.virtual_pipeline_model_parallel_size);
+  getInt("parallel", "decoder_first_pipeline_num_layers", p.decoder_first_pipeline_num_layers);
+  getInt("parallel", "decoder_last_pipeline_num_layers", p.decoder_last_pipeline_num_layers);
+  getBool("parallel", "sequence_parallel", p.sequence_parallel);
+  getBool("parallel", "use_distributed_optimizer", p.use_distributed_optimizer);
+  getBool("parallel", "overlap_grad_reduce", p.overlap_grad_reduce);
+  getBool("parallel", "overlap_param_gather", p.overlap_param_gather);
+  getInt("parallel", "ddp_bucket_size", p.ddp_bucket_size);
+  getEnum("parallel", "recompute_granularity", p.recompute_granularity,
+          {RecomputeGranularity::Selective, RecomputeGranularity::Full});
+  getEnum("parallel", "recompute_method", p.recompute_method,
+          {RecomputeMethod::Uniform, RecomputeMethod::Block});
+  getInt("parallel", "recompute_num_layers", p.recompute_num_layers);
+
+  TrainingConfig &t = spec.training;
+  getInt("training", "micro_batch_size", t.micro_batch_size);
+  getInt("training", "global_batch_size", t.global_batch_size);
+  getInt("training", "train_iters", t.train_iters);
+  getFloat("training", "lr", t.lr);
+  getFloat("training", "min_lr", t.min_lr);
+  getEnum("training", "lr_decay_style", t.lr_decay_style,
+          {LrDecayStyle::Constant, LrDecayStyle::Linear, LrDecayStyle::Cosine,
+           LrDecayStyle::InverseSquareRoot, LrDecayStyle::WSD});
+  getEnum("training", "lr_wsd_decay_style", t.lr_wsd_decay_style,
+          {WsdDecayStyle::Exponential, WsdDecayStyle::Linear, WsdDecayStyle::Cosine,
+           WsdDecayStyle::MinusSqrt});
+  getInt("training", "lr_wsd_decay_iters", t.lr_wsd_decay_iters);
+  getInt("training", "lr_decay_iters", t.lr_decay_iters);
+  getInt("training", "lr_warmup_iters", t.lr_warmup_iters);
+  getFloat("training", "weight_decay", t.weight_decay);
+  getFloat("training", "adam_beta1", t.adam_beta1);
+  getFloat("training", "adam_beta2", t.adam_beta2);
+  getFloat("training", "adam_eps", t.adam_eps);
+  getFloat("training", "clip_grad", t.clip_grad);
+  getEnum("training", "precision", t.precision,
+          {Precision::FP32, Precision::FP16, Precision::BF16});
+  getFloat("training", "initial_loss_scale", t.initial_loss_scale);
+  getFloat("training", "min_loss_scale", t.min_loss_scale);
+  getInt("training", "loss_scale_window", t.loss_scale_window);
+  getInt("training", "hysteresis", t.hysteresis);
+  getInt("training", "seed", t.seed);
+  getInt("training", "log_interval", t.log_interval);
+  getInt("training", "eval_interval", t.eval_interval);
+  getInt("training", "eval_iters", t.eval_iters);
+  getInt("training", "save_interval", t.save_interval);
+  getString("training", "save", t.save);
+  getString("training", "load", t.load);
+
+  DataConfig &d = spec.data;
+  if (const Entry *e = given("data", "data_path"))
+    readDataPath(*e, &d.data_path);
+  getString("data", "split", d.split);
+  getString("data", "tokenizer_type", d.tokenizer_type);
+  getString("data", "vocab_file", d.vocab_file);
+  getString("data", "merge_file", d.merge_file);
+  getBool("data", "mock_data", d.mock_data);
+
+  ClusterConfig &c = spec.cluster;
+  c.device = devicePresets()[0].name;
+  c.device_memory_bytes = devicePresets()[0].bytes;
+  if (const Entry *e = given("cluster", "device_memory"))
+    readDeviceMemory(*e, &c);
+  getInt("cluster", "gpus_per_node", c.gpus_per_node);
+  getInt("cluster", "nodes", c.nodes);
+}
+
+} // namespace mt::spec::detail
+
+namespace mt::spec {
 
 absl::StatusOr<Spec> parseSpecString(const std::string &text, const std::string &sourceName,
                                      const std::vector<Override> &overrides) {
   try {
-    return Parser(sourceName).run(text, overrides);
-  } catch (const SpecError &e) {
+    return detail::Parser(sourceName).run(text, overrides);
+  } catch (const detail::SpecError &e) {
     return absl::InvalidArgumentError(e.loc.str() + ": error: " + e.message);
   }
 }
