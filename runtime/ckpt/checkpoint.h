@@ -78,7 +78,10 @@ struct CheckpointMeta {
   double loss_scale = 1.0;
   int64_t loss_scale_growth_tracker = 0;
   int64_t loss_scale_hysteresis_tracker = 0;
-  std::map<std::string, std::string> values; // anything else, free-form
+  // Anything else, free-form; mtrun writes optimizer_steps,
+  // skipped_iterations, and train_order_hash (16 hex digits: the sample
+  // order it trained in, GptDataset::order_hash) with train_index_samples.
+  std::map<std::string, std::string> values;
 };
 
 // Saves SAVE/iter_XXXXXXX/<rank file> and then points the tracker at it.

@@ -274,6 +274,23 @@ void GptDataset::sample(int64_t i, int32_t *tokens) const {
   b.parts[d]->sample(j, tokens);
 }
 
+uint64_t GptDataset::order_hash(uint64_t state, int64_t begin, int64_t end) const {
+  const int64_t n = size();
+  if (n <= 0)
+    return state;
+  for (int64_t s = begin; s < end; ++s) {
+    const int64_t i = s % n;
+    if (impl_->single) {
+      state = impl_->single->hash_sample(state, i);
+      continue;
+    }
+    const Blend &b = *impl_->blend;
+    state = order_hash_step(state, uint64_t(b.dataset_index[i]));
+    state = b.parts[size_t(b.dataset_index[i])]->hash_sample(state, b.dataset_sample_index[i]);
+  }
+  return state;
+}
+
 std::string GptDataset::describe() const {
   const Impl &m = *impl_;
   if (m.single)

@@ -88,6 +88,15 @@ public:
   std::string describe() const;
   // True when every index was read from the cache rather than built.
   bool loaded_from_cache() const;
+  // A running hash of what samples [begin, end) hold, in order, continuing
+  // `state` (start from kOrderHashStart): which documents, from which offset
+  // to which, and for a blend which dataset. Sample i is read as i % size(),
+  // as the training loop reads it. Two indices give the same hash over the
+  // same range when they put the same pieces of text there, so a resumed run
+  // can tell whether the samples its checkpoint trained on are this index's
+  // first ones. O(end - begin), no token is read.
+  static constexpr uint64_t kOrderHashStart = 0xcbf29ce484222325ull;
+  uint64_t order_hash(uint64_t state, int64_t begin, int64_t end) const;
 
   struct Impl;
 

@@ -187,9 +187,19 @@ struct GptPart {
   // _query_document_sample_shuffle_indices: the pieces of the documents
   // between two consecutive sample index rows, concatenated.
   void sample(int64_t i, int32_t *out) const;
+  // `h` advanced over what sample i holds (GptDataset::order_hash).
+  uint64_t hash_sample(uint64_t h, int64_t i) const;
 
   std::string describe() const;
 };
+
+// One step of the sample-order hash: FNV-1a's prime over a mixed 64-bit word.
+inline uint64_t order_hash_step(uint64_t h, uint64_t v) {
+  v ^= v >> 33;
+  v *= 0xff51afd7ed558ccdull;
+  v ^= v >> 33;
+  return (h ^ v) * 0x100000001b3ull;
+}
 
 // Builds or loads the indices of `num_samples` samples of one split.
 std::unique_ptr<GptPart> build_part(std::shared_ptr<const Source> src, const Settings &set,

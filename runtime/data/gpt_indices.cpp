@@ -291,6 +291,22 @@ void GptPart::sample(int64_t i, int32_t *out) const {
     corrupt(i, "sample shorter than seq_length + 1");
 }
 
+uint64_t GptPart::hash_sample(uint64_t h, int64_t i) const {
+  const int64_t j = shuffle_entry(i);
+  if (j < 0 || j >= size())
+    corrupt(i, "shuffle index out of range");
+  const int64_t d0 = sample_entry(j, 0), o0 = sample_entry(j, 1);
+  const int64_t d1 = sample_entry(j + 1, 0), o1 = sample_entry(j + 1, 1);
+  if (d0 < 0 || d1 < d0 || d1 >= doc_count)
+    corrupt(i, "sample index out of range");
+  h = order_hash_step(h, uint64_t(o0));
+  h = order_hash_step(h, uint64_t(o1));
+  h = order_hash_step(h, uint64_t(d1 - d0));
+  for (int64_t k = d0; k <= d1; ++k)
+    h = order_hash_step(h, uint64_t(int64_t(doc[k])));
+  return h;
+}
+
 std::string GptPart::describe() const {
   std::string s = src->name + ": " + data_split_name(set.which);
   if (sample_rows == 0)

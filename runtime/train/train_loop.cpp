@@ -24,6 +24,7 @@
 #include <ctime>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <unistd.h>
@@ -168,11 +169,21 @@ public:
                   "in " + load + " (its error says why); fix that, or start without --load");
     if (std::string err = buildData(); !err.empty())
       return fail(err);
+    checkSampleOrder();
 
-    say("training: " + std::to_string(trainIters) + " iterations from iteration " +
-        std::to_string(iteration) + ", global batch " + std::to_string(gbs) + " (" +
-        std::to_string(microBatches) + " micro-batches of " + std::to_string(mbs) +
-        "), sequence " + std::to_string(seq));
+    const std::string batch = ", global batch " + std::to_string(gbs) + " (" +
+                              std::to_string(microBatches) + " micro-batch" +
+                              (microBatches == 1 ? "" : "es") + " of " + std::to_string(mbs) +
+                              "), sequence " + std::to_string(seq);
+    if (iteration == 0)
+      say("training: " + std::to_string(trainIters) + " iterations" + batch);
+    else if (iteration < trainIters)
+      say("training: iterations " + std::to_string(iteration + 1) + " to " +
+          std::to_string(trainIters) + " (" + std::to_string(trainIters - iteration) +
+          " after the checkpoint's " + std::to_string(iteration) + ")" + batch);
+    else
+      say("training: none: the checkpoint is at iteration " + std::to_string(iteration) +
+          " and the run ends at " + std::to_string(trainIters) + batch);
 
     auto intervalStart = std::chrono::steady_clock::now();
     double lossSum = 0;
@@ -462,6 +473,10 @@ private:
     };
     stepsTaken = value("optimizer_steps");
     skipped = value("skipped_iterations");
+    if (auto it = m.values.find("train_order_hash"); it != m.values.end()) {
+      loadedOrderHash = std::strtoull(it->second.c_str(), nullptr, 16);
+      loadedIndexSamples = value("train_index_samples");
+    }
     savedIteration = iteration;
     say("loaded checkpoint " + reader->path() + " at iteration " + std::to_string(iteration));
     return "";
@@ -545,6 +560,14 @@ private:
     m.loss_scale_hysteresis_tracker = hysteresisTracker;
     m.values["optimizer_steps"] = std::to_string(stepsTaken);
     m.values["skipped_iterations"] = std::to_string(skipped);
+    if (orderKnown && train) {
+      orderHash = train->order_hash(orderHash, orderHashed, consumedTrain);
+      orderHashed = consumedTrain;
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)orderHash);
+      m.values["train_order_hash"] = hex;
+      m.values["train_index_samples"] = std::to_string(trainIndexSamples);
+    }
     if (rank->params()->size() > 0)
       m.values["weights_dtype_in_plan"] = dtype_label(rank->params()->Get(0)->dtype());
     add_layout_values(plan, *rank, &m);
@@ -582,6 +605,7 @@ private:
     cfg.seed = uint64_t(t->seed());
     cfg.vocab_size = t->vocab_size();
     auto counts = megatron_num_samples(trainIters, gbs, t->eval_interval(), t->eval_iters());
+    trainIndexSamples = counts[0];
     std::string err;
     train = GptDataset::build(cfg, DataSplit::Train, counts[0], &err);
     if (!train)
@@ -837,6 +861,34 @@ private:
   bool printer = true;
   std::unique_ptr<Executor> exec;
   std::unique_ptr<GptDataset> train, valid, test;
+  // Megatron builds the training index for train_iters x global batch
+  // samples, and its shuffle depends on the epochs that needs: a run resumed
+  // with another --train-iters may find the samples its checkpoint trained on
+  // elsewhere in the new index. The checkpoint records a hash of the order
+  // the run trained in; a resumed run says when its index disagrees (it
+  // keeps Megatron's order either way).
+  void checkSampleOrder() {
+    if (consumedTrain == 0 || !train)
+      return;
+    if (!loadedOrderHash) { // a checkpoint from before the record: unknown
+      orderKnown = false;
+      return;
+    }
+    orderHash = *loadedOrderHash;
+    orderHashed = consumedTrain;
+    if (!printer)
+      return;
+    if (train->order_hash(GptDataset::kOrderHashStart, 0, consumedTrain) == *loadedOrderHash)
+      return;
+    say("data: the checkpoint's " + std::to_string(consumedTrain) +
+        " training samples came in another order than this run's index gives them (it is "
+        "built for train_iters x global batch samples, " +
+        (loadedIndexSamples > 0 ? std::to_string(loadedIndexSamples) + " then, " : "") +
+        std::to_string(trainIndexSamples) + " now, as Megatron builds it): training goes on in "
+        "this index's order, so it will not match a run of " + std::to_string(trainIters) +
+        " iterations from the start");
+  }
+
   std::string testNote; // why there is no test set to evaluate, if there is none
   ProgramIO trainStep, lastStep, firstStep, gatherProg, evalStep, normProg, optStep;
   std::ofstream log;
@@ -845,6 +897,14 @@ private:
   int64_t trainIters = 0, mbs = 0, gbs = 0, microBatches = 1, seq = 0;
   int64_t iteration = 0, consumedTrain = 0, consumedValid = 0, stepsTaken = 0, skipped = 0;
   int64_t savedIteration = -1;
+  int64_t trainIndexSamples = 0; // the samples the training index is built for
+  // The order hash (GptDataset::order_hash) of training samples [0, orderHashed),
+  // carried through checkpoints; unknown after a checkpoint without one.
+  uint64_t orderHash = GptDataset::kOrderHashStart;
+  int64_t orderHashed = 0;
+  bool orderKnown = true;
+  std::optional<uint64_t> loadedOrderHash;
+  int64_t loadedIndexSamples = 0;
   float lastLr = 0, lastNorm = 0;
   bool lastSkipped = false, fp16 = false;
   bool weightsGathered = true; // false between an update and the gathers it needs

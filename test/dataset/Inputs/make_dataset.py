@@ -11,7 +11,8 @@ document indices ([0] plus len(sequence_lengths) after each document). The
 
 usage: make_dataset.py PREFIX [--dtype NAME] [--docs JSON] [--corrupt KIND]
        make_dataset.py --vocab DIR
---docs is a JSON list of documents, each a list of sequences of token ids.
+--docs is a JSON list of documents, each a list of sequences of token ids;
+--docs @FILE reads that JSON from FILE.
 """
 import argparse
 import json
@@ -132,7 +133,11 @@ def main():
     if a.vocab:
         write_vocab(a.vocab)
     if a.prefix:
-        docs = json.loads(a.docs) if a.docs is not None else DEFAULT_DOCS
+        text = a.docs
+        if text is not None and text.startswith("@"):
+            with open(text[1:]) as f:
+                text = f.read()
+        docs = json.loads(text) if text is not None else DEFAULT_DOCS
         S, D = write(a.prefix, a.dtype, docs)
         if a.corrupt:
             corrupt(a.prefix, a.corrupt, S, D)

@@ -350,6 +350,29 @@ TEST_F(GptDatasetTest, SeparateFinalEpochByHand) {
   EXPECT_TRUE(contains(ds->describe(), "2 epochs (the last shuffled apart)"));
 }
 
+TEST_F(GptDatasetTest, OrderHashFollowsWhatTheSamplesHold) {
+  // The indices of OneEpochSamplesByHand (3 samples: unshuffled 1, 2, 0) and
+  // SeparateFinalEpochByHand (4 samples: 2, 1, 0, 3, ...).
+  std::string err;
+  auto three = GptDataset::build(config(small(), 4), DataSplit::Train, 3, &err);
+  auto four = GptDataset::build(config(small(), 4), DataSplit::Train, 4, &err);
+  auto again = GptDataset::build(config(small(), 4), DataSplit::Train, 4, &err);
+  ASSERT_TRUE(three && four && again) << err;
+  const uint64_t s = GptDataset::kOrderHashStart;
+  // The same index, built twice: the same hash.
+  EXPECT_EQ(four->order_hash(s, 0, 7), again->order_hash(s, 0, 7));
+  // The same three pieces of text in another order: another hash.
+  EXPECT_NE(three->order_hash(s, 0, 3), four->order_hash(s, 0, 3));
+  // Sample 2 is unshuffled sample 0 in both: the same piece, the same step.
+  EXPECT_EQ(three->order_hash(s, 2, 3), four->order_hash(s, 2, 3));
+  // It continues: [0, 2) then [2, 7) is [0, 7); and past the end it wraps
+  // as the training loop reads samples (i % size()).
+  EXPECT_EQ(four->order_hash(four->order_hash(s, 0, 2), 2, 7), four->order_hash(s, 0, 7));
+  EXPECT_EQ(three->order_hash(three->order_hash(s, 0, 3), 3, 6),
+            three->order_hash(three->order_hash(s, 0, 3), 0, 3));
+  EXPECT_NE(four->order_hash(s, 0, 7), four->order_hash(s, 0, 6));
+}
+
 TEST_F(GptDatasetTest, TwoEpochsShuffledTogether) {
   // 5 samples: 2 epochs; the final one serves 5 - 3 = 2 >= 2 samples, so both
   // epochs are shuffled as one: documents [2, 1, 2, 0, 1, 0], samples
