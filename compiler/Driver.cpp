@@ -16,6 +16,7 @@
 #include "runtime/exec/cuda/cuda_device.h"
 #include "runtime/exec/cuda/kernel_cache.h"
 #include "runtime/plan/plan_reader.h"
+#include "spec/MegatronFlags.h"
 #include "spec/MegatronImport.h"
 #include "spec/Spec.h"
 #include "spec/SpecKeys.h"
@@ -59,6 +60,8 @@ commands:
                           convert a checkpoint to the parallel layout of PLAN
                           (see 'mtc reshard --help')
   spec-keys               print the reference of every spec key (docs/spec.md)
+  megatron-flags          print what import-megatron does with every Megatron-LM
+                          flag (docs/megatron-flags.md)
   help                    this text
 
 options:
@@ -678,8 +681,17 @@ int runMtc(int argc, char **argv) {
     llvm::outs() << spec::renderKeyReferenceMarkdown();
     return 0;
   }
-  std::string hint =
-      spec::didYouMean(cmd, {"compile", "import-megatron", "reshard", "spec-keys", "help"});
+  if (cmd == "megatron-flags") {
+    if (!rest.empty()) {
+      llvm::errs() << "mtc megatron-flags: error: it takes no arguments ('" << rest[0]
+                   << "'); run 'mtc megatron-flags'\n";
+      return 1;
+    }
+    llvm::outs() << spec::renderMegatronFlagsMarkdown();
+    return 0;
+  }
+  std::string hint = spec::didYouMean(
+      cmd, {"compile", "import-megatron", "reshard", "spec-keys", "megatron-flags", "help"});
   llvm::errs() << "mtc: error: unknown command '" << cmd << "'"
                << (hint.empty() ? "" : "; did you mean '" + hint + "'?")
                << "; run 'mtc --help' for the list\n";

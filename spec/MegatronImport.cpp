@@ -1,5 +1,6 @@
 // `mtc import-megatron`: translates Megatron-LM flags into a spec.toml; the subcommand.
 #include "spec/MegatronImport.h"
+#include "spec/MegatronFlags.h"
 #include "spec/MegatronImportImpl.h"
 
 #include "runtime/base/atomic_file.h"
@@ -22,6 +23,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -118,6 +120,17 @@ std::optional<double> parseFloat(const std::string &s) {
 // The translation
 //===----------------------------------------------------------------------===//
 
+} // namespace
+
+std::string mtrunCommandLine(const std::vector<std::string> &mtrunArgs) {
+  std::string line = "mtrun PLAN";
+  for (const std::string &w : mtrunArgs)
+    line += " " + shellQuote(w);
+  return line;
+}
+
+namespace {
+
 // One spec key as the translation sets it.
 struct Setting {
   std::string value;   // TOML text
@@ -127,16 +140,16 @@ struct Setting {
 
 class Translator {
 public:
-  explicit Translator(const std::vector<std::string> &args) : args_(args) {}
+  Translator(const std::vector<std::string> &args, const MegatronImportOptions &options)
+      : args_(args), options_(options) {}
 
   absl::StatusOr<MegatronImportResult> run();
-  // Things the user should know that are neither ignored nor unknown flags.
-  const std::vector<std::string> &notes() const { return notes_; }
 
 private:
   absl::Status parseLauncher(size_t begin, size_t end);
   absl::Status parseFlags(size_t begin);
   absl::Status finish();
+  absl::Status refusalError() const;
   std::string render() const;
   std::string flagAt(const std::string &msg, size_t &end) const;
 
@@ -152,15 +165,12 @@ private:
       return std::nullopt;
     return parseInt(it->second.value);
   }
-  void unknown(const std::string &flag, const std::string &text) {
-    result_.unknownFlags.push_back(flag);
-    unknownText_.push_back(text);
-  }
   void ignore(const std::string &flag, const std::string &reason) {
-    result_.ignoredFlags.push_back(flag + ": " + reason);
+    result_.ignoredFlags.push_back({flag, reason});
   }
 
   const std::vector<std::string> &args_;
+  const MegatronImportOptions options_;
   MegatronImportResult result_;
   std::map<std::string, Setting> settings_;
 
@@ -176,8 +186,10 @@ private:
   std::optional<std::pair<int64_t, std::string>> trainSamples_, decaySamples_,
       warmupSamples_;
   std::vector<std::pair<std::string, std::string>> lossScaleSettings_; // key, flag
-  std::vector<std::string> unknownText_; // each unknown flag with its values
-  std::vector<std::string> notes_;
+  // Flags mt cannot honour, with their values, and why (what to do), in order.
+  std::vector<std::pair<std::string, std::string>> refusals_;
+  std::vector<std::string> fp8Flags_; // fp8 flags planned as bf16 (--fp8-as-bf16)
+  std::set<std::string> seen_;        // every flag given, spelled with dashes
   size_t flagsBegin_ = 0;                          // first word after the launcher
   std::vector<std::string> settingsNote_;          // why data_parallel_size stays 1
   mutable std::map<int, std::string> lineSources_; // TOML line -> its flag
@@ -230,7 +242,7 @@ absl::Status Translator::parseFlags(size_t begin) {
       // A further value of a flag we do not know belongs to it; anywhere
       // else argparse would refuse the word, and so do we.
       if (afterUnknown) {
-        unknownText_.back() += " " + shellQuote(w);
+        refusals_.back().first += " " + shellQuote(w);
         continue;
       }
       return absl::InvalidArgumentError(
@@ -251,6 +263,7 @@ absl::Status Translator::parseFlags(size_t begin) {
     for (size_t k = 2; k < dashed.size(); ++k)
       if (dashed[k] == '_')
         dashed[k] = '-';
+    seen_.insert(dashed);
 
     auto takeValue = [&](std::string &value) -> absl::Status {
       if (hasInline) {
@@ -326,23 +339,6 @@ absl::Status Translator::parseFlags(size_t begin) {
       queryGroups_ = {iv, flag + " " + value};
       continue;
     }
-    if (dashed == "--checkpoint-activations") {
-      // Megatron's old spelling of full recomputation, one layer per chunk.
-      if (absl::Status st = noValue(); !st.ok())
-        return st;
-      set("parallel", "recompute_granularity", "\"full\"", dashed,
-          "--checkpoint-activations: Megatron's former name for full recomputation");
-      set("parallel", "recompute_method", "\"uniform\"", dashed);
-      if (!has("parallel.recompute_num_layers"))
-        set("parallel", "recompute_num_layers", "1", dashed);
-      continue;
-    }
-    if (dashed == "--checkpoint-num-layers") {
-      if (absl::Status st = takeInt(iv, value); !st.ok())
-        return st;
-      set("parallel", "recompute_num_layers", std::to_string(iv), flag + " " + value);
-      continue;
-    }
     if (dashed == "--num-layers-per-virtual-pipeline-stage") {
       if (absl::Status st = takeInt(iv, value); !st.ok())
         return st;
@@ -391,25 +387,15 @@ absl::Status Translator::parseFlags(size_t begin) {
           "--data-path " + absl::StrJoin(words, " "));
       continue;
     }
-    if (dashed == "--encoder-seq-length" || dashed == "--layernorm-epsilon") {
-      // Megatron's older names for --seq-length and --norm-epsilon.
-      const KeyInfo &k = dashed == "--encoder-seq-length" ? key("model", "seq_length")
-                                                          : key("model", "norm_epsilon");
-      if (absl::Status st = takeValue(value); !st.ok())
+    if (dashed == "--encoder-seq-length" || dashed == "--encoder-num-layers" ||
+        dashed == "--persistent-save-interval") {
+      // Megatron's other names for --seq-length, --num-layers, --save-interval.
+      const KeyInfo &k = dashed == "--encoder-seq-length"   ? key("model", "seq_length")
+                         : dashed == "--encoder-num-layers" ? key("model", "num_layers")
+                                                            : key("training", "save_interval");
+      if (absl::Status st = takeInt(iv, value); !st.ok())
         return st;
-      if (k.type == KeyType::Int) {
-        std::optional<int64_t> v = parseInt(value);
-        if (!v)
-          return absl::InvalidArgumentError(flag + " expects an integer, got '" + value +
-                                            "'");
-        set(k.section, k.name, std::to_string(*v), flag + " " + value);
-      } else {
-        std::optional<double> v = parseFloat(value);
-        if (!v)
-          return absl::InvalidArgumentError(flag + " expects a number, got '" + value +
-                                            "'");
-        set(k.section, k.name, tomlFloat(*v), flag + " " + value);
-      }
+      set(k.section, k.name, std::to_string(iv), flag + " " + value);
       continue;
     }
     if (dashed == "--train-samples" || dashed == "--lr-decay-samples" ||
@@ -423,34 +409,11 @@ absl::Status Translator::parseFlags(size_t begin) {
       slot = {iv, flag + " " + value};
       continue;
     }
-    if (dashed == "--optimizer" || dashed == "--context-parallel-size") {
-      if (absl::Status st = takeValue(value); !st.ok())
-        return st;
-      bool neutral = dashed == "--optimizer" ? value == "adam" : value == "1";
-      if (neutral)
-        ignore(flag, dashed == "--optimizer"
-                         ? "Adam (AdamW) is mt's optimizer, as Megatron's default"
-                         : "1 is mt's only context-parallel size");
-      else
-        unknown(flag, flag + " " + shellQuote(value));
-      continue;
-    }
-
     if (dashed == "--no-position-embedding") {
       // Megatron's Llama recipes pair it with rope; finish() checks that.
       if (absl::Status st = noValue(); !st.ok())
         return st;
       noPositionEmbedding_ = true;
-      continue;
-    }
-    if (dashed == "--rotary-percent") {
-      if (absl::Status st = takeValue(value); !st.ok())
-        return st;
-      std::optional<double> v = parseFloat(value);
-      if (v && *v == 1.0)
-        ignore(flag, "1.0 is what mt does: rotary embeddings cover the whole head");
-      else
-        unknown(flag, flag + " " + shellQuote(value));
       continue;
     }
     if (dashed == "--tokenizer-type") {
@@ -463,13 +426,11 @@ absl::Status Translator::parseFlags(size_t begin) {
       if (std::find(k.choices.begin(), k.choices.end(), value) != k.choices.end()) {
         set("data", "tokenizer_type", tomlString(value), flag + " " + value);
       } else {
-        unknown(flag, flag + " " + shellQuote(value) + "  (mt knows " +
-                          absl::StrJoin(k.choices, ", ") + ")");
         otherTokenizer_ = true;
-        notes_.push_back(flag + " " + value + ": mt has " +
-                         absl::StrJoin(k.choices, ", ") +
-                         " only; it trains on tokenized data, so give your tokenizer's "
-                         "vocabulary with --vocab-size");
+        ignore(flag + " " + shellQuote(value),
+               "mt has " + absl::StrJoin(k.choices, ", ") +
+                   " only; it trains on tokenized data, so the vocabulary size comes "
+                   "from --vocab-size");
       }
       continue;
     }
@@ -539,36 +500,89 @@ absl::Status Translator::parseFlags(size_t begin) {
       continue;
     }
 
-    // Known to Megatron, meaningless here.
-    bool takes = false;
-    const char *reason = nullptr;
-    if (const IgnoredFlag *f = findIgnored(dashed)) {
-      takes = f->takesValue;
-      reason = f->reason;
-    } else {
-      reason = ignoredFamily(dashed);
+    // Every other flag: the table says what it is.
+    const MegatronFlag *row = findMegatronFlag(dashed);
+    std::vector<std::string> values;
+    if (hasInline) {
+      values.push_back(inlineValue);
+    } else if (!row || row->arity == FlagArity::Value) {
+      // An unknown flag takes a plain word after it as its value.
+      if (i + 1 < n && !startsWith(args_[i + 1], "--") &&
+          (row || !startsWith(args_[i + 1], "-")))
+        values.push_back(args_[++i]);
+    } else if (row->arity == FlagArity::Values) {
+      while (i + 1 < n && (!startsWith(args_[i + 1], "-") || parseFloat(args_[i + 1])))
+        values.push_back(args_[++i]);
     }
-    if (reason) {
-      // Its value goes with it: listed flags say whether they take one, a
-      // family member has one when a plain word follows.
-      if (!hasInline && i + 1 < n && !startsWith(args_[i + 1], "--") &&
-          (takes || !startsWith(args_[i + 1], "-")))
-        ++i;
-      ignore(flag, reason);
+    std::string shown = flag;
+    for (const std::string &v : values)
+      shown += " " + shellQuote(v);
+
+    if (!row) {
+      std::vector<std::string> names;
+      for (const MegatronFlag &f : megatronFlags())
+        names.push_back(f.flag);
+      std::string hint = didYouMean(dashed, names);
+      refusals_.push_back(
+          {shown, absl::StrCat("not a flag of Megatron-LM ", kMegatronRelease,
+                               hint.empty() ? "" : " (did you mean " + hint + "?)",
+                               "; correct it or remove it")});
+      afterUnknown = true;
       continue;
     }
-
-    // Unknown: keep it, with the value it seems to have, for the user.
-    std::string text = shellQuote(w);
-    if (!hasInline && i + 1 < n && !startsWith(args_[i + 1], "--"))
-      text += " " + shellQuote(args_[++i]);
-    unknown(flag, text);
-    afterUnknown = true;
+    if (row->arity == FlagArity::Switch && hasInline)
+      return absl::InvalidArgumentError(flag + " is a switch and takes no value; write " +
+                                        flag + " alone");
+    if (row->arity != FlagArity::Switch && values.empty())
+      return absl::InvalidArgumentError(flag + " needs a value; write " + flag + " VALUE");
+    switch (row->status) {
+    case FlagStatus::Implemented:
+      // The table promises a translation rule above; none took the flag.
+      return absl::InternalError("internal error: " + flag +
+                                 " is marked implemented but no translation handles it");
+    case FlagStatus::Mtrun:
+      result_.mtrunArgs.push_back(row->text);
+      result_.mtrunArgs.insert(result_.mtrunArgs.end(), values.begin(), values.end());
+      break;
+    case FlagStatus::NotApplicable:
+      ignore(shown, row->text);
+      break;
+    case FlagStatus::Refused:
+      if (values.size() == 1 && acceptsOnlyValue(*row, values[0]))
+        ignore(shown, row->onlyWhy);
+      else if (row->family == FlagFamily::Fp8 && options_.fp8AsBf16)
+        fp8Flags_.push_back(shown);
+      else
+        refusals_.push_back({shown, row->text});
+      break;
+    }
   }
   return absl::OkStatus();
 }
 
 absl::Status Translator::finish() {
+  // Megatron refuses both spellings of one setting.
+  for (const auto &[a, b] : {std::pair<const char *, const char *>{"--seq-length",
+                                                                   "--encoder-seq-length"},
+                             {"--num-layers", "--encoder-num-layers"}})
+    if (seen_.count(a) && seen_.count(b))
+      return absl::InvalidArgumentError(std::string("both ") + a + " and " + b +
+                                        " are given (one setting, two names); keep " + a);
+
+  // Without a learned table only rotary positions remain, which mt has;
+  // Megatron refuses the flag with other positions.
+  if (noPositionEmbedding_) {
+    auto pos = settings_.find("model.position_embedding_type");
+    if (pos != settings_.end() && pos->second.value == "\"rope\"")
+      ignore("--no-position-embedding", "rope has no learned position table anyway");
+    else
+      refusals_.push_back({"--no-position-embedding",
+                           "Megatron-LM refuses it without rotary positions too; add "
+                           "--position-embedding-type rope, or remove it"});
+  }
+  if (!refusals_.empty())
+    return refusalError();
+
   // Loss scaling is fp16's; Megatron ignores these flags otherwise, and the
   // spec refuses them, so they move to the ignored list.
   if (!precisionFlag_ || *precisionFlag_ != "--fp16") {
@@ -591,15 +605,20 @@ absl::Status Translator::finish() {
            "Megatron uses it only with --group-query-attention; add that flag for GQA");
   }
 
-  // Without a learned table only rotary positions remain, which mt has.
-  if (noPositionEmbedding_) {
-    auto pos = settings_.find("model.position_embedding_type");
-    if (pos != settings_.end() && pos->second.value == "\"rope\"")
-      ignore("--no-position-embedding", "rope has no learned position table anyway");
-    else
-      unknown("--no-position-embedding",
-              "--no-position-embedding  (mt needs learned or "
-              "rotary positions; add --position-embedding-type rope)");
+  // fp8 is planned as bf16 only when the user asks for it.
+  if (options_.fp8AsBf16) {
+    if (fp8Flags_.empty())
+      return absl::InvalidArgumentError(
+          "--fp8-as-bf16 is given but the command line has no fp8 flag (--fp8-format, "
+          "--fp8-recipe, ...); remove --fp8-as-bf16");
+    if (precisionFlag_ && *precisionFlag_ == "--fp16")
+      return absl::InvalidArgumentError(
+          "--fp8-as-bf16 plans the model in bf16, but --fp16 is given; remove one of them");
+    std::string flags = absl::StrJoin(fp8Flags_, ", ");
+    set("training", "precision", "\"bf16\"", "--fp8-as-bf16",
+        "--fp8-as-bf16: the fp8 flags (" + flags + ") are planned as bf16; mt has no fp8");
+    result_.notes.push_back("the fp8 flags (" + flags +
+                            ") are planned as bf16, as --fp8-as-bf16 asks; mt has no fp8");
   }
 
   int64_t tp = intOf("parallel.tensor_model_parallel_size").value_or(1);
@@ -649,7 +668,7 @@ absl::Status Translator::finish() {
         absl::StrCat("world size ", *world, " (", worldSource_, ") / (tp ", tp, " x pp ",
                      pp, ")"));
   } else {
-    notes_.push_back(
+    result_.notes.push_back(
         "the command line does not give the world size, so data_parallel_size "
         "stays 1; set parallel.data_parallel_size and [cluster] nodes / "
         "gpus_per_node to match your job (or pass the torchrun command, or "
@@ -722,6 +741,15 @@ absl::Status Translator::finish() {
   return absl::OkStatus();
 }
 
+absl::Status Translator::refusalError() const {
+  if (refusals_.size() == 1)
+    return absl::InvalidArgumentError(refusals_[0].first + ": " + refusals_[0].second);
+  std::string msg = absl::StrCat(refusals_.size(), " flags mt cannot honour:");
+  for (const auto &[flag, why] : refusals_)
+    msg += "\n  " + flag + ": " + why;
+  return absl::InvalidArgumentError(msg);
+}
+
 std::string Translator::render() const {
   std::ostringstream os;
   // The source command, one flag per line so it reads like the script.
@@ -734,6 +762,10 @@ std::string Translator::render() const {
     os << shellQuote(args_[i]);
   }
   os << "\n";
+  // mtrun's flags are not the spec's: say how to run the plan with them.
+  if (!result_.mtrunArgs.empty())
+    os << "#\n# Flags of mtrun, not of the spec; run the plan with them:\n#   "
+       << mtrunCommandLine(result_.mtrunArgs) << "\n";
 
   std::string text = os.str();
   int line = 1 + static_cast<int>(std::count(text.begin(), text.end(), '\n'));
@@ -772,14 +804,8 @@ std::string Translator::render() const {
   if (!result_.ignoredFlags.empty()) {
     emit("");
     emit("# Megatron flags with no meaning for mt:");
-    for (const std::string &f : result_.ignoredFlags)
-      emit("#   " + f);
-  }
-  if (!result_.unknownFlags.empty()) {
-    emit("");
-    emit("# Flags not translated (unknown to mtc import-megatron); check them by hand:");
-    for (const std::string &f : unknownText_)
-      emit("#   " + f);
+    for (const IgnoredFlag &f : result_.ignoredFlags)
+      emit("#   " + f.flag + ": " + f.reason);
   }
   return text + body.str();
 }
@@ -870,8 +896,9 @@ absl::StatusOr<MegatronImportResult> Translator::run() {
 } // namespace
 
 absl::StatusOr<MegatronImportResult>
-importMegatronArgs(const std::vector<std::string> &args) {
-  Translator t(args);
+importMegatronArgs(const std::vector<std::string> &args,
+                   const MegatronImportOptions &options) {
+  Translator t(args, options);
   return t.run();
 }
 
@@ -896,11 +923,16 @@ options:
   -o FILE, --output FILE  write the spec to FILE (atomically) instead of
                           standard output
   --args-file FILE        read the command line from FILE
-  --strict                fail when a flag is not understood
+  --fp8-as-bf16           plan the model in bf16 although fp8 flags are given
+                          (mt has no fp8); the spec says so in a comment
   --help, -h              this text
 
-Flags with no meaning for mt are reported as ignored, with the reason; flags
-mtc does not know are reported and listed at the end of the spec.
+Every flag of Megatron-LM core_v0.16.1 has one status (docs/megatron-flags.md,
+`mtc megatron-flags`): implemented (it sets spec keys), mtrun's (printed as
+the mtrun command line to run the plan with, and written at the top of the
+spec), not applicable (reported as ignored, with the reason), or refused. A
+refused flag, or one Megatron does not have, stops the import with an error
+naming it and what to do, and nothing is written.
 )";
 }
 
@@ -913,7 +945,7 @@ int importError(const std::string &msg) {
 
 int runImportMegatronCommand(const std::vector<std::string> &args) {
   std::string output, argsFile;
-  bool strict = false;
+  MegatronImportOptions options;
   std::vector<std::string> words;
   bool optionsDone = false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -929,8 +961,11 @@ int runImportMegatronCommand(const std::vector<std::string> &args) {
         printImportHelp(std::cout);
         return 0;
       }
-      if (a == "--strict") {
-        strict = true;
+      if (a == "--strict")
+        return importError("--strict is no longer an option: every flag mt cannot "
+                           "honour is refused now; remove --strict");
+      if (a == "--fp8-as-bf16") {
+        options.fp8AsBf16 = true;
         continue;
       }
       if (a == "-o" || a == "--output" || a == "--args-file") {
@@ -980,25 +1015,18 @@ int runImportMegatronCommand(const std::vector<std::string> &args) {
     return importError("no command line given: mtc import-megatron ARGS... or "
                        "--args-file FILE; see 'mtc import-megatron --help'");
 
-  Translator t(words);
-  absl::StatusOr<MegatronImportResult> result = t.run();
+  absl::StatusOr<MegatronImportResult> result = importMegatronArgs(words, options);
   if (!result.ok())
     return importError(std::string(result.status().message()));
 
-  for (const std::string &f : result->ignoredFlags) {
-    size_t colon = f.find(": ");
-    std::cerr << "mtc import-megatron: ignored " << f.substr(0, colon)
-              << (colon == std::string::npos ? "" : ": " + f.substr(colon + 2)) << "\n";
-  }
-  for (const std::string &f : result->unknownFlags)
-    std::cerr << "mtc import-megatron: warning: unknown flag " << f
-              << " (not translated)\n";
-  for (const std::string &n : t.notes())
+  for (const IgnoredFlag &f : result->ignoredFlags)
+    std::cerr << "mtc import-megatron: ignored " << f.flag << ": " << f.reason << "\n";
+  for (const std::string &n : result->notes)
     std::cerr << "mtc import-megatron: note: " << n << "\n";
-  if (strict && !result->unknownFlags.empty())
-    return importError(absl::StrCat(result->unknownFlags.size(),
-                                    " flag(s) not translated and --strict is given; "
-                                    "remove them or drop --strict"));
+  if (!result->mtrunArgs.empty())
+    std::cerr << "mtc import-megatron: note: flags of mtrun, not of the spec; run the "
+                 "plan with: "
+              << mtrunCommandLine(result->mtrunArgs) << "\n";
 
   if (output.empty()) {
     std::cout << result->toml;

@@ -10,10 +10,21 @@
 
 namespace mt::spec {
 
+// A flag (with its values) that has no meaning for mt, and why.
+struct IgnoredFlag {
+  std::string flag;
+  std::string reason;
+};
+
 struct MegatronImportResult {
   std::string toml;                      // the spec, validated
-  std::vector<std::string> unknownFlags; // flags we do not know at all
-  std::vector<std::string> ignoredFlags; // "--flag: why it has no meaning here"
+  std::vector<IgnoredFlag> ignoredFlags; // not applicable, in command-line order
+  std::vector<std::string> mtrunArgs;    // mtrun's flags and values, to run the plan with
+  std::vector<std::string> notes;        // what else the user should know
+};
+
+struct MegatronImportOptions {
+  bool fp8AsBf16 = false; // plan fp8 flags as bf16 instead of refusing them
 };
 
 // Splits a shell command line the way a POSIX shell would for plain words:
@@ -21,10 +32,16 @@ struct MegatronImportResult {
 // Refuses unexpanded shell variables ($VAR) with an error naming them.
 absl::StatusOr<std::vector<std::string>> splitCommandLine(const std::string &text);
 
-// Maps Megatron flags to spec keys. Leading launcher words (torchrun, python,
-// pretrain_gpt.py and their options) are skipped.
+// Maps Megatron flags to spec keys, by the table of spec/MegatronFlags.h: a
+// refused or unknown flag fails the import, naming every such flag. Leading
+// launcher words (torchrun, python, pretrain_gpt.py and their options) are
+// skipped.
 absl::StatusOr<MegatronImportResult>
-importMegatronArgs(const std::vector<std::string> &args);
+importMegatronArgs(const std::vector<std::string> &args,
+                   const MegatronImportOptions &options = {});
+
+// `mtrun PLAN` followed by the given mtrun flags, shell-quoted.
+std::string mtrunCommandLine(const std::vector<std::string> &mtrunArgs);
 
 // The `mtc import-megatron` subcommand: args after the subcommand name.
 // Writes the spec to stdout or `-o FILE` (atomically), reports to stderr.

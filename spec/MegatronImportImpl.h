@@ -45,21 +45,8 @@ std::string shellQuote(const std::string &w);
 inline constexpr char kScript[] = "pretrain_gpt.py";
 
 //===----------------------------------------------------------------------===//
-// Megatron flags (MegatronFlags.cpp)
+// Key-table lookups (MegatronFlags.cpp; the flag table is MegatronFlags.h)
 //===----------------------------------------------------------------------===//
-
-// Megatron flags that exist but mean nothing for mt, and why.
-struct IgnoredFlag {
-  const char *flag;
-  bool takesValue;
-  const char *reason;
-};
-
-// The listed flag's entry, or null.
-const IgnoredFlag *findIgnored(const std::string &flag);
-
-// Families of ignored flags matched by shape rather than listed one by one.
-const char *ignoredFamily(const std::string &flag);
 
 // The key a plain `--flag VALUE` (or a bool switch) sets, from the key table;
 // null for flags the translation handles itself.

@@ -250,7 +250,8 @@ TEST(ImportMegatron, GqaNeedsGroupsAndGroupsNeedGqa) {
   Spec s = importOk(std::string(kBase) + "--num-query-groups 2", &r);
   EXPECT_EQ(s.model.num_query_groups, s.model.num_attention_heads);
   ASSERT_EQ(r.ignoredFlags.size(), 1u);
-  EXPECT_NE(r.ignoredFlags[0].find("--group-query-attention"), std::string::npos);
+  EXPECT_EQ(r.ignoredFlags[0].flag, "--num-query-groups");
+  EXPECT_NE(r.ignoredFlags[0].reason.find("--group-query-attention"), std::string::npos);
 }
 
 TEST(ImportMegatron, VirtualPipelineFromLayersPerStage) {
@@ -289,7 +290,7 @@ TEST(ImportMegatron, LossScaleFlagsOnlyWithFp16) {
   EXPECT_EQ(fp16.training.hysteresis, 4);
   importOk(std::string(kBase) + "--bf16 --initial-loss-scale 65536", &r);
   ASSERT_EQ(r.ignoredFlags.size(), 1u);
-  EXPECT_EQ(r.ignoredFlags[0].rfind("--initial-loss-scale: ", 0), 0u);
+  EXPECT_EQ(r.ignoredFlags[0].flag, "--initial-loss-scale");
 
   std::string err = importError(std::string(kBase) + "--fp16 --bf16");
   EXPECT_NE(err.find("both --fp16 and --bf16"), std::string::npos) << err;
@@ -318,29 +319,116 @@ TEST(ImportMegatron, DataBlends) {
   EXPECT_NE(empty.find("--data-path needs"), std::string::npos) << empty;
 }
 
-TEST(ImportMegatron, UnknownAndIgnoredFlagsAreListed) {
+TEST(ImportMegatron, NotApplicableFlagsAreListedWithTheirValues) {
   MegatronImportResult r;
   importOk(std::string(kBase) +
                "--use-mcore-models --transformer-impl transformer_engine "
-               "--no-masked-softmax-fusion --tensorboard-dir /tb --log-throughput "
-               "--frobnicate 3 --rampup-batch-size 16 16 1000 --switchy "
-               "--distributed-backend nccl --num-workers 2 --dataloader-type cyclic",
+               "--no-masked-softmax-fusion --distributed-backend nccl --num-workers 2 "
+               "--dataloader-type single --context-parallel-size 1 --cp-comm-type p2p a2a",
            &r);
-  EXPECT_EQ(r.unknownFlags, (Words{"--frobnicate", "--rampup-batch-size", "--switchy"}));
-  EXPECT_NE(r.toml.find("#   --rampup-batch-size 16 16 1000"), std::string::npos)
-      << r.toml;
-  EXPECT_NE(r.toml.find("#   --frobnicate 3"), std::string::npos) << r.toml;
   std::vector<std::string> ignored;
-  for (const std::string &f : r.ignoredFlags)
-    ignored.push_back(f.substr(0, f.find(':')));
+  for (const IgnoredFlag &f : r.ignoredFlags) {
+    ignored.push_back(f.flag);
+    EXPECT_GT(f.reason.size(), 10u) << "no reason given: " << f.flag;
+  }
   EXPECT_EQ(ignored,
-            (Words{"--use-mcore-models", "--transformer-impl",
-                   "--no-masked-softmax-fusion", "--tensorboard-dir", "--log-throughput",
-                   "--distributed-backend", "--num-workers", "--dataloader-type"}));
-  for (const std::string &f : r.ignoredFlags)
-    EXPECT_GT(f.size(), f.find(": ") + 3) << "no reason given: " << f;
-  // Both lists reach the spec as comments.
-  EXPECT_NE(r.toml.find("#   --use-mcore-models: "), std::string::npos);
+            (Words{"--use-mcore-models", "--transformer-impl transformer_engine",
+                   "--no-masked-softmax-fusion", "--distributed-backend nccl",
+                   "--num-workers 2", "--dataloader-type single",
+                   "--context-parallel-size 1", "--cp-comm-type p2p a2a"}));
+  // They reach the spec as comments.
+  EXPECT_NE(r.toml.find("#   --use-mcore-models: "), std::string::npos) << r.toml;
+  EXPECT_NE(r.toml.find("#   --num-workers 2: "), std::string::npos) << r.toml;
+}
+
+TEST(ImportMegatron, RefusedAndUnknownFlagsAreNamedTogether) {
+  std::string err = importError(std::string(kBase) +
+                                "--frobnicate 3 --num-experts 8 --use-mcore-models "
+                                "--fp8-format hybrid --context-parallel-size 2 --num-layer 4");
+  EXPECT_EQ(err.rfind("5 flags mt cannot honour:\n", 0), 0u) << err;
+  EXPECT_NE(err.find("\n  --frobnicate 3: not a flag of Megatron-LM core_v0.16.1; "),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("\n  --num-experts 8: mixture of experts"), std::string::npos) << err;
+  EXPECT_NE(err.find("\n  --fp8-format hybrid: fp8 training"), std::string::npos) << err;
+  EXPECT_NE(err.find("\n  --context-parallel-size 2: context parallelism"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("\n  --num-layer 4: not a flag of Megatron-LM core_v0.16.1 (did you "
+                     "mean --num-layers?)"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("--use-mcore-models"), std::string::npos) << err;
+}
+
+TEST(ImportMegatron, MtrunFlagsAreCarriedToTheUser) {
+  MegatronImportResult r;
+  importOk(std::string(kBase) + "--exit-interval 100 --tensorboard-dir '/runs/my tb' "
+                                "--disable-log-loss-scale-to-tensorboard --skip-train",
+           &r);
+  EXPECT_EQ(r.mtrunArgs, (Words{"--exit-interval", "100", "--tensorboard-dir", "/runs/my tb",
+                                "--no-log-loss-scale-to-tensorboard", "--skip-train"}));
+  EXPECT_NE(r.toml.find("#   mtrun PLAN --exit-interval 100 --tensorboard-dir '/runs/my tb' "
+                        "--no-log-loss-scale-to-tensorboard --skip-train\n"),
+            std::string::npos)
+      << r.toml;
+}
+
+TEST(ImportMegatron, Fp8IsRefusedUnlessPlannedAsBf16) {
+  std::string fp8 = std::string(kBase) + "--bf16 --fp8-format hybrid --fp8-amax-history-len "
+                                         "1024 --fp8-amax-compute-algo max --fp8-param-gather";
+  std::string err = importError(fp8);
+  EXPECT_EQ(err.rfind("4 flags mt cannot honour:", 0), 0u) << err;
+  EXPECT_NE(err.find("--fp8-as-bf16"), std::string::npos) << err;
+
+  absl::StatusOr<Words> w = splitCommandLine(fp8);
+  ASSERT_TRUE(w.ok());
+  MegatronImportOptions bf16;
+  bf16.fp8AsBf16 = true;
+  absl::StatusOr<MegatronImportResult> r = importMegatronArgs(*w, bf16);
+  ASSERT_TRUE(r.ok()) << r.status();
+  absl::StatusOr<Spec> spec = parseSpecString(r->toml, "<test>");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->training.precision, Precision::BF16);
+  EXPECT_NE(r->toml.find("# --fp8-as-bf16: the fp8 flags (--fp8-format hybrid, "
+                         "--fp8-amax-history-len 1024, --fp8-amax-compute-algo max, "
+                         "--fp8-param-gather) are planned as bf16; mt has no fp8\n"
+                         "precision = \"bf16\""),
+            std::string::npos)
+      << r->toml;
+
+  // Without fp8 flags, or with --fp16, the option is refused.
+  absl::StatusOr<Words> plain = splitCommandLine(kBase);
+  ASSERT_TRUE(plain.ok());
+  absl::StatusOr<MegatronImportResult> none = importMegatronArgs(*plain, bf16);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no fp8 flag"), std::string::npos);
+  absl::StatusOr<Words> fp16 =
+      splitCommandLine(std::string(kBase) + "--fp16 --fp8-format e4m3");
+  ASSERT_TRUE(fp16.ok());
+  absl::StatusOr<MegatronImportResult> both = importMegatronArgs(*fp16, bf16);
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("--fp16 is given"), std::string::npos);
+}
+
+TEST(ImportMegatron, OtherNamesOfOneSetting) {
+  Spec s = importOk("--encoder-num-layers 3 --hidden-size 64 --num-attention-heads 4 "
+                    "--encoder-seq-length 32 --vocab-size 100 --micro-batch-size 1 "
+                    "--train-iters 5 --lr 0.1 --persistent-save-interval 7");
+  EXPECT_EQ(s.model.num_layers, 3);
+  EXPECT_EQ(s.model.seq_length, 32);
+  EXPECT_EQ(s.training.save_interval, 7);
+  std::string err = importError(std::string(kBase) + "--encoder-seq-length 64");
+  EXPECT_NE(err.find("both --seq-length and --encoder-seq-length"), std::string::npos) << err;
+}
+
+TEST(ImportMegatron, NoPositionEmbeddingNeedsRope) {
+  MegatronImportResult r;
+  Spec s = importOk(std::string(kBase) + "--position-embedding-type rope --no-position-embedding",
+                    &r);
+  EXPECT_EQ(s.model.position_embedding_type, PositionEmbedding::Rope);
+  std::string err = importError(std::string(kBase) + "--no-position-embedding");
+  EXPECT_EQ(err.rfind("--no-position-embedding: ", 0), 0u) << err;
 }
 
 TEST(ImportMegatron, MissingRequiredKeysNameTheirFlags) {
@@ -454,9 +542,8 @@ TEST(ImportMegatron, FourNodeGuideScriptMatchesThePreset) {
   EXPECT_EQ(got.cluster.gpus_per_node, 8);
   EXPECT_EQ(got.training.precision, Precision::FP16);
   EXPECT_EQ(got.training.lr_warmup_iters, 3200); // .01 * 320000
-  EXPECT_EQ(r.unknownFlags, Words{});
   ASSERT_EQ(r.ignoredFlags.size(), 1u);
-  EXPECT_EQ(r.ignoredFlags[0].rfind("--distributed-backend: ", 0), 0u);
+  EXPECT_EQ(r.ignoredFlags[0].flag, "--distributed-backend nccl");
 }
 
 } // namespace
