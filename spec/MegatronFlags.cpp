@@ -756,7 +756,7 @@ std::vector<MegatronFlag> explicitRows() {
       na("--use-nccl-ub", S, kComm),
       na("--disable-symmetric-registration", S, kComm),
       na("--disable-gloo-process-groups", S, kComm),
-      na("--distributed-backend", V, "mt picks NCCL (GPUs) or its own transport (CPU) itself"),
+      na("--distributed-backend", V, "mt picks NCCL (GPUs) or Gloo (CPU) itself"),
       na("--distributed-timeout-minutes", V,
          "a timeout of PyTorch's process groups; mtrun's collectives have none (its "
          "--timeout bounds the wait for the other ranks at start)"),
