@@ -91,7 +91,7 @@ constexpr char kLoader[] =
     "without one";
 constexpr char kTokenizer[] =
     "mt trains on tokenized data: a tokenizer only fixes the vocabulary size, which "
-    "--vocab-size gives";
+    "the tokenizer's files or --vocab-size give";
 constexpr char kDeprecatedIgnored[] = "Megatron-LM ignores it (deprecated)";
 constexpr char kFp8[] =
     "fp8 training is not implemented in mt; remove the fp8 flags, or pass --fp8-as-bf16 "

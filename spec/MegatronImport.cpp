@@ -152,6 +152,8 @@ private:
   absl::Status refusalError() const;
   std::string render() const;
   std::string flagAt(const std::string &msg, size_t &end) const;
+  std::optional<std::string> rawFlag(const char *flag) const;
+  absl::Status vocabulary();
 
   void set(const char *section, const char *name, std::string value, std::string source,
            std::string comment = "") {
@@ -180,6 +182,7 @@ private:
   std::optional<std::string> precisionFlag_;
   bool gqa_ = false;
   bool otherTokenizer_ = false; // --tokenizer-type mt does not have
+  std::optional<std::pair<std::string, std::string>> tokenizerType_; // value, source
   bool noPositionEmbedding_ = false;
   std::optional<std::pair<int64_t, std::string>> queryGroups_;
   std::optional<std::pair<int64_t, std::string>> layersPerVirtualStage_;
@@ -418,19 +421,20 @@ absl::Status Translator::parseFlags(size_t begin) {
     }
     if (dashed == "--tokenizer-type") {
       // mt trains on tokenized data, so another tokenizer does not stop the
-      // translation; it is reported, and the vocabulary must come from
-      // --vocab-size.
+      // translation; it is reported, and vocabulary() takes the vocabulary
+      // size from the tokenizer's files or --vocab-size.
       if (absl::Status st = takeValue(value); !st.ok())
         return st;
       const KeyInfo &k = key("data", "tokenizer_type");
+      tokenizerType_ = {value, flag + " " + value};
       if (std::find(k.choices.begin(), k.choices.end(), value) != k.choices.end()) {
         set("data", "tokenizer_type", tomlString(value), flag + " " + value);
       } else {
         otherTokenizer_ = true;
         ignore(flag + " " + shellQuote(value),
                "mt has " + absl::StrJoin(k.choices, ", ") +
-                   " only; it trains on tokenized data, so the vocabulary size comes "
-                   "from --vocab-size");
+                   " only; it trains on tokenized data, so the tokenizer only fixes the "
+                   "vocabulary size (from its files or --vocab-size)");
       }
       continue;
     }
@@ -624,6 +628,37 @@ absl::Status Translator::finish() {
   int64_t tp = intOf("parallel.tensor_model_parallel_size").value_or(1);
   int64_t pp = intOf("parallel.pipeline_model_parallel_size").value_or(1);
 
+  // Megatron turns sequence parallelism off at tp 1, with a warning
+  // (megatron/training/arguments.py, validate_args); so does the import.
+  if (auto sp = settings_.find("parallel.sequence_parallel");
+      tp == 1 && sp != settings_.end() && sp->second.value == "true") {
+    result_.warnings.push_back(
+        sp->second.source +
+        " is turned off: tensor parallel size is 1, and Megatron disables sequence "
+        "parallelism without tensor parallelism (\"Disabling sequence parallelism because "
+        "tensor model parallelism is disabled\")");
+    settings_.erase(sp);
+  }
+
+  // Megatron reads the numbers out of --split (re.findall("[.0-9]+")), so
+  // quotes a script leaves in the value, as in --split "'99,1,0'", do not count.
+  if (auto split = rawFlag("--split")) {
+    std::vector<std::string> numbers;
+    std::string cur;
+    for (char c : *split + " ") {
+      if (std::isdigit(static_cast<unsigned char>(c)) || c == '.') {
+        cur += c;
+      } else if (!cur.empty()) {
+        numbers.push_back(cur);
+        cur.clear();
+      }
+    }
+    std::string clean = absl::StrJoin(numbers, ",");
+    if (!numbers.empty() && clean != *split)
+      set("data", "split", tomlString(clean), "--split " + shellQuote(*split),
+          "--split " + shellQuote(*split) + ": Megatron reads the numbers in it");
+  }
+
   if (layersPerVirtualStage_) {
     std::optional<int64_t> layers = intOf("model.num_layers");
     if (!layers)
@@ -710,13 +745,8 @@ absl::Status Translator::finish() {
     convert(warmupSamples_, "lr_warmup_iters");
   }
 
-  // The vocabulary size is the tokenizer's; GPT-2's BPE files give 50257.
-  if (!has("model.vocab_size") && has("data.vocab_file") && !otherTokenizer_) {
-    auto tok = settings_.find("data.tokenizer_type");
-    if (tok == settings_.end() || tok->second.value == "\"GPT2BPETokenizer\"")
-      set("model", "vocab_size", "50257", settings_["data.vocab_file"].source,
-          "GPT-2 BPE vocabulary (--vocab-file with GPT2BPETokenizer): 50257 tokens");
-  }
+  if (absl::Status st = vocabulary(); !st.ok())
+    return st;
 
   // Required keys: name the flag that provides each one.
   std::vector<std::string> missing;
@@ -726,7 +756,8 @@ absl::Status Translator::finish() {
       continue;
     std::string how;
     if (full == "model.vocab_size")
-      how = "--vocab-size N, or --vocab-file with GPT-2's BPE vocabulary";
+      how = "--vocab-size N, or the tokenizer's files: --vocab-file with GPT2BPETokenizer, "
+            "a local --tokenizer-model with HuggingFaceTokenizer";
     else if (full == "training.train_iters")
       how = "--train-iters N (or --train-samples with --global-batch-size)";
     else if (!flagOf(k).empty())
@@ -750,10 +781,110 @@ absl::Status Translator::refusalError() const {
   return absl::InvalidArgumentError(msg);
 }
 
+// The value of the last `--flag VALUE` or `--flag=VALUE` of the script's
+// flags, as written.
+std::optional<std::string> Translator::rawFlag(const char *flag) const {
+  std::optional<std::string> value;
+  std::string eq = std::string(flag) + "=";
+  for (size_t i = flagsBegin_; i < args_.size(); ++i) {
+    if (args_[i] == flag && i + 1 < args_.size())
+      value = args_[i + 1];
+    else if (startsWith(args_[i], eq))
+      value = args_[i].substr(eq.size());
+  }
+  return value;
+}
+
+// The model's vocabulary is the tokenizer's, as Megatron builds it
+// (megatron/training/tokenizer/tokenizer.py): from the tokenizer's files
+// when they are given and readable, else from --vocab-size.
+absl::Status Translator::vocabulary() {
+  std::string type = tokenizerType_ ? tokenizerType_->first : "GPT2BPETokenizer";
+  std::optional<int64_t> given = intOf("model.vocab_size");
+  std::string givenSource = given ? settings_["model.vocab_size"].source : "";
+  auto fromFiles = [&](int64_t n, const std::string &source, const std::string &why) {
+    if (given && *given != n)
+      result_.warnings.push_back(absl::StrCat(
+          givenSource, " is not used: Megatron takes ", type, "'s vocabulary from ", source,
+          " (", n, " tokens)"));
+    set("model", "vocab_size", std::to_string(n), source, why);
+  };
+
+  if (type == "NullTokenizer") {
+    // _NullTokenizer's vocab_size is --vocab-size + 1: its end-of-document
+    // token is the id after the last.
+    if (!given)
+      return absl::InvalidArgumentError(
+          "--tokenizer-type NullTokenizer needs --vocab-size N (Megatron's NullTokenizer "
+          "takes its vocabulary from it); add it");
+    set("model", "vocab_size", std::to_string(*given + 1), givenSource,
+        absl::StrCat("NullTokenizer: ", givenSource,
+                     " + 1 for its end-of-document token, as Megatron counts it"));
+    return absl::OkStatus();
+  }
+  if (type == "GPT2BPETokenizer") {
+    std::optional<std::string> file = rawFlag("--vocab-file");
+    if (!file)
+      return absl::OkStatus(); // --vocab-size, or the missing-key error
+    absl::StatusOr<int64_t> n = gpt2VocabSize(*file);
+    if (n.ok()) {
+      fromFiles(*n, "--vocab-file " + *file,
+                absl::StrCat("GPT2BPETokenizer: ", *n, " entries in --vocab-file ", *file));
+      return absl::OkStatus();
+    }
+    if (!absl::IsNotFound(n.status()))
+      return absl::InvalidArgumentError(std::string(n.status().message()) +
+                                        "; check --vocab-file");
+    if (given) {
+      result_.warnings.push_back(absl::StrCat(
+          "cannot read --vocab-file ", *file, ", so the vocabulary comes from ", givenSource,
+          "; Megatron takes it from the file: make sure they agree"));
+      return absl::OkStatus();
+    }
+    // The file lives on the cluster: GPT-2's vocab.json has 50257 entries.
+    result_.warnings.push_back(absl::StrCat(
+        "cannot read --vocab-file ", *file,
+        " here; the vocabulary is GPT-2's 50257 tokens, which is what GPT-2's vocab.json "
+        "holds; give --vocab-size N (or a readable --vocab-file) if yours differs"));
+    set("model", "vocab_size", "50257", "--vocab-file " + *file,
+        "GPT-2 BPE vocabulary (--vocab-file with GPT2BPETokenizer): 50257 tokens");
+    return absl::OkStatus();
+  }
+  if (type == "HuggingFaceTokenizer") {
+    std::optional<std::string> model = rawFlag("--tokenizer-model");
+    if (model) {
+      absl::StatusOr<HfVocab> v = hfVocabSize(*model);
+      if (v.ok()) {
+        fromFiles(v->total, "--tokenizer-model " + *model,
+                  absl::StrCat("HuggingFaceTokenizer: ", v->model, " tokens + ",
+                               v->total - v->model, " added tokens in ", v->file));
+        return absl::OkStatus();
+      }
+      if (!absl::IsNotFound(v.status()))
+        return absl::InvalidArgumentError(std::string(v.status().message()) +
+                                          "; check --tokenizer-model");
+    }
+    std::string why = model ? "--tokenizer-model " + *model +
+                                  " is not a local tokenizer.json or a directory holding one"
+                            : "--tokenizer-model is not given";
+    if (!given)
+      return absl::InvalidArgumentError(
+          "the vocabulary size is unknown: " + why +
+          "; give --vocab-size N, or --tokenizer-model with a local tokenizer.json");
+    result_.warnings.push_back(absl::StrCat(
+        why, ", so the vocabulary comes from ", givenSource,
+        "; Megatron takes it from the tokenizer (len(tokenizer)): make sure they agree"));
+    return absl::OkStatus();
+  }
+  // Other tokenizers: --vocab-size, or the missing-key error.
+  return absl::OkStatus();
+}
+
 std::string Translator::render() const {
   std::ostringstream os;
   // The source command, one flag per line so it reads like the script.
-  os << "# Translated by `mtc import-megatron` from:\n#  ";
+  os << "# Translated by `mtc import-megatron` from"
+     << (options_.origin.empty() ? "" : " " + options_.origin) << ":\n#  ";
   for (size_t i = 0; i < args_.size(); ++i) {
     if (i > 0 && i >= flagsBegin_ && startsWith(args_[i], "--"))
       os << " \\\n#    ";
@@ -806,6 +937,12 @@ std::string Translator::render() const {
     emit("# Megatron flags with no meaning for mt:");
     for (const IgnoredFlag &f : result_.ignoredFlags)
       emit("#   " + f.flag + ": " + f.reason);
+  }
+  if (!result_.warnings.empty()) {
+    emit("");
+    emit("# Warnings:");
+    for (const std::string &w : result_.warnings)
+      emit("#   " + w);
   }
   return text + body.str();
 }
@@ -905,24 +1042,42 @@ importMegatronArgs(const std::vector<std::string> &args,
 namespace {
 
 void printImportHelp(std::ostream &os) {
-  os << R"(usage: mtc import-megatron [options] ARGS...
+  os << R"(usage: mtc import-megatron [options] --script FILE [SCRIPT_ARGS...]
        mtc import-megatron [options] --args-file FILE   (or @FILE)
+       mtc import-megatron [options] ARGS...
 
-Translates a Megatron-LM pretrain_gpt.py command line into a spec. ARGS is
-the command as you run it (torchrun ... pretrain_gpt.py --num-layers 24 ...)
-or just its flags; FILE holds it as shell text (a launch script is fine:
-comments, quotes, `\` line continuations, VAR=value lines and other commands
-are handled). Shell variables must be expanded first: run the script with
-`set -x` and pass the command it prints.
+Translates a Megatron-LM pretrain_gpt.py command line into a spec.
+
+--script FILE reads a launch script as Megatron-LM's examples write it and
+evaluates it the way bash would, without running anything: assignments and
+`export`, arrays (`ARGS=( ... )`, `+=`, "${ARGS[@]}"), `${VAR:-default}` and
+the other parameter forms, `$1`.. from SCRIPT_ARGS, `$((...))` arithmetic,
+`if`/`case`/loops over known values. The process environment is the
+script's environment. The one command that runs pretrain_gpt.py (or another
+*.py script, through torchrun, python or srun) is translated. Commands mtc
+does not run (mkdir, echo, `$(...)`, source) are skipped; when the training
+command needs a value they would give, or a variable that is not set, the
+error names the line and the variable: set it in the environment
+(VAR=value mtc import-megatron ...) or pass the script's arguments after
+FILE. Everything after FILE goes to the script.
+
+--args-file FILE reads the command as shell text the same way (a line that
+starts with a flag continues the command before it, so a file of flags works);
+ARGS is the command as you would run it (torchrun ... pretrain_gpt.py
+--num-layers 24 ...), or just its flags, or the whole command as one
+quoted argument.
 
 torchrun's --nnodes and --nproc_per_node (or --world-size N) give the world
 size, from which data_parallel_size and [cluster] follow; without them
 data_parallel_size stays 1.
 
-options:
+options (before --script):
   -o FILE, --output FILE  write the spec to FILE (atomically) instead of
                           standard output
+  --script FILE [ARGS..]  evaluate a launch script; ARGS are its $1, $2, ...
   --args-file FILE        read the command line from FILE
+  --print-command         print the training command after expansion, one
+                          flag a line, and stop (nothing is translated)
   --fp8-as-bf16           plan the model in bf16 although fp8 flags are given
                           (mt has no fp8); the spec says so in a comment
   --help, -h              this text
@@ -936,6 +1091,26 @@ naming it and what to do, and nothing is written.
 )";
 }
 
+// The command one flag a line, as a shell would read it back: the launcher
+// and the script on the first line, then a line for each of the script's flags.
+std::string commandLines(const std::vector<std::string> &words) {
+  size_t script = 0;
+  for (size_t i = 0; i < words.size(); ++i)
+    if (endsWith(words[i], ".py")) {
+      script = i;
+      break;
+    }
+  std::string out;
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (i > script && startsWith(words[i], "-"))
+      out += " \\\n    ";
+    else if (i > 0)
+      out += ' ';
+    out += shellQuote(words[i]);
+  }
+  return out + "\n";
+}
+
 int importError(const std::string &msg) {
   std::cerr << "mtc import-megatron: error: " << msg << "\n";
   return 1;
@@ -944,14 +1119,17 @@ int importError(const std::string &msg) {
 } // namespace
 
 int runImportMegatronCommand(const std::vector<std::string> &args) {
-  std::string output, argsFile;
+  std::string output, argsFile, script;
   MegatronImportOptions options;
-  std::vector<std::string> words;
+  bool printCommand = false, haveScript = false;
+  std::vector<std::string> words, scriptArgs;
+  std::string &origin = options.origin;
   bool optionsDone = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string &a = args[i];
-    // mtc's options may come anywhere: Megatron has none of these names.
-    // After `--` everything is Megatron's.
+    // mtc's options may come anywhere before --script: Megatron has none of
+    // these names. After `--` everything is Megatron's; after --script FILE
+    // everything is the script's.
     if (!optionsDone) {
       if (a == "--") {
         optionsDone = true;
@@ -968,10 +1146,19 @@ int runImportMegatronCommand(const std::vector<std::string> &args) {
         options.fp8AsBf16 = true;
         continue;
       }
-      if (a == "-o" || a == "--output" || a == "--args-file") {
+      if (a == "--print-command") {
+        printCommand = true;
+        continue;
+      }
+      if (a == "-o" || a == "--output" || a == "--args-file" || a == "--script") {
         if (i + 1 >= args.size())
           return importError(a + " needs a file name; see 'mtc import-megatron --help'");
-        (a == "--args-file" ? argsFile : output) = args[++i];
+        (a == "--args-file" ? argsFile : a == "--script" ? script : output) = args[++i];
+        if (a == "--script") {
+          haveScript = true;
+          scriptArgs.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
+          break;
+        }
         continue;
       }
       if (startsWith(a, "--output=")) {
@@ -982,6 +1169,12 @@ int runImportMegatronCommand(const std::vector<std::string> &args) {
         argsFile = a.substr(12);
         continue;
       }
+      if (startsWith(a, "--script=")) {
+        script = a.substr(9);
+        haveScript = true;
+        scriptArgs.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
+        break;
+      }
       if (startsWith(a, "@") && a.size() > 1 && words.empty() && argsFile.empty()) {
         argsFile = a.substr(1);
         continue;
@@ -989,31 +1182,54 @@ int runImportMegatronCommand(const std::vector<std::string> &args) {
     }
     words.push_back(a);
   }
+  if (haveScript && (!argsFile.empty() || !words.empty()))
+    return importError("both --script and " +
+                       (argsFile.empty() ? "a command line ('" + words[0] + "')"
+                                         : std::string("--args-file")) +
+                       " are given; give one (the script's own arguments go after its name)");
   if (!argsFile.empty() && !words.empty())
     return importError("both --args-file and a command line are given ('" + words[0] +
                        "'); give one");
 
-  if (!argsFile.empty()) {
-    std::ifstream in(argsFile, std::ios::binary);
+  // The file's text, evaluated as bash would.
+  auto evaluate = [&](const std::string &text, ShellOptions opts) -> std::optional<int> {
+    absl::StatusOr<TrainingCommand> cmd = evaluateLaunchScript(text, opts);
+    if (!cmd.ok())
+      return importError(std::string(cmd.status().message()));
+    words = std::move(cmd->words);
+    origin = absl::StrCat(opts.source, " line ", cmd->line, ", expanded");
+    return std::nullopt;
+  };
+  std::string file = haveScript ? script : argsFile;
+  if (!file.empty()) {
+    std::ifstream in(file, std::ios::binary);
     if (!in)
-      return importError("cannot read '" + argsFile + "': " + std::strerror(errno) +
+      return importError("cannot read '" + file + "': " + std::strerror(errno) +
                          "; check the path");
     std::stringstream buf;
     buf << in.rdbuf();
-    absl::StatusOr<std::vector<std::string>> split = splitCommandLine(buf.str());
-    if (!split.ok())
-      return importError(std::string(split.status().message()));
-    words = std::move(*split);
+    ShellOptions opts;
+    opts.source = file;
+    opts.args = scriptArgs;
+    opts.scriptArgs = haveScript;
+    opts.flagLines = !haveScript;
+    if (std::optional<int> rc = evaluate(buf.str(), opts))
+      return *rc;
   } else if (words.size() == 1 && words[0].find_first_of(" \t\n") != std::string::npos) {
     // The whole command passed as one quoted argument.
-    absl::StatusOr<std::vector<std::string>> split = splitCommandLine(words[0]);
-    if (!split.ok())
-      return importError(std::string(split.status().message()));
-    words = std::move(*split);
+    ShellOptions opts;
+    opts.flagLines = true;
+    if (std::optional<int> rc = evaluate(words[0], opts))
+      return *rc;
   }
   if (words.empty())
-    return importError("no command line given: mtc import-megatron ARGS... or "
-                       "--args-file FILE; see 'mtc import-megatron --help'");
+    return importError("no command line given: mtc import-megatron --script FILE, "
+                       "--args-file FILE or ARGS...; see 'mtc import-megatron --help'");
+  if (printCommand) {
+    std::cout << commandLines(words);
+    std::cout.flush();
+    return std::cout ? 0 : 1;
+  }
 
   absl::StatusOr<MegatronImportResult> result = importMegatronArgs(words, options);
   if (!result.ok())
@@ -1021,6 +1237,8 @@ int runImportMegatronCommand(const std::vector<std::string> &args) {
 
   for (const IgnoredFlag &f : result->ignoredFlags)
     std::cerr << "mtc import-megatron: ignored " << f.flag << ": " << f.reason << "\n";
+  for (const std::string &w : result->warnings)
+    std::cerr << "mtc import-megatron: warning: " << w << "\n";
   for (const std::string &n : result->notes)
     std::cerr << "mtc import-megatron: note: " << n << "\n";
   if (!result->mtrunArgs.empty())

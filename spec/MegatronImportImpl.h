@@ -4,7 +4,10 @@
 
 #include "spec/SpecKeys.h"
 
+#include "absl/status/statusor.h"
+
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -63,6 +66,22 @@ struct Switch {
   const char *flag, *section, *key, *value;
 };
 const Switch *findSwitch(const std::string &flag);
+
+//===----------------------------------------------------------------------===//
+// Tokenizer files (MegatronTokenizer.cpp)
+//===----------------------------------------------------------------------===//
+
+// GPT2BPETokenizer's vocabulary: the entries of vocab.json.
+absl::StatusOr<int64_t> gpt2VocabSize(const std::string &vocabJson);
+
+// HuggingFaceTokenizer's vocabulary from a local tokenizer.json (or a
+// directory holding one): len(tokenizer), as Megatron takes it.
+struct HfVocab {
+  std::string file;  // the tokenizer.json read
+  int64_t model = 0; // model.vocab's tokens
+  int64_t total = 0; // with the added tokens not already in it
+};
+absl::StatusOr<HfVocab> hfVocabSize(const std::string &tokenizerModel);
 
 } // namespace mt::spec::megatron
 

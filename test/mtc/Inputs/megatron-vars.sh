@@ -1,5 +1,5 @@
 #!/bin/bash
-# The unexpanded form of a launch script: mtc cannot know these values.
+# A launch script's variables: two set here, one from the environment.
 GPUS_PER_NODE=8
 DATA_PATH=/data/web_text_document
 torchrun --nproc_per_node $GPUS_PER_NODE pretrain_gpt.py \
