@@ -94,6 +94,22 @@ const char *toString(RecomputeMethod v) {
   return "";
 }
 
+double Spec::flopsPerIteration() const {
+  // megatron/training/training.py, num_floating_point_operations ->
+  // transformer_flops() without MoE, MTP or multi-latent attention: 3 GEMMs
+  // per matrix (forward, data and weight gradients) x 2 FLOPs per
+  // multiply-add; the causal core attention counts half the s x s scores.
+  const double h = double(model.hidden_size), s = double(model.seq_length);
+  const double q = double(model.kv_channels * model.num_attention_heads);
+  const double kv = double(model.kv_channels * model.num_query_groups);
+  const double layers = double(model.num_layers);
+  const double ffnFactor = model.swiglu ? 3.0 : 2.0;
+  const double attention = 3.0 * 2.0 * (h * (q + 2.0 * kv) + q * s / 2.0 * 2.0 + q * h);
+  const double mlp = 3.0 * 2.0 * h * (double(model.ffn_hidden_size) * ffnFactor) * layers;
+  const double logits = 3.0 * 2.0 * h * double(paddedVocabSize());
+  return double(training.global_batch_size) * s * (mlp + attention * layers + logits);
+}
+
 int64_t Spec::paddedVocabSize() const {
   // Megatron pads so every tensor-parallel rank gets an equal, aligned slice
   // of the embedding (megatron/training/tokenizer: _vocab_size_with_padding).
@@ -313,6 +329,13 @@ std::string toToml(const Spec &spec) {
   }
   w.integer("seed", t.seed);
   w.integer("log_interval", t.log_interval);
+  w.boolean("log_throughput", t.log_throughput);
+  w.boolean("log_params_norm", t.log_params_norm);
+  w.boolean("log_num_zeros_in_grad", t.log_num_zeros_in_grad);
+  w.integer("timing_log_level", t.timing_log_level);
+  w.string("timing_log_option", t.timing_log_option);
+  w.boolean("log_memory_to_tensorboard", t.log_memory_to_tensorboard);
+  w.boolean("check_for_nan_in_loss_and_grad", t.check_for_nan_in_loss_and_grad);
   w.integer("eval_interval", t.eval_interval);
   w.integer("eval_iters", t.eval_iters);
   w.integer("save_interval", t.save_interval);

@@ -96,6 +96,16 @@ struct TrainingConfig {
   int64_t hysteresis = 2;
   int64_t seed = 1234;
   int64_t log_interval = 100;
+  // The training log's extras, as Megatron-LM's logging flags.
+  bool log_throughput = false;
+  bool log_params_norm = false;
+  bool log_num_zeros_in_grad = false;
+  int64_t timing_log_level = 0;              // 0, 1 or 2
+  std::string timing_log_option = "minmax";  // "max" | "minmax" | "all"
+  bool log_memory_to_tensorboard = false;
+  // Stop on NaN/Inf in the loss or the gradients. Resolved: off with fp16,
+  // whose dynamic loss scaling skips such steps (Megatron turns it off too).
+  bool check_for_nan_in_loss_and_grad = true;
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;
   int64_t save_interval = 0;         // 0 = only at the end (when `save` is set)
@@ -132,6 +142,11 @@ struct Spec {
 
   // Megatron's rule: ceil(V / (divisible_by * tp)) * divisible_by * tp.
   int64_t paddedVocabSize() const;
+  // Floating-point operations of one iteration over the global batch, as
+  // Megatron-LM's num_floating_point_operations counts them (its dense
+  // transformer branch; bench/flops.py is the same formula): the log's
+  // throughput per GPU is this over the iteration time and the world size.
+  double flopsPerIteration() const;
   int64_t worldSize() const {
     return parallel.tensor_model_parallel_size *
            parallel.pipeline_model_parallel_size * parallel.data_parallel_size;

@@ -261,6 +261,35 @@ std::vector<KeyInfo> buildTable() {
                   "Random seed for init, dropout and data order.", atLeast(0)));
   t.push_back(key("training", "log_interval", I, false, "100", "iterations", "--log-interval",
                   "Iterations between log lines.", atLeast(1)));
+  t.push_back(key("training", "log_throughput", B, false, "false", "", "--log-throughput",
+                  "Add the model's TFLOP/s per GPU (Megatron's FLOP count over the measured "
+                  "iteration time) to the iteration line."));
+  t.push_back(key("training", "log_params_norm", B, false, "false", "", "--log-params-norm",
+                  "Add the L2 norm of all parameters (each tensor once; the fp32 masters "
+                  "with bf16) to the iteration line."));
+  t.push_back(key("training", "log_num_zeros_in_grad", B, false, "false", "",
+                  "--log-num-zeros-in-grad",
+                  "Add the number of zero gradient elements (after unscaling and clipping) "
+                  "to the iteration line."));
+  t.push_back(key("training", "timing_log_level", I, false, "0", "", "--timing-log-level",
+                  "Timers printed after each iteration line: 0 none (the iteration time "
+                  "only), 1 forward-backward and the optimizer's phases, 2 also the batch "
+                  "generator.",
+                  {0, 2, false, false}));
+  t.push_back(key("training", "timing_log_option", E, false, "\"minmax\"", "",
+                  "--timing-log-option",
+                  "How timers are reduced over ranks: \"max\", \"minmax\" or \"all\" "
+                  "(every rank's).",
+                  none(), {"max", "minmax", "all"}));
+  t.push_back(key("training", "log_memory_to_tensorboard", B, false, "false", "",
+                  "--log-memory-to-tensorboard",
+                  "Write the memory figures (mem-reserved-bytes, mem-allocated-bytes, "
+                  "mem-max-allocated-bytes, mem-allocated-count) to TensorBoard."));
+  t.push_back(key("training", "check_for_nan_in_loss_and_grad", B, false,
+                  "true (false with fp16)", "", "--no-check-for-nan-in-loss-and-grad",
+                  "Stop the run, without saving, when a loss or the gradients hold a NaN or "
+                  "Inf. Off with fp16, whose dynamic loss scaling skips those steps; "
+                  "cannot be true there."));
   t.push_back(key("training", "eval_interval", I, false, "1000", "iterations", "--eval-interval",
                   "Iterations between evaluations.", atLeast(1)));
   t.push_back(key("training", "eval_iters", I, false, "100", "iterations", "--eval-iters",

@@ -610,6 +610,13 @@ void Parser::readValues(Spec &spec) {
   getInt("training", "hysteresis", t.hysteresis);
   getInt("training", "seed", t.seed);
   getInt("training", "log_interval", t.log_interval);
+  getBool("training", "log_throughput", t.log_throughput);
+  getBool("training", "log_params_norm", t.log_params_norm);
+  getBool("training", "log_num_zeros_in_grad", t.log_num_zeros_in_grad);
+  getInt("training", "timing_log_level", t.timing_log_level);
+  getString("training", "timing_log_option", t.timing_log_option);
+  getBool("training", "log_memory_to_tensorboard", t.log_memory_to_tensorboard);
+  getBool("training", "check_for_nan_in_loss_and_grad", t.check_for_nan_in_loss_and_grad);
   getInt("training", "eval_interval", t.eval_interval);
   getInt("training", "eval_iters", t.eval_iters);
   getInt("training", "save_interval", t.save_interval);

@@ -354,6 +354,18 @@ void Parser::resolveTraining(Spec &spec) {
                  "scaling), but " +
                  ref("training", "precision", quote(toString(t.precision))),
              std::string("remove ") + k + ", or set precision = \"fp16\"");
+  // Megatron turns the NaN check off under dynamic loss scaling: there a
+  // NaN or Inf is the scaler's signal to skip the step and lower the scale.
+  if (t.precision == Precision::FP16) {
+    if (const Entry *e = given("training", "check_for_nan_in_loss_and_grad");
+        e && t.check_for_nan_in_loss_and_grad)
+      fail(e->valueLoc,
+           "check_for_nan_in_loss_and_grad = true cannot apply with precision = \"fp16\": "
+           "its dynamic loss scaling skips a step whose gradients overflow (counted as a "
+           "skipped iteration) instead of stopping",
+           "remove check_for_nan_in_loss_and_grad, or use precision = \"bf16\" or \"fp32\"");
+    t.check_for_nan_in_loss_and_grad = false;
+  }
 }
 
 void Parser::checkData(Spec &spec) {

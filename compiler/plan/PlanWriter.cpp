@@ -308,7 +308,11 @@ public:
         t.save_interval, fbb.CreateString(t.save), fbb.CreateString(t.load),
         fbb.CreateString(precision), t.initial_loss_scale, t.min_loss_scale,
         t.loss_scale_window, t.hysteresis, fbb.CreateVectorOfStrings(paths),
-        fbb.CreateVector(weights), fbb.CreateString(spec.data.split), spec.data.mock_data);
+        fbb.CreateVector(weights), fbb.CreateString(spec.data.split), spec.data.mock_data,
+        t.log_throughput, t.log_params_norm, t.log_num_zeros_in_grad,
+        int32_t(t.timing_log_level), fbb.CreateString(t.timing_log_option),
+        t.log_memory_to_tensorboard, t.check_for_nan_in_loss_and_grad,
+        spec.flopsPerIteration(), t.clip_grad);
 
     auto plan = pl::CreatePlan(
         fbb, fbb.CreateString(kProducer), fbb.CreateString(modelFingerprint(module)),

@@ -5,6 +5,7 @@
 #include "passes/StageModules.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 
@@ -210,7 +211,27 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
   if (p.use_distributed_optimizer)
     os << ", distributed optimizer";
   os << "\n  precision " << spec::toString(t.precision) << ", recompute "
-     << spec::toString(p.recompute_granularity) << "\n\n";
+     << spec::toString(p.recompute_granularity) << "\n";
+  // The training log's extras, where they change what mtrun prints.
+  std::vector<std::string> logs;
+  if (t.log_throughput)
+    logs.push_back(llvm::formatv("throughput ({0:E3} FLOPs per iteration)",
+                                 spec.flopsPerIteration()));
+  if (t.log_params_norm)
+    logs.push_back("params norm");
+  if (t.log_num_zeros_in_grad)
+    logs.push_back("num zeros");
+  if (t.timing_log_level > 0)
+    logs.push_back("timers level " + std::to_string(t.timing_log_level) + " (" +
+                   t.timing_log_option + ")");
+  if (t.log_memory_to_tensorboard)
+    logs.push_back("memory to TensorBoard");
+  if (!logs.empty())
+    os << "  logs " << llvm::join(logs, ", ") << "\n";
+  // (fp16 has it off by Megatron's rule: its loss scaling skips those steps.)
+  if (!t.check_for_nan_in_loss_and_grad && t.precision != spec::Precision::FP16)
+    os << "  NaN/Inf check off: a NaN or Inf loss or gradient does not stop the run\n";
+  os << "\n";
 
   os << llvm::formatv("{0,-24}{1,16}{2,9}\n", "parameters", "count", "share");
   for (const auto &c : s.components) {

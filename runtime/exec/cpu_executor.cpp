@@ -1,6 +1,7 @@
 // The CPU reference executor (see cpu_executor.h): its buffers, the program loop and the
 // public methods; cpu_executor_impl.h says which file holds the rest.
 #include "runtime/exec/cpu_executor.h"
+#include "runtime/exec/log_stats.h"
 #include "runtime/exec/cpu_executor_impl.h"
 
 #include "runtime/exec/cpu_kernels.h"
@@ -316,6 +317,34 @@ void CpuExecutor::zero_grads() {
 }
 
 void CpuExecutor::set_check_memory_plan(bool on) { impl_->check = on; }
+
+std::string CpuExecutor::params_sum_squares(double *out) {
+  const bool masters = norm_reads_masters(impl_->plan);
+  double sum = 0;
+  for (const CountedRun &r : counted_runs(impl_->plan, impl_->rank)) {
+    const float *x = !masters          ? weight(int(r.param)) + r.begin
+                     : r.shard_at >= 0 ? shard_master() + r.shard_at
+                                       : master(int(r.param)) + r.begin;
+    sum += sum_of_squares(x, r.count);
+  }
+  *out = sum;
+  return "";
+}
+
+std::string CpuExecutor::grad_stats(float unscale, float clip, GradStats *out) {
+  *out = GradStats{};
+  for (const CountedRun &r : counted_runs(impl_->plan, impl_->rank))
+    add_grad_stats(grad(int(r.param)) + r.begin, r.count, unscale, clip, out);
+  return "";
+}
+
+Executor::MemoryStats CpuExecutor::memory_stats() const {
+  MemoryStats m;
+  m.allocated = impl_->state.size();
+  m.max_allocated = m.reserved = m.max_reserved = impl_->state.size() + impl_->arena.size();
+  m.allocations = 2;
+  return m;
+}
 
 uint64_t CpuExecutor::cpu_arena_bytes() const { return impl_->arena.size(); }
 uint64_t CpuExecutor::cpu_state_bytes() const { return impl_->state.size(); }

@@ -139,6 +139,13 @@ public:
   // their group by number (plan.fbs), and a plan of several ranks needs them.
   void set_groups(const ParallelGroups *groups) override;
 
+  // The training log's figures (executor.h); the memory figures are the
+  // state buffer and the arena, as allocated here (f32, so twice the plan's
+  // bytes where it has 16-bit values).
+  std::string params_sum_squares(double *out) override;
+  std::string grad_stats(float unscale, float clip, GradStats *out) override;
+  MemoryStats memory_stats() const override;
+
   // Bytes allocated for the CPU arena and state buffer.
   uint64_t cpu_arena_bytes() const;
   uint64_t cpu_state_bytes() const;

@@ -214,6 +214,9 @@ public:
     return allocate(kCublasWorkspaceBytes, &lt_workspace_);
   }
 
+  uint64_t own_bytes() const override { return lt_workspace_ ? kCublasWorkspaceBytes : 0; }
+  uint64_t own_allocations() const override { return lt_workspace_ ? 1 : 0; }
+
   std::string allocate(uint64_t bytes, uint64_t *base) override {
     cu::CUdeviceptr p = 0;
     cu::CUresult r = dev_.driver->cuMemAlloc(&p, bytes ? bytes : 1);

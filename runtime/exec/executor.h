@@ -56,6 +56,31 @@ public:
   virtual void zero_grads() = 0;
   virtual void set_check_memory_plan(bool on) = 0;
   virtual void set_groups(const ParallelGroups *groups) = 0;
+
+  // The training log's figures of this rank (log_stats.h says which
+  // elements count; the training loop sums them over the ranks). "" or one
+  // error line.
+  // Sum of squares of the parameters: the f32 masters with bf16, the
+  // weights (as rounded to their type) otherwise.
+  virtual std::string params_sum_squares(double *out) = 0;
+  // Over the counted gradient elements: how many are zero after unscaling
+  // and clipping (count_zeros_fp32), and how many are NaN or infinite.
+  struct GradStats {
+    int64_t zeros = 0, nans = 0, infs = 0;
+  };
+  virtual std::string grad_stats(float unscale, float clip, GradStats *out) = 0;
+
+  // Memory the rank holds, in bytes (Megatron's report_memory figures, from
+  // mt's own buffers): `allocated` holds what lives between iterations (the
+  // state buffer: weights, gradients, masters, moments), `max_allocated`
+  // adds the activation arena at its planned peak and the workspaces,
+  // `reserved` is everything allocated (mt allocates once, so max_reserved
+  // is the same), `allocations` how many allocations that took.
+  struct MemoryStats {
+    uint64_t allocated = 0, max_allocated = 0, reserved = 0, max_reserved = 0,
+             allocations = 0;
+  };
+  virtual MemoryStats memory_stats() const = 0;
 };
 
 } // namespace mt::rt

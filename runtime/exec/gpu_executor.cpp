@@ -5,6 +5,7 @@
 
 #include "runtime/exec/cpu_executor.h"
 #include "runtime/exec/cpu_kernels.h"
+#include "runtime/exec/log_stats.h"
 #include "runtime/plan/grad_buckets.h"
 #include "runtime/plan/plan_reader.h"
 
@@ -150,8 +151,8 @@ std::string GpuExecutor::open() {
   }
   const uint64_t state = align_up(rank_.state_bytes()), arena = align_up(rank_.arena_bytes());
   const uint64_t work = align_up(rank_.kernel_workspace_bytes());
-  if (std::string e = device_->allocate(state + arena + work + gpu_scalar_bytes(rank_), &base_);
-      !e.empty())
+  allocated_ = state + arena + work + gpu_scalar_bytes(rank_);
+  if (std::string e = device_->allocate(allocated_, &base_); !e.empty())
     return who + ": " + e;
   workspace_ = base_ + state + arena;
   loss_scale_at_ = workspace_ + work;
@@ -290,6 +291,70 @@ std::string GpuExecutor::state_to_device() {
     std::memcpy(image.data() + off, v.data(), v.size() * 4);
   });
   return device_->to_device(base_, image.data(), image.size());
+}
+
+// The training log's figures: the counted runs (log_stats.h) downloaded
+// run by run, as f32 (16-bit weights converted), and summed on the host.
+std::string GpuExecutor::download_floats(uint64_t at, pl::DType t, int64_t n,
+                                         std::vector<float> *out) {
+  out->resize(size_t(n));
+  if (t != pl::DType::BF16 && t != pl::DType::F16)
+    return device_->to_host(out->data(), at, uint64_t(n) * 4);
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  if (std::string e = device_->to_host(bits.data(), at, uint64_t(n) * 2); !e.empty())
+    return e;
+  for (int64_t i = 0; i < n; ++i)
+    (*out)[size_t(i)] = from_half_bits(bits[size_t(i)], t);
+  return "";
+}
+
+std::string GpuExecutor::params_sum_squares(double *out) {
+  const bool masters = norm_reads_masters(plan_);
+  std::vector<float> x;
+  double sum = 0;
+  for (const CountedRun &r : counted_runs(plan_, rank_)) {
+    const pl::Param &p = *rank_.params()->Get(r.param);
+    std::string e;
+    if (!masters) {
+      const uint64_t bytes = p.dtype() == pl::DType::BF16 || p.dtype() == pl::DType::F16 ? 2 : 4;
+      e = download_floats(base_ + uint64_t(p.weight_offset()) + uint64_t(r.begin) * bytes,
+                          p.dtype(), r.count, &x);
+    } else if (r.shard_at >= 0) {
+      e = download_floats(base_ + uint64_t(rank_.shard_master_offset()) + uint64_t(r.shard_at) * 4,
+                          pl::DType::F32, r.count, &x);
+    } else {
+      e = download_floats(base_ + uint64_t(p.master_offset()) + uint64_t(r.begin) * 4,
+                          pl::DType::F32, r.count, &x);
+    }
+    if (!e.empty())
+      return e;
+    sum += sum_of_squares(x.data(), r.count);
+  }
+  *out = sum;
+  return "";
+}
+
+std::string GpuExecutor::grad_stats(float unscale, float clip, GradStats *out) {
+  std::vector<float> g;
+  *out = GradStats{};
+  for (const CountedRun &r : counted_runs(plan_, rank_)) {
+    const pl::Param &p = *rank_.params()->Get(r.param);
+    if (std::string e = download_floats(base_ + uint64_t(p.grad_offset()) + uint64_t(r.begin) * 4,
+                                        pl::DType::F32, r.count, &g);
+        !e.empty())
+      return e;
+    add_grad_stats(g.data(), r.count, unscale, clip, out);
+  }
+  return "";
+}
+
+Executor::MemoryStats GpuExecutor::memory_stats() const {
+  MemoryStats m;
+  m.allocated = rank_.state_bytes();
+  m.max_allocated = allocated_;
+  m.reserved = m.max_reserved = allocated_ + device_->own_bytes();
+  m.allocations = 1 + device_->own_allocations();
+  return m;
 }
 
 void *GpuExecutor::value_data(const pl::Program &program, uint32_t value) {

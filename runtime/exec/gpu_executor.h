@@ -126,6 +126,10 @@ public:
   // ptr: A, B, D, then the epilogue's bias and aux (plan.fbs Gemm).
   virtual std::string gemm(const mt::plan::Gemm &g, const uint64_t *ptr) = 0;
   virtual std::string synchronize() = 0;
+  // Device memory the device allocated for itself (cuBLASLt's workspace),
+  // beside what allocate() gave the executor, and in how many allocations.
+  virtual uint64_t own_bytes() const { return 0; }
+  virtual uint64_t own_allocations() const { return 0; }
   // The device side of a host group (collective over its ranks: every
   // member calls it, in the same order as its other groups). Null with
   // *error one line when the device has no collectives.
@@ -201,6 +205,14 @@ public:
   void set_check_memory_plan(bool) override {}
   void set_groups(const ParallelGroups *groups) override { groups_ = groups; }
 
+  // The training log's figures (executor.h): the counted elements are
+  // copied to the host and summed there; memory: the one allocation of the
+  // plan's bytes, plus what the device allocated for itself (cuBLASLt's
+  // workspace) in `reserved`.
+  std::string params_sum_squares(double *out) override;
+  std::string grad_stats(float unscale, float clip, GradStats *out) override;
+  MemoryStats memory_stats() const override;
+
   // Whether steady-state runs replay a captured CUDA graph (default on).
   void set_cuda_graphs(bool on);
   // Runs that launched a captured graph (tests).
@@ -222,6 +234,7 @@ private:
   std::string point_to_point(const mt::plan::Program &program, const mt::plan::Instruction &ins,
                              DeviceComm &pp);
   std::string write_scalars(uint64_t rng_offset);
+  std::string download_floats(uint64_t at, mt::plan::DType t, int64_t n, std::vector<float> *out);
   std::string run_steps(const mt::plan::Program &program);
   // Device bytes [first, second).
   using Span = std::pair<uint64_t, uint64_t>;
@@ -237,6 +250,7 @@ private:
   std::unique_ptr<GpuDevice> device_;
   const ParallelGroups *groups_ = nullptr;
   uint64_t base_ = 0, workspace_ = 0, loss_scale_at_ = 0, seed_at_ = 0;
+  uint64_t allocated_ = 0; // bytes of that one allocation
   // The flat buffers of data-parallel plans: element e's gradient at
   // grad_base_ + 4 e, its weight at weight_base_ + weight_bytes_ e.
   uint64_t grad_base_ = 0, weight_base_ = 0, weight_bytes_ = 4;

@@ -8,6 +8,7 @@
 #include "runtime/exec/cpu_executor.h"
 #include "runtime/exec/cuda_gpu_device.h"
 #include "runtime/exec/gpu_executor.h"
+#include "runtime/exec/log_stats.h"
 #include "runtime/data/gpt_dataset.h"
 #include "runtime/comm/launch.h"
 #include "runtime/comm/parallel_groups.h"
@@ -74,11 +75,16 @@ struct ProgramIO {
   }
 };
 
+// datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f'), as Megatron's log line.
 std::string timestamp() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const long long us = std::chrono::duration_cast<std::chrono::microseconds>(
+                           now.time_since_epoch()).count() % 1000000;
+  char buf[32], out[48];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
-  return buf;
+  std::snprintf(out, sizeof out, "%s.%06lld", buf, us);
+  return out;
 }
 
 class Trainer {
@@ -126,6 +132,25 @@ public:
     }
     exec->set_groups(&groups);
     fp16 = str(t->precision()) == "fp16";
+    logThroughput = opts.log_throughput || t->log_throughput();
+    logParamsNorm = opts.log_params_norm || t->log_params_norm();
+    logZeros = opts.log_num_zeros_in_grad || t->log_num_zeros_in_grad();
+    logMemoryBoard = opts.log_memory_to_tensorboard || t->log_memory_to_tensorboard();
+    timingLevel = opts.timing_log_level >= 0 ? opts.timing_log_level : t->timing_log_level();
+    timingOption = !opts.timing_log_option.empty() ? opts.timing_log_option
+                   : t->timing_log_option() && t->timing_log_option()->size()
+                       ? str(t->timing_log_option())
+                       : std::string("minmax");
+    nanCheck = t->check_for_nan_in_loss_and_grad();
+    if (opts.check_for_nan_in_loss_and_grad == 0)
+      nanCheck = false;
+    if (opts.check_for_nan_in_loss_and_grad == 1) {
+      if (fp16)
+        return fail("--check-for-nan-in-loss-and-grad cannot apply to an fp16 plan: its "
+                    "dynamic loss scaling skips a step whose gradients overflow instead of "
+                    "stopping; drop the flag, or compile the spec with precision bf16 or fp32");
+      nanCheck = true;
+    }
     lossScale = fp16 ? t->initial_loss_scale() : 1.0;
     hysteresisTracker = t->hysteresis();
     exec->set_loss_scale(float(lossScale));
@@ -185,25 +210,51 @@ public:
       say("training: none: the checkpoint is at iteration " + std::to_string(iteration) +
           " and the run ends at " + std::to_string(trainIters) + batch);
 
-    auto intervalStart = std::chrono::steady_clock::now();
-    double lossSum = 0;
-    int64_t lossCount = 0, intervalSkipped = 0, intervalNan = 0, intervalIters = 0;
+    // Megatron's training_log accumulators: the interval's time (training
+    // steps only: evaluation and saves are not in it), its advanced and
+    // skipped iterations, the losses of the advanced ones, and the skipped
+    // ones whose loss was NaN or Inf.
+    const int64_t loadedIteration = iteration;
+    bool firstIteration = true, reportMemory = true;
     if (opts.skip_train)
       say("skipping training (--skip-train is on) ...");
     while (!opts.skip_train && iteration < trainIters) {
+      const auto stepStart = std::chrono::steady_clock::now();
+      // Whether this iteration's figures are printed or written.
+      const int64_t next = iteration + 1;
+      const bool logNow = (t->log_interval() > 0 && next % t->log_interval() == 0) ||
+                          firstIteration;
+      const bool boardNow = !opts.tensorboard_dir.empty() &&
+                            next % opts.tensorboard_log_interval == 0;
       double loss = 0;
       if (std::string err = forwardBackward(&loss); !err.empty())
         return fail(err);
+      const auto optStart = std::chrono::steady_clock::now();
+      timers[kForwardBackward] += msSince(stepStart, optStart);
       float scaledNorm = 0;
       if (std::string err = runScalar(normProg, "grad_norm", 0, &scaledNorm); !err.empty())
         return fail(err);
+      timers[kClipMainGrad] += msSince(optStart);
       // Gradients carry the loss scale; an Inf or NaN anywhere in them shows
-      // in their norm. Megatron skips such a step and adjusts the scale.
+      // in their norm. Megatron skips such a step and adjusts the scale (fp16),
+      // or, with its NaN check on, stops the run.
       bool finite = std::isfinite(scaledNorm);
+      if (nanCheck)
+        if (std::string err = checkForNan(next, finite); !err.empty())
+          return fail(err);
       float norm = float(double(scaledNorm) / lossScale);
+      numZeros = -1;
+      if (finite && logZeros && (logNow || boardNow)) {
+        const auto zerosStart = std::chrono::steady_clock::now();
+        if (std::string err = countZeros(norm, &numZeros); !err.empty())
+          return fail(err);
+        timers[kCountZeros] += msSince(zerosStart);
+      }
       if (finite) {
+        const auto innerStart = std::chrono::steady_clock::now();
         if (std::string err = update(norm); !err.empty())
           return fail(err);
+        timers[kInnerStep] += msSince(innerStart);
         // overlap_param_gather: the next iteration's first micro-batch
         // gathers the updated weights; until then each rank's are whole
         // only in its own shards.
@@ -211,35 +262,41 @@ public:
       } else {
         ++skipped;
         ++intervalSkipped;
+        if (!std::isfinite(loss))
+          ++intervalNan;
       }
+      timers[kOptimizer] += msSince(optStart);
       updateLossScale(!finite);
-      if (!std::isfinite(loss))
-        ++intervalNan;
       exec->zero_grads();
       ++iteration;
       consumedTrain += gbs;
-      ++intervalIters;
-      if (std::isfinite(loss)) {
-        lossSum += loss;
-        ++lossCount;
+      if (finite) {
+        ++intervalAdvanced;
+        intervalLoss += loss;
       }
       lastNorm = norm;
       lastSkipped = !finite;
-      if (board && iteration % opts.tensorboard_log_interval == 0)
+      paramsNorm = NAN;
+      if (logParamsNorm && (logNow || boardNow))
+        if (std::string err = computeParamsNorm(&paramsNorm); !err.empty())
+          return fail(err);
+      if (board && boardNow)
         boardIteration(loss);
 
-      if (t->log_interval() > 0 && iteration % t->log_interval() == 0) {
-        double ms = std::chrono::duration<double, std::milli>(
-                        std::chrono::steady_clock::now() - intervalStart).count() /
-                    double(intervalIters);
-        logIteration(ms, lossCount ? lossSum / double(lossCount) : NAN, intervalSkipped,
-                     intervalNan);
-        if (board && opts.log_timers_to_tensorboard)
-          scalar("iteration-time", ms / 1000.0, iteration);
-        lossSum = 0;
-        lossCount = intervalSkipped = intervalNan = intervalIters = 0;
-        intervalStart = std::chrono::steady_clock::now();
+      intervalSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                       stepStart).count();
+      if (logNow) {
+        if (std::string err = logIteration(firstIteration); !err.empty())
+          return fail(err);
+        // Megatron reports memory at the first logged iterations, until one
+        // after the second iteration of the run has been reported.
+        if (reportMemory) {
+          memoryReport();
+          if (iteration > loadedIteration + 1)
+            reportMemory = false;
+        }
       }
+      firstIteration = false;
       if (t->eval_interval() > 0 && iteration % t->eval_interval() == 0 && valid)
         if (std::string err = evaluate(*valid, &consumedValid,
                                        "iteration " + std::to_string(iteration), true);
@@ -339,7 +396,7 @@ private:
     scalar(tag + " vs samples", value, consumedTrain);
   }
 
-  // What Megatron-LM's training_log writes for an iteration.
+  // What Megatron-LM's training_log writes for an iteration, in its order.
   void boardIteration(double loss) {
     if (opts.log_learning_rate_to_tensorboard)
       scalars("learning-rate", lastLr);
@@ -352,6 +409,17 @@ private:
       scalars("world-size", double(plan.world_size()));
     if (!lastSkipped) // no norm for a skipped step, as in the iteration line
       scalars("grad-norm", lastNorm);
+    if (numZeros >= 0)
+      scalars("num-zeros", numZeros);
+    if (logParamsNorm)
+      scalars("params-norm", paramsNorm);
+    if (logMemoryBoard) {
+      const Executor::MemoryStats m = exec->memory_stats();
+      scalar("mem-reserved-bytes", double(m.reserved), iteration);
+      scalar("mem-allocated-bytes", double(m.allocated), iteration);
+      scalar("mem-max-allocated-bytes", double(m.max_allocated), iteration);
+      scalar("mem-allocated-count", double(m.allocations), iteration);
+    }
   }
 
   void say(const std::string &line) {
@@ -365,25 +433,271 @@ private:
     }
   }
 
-  // Megatron-LM's iteration line, field for field (Python's formatting:
-  // NaN prints as "nan" / "NAN" whatever its sign).
-  void logIteration(double ms, double loss, int64_t intervalSkipped, int64_t intervalNan) {
-    if (std::isnan(loss))
-      loss = std::fabs(loss);
-    // Megatron leaves the grad norm out when the last step was skipped.
-    char normField[64] = "";
-    if (!lastSkipped)
-      std::snprintf(normField, sizeof normField, " grad norm: %.3f |", double(lastNorm));
-    char buf[1024];
+  static double msSince(std::chrono::steady_clock::time_point from,
+                        std::chrono::steady_clock::time_point to =
+                            std::chrono::steady_clock::now()) {
+    return std::chrono::duration<double, std::milli>(to - from).count();
+  }
+
+  // A sum of the ranks' figures, exactly enough for a norm or a count: each
+  // rank's double travels as two floats (its value and the remainder).
+  std::string sumOverRanks(Communicator *c, double *v) {
+    if (!c || c->size() == 1)
+      return "";
+    const float hi = float(*v), lo = float(*v - double(hi));
+    float mine[2] = {hi, lo};
+    std::vector<float> all(size_t(c->size()) * 2);
+    if (std::string err = c->all_gather(mine, 2, all.data()); !err.empty())
+      return err;
+    double sum = 0;
+    for (float x : all)
+      sum += double(x);
+    *v = sum;
+    return "";
+  }
+  // The group over which the ranks' statistics add up (log_stats.h).
+  Communicator *statsGroup() const {
+    return stats_over_world(*myRank) ? groups.world : groups.get(Group::MP);
+  }
+
+  // Megatron's calc_params_l2_norm: every parameter once over the model.
+  std::string computeParamsNorm(double *out) {
+    double sq = 0;
+    if (std::string err = exec->params_sum_squares(&sq); !err.empty())
+      return err;
+    if (std::string err = sumOverRanks(statsGroup(), &sq); !err.empty())
+      return err;
+    *out = std::sqrt(sq);
+    return "";
+  }
+
+  // Megatron's count_zeros_fp32, on the gradients as its optimizer sees them
+  // when it counts: unscaled (fp16), then clipped. The total is a float, as
+  // Megatron's (an f32 tensor's .item()).
+  std::string countZeros(float norm, double *out) {
+    const float unscale = fp16 ? float(1.0 / lossScale) : 1.0f;
+    const double maxNorm = plan.training()->clip_grad();
+    float clip = 1.0f;
+    if (maxNorm > 0) {
+      const double coeff = maxNorm / (double(norm) + 1.0e-6);
+      if (coeff < 1.0)
+        clip = float(coeff);
+    }
+    Executor::GradStats g;
+    if (std::string err = exec->grad_stats(unscale, clip, &g); !err.empty())
+      return err;
+    double zeros = double(g.zeros);
+    if (std::string err = sumOverRanks(statsGroup(), &zeros); !err.empty())
+      return err;
+    *out = double(float(zeros));
+    return "";
+  }
+
+  // Megatron's check_for_nan_in_loss_and_grad: a NaN or Inf in a rank's
+  // loss (before the data-parallel average) or in its gradients stops the
+  // run, naming the rank and the iteration, before anything is saved. The
+  // ranks share what they found, so all of them stop together; the loss
+  // comes first, as Megatron checks it in the forward step. mt's gradients
+  // are looked at once their norm shows a NaN or Inf, after the
+  // data-parallel reduction, so the rank named is the first holding one.
+  std::string checkForNan(int64_t iter, bool normFinite) {
+    float code = std::isnan(localLoss) ? 1.0f : std::isinf(localLoss) ? 2.0f : 0.0f;
+    if (code == 0 && !normFinite) {
+      Executor::GradStats g;
+      if (std::string err = exec->grad_stats(1.0f, 1.0f, &g); !err.empty())
+        return err;
+      code = g.nans ? 3.0f : g.infs ? 4.0f : 0.0f;
+    }
+    const int world = plan.world_size();
+    std::vector<float> codes(size_t(world), 0.0f);
+    codes[size_t(rank)] = code;
+    if (groups.world)
+      if (std::string err = groups.world->all_gather(&code, 1, codes.data()); !err.empty())
+        return err;
+    int who = -1;
+    for (int pass = 0; pass < 2 && who < 0; ++pass)
+      for (int r = 0; r < world && who < 0; ++r)
+        if (codes[size_t(r)] > 0 && (codes[size_t(r)] <= 2) == (pass == 0))
+          who = r;
+    if (who < 0)
+      return "";
+    const int found = int(codes[size_t(who)]);
+    const bool isNan = found == 1 || found == 3;
+    const std::string what = std::string(isNan ? "NaN" : "Inf") +
+                             (found <= 2 ? " in local forward loss calculation"
+                                         : " in local gradients after their data-parallel "
+                                           "reduction");
+    const std::string stop = "; stopping without saving a checkpoint "
+                             "(check_for_nan_in_loss_and_grad is on; mtrun "
+                             "--no-check-for-nan-in-loss-and-grad turns it off)";
+    if (who != rank)
+      return "rank " + std::to_string(who) + " found a" + (isNan ? " " : "n ") + what +
+             " at iteration " + std::to_string(iter) + stop;
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    const std::string device =
+        opts.device == "cuda" ? "cuda:" + std::to_string(localRank) : std::string("cpu");
+    return "Rank " + std::to_string(rank) + ", node " + host + ", device " + device +
+           ", iteration " + std::to_string(iter) + ": Unexpected result " +
+           (isNan ? "nan" : "inf") + " (message='found " + what + "')" + stop;
+  }
+
+  // Megatron's report_memory, printed by every rank of the first
+  // data-parallel replica.
+  void memoryReport() {
+    if (dpRank != 0)
+      return;
+    const Executor::MemoryStats m = exec->memory_stats();
+    const double mb = 1024.0 * 1024.0;
+    char buf[512];
     std::snprintf(buf, sizeof buf,
-                  " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per "
-                  "iteration (ms): %.1f | learning rate: %.6E | global batch size: %5lld | "
-                  "lm loss: %.6E | loss scale: %.1f |%s number of skipped "
-                  "iterations: %3lld | number of nan iterations: %3lld |",
-                  timestamp().c_str(), (long long)iteration, (long long)trainIters,
-                  (long long)consumedTrain, ms, lastLr, (long long)gbs, loss, lossScale,
-                  normField, (long long)intervalSkipped, (long long)intervalNan);
-    say(buf);
+                  "[Rank %d] (after %lld iterations) memory (MB) | allocated: %.2f | max "
+                  "allocated: %.2f | reserved: %.2f | max reserved: %.2f",
+                  rank, (long long)iteration, double(m.allocated) / mb,
+                  double(m.max_allocated) / mb, double(m.reserved) / mb,
+                  double(m.max_reserved) / mb);
+    std::printf("%s\n", buf);
+    std::fflush(stdout);
+    if (log.is_open()) {
+      log << buf << "\n";
+      log.flush();
+    }
+  }
+
+  // Megatron's timers (megatron/core/timers.py) that mt has a phase for,
+  // in training_log's order, with their levels.
+  enum Timer { kForwardBackward, kClipMainGrad, kCountZeros, kInnerStep, kOptimizer,
+               kBatchGenerator, kTimerCount };
+  static constexpr const char *kTimerNames[kTimerCount] = {
+      "forward-backward",       "optimizer-clip-main-grad", "optimizer-count-zeros",
+      "optimizer-inner-step",   "optimizer",                "batch-generator"};
+  static constexpr int kTimerLevels[kTimerCount] = {1, 1, 1, 1, 1, 2};
+
+  // The timers block (Timers.log with --timing-log-option), per iteration
+  // of the interval, over every rank; and their TensorBoard scalars
+  // ("NAME-time", the maximum, in seconds) with --log-timers-to-tensorboard.
+  std::string logTimers(int64_t iters) {
+    std::vector<int> names;
+    for (int k = 0; k < kTimerCount; ++k)
+      if (kTimerLevels[k] <= timingLevel)
+        names.push_back(k);
+    if (names.empty())
+      return "";
+    const int world = plan.world_size();
+    const size_t n = names.size();
+    std::vector<float> mine(n), all(size_t(world) * n);
+    for (size_t i = 0; i < n; ++i)
+      mine[i] = float(timers[names[i]] / double(std::max<int64_t>(1, iters)));
+    if (groups.world) {
+      if (std::string err = groups.world->all_gather(mine.data(), n, all.data()); !err.empty())
+        return err;
+    } else {
+      all = mine;
+    }
+    auto at = [&](int r, size_t i) { return double(all[size_t(r) * n + i]); };
+    auto dotted = [](const char *name) {
+      std::string s = std::string(name) + " ";
+      if (s.size() < 48)
+        s.append(48 - s.size(), '.');
+      return s;
+    };
+    std::string out;
+    bool any = false;
+    char buf[160];
+    if (timingOption == "all") {
+      out = "times across ranks (ms):";
+      for (size_t i = 0; i < n; ++i) {
+        bool named = false;
+        for (int r = 0; r < world; ++r)
+          if (at(r, i) > 0) {
+            any = true;
+            if (!named)
+              out += std::string("\n  ") + kTimerNames[names[i]] + ":";
+            named = true;
+            std::snprintf(buf, sizeof buf, "\n     rank %2d: %.2f", r, at(r, i));
+            out += buf;
+          }
+      }
+    } else {
+      const bool maxOnly = timingOption == "max";
+      out = maxOnly ? "max time across ranks (ms):" : "(min, max) time across ranks (ms):";
+      for (size_t i = 0; i < n; ++i) {
+        double lo = INFINITY, hi = 0;
+        for (int r = 0; r < world; ++r)
+          if (at(r, i) > 0) {
+            lo = std::min(lo, at(r, i));
+            hi = std::max(hi, at(r, i));
+          }
+        if (hi <= 0)
+          continue;
+        any = true;
+        if (maxOnly)
+          std::snprintf(buf, sizeof buf, "\n    %s: %.2f", dotted(kTimerNames[names[i]]).c_str(),
+                        hi);
+        else
+          std::snprintf(buf, sizeof buf, "\n    %s: (%.2f, %.2f)",
+                        dotted(kTimerNames[names[i]]).c_str(), lo, hi);
+        out += buf;
+        if (board && opts.log_timers_to_tensorboard)
+          scalar(std::string(kTimerNames[names[i]]) + "-time", hi / 1000.0, iteration);
+      }
+    }
+    if (any)
+      say(out);
+    return "";
+  }
+
+  // Megatron-LM's iteration line, field for field (Python's formatting: NaN
+  // and Inf print as "nan" and "inf"; a loss average that is NaN or not
+  // above 0 is left out, as Megatron's `if avg > 0.0` does). As in
+  // Megatron-Core 0.16 the first iteration of a run is logged too; unlike
+  // it, each line then starts a new interval (Megatron folds that first
+  // iteration into the next line's averages too), so a line's figures do
+  // not depend on where the run started.
+  std::string logIteration(bool first) {
+    const int64_t total = intervalAdvanced + intervalSkipped;
+    const double perIter = intervalSeconds / double(std::max<int64_t>(1, total));
+    const double throughput =
+        plan.training()->flops_per_iteration() / (perIter * 1e12 * double(plan.world_size()));
+    auto field = [](const char *fmt, auto... v) {
+      char b[160];
+      std::snprintf(b, sizeof b, fmt, v...);
+      return std::string(b);
+    };
+    auto real = [](double v) { return std::isnan(v) ? std::fabs(v) : v; };
+    std::string line = " [" + timestamp() + "]";
+    line += field(" iteration %8lld/%8lld |", (long long)iteration, (long long)trainIters);
+    line += field(" consumed samples: %12lld |", (long long)consumedTrain);
+    line += field(" elapsed time per iteration (ms): %.1f |", perIter * 1000.0);
+    if (logThroughput)
+      line += field(" throughput per GPU (TFLOP/s/GPU): %.1f |", throughput);
+    line += field(" learning rate: %.6E |", double(lastLr));
+    line += field(" global batch size: %5lld |", (long long)gbs);
+    const double avg = intervalLoss / double(std::max<int64_t>(1, intervalAdvanced));
+    if (avg > 0.0)
+      line += field(" lm loss: %.6E |", avg);
+    line += field(" loss scale: %.1f |", lossScale);
+    if (!lastSkipped)
+      line += field(" grad norm: %.3f |", real(double(lastNorm)));
+    if (numZeros >= 0)
+      line += field(" num zeros: %.1f |", numZeros);
+    if (logParamsNorm)
+      line += field(" params norm: %.3f |", real(paramsNorm));
+    line += field(" number of skipped iterations: %3lld |", (long long)intervalSkipped);
+    line += field(" number of nan iterations: %3lld |", (long long)intervalNan);
+    say(line);
+    if (board && opts.log_timers_to_tensorboard) {
+      if (!first)
+        scalar("iteration-time", perIter, iteration);
+      if (logThroughput)
+        scalar("throughput", throughput, iteration);
+    }
+    if (std::string err = logTimers(total); !err.empty())
+      return err;
+    intervalSeconds = intervalLoss = 0;
+    intervalAdvanced = intervalSkipped = intervalNan = 0;
+    std::fill(std::begin(timers), std::end(timers), 0.0);
+    return "";
   }
 
   std::string restoreOrInit() {
@@ -661,10 +975,13 @@ private:
   std::string runPipelined(const ProgramIO &io, const GptDataset &data, int64_t consumed,
                            bool eval, double *lossSum) {
     std::vector<uint64_t> offsets;
+    const auto batchStart = std::chrono::steady_clock::now();
     for (int64_t m = 0; m < microBatches; ++m) {
       fillBatch(io, data, sampleOf(consumed, m), "." + std::to_string(m));
       offsets.push_back(rngOffset(m, eval));
     }
+    if (!eval)
+      timers[kBatchGenerator] += msSince(batchStart);
     exec->set_micro_batch_rng_offsets(offsets);
     if (std::string err = exec->run(*io.program, 0); !err.empty())
       return err;
@@ -739,6 +1056,7 @@ private:
       if (std::string err = runPipelined(trainStep, *train, consumedTrain, false, &sum);
           !err.empty())
         return err;
+      localLoss = sum;
       *meanLoss = sum / double(microBatches);
       return averageOverDataParallel(meanLoss);
     }
@@ -750,12 +1068,15 @@ private:
       const ProgramIO &io = m + 1 == microBatches && lastStep.program ? lastStep
                             : m == 0 && firstStep.program             ? firstStep
                                                                       : trainStep;
+      const auto batchStart = std::chrono::steady_clock::now();
       fillBatch(io, *train, sampleOf(consumedTrain, m));
+      timers[kBatchGenerator] += msSince(batchStart);
       float loss = 0;
       if (std::string err = runScalar(io, "loss", rngOffset(m, false), &loss); !err.empty())
         return err;
       sum += loss;
     }
+    localLoss = sum;
     *meanLoss = sum / double(microBatches);
     return averageOverDataParallel(meanLoss);
   }
@@ -909,6 +1230,19 @@ private:
   bool lastSkipped = false, fp16 = false;
   bool weightsGathered = true; // false between an update and the gathers it needs
   double lossScale = 1.0;
+  // The training log's extras (the plan's settings, or mtrun's flags).
+  bool logThroughput = false, logParamsNorm = false, logZeros = false, logMemoryBoard = false;
+  bool nanCheck = true;
+  int timingLevel = 0;
+  std::string timingOption = "minmax";
+  // This iteration's figures: the params norm (NAN when not computed), the
+  // zero count (-1: none, as Megatron's None) and this rank's loss before
+  // the data-parallel average (the sum over its micro-batches).
+  double paramsNorm = NAN, numZeros = -1, localLoss = 0;
+  // The log interval's accumulators (Megatron's total_loss_dict and timers).
+  double intervalSeconds = 0, intervalLoss = 0;
+  int64_t intervalAdvanced = 0, intervalSkipped = 0, intervalNan = 0;
+  double timers[kTimerCount] = {};
   int64_t growthTracker = 0, hysteresisTracker = 0;
 };
 
@@ -946,6 +1280,20 @@ options:
                         iteration-time (seconds, every log_interval)
   --no-log-learning-rate-to-tensorboard, --no-log-loss-scale-to-tensorboard
                         leave those out
+  --log-throughput, --log-params-norm, --log-num-zeros-in-grad
+                        add those fields to the iteration line (TFLOP/s per
+                        GPU, the parameters' L2 norm, the zero gradient
+                        elements), as the spec's keys of the same names
+  --timing-log-level 0|1|2, --timing-log-option max|minmax|all
+                        print Megatron's timers block after each iteration
+                        line (1: forward-backward and the optimizer's
+                        phases; 2: also batch-generator), reduced over ranks
+  --log-memory-to-tensorboard
+                        also mem-reserved-bytes, mem-allocated-bytes,
+                        mem-max-allocated-bytes, mem-allocated-count
+  --no-check-for-nan-in-loss-and-grad, --check-for-nan-in-loss-and-grad
+                        whether a NaN or Inf loss or gradient stops the run
+                        (default: the plan's; on unless fp16)
   --check-memory-plan   poison dead arena bytes and fail if a value is read
                         after its planned lifetime (slow; for testing plans)
   --nproc N             start N ranks on this machine (outside SLURM); under
@@ -1059,6 +1407,10 @@ constexpr Switch kSwitches[] = {
     {"--no-log-learning-rate-to-tensorboard", &RunOptions::log_learning_rate_to_tensorboard,
      false},
     {"--no-log-loss-scale-to-tensorboard", &RunOptions::log_loss_scale_to_tensorboard, false},
+    {"--log-throughput", &RunOptions::log_throughput, true},
+    {"--log-params-norm", &RunOptions::log_params_norm, true},
+    {"--log-num-zeros-in-grad", &RunOptions::log_num_zeros_in_grad, true},
+    {"--log-memory-to-tensorboard", &RunOptions::log_memory_to_tensorboard, true},
 };
 
 int mtrun_main(int argc, char **argv) {
@@ -1107,6 +1459,18 @@ int mtrun_main(int argc, char **argv) {
       return 0;
     } else if (sw) {
       o.*(sw->option) = sw->value;
+    } else if (a == "--no-check-for-nan-in-loss-and-grad" ||
+               a == "--check-for-nan-in-loss-and-grad") {
+      o.check_for_nan_in_loss_and_grad = a[2] == 'n' ? 0 : 1;
+    } else if ((r = value("--timing-log-level", &v))) {
+      if (!integer(0, 2, &n))
+        return usage("--timing-log-level needs 0, 1 or 2, got '" + v + "'");
+      o.timing_log_level = int(n);
+    } else if ((r = value("--timing-log-option", &o.timing_log_option))) {
+      if (r < 0 || (o.timing_log_option != "max" && o.timing_log_option != "minmax" &&
+                    o.timing_log_option != "all"))
+        return usage("--timing-log-option needs max, minmax or all, got '" +
+                     o.timing_log_option + "'");
     } else if ((r = value("--tensorboard-dir", &o.tensorboard_dir))) {
       if (r < 0 || o.tensorboard_dir.empty()) return usage("--tensorboard-dir needs a directory");
     } else if ((r = value("--exit-interval", &v))) {

@@ -35,6 +35,15 @@ struct RunOptions {
   bool log_world_size_to_tensorboard = false;
   bool log_validation_ppl_to_tensorboard = false;
   bool log_timers_to_tensorboard = false; // iteration-time, at each log_interval
+  // The training log's extras, as Megatron-LM's flags of the same names:
+  // on when the plan or these say so; -1 (and "") keep the plan's value.
+  bool log_throughput = false;
+  bool log_params_norm = false;
+  bool log_num_zeros_in_grad = false;
+  bool log_memory_to_tensorboard = false;
+  int timing_log_level = -1;
+  std::string timing_log_option;
+  int check_for_nan_in_loss_and_grad = -1; // 0: --no-..., 1: --check-...
 };
 
 // Runs the whole job; returns the process exit status. Errors are printed as
