@@ -256,14 +256,7 @@ std::vector<MegatronFlag> explicitRows() {
       refuse("--sgd-momentum", V, kNotYet),
       refuse("--rampup-batch-size", VS, kNotYet),
       refuse("--lr-wsd-decay-samples", V, kNotYet),
-      refuse("--log-throughput", S, kNotYet),
-      refuse("--log-params-norm", S, kNotYet),
-      refuse("--log-num-zeros-in-grad", S, kNotYet),
-      refuse("--timing-log-level", V, kNotYet),
-      refuse("--timing-log-option", V, kNotYet),
       refuse("--no-barrier-with-level-1-timing", S, kNotYet),
-      refuse("--log-memory-to-tensorboard", S, kNotYet),
-      refuse("--no-check-for-nan-in-loss-and-grad", S, kNotYet),
 
       //===--- fp8, fp4 and quantization ---===//
       refuse("--fp8-format", V, kFp8),

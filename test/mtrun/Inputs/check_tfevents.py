@@ -2,12 +2,20 @@
 """Reads the TensorBoard event files of a directory and checks their scalars
 against mtrun's log lines.
 
-usage: check_tfevents.py DIR MTRUN.out [--tensorboard] [--interval N] [--absent TAG ...]
+usage: check_tfevents.py DIR MTRUN.out [--tensorboard] [--interval N] [--flops F --world W]
+                         [--absent TAG ...]
 
 --tensorboard: TensorBoard's own reader (EventAccumulator, from the
   tensorboard package) must see the same scalars as this decoder;
 --interval N: the iteration scalars are written every N iterations;
+--flops F --world W: F a number or a call such as "megatron_flops(...)" of
+  bench/flops.py; "throughput" (TFLOP/s/GPU) times "iteration-time" (s)
+  must be F / (1e12 W) at every step that has both (Megatron's throughput
+  of an iteration of F floating-point operations on W GPUs);
 --absent TAG: TAG must not be in the files (left out by a flag).
+
+"params-norm" and "num-zeros" must hold the log lines' params norm and num
+zeros where the lines have them.
 
 The files are decoded here from the formats' definitions (TFRecord framing
 with masked CRC-32C, computed bit by bit; the protobuf wire format of
@@ -108,6 +116,9 @@ def scalars(directory):
     return out
 
 
+extras = {}  # params-norm, num-zeros: [(iteration, consumed samples, value)]
+
+
 def log_lines(path):
     its, vals = {}, []
     for line in open(path):
@@ -117,6 +128,11 @@ def log_lines(path):
         if m:
             its[int(m.group(1))] = (int(m.group(2)), float(m.group(3)), float(m.group(4)),
                                     float(m.group(5)), m.group(6) and float(m.group(6)))
+            for name, tag in (("params norm", "params-norm"), ("num zeros", "num-zeros")):
+                x = re.search(name + r": ([0-9.]+) \|", line)
+                if x:
+                    extras.setdefault(tag, []).append((int(m.group(1)), int(m.group(2)),
+                                                       float(x.group(1))))
         # In-training validations and the final evaluations (validation and
         # test set), in the order they ran: Megatron writes all of them to
         # "lm loss validation".
@@ -133,13 +149,22 @@ def close(a, b, rel):
 
 def main():
     directory, log = sys.argv[1], sys.argv[2]
-    interval, absent, tensorboard = 1, [], False
+    interval, absent, tensorboard, flops, world = 1, [], False, None, 1
     rest = sys.argv[3:]
     while rest:
         if rest[0] == "--tensorboard":
             tensorboard, rest = True, rest[1:]
         elif rest[0] == "--interval":
             interval, rest = int(rest[1]), rest[2:]
+        elif rest[0] == "--flops":
+            # A number, or a call of bench/flops.py's (Megatron's formula
+            # written from its source, apart from mt's C++ count).
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                            "..", "..", "..", "bench"))
+            import flops as bench_flops
+            flops, rest = float(eval(rest[1], vars(bench_flops))), rest[2:]
+        elif rest[0] == "--world":
+            world, rest = int(rest[1]), rest[2:]
         elif rest[0] == "--absent":
             absent, rest = rest[1:], []
         else:
@@ -161,6 +186,22 @@ def main():
                 continue
             want.setdefault(tag, []).append((it, v))
             want.setdefault(tag + " vs samples", []).append((consumed, v))
+    for tag, points in extras.items():
+        for it, consumed, v in points:
+            if it % interval == 0:
+                want.setdefault(tag, []).append((it, v))
+                want.setdefault(tag + " vs samples", []).append((consumed, v))
+    if flops is not None:
+        time = dict(got.get("iteration-time", []))
+        both = [(s, t, time[s]) for s, t in got.get("throughput", []) if s in time]
+        if not both:
+            sys.exit("no step has both throughput and iteration-time")
+        for step, tput, seconds in both:
+            if not close(tput * seconds * 1e12 * world, flops, 1e-5):
+                sys.exit(f"step {step}: throughput {tput} x iteration-time {seconds} s x 1e12 x "
+                         f"{world} GPUs is not {flops:g} FLOPs")
+        print(f"throughput x iteration-time = {flops:g} / (1e12 x {world}) at steps "
+              f"{[s for s, _, _ in both]}")
     for it, loss in vals:
         want.setdefault("lm loss validation", []).append((it, loss))
         want.setdefault("lm loss validation vs samples", []).append((samples[it], loss))
@@ -172,7 +213,8 @@ def main():
             sys.exit(f"'{tag}' has steps {[s for s, _ in have]}, the log {[s for s, _ in points]}")
         for (step, h), (_, v) in zip(have, points):
             # grad norms are printed with 3 decimals, the rest with 7 digits
-            ok = abs(h - v) <= 5e-4 if tag.startswith("grad-norm") else close(h, v, 1e-6)
+            ok = (abs(h - v) <= 5e-4 if tag.startswith(("grad-norm", "params-norm"))
+                  else close(h, v, 1e-6))
             if not ok:
                 sys.exit(f"'{tag}' at step {step}: {h} in the events, {v} in the log")
     if tensorboard:
