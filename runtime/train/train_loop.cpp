@@ -507,6 +507,10 @@ private:
       if (std::string err = exec->grad_stats(1.0f, 1.0f, &g); !err.empty())
         return err;
       code = g.nans ? 3.0f : g.infs ? 4.0f : 0.0f;
+      // Finite gradients whose norm overflows (Megatron's bucket norm
+      // would be Inf too): every rank sees that norm, the first one is named.
+      if (code == 0)
+        code = 5.0f;
     }
     const int world = plan.world_size();
     std::vector<float> codes(size_t(world), 0.0f);
@@ -524,9 +528,11 @@ private:
     const int found = int(codes[size_t(who)]);
     const bool isNan = found == 1 || found == 3;
     const std::string what = std::string(isNan ? "NaN" : "Inf") +
-                             (found <= 2 ? " in local forward loss calculation"
-                                         : " in local gradients after their data-parallel "
-                                           "reduction");
+                             (found <= 2   ? " in local forward loss calculation"
+                              : found <= 4 ? " in local gradients after their data-parallel "
+                                             "reduction"
+                                           : " in the gradient norm (finite gradients whose "
+                                             "squares overflow)");
     const std::string stop = "; stopping without saving a checkpoint "
                              "(check_for_nan_in_loss_and_grad is on; mtrun "
                              "--no-check-for-nan-in-loss-and-grad turns it off)";

@@ -579,10 +579,10 @@ TEST(PlanReader, BadMagicVersionAndFlags) {
   EXPECT_CONTAINS(open_error("GPT2 weights, not a plan at all"), "not an mt plan");
 
   b = bytes;
-  uint32_t seven = 7;
-  std::memcpy(&b[8], &seven, 4);
-  EXPECT_EQ(open_error(b), "tiny.plan: error: was written by plan format version 7; this mtrun reads "
-                           "version 6; recompile it with the mtc that matches this mtrun");
+  uint32_t older = 5;
+  std::memcpy(&b[8], &older, 4);
+  EXPECT_EQ(open_error(b), "tiny.plan: error: was written by plan format version 5; this mtrun reads "
+                           "version 7; recompile it with the mtc that matches this mtrun");
   b = bytes;
   uint32_t flags = 4;
   std::memcpy(&b[12], &flags, 4);
