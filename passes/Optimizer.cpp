@@ -47,7 +47,12 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
     double lr = f64("lr"), minLr = f64("min_lr"), wd = f64("weight_decay"),
            beta1 = f64("adam_beta1"), beta2 = f64("adam_beta2"),
            eps = f64("adam_eps"), clip = f64("clip_grad");
-    int64_t warmup = i64("lr_warmup_iters"), decay = i64("lr_decay_iters");
+    // Sample-based training counts the schedule in samples, as Megatron's
+    // scheduler does, and takes the count after the update as an input
+    // (with a batch ramp-up an update's samples vary).
+    const bool bySamples = bool(t.get("train_samples"));
+    int64_t warmup = i64(bySamples ? "lr_warmup_samples" : "lr_warmup_iters"),
+            decay = i64(bySamples ? "lr_decay_samples" : "lr_decay_iters");
     std::optional<LrStyle> style;
     if (auto s = t.getAs<StringAttr>("lr_decay_style"))
       style = symbolizeLrStyle(s.getValue());
@@ -59,7 +64,7 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
     // sees; WSD's anneal.
     IntegerAttr samples, wsdIters;
     WsdStyleAttr wsdStyle;
-    if (style == LrStyle::InverseSquareRoot)
+    if (style == LrStyle::InverseSquareRoot && !bySamples)
       if (auto g = t.getAs<IntegerAttr>("global_batch_size"))
         samples = g;
     if (style == LrStyle::WSD) {
@@ -74,7 +79,7 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
         wsdStyle = WsdStyleAttr::get(module.getContext(), *ws);
       }
       wsdIters = IntegerAttr::get(IntegerType::get(module.getContext(), 64),
-                                  i64("lr_wsd_decay_iters"));
+                                  i64(bySamples ? "lr_wsd_decay_samples" : "lr_wsd_decay_iters"));
     }
     if (!ok)
       return failure();
@@ -112,12 +117,17 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
       b.create<func::ReturnOp>(loc, norm);
     }
 
+    SmallVector<Type> inputs = {i64t, i64t, f32, f32};
+    if (bySamples)
+      inputs.push_back(i64t);
     auto step = b.create<func::FuncOp>(loc, "optimizer_step",
-                                       b.getFunctionType({i64t, i64t, f32, f32}, {f32, f32}));
+                                       b.getFunctionType(inputs, {f32, f32}));
     step.setArgAttr(0, "mt.name", b.getStringAttr("steps"));
     step.setArgAttr(1, "mt.name", b.getStringAttr("step"));
     step.setArgAttr(2, "mt.name", b.getStringAttr("grad_norm"));
     step.setArgAttr(3, "mt.name", b.getStringAttr("grad_scale"));
+    if (bySamples)
+      step.setArgAttr(4, "mt.name", b.getStringAttr("next_steps"));
     Block *entry = step.addEntryBlock();
     b.setInsertionPointToEnd(entry);
     auto schedule = [&](Value steps) -> Value {
@@ -140,7 +150,7 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
     }
     // Megatron logs the rate after its scheduler has stepped: the one the
     // next update will use.
-    Value nextLr = schedule(entry->getArgument(1));
+    Value nextLr = schedule(entry->getArgument(bySamples ? 4 : 1));
     b.create<func::ReturnOp>(loc, ValueRange{lrValue, nextLr});
     return success();
   }

@@ -114,7 +114,12 @@ def MtOptimizerPass : Pass<"mt-optimizer", "mlir::ModuleOp"> {
       parameter with bias correction for update number `%step`. Biases and
       other one-dimensional parameters get no weight decay (Megatron's
       default rule). `next_lr` is the rate after this step, the one
-      Megatron's iteration line shows.
+      Megatron's iteration line shows. With sample-based training
+      (`mt.training.train_samples`) the schedule counts samples, as
+      Megatron's scheduler does (`lr_*_samples`, no `samples_per_step`):
+      `%steps` is the samples of the updates taken and a fifth input
+      `%next_steps` the count after this one, since with a batch-size
+      ramp-up an update's samples vary.
 
     ```mlir
     func.func @optimizer_step(%steps: tensor<i64>, %step: tensor<i64>, %norm: tensor<f32>, %scale: tensor<f32>) -> (tensor<f32>, tensor<f32>) {

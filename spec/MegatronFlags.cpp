@@ -167,10 +167,6 @@ std::vector<MegatronFlag> explicitRows() {
       impl("--recompute-activations", S, "parallel.recompute_granularity = \"selective\""),
       impl("--persistent-save-interval", V,
            "training.save_interval (Megatron's other name for --save-interval)"),
-      impl("--train-samples", V, "training.train_iters = samples / global batch size"),
-      impl("--lr-decay-samples", V, "training.lr_decay_iters = samples / global batch size"),
-      impl("--lr-warmup-samples", V,
-           "training.lr_warmup_iters = samples / global batch size"),
 
       //===--- Accepted for the value that is mt's behaviour ---===//
       only("--context-parallel-size", "1", "1 is mt's only context-parallel size", kCp),
@@ -254,8 +250,6 @@ std::vector<MegatronFlag> explicitRows() {
       refuse("--use-rope-scaling", S, kNotYet),
       refuse("--rope-scaling-factor", V, kNotYet),
       refuse("--sgd-momentum", V, kNotYet),
-      refuse("--rampup-batch-size", VS, kNotYet),
-      refuse("--lr-wsd-decay-samples", V, kNotYet),
       refuse("--no-barrier-with-level-1-timing", S, kNotYet),
 
       //===--- fp8, fp4 and quantization ---===//
@@ -1033,9 +1027,9 @@ std::vector<MegatronFlag> buildTable() {
       continue;
     MegatronFlag f;
     f.flag = k.megatronFlag;
-    f.arity = k.type == KeyType::Bool       ? FlagArity::Switch
-              : k.type == KeyType::DataPath ? FlagArity::Values
-                                            : FlagArity::Value;
+    f.arity = k.type == KeyType::Bool                                   ? FlagArity::Switch
+              : k.type == KeyType::DataPath || k.type == KeyType::IntList ? FlagArity::Values
+                                                                          : FlagArity::Value;
     f.status = FlagStatus::Implemented;
     f.text = std::string(k.section) + "." + k.name;
     f.fromKeyTable = true;

@@ -186,8 +186,6 @@ private:
   bool noPositionEmbedding_ = false;
   std::optional<std::pair<int64_t, std::string>> queryGroups_;
   std::optional<std::pair<int64_t, std::string>> layersPerVirtualStage_;
-  std::optional<std::pair<int64_t, std::string>> trainSamples_, decaySamples_,
-      warmupSamples_;
   std::vector<std::pair<std::string, std::string>> lossScaleSettings_; // key, flag
   // Flags mt cannot honour, with their values, and why (what to do), in order.
   std::vector<std::pair<std::string, std::string>> refusals_;
@@ -401,17 +399,6 @@ absl::Status Translator::parseFlags(size_t begin) {
       set(k.section, k.name, std::to_string(iv), flag + " " + value);
       continue;
     }
-    if (dashed == "--train-samples" || dashed == "--lr-decay-samples" ||
-        dashed == "--lr-warmup-samples") {
-      // mt counts iterations; finish() divides by the global batch size.
-      if (absl::Status st = takeInt(iv, value); !st.ok())
-        return st;
-      auto &slot = dashed == "--train-samples"      ? trainSamples_
-                   : dashed == "--lr-decay-samples" ? decaySamples_
-                                                    : warmupSamples_;
-      slot = {iv, flag + " " + value};
-      continue;
-    }
     if (dashed == "--no-position-embedding") {
       // Megatron's Llama recipes pair it with rope; finish() checks that.
       if (absl::Status st = noValue(); !st.ok())
@@ -483,6 +470,28 @@ absl::Status Translator::parseFlags(size_t begin) {
                                             absl::StrJoin(k->choices, ", "));
         toml = tomlString(*match);
         src += " " + value;
+        break;
+      }
+      case KeyType::IntList: {
+        // argparse's nargs=N (--rampup-batch-size START INCREMENT SAMPLES).
+        std::vector<std::string> words, ints;
+        if (hasInline)
+          words.push_back(inlineValue);
+        while (words.size() < size_t(k->listLength) && i + 1 < n &&
+               !startsWith(args_[i + 1], "--"))
+          words.push_back(args_[++i]);
+        for (const std::string &word : words)
+          if (std::optional<int64_t> v = parseInt(word))
+            ints.push_back(std::to_string(*v));
+        if (words.size() != size_t(k->listLength) || ints.size() != words.size())
+          return absl::InvalidArgumentError(absl::StrCat(
+              flag, " expects ", k->listLength, " integers, got '",
+              absl::StrJoin(words, " "), "'",
+              dashed == "--rampup-batch-size"
+                  ? " (start batch size, batch size increment, ramp-up samples)"
+                  : ""));
+        toml = "[" + absl::StrJoin(ints, ", ") + "]";
+        src += " " + absl::StrJoin(words, " ");
         break;
       }
       case KeyType::String:
@@ -714,37 +723,6 @@ absl::Status Translator::finish() {
         "gpus_per_node, to match your job."};
   }
 
-  // Sample counts become iteration counts, as Megatron does without rampup.
-  if (trainSamples_ || decaySamples_ || warmupSamples_) {
-    std::optional<int64_t> gbs = intOf("training.global_batch_size");
-    if (!gbs) {
-      std::optional<int64_t> mbs = intOf("training.micro_batch_size");
-      std::optional<int64_t> dp = intOf("parallel.data_parallel_size");
-      if (mbs && (dp || !world))
-        gbs = *mbs * dp.value_or(1);
-    }
-    const auto &any = trainSamples_   ? trainSamples_
-                      : decaySamples_ ? decaySamples_
-                                      : warmupSamples_;
-    if (!gbs || *gbs < 1)
-      return absl::InvalidArgumentError(
-          any->second + " counts samples and mt counts iterations; add "
-                        "--global-batch-size so the samples can be converted");
-    auto convert = [&](const std::optional<std::pair<int64_t, std::string>> &s,
-                       const char *name) {
-      if (!s)
-        return;
-      int64_t iters = s->first / *gbs;
-      std::string why = absl::StrCat(s->second, " / global batch ", *gbs);
-      if (s->first % *gbs != 0)
-        why += " (rounded down)";
-      set("training", name, std::to_string(iters), s->second, why);
-    };
-    convert(trainSamples_, "train_iters");
-    convert(decaySamples_, "lr_decay_iters");
-    convert(warmupSamples_, "lr_warmup_iters");
-  }
-
   if (absl::Status st = vocabulary(); !st.ok())
     return st;
 
@@ -752,14 +730,15 @@ absl::Status Translator::finish() {
   std::vector<std::string> missing;
   for (const KeyInfo &k : specKeys()) {
     std::string full = std::string(k.section) + "." + k.name;
+    if (full == "training.train_iters" && !has(full) && !has("training.train_samples"))
+      missing.push_back("training.train_iters or train_samples (--train-iters N or "
+                        "--train-samples N)");
     if (!k.required || has(full))
       continue;
     std::string how;
     if (full == "model.vocab_size")
       how = "--vocab-size N, or the tokenizer's files: --vocab-file with GPT2BPETokenizer, "
             "a local --tokenizer-model with HuggingFaceTokenizer";
-    else if (full == "training.train_iters")
-      how = "--train-iters N (or --train-samples with --global-batch-size)";
     else if (!flagOf(k).empty())
       how = flagOf(k) + " N";
     else

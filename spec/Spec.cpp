@@ -207,6 +207,12 @@ public:
   void real(const char *key, double v) { os << key << " = " << tomlFloat(v) << "\n"; }
   void boolean(const char *key, bool v) { os << key << " = " << (v ? "true" : "false") << "\n"; }
   void string(const char *key, const std::string &v) { os << key << " = " << quote(v) << "\n"; }
+  void integers(const char *key, const std::vector<int64_t> &v) {
+    os << key << " = [";
+    for (size_t i = 0; i < v.size(); ++i)
+      os << (i ? ", " : "") << v[i];
+    os << "]\n";
+  }
   // Keys without a value stay visible, so the echo still lists every key.
   void unset(const char *key, const char *why) { os << "# " << key << ": " << why << "\n"; }
 
@@ -296,19 +302,56 @@ std::string toToml(const Spec &spec) {
   w.section("training");
   w.integer("micro_batch_size", t.micro_batch_size);
   w.integer("global_batch_size", t.global_batch_size);
-  w.integer("train_iters", t.train_iters);
+  // One of the two units: the other's keys are comments, so the echo
+  // reads back as the same spec.
+  const bool bySamples = t.sampleBased();
+  const bool wsd = t.lr_decay_style == LrDecayStyle::WSD;
+  const char *notWsd = "not set (lr_decay_style is not WSD)";
+  const char *inSamples = "not set (sample-based training)";
+  const char *inIters = "not set (iteration-based training)";
+  if (bySamples) {
+    const std::string derived =
+        "derived from train_samples: " + std::to_string(t.train_iters) + " iterations";
+    w.unset("train_iters", derived.c_str());
+    w.integer("train_samples", t.train_samples);
+    if (t.rampup_batch_size.size() == 3)
+      w.integers("rampup_batch_size", t.rampup_batch_size);
+    else
+      w.unset("rampup_batch_size", "not set (no batch-size ramp-up)");
+  } else {
+    w.integer("train_iters", t.train_iters);
+    w.unset("train_samples", inIters);
+    w.unset("rampup_batch_size", inIters);
+  }
   w.real("lr", t.lr);
   w.real("min_lr", t.min_lr);
   w.string("lr_decay_style", toString(t.lr_decay_style));
-  w.integer("lr_decay_iters", t.lr_decay_iters);
-  w.integer("lr_warmup_iters", t.lr_warmup_iters);
-  w.unset("lr_warmup_fraction", "resolved into lr_warmup_iters");
-  if (t.lr_decay_style == LrDecayStyle::WSD) {
-    w.string("lr_wsd_decay_style", toString(t.lr_wsd_decay_style));
-    w.integer("lr_wsd_decay_iters", t.lr_wsd_decay_iters);
+  if (bySamples) {
+    w.unset("lr_decay_iters", inSamples);
+    w.integer("lr_decay_samples", t.lr_decay_samples);
+    w.unset("lr_warmup_iters", inSamples);
+    w.integer("lr_warmup_samples", t.lr_warmup_samples);
+    w.unset("lr_warmup_fraction", "resolved into lr_warmup_samples");
   } else {
-    w.unset("lr_wsd_decay_style", "not set (lr_decay_style is not WSD)");
-    w.unset("lr_wsd_decay_iters", "not set (lr_decay_style is not WSD)");
+    w.integer("lr_decay_iters", t.lr_decay_iters);
+    w.unset("lr_decay_samples", inIters);
+    w.integer("lr_warmup_iters", t.lr_warmup_iters);
+    w.unset("lr_warmup_samples", inIters);
+    w.unset("lr_warmup_fraction", "resolved into lr_warmup_iters");
+  }
+  if (wsd) {
+    w.string("lr_wsd_decay_style", toString(t.lr_wsd_decay_style));
+    if (bySamples) {
+      w.unset("lr_wsd_decay_iters", inSamples);
+      w.integer("lr_wsd_decay_samples", t.lr_wsd_decay_samples);
+    } else {
+      w.integer("lr_wsd_decay_iters", t.lr_wsd_decay_iters);
+      w.unset("lr_wsd_decay_samples", inIters);
+    }
+  } else {
+    w.unset("lr_wsd_decay_style", notWsd);
+    w.unset("lr_wsd_decay_iters", notWsd);
+    w.unset("lr_wsd_decay_samples", notWsd);
   }
   w.real("weight_decay", t.weight_decay);
   w.real("adam_beta1", t.adam_beta1);

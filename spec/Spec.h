@@ -76,7 +76,16 @@ struct ParallelConfig {
 struct TrainingConfig {
   int64_t micro_batch_size = 0;
   int64_t global_batch_size = 0;     // default micro_batch_size * data_parallel_size
-  int64_t train_iters = 0;
+  int64_t train_iters = 0;           // derived from train_samples in sample-based training
+  // Sample-based training (train_samples > 0): the schedule counts samples,
+  // as Megatron's scheduler always does.
+  int64_t train_samples = 0;         // 0: iteration-based
+  int64_t lr_decay_samples = 0;      // default train_samples
+  int64_t lr_warmup_samples = 0;     // lr_warmup_fraction, when given, is resolved into this
+  int64_t lr_wsd_decay_samples = 0;  // WSD's anneal, in samples
+  // --rampup-batch-size: [start, increment, samples]; empty when off.
+  std::vector<int64_t> rampup_batch_size;
+  bool sampleBased() const { return train_samples > 0; }
   double lr = 0.0;
   double min_lr = 0.0;
   LrDecayStyle lr_decay_style = LrDecayStyle::Linear;

@@ -196,8 +196,31 @@ std::vector<KeyInfo> buildTable() {
                   "Samples per optimizer step; a multiple of micro_batch_size * "
                   "data_parallel_size (the quotient is the number of micro-batches).",
                   atLeast(1)));
-  t.push_back(key("training", "train_iters", I, true, "", "iterations", "--train-iters",
-                  "Optimizer steps to train.", atLeast(1)));
+  t.push_back(key("training", "train_iters", I, false, "from train_samples", "iterations",
+                  "--train-iters",
+                  "Optimizer steps to train. Give this (iteration-based training) or "
+                  "train_samples (sample-based), not both.",
+                  atLeast(1)));
+  t.push_back(key("training", "train_samples", I, false, "not set", "samples",
+                  "--train-samples",
+                  "Samples to train (sample-based training): the iterations are "
+                  "train_samples / global_batch_size, or as many as the batch ramp-up's "
+                  "batches take (a partial last batch is dropped), and the learning-rate "
+                  "schedule counts samples (lr_decay_samples, lr_warmup_samples, "
+                  "lr_wsd_decay_samples instead of their _iters forms).",
+                  atLeast(1)));
+  {
+    KeyInfo k = key("training", "rampup_batch_size", KeyType::IntList, false, "not set",
+                    "samples", "--rampup-batch-size",
+                    "Batch-size ramp-up [start, increment, ramp-up samples]: the global "
+                    "batch starts at start and grows by increment in (global_batch_size - "
+                    "start) / increment equal shares of the ramp-up samples, reaching "
+                    "global_batch_size after them. Needs train_samples; every batch the run "
+                    "reaches must be a multiple of micro_batch_size * data_parallel_size.",
+                    atLeast(1));
+    k.listLength = 3;
+    t.push_back(std::move(k));
+  }
   t.push_back(key("training", "lr", F, true, "", "", "--lr", "Peak learning rate.", above(0)));
   t.push_back(key("training", "min_lr", F, false, "0.0", "", "--min-lr",
                   "Learning rate at the end of the decay; at most lr.", atLeast(0)));
@@ -209,12 +232,23 @@ std::vector<KeyInfo> buildTable() {
   t.push_back(key("training", "lr_decay_iters", I, false, "train_iters", "iterations",
                   "--lr-decay-iters", "Iterations over which the learning rate decays.",
                   atLeast(1)));
+  t.push_back(key("training", "lr_decay_samples", I, false, "train_samples", "samples",
+                  "--lr-decay-samples",
+                  "Samples over which the learning rate decays; sample-based training "
+                  "only.",
+                  atLeast(1)));
   t.push_back(key("training", "lr_warmup_iters", I, false, "0", "iterations", "--lr-warmup-iters",
                   "Linear warmup from 0 to lr; below lr_decay_iters.", atLeast(0)));
+  t.push_back(key("training", "lr_warmup_samples", I, false, "0", "samples",
+                  "--lr-warmup-samples",
+                  "Linear warmup from 0 to lr over this many samples; below "
+                  "lr_decay_samples. Sample-based training only.",
+                  atLeast(0)));
   t.push_back(key("training", "lr_warmup_fraction", F, false, "not set", "", "--lr-warmup-fraction",
                   "Warmup as a fraction of lr_decay_iters, resolved to "
-                  "floor(fraction * lr_decay_iters) iterations. Give this or "
-                  "lr_warmup_iters, not both.",
+                  "floor(fraction * lr_decay_iters) iterations (with train_samples: of "
+                  "lr_decay_samples, in samples). Give this or lr_warmup_iters / "
+                  "lr_warmup_samples, not both.",
                   unitClosed()));
   t.push_back(key("training", "lr_wsd_decay_style", E, false, "\"exponential\"", "",
                   "--lr-wsd-decay-style",
@@ -227,6 +261,12 @@ std::vector<KeyInfo> buildTable() {
                   "--lr-wsd-decay-iters",
                   "Length of WSD's anneal, which ends at lr_decay_iters; at most "
                   "lr_decay_iters - lr_warmup_iters. Required with lr_decay_style = \"WSD\".",
+                  atLeast(1)));
+  t.push_back(key("training", "lr_wsd_decay_samples", I, false, "not set", "samples",
+                  "--lr-wsd-decay-samples",
+                  "lr_wsd_decay_iters of sample-based training: the anneal's length in "
+                  "samples, at most lr_decay_samples - lr_warmup_samples. Required with "
+                  "lr_decay_style = \"WSD\" and train_samples.",
                   atLeast(1)));
   t.push_back(key("training", "weight_decay", F, false, "0.01", "", "--weight-decay",
                   "AdamW weight decay.", atLeast(0)));
@@ -386,6 +426,8 @@ const char *typeName(KeyType t) {
     return "string or array";
   case KeyType::DeviceMemory:
     return "string or number";
+  case KeyType::IntList:
+    return "array of ints";
   }
   return "";
 }

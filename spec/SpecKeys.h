@@ -17,6 +17,7 @@ enum class KeyType {
   Enum,         // TOML string, one of `choices`
   DataPath,     // string, or array: [prefix] or [w1, p1, w2, p2, ...]
   DeviceMemory, // preset name (string) or GiB (number)
+  IntList,      // TOML array of `listLength` integers, each within the range
 };
 
 struct KeyInfo {
@@ -33,6 +34,7 @@ struct KeyInfo {
   double max;               // inclusive upper bound for numbers
   bool minExclusive;        // lower bound is exclusive (e.g. lr > 0)
   bool maxExclusive = false; // upper bound is exclusive (e.g. dropout < 1)
+  int listLength = 0;         // IntList only: how many integers
 };
 
 const std::vector<KeyInfo> &specKeys();

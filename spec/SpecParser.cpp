@@ -342,6 +342,29 @@ void Parser::checkValue(const Entry &e) {
   case KeyType::DeviceMemory:
     readDeviceMemory(e, nullptr);
     return;
+  case KeyType::IntList: {
+    // rampup_batch_size = [16, 16, 5859375]: the flag's three numbers.
+    const std::string form = "write " + std::to_string(k.listLength) + " whole numbers in "
+                             "brackets, e.g. " + name + " = [16, 16, 5859375]";
+    const toml::array *a = v.as_array();
+    if (!a)
+      fail(e.valueLoc, name + " must be an array of " + std::to_string(k.listLength) +
+                           " integers, got " + got(v),
+           form);
+    if (a->size() != size_t(k.listLength))
+      fail(e.valueLoc, name + " must have " + std::to_string(k.listLength) +
+                           " integers, got " + std::to_string(a->size()),
+           form);
+    for (const toml::node &item : *a) {
+      Entry one = e;
+      one.value = &item;
+      one.valueLoc = locOf(item.source(), e.valueLoc.file);
+      if (!item.is_integer())
+        fail(one.valueLoc, name + " must hold integers, got " + got(item), form);
+      checkRange(one, name, static_cast<double>(*item.value_exact<int64_t>()));
+    }
+    return;
+  }
   }
 }
 
@@ -357,8 +380,13 @@ void Parser::checkRange(const Entry &e, const std::string &name, double x) {
          "use a value in that range");
   // Sizes multiply (world size, 4 * hidden_size, batch * dp); a 32-bit cap
   // keeps every product the checks form inside int64.
-  if (k.type == KeyType::Int && x > kMaxInt)
-    fail(e.valueLoc, name + " must be <= " + std::to_string(kMaxInt) + ", got " + got(*e.value),
+  // Sample counts of a whole run may pass 2^31 (tokens / seq_length); they
+  // only add and compare.
+  const std::string key = k.name;
+  const bool samples = key.size() > 8 && key.compare(key.size() - 8, 8, "_samples") == 0;
+  const int64_t cap = samples ? kMaxSamples : kMaxInt;
+  if ((k.type == KeyType::Int || k.type == KeyType::IntList) && x > double(cap))
+    fail(e.valueLoc, name + " must be <= " + std::to_string(cap) + ", got " + got(*e.value),
          "use a smaller value");
 }
 
@@ -586,6 +614,13 @@ void Parser::readValues(Spec &spec) {
   getInt("training", "micro_batch_size", t.micro_batch_size);
   getInt("training", "global_batch_size", t.global_batch_size);
   getInt("training", "train_iters", t.train_iters);
+  getInt("training", "train_samples", t.train_samples);
+  if (const Entry *e = given("training", "rampup_batch_size"))
+    for (const toml::node &item : *e->value->as_array())
+      t.rampup_batch_size.push_back(*item.value_exact<int64_t>());
+  getInt("training", "lr_decay_samples", t.lr_decay_samples);
+  getInt("training", "lr_warmup_samples", t.lr_warmup_samples);
+  getInt("training", "lr_wsd_decay_samples", t.lr_wsd_decay_samples);
   getFloat("training", "lr", t.lr);
   getFloat("training", "min_lr", t.min_lr);
   getEnum("training", "lr_decay_style", t.lr_decay_style,

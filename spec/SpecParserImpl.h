@@ -55,6 +55,7 @@ struct SectionState {
 std::string quote(const std::string &s);
 
 constexpr int64_t kMaxInt = 2147483647; // 2^31 - 1
+constexpr int64_t kMaxSamples = 1000000000000000; // 1e15: the *_samples keys
 
 class Parser {
 public:
@@ -111,6 +112,7 @@ private:
   std::string ref(const std::string &section, const std::string &name, int64_t v) const;
   void resolveModel(Spec &spec);
   void checkParallel(Spec &spec);
+  void resolveLength(Spec &spec);
   void resolveTraining(Spec &spec);
   void checkData(Spec &spec);
   void resolveCluster(Spec &spec);

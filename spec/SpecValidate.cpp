@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "runtime/base/batch_rampup.h"
 #include "spec/Spec.h"
 #include "spec/SpecParserImpl.h"
 
@@ -277,6 +278,106 @@ void Parser::checkParallel(Spec &spec) {
   }
 }
 
+// How long training runs: train_iters, or train_samples with the
+// iterations derived as Megatron's update_train_iters derives them, the
+// batch-size ramp-up included. Each mode refuses the other's keys, where
+// Megatron asserts or silently ignores them.
+void Parser::resolveLength(Spec &spec) {
+  TrainingConfig &t = spec.training;
+  const Entry *iters = given("training", "train_iters");
+  const Entry *samples = given("training", "train_samples");
+  if (iters && samples)
+    fail(samples->valueLoc,
+         "train_samples and train_iters (" + iters->valueLoc.str() +
+             ") are mutually exclusive: training counts samples or iterations",
+         "keep one of them");
+  if (!iters && !samples) {
+    auto it = sections.find("training");
+    fail(it != sections.end() && it->second.inFile ? it->second.header : Loc{source, 1, 1},
+         "[training] needs train_iters or train_samples (how long to train)",
+         "add train_iters = N (iterations) or train_samples = N (samples) to [training]");
+  }
+  // Megatron asserts the other unit's warmup is 0, its default: an explicit
+  // 0 passes.
+  auto zero = [&](const char *k) {
+    const Entry *e = given("training", k);
+    return e && e->value->is_integer() && *e->value->value_exact<int64_t>() == 0;
+  };
+  if (!samples) {
+    for (const char *k :
+         {"lr_decay_samples", "lr_warmup_samples", "lr_wsd_decay_samples", "rampup_batch_size"})
+      if (given("training", k) && !zero(k))
+        fail(at("training", k),
+             std::string(k) + " needs sample-based training (train_samples), but " +
+                 ref("training", "train_iters", t.train_iters) + " counts iterations",
+             std::string(k) == "rampup_batch_size"
+                 ? std::string("replace train_iters with train_samples, or remove "
+                               "rampup_batch_size")
+                 : "use " + std::string(k).substr(0, std::string(k).size() - 8) +
+                       "_iters, or replace train_iters with train_samples");
+    return;
+  }
+  for (const char *k : {"lr_decay_iters", "lr_warmup_iters", "lr_wsd_decay_iters"})
+    if (given("training", k) && !zero(k)) {
+      const std::string base = std::string(k).substr(0, std::string(k).size() - 6);
+      fail(at("training", k),
+           std::string(k) + " counts iterations, but training is sample-based (" +
+               ref("training", "train_samples", t.train_samples) + ")",
+           "use " + base + "_samples = N (samples) instead");
+    }
+
+  const int64_t gbs = t.global_batch_size;
+  rt::BatchRampup r;
+  r.global = gbs;
+  const std::string gbsRef = ref("training", "global_batch_size", gbs);
+  if (!t.rampup_batch_size.empty()) {
+    const int64_t start = t.rampup_batch_size[0], incr = t.rampup_batch_size[1];
+    const Loc rampAt = at("training", "rampup_batch_size");
+    if (start >= gbs)
+      fail(rampAt,
+           "rampup_batch_size starts at " + std::to_string(start) +
+               (start == gbs ? ", already " : ", beyond ") + gbsRef +
+               ": there is nothing to ramp up",
+           "start below " + std::to_string(gbs) + ", or remove rampup_batch_size");
+    if ((gbs - start) % incr != 0)
+      fail(rampAt,
+           "rampup_batch_size's increment " + std::to_string(incr) +
+               " does not divide global_batch_size - start = " + std::to_string(gbs) + " - " +
+               std::to_string(start) + " = " + std::to_string(gbs - start) + " (" + gbsRef +
+               ")",
+           "use an increment dividing " + std::to_string(gbs - start) + " (" +
+               divisorList(gbs - start) + ", ...)");
+    const int64_t pp = spec.parallel.pipeline_model_parallel_size;
+    if (pp > 1)
+      fail(rampAt,
+           "rampup_batch_size with " + ref("parallel", "pipeline_model_parallel_size", pp) +
+               ": a pipeline stage's schedule is compiled for one micro-batch count",
+           "remove rampup_batch_size, or train with pipeline_model_parallel_size = 1");
+    r.start = start;
+    r.increment = incr;
+    r.samples = t.rampup_batch_size[2];
+  }
+  std::vector<rt::BatchChange> changes;
+  t.train_iters = rt::rampup_train_iters(r, t.train_samples, &changes);
+  if (t.train_iters < 1)
+    fail(samples->valueLoc,
+         "train_samples = " + std::to_string(t.train_samples) +
+             " is less than one global batch (" + gbsRef + "): no iteration to train",
+         "use train_samples >= " + std::to_string(gbs));
+  // Megatron checks each iteration's batch as it reaches it.
+  const int64_t step = t.micro_batch_size * spec.parallel.data_parallel_size;
+  for (const rt::BatchChange &c : changes)
+    if (c.batch % step != 0)
+      fail(at("training", "rampup_batch_size"),
+           "the batch-size ramp-up reaches a global batch of " + std::to_string(c.batch) +
+               " at iteration " + std::to_string(c.iteration + 1) +
+               ", not a multiple of micro_batch_size * data_parallel_size = " +
+               std::to_string(t.micro_batch_size) + " * " +
+               std::to_string(spec.parallel.data_parallel_size) + " = " +
+               std::to_string(step),
+           "use a start and an increment that are multiples of " + std::to_string(step));
+}
+
 void Parser::resolveTraining(Spec &spec) {
   TrainingConfig &t = spec.training;
   const int64_t dp = spec.parallel.data_parallel_size;
@@ -292,53 +393,60 @@ void Parser::resolveTraining(Spec &spec) {
              ref("training", "micro_batch_size", t.micro_batch_size) + ", " +
              ref("parallel", "data_parallel_size", dp) + ")",
          "use " + nearestMultiples("global_batch_size", t.global_batch_size, step));
-  if (!given("training", "lr_decay_iters"))
-    t.lr_decay_iters = t.train_iters;
+  resolveLength(spec);
+  // The schedule's keys in the unit training counts in: iterations, or
+  // samples with train_samples (Megatron's scheduler counts samples either
+  // way; mt's LR op takes the iteration form in iterations).
+  const bool bySamples = t.sampleBased();
+  const char *decayKey = bySamples ? "lr_decay_samples" : "lr_decay_iters";
+  const char *warmupKey = bySamples ? "lr_warmup_samples" : "lr_warmup_iters";
+  const char *wsdKey = bySamples ? "lr_wsd_decay_samples" : "lr_wsd_decay_iters";
+  int64_t &decay = bySamples ? t.lr_decay_samples : t.lr_decay_iters;
+  int64_t &warmup = bySamples ? t.lr_warmup_samples : t.lr_warmup_iters;
+  int64_t &wsdDecay = bySamples ? t.lr_wsd_decay_samples : t.lr_wsd_decay_iters;
+  const std::string w = warmupKey, d = decayKey, wk = wsdKey;
+  if (!given("training", decayKey))
+    decay = bySamples ? t.train_samples : t.train_iters;
   if (const Entry *f = given("training", "lr_warmup_fraction")) {
-    if (const Entry *w = given("training", "lr_warmup_iters"))
+    if (const Entry *we = given("training", warmupKey))
       fail(f->valueLoc,
-           "lr_warmup_fraction and lr_warmup_iters (" + w->valueLoc.str() +
+           "lr_warmup_fraction and " + w + " (" + we->valueLoc.str() +
                ") are mutually exclusive",
            "keep one of them");
     double fraction = *f->value->value<double>();
-    t.lr_warmup_iters =
-        static_cast<int64_t>(std::floor(fraction * static_cast<double>(t.lr_decay_iters)));
+    warmup = static_cast<int64_t>(std::floor(fraction * static_cast<double>(decay)));
   }
   // Megatron's OptimizerParamScheduler asserts warmup < decay.
-  if (t.lr_warmup_iters >= t.lr_decay_iters) {
+  if (warmup >= decay) {
     const Entry *fraction = given("training", "lr_warmup_fraction");
-    const std::string warmup = "lr_warmup_iters = " + std::to_string(t.lr_warmup_iters);
-    fail(at("training", fraction ? "lr_warmup_fraction" : "lr_warmup_iters"),
-         (fraction ? "lr_warmup_fraction resolves to " + warmup + ", which" : warmup) +
-             (t.lr_warmup_iters > t.lr_decay_iters ? " exceeds " : " leaves no decay after ") +
-             ref("training", "lr_decay_iters", t.lr_decay_iters),
-         fraction ? std::string("use lr_warmup_fraction < 1, or raise lr_decay_iters")
-                  : "use lr_warmup_iters < " + std::to_string(t.lr_decay_iters) +
-                        ", or raise lr_decay_iters");
+    const std::string warm = w + " = " + std::to_string(warmup);
+    fail(at("training", fraction ? "lr_warmup_fraction" : warmupKey),
+         (fraction ? "lr_warmup_fraction resolves to " + warm + ", which" : warm) +
+             (warmup > decay ? " exceeds " : " leaves no decay after ") +
+             ref("training", decayKey, decay),
+         fraction ? "use lr_warmup_fraction < 1, or raise " + d
+                  : "use " + w + " < " + std::to_string(decay) + ", or raise " + d);
   }
   // WSD: Megatron's scheduler asserts the anneal's length; mt also keeps
   // the anneal after the warmup, where Megatron would jump to it.
   const bool wsd = t.lr_decay_style == LrDecayStyle::WSD;
-  for (const char *k : {"lr_wsd_decay_style", "lr_wsd_decay_iters"})
+  for (const char *k : {"lr_wsd_decay_style", "lr_wsd_decay_iters", "lr_wsd_decay_samples"})
     if (!wsd && given("training", k))
       fail(at("training", k),
            std::string(k) + " only applies with lr_decay_style = \"WSD\", but " +
                ref("training", "lr_decay_style", quote(toString(t.lr_decay_style))),
            "set lr_decay_style = \"WSD\", or remove " + std::string(k));
-  if (wsd && !given("training", "lr_wsd_decay_iters"))
+  if (wsd && !given("training", wsdKey))
     fail(at("training", "lr_decay_style"),
-         "lr_decay_style = \"WSD\" needs lr_wsd_decay_iters, the length of its anneal to "
-         "min_lr",
-         "add lr_wsd_decay_iters = N (for example " +
-             std::to_string(std::max<int64_t>(1, (t.lr_decay_iters - t.lr_warmup_iters) / 10)) +
+         "lr_decay_style = \"WSD\" needs " + wk + ", the length of its anneal to min_lr",
+         "add " + wk + " = N (for example " +
+             std::to_string(std::max<int64_t>(1, (decay - warmup) / 10)) +
              ", a tenth of the decay)");
-  if (wsd && t.lr_wsd_decay_iters > t.lr_decay_iters - t.lr_warmup_iters)
-    fail(at("training", "lr_wsd_decay_iters"),
-         "lr_wsd_decay_iters = " + std::to_string(t.lr_wsd_decay_iters) +
-             " starts the anneal before the warmup ends (" +
-             ref("training", "lr_decay_iters", t.lr_decay_iters) + ", lr_warmup_iters = " +
-             std::to_string(t.lr_warmup_iters) + ")",
-         "use lr_wsd_decay_iters <= " + std::to_string(t.lr_decay_iters - t.lr_warmup_iters));
+  if (wsd && wsdDecay > decay - warmup)
+    fail(at("training", wsdKey),
+         wk + " = " + std::to_string(wsdDecay) + " starts the anneal before the warmup ends (" +
+             ref("training", decayKey, decay) + ", " + w + " = " + std::to_string(warmup) + ")",
+         "use " + wk + " <= " + std::to_string(decay - warmup));
   if (t.min_lr > t.lr)
     fail(at("training", "min_lr"),
          "min_lr = " + formatNumber(t.min_lr) + " exceeds " +

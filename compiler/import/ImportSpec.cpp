@@ -75,7 +75,15 @@ public:
         b.getNamedAttr("recompute_method", b.getStringAttr(method)),
         b.getNamedAttr("recompute_num_layers", i64(p.recompute_num_layers)),
     };
-    return b.getDictionaryAttr(attrs);
+    SmallVector<NamedAttribute> all(std::begin(attrs), std::end(attrs));
+    // Sample-based training: mt-optimizer counts the schedule in samples.
+    if (t.sampleBased()) {
+      all.push_back(b.getNamedAttr("train_samples", i64(t.train_samples)));
+      all.push_back(b.getNamedAttr("lr_warmup_samples", i64(t.lr_warmup_samples)));
+      all.push_back(b.getNamedAttr("lr_decay_samples", i64(t.lr_decay_samples)));
+      all.push_back(b.getNamedAttr("lr_wsd_decay_samples", i64(t.lr_wsd_decay_samples)));
+    }
+    return b.getDictionaryAttr(all);
   }
 
   OwningOpRef<ModuleOp> build() {

@@ -301,6 +301,9 @@ public:
     const char *precision = t.precision == spec::Precision::FP32   ? "fp32"
                             : t.precision == spec::Precision::BF16 ? "bf16"
                                                                    : "fp16";
+    auto ramp = [&](size_t i) -> int64_t {
+      return t.rampup_batch_size.size() == 3 ? t.rampup_batch_size[i] : 0;
+    };
     auto training = pl::CreateTraining(
         fbb, t.train_iters, t.micro_batch_size, t.global_batch_size,
         spec.numMicroBatches(), spec.model.seq_length, spec.model.vocab_size,
@@ -312,7 +315,7 @@ public:
         t.log_throughput, t.log_params_norm, t.log_num_zeros_in_grad,
         int32_t(t.timing_log_level), fbb.CreateString(t.timing_log_option),
         t.log_memory_to_tensorboard, t.check_for_nan_in_loss_and_grad,
-        spec.flopsPerIteration(), t.clip_grad);
+        spec.flopsPerIteration(), t.clip_grad, t.train_samples, ramp(0), ramp(1), ramp(2));
 
     auto plan = pl::CreatePlan(
         fbb, fbb.CreateString(kProducer), fbb.CreateString(modelFingerprint(module)),

@@ -3,6 +3,7 @@
 
 #include "dialects/mt/MtOps.h"
 #include "passes/StageModules.h"
+#include "runtime/base/batch_rampup.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/StringExtras.h"
@@ -197,6 +198,28 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
                       "({3} micro-batches x dp {4}), {5} iterations\n",
                       m.seq_length, t.micro_batch_size, t.global_batch_size,
                       spec.numMicroBatches(), p.data_parallel_size, t.train_iters);
+  if (t.sampleBased()) {
+    // Sample-based training: the iterations are derived, as Megatron's
+    // update_train_iters derives them; the ramp-up's batches and where it ends.
+    os << "  sample-based: " << withCommas(t.train_samples) << " samples";
+    if (t.rampup_batch_size.size() == 3) {
+      rt::BatchRampup r{t.rampup_batch_size[0], t.rampup_batch_size[1], t.rampup_batch_size[2],
+                        t.global_batch_size};
+      std::vector<rt::BatchChange> changes;
+      rt::rampup_train_iters(r, t.train_samples, &changes);
+      os << "; batch ramp-up " << r.start << " -> " << r.global << " by " << r.increment
+         << " over " << withCommas(r.samples) << " samples";
+      if (!changes.empty() && changes.back().batch == r.global)
+        os << ", the full batch from iteration " << withCommas(changes.back().iteration + 1);
+      else if (!changes.empty())
+        os << ", ending at a batch of " << changes.back().batch;
+    }
+    os << "\n  learning rate in samples: warmup " << withCommas(t.lr_warmup_samples)
+       << ", decay " << withCommas(t.lr_decay_samples);
+    if (t.lr_decay_style == spec::LrDecayStyle::WSD)
+      os << ", anneal " << withCommas(t.lr_wsd_decay_samples);
+    os << "\n";
+  }
   os << llvm::formatv("  tp {0} x pp {1} x dp {2} = {3} GPU{4} ({5} node{6} x {7} "
                       "GPU{8}, {9})",
                       p.tensor_model_parallel_size, p.pipeline_model_parallel_size,

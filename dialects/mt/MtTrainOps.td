@@ -325,7 +325,9 @@ def Mt_LrScheduleOp : Mt_Op<"lr_schedule", [Pure]> {
     optimizer steps taken so far (skipped iterations do not count), so the
     schedule advances once per optimizer step, never per micro-batch.
     Megatron-LM's OptimizerParamScheduler.get_lr, whose steps are samples:
-    `samples_per_step` (the global batch, default 1) matters to
+    a sample-based plan counts `steps` and the `*_iters` attributes in
+    samples (samples_per_step 1); otherwise `samples_per_step` (the global
+    batch, default 1) matters to
     `inverse_square_root`, `lr * sqrt(max(warmup samples, 1) / max(samples,
     1))` not below `min_lr`; the other styles depend only on ratios of
     steps. `wsd` (warmup-stable-decay) holds `lr` until `wsd_decay_iters`

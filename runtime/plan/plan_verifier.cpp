@@ -142,6 +142,8 @@ public:
   std::string check() {
     if (vsize(plan_.ranks()) == 0)
       return "the plan has no ranks";
+    if (std::string e = check_training(); !e.empty())
+      return e;
     std::set<int> seen;
     for (const pl::Rank *rank : *plan_.ranks()) {
       if (!seen.insert(rank->rank()).second)
@@ -153,6 +155,34 @@ public:
   }
 
 private:
+  // The batch sizes the loop divides and multiplies by, and the ramp-up
+  // (runtime/base/batch_rampup.h's preconditions).
+  std::string check_training() {
+    const pl::Training *t = plan_.training();
+    if (!t)
+      return "";
+    const int64_t gbs = t->global_batch_size(), step = t->micro_batch_size() * plan_.data_parallel();
+    if (t->micro_batch_size() < 1 || gbs < 1 || step < 1 || gbs % step != 0 ||
+        t->num_micro_batches() != gbs / step)
+      return "training: global batch " + std::to_string(gbs) + " is not num_micro_batches " +
+             std::to_string(t->num_micro_batches()) + " x micro-batch " +
+             std::to_string(t->micro_batch_size()) + " x dp " +
+             std::to_string(plan_.data_parallel());
+    if (t->train_samples() < 0 || t->train_iters() < 0)
+      return "training: negative train_iters or train_samples";
+    if (t->rampup_start() == 0 && t->rampup_increment() == 0 && t->rampup_samples() == 0)
+      return "";
+    const int64_t start = t->rampup_start(), incr = t->rampup_increment();
+    if (t->train_samples() == 0 || start < 1 || incr < 1 || t->rampup_samples() < 1 ||
+        start >= gbs || (gbs - start) % incr != 0 ||
+        plan_.pipeline_parallel() > 1)
+      return "training: the batch ramp-up [" + std::to_string(start) + ", " +
+             std::to_string(incr) + ", " + std::to_string(t->rampup_samples()) +
+             "] does not ramp up to global batch " + std::to_string(gbs) +
+             " (it needs sample-based training and pipeline_parallel 1)";
+    return "";
+  }
+
   // Where the instructions being checked live and what their values mean.
   struct Scope {
     std::string name;  // "rank 0, program train_step" / "rank 0, kernel k (...)"

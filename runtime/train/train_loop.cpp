@@ -1,6 +1,7 @@
 // mtrun: load and verify the plan, then train as Megatron-LM's train() does.
 #include "runtime/train/train_loop.h"
 
+#include "runtime/base/batch_rampup.h"
 #include "runtime/ckpt/checkpoint.h"
 #include "runtime/ckpt/checkpoint_layout.h"
 #include "runtime/comm/collectives.h"
@@ -111,6 +112,8 @@ public:
     mbs = t->micro_batch_size();
     gbs = t->global_batch_size();
     microBatches = t->num_micro_batches();
+    if (std::string err = sampleBasedLength(*t); !err.empty())
+      return fail(err);
     seq = t->seq_length();
     save = !opts.save.empty() ? opts.save : str(t->save());
     load = !opts.load.empty() ? opts.load : str(t->load());
@@ -196,10 +199,16 @@ public:
       return fail(err);
     checkSampleOrder();
 
-    const std::string batch = ", global batch " + std::to_string(gbs) + " (" +
-                              std::to_string(microBatches) + " micro-batch" +
-                              (microBatches == 1 ? "" : "es") + " of " + std::to_string(mbs) +
-                              "), sequence " + std::to_string(seq);
+    std::string batch = ", global batch " + std::to_string(gbs) + " (" +
+                        std::to_string(microBatches) + " micro-batch" +
+                        (microBatches == 1 ? "" : "es") + " of " + std::to_string(mbs) +
+                        "), sequence " + std::to_string(seq);
+    if (ramp.on())
+      batch += ", after a batch ramp-up from " + std::to_string(ramp.start) + " by " +
+               std::to_string(ramp.increment) + " over " + std::to_string(ramp.samples) +
+               " samples";
+    announceRampup();
+    curMicro = microBatchesAt(consumedTrain);
     if (iteration == 0)
       say("training: " + std::to_string(trainIters) + " iterations" + batch);
     else if (iteration < trainIters)
@@ -219,6 +228,8 @@ public:
     if (opts.skip_train)
       say("skipping training (--skip-train is on) ...");
     while (!opts.skip_train && iteration < trainIters) {
+      if (std::string err = rampBatch(); !err.empty())
+        return fail(err);
       const auto stepStart = std::chrono::steady_clock::now();
       // Whether this iteration's figures are printed or written.
       const int64_t next = iteration + 1;
@@ -242,7 +253,7 @@ public:
       if (nanCheck)
         if (std::string err = checkForNan(next, finite); !err.empty())
           return fail(err);
-      float norm = float(double(scaledNorm) / lossScale);
+      float norm = float(double(scaledNorm) / lossScale * rampFactor());
       numZeros = -1;
       if (finite && logZeros && (logNow || boardNow)) {
         const auto zerosStart = std::chrono::steady_clock::now();
@@ -269,7 +280,7 @@ public:
       updateLossScale(!finite);
       exec->zero_grads();
       ++iteration;
-      consumedTrain += gbs;
+      consumedTrain += curMicro * mbs * dp;
       if (finite) {
         ++intervalAdvanced;
         intervalLoss += loss;
@@ -361,6 +372,80 @@ public:
   }
 
 private:
+  // A sample-based plan trains for train_samples (or --train-samples): its
+  // iterations are Megatron's update_train_iters count, batch ramp-up
+  // included. --train-iters would contradict that, so it is refused.
+  std::string sampleBasedLength(const pl::Training &t) {
+    bySamples = t.train_samples() > 0;
+    ramp = {t.rampup_start(), t.rampup_increment(), t.rampup_samples(), gbs};
+    if (!bySamples) {
+      if (opts.train_samples >= 0)
+        return "--train-samples: " + opts.plan_path + " counts iterations ([training] "
+               "train_iters = " + std::to_string(t.train_iters()) + "); use --train-iters, or "
+               "compile a spec with train_samples";
+      return "";
+    }
+    if (opts.train_iters >= 0)
+      return "--train-iters: " + opts.plan_path + " trains for [training] train_samples = " +
+             std::to_string(t.train_samples()) + " samples, which give its " +
+             std::to_string(t.train_iters()) + " iterations; use --train-samples instead";
+    trainSamples = opts.train_samples >= 0 ? opts.train_samples : t.train_samples();
+    trainIters = rampup_train_iters(ramp, trainSamples);
+    return "";
+  }
+
+  // What Megatron prints of the ramp-up and of a sample-based length at
+  // start: the calculator's set-up, update_train_iters, and on resume the
+  // batch the checkpoint's samples reached.
+  void announceRampup() {
+    if (ramp.on()) {
+      say("will use batch size rampup starting from global batch size " +
+          std::to_string(ramp.start) + " to global batch size " + std::to_string(gbs) +
+          " with batchsize increments " + std::to_string(ramp.increment) + " over " +
+          std::to_string(ramp.samples) + " samples.");
+      say("setting initial batch size to " + std::to_string(ramp.start));
+    }
+    if (bySamples)
+      say("setting training iterations to " + std::to_string(trainIters));
+    if (ramp.on() && rampup_batch_at(ramp, consumedTrain) != ramp.start)
+      say("ramping up batch size from " + std::to_string(ramp.start) + " to " +
+          std::to_string(rampup_batch_at(ramp, consumedTrain)));
+  }
+
+  int64_t microBatchesAt(int64_t consumed) const {
+    return rampup_batch_at(ramp, consumed) / (mbs * dp);
+  }
+
+  // Megatron's update_num_microbatches at the top of each iteration: the
+  // global batch at the samples consumed so far. A change is logged, and
+  // with a save directory the run is checkpointed before the first
+  // iteration of a new micro-batch count, as Megatron does.
+  std::string rampBatch() {
+    if (!ramp.on())
+      return "";
+    const int64_t step = mbs * dp, batch = rampup_batch_at(ramp, consumedTrain);
+    if (batch != curMicro * step)
+      say("ramping up batch size from " + std::to_string(curMicro * step) + " to " +
+          std::to_string(batch));
+    if (batch % step != 0)
+      return "iteration " + std::to_string(iteration + 1) + ": the batch ramp-up's global batch " +
+             std::to_string(batch) + " is not a multiple of micro_batch_size x " +
+             "data_parallel_size = " + std::to_string(mbs) + " x " + std::to_string(dp) +
+             "; recompile with a rampup_batch_size whose start and increment are multiples "
+             "of " + std::to_string(step) + ", or train fewer samples";
+    const int64_t micro = batch / step;
+    if (micro != curMicro && iteration != 0 && !save.empty() && savedIteration != iteration)
+      if (std::string err = saveCheckpoint(); !err.empty())
+        return err;
+    curMicro = micro;
+    return "";
+  }
+
+  // The compiled backward scales each micro-batch's gradients by 1 / (the
+  // plan's micro-batches); a ramp-up iteration with fewer averages over its
+  // own count, as Megatron divides each loss by get_num_microbatches().
+  double rampFactor() const { return double(microBatches) / double(curMicro); }
+
   std::string openLogs() {
     if (!printer)
       return "";
@@ -401,7 +486,7 @@ private:
     if (opts.log_learning_rate_to_tensorboard)
       scalars("learning-rate", lastLr);
     if (opts.log_batch_size_to_tensorboard)
-      scalars("batch-size", double(gbs));
+      scalars("batch-size", double(curMicro * mbs * dp));
     scalars("lm loss", loss);
     if (opts.log_loss_scale_to_tensorboard)
       scalars("loss-scale", lossScale);
@@ -663,8 +748,11 @@ private:
   std::string logIteration(bool first) {
     const int64_t total = intervalAdvanced + intervalSkipped;
     const double perIter = intervalSeconds / double(std::max<int64_t>(1, total));
-    const double throughput =
-        plan.training()->flops_per_iteration() / (perIter * 1e12 * double(plan.world_size()));
+    // Megatron's num_floating_point_operations is linear in the batch: a
+    // ramp-up iteration does its batch's share of the full one's.
+    const int64_t batch = curMicro * mbs * dp;
+    const double throughput = plan.training()->flops_per_iteration() * double(batch) /
+                              double(gbs) / (perIter * 1e12 * double(plan.world_size()));
     auto field = [](const char *fmt, auto... v) {
       char b[160];
       std::snprintf(b, sizeof b, fmt, v...);
@@ -678,7 +766,7 @@ private:
     if (logThroughput)
       line += field(" throughput per GPU (TFLOP/s/GPU): %.1f |", throughput);
     line += field(" learning rate: %.6E |", double(lastLr));
-    line += field(" global batch size: %5lld |", (long long)gbs);
+    line += field(" global batch size: %5lld |", (long long)batch);
     const double avg = intervalLoss / double(std::max<int64_t>(1, intervalAdvanced));
     if (avg > 0.0)
       line += field(" lm loss: %.6E |", avg);
@@ -792,6 +880,10 @@ private:
       return it == m.values.end() ? 0 : std::stoll(it->second);
     };
     stepsTaken = value("optimizer_steps");
+    // Megatron's scheduler counts samples; an iteration-based run's are its
+    // steps times the global batch.
+    lrSamples = m.values.count("lr_scheduler_samples") ? value("lr_scheduler_samples")
+                                                       : stepsTaken * gbs;
     skipped = value("skipped_iterations");
     if (auto it = m.values.find("train_order_hash"); it != m.values.end()) {
       loadedOrderHash = std::strtoull(it->second.c_str(), nullptr, 16);
@@ -879,6 +971,8 @@ private:
     m.loss_scale_growth_tracker = growthTracker;
     m.loss_scale_hysteresis_tracker = hysteresisTracker;
     m.values["optimizer_steps"] = std::to_string(stepsTaken);
+    if (bySamples)
+      m.values["lr_scheduler_samples"] = std::to_string(lrSamples);
     m.values["skipped_iterations"] = std::to_string(skipped);
     if (orderKnown && train) {
       orderHash = train->order_hash(orderHash, orderHashed, consumedTrain);
@@ -925,6 +1019,8 @@ private:
     cfg.seed = uint64_t(t->seed());
     cfg.vocab_size = t->vocab_size();
     auto counts = megatron_num_samples(trainIters, gbs, t->eval_interval(), t->eval_iters());
+    if (bySamples) // Megatron's index holds train_samples when training counts them
+      counts[0] = trainSamples;
     trainIndexSamples = counts[0];
     std::string err;
     train = GptDataset::build(cfg, DataSplit::Train, counts[0], &err);
@@ -1057,6 +1153,12 @@ private:
 
   std::string forwardBackward(double *meanLoss) {
     double sum = 0;
+    // A ramp-up's single micro-batch runs the last micro-batch's copy of the
+    // step, which opens with the weight gathers only when the plan's batch
+    // is one micro-batch too: gather them first.
+    if (curMicro == 1 && microBatches > 1 && lastStep.program && firstStep.program)
+      if (std::string err = gatherWeights(); !err.empty())
+        return err;
     weightsGathered = true; // by the first micro-batch, where the plan gathers late
     if (pp > 1) {
       if (std::string err = runPipelined(trainStep, *train, consumedTrain, false, &sum);
@@ -1066,12 +1168,12 @@ private:
       *meanLoss = sum / double(microBatches);
       return averageOverDataParallel(meanLoss);
     }
-    for (int64_t m = 0; m < microBatches; ++m) {
+    for (int64_t m = 0; m < curMicro; ++m) {
       // Overlapped gradient reduction: the last micro-batch runs the copy of
       // the step that reduces each bucket as soon as its gradients are done;
       // overlapped weight gathers: the first runs the copy that opens with
       // them (with one micro-batch, the last's copy has both).
-      const ProgramIO &io = m + 1 == microBatches && lastStep.program ? lastStep
+      const ProgramIO &io = m + 1 == curMicro && lastStep.program ? lastStep
                             : m == 0 && firstStep.program             ? firstStep
                                                                       : trainStep;
       const auto batchStart = std::chrono::steady_clock::now();
@@ -1083,7 +1185,7 @@ private:
       sum += loss;
     }
     localLoss = sum;
-    *meanLoss = sum / double(microBatches);
+    *meanLoss = sum / double(curMicro);
     return averageOverDataParallel(meanLoss);
   }
 
@@ -1095,12 +1197,20 @@ private:
     *steps = stepsTaken;
     *step = stepsTaken + 1;
     *gn = norm;
-    *gs = float(1.0 / lossScale);
+    *gs = float(rampFactor() / lossScale);
+    // A sample-based plan's schedule counts samples: those of the updates
+    // so far, then with this one's (Megatron's scheduler.step(increment)).
+    const int64_t batch = curMicro * mbs * dp;
+    if (uint32_t next = optStep.input("next_steps"); next != UINT32_MAX) {
+      *steps = lrSamples;
+      *static_cast<int64_t *>(exec->value_data(*optStep.program, next)) = lrSamples + batch;
+    }
     float next = 0;
     if (std::string err = runScalar(optStep, "next_lr", 0, &next); !err.empty())
       return err;
     lastLr = next; // what Megatron logs: the rate after the scheduler's step
     ++stepsTaken;
+    lrSamples += batch;
     return "";
   }
 
@@ -1209,7 +1319,8 @@ private:
       return;
     say("data: the checkpoint's " + std::to_string(consumedTrain) +
         " training samples came in another order than this run's index gives them (it is "
-        "built for train_iters x global batch samples, " +
+        "built for " + std::string(bySamples ? "train_samples" : "train_iters x global batch") +
+        " samples, " +
         (loadedIndexSamples > 0 ? std::to_string(loadedIndexSamples) + " then, " : "") +
         std::to_string(trainIndexSamples) + " now, as Megatron builds it): training goes on in "
         "this index's order, so it will not match a run of " + std::to_string(trainIters) +
@@ -1222,6 +1333,12 @@ private:
   std::unique_ptr<TensorBoardWriter> board; // the printing rank's, with --tensorboard-dir
   std::string save, load;
   int64_t trainIters = 0, mbs = 0, gbs = 0, microBatches = 1, seq = 0;
+  // Sample-based training: the samples to train (0: the plan counts
+  // iterations), the batch ramp-up, this iteration's micro-batch count and
+  // the LR scheduler's samples (those of the updates taken).
+  int64_t trainSamples = 0, curMicro = 1, lrSamples = 0;
+  bool bySamples = false;
+  BatchRampup ramp;
   int64_t iteration = 0, consumedTrain = 0, consumedValid = 0, stepsTaken = 0, skipped = 0;
   int64_t savedIteration = -1;
   int64_t trainIndexSamples = 0; // the samples the training index is built for
@@ -1266,6 +1383,9 @@ options:
   --save DIR            save checkpoints to DIR (overrides [training] save)
   --load DIR            resume from the latest checkpoint in DIR (overrides [training] load)
   --train-iters N       stop after iteration N (overrides [training] train_iters)
+  --train-samples N     a sample-based plan's samples to train (overrides
+                        [training] train_samples; the iterations follow as
+                        Megatron derives them, batch ramp-up included)
   --log-file FILE       also append the log lines to FILE
   --exit-interval N     save and exit after an iteration divisible by N
   --skip-train          no training: evaluate the validation and test sets at
@@ -1502,6 +1622,10 @@ int mtrun_main(int argc, char **argv) {
       if (!integer(0, LLONG_MAX, &n))
         return usage("--train-iters needs a number >= 0, got '" + v + "'");
       o.train_iters = n;
+    } else if ((r = value("--train-samples", &v))) {
+      if (!integer(0, LLONG_MAX, &n))
+        return usage("--train-samples needs a number >= 0, got '" + v + "'");
+      o.train_samples = n;
     } else if ((r = value("--nproc", &v))) {
       if (!integer(1, 1024, &n))
         return usage("--nproc needs a number of ranks from 1 to 1024, got '" + v + "'");

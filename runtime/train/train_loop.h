@@ -17,6 +17,7 @@ struct RunOptions {
   std::string save;          // overrides the plan's [training] save
   std::string load;          // overrides the plan's [training] load
   int64_t train_iters = -1;  // overrides the plan's train_iters when >= 0
+  int64_t train_samples = -1; // overrides a sample-based plan's train_samples when >= 1
   std::string log_file;      // iteration lines are also appended here
   bool check_memory_plan = false;
   bool cuda_graphs = true;   // --device cuda: replay each program as a captured CUDA graph

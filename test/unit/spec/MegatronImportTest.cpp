@@ -422,17 +422,32 @@ TEST(ImportMegatron, VirtualPipelineFromLayersPerStage) {
   EXPECT_NE(err.find("not a multiple"), std::string::npos) << err;
 }
 
-TEST(ImportMegatron, SamplesBecomeIterations) {
+TEST(ImportMegatron, SampleBasedTraining) {
+  // The *-samples flags and the ramp-up become the sample keys; the
+  // iterations are derived as Megatron's update_train_iters derives them.
   MegatronImportResult r;
   Spec s = importOk("--num-layers 2 --hidden-size 64 --num-attention-heads 4 "
                     "--seq-length 32 --vocab-size 100 --micro-batch-size 1 --lr 0.1 "
-                    "--global-batch-size 16 --train-samples 1600 "
-                    "--lr-decay-samples 800 --lr-warmup-samples 160",
+                    "--global-batch-size 16 --train-samples 1601 "
+                    "--lr-decay-samples 801 --lr-warmup-samples 161 "
+                    "--lr-decay-style WSD --lr-wsd-decay-samples 99 "
+                    "--rampup-batch-size 4 4 300",
                     &r);
-  EXPECT_EQ(s.training.train_iters, 100);
-  EXPECT_EQ(s.training.lr_decay_iters, 50);
-  EXPECT_EQ(s.training.lr_warmup_iters, 10);
-  EXPECT_NE(r.toml.find("--train-samples 1600 / global batch 16"), std::string::npos);
+  EXPECT_EQ(s.training.train_samples, 1601);
+  EXPECT_EQ(s.training.lr_decay_samples, 801);
+  EXPECT_EQ(s.training.lr_warmup_samples, 161);
+  EXPECT_EQ(s.training.lr_wsd_decay_samples, 99);
+  EXPECT_EQ(s.training.rampup_batch_size, (std::vector<int64_t>{4, 4, 300}));
+  // Ramp-up: 3 increments of 100 samples: 25 iterations of 4 (to 100), 13
+  // of 8 (to 204), 9 of 12 (to 312 > 300), then (1601 - 312) / 16 = 80 at 16.
+  EXPECT_EQ(s.training.train_iters, 25 + 13 + 9 + 80);
+  EXPECT_NE(r.toml.find("rampup_batch_size = [4, 4, 300]"), std::string::npos) << r.toml;
+  EXPECT_NE(r.toml.find("train_samples = 1601"), std::string::npos) << r.toml;
+
+  std::string err = importError(std::string(kBase) + "--rampup-batch-size 4 4");
+  EXPECT_NE(err.find("--rampup-batch-size expects 3 integers, got '4 4' (start batch size"),
+            std::string::npos)
+      << err;
 }
 
 TEST(ImportMegatron, LossScaleFlagsOnlyWithFp16) {

@@ -89,6 +89,11 @@ void expectSameSpec(const Spec &a, const Spec &b) {
   SAME(training.lr_warmup_iters);
   SAME(training.lr_wsd_decay_style);
   SAME(training.lr_wsd_decay_iters);
+  SAME(training.train_samples);
+  SAME(training.lr_decay_samples);
+  SAME(training.lr_warmup_samples);
+  SAME(training.lr_wsd_decay_samples);
+  SAME(training.rampup_batch_size);
   SAME(training.weight_decay);
   SAME(training.adam_beta1);
   SAME(training.adam_beta2);
@@ -606,6 +611,47 @@ TEST(SpecKeys, MarkdownReference) {
 // ----- toToml round trip -----
 
 TEST(Spec, RoundTripDefaults) { expectRoundTrip(kBase); }
+
+TEST(Spec, SampleBasedDerivesIterations) {
+  const std::string model = "[model]\nnum_layers = 2\nhidden_size = 64\n"
+                            "num_attention_heads = 4\nseq_length = 128\nvocab_size = 1000\n\n";
+  // 1000 samples of 16: 62 iterations, the partial last batch dropped; the
+  // warmup fraction counts samples of lr_decay_samples (train_samples).
+  Spec s = parseOk(model + "[training]\nmicro_batch_size = 2\nglobal_batch_size = 16\n"
+                           "train_samples = 1000\nlr = 1e-3\nlr_warmup_fraction = 0.05\n");
+  EXPECT_TRUE(s.training.sampleBased());
+  EXPECT_EQ(s.training.train_iters, 62);
+  EXPECT_EQ(s.training.lr_decay_samples, 1000);
+  EXPECT_EQ(s.training.lr_warmup_samples, 50);
+  // Megatron asserts only that the other unit's warmup is 0: an explicit 0 passes.
+  Spec z = parseOk(model + "[training]\nmicro_batch_size = 2\ntrain_iters = 10\nlr = 1e-3\n"
+                           "lr_warmup_samples = 0\n");
+  EXPECT_FALSE(z.training.sampleBased());
+  EXPECT_NE(parseError(model + "[training]\nmicro_batch_size = 2\ntrain_iters = 10\n"
+                               "lr = 1e-3\nlr_warmup_samples = 1\n")
+                .find("lr_warmup_samples needs sample-based training"),
+            std::string::npos);
+}
+
+TEST(Spec, RoundTripSampleBased) {
+  expectRoundTrip(R"([model]
+num_layers = 2
+hidden_size = 64
+num_attention_heads = 4
+seq_length = 128
+vocab_size = 1000
+
+[training]
+micro_batch_size = 2
+global_batch_size = 16
+train_samples = 3000000000
+rampup_batch_size = [4, 4, 300]
+lr = 1e-3
+lr_decay_style = "WSD"
+lr_warmup_fraction = 0.01
+lr_wsd_decay_samples = 1000
+)");
+}
 
 TEST(Spec, RoundTripEverythingSet) {
   expectRoundTrip(R"([model]
