@@ -689,6 +689,22 @@ absl::Status Translator::finish() {
   }
 
   // The world size is the launcher's business in Megatron; it fixes dp.
+  // mtc's --nnodes / --nproc-per-node say the job's size over the command's.
+  if (options_.nnodes || options_.nprocPerNode) {
+    std::string given;
+    if (options_.nnodes) {
+      nnodes_ = options_.nnodes;
+      given += absl::StrCat("--nnodes ", *options_.nnodes);
+    }
+    if (options_.nprocPerNode) {
+      nprocPerNode_ = options_.nprocPerNode;
+      given += absl::StrCat(given.empty() ? "" : " ", "--nproc-per-node ",
+                            *options_.nprocPerNode);
+    }
+    worldSource_ = "mtc import-megatron " + given +
+                   (worldSource_.empty() ? "" : ", over the command's " + worldSource_);
+    worldSize_.reset();
+  }
   std::optional<int64_t> world = worldSize_;
   if (nnodes_ || nprocPerNode_) {
     int64_t nodes = nnodes_.value_or(1);
@@ -1057,6 +1073,9 @@ options (before --script):
   --args-file FILE        read the command line from FILE
   --print-command         print the training command after expansion, one
                           flag a line, and stop (nothing is translated)
+  --nnodes N, --nproc-per-node N
+                          the job's size, over the launcher's in the command
+                          (a script written for one node, run on N)
   --fp8-as-bf16           plan the model in bf16 although fp8 flags are given
                           (mt has no fp8); the spec says so in a comment
   --help, -h              this text
@@ -1127,6 +1146,20 @@ int runImportMegatronCommand(const std::vector<std::string> &args) {
       }
       if (a == "--print-command") {
         printCommand = true;
+        continue;
+      }
+      // Before the command only: torchrun's own --nnodes inside it is the
+      // command's (and may be an elastic range).
+      if ((a == "--nnodes" || a == "--nproc-per-node") && words.empty()) {
+        std::optional<int64_t> n;
+        if (i + 1 < args.size())
+          n = parseInt(args[i + 1]);
+        if (!n || *n < 1)
+          return importError(a + " needs a positive count (before --script: the job's " +
+                             (a == "--nnodes" ? "nodes" : "processes per node") +
+                             "); see 'mtc import-megatron --help'");
+        (a == "--nnodes" ? options.nnodes : options.nprocPerNode) = *n;
+        ++i;
         continue;
       }
       if (a == "-o" || a == "--output" || a == "--args-file" || a == "--script") {

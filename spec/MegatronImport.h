@@ -27,6 +27,9 @@ struct MegatronImportResult {
 
 struct MegatronImportOptions {
   bool fp8AsBf16 = false; // plan fp8 flags as bf16 instead of refusing them
+  // The job's size, over the launcher's --nnodes / --nproc_per_node in the
+  // command (a script written for one node, run on many).
+  std::optional<int64_t> nnodes, nprocPerNode;
   std::string origin;     // where the command came from, for the spec's header
 };
 
