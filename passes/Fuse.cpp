@@ -60,9 +60,12 @@ void ropeIntoSplit(Block &body) {
   for (SplitQKVOp split : llvm::make_early_inc_range(body.getOps<SplitQKVOp>())) {
     auto q = dyn_cast_or_null<RopeOp>(soleUser(split.getQuery()));
     auto k = dyn_cast_or_null<RopeOp>(soleUser(split.getKey()));
-    if (split.getRopeBase() || !q || !k || q.getBaseAttr() != k.getBaseAttr())
+    if (split.getRopeBase() || !q || !k || q.getBaseAttr() != k.getBaseAttr() ||
+        q.getScalingFactorAttr() != k.getScalingFactorAttr())
       continue;
     split.setRopeBaseAttr(q.getBaseAttr());
+    if (FloatAttr f = q.getScalingFactorAttr())
+      split.setRopeScalingFactorAttr(f);
     for (RopeOp r : {q, k}) {
       r.getResult().replaceAllUsesWith(r.getInput());
       r->erase();
@@ -72,9 +75,12 @@ void ropeIntoSplit(Block &body) {
     auto q = merge.getQueryGrad().getDefiningOp<RopeGradOp>();
     auto k = merge.getKeyGrad().getDefiningOp<RopeGradOp>();
     if (merge.getRopeBase() || !q || !k || q == k || q.getBaseAttr() != k.getBaseAttr() ||
+        q.getScalingFactorAttr() != k.getScalingFactorAttr() ||
         !q->hasOneUse() || !k->hasOneUse())
       continue;
     merge.setRopeBaseAttr(q.getBaseAttr());
+    if (FloatAttr f = q.getScalingFactorAttr())
+      merge.setRopeScalingFactorAttr(f);
     merge.getQueryGradMutable().assign(q.getGrad());
     merge.getKeyGradMutable().assign(k.getGrad());
     q->erase();

@@ -252,8 +252,17 @@ std::string toToml(const Spec &spec) {
     w.integer("rotary_base", m.rotary_base);
   else
     w.unset("rotary_base", "only with position_embedding_type = \"rope\"");
+  if (m.position_embedding_type == PositionEmbedding::Rope)
+    w.boolean("use_rope_scaling", m.use_rope_scaling);
+  else
+    w.unset("use_rope_scaling", "only with position_embedding_type = \"rope\"");
+  if (m.use_rope_scaling)
+    w.real("rope_scaling_factor", m.rope_scaling_factor);
+  else
+    w.unset("rope_scaling_factor", "only with use_rope_scaling = true");
   w.string("normalization", toString(m.normalization));
   w.real("norm_epsilon", m.norm_epsilon);
+  w.boolean("apply_layernorm_1p", m.apply_layernorm_1p);
   w.boolean("swiglu", m.swiglu);
   w.boolean("untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights);
   w.boolean("add_bias_linear", m.add_bias_linear);

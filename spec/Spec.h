@@ -44,8 +44,11 @@ struct ModelConfig {
   int64_t make_vocab_size_divisible_by = 128;
   PositionEmbedding position_embedding_type = PositionEmbedding::LearnedAbsolute;
   int64_t rotary_base = 10000;
+  bool use_rope_scaling = false;     // Llama 3.1's frequency scaling (rope only)
+  double rope_scaling_factor = 8.0;  // only with use_rope_scaling
   Normalization normalization = Normalization::LayerNorm;
   double norm_epsilon = 1e-5;
+  bool apply_layernorm_1p = false;   // norm weights stored as w, applied as 1 + w
   bool swiglu = false;
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;

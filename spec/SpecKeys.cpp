@@ -94,10 +94,23 @@ std::vector<KeyInfo> buildTable() {
                   {"learned_absolute", "rope"}));
   t.push_back(key("model", "rotary_base", I, false, "10000", "", "--rotary-base",
                   "RoPE base period; only with position_embedding_type = \"rope\".", atLeast(1)));
+  t.push_back(key("model", "use_rope_scaling", B, false, "false", "", "--use-rope-scaling",
+                  "Llama 3.1's RoPE frequency scaling (Megatron's apply_rope_scaling): "
+                  "frequencies whose wavelength exceeds 8192 positions are divided by "
+                  "rope_scaling_factor, those below 8192 / 4 are kept, and the ones between "
+                  "are interpolated smoothly. Only with position_embedding_type = \"rope\"."));
+  t.push_back(key("model", "rope_scaling_factor", F, false, "8.0", "", "--rope-scaling-factor",
+                  "Divisor of the low RoPE frequencies (8 for Llama 3.1, 32 for Llama 3.2); "
+                  "only with use_rope_scaling = true.",
+                  atLeast(1)));
   t.push_back(key("model", "normalization", E, false, "\"LayerNorm\"", "", "--normalization",
                   "Normalization layer.", none(), {"LayerNorm", "RMSNorm"}));
   t.push_back(key("model", "norm_epsilon", F, false, "1e-5", "", "--norm-epsilon",
                   "Epsilon of the normalization layers.", above(0)));
+  t.push_back(key("model", "apply_layernorm_1p", B, false, "false", "", "--apply-layernorm-1p",
+                  "Zero-centred norm weights (Megatron's layernorm_zero_centered_gamma): each "
+                  "LayerNorm or RMSNorm weight w is initialised to 0 and applied as 1 + w. "
+                  "Norm weights get no weight decay either way."));
   t.push_back(key("model", "swiglu", B, false, "false", "", "--swiglu",
                   "SwiGLU MLP (gated SiLU) instead of GELU."));
   t.push_back(key("model", "untie_embeddings_and_output_weights", B, false, "false", "",

@@ -581,9 +581,12 @@ void Parser::readValues(Spec &spec) {
   getEnum("model", "position_embedding_type", m.position_embedding_type,
           {PositionEmbedding::LearnedAbsolute, PositionEmbedding::Rope});
   getInt("model", "rotary_base", m.rotary_base);
+  getBool("model", "use_rope_scaling", m.use_rope_scaling);
+  getFloat("model", "rope_scaling_factor", m.rope_scaling_factor);
   getEnum("model", "normalization", m.normalization,
           {Normalization::LayerNorm, Normalization::RMSNorm});
   getFloat("model", "norm_epsilon", m.norm_epsilon);
+  getBool("model", "apply_layernorm_1p", m.apply_layernorm_1p);
   getBool("model", "swiglu", m.swiglu);
   getBool("model", "untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights);
   getBool("model", "add_bias_linear", m.add_bias_linear);

@@ -112,6 +112,16 @@ void Parser::resolveModel(Spec &spec) {
          "rotary_base only applies to rope positions, but " +
              ref("model", "position_embedding_type", quote(toString(m.position_embedding_type))),
          "remove rotary_base or set position_embedding_type = \"rope\"");
+  if (m.use_rope_scaling && m.position_embedding_type != PositionEmbedding::Rope)
+    fail(at("model", "use_rope_scaling"),
+         "use_rope_scaling scales rotary frequencies, but " +
+             ref("model", "position_embedding_type", quote(toString(m.position_embedding_type))),
+         "remove use_rope_scaling or set position_embedding_type = \"rope\"");
+  if (given("model", "rope_scaling_factor") && !m.use_rope_scaling)
+    fail(at("model", "rope_scaling_factor"),
+         "rope_scaling_factor only applies with use_rope_scaling = true",
+         "set use_rope_scaling = true (Megatron's --use-rope-scaling) or remove "
+         "rope_scaling_factor");
 }
 
 void Parser::checkParallel(Spec &spec) {

@@ -576,6 +576,9 @@ std::optional<CudaKernel> generateCudaKernel(Operation *op, const CudaKernelOpti
     }
     double eps = layerNorm ? cast<LayerNormOp>(norm).getEpsilonAttr().getValueAsDouble()
                            : cast<RMSNormOp>(norm).getEpsilonAttr().getValueAsDouble();
+    // --apply-layernorm-1p: the stored weight w is applied as 1 + w (fp32).
+    const bool zeroCentered = layerNorm ? cast<LayerNormOp>(norm).getZeroCenteredGamma()
+                                        : cast<RMSNormOp>(norm).getZeroCenteredGamma();
 
     BodyEmitter pre(r, "  ");
     std::string x = pre.at(norm->getOperand(0), "i");
@@ -642,7 +645,8 @@ std::optional<CudaKernel> generateCudaKernel(Operation *op, const CudaKernelOpti
     }
     src += "  const float rstd = 1.0f / sqrtf(mt_block_sum(sq, mt_shared) / " + flt(double(h)) +
            " + " + flt(eps) + ");\n";
-    std::string yExpr = "(x[k][l] - mean) * rstd * w[l]" + std::string(layerNorm ? " + b[l]" : "");
+    std::string yExpr = std::string("(x[k][l] - mean) * rstd * ") +
+                        (zeroCentered ? "(1.0f + w[l])" : "w[l]") + (layerNorm ? " + b[l]" : "");
     if (!round.empty())
       yExpr = round + "(" + yExpr + ")";
     forGroups("      float w[" + V + "], y[" + V + "];\n      mt_load<" + V + ">(" + wName +

@@ -25,8 +25,8 @@ std::optional<Signature> signatureOf(Opcode op) {
   switch (op) {
   case Opcode::POSITION_IDS: return Signature{0, 1, 0, 0, 0};
   case Opcode::EMBEDDING: return Signature{2, 1, 0, 1, 0};
-  case Opcode::LAYER_NORM: return Signature{3, 1, 0, 0, 1};
-  case Opcode::RMS_NORM: return Signature{2, 1, 0, 0, 1};
+  case Opcode::LAYER_NORM: return Signature{3, 1, 0, 0, 2};
+  case Opcode::RMS_NORM: return Signature{2, 1, 0, 0, 2};
   case Opcode::BIAS_ADD: return Signature{2, 1, 0, 0, 0};
   case Opcode::ADD: return Signature{2, 1, 0, 0, 0};
   case Opcode::GELU: return Signature{1, 1, 0, 1, 0};
@@ -34,17 +34,17 @@ std::optional<Signature> signatureOf(Opcode op) {
   case Opcode::DROPOUT: return Signature{1, 1, 0, 2, 1};
   case Opcode::RESHAPE: return Signature{1, 1, 0, 0, 0};
   case Opcode::SPLIT_QKV: return Signature{1, 3, 0, 0, 0};
-  case Opcode::ROPE: return Signature{1, 1, 0, 0, 1};
+  case Opcode::ROPE: return Signature{1, 1, 0, 0, 2};
   case Opcode::CROSS_ENTROPY: return Signature{2, 1, 0, 1, 0};
   case Opcode::GRAD_SEED: return Signature{0, 1, 0, 0, 1};
   case Opcode::EMBEDDING_GRAD: return Signature{2, 0, 1, 1, 0};
   case Opcode::BIAS_GRAD: return Signature{1, 0, 1, 0, 0};
-  case Opcode::LAYER_NORM_GRAD: return Signature{3, 1, 2, 0, 1};
-  case Opcode::RMS_NORM_GRAD: return Signature{3, 1, 1, 0, 1};
+  case Opcode::LAYER_NORM_GRAD: return Signature{3, 1, 2, 0, 2};
+  case Opcode::RMS_NORM_GRAD: return Signature{3, 1, 1, 0, 2};
   case Opcode::GELU_GRAD: return Signature{2, 1, 0, 1, 0};
   case Opcode::SWIGLU_GRAD: return Signature{2, 1, 0, 0, 0};
   case Opcode::SPLIT_QKV_GRAD: return Signature{3, 1, 0, 0, 0};
-  case Opcode::ROPE_GRAD: return Signature{1, 1, 0, 0, 1};
+  case Opcode::ROPE_GRAD: return Signature{1, 1, 0, 0, 2};
   case Opcode::CROSS_ENTROPY_GRAD: return Signature{3, 1, 0, 1, 0};
   case Opcode::LR_SCHEDULE: return Signature{1, 1, 0, 6, 2};
   case Opcode::CLIP_COEFF: return Signature{2, 1, 0, 0, 1};
@@ -52,8 +52,8 @@ std::optional<Signature> signatureOf(Opcode op) {
   case Opcode::SHARDED_ADAMW: return Signature{3, 0, SIZE_MAX, 1, 4};
   case Opcode::GRAD_NORM: return Signature{0, 1, SIZE_MAX, 0, 0};
   case Opcode::GROUP_GRAD_NORM: return Signature{0, 1, SIZE_MAX, 1, 0};
-  case Opcode::SPLIT_QKV_ROPE: return Signature{1, 3, 0, 0, 1};
-  case Opcode::SPLIT_QKV_ROPE_GRAD: return Signature{3, 1, 0, 0, 1};
+  case Opcode::SPLIT_QKV_ROPE: return Signature{1, 3, 0, 0, 2};
+  case Opcode::SPLIT_QKV_ROPE_GRAD: return Signature{3, 1, 0, 0, 2};
   case Opcode::SHARDED_GRAD_NORM: return Signature{0, 1, SIZE_MAX, 1, 0};
   case Opcode::SEQ_ALL_GATHER:
   case Opcode::SEQ_REDUCE_SCATTER:

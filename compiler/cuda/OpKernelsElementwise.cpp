@@ -206,16 +206,37 @@ void genSplitQkv(const OpInstruction &ins, Builder &b, bool grad) {
 
 // RoPE's rotation of V pairs: a[l] = x[j0 + l], c[l] = x[j0 + l + d/2] at
 // position p, angle p * base^(-2 (j0 + l) / d) (negated for the gradient),
-// in double like the CPU. Shared by ROPE and the split that rotates.
+// the frequency scaled by ${SCALE} (Llama 3.1's rule, or nothing), in double
+// like the CPU. Shared by ROPE and the split that rotates.
 constexpr const char *kRotatePairs = R"(#pragma unroll
   for (int l = 0; l < ${V}; ++l) {
-    const double inv = pow(${BASE}, -2.0 * (double)(j0 + l) / ${DD});
-    const double angle = ${SIGN} * p * inv, sn = sin(angle), cs = cos(angle);
+    double inv = pow(${BASE}, -2.0 * (double)(j0 + l) / ${DD});
+${SCALE}    const double angle = ${SIGN} * p * inv, sn = sin(angle), cs = cos(angle);
     const double x1 = a[l], x2 = c[l];
     a[l] = (float)(x1 * cs - x2 * sn);
     c[l] = (float)(x2 * cs + x1 * sn);
   }
 )";
+
+// RoPE's floats[1], Llama 3.1's scaling factor (0: none), as code that scales
+// `inv` in place: cpu::rope_inv_freq's rule and order of operations (low and
+// high frequency factors 1 and 4, 8192 original positions).
+std::string ropeScaling(const OpInstruction &ins) {
+  const double factor = ins.floats.size() > 1 ? ins.floats[1] : 0.0;
+  if (factor <= 0.0)
+    return "";
+  std::map<std::string, std::string> s = {{"F", dbl(factor)}};
+  return fill(R"(    {
+      const double wl = 2.0 * 3.14159265358979323846 / inv;
+      if (wl > 8192.0) inv = inv / ${F};
+      else if (wl >= 2048.0) {
+        const double sm = (8192.0 / wl - 1.0) / (4.0 - 1.0);
+        inv = (1.0 - sm) * inv / ${F} + sm * inv;
+      }
+    }
+)",
+              s);
+}
 
 // ROPE and ROPE_GRAD on [b, s, heads, d]: one thread per V pairs (x[j],
 // x[j + d/2]) of one head; angle and rotation in double like the CPU. An odd
@@ -231,7 +252,8 @@ void genRope(const OpInstruction &ins, Builder &b, bool grad) {
       {"TX", storage(x.dtype)}, {"TY", storage(y.dtype)}, {"V", std::to_string(v)},
       {"B", std::to_string(block)}, {"GROUPS", num(groups)}, {"THREADS", num(threads)},
       {"HEADS", num(heads)}, {"SEQ", num(seq)}, {"D", num(d)}, {"HALF", num(half)},
-      {"DD", dbl(double(d))}, {"BASE", dbl(ins.floats.at(0))}, {"SIGN", grad ? "-1.0" : "1.0"}};
+      {"DD", dbl(double(d))}, {"BASE", dbl(ins.floats.at(0))}, {"SIGN", grad ? "-1.0" : "1.0"},
+      {"SCALE", ropeScaling(ins)}};
   std::string src = fill(R"(extern "C" __global__ void __launch_bounds__(${B}) @ENTRY@(const ${TX} *x, ${TY} *y) {
   const mt_u64 t = (mt_u64)blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= ${THREADS}) return;
@@ -275,7 +297,7 @@ void genSplitQkvRope(const OpInstruction &ins, Builder &b, bool grad) {
       {"PAIRS", num(pairs)}, {"SLOTS", num(slots)}, {"PG", num(pg)},
       {"HEADS", num(heads)}, {"GROUPS", num(groups)}, {"SEQ", num(seq)}, {"D", num(d)},
       {"HALF", num(half)}, {"DD", dbl(double(d))}, {"BASE", dbl(ins.floats.at(0))},
-      {"SIGN", grad ? "-1.0" : "1.0"}};
+      {"SIGN", grad ? "-1.0" : "1.0"}, {"SCALE", ropeScaling(ins)}};
   // Where slot `s` of group `g` of row `row` lives in q, k or v.
   std::string where = R"(  const mt_u64 row = hs / ${SLOTS}, r = hs % ${SLOTS};
   const mt_u64 g = r / (${PG} + 2), s = r % (${PG} + 2);

@@ -18,6 +18,15 @@ std::map<std::string, std::string> rowSubs(const RowShape &r, int64_t h, double 
           {"H", num(h)}, {"HF", flt(double(h))}, {"EPS", flt(eps)}};
 }
 
+// The norms' floats[1]: 1 when the stored weight w is applied as 1 + w
+// (--apply-layernorm-1p); the kernels add it to the loaded weights, in fp32.
+std::string weightOffset(const OpInstruction &ins, const char *wv) {
+  const double offset = ins.floats.size() > 1 ? ins.floats[1] : 0.0;
+  if (offset == 0.0)
+    return "";
+  return std::string("for (int l = 0; l < ${V}; ++l) ") + wv + " += " + flt(offset) + ";";
+}
+
 } // namespace
 
 // LAYER_NORM and RMS_NORM: one block per row, the row in registers; fp32
@@ -45,6 +54,7 @@ void genNorm(const OpInstruction &ins, Builder &b, bool layer) {
 )";
   s["ACC"] = layer ? "s += a[k][l]" : "s += a[k][l] * a[k][l]";
   s["BLOAD"] = layer ? "mt_load<${V}>(bias, c, bv);" : "";
+  s["WOFF"] = weightOffset(ins, "wv[l]");
   s["EXPR"] = layer ? "(a[k][l] - mean) * rstd * wv[l] + bv[l]" : "a[k][l] * rstd * wv[l]";
   std::string t = R"(extern "C" __global__ void __launch_bounds__(${B}) @ENTRY@(const ${TX} *x, const ${TW} *w${BIAS}, ${TY} *y) {
   extern __shared__ float mt_shared[];
@@ -63,6 +73,7 @@ ${STATS}#pragma unroll
     if (c >= ${H}) continue;
     float wv[${V}], bv[${V}], o[${V}];
     mt_load<${V}>(w, c, wv);
+    ${WOFF}
     ${BLOAD}
     for (int l = 0; l < ${V}; ++l) o[l] = ${EXPR};
     mt_store<${V}>(y, at + c, o);
@@ -163,6 +174,7 @@ void genNormGrad(const OpInstruction &ins, Builder &b, bool layer) {
 )";
   s["ACC"] = layer ? "s += a[k][l]" : "s += a[k][l] * a[k][l]";
   s["PB"] = layer ? "mt_store<${V}>(ws + (${G} + blockIdx.x) * ${H}, c, pb[k]);" : "";
+  s["WOFF"] = weightOffset(ins, "wv[k][l]");
   std::string t = R"(extern "C" __global__ void __launch_bounds__(${B}) @ENTRY@(const ${TDY} *dy, const ${TX} *x, const ${TW} *w, ${TDX} *dx, float *ws) {
   extern __shared__ float mt_shared[];
   float wv[${K}][${V}], pw[${K}][${V}], pb[${K}][${V}];
@@ -170,7 +182,7 @@ void genNormGrad(const OpInstruction &ins, Builder &b, bool layer) {
   for (int k = 0; k < ${K}; ++k) {
     const mt_u64 c = ((mt_u64)k * blockDim.x + threadIdx.x) * ${V};
     for (int l = 0; l < ${V}; ++l) { pw[k][l] = 0.0f; pb[k][l] = 0.0f; wv[k][l] = 0.0f; }
-    if (c < ${H}) mt_load<${V}>(w, c, wv[k]);
+    if (c < ${H}) { mt_load<${V}>(w, c, wv[k]); ${WOFF} }
   }
   for (mt_u64 row = blockIdx.x; row < ${N}; row += gridDim.x) {
     const mt_u64 at = row * ${H};

@@ -190,12 +190,20 @@ private:
   }
 
   Value norm(const std::string &prefix, Value x) {
-    Value w = param(prefix + "weight", {hidden}, ones());
+    // --apply-layernorm-1p: Megatron initialises the weight to 0 and
+    // applies 1 + w (TransformerEngine's zero_centered_gamma).
+    const bool oneP = m.apply_layernorm_1p;
+    Value w = param(prefix + "weight", {hidden}, oneP ? zeros() : ones());
+    if (oneP) // the plan's model fingerprint tells such checkpoints apart
+      func->getParentOfType<ModuleOp>()
+          .lookupSymbol(prefix + "weight")
+          ->setAttr("mt.applied_as_one_plus", b.getUnitAttr());
     FloatAttr eps = b.getF64FloatAttr(m.norm_epsilon);
+    UnitAttr zeroCentered = oneP ? b.getUnitAttr() : UnitAttr();
     if (m.normalization == spec::Normalization::RMSNorm)
-      return b.create<RMSNormOp>(loc, x.getType(), x, w, eps);
+      return b.create<RMSNormOp>(loc, x.getType(), x, w, eps, zeroCentered);
     Value bias = param(prefix + "bias", {hidden}, zeros());
-    return b.create<LayerNormOp>(loc, x.getType(), x, w, bias, eps);
+    return b.create<LayerNormOp>(loc, x.getType(), x, w, bias, eps, zeroCentered);
   }
 
   Value linear(const std::string &prefix, Value x, int64_t out, Init init) {
@@ -224,12 +232,15 @@ private:
                        (heads + 2 * groups) * headDim, normal());
     auto split = b.create<SplitQKVOp>(
         loc, act({batch, seq, heads, headDim}), act({batch, seq, groups, headDim}),
-        act({batch, seq, groups, headDim}), qkv, /*rope_base=*/FloatAttr());
+        act({batch, seq, groups, headDim}), qkv, /*rope_base=*/FloatAttr(),
+        /*rope_scaling_factor=*/FloatAttr());
     Value q = split.getQuery(), k = split.getKey(), v = split.getValue();
     if (m.position_embedding_type == spec::PositionEmbedding::Rope) {
       FloatAttr base = b.getF64FloatAttr(static_cast<double>(m.rotary_base));
-      q = b.create<RopeOp>(loc, q, base);
-      k = b.create<RopeOp>(loc, k, base);
+      FloatAttr scaling =
+          m.use_rope_scaling ? b.getF64FloatAttr(m.rope_scaling_factor) : FloatAttr();
+      q = b.create<RopeOp>(loc, q, base, scaling);
+      k = b.create<RopeOp>(loc, k, base, scaling);
     }
     Value o = b.create<AttentionOp>(
         loc, q.getType(), attentionLseType(q.getType()), q, k, v, b.getUnitAttr(),

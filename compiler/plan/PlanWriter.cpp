@@ -669,6 +669,9 @@ private:
 
   uint32_t param(FlatSymbolRefAttr s) { return paramIndex.lookup(s.getValue()); }
 
+  // RoPE's second float: Llama 3.1's scaling factor, 0 without scaling.
+  static double ropeScaling(FloatAttr f) { return f ? f.getValueAsDouble() : 0.0; }
+
   // One op -> one instruction over the value numbers of the program or
   // kernel it belongs to.
   FailureOr<Inst> lower(Operation &op, const DenseMap<Value, uint32_t> &numbers) {
@@ -685,8 +688,14 @@ private:
           i.op = pl::Opcode::EMBEDDING;
           i.ints = {o.getVocabParallel() ? 1 : 0};
         })
-        .Case([&](LayerNormOp o) { i.op = pl::Opcode::LAYER_NORM; eps(o.getEpsilonAttr()); })
-        .Case([&](RMSNormOp o) { i.op = pl::Opcode::RMS_NORM; eps(o.getEpsilonAttr()); })
+        .Case([&](LayerNormOp o) {
+          i.op = pl::Opcode::LAYER_NORM;
+          i.floats = {o.getEpsilon().convertToDouble(), o.getZeroCenteredGamma() ? 1.0 : 0.0};
+        })
+        .Case([&](RMSNormOp o) {
+          i.op = pl::Opcode::RMS_NORM;
+          i.floats = {o.getEpsilon().convertToDouble(), o.getZeroCenteredGamma() ? 1.0 : 0.0};
+        })
         .Case([&](MatmulOp) { i.op = pl::Opcode::MATMUL; })
         .Case([&](BiasAddOp) { i.op = pl::Opcode::BIAS_ADD; })
         .Case([&](AddOp) { i.op = pl::Opcode::ADD; })
@@ -711,10 +720,13 @@ private:
           i.op = pl::Opcode::SPLIT_QKV;
           if (FloatAttr base = o.getRopeBaseAttr()) {
             i.op = pl::Opcode::SPLIT_QKV_ROPE;
-            eps(base);
+            i.floats = {base.getValueAsDouble(), ropeScaling(o.getRopeScalingFactorAttr())};
           }
         })
-        .Case([&](RopeOp o) { i.op = pl::Opcode::ROPE; eps(o.getBaseAttr()); })
+        .Case([&](RopeOp o) {
+          i.op = pl::Opcode::ROPE;
+          i.floats = {o.getBase().convertToDouble(), ropeScaling(o.getScalingFactorAttr())};
+        })
         .Case([&](AttentionOp o) {
           i.op = pl::Opcode::ATTENTION;
           i.ints = {o.getCausal() ? 1 : 0, o.getStream(), o.getTpShardDim().value_or(-1)};
@@ -742,12 +754,12 @@ private:
         .Case([&](LayerNormGradOp o) {
           i.op = pl::Opcode::LAYER_NORM_GRAD;
           i.params = {param(o.getWeightParamAttr()), param(o.getBiasParamAttr())};
-          eps(o.getEpsilonAttr());
+          i.floats = {o.getEpsilon().convertToDouble(), o.getZeroCenteredGamma() ? 1.0 : 0.0};
         })
         .Case([&](RMSNormGradOp o) {
           i.op = pl::Opcode::RMS_NORM_GRAD;
           i.params = {param(o.getWeightParamAttr())};
-          eps(o.getEpsilonAttr());
+          i.floats = {o.getEpsilon().convertToDouble(), o.getZeroCenteredGamma() ? 1.0 : 0.0};
         })
         .Case([&](GeluGradOp o) {
           i.op = pl::Opcode::GELU_GRAD;
@@ -758,10 +770,13 @@ private:
           i.op = pl::Opcode::SPLIT_QKV_GRAD;
           if (FloatAttr base = o.getRopeBaseAttr()) {
             i.op = pl::Opcode::SPLIT_QKV_ROPE_GRAD;
-            eps(base);
+            i.floats = {base.getValueAsDouble(), ropeScaling(o.getRopeScalingFactorAttr())};
           }
         })
-        .Case([&](RopeGradOp o) { i.op = pl::Opcode::ROPE_GRAD; eps(o.getBaseAttr()); })
+        .Case([&](RopeGradOp o) {
+          i.op = pl::Opcode::ROPE_GRAD;
+          i.floats = {o.getBase().convertToDouble(), ropeScaling(o.getScalingFactorAttr())};
+        })
         .Case([&](AttentionGradOp o) {
           i.op = pl::Opcode::ATTENTION_GRAD;
           i.ints = {o.getCausal() ? 1 : 0, o.getStream(), o.getTpShardDim().value_or(-1)};
@@ -1083,7 +1098,10 @@ private:
 std::string modelFingerprint(ModuleOp module) {
   std::string s;
   for (ParamOp p : module.getOps<ParamOp>())
-    s += p.getSymName().str() + ":" + shapeKey(p.getTensorType()) + ";";
+    s += p.getSymName().str() + ":" + shapeKey(p.getTensorType()) +
+         // --apply-layernorm-1p's weights hold w of 1 + w: another model's
+         // checkpoint must not load into them unnoticed.
+         (p->hasAttr("mt.applied_as_one_plus") ? "+1" : "") + ";";
   // FNV-1a keeps the fingerprint short; the parameter count makes a
   // mismatch readable at a glance.
   uint64_t h = fnv1a(s);

@@ -176,11 +176,13 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
                       m.num_layers, m.hidden_size, m.ffn_hidden_size,
                       m.swiglu ? "SwiGLU" : "GeLU", m.num_attention_heads,
                       m.num_query_groups, m.kv_channels);
-  os << "  positions " << (rope ? "rope (base " + std::to_string(m.rotary_base) + ")"
-                                : "learned_absolute (" +
-                                      std::to_string(m.max_position_embeddings) + ")")
-     << ", " << spec::toString(m.normalization) << " (eps "
-     << num(m.norm_epsilon) << "), "
+  std::string scaling =
+      m.use_rope_scaling ? ", Llama 3.1 scaling factor " + num(m.rope_scaling_factor) : "";
+  os << "  positions "
+     << (rope ? "rope (base " + std::to_string(m.rotary_base) + scaling + ")"
+              : "learned_absolute (" + std::to_string(m.max_position_embeddings) + ")")
+     << ", " << spec::toString(m.normalization) << " (eps " << num(m.norm_epsilon)
+     << (m.apply_layernorm_1p ? ", weights applied as 1 + w" : "") << "), "
      << (m.untie_embeddings_and_output_weights ? "untied" : "tied")
      << " embeddings, " << (m.add_bias_linear ? "with" : "no") << " linear biases\n";
   os << "  dropout hidden " << num(m.hidden_dropout) << ", attention "

@@ -201,7 +201,12 @@ LogicalResult ReshapeOp::verify() {
 
 // The rotation that `rope_base` asks of mt.split_qkv and mt.split_qkv_grad:
 // mt.rope's own conditions on the base and head_dim.
-static LogicalResult verifyRopeBase(Operation *op, std::optional<APFloat> base, int64_t d) {
+static LogicalResult verifyRopeBase(Operation *op, std::optional<APFloat> base, int64_t d,
+                                    std::optional<APFloat> scaling) {
+  if (scaling && !base)
+    return op->emitOpError("rope_scaling_factor needs rope_base");
+  if (scaling && !(scaling->convertToDouble() >= 1.0))
+    return op->emitOpError("rope_scaling_factor must be at least 1");
   if (!base)
     return success();
   if (!(base->convertToDouble() > 1.0))
@@ -240,7 +245,7 @@ LogicalResult SplitQKVOp::verify() {
                          << " features but (heads + 2 * groups) * head_dim = ("
                          << heads << " + 2 * " << groups << ") * " << d << " = "
                          << (heads + 2 * groups) * d;
-  return verifyRopeBase(getOperation(), getRopeBase(), d);
+  return verifyRopeBase(getOperation(), getRopeBase(), d, getRopeScalingFactor());
 }
 
 LogicalResult RopeOp::verify() {
@@ -252,6 +257,8 @@ LogicalResult RopeOp::verify() {
     return emitOpError("head_dim must be even to rotate pairs");
   if (!(getBase().convertToDouble() > 1.0))
     return emitOpError("base must be greater than 1");
+  if (auto f = getScalingFactor(); f && !(f->convertToDouble() >= 1.0))
+    return emitOpError("scaling_factor must be at least 1");
   return success();
 }
 
@@ -433,7 +440,7 @@ LogicalResult SplitQKVGradOp::verify() {
   if (out.getShape() != ArrayRef<int64_t>(expected))
     return emitOpError() << "result shape " << shapeStr(out.getShape())
                          << " should be " << shapeStr(expected);
-  return verifyRopeBase(getOperation(), getRopeBase(), d);
+  return verifyRopeBase(getOperation(), getRopeBase(), d, getRopeScalingFactor());
 }
 
 LogicalResult CrossEntropyGradOp::verify() {

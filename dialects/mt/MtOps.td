@@ -126,14 +126,17 @@ def Mt_LayerNormOp : Mt_Op<"layer_norm", [DeclareOpInterfaceMethods<Mt_Different
   let description = [{
     `y = (x - mean(x)) / sqrt(var(x) + epsilon) * weight + bias`, with mean and
     (biased) variance over the last dimension; `weight` and `bias` have that
-    dimension's size.
+    dimension's size. With `zero_centered_gamma` (Megatron's
+    `--apply-layernorm-1p`) the weight is applied as `1 + weight`, computed in
+    fp32 as TransformerEngine does.
 
     ```mlir
     %y = mt.layer_norm %x, %w, %b {epsilon = 1.000000e-05 : f64} : tensor<4x1024x768xf32>, tensor<768xf32>
     ```
   }];
   let arguments = (ins Mt_FloatTensor:$input, Mt_FloatTensor:$weight,
-                       Mt_FloatTensor:$bias, F64Attr:$epsilon);
+                       Mt_FloatTensor:$bias, F64Attr:$epsilon,
+                       UnitAttr:$zero_centered_gamma);
   let results = (outs Mt_FloatTensor:$result);
   let assemblyFormat = "$input `,` $weight `,` $bias attr-dict `:` type($input) `,` type($weight)";
   let hasVerifier = 1;
@@ -142,13 +145,15 @@ def Mt_LayerNormOp : Mt_Op<"layer_norm", [DeclareOpInterfaceMethods<Mt_Different
 def Mt_RMSNormOp : Mt_Op<"rms_norm", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure, AllTypesMatch<["input", "result"]>]> {
   let summary = "root-mean-square normalisation over the last dimension";
   let description = [{
-    `y = x / sqrt(mean(x^2) + epsilon) * weight`, over the last dimension.
+    `y = x / sqrt(mean(x^2) + epsilon) * weight`, over the last dimension;
+    `1 + weight` with `zero_centered_gamma`.
 
     ```mlir
     %y = mt.rms_norm %x, %w {epsilon = 1.000000e-05 : f64} : tensor<2x2048x4096xbf16>, tensor<4096xbf16>
     ```
   }];
-  let arguments = (ins Mt_FloatTensor:$input, Mt_FloatTensor:$weight, F64Attr:$epsilon);
+  let arguments = (ins Mt_FloatTensor:$input, Mt_FloatTensor:$weight, F64Attr:$epsilon,
+                       UnitAttr:$zero_centered_gamma);
   let results = (outs Mt_FloatTensor:$result);
   let assemblyFormat = "$input `,` $weight attr-dict `:` type($input) `,` type($weight)";
   let hasVerifier = 1;
@@ -292,7 +297,8 @@ def Mt_SplitQKVOp : Mt_Op<"split_qkv", [DeclareOpInterfaceMethods<Mt_Differentia
     With `rope_base`, queries and keys come out rotated: the result is what
     `mt.rope` with that base computes on each of them, so the unrotated
     queries and keys never exist (`mt-fuse` sets it when each of them has
-    one user, an `mt.rope`). Values are not rotated. The head_dim must then
+    one user, an `mt.rope`; `rope_scaling_factor` is then that rope's
+    `scaling_factor`). Values are not rotated. The head_dim must then
     be even.
 
     ```mlir
@@ -300,7 +306,8 @@ def Mt_SplitQKVOp : Mt_Op<"split_qkv", [DeclareOpInterfaceMethods<Mt_Differentia
     %qr, %kr, %v2 = mt.split_qkv %qkv2 {rope_base = 5.000000e+05 : f64} : (tensor<2x2048x6144xbf16>) -> (tensor<2x2048x32x128xbf16>, tensor<2x2048x8x128xbf16>, tensor<2x2048x8x128xbf16>)
     ```
   }];
-  let arguments = (ins Mt_FloatTensor:$input, OptionalAttr<F64Attr>:$rope_base);
+  let arguments = (ins Mt_FloatTensor:$input, OptionalAttr<F64Attr>:$rope_base,
+                       OptionalAttr<F64Attr>:$rope_scaling_factor);
   let results = (outs Mt_FloatTensor:$query, Mt_FloatTensor:$key, Mt_FloatTensor:$value);
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -311,13 +318,18 @@ def Mt_RopeOp : Mt_Op<"rope", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInte
   let description = [{
     Rotates pairs `(x[i], x[i + d/2])` of each head (`[batch, seq, heads, d]`)
     at position `p` by angle `p * base^(-2i/d)`, the non-interleaved form
-    Megatron-LM uses.
+    Megatron-LM uses. With `scaling_factor` the frequencies `base^(-2i/d)` are
+    first scaled as Llama 3.1 scales them (Megatron's `--use-rope-scaling`,
+    low/high frequency factors 1 and 4, 8192 original positions): divided by
+    the factor where the wavelength exceeds 8192, kept below 2048, and
+    interpolated between.
 
     ```mlir
     %q2 = mt.rope %q {base = 5.000000e+05 : f64} : tensor<2x2048x32x128xbf16>
     ```
   }];
-  let arguments = (ins Mt_FloatTensor:$input, F64Attr:$base);
+  let arguments = (ins Mt_FloatTensor:$input, F64Attr:$base,
+                       OptionalAttr<F64Attr>:$scaling_factor);
   let results = (outs Mt_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
   let hasVerifier = 1;

@@ -109,7 +109,8 @@ def Mt_LayerNormGradOp : Mt_Op<"layer_norm_grad", [
   }];
   let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$input,
                        Mt_FloatTensor:$weight, FlatSymbolRefAttr:$weight_param,
-                       FlatSymbolRefAttr:$bias_param, F64Attr:$epsilon);
+                       FlatSymbolRefAttr:$bias_param, F64Attr:$epsilon,
+                       UnitAttr:$zero_centered_gamma);
   let results = (outs Mt_FloatTensor:$result);
   let assemblyFormat = "$grad `,` $input `,` $weight `into` $weight_param `,` $bias_param attr-dict `:` type($grad) `,` type($weight)";
   let hasVerifier = 1;
@@ -127,7 +128,7 @@ def Mt_RMSNormGradOp : Mt_Op<"rms_norm_grad", [
   }];
   let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$input,
                        Mt_FloatTensor:$weight, FlatSymbolRefAttr:$weight_param,
-                       F64Attr:$epsilon);
+                       F64Attr:$epsilon, UnitAttr:$zero_centered_gamma);
   let results = (outs Mt_FloatTensor:$result);
   let assemblyFormat = "$grad `,` $input `,` $weight `into` $weight_param attr-dict `:` type($grad) `,` type($weight)";
   let hasVerifier = 1;
@@ -178,7 +179,8 @@ def Mt_SplitQKVGradOp : Mt_Op<"split_qkv_grad", [Pure]> {
     ```
   }];
   let arguments = (ins Mt_FloatTensor:$query_grad, Mt_FloatTensor:$key_grad,
-                       Mt_FloatTensor:$value_grad, OptionalAttr<F64Attr>:$rope_base);
+                       Mt_FloatTensor:$value_grad, OptionalAttr<F64Attr>:$rope_base,
+                       OptionalAttr<F64Attr>:$rope_scaling_factor);
   let results = (outs Mt_FloatTensor:$result);
   let assemblyFormat = "$query_grad `,` $key_grad `,` $value_grad attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -191,7 +193,8 @@ def Mt_RopeGradOp : Mt_Op<"rope_grad", [Pure, SameOperandsAndResultType]> {
     %dq = mt.rope_grad %dq2 {base = 1.000000e+04 : f64} : tensor<4x128x4x16xf32>
     ```
   }];
-  let arguments = (ins Mt_FloatTensor:$grad, F64Attr:$base);
+  let arguments = (ins Mt_FloatTensor:$grad, F64Attr:$base,
+                       OptionalAttr<F64Attr>:$scaling_factor);
   let results = (outs Mt_FloatTensor:$result);
   let assemblyFormat = "$grad attr-dict `:` type($result)";
 }

@@ -46,7 +46,8 @@ LogicalResult LayerNormOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
       failed(needParam(*this, getBias(), "bias", bias)))
     return failure();
   Value dx = b.create<LayerNormGradOp>(getLoc(), getType(), grads[0], getInput(),
-                                       getWeight(), w, bias, getEpsilonAttr());
+                                       getWeight(), w, bias, getEpsilonAttr(),
+                                       getZeroCenteredGammaAttr());
   out.append({dx, Value(), Value()});
   return success();
 }
@@ -57,7 +58,8 @@ LogicalResult RMSNormOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
   if (failed(needParam(*this, getWeight(), "weight", w)))
     return failure();
   Value dx = b.create<RMSNormGradOp>(getLoc(), getType(), grads[0], getInput(),
-                                     getWeight(), w, getEpsilonAttr());
+                                     getWeight(), w, getEpsilonAttr(),
+                                     getZeroCenteredGammaAttr());
   out.append({dx, Value()});
   return success();
 }
@@ -125,13 +127,15 @@ LogicalResult SplitQKVOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
     return emitOpError("cannot differentiate: query, key and value must all reach the loss");
   // Rotated queries and keys: their gradients are rotated back in the merge.
   out.push_back(b.create<SplitQKVGradOp>(getLoc(), getInput().getType(), grads[0],
-                                         grads[1], grads[2], getRopeBaseAttr()));
+                                         grads[1], grads[2], getRopeBaseAttr(),
+                                         getRopeScalingFactorAttr()));
   return success();
 }
 
 LogicalResult RopeOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
                                SmallVectorImpl<Value> &out) {
-  out.push_back(b.create<RopeGradOp>(getLoc(), getType(), grads[0], getBaseAttr()));
+  out.push_back(
+      b.create<RopeGradOp>(getLoc(), getType(), grads[0], getBaseAttr(), getScalingFactorAttr()));
   return success();
 }
 

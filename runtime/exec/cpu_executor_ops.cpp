@@ -158,12 +158,12 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
   }
   case pl::Opcode::LAYER_NORM: {
     int64_t h = dim(vin(0), -1);
-    cpu::layer_norm_fwd(fin(0), fin(1), fin(2), n(vin(0)) / h, h, fval(0), fout(0));
+    cpu::layer_norm_fwd(fin(0), fin(1), fin(2), n(vin(0)) / h, h, fval(0), fout(0), fval(1));
     break;
   }
   case pl::Opcode::RMS_NORM: {
     int64_t h = dim(vin(0), -1);
-    cpu::rms_norm_fwd(fin(0), fin(1), n(vin(0)) / h, h, fval(0), fout(0));
+    cpu::rms_norm_fwd(fin(0), fin(1), n(vin(0)) / h, h, fval(0), fout(0), fval(1));
     break;
   }
   case pl::Opcode::MATMUL: {
@@ -218,11 +218,11 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
   case pl::Opcode::SPLIT_QKV_ROPE:
     cpu::split_qkv_rope_fwd(fin(0), dim(vout(0), 0), dim(vout(0), 1), dim(vout(0), 2),
                             dim(vout(1), 2), dim(vout(0), 3), fval(0), fout(0), fout(1),
-                            fout(2));
+                            fout(2), fval(1));
     break;
   case pl::Opcode::ROPE:
     cpu::rope_fwd(fin(0), dim(vin(0), 0), dim(vin(0), 1), dim(vin(0), 2), dim(vin(0), 3),
-                  fval(0), fout(0));
+                  fval(0), fout(0), fval(1));
     break;
   case pl::Opcode::ATTENTION:
     cpu::attention_fwd(fin(0), fin(1), fin(2), attention_shape(vin(0), vin(1)), key(ival(1)),
@@ -291,12 +291,13 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
   case pl::Opcode::LAYER_NORM_GRAD: {
     int64_t h = dim(vin(1), -1);
     cpu::layer_norm_bwd(fin(0), fin(1), fin(2), n(vin(1)) / h, h, fval(0), fout(0), pgrad(0),
-                        pgrad(1));
+                        pgrad(1), fval(1));
     break;
   }
   case pl::Opcode::RMS_NORM_GRAD: {
     int64_t h = dim(vin(1), -1);
-    cpu::rms_norm_bwd(fin(0), fin(1), fin(2), n(vin(1)) / h, h, fval(0), fout(0), pgrad(0));
+    cpu::rms_norm_bwd(fin(0), fin(1), fin(2), n(vin(1)) / h, h, fval(0), fout(0), pgrad(0),
+                      fval(1));
     break;
   }
   case pl::Opcode::GELU_GRAD:
@@ -315,11 +316,12 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
   }
   case pl::Opcode::SPLIT_QKV_ROPE_GRAD:
     cpu::split_qkv_rope_bwd(fin(0), fin(1), fin(2), dim(vin(0), 0), dim(vin(0), 1),
-                            dim(vin(0), 2), dim(vin(1), 2), dim(vin(0), 3), fval(0), fout(0));
+                            dim(vin(0), 2), dim(vin(1), 2), dim(vin(0), 3), fval(0), fout(0),
+                            fval(1));
     break;
   case pl::Opcode::ROPE_GRAD:
     cpu::rope_bwd(fin(0), dim(vin(0), 0), dim(vin(0), 1), dim(vin(0), 2), dim(vin(0), 3),
-                  fval(0), fout(0));
+                  fval(0), fout(0), fval(1));
     break;
   case pl::Opcode::ATTENTION_GRAD:
     cpu::attention_bwd(fin(0), fin(1), fin(2), fin(3), fin(4), fin(5),

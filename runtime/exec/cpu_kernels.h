@@ -52,20 +52,24 @@ void position_ids(int64_t batch, int64_t seq, int32_t *out);
 // ---------------------------------------------------------------------------
 // LayerNorm over the last dimension h: y = (x - mean) * rstd * w + b,
 // rstd = 1 / sqrt(var + eps) with the biased variance. Backward recomputes
-// the statistics from x (nothing but x is saved).
+// the statistics from x (nothing but x is saved). `w_offset` is added to
+// every weight before use (1 for --apply-layernorm-1p: the stored weight w
+// is applied as 1 + w, in double); dw is the gradient of the stored w.
 template <class T>
 void layer_norm_fwd(const T *x, const T *w, const T *b, int64_t n, int64_t h,
-                    double eps, T *y);
+                    double eps, T *y, double w_offset = 0.0);
 template <class T>
 void layer_norm_bwd(const T *dy, const T *x, const T *w, int64_t n, int64_t h,
-                    double eps, T *dx, T *dw /* += */, T *db /* += */);
+                    double eps, T *dx, T *dw /* += */, T *db /* += */,
+                    double w_offset = 0.0);
 
-// RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w.
+// RMSNorm: y = x * rsqrt(mean(x^2) + eps) * (w + w_offset).
 template <class T>
-void rms_norm_fwd(const T *x, const T *w, int64_t n, int64_t h, double eps, T *y);
+void rms_norm_fwd(const T *x, const T *w, int64_t n, int64_t h, double eps, T *y,
+                  double w_offset = 0.0);
 template <class T>
 void rms_norm_bwd(const T *dy, const T *x, const T *w, int64_t n, int64_t h,
-                  double eps, T *dx, T *dw /* += */);
+                  double eps, T *dx, T *dw /* += */, double w_offset = 0.0);
 
 // ---------------------------------------------------------------------------
 // Linear layer without bias, weights [out, in]: y[n, out] = x[n, in] * w^T.
@@ -132,16 +136,24 @@ template <class T>
 void split_qkv_bwd(const T *dq, const T *dk, const T *dv, int64_t n,
                    int64_t heads, int64_t groups, int64_t d, T *dqkv);
 
+// RoPE's frequency of pair j < d/2: base^(-2j/d), in double. With
+// `scaling` > 0 (Megatron's --use-rope-scaling, Llama 3.1's rule with
+// low/high frequency factors 1 and 4 and 8192 original positions) a
+// frequency whose wavelength 2 pi / f exceeds 8192 is divided by `scaling`,
+// one below 8192 / 4 is kept, and one between is interpolated:
+// (1 - s) f / scaling + s f with s = (8192 / wavelength - 1) / 3.
+double rope_inv_freq(int64_t j, int64_t d, double base, double scaling);
+
 // Rotary embedding on x [batch, seq, heads, d], non-interleaved: pairs
-// (x[j], x[j + d/2]) at position p rotate by p * base^(-2j/d), j < d/2
+// (x[j], x[j + d/2]) at position p rotate by p * rope_inv_freq(j), j < d/2
 // (y[j] = x[j] cos - x[j + d/2] sin, y[j + d/2] = x[j + d/2] cos + x[j] sin).
 // Backward rotates by the opposite angle.
 template <class T>
 void rope_fwd(const T *x, int64_t batch, int64_t seq, int64_t heads, int64_t d,
-              double base, T *y);
+              double base, T *y, double scaling = 0.0);
 template <class T>
 void rope_bwd(const T *dy, int64_t batch, int64_t seq, int64_t heads, int64_t d,
-              double base, T *dx);
+              double base, T *dx, double scaling = 0.0);
 
 // SPLIT_QKV then ROPE on q and k, as one pass (the unrotated q and k never
 // exist): qkv [batch, seq, groups * (heads/groups + 2) * d] -> q [batch, seq,
@@ -151,11 +163,12 @@ void rope_bwd(const T *dy, int64_t batch, int64_t seq, int64_t heads, int64_t d,
 // double angles and rotation.
 template <class T>
 void split_qkv_rope_fwd(const T *qkv, int64_t batch, int64_t seq, int64_t heads,
-                        int64_t groups, int64_t d, double base, T *q, T *k, T *v);
+                        int64_t groups, int64_t d, double base, T *q, T *k, T *v,
+                        double scaling = 0.0);
 template <class T>
 void split_qkv_rope_bwd(const T *dq, const T *dk, const T *dv, int64_t batch,
                         int64_t seq, int64_t heads, int64_t groups, int64_t d,
-                        double base, T *dqkv);
+                        double base, T *dqkv, double scaling = 0.0);
 
 // ---------------------------------------------------------------------------
 // Exact attention. q, out [batch, seq, heads, d]; k, v [batch, seq, groups, d];

@@ -78,19 +78,37 @@ void split_qkv_bwd(const T *dq, const T *dk, const T *dv, int64_t n, int64_t hea
   }
 }
 
+double rope_inv_freq(int64_t j, int64_t d, double base, double scaling) {
+  const double f = std::pow(base, -2.0 * static_cast<double>(j) / static_cast<double>(d));
+  if (scaling <= 0.0)
+    return f;
+  // Llama 3.1 (Megatron's RotaryEmbedding._apply_scaling defaults).
+  constexpr double kLowFreqFactor = 1.0, kHighFreqFactor = 4.0, kOriginalPositions = 8192.0;
+  const double low_wavelen = kOriginalPositions / kLowFreqFactor;
+  const double high_wavelen = kOriginalPositions / kHighFreqFactor;
+  const double wavelen = 2.0 * M_PI / f;
+  if (wavelen < high_wavelen)
+    return f;
+  if (wavelen > low_wavelen)
+    return f / scaling;
+  const double smooth =
+      (kOriginalPositions / wavelen - kLowFreqFactor) / (kHighFreqFactor - kLowFreqFactor);
+  return (1.0 - smooth) * f / scaling + smooth * f;
+}
+
 namespace {
 
-// cos and sin of sign * p * base^(-2j/d) for p < seq, j < d/2, in double:
+// cos and sin of sign * p * rope_inv_freq(j) for p < seq, j < d/2, in double:
 // the one table every rotation below reads, so the fused split computes
 // exactly what ROPE computes.
 struct RopeAngles {
   int64_t half;
   std::vector<double> cos, sin;
 
-  RopeAngles(int64_t seq, int64_t d, double base, double sign)
+  RopeAngles(int64_t seq, int64_t d, double base, double scaling, double sign)
       : half(d / 2), cos(size_t(seq * (d / 2))), sin(size_t(seq * (d / 2))) {
     for (int64_t j = 0; j < half; ++j) {
-      double inv_freq = std::pow(base, -2.0 * static_cast<double>(j) / static_cast<double>(d));
+      double inv_freq = rope_inv_freq(j, d, base, scaling);
       for (int64_t p = 0; p < seq; ++p) {
         double angle = sign * static_cast<double>(p) * inv_freq;
         cos[size_t(p * half + j)] = std::cos(angle);
@@ -118,8 +136,8 @@ struct RopeAngles {
 // Rotates every (x[j], x[j + d/2]) pair by sign * p * base^(-2j/d).
 template <class T>
 void rope_rotate(const T *x, int64_t batch, int64_t seq, int64_t heads, int64_t d, double base,
-                 double sign, T *y) {
-  const RopeAngles angles(seq, d, base, sign);
+                 double scaling, double sign, T *y) {
+  const RopeAngles angles(seq, d, base, scaling, sign);
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t p = 0; p < seq; ++p)
       for (int64_t h = 0; h < heads; ++h) {
@@ -132,21 +150,21 @@ void rope_rotate(const T *x, int64_t batch, int64_t seq, int64_t heads, int64_t 
 
 template <class T>
 void rope_fwd(const T *x, int64_t batch, int64_t seq, int64_t heads, int64_t d, double base,
-              T *y) {
-  rope_rotate(x, batch, seq, heads, d, base, 1.0, y);
+              T *y, double scaling) {
+  rope_rotate(x, batch, seq, heads, d, base, scaling, 1.0, y);
 }
 
 template <class T>
 void rope_bwd(const T *dy, int64_t batch, int64_t seq, int64_t heads, int64_t d, double base,
-              T *dx) {
+              T *dx, double scaling) {
   // The rotation is orthogonal: its transpose is the opposite rotation.
-  rope_rotate(dy, batch, seq, heads, d, base, -1.0, dx);
+  rope_rotate(dy, batch, seq, heads, d, base, scaling, -1.0, dx);
 }
 
 template <class T>
 void split_qkv_rope_fwd(const T *qkv, int64_t batch, int64_t seq, int64_t heads, int64_t groups,
-                        int64_t d, double base, T *q, T *k, T *v) {
-  const RopeAngles angles(seq, d, base, 1.0);
+                        int64_t d, double base, T *q, T *k, T *v, double scaling) {
+  const RopeAngles angles(seq, d, base, scaling, 1.0);
   const int64_t per_group = heads / groups;
   const int64_t group_width = (per_group + 2) * d;
   for (int64_t i = 0; i < batch * seq; ++i) {
@@ -164,8 +182,9 @@ void split_qkv_rope_fwd(const T *qkv, int64_t batch, int64_t seq, int64_t heads,
 
 template <class T>
 void split_qkv_rope_bwd(const T *dq, const T *dk, const T *dv, int64_t batch, int64_t seq,
-                        int64_t heads, int64_t groups, int64_t d, double base, T *dqkv) {
-  const RopeAngles angles(seq, d, base, -1.0);
+                        int64_t heads, int64_t groups, int64_t d, double base, T *dqkv,
+                        double scaling) {
+  const RopeAngles angles(seq, d, base, scaling, -1.0);
   const int64_t per_group = heads / groups;
   const int64_t group_width = (per_group + 2) * d;
   for (int64_t i = 0; i < batch * seq; ++i) {
@@ -325,12 +344,12 @@ void attention_bwd(const T *dout, const T *q, const T *k, const T *v, const T *o
   template void split_qkv_fwd<T>(const T *, int64_t, int64_t, int64_t, int64_t, T *, T *, T *);   \
   template void split_qkv_bwd<T>(const T *, const T *, const T *, int64_t, int64_t, int64_t,      \
                                  int64_t, T *);                                                    \
-  template void rope_fwd<T>(const T *, int64_t, int64_t, int64_t, int64_t, double, T *);          \
-  template void rope_bwd<T>(const T *, int64_t, int64_t, int64_t, int64_t, double, T *);          \
+  template void rope_fwd<T>(const T *, int64_t, int64_t, int64_t, int64_t, double, T *, double); \
+  template void rope_bwd<T>(const T *, int64_t, int64_t, int64_t, int64_t, double, T *, double); \
   template void split_qkv_rope_fwd<T>(const T *, int64_t, int64_t, int64_t, int64_t, int64_t,    \
-                                      double, T *, T *, T *);                                    \
+                                      double, T *, T *, T *, double);                            \
   template void split_qkv_rope_bwd<T>(const T *, const T *, const T *, int64_t, int64_t,          \
-                                      int64_t, int64_t, int64_t, double, T *);                   \
+                                      int64_t, int64_t, int64_t, double, T *, double);           \
   template void attention_fwd<T>(const T *, const T *, const T *, const AttentionShape &,         \
                                  const RngKey &, T *, T *);                                        \
   template void attention_bwd<T>(const T *, const T *, const T *, const T *, const T *, const T *, \

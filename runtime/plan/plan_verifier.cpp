@@ -42,8 +42,8 @@ struct OpSignature {
 constexpr OpSignature kSignatures[] = {
     {pl::Opcode::POSITION_IDS, "", "i", 0, 0, 0},
     {pl::Opcode::EMBEDDING, "fi", "f", 0, 1, 0},
-    {pl::Opcode::LAYER_NORM, "fff", "f", 0, 0, 1},
-    {pl::Opcode::RMS_NORM, "ff", "f", 0, 0, 1},
+    {pl::Opcode::LAYER_NORM, "fff", "f", 0, 0, 2},
+    {pl::Opcode::RMS_NORM, "ff", "f", 0, 0, 2},
     {pl::Opcode::MATMUL, "ff", "f", 0, 0, 0},
     {pl::Opcode::BIAS_ADD, "ff", "f", 0, 0, 0},
     {pl::Opcode::ADD, "ff", "f", 0, 0, 0},
@@ -52,7 +52,7 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::DROPOUT, "f", "f", 0, 2, 1},
     {pl::Opcode::RESHAPE, "a", "a", 0, 0, 0},
     {pl::Opcode::SPLIT_QKV, "f", "fff", 0, 0, 0},
-    {pl::Opcode::ROPE, "f", "f", 0, 0, 1},
+    {pl::Opcode::ROPE, "f", "f", 0, 0, 2},
     {pl::Opcode::ATTENTION, "fff", "fF", 0, 3, 2},
     {pl::Opcode::CROSS_ENTROPY, "fi", "s", 0, 1, 0},
     {pl::Opcode::GRAD_SEED, "", "s", 0, 0, 1},
@@ -60,12 +60,12 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::MATMUL_INPUT_GRAD, "ff", "f", 0, 0, 0},
     {pl::Opcode::MATMUL_WEIGHT_GRAD, "ff", "", 1, 0, 0},
     {pl::Opcode::BIAS_GRAD, "f", "", 1, 0, 0},
-    {pl::Opcode::LAYER_NORM_GRAD, "fff", "f", 2, 0, 1},
-    {pl::Opcode::RMS_NORM_GRAD, "fff", "f", 1, 0, 1},
+    {pl::Opcode::LAYER_NORM_GRAD, "fff", "f", 2, 0, 2},
+    {pl::Opcode::RMS_NORM_GRAD, "fff", "f", 1, 0, 2},
     {pl::Opcode::GELU_GRAD, "ff", "f", 0, 1, 0},
     {pl::Opcode::SWIGLU_GRAD, "ff", "f", 0, 0, 0},
     {pl::Opcode::SPLIT_QKV_GRAD, "fff", "f", 0, 0, 0},
-    {pl::Opcode::ROPE_GRAD, "f", "f", 0, 0, 1},
+    {pl::Opcode::ROPE_GRAD, "f", "f", 0, 0, 2},
     {pl::Opcode::ATTENTION_GRAD, "fffffF", "fff", 0, 3, 2},
     {pl::Opcode::CROSS_ENTROPY_GRAD, "fis", "f", 0, 1, 0},
     {pl::Opcode::GRAD_NORM, "", "s", 0, 0, 0},
@@ -86,8 +86,8 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::RECV, "", "f", 0, 2, 0},
     {pl::Opcode::ALL_REDUCE_TIED_GRAD, "", "", 1, 2, 0},
     {pl::Opcode::GROUP_GRAD_NORM, "", "s", 0, 1, 0},
-    {pl::Opcode::SPLIT_QKV_ROPE, "f", "fff", 0, 0, 1},
-    {pl::Opcode::SPLIT_QKV_ROPE_GRAD, "fff", "f", 0, 0, 1},
+    {pl::Opcode::SPLIT_QKV_ROPE, "f", "fff", 0, 0, 2},
+    {pl::Opcode::SPLIT_QKV_ROPE_GRAD, "fff", "f", 0, 0, 2},
 };
 constexpr size_t kNumOpcodes = sizeof(kSignatures) / sizeof(kSignatures[0]);
 static_assert(kNumOpcodes == size_t(pl::Opcode::MAX) + 1,
@@ -889,6 +889,17 @@ private:
     case pl::Opcode::SPLIT_QKV_ROPE_GRAD:
       if (!(floats(0) > 1.0))
         return "floats[0] (base) is " + std::to_string(floats(0)) + "; it must exceed 1";
+      if (!(floats(1) == 0.0 || floats(1) >= 1.0))
+        return "floats[1] (RoPE scaling factor) is " + std::to_string(floats(1)) +
+               "; it must be 0 (no scaling) or at least 1";
+      break;
+    case pl::Opcode::LAYER_NORM:
+    case pl::Opcode::RMS_NORM:
+    case pl::Opcode::LAYER_NORM_GRAD:
+    case pl::Opcode::RMS_NORM_GRAD:
+      if (floats(1) != 0.0 && floats(1) != 1.0)
+        return "floats[1] (weight offset) is " + std::to_string(floats(1)) +
+               "; it must be 0, or 1 (weights applied as 1 + w)";
       break;
     case pl::Opcode::GROUP_GRAD_NORM:
       if (ints(0) != 3)

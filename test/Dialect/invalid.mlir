@@ -254,6 +254,22 @@ func.func @f(%x: tensor<2x4x3x8xf32>) {
 
 // -----
 
+func.func @f(%x: tensor<2x4x3x8xf32>) {
+  // expected-error @+1 {{scaling_factor must be at least 1}}
+  %y = mt.rope %x {base = 10000.0 : f64, scaling_factor = 0.5 : f64} : tensor<2x4x3x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x4x64xf32>) {
+  // expected-error @+1 {{rope_scaling_factor needs rope_base}}
+  %q, %k, %v = mt.split_qkv %x {rope_scaling_factor = 8.0 : f64} : (tensor<2x4x64xf32>) -> (tensor<2x4x4x8xf32>, tensor<2x4x2x8xf32>, tensor<2x4x2x8xf32>)
+  return
+}
+
+// -----
+
 func.func @f(%q: tensor<2x4x6x8xf32>, %k: tensor<2x4x4x8xf32>) {
   // expected-error @+1 {{6 query heads cannot share 4 key/value groups evenly}}
   %o, %lse = mt.attention %q, %k, %k {causal, scale = 0.35 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : tensor<2x4x6x8xf32>, tensor<2x4x4x8xf32>

@@ -39,7 +39,12 @@ func.func @norms(%x: tensor<2x8x16xf32>, %w: tensor<16xf32>, %b: tensor<16xf32>)
   %y = mt.layer_norm %x, %w, %b {epsilon = 1.0e-5 : f64} : tensor<2x8x16xf32>, tensor<16xf32>
   // CHECK: mt.rms_norm %{{.*}}, %{{.*}} {epsilon = 1.000000e-05 : f64} : tensor<2x8x16xf32>, tensor<16xf32>
   %z = mt.rms_norm %y, %w {epsilon = 1.0e-5 : f64} : tensor<2x8x16xf32>, tensor<16xf32>
-  return %z : tensor<2x8x16xf32>
+  // --apply-layernorm-1p: the weight is applied as 1 + w.
+  // CHECK: mt.layer_norm %{{.*}}, %{{.*}}, %{{.*}} {epsilon = 1.000000e-05 : f64, zero_centered_gamma} : tensor<2x8x16xf32>, tensor<16xf32>
+  %y1 = mt.layer_norm %z, %w, %b {epsilon = 1.0e-5 : f64, zero_centered_gamma} : tensor<2x8x16xf32>, tensor<16xf32>
+  // CHECK: mt.rms_norm %{{.*}}, %{{.*}} {epsilon = 1.000000e-05 : f64, zero_centered_gamma} : tensor<2x8x16xf32>, tensor<16xf32>
+  %z1 = mt.rms_norm %y1, %w {epsilon = 1.0e-5 : f64, zero_centered_gamma} : tensor<2x8x16xf32>, tensor<16xf32>
+  return %z1 : tensor<2x8x16xf32>
 }
 
 // -----
@@ -73,7 +78,9 @@ func.func @attention(%qkv: tensor<2x8x64xf32>) -> tensor<2x8x32xf32> {
   %q, %k, %v = mt.split_qkv %qkv : (tensor<2x8x64xf32>) -> (tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>, tensor<2x8x2x8xf32>)
   // CHECK: mt.rope %{{.*}} {base = 1.000000e+04 : f64} : tensor<2x8x4x8xf32>
   %qr = mt.rope %q {base = 10000.0 : f64} : tensor<2x8x4x8xf32>
-  %kr = mt.rope %k {base = 10000.0 : f64} : tensor<2x8x2x8xf32>
+  // Llama 3.1's frequency scaling.
+  // CHECK: mt.rope %{{.*}} {base = 5.000000e+05 : f64, scaling_factor = 8.000000e+00 : f64} : tensor<2x8x2x8xf32>
+  %kr = mt.rope %k {base = 500000.0 : f64, scaling_factor = 8.0 : f64} : tensor<2x8x2x8xf32>
   // The second result is the rows' log-sum-exp, f32 [batch, heads, seq].
   // CHECK: %[[O:.*]], %[[LSE:.*]] = mt.attention %{{.*}}, %{{.*}}, %{{.*}} {causal, dropout_rate = 0.000000e+00 : f64, scale = 3.535530e-01 : f64, stream = 0 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>
   %o, %lse = mt.attention %qr, %kr, %v {causal, scale = 0.353553 : f64, dropout_rate = 0.0 : f64, stream = 0 : i64} : tensor<2x8x4x8xf32>, tensor<2x8x2x8xf32>

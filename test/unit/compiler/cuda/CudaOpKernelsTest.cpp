@@ -338,8 +338,10 @@ std::vector<OpInstruction> everyOpcode(DType d) {
   add(Opcode::POSITION_IDS, {}, {ids});
   add(Opcode::EMBEDDING, {tensor(d, {512, 256}), ids}, {x}, {0});
   add(Opcode::EMBEDDING, {tensor(d, {512, 256}), ids}, {x}, {1});
-  add(Opcode::LAYER_NORM, {x, h, h}, {x}, {}, {1e-5});
-  add(Opcode::RMS_NORM, {x, h}, {x}, {}, {1e-5});
+  add(Opcode::LAYER_NORM, {x, h, h}, {x}, {}, {1e-5, 0.0});
+  add(Opcode::RMS_NORM, {x, h}, {x}, {}, {1e-5, 0.0});
+  add(Opcode::LAYER_NORM, {x, h, h}, {x}, {}, {1e-5, 1.0}); // --apply-layernorm-1p
+  add(Opcode::RMS_NORM, {x, h}, {x}, {}, {1e-5, 1.0});
   add(Opcode::BIAS_ADD, {x, h}, {x});
   add(Opcode::ADD, {x, x}, {x});
   add(Opcode::GELU, {x}, {x}, {1});
@@ -350,27 +352,37 @@ std::vector<OpInstruction> everyOpcode(DType d) {
   add(Opcode::RESHAPE, {x}, {tensor(d, {16, 256})});
   add(Opcode::SPLIT_QKV, {tensor(d, {2, 8, 384})},
       {tensor(d, {2, 8, 4, 64}), tensor(d, {2, 8, 1, 64}), tensor(d, {2, 8, 1, 64})});
-  add(Opcode::ROPE, {tensor(d, {2, 8, 4, 64})}, {tensor(d, {2, 8, 4, 64})}, {}, {10000.0});
+  add(Opcode::ROPE, {tensor(d, {2, 8, 4, 64})}, {tensor(d, {2, 8, 4, 64})}, {}, {10000.0, 0.0});
+  add(Opcode::ROPE, {tensor(d, {2, 8, 4, 64})}, {tensor(d, {2, 8, 4, 64})}, {}, {10000.0, 8.0});
   add(Opcode::SPLIT_QKV_ROPE, {tensor(d, {2, 8, 384})},
       {tensor(d, {2, 8, 4, 64}), tensor(d, {2, 8, 1, 64}), tensor(d, {2, 8, 1, 64})}, {},
-      {10000.0});
+      {10000.0, 0.0});
+  add(Opcode::SPLIT_QKV_ROPE, {tensor(d, {2, 8, 384})},
+      {tensor(d, {2, 8, 4, 64}), tensor(d, {2, 8, 1, 64}), tensor(d, {2, 8, 1, 64})}, {},
+      {500000.0, 8.0});
   add(Opcode::CROSS_ENTROPY, {tensor(d, {16, 512}), ids}, {scalar}, {0});
   add(Opcode::CROSS_ENTROPY, {tensor(d, {16, 512}), ids}, {scalar}, {1});
   add(Opcode::GRAD_SEED, {}, {scalar}, {}, {1.0});
   add(Opcode::EMBEDDING_GRAD, {x, ids}, {}, {0}, {}, {table});
   add(Opcode::EMBEDDING_GRAD, {x, ids}, {}, {1}, {}, {table});
   add(Opcode::BIAS_GRAD, {x}, {}, {}, {}, {w});
-  add(Opcode::LAYER_NORM_GRAD, {x, x, h}, {x}, {}, {1e-5}, {w, w});
-  add(Opcode::RMS_NORM_GRAD, {x, x, h}, {x}, {}, {1e-5}, {w});
+  add(Opcode::LAYER_NORM_GRAD, {x, x, h}, {x}, {}, {1e-5, 0.0}, {w, w});
+  add(Opcode::RMS_NORM_GRAD, {x, x, h}, {x}, {}, {1e-5, 0.0}, {w});
+  add(Opcode::LAYER_NORM_GRAD, {x, x, h}, {x}, {}, {1e-5, 1.0}, {w, w});
+  add(Opcode::RMS_NORM_GRAD, {x, x, h}, {x}, {}, {1e-5, 1.0}, {w});
   add(Opcode::GELU_GRAD, {x, x}, {x}, {1});
   add(Opcode::SWIGLU_GRAD, {tensor(d, {2, 8, 128}), x}, {x});
   add(Opcode::SPLIT_QKV_GRAD,
       {tensor(d, {2, 8, 4, 64}), tensor(d, {2, 8, 1, 64}), tensor(d, {2, 8, 1, 64})},
       {tensor(d, {2, 8, 384})});
-  add(Opcode::ROPE_GRAD, {tensor(d, {2, 8, 4, 64})}, {tensor(d, {2, 8, 4, 64})}, {}, {10000.0});
+  add(Opcode::ROPE_GRAD, {tensor(d, {2, 8, 4, 64})}, {tensor(d, {2, 8, 4, 64})}, {}, {10000.0, 0.0});
+  add(Opcode::ROPE_GRAD, {tensor(d, {2, 8, 4, 64})}, {tensor(d, {2, 8, 4, 64})}, {}, {10000.0, 8.0});
   add(Opcode::SPLIT_QKV_ROPE_GRAD,
       {tensor(d, {2, 8, 4, 64}), tensor(d, {2, 8, 1, 64}), tensor(d, {2, 8, 1, 64})},
-      {tensor(d, {2, 8, 384})}, {}, {10000.0});
+      {tensor(d, {2, 8, 384})}, {}, {10000.0, 0.0});
+  add(Opcode::SPLIT_QKV_ROPE_GRAD,
+      {tensor(d, {2, 8, 4, 64}), tensor(d, {2, 8, 1, 64}), tensor(d, {2, 8, 1, 64})},
+      {tensor(d, {2, 8, 384})}, {}, {500000.0, 8.0});
   add(Opcode::CROSS_ENTROPY_GRAD, {tensor(d, {16, 512}), ids, scalar}, {tensor(d, {16, 512})}, {0});
   add(Opcode::CROSS_ENTROPY_GRAD, {tensor(d, {16, 512}), ids, scalar}, {tensor(d, {16, 512})}, {1});
   OpParam p;
@@ -480,8 +492,17 @@ TEST(CudaOpKernels, FeaturesAndSequences) {
   EXPECT_EQ(lng.launches[1].args.size(), 3u);
   EXPECT_EQ(lng.launches[1].args[2].kind, OpArg::ParamGrad);
   EXPECT_EQ(lng.workspaceBytes, 2u * 16 * 256 * 4);
+  // --apply-layernorm-1p adds 1 to the loaded weights; RoPE scaling scales
+  // the frequencies by Llama 3.1's rule; neither changes the plain sources.
+  EXPECT_FALSE(contains(byOp["LAYER_NORM"][0].launches[0].kernel.source, "+= 1.0f"));
+  EXPECT_TRUE(contains(byOp["LAYER_NORM"][1].launches[0].kernel.source, "wv[l] += 1.0f;"))
+      << byOp["LAYER_NORM"][1].launches[0].kernel.source;
+  EXPECT_TRUE(contains(byOp["RMS_NORM_GRAD"][1].launches[0].kernel.source, "wv[k][l] += 1.0f;"));
+  EXPECT_FALSE(contains(byOp["ROPE"][0].launches[0].kernel.source, "8192.0"));
+  EXPECT_TRUE(contains(byOp["ROPE"][1].launches[0].kernel.source, "if (wl > 8192.0) inv = inv / 8.0;"))
+      << byOp["ROPE"][1].launches[0].kernel.source;
   // A RESHAPE onto its input's bytes launches nothing.
-  OpInstruction view = everyOpcode(DType::F32)[12];
+  OpInstruction view = everyOpcode(DType::F32)[14];
   ASSERT_EQ(view.op, Opcode::RESHAPE);
   view.outAliasesIn0 = true;
   EXPECT_TRUE(generate(view).steps.empty());
@@ -953,22 +974,24 @@ MT_KERNEL_TEST(CudaOpKernels, NormsAndColumnSums) {
       dyb.set(dy);
       wb.set(w);
       bb.set(b);
-      for (bool layer : {true, false}) {
-        SCOPED_TRACE(layer ? "layer_norm" : "rms_norm");
+      for (bool layer : {true, false})
+      for (double off : {0.0, 1.0}) { // 1: --apply-layernorm-1p's 1 + w
+        SCOPED_TRACE(std::string(layer ? "layer_norm" : "rms_norm") + " w_offset " +
+                     std::to_string(off));
         OpInstruction f;
         f.op = layer ? Opcode::LAYER_NORM : Opcode::RMS_NORM;
         f.in = layer ? std::vector<OpTensor>{xb.t, wb.t, bb.t} : std::vector<OpTensor>{xb.t, wb.t};
         f.out = {yb.t};
-        f.floats = {1e-5};
+        f.floats = {1e-5, off};
         Rank r;
         r.in = layer ? std::vector<Buffer *>{&xb, &wb, &bb} : std::vector<Buffer *>{&xb, &wb};
         r.out = {&yb};
         ASSERT_EQ(runSteps(device, generate(f), {&r}), "");
         std::vector<float> want(x.size());
         if (layer)
-          mt::cpu::layer_norm_fwd(x.data(), w.data(), b.data(), n, h, 1e-5, want.data());
+          mt::cpu::layer_norm_fwd(x.data(), w.data(), b.data(), n, h, 1e-5, want.data(), off);
         else
-          mt::cpu::rms_norm_fwd(x.data(), w.data(), n, h, 1e-5, want.data());
+          mt::cpu::rms_norm_fwd(x.data(), w.data(), n, h, 1e-5, want.data(), off);
         EXPECT_TRUE(close(yb.get(), rounded(want, d), d, 1e-5, 1e-5));
 
         OpParam p;
@@ -979,7 +1002,7 @@ MT_KERNEL_TEST(CudaOpKernels, NormsAndColumnSums) {
         g.in = {dyb.t, xb.t, wb.t};
         g.out = {yb.t};
         g.params = layer ? std::vector<OpParam>{p, p} : std::vector<OpParam>{p};
-        g.floats = {1e-5};
+        g.floats = {1e-5, off};
         std::vector<float> dw0 = randomValues(size_t(h), 74), db0 = randomValues(size_t(h), 75);
         std::vector<float> dw = dw0, db = db0, wdw = dw0, wdb = db0;
         Rank rg;
@@ -989,9 +1012,9 @@ MT_KERNEL_TEST(CudaOpKernels, NormsAndColumnSums) {
         ASSERT_EQ(runSteps(device, generate(g), {&rg}), "");
         std::vector<float> wdx(x.size());
         if (layer)
-          mt::cpu::layer_norm_bwd(dy.data(), x.data(), w.data(), n, h, 1e-5, wdx.data(), wdw.data(), wdb.data());
+          mt::cpu::layer_norm_bwd(dy.data(), x.data(), w.data(), n, h, 1e-5, wdx.data(), wdw.data(), wdb.data(), off);
         else
-          mt::cpu::rms_norm_bwd(dy.data(), x.data(), w.data(), n, h, 1e-5, wdx.data(), wdw.data());
+          mt::cpu::rms_norm_bwd(dy.data(), x.data(), w.data(), n, h, 1e-5, wdx.data(), wdw.data(), off);
         EXPECT_TRUE(close(yb.get(), rounded(wdx, d), d, 1e-4, 2e-5));
         EXPECT_TRUE(close(dw, wdw, DType::F32, 1e-5, 2e-5));
         if (layer)
@@ -1112,18 +1135,21 @@ MT_KERNEL_TEST(CudaOpKernels, ElementwiseSplitRope) {
     EXPECT_EQ(QKV2.get(), qkv);
 
     // ROPE and its gradient on [2, 7, 3, d], d = 16 and an odd d = 9.
-    for (int64_t rd : {16, 9}) {
+    // With Llama 3.1's scaling (factor 8) too.
+    for (int64_t rd : {16, 9})
+    for (double sc : {0.0, 8.0}) {
       std::vector<float> x = randomValues(size_t(2 * 7 * 3 * rd), 85, 1.0f, d);
       Buffer X(d, {2, 7, 3, rd}), Yr(d, {2, 7, 3, rd});
       X.set(x);
       std::vector<float> wr(x.size());
       for (bool grad : {false, true}) {
-        ASSERT_EQ(run1(grad ? Opcode::ROPE_GRAD : Opcode::ROPE, {&X}, &Yr, {}, {500000.0}), "");
+        ASSERT_EQ(run1(grad ? Opcode::ROPE_GRAD : Opcode::ROPE, {&X}, &Yr, {}, {500000.0, sc}), "");
         if (grad)
-          mt::cpu::rope_bwd(x.data(), 2, 7, 3, rd, 500000.0, wr.data());
+          mt::cpu::rope_bwd(x.data(), 2, 7, 3, rd, 500000.0, wr.data(), sc);
         else
-          mt::cpu::rope_fwd(x.data(), 2, 7, 3, rd, 500000.0, wr.data());
-        EXPECT_TRUE(close(Yr.get(), rounded(wr, d), d, 1e-6, 1e-7)) << "d " << rd << " grad " << grad;
+          mt::cpu::rope_fwd(x.data(), 2, 7, 3, rd, 500000.0, wr.data(), sc);
+        EXPECT_TRUE(close(Yr.get(), rounded(wr, d), d, 1e-6, 1e-7))
+            << "d " << rd << " grad " << grad << " scaling " << sc;
       }
     }
 
@@ -1131,7 +1157,8 @@ MT_KERNEL_TEST(CudaOpKernels, ElementwiseSplitRope) {
     // equals split then rope bit for bit: CpuKernelsTest): [2, 5] tokens, 6
     // heads in 2 groups, head_dim 16 (V lanes per half), 6 (one lane) and
     // 128 (Llama's).
-    for (int64_t rd : {16, 6, 128}) {
+    for (int64_t rd : {16, 6, 128})
+    for (double sc : {0.0, 8.0}) {
       const int64_t b2 = 2, s2 = 5, h2 = 6, g2 = 2, w2 = g2 * (h2 / g2 + 2) * rd;
       std::vector<float> x = randomValues(size_t(b2 * s2 * w2), 86, 1.0f, d);
       Buffer X(d, {b2, s2, w2}), Qr(d, {b2, s2, h2, rd}), Kr(d, {b2, s2, g2, rd}),
@@ -1141,14 +1168,14 @@ MT_KERNEL_TEST(CudaOpKernels, ElementwiseSplitRope) {
       f.op = Opcode::SPLIT_QKV_ROPE;
       f.in = {X.t};
       f.out = {Qr.t, Kr.t, Vr.t};
-      f.floats = {500000.0};
+      f.floats = {500000.0, sc};
       Rank rf;
       rf.in = {&X};
       rf.out = {&Qr, &Kr, &Vr};
       ASSERT_EQ(runSteps(device, generate(f), {&rf}), "");
       std::vector<float> wq(size_t(b2 * s2 * h2 * rd)), wk(size_t(b2 * s2 * g2 * rd)), wv(wk.size());
       mt::cpu::split_qkv_rope_fwd(x.data(), b2, s2, h2, g2, rd, 500000.0, wq.data(), wk.data(),
-                                  wv.data());
+                                  wv.data(), sc);
       EXPECT_TRUE(close(Qr.get(), rounded(wq, d), d, 1e-6, 1e-7)) << "d " << rd;
       EXPECT_TRUE(close(Kr.get(), rounded(wk, d), d, 1e-6, 1e-7)) << "d " << rd;
       EXPECT_EQ(Vr.get(), wv) << "d " << rd;
@@ -1161,7 +1188,7 @@ MT_KERNEL_TEST(CudaOpKernels, ElementwiseSplitRope) {
       const std::vector<float> gq = Qr.get(), gk = Kr.get(), gv = Vr.get();
       std::vector<float> wx(x.size());
       mt::cpu::split_qkv_rope_bwd(gq.data(), gk.data(), gv.data(), b2, s2, h2, g2, rd, 500000.0,
-                                  wx.data());
+                                  wx.data(), sc);
       EXPECT_TRUE(close(X2.get(), rounded(wx, d), d, 1e-6, 1e-7)) << "d " << rd << " grad";
     }
   }

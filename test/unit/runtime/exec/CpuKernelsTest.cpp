@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <functional>
 #include <limits>
 #include <ostream>
@@ -251,6 +253,59 @@ TEST(RmsNorm, ForwardMatchesFormulaAndGradientsMatchFiniteDifferences) {
     gw[j] = dw[j] - dw0[j];
   expectGradient("rms_norm dx", x, dx, f);
   expectGradient("rms_norm dw", w, gw, f);
+}
+
+// --apply-layernorm-1p: the stored weight w is applied as 1 + w. The forward
+// equals the plain norm with weights 1 + w (computed here independently), and
+// the gradients, of the stored w included, match finite differences.
+TEST(LayerNorm1p, ForwardIsPlainNormOfOnePlusWAndGradientsMatchFiniteDifferences) {
+  std::mt19937_64 rng(31);
+  const int64_t n = 4, h = 9;
+  const double eps = 1e-5;
+  Vec x = randomVec(rng, n * h, -2, 2), w = randomVec(rng, h, -0.3, 0.3), b = randomVec(rng, h);
+  const Vec r = randomVec(rng, n * h);
+  Vec y(n * h), want(n * h), w1(h);
+  for (int64_t j = 0; j < h; ++j)
+    w1[j] = 1.0 + w[j];
+  cpu::layer_norm_fwd(x.data(), w.data(), b.data(), n, h, eps, y.data(), 1.0);
+  cpu::layer_norm_fwd(x.data(), w1.data(), b.data(), n, h, eps, want.data());
+  for (int64_t i = 0; i < n * h; ++i)
+    EXPECT_NEAR(y[i], want[i], 1e-14);
+  auto f = [&] {
+    cpu::layer_norm_fwd(x.data(), w.data(), b.data(), n, h, eps, y.data(), 1.0);
+    return dot(r, y);
+  };
+  Vec dx(n * h), dw(h, 0.0), db(h, 0.0);
+  cpu::layer_norm_bwd(r.data(), x.data(), w.data(), n, h, eps, dx.data(), dw.data(), db.data(),
+                      1.0);
+  expectGradient("layer_norm 1p dx", x, dx, f);
+  expectGradient("layer_norm 1p dw", w, dw, f);
+  expectGradient("layer_norm 1p db", b, db, f);
+}
+
+TEST(RmsNorm1p, ForwardIsPlainNormOfOnePlusWAndGradientsMatchFiniteDifferences) {
+  std::mt19937_64 rng(32);
+  const int64_t n = 5, h = 8;
+  const double eps = 1e-6;
+  Vec x = randomVec(rng, n * h, -2, 2), w = randomVec(rng, h, -0.3, 0.3);
+  const Vec r = randomVec(rng, n * h);
+  Vec y(n * h);
+  cpu::rms_norm_fwd(x.data(), w.data(), n, h, eps, y.data(), 1.0);
+  for (int64_t i = 0; i < n; ++i) {
+    double ms = 0;
+    for (int64_t j = 0; j < h; ++j)
+      ms += x[i * h + j] * x[i * h + j] / h;
+    for (int64_t j = 0; j < h; ++j)
+      EXPECT_NEAR(y[i * h + j], x[i * h + j] / std::sqrt(ms + eps) * (1.0 + w[j]), 1e-14);
+  }
+  auto f = [&] {
+    cpu::rms_norm_fwd(x.data(), w.data(), n, h, eps, y.data(), 1.0);
+    return dot(r, y);
+  };
+  Vec dx(n * h), dw(h, 0.0);
+  cpu::rms_norm_bwd(r.data(), x.data(), w.data(), n, h, eps, dx.data(), dw.data(), 1.0);
+  expectGradient("rms_norm 1p dx", x, dx, f);
+  expectGradient("rms_norm 1p dw", w, dw, f);
 }
 
 // ---------------------------------------------------------------------------
@@ -536,6 +591,78 @@ TEST(Rope, BackwardInvertsForwardAndMatchesFiniteDifferences) {
   Vec dx(x.size());
   cpu::rope_bwd(r.data(), batch, seq, heads, d, base, dx.data());
   expectGradient("rope dx", x, dx, f);
+}
+
+// Llama 3.1's RoPE scaling: every frequency against the reference that
+// test/unit/Inputs/llama31_rope_freqs.py computes in Python from the
+// published rule (head dims 128, 64 and 8; bases 500000 and 10000; factors 8
+// and 32), and without scaling the plain base^(-2j/d).
+TEST(RopeScaling, FrequenciesMatchPythonLlama31Reference) {
+  std::ifstream in(MT_SOURCE_DIR "/test/unit/Inputs/llama31_rope_freqs.txt");
+  ASSERT_TRUE(in.good()) << "missing test/unit/Inputs/llama31_rope_freqs.txt";
+  std::string line;
+  int lines = 0, scaled = 0, kept = 0;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    int64_t d = 0, j = 0;
+    double base = 0, factor = 0, want = 0;
+    ls >> d >> base >> factor >> j >> want;
+    ASSERT_FALSE(ls.fail()) << line;
+    const double got = cpu::rope_inv_freq(j, d, base, factor);
+    EXPECT_NEAR(got, want, 1e-13 * want) << line;
+    const double plain = cpu::rope_inv_freq(j, d, base, 0.0);
+    EXPECT_NEAR(plain, std::pow(base, -2.0 * double(j) / double(d)), 1e-15);
+    scaled += got < plain * (1 - 1e-12);
+    kept += got == plain;
+    ++lines;
+  }
+  EXPECT_EQ(lines, 64 + 32 + 4);
+  // Each band of the rule is exercised: kept, divided and interpolated.
+  EXPECT_GT(scaled, 10);
+  EXPECT_GT(kept, 10);
+}
+
+// ROPE with scaling rotates pair j by p * rope_inv_freq(j) (scaled), and
+// its backward is the inverse rotation; the fused split agrees bit for bit.
+TEST(RopeScaling, RotationUsesScaledFrequenciesAndBackwardInverts) {
+  std::mt19937_64 rng(33);
+  const int64_t batch = 1, seq = 40, heads = 2, d = 8;
+  const double base = 10000.0, factor = 8.0;
+  Vec x = randomVec(rng, batch * seq * heads * d);
+  Vec y(x.size()), back(x.size());
+  cpu::rope_fwd(x.data(), batch, seq, heads, d, base, y.data(), factor);
+  for (int64_t p = 0; p < seq; ++p)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t j = 0; j < d / 2; ++j) {
+        const double a = double(p) * cpu::rope_inv_freq(j, d, base, factor);
+        const int64_t at = (p * heads + h) * d;
+        EXPECT_NEAR(y[at + j], x[at + j] * std::cos(a) - x[at + j + d / 2] * std::sin(a), 1e-14);
+        EXPECT_NEAR(y[at + j + d / 2], x[at + j + d / 2] * std::cos(a) + x[at + j] * std::sin(a),
+                    1e-14);
+      }
+  // Pair 3 (wavelength 6283 positions) is interpolated, so the rotation differs.
+  Vec plain(x.size());
+  cpu::rope_fwd(x.data(), batch, seq, heads, d, base, plain.data());
+  EXPECT_GT(std::abs(plain[(39 * heads) * d + 3] - y[(39 * heads) * d + 3]), 1e-3);
+  cpu::rope_bwd(y.data(), batch, seq, heads, d, base, back.data(), factor);
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_NEAR(back[i], x[i], 1e-14);
+
+  // The split that rotates, against ROPE on the split's q and k.
+  const int64_t groups = 1, hq = 2, width = groups * (hq / groups + 2) * d;
+  std::vector<float> qkv(size_t(seq * width));
+  for (float &v : qkv)
+    v = float(randomVec(rng, 1)[0]);
+  std::vector<float> q(size_t(seq * hq * d)), k(size_t(seq * d)), v(size_t(seq * d));
+  std::vector<float> q2(q.size()), k2(k.size()), v2(v.size()), qr(q.size()), kr(k.size());
+  cpu::split_qkv_rope_fwd(qkv.data(), 1, seq, hq, groups, d, base, q.data(), k.data(), v.data(),
+                          factor);
+  cpu::split_qkv_fwd(qkv.data(), seq, hq, groups, d, q2.data(), k2.data(), v2.data());
+  cpu::rope_fwd(q2.data(), 1, seq, hq, d, base, qr.data(), factor);
+  cpu::rope_fwd(k2.data(), 1, seq, groups, d, base, kr.data(), factor);
+  EXPECT_EQ(q, qr);
+  EXPECT_EQ(k, kr);
+  EXPECT_EQ(v, v2);
 }
 
 // The fused split computes exactly what SPLIT_QKV then ROPE on q and k

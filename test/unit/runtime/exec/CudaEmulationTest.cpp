@@ -893,4 +893,17 @@ TEST(CudaEmulation, TinyPresetKernelsBf16) {
   comparePreset({{"training.precision=\"bf16\""}}, 29);
 }
 
+// --apply-layernorm-1p's row kernels (the norm applies 1 + w), LayerNorm and
+// the Llama-style RMSNorm with SwiGLU and RoPE.
+TEST(CudaEmulation, TinyPresetKernelsLayerNorm1p) {
+  comparePreset({{"model.apply_layernorm_1p=true"}}, 31);
+  comparePreset({{"model.apply_layernorm_1p=true"},
+                 {"model.normalization=\"RMSNorm\""},
+                 {"model.swiglu=true"},
+                 {"model.position_embedding_type=\"rope\""},
+                 {"model.use_rope_scaling=true"},
+                 {"training.precision=\"bf16\""}},
+                37);
+}
+
 } // namespace

@@ -325,7 +325,7 @@ struct Tiny {
     f.logits = d.arena(p, "logits", {B, S, Vocab});
     f.loss = d.arena(p, "loss", {});
     PlanDesc::op(p, Opcode::EMBEDDING, {f.wt, f.tokens}, {f.x0}, {}, {0}, {}, "embedding");
-    PlanDesc::op(p, Opcode::LAYER_NORM, {f.x0, wlnw, wlnb}, {f.x1}, {}, {}, {kEps}, "final_layernorm");
+    PlanDesc::op(p, Opcode::LAYER_NORM, {f.x0, wlnw, wlnb}, {f.x1}, {}, {}, {kEps, 0.0}, "final_layernorm");
     PlanDesc::op(p, Opcode::MATMUL, {f.x1, ww1}, {f.x2}, {}, {}, {}, "mlp.linear_fc1");
     if (fused) {
       PlanDesc::op(p, Opcode::FUSED, {f.x2, wb1}, {f.x3, f.x4}, {}, {0}, {}, "mlp fused");
@@ -353,7 +353,7 @@ struct Tiny {
     PlanDesc::op(p, Opcode::BIAS_GRAD, {dx3}, {}, {P(b1)});
     PlanDesc::op(p, Opcode::MATMUL_INPUT_GRAD, {dx3, ww1}, {dx1});
     PlanDesc::op(p, Opcode::MATMUL_WEIGHT_GRAD, {dx3, f.x1}, {}, {P(w1)});
-    PlanDesc::op(p, Opcode::LAYER_NORM_GRAD, {dx1, f.x0, wlnw}, {dx0}, {P(lnw), P(lnb)}, {}, {kEps});
+    PlanDesc::op(p, Opcode::LAYER_NORM_GRAD, {dx1, f.x0, wlnw}, {dx0}, {P(lnw), P(lnb)}, {}, {kEps, 0.0});
     PlanDesc::op(p, Opcode::EMBEDDING_GRAD, {dx0, f.tokens}, {}, {P(table)}, {0});
   }
 };
@@ -1496,22 +1496,22 @@ struct Block {
     PlanDesc::op(p, O::EMBEDDING, {W(tok), tokens}, {xt}, {}, {0});
     PlanDesc::op(p, O::EMBEDDING, {W(pos), ids}, {xp}, {}, {0});
     PlanDesc::op(p, O::ADD, {xt, xp}, {x0});
-    PlanDesc::op(p, O::RMS_NORM, {x0, W(n1)}, {h1}, {}, {}, {eps});
+    PlanDesc::op(p, O::RMS_NORM, {x0, W(n1)}, {h1}, {}, {}, {eps, 0.0});
     PlanDesc::op(p, O::MATMUL, {h1, W(qkv)}, {q3});
     if (rope_in_split) {
-      PlanDesc::op(p, O::SPLIT_QKV_ROPE, {q3}, {qr, kr, v}, {}, {}, {base});
+      PlanDesc::op(p, O::SPLIT_QKV_ROPE, {q3}, {qr, kr, v}, {}, {}, {base, 0.0});
     } else {
       uint32_t q = A("q", {B, S, Heads, D}), k = A("k", {B, S, Groups, D});
       PlanDesc::op(p, O::SPLIT_QKV, {q3}, {q, k, v});
-      PlanDesc::op(p, O::ROPE, {q}, {qr}, {}, {}, {base});
-      PlanDesc::op(p, O::ROPE, {k}, {kr}, {}, {}, {base});
+      PlanDesc::op(p, O::ROPE, {q}, {qr}, {}, {}, {base, 0.0});
+      PlanDesc::op(p, O::ROPE, {k}, {kr}, {}, {}, {base, 0.0});
     }
     PlanDesc::op(p, O::ATTENTION, {qr, kr, v}, {o, lse}, {}, {1, 1, -1}, {scale, rate});
     PlanDesc::op(p, O::RESHAPE, {o}, {o2});
     PlanDesc::op(p, O::MATMUL, {o2, W(wo)}, {ao});
     PlanDesc::op(p, O::DROPOUT, {ao}, {ad}, {}, {2, -1}, {rate});
     PlanDesc::op(p, O::ADD, {x0, ad}, {x5});
-    PlanDesc::op(p, O::RMS_NORM, {x5, W(n2)}, {h2}, {}, {}, {eps});
+    PlanDesc::op(p, O::RMS_NORM, {x5, W(n2)}, {h2}, {}, {}, {eps, 0.0});
     PlanDesc::op(p, O::MATMUL, {h2, W(w1)}, {u});
     PlanDesc::op(p, O::SWIGLU, {u}, {sw});
     PlanDesc::op(p, O::MATMUL, {sw, W(w2)}, {m});
@@ -1537,7 +1537,7 @@ struct Block {
     PlanDesc::op(p, O::SWIGLU_GRAD, {dsw, u}, {du});
     PlanDesc::op(p, O::MATMUL_INPUT_GRAD, {du, W(w1)}, {dh2});
     PlanDesc::op(p, O::MATMUL_WEIGHT_GRAD, {du, h2}, {}, {P(w1)});
-    PlanDesc::op(p, O::RMS_NORM_GRAD, {dh2, x5, W(n2)}, {dx5b}, {P(n2)}, {}, {eps});
+    PlanDesc::op(p, O::RMS_NORM_GRAD, {dh2, x5, W(n2)}, {dx5b}, {P(n2)}, {}, {eps, 0.0});
     PlanDesc::op(p, O::ADD, {dx6, dx5b}, {dx5});
     PlanDesc::op(p, O::DROPOUT, {dx5}, {dao}, {}, {2, -1}, {rate}); // the same mask
     PlanDesc::op(p, O::MATMUL_INPUT_GRAD, {dao, W(wo)}, {do2});
@@ -1546,16 +1546,16 @@ struct Block {
     PlanDesc::op(p, O::ATTENTION_GRAD, {dov, qr, kr, v, o, lse}, {dqr, dkr, dv}, {}, {1, 1, -1},
                  {scale, rate});
     if (rope_in_split) {
-      PlanDesc::op(p, O::SPLIT_QKV_ROPE_GRAD, {dqr, dkr, dv}, {dq3}, {}, {}, {base});
+      PlanDesc::op(p, O::SPLIT_QKV_ROPE_GRAD, {dqr, dkr, dv}, {dq3}, {}, {}, {base, 0.0});
     } else {
       uint32_t dq = A("dq", {B, S, Heads, D}), dk = A("dk", {B, S, Groups, D});
-      PlanDesc::op(p, O::ROPE_GRAD, {dqr}, {dq}, {}, {}, {base});
-      PlanDesc::op(p, O::ROPE_GRAD, {dkr}, {dk}, {}, {}, {base});
+      PlanDesc::op(p, O::ROPE_GRAD, {dqr}, {dq}, {}, {}, {base, 0.0});
+      PlanDesc::op(p, O::ROPE_GRAD, {dkr}, {dk}, {}, {}, {base, 0.0});
       PlanDesc::op(p, O::SPLIT_QKV_GRAD, {dq, dk, dv}, {dq3});
     }
     PlanDesc::op(p, O::MATMUL_INPUT_GRAD, {dq3, W(qkv)}, {dh1});
     PlanDesc::op(p, O::MATMUL_WEIGHT_GRAD, {dq3, h1}, {}, {P(qkv)});
-    PlanDesc::op(p, O::RMS_NORM_GRAD, {dh1, x0, W(n1)}, {dx0b}, {P(n1)}, {}, {eps});
+    PlanDesc::op(p, O::RMS_NORM_GRAD, {dh1, x0, W(n1)}, {dx0b}, {P(n1)}, {}, {eps, 0.0});
     PlanDesc::op(p, O::ADD, {dx5, dx0b}, {dx0});
     PlanDesc::op(p, O::EMBEDDING_GRAD, {dx0, tokens}, {}, {P(tok)}, {0});
     PlanDesc::op(p, O::EMBEDDING_GRAD, {dx0, ids}, {}, {P(pos)}, {0});
@@ -1651,9 +1651,25 @@ TEST(PlanReader, RopeInSplitErrors) {
     Block blk(true); // a base that rotates nothing
     for (I &ins : blk.d.programs[0].code)
       if (ins.op == Opcode::SPLIT_QKV_ROPE)
-        ins.floats = {1.0};
+        ins.floats = {1.0, 0.0};
     EXPECT_CONTAINS(semantic_error(blk.d),
                     "SPLIT_QKV_ROPE: floats[0] (base) is 1.000000; it must exceed 1");
+  }
+  {
+    Block blk(true); // Llama 3.1's scaling factor below 1
+    for (I &ins : blk.d.programs[0].code)
+      if (ins.op == Opcode::SPLIT_QKV_ROPE)
+        ins.floats[1] = 0.5;
+    EXPECT_CONTAINS(semantic_error(blk.d), "SPLIT_QKV_ROPE: floats[1] (RoPE scaling factor) is "
+                                           "0.500000; it must be 0 (no scaling) or at least 1");
+  }
+  {
+    Block blk(true); // a norm weight offset other than --apply-layernorm-1p's 1
+    for (I &ins : blk.d.programs[0].code)
+      if (ins.op == Opcode::RMS_NORM)
+        ins.floats[1] = 2.0;
+    EXPECT_CONTAINS(semantic_error(blk.d), "RMS_NORM: floats[1] (weight offset) is 2.000000; it "
+                                           "must be 0, or 1 (weights applied as 1 + w)");
   }
   {
     Block blk(true); // dk as [b * s, 1, groups, d]: positions cannot be read from it
