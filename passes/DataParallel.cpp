@@ -227,13 +227,24 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
       optStep.emitError("mt-data-parallel: @optimizer_step has no mt.adamw to shard");
       return failure();
     }
+    // --decoupled-lr: the parameters mt-optimizer marked take the second rate.
+    auto decoupled = [&](AdamWOp a) {
+      auto p = module.lookupSymbol<ParamOp>(a.getParamAttr());
+      return p && p->hasAttr("mt.decoupled_lr");
+    };
     AdamWOp first = adams.front();
+    Value lr, decoupledLr;
+    for (AdamWOp a : adams)
+      (decoupled(a) ? decoupledLr : lr) = a.getLr();
+    if (!lr) // every parameter decoupled: one rate after all
+      std::swap(lr, decoupledLr);
     double decay = 0.0;
     for (AdamWOp a : adams)
       decay = std::max(decay, a.getWeightDecay().convertToDouble());
     for (AdamWOp a : adams) {
       double wd = a.getWeightDecay().convertToDouble();
-      if (a.getLr() != first.getLr() || a.getClip() != first.getClip() ||
+      if (a.getLr() != (decoupled(a) && decoupledLr ? decoupledLr : lr) ||
+          a.getClip() != first.getClip() ||
           a.getStep() != first.getStep() || a.getBeta1Attr() != first.getBeta1Attr() ||
           a.getBeta2Attr() != first.getBeta2Attr() ||
           a.getEpsilonAttr() != first.getEpsilonAttr() ||
@@ -249,8 +260,8 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
     }
     OpBuilder ob(first);
     for (int64_t i = 0; i < int64_t(buckets.size()); ++i)
-      ob.create<ShardedAdamWOp>(first.getLoc(), first.getLr(), first.getClip(),
-                                first.getStep(), ob.getI64IntegerAttr(i), first.getBeta1Attr(),
+      ob.create<ShardedAdamWOp>(first.getLoc(), lr, first.getClip(), first.getStep(),
+                                decoupledLr, ob.getI64IntegerAttr(i), first.getBeta1Attr(),
                                 first.getBeta2Attr(), first.getEpsilonAttr(),
                                 ob.getF64FloatAttr(decay));
     auto gather = [&](OpBuilder &at, Location loc, int64_t bucket) -> Operation * {

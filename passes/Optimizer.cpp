@@ -17,6 +17,12 @@ using namespace mlir;
 namespace mt {
 namespace {
 
+// Megatron-LM's is_embedding_or_output_parameter (LanguageModule): the word
+// embeddings and the output layer's weight.
+bool isEmbeddingOrOutput(StringRef name) {
+  return name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
+}
+
 struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
   void runOnOperation() override {
     for (ModuleOp stage : stageModules(getOperation()))
@@ -53,6 +59,11 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
     const bool bySamples = bool(t.get("train_samples"));
     int64_t warmup = i64(bySamples ? "lr_warmup_samples" : "lr_warmup_iters"),
             decay = i64(bySamples ? "lr_decay_samples" : "lr_decay_iters");
+    double decoupledPeak = 0, decoupledMin = 0;
+    if (auto a = t.getAs<FloatAttr>("decoupled_lr"))
+      decoupledPeak = a.getValueAsDouble();
+    if (auto a = t.getAs<FloatAttr>("decoupled_min_lr"))
+      decoupledMin = a.getValueAsDouble();
     std::optional<LrStyle> style;
     if (auto s = t.getAs<StringAttr>("lr_decay_style"))
       style = symbolizeLrStyle(s.getValue());
@@ -137,13 +148,26 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
                                     samples, wsdStyle, wsdIters);
     };
     Value lrValue = schedule(entry->getArgument(0));
+    // Megatron's --decoupled-lr: the word embeddings and the output layer
+    // (is_embedding_or_output_parameter; every stage's copy of a tied
+    // embedding) follow the same schedule from their own peak and floor.
+    Value decoupledLr;
+    if (decoupledPeak > 0)
+      decoupledLr = b.create<LrScheduleOp>(
+          loc, f32, entry->getArgument(0), LrStyleAttr::get(b.getContext(), *style),
+          b.getF64FloatAttr(decoupledPeak), b.getF64FloatAttr(decoupledMin),
+          b.getI64IntegerAttr(warmup), b.getI64IntegerAttr(decay), samples, wsdStyle, wsdIters);
     Value coeff = b.create<ClipCoeffOp>(loc, entry->getArgument(2), entry->getArgument(3),
                                         b.getF64FloatAttr(clip));
     for (auto param : module.getOps<ParamOp>()) {
       // Megatron-LM: no weight decay for biases and 1-D parameters (norms).
       bool decays = param.getTensorType().getRank() > 1 &&
                     !param.getSymName().ends_with(".bias");
-      b.create<AdamWOp>(loc, FlatSymbolRefAttr::get(param.getSymNameAttr()), lrValue,
+      bool decoupled = decoupledLr && isEmbeddingOrOutput(param.getSymName());
+      if (decoupled)
+        param->setAttr("mt.decoupled_lr", b.getUnitAttr());
+      b.create<AdamWOp>(loc, FlatSymbolRefAttr::get(param.getSymNameAttr()),
+                        decoupled ? decoupledLr : lrValue,
                         coeff, entry->getArgument(1), b.getF64FloatAttr(beta1),
                         b.getF64FloatAttr(beta2), b.getF64FloatAttr(eps),
                         b.getF64FloatAttr(decays ? wd : 0.0));

@@ -334,6 +334,13 @@ std::string toToml(const Spec &spec) {
   }
   w.real("lr", t.lr);
   w.real("min_lr", t.min_lr);
+  if (t.decoupled_lr > 0) {
+    w.real("decoupled_lr", t.decoupled_lr);
+    w.real("decoupled_min_lr", t.decoupled_min_lr);
+  } else {
+    w.unset("decoupled_lr", "not set (the embedding and output layer use lr)");
+    w.unset("decoupled_min_lr", "only with decoupled_lr");
+  }
   w.string("lr_decay_style", toString(t.lr_decay_style));
   if (bySamples) {
     w.unset("lr_decay_iters", inSamples);

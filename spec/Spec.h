@@ -91,6 +91,8 @@ struct TrainingConfig {
   bool sampleBased() const { return train_samples > 0; }
   double lr = 0.0;
   double min_lr = 0.0;
+  double decoupled_lr = 0.0;         // 0: not set (the embedding and output layer use lr)
+  double decoupled_min_lr = -1.0;    // < 0: not set (min_lr)
   LrDecayStyle lr_decay_style = LrDecayStyle::Linear;
   int64_t lr_decay_iters = 0;        // default train_iters
   int64_t lr_warmup_iters = 0;       // lr_warmup_fraction, when given, is resolved into this

@@ -237,6 +237,15 @@ std::vector<KeyInfo> buildTable() {
   t.push_back(key("training", "lr", F, true, "", "", "--lr", "Peak learning rate.", above(0)));
   t.push_back(key("training", "min_lr", F, false, "0.0", "", "--min-lr",
                   "Learning rate at the end of the decay; at most lr.", atLeast(0)));
+  t.push_back(key("training", "decoupled_lr", F, false, "not set", "", "--decoupled-lr",
+                  "Peak learning rate of the input embedding and output layer weights "
+                  "(Megatron's is_embedding_or_output_parameter: the word embeddings, and "
+                  "the untied output layer), on the same warmup and decay as lr.",
+                  above(0)));
+  t.push_back(key("training", "decoupled_min_lr", F, false, "min_lr", "", "--decoupled-min-lr",
+                  "Floor of decoupled_lr's decay; at most decoupled_lr. Only with "
+                  "decoupled_lr.",
+                  atLeast(0)));
   t.push_back(key("training", "lr_decay_style", E, false, "\"linear\"", "", "--lr-decay-style",
                   "Decay from lr to min_lr after the warmup. \"inverse-square-root\": lr * "
                   "sqrt(warmup / step), not below min_lr; \"WSD\" (warmup-stable-decay): lr "

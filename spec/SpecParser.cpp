@@ -626,6 +626,8 @@ void Parser::readValues(Spec &spec) {
   getInt("training", "lr_wsd_decay_samples", t.lr_wsd_decay_samples);
   getFloat("training", "lr", t.lr);
   getFloat("training", "min_lr", t.min_lr);
+  getFloat("training", "decoupled_lr", t.decoupled_lr);
+  getFloat("training", "decoupled_min_lr", t.decoupled_min_lr);
   getEnum("training", "lr_decay_style", t.lr_decay_style,
           {LrDecayStyle::Constant, LrDecayStyle::Linear, LrDecayStyle::Cosine,
            LrDecayStyle::InverseSquareRoot, LrDecayStyle::WSD});

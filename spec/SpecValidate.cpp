@@ -462,6 +462,25 @@ void Parser::resolveTraining(Spec &spec) {
          "min_lr = " + formatNumber(t.min_lr) + " exceeds " +
              ref("training", "lr", formatNumber(t.lr)),
          "the schedule decays from lr down to min_lr: use min_lr <= " + formatNumber(t.lr));
+  // Megatron's decoupled learning rate: its own peak and floor on lr's schedule.
+  if (given("training", "decoupled_min_lr") && !given("training", "decoupled_lr"))
+    fail(at("training", "decoupled_min_lr"),
+         "decoupled_min_lr only applies with decoupled_lr (Megatron ignores it alone)",
+         "set decoupled_lr (--decoupled-lr), or remove decoupled_min_lr");
+  if (given("training", "decoupled_lr")) {
+    const bool ownFloor = given("training", "decoupled_min_lr");
+    const double floor = ownFloor ? t.decoupled_min_lr : t.min_lr;
+    if (floor > t.decoupled_lr)
+      fail(at("training", ownFloor ? "decoupled_min_lr" : "decoupled_lr"),
+           std::string(ownFloor ? "decoupled_min_lr = " : "the decoupled schedule's floor, min_lr = ") +
+               formatNumber(floor) + " exceeds " +
+               ref("training", "decoupled_lr", formatNumber(t.decoupled_lr)),
+           ownFloor ? "use decoupled_min_lr <= " + formatNumber(t.decoupled_lr)
+                    : "set decoupled_min_lr <= " + formatNumber(t.decoupled_lr) +
+                          " (--decoupled-min-lr), or raise decoupled_lr");
+    if (!ownFloor)
+      t.decoupled_min_lr = t.min_lr;
+  }
   if (t.precision != Precision::FP16)
     for (const char *k :
          {"initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis"})

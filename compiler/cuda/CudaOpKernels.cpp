@@ -49,7 +49,7 @@ std::optional<Signature> signatureOf(Opcode op) {
   case Opcode::LR_SCHEDULE: return Signature{1, 1, 0, 6, 2};
   case Opcode::CLIP_COEFF: return Signature{2, 1, 0, 0, 1};
   case Opcode::ADAMW: return Signature{3, 0, 1, 0, 4};
-  case Opcode::SHARDED_ADAMW: return Signature{3, 0, SIZE_MAX, 1, 4};
+  case Opcode::SHARDED_ADAMW: return Signature{4, 0, SIZE_MAX, 1, 4};
   case Opcode::GRAD_NORM: return Signature{0, 1, SIZE_MAX, 0, 0};
   case Opcode::GROUP_GRAD_NORM: return Signature{0, 1, SIZE_MAX, 1, 0};
   case Opcode::SPLIT_QKV_ROPE: return Signature{1, 3, 0, 0, 2};
@@ -95,6 +95,7 @@ std::vector<std::vector<StateTensor>> shardTensors(const OpInstruction &ins, dou
       if (normOnly && !p.countsInNorm)
         continue;
       StateTensor t = adamTensor(p, p.weightDecay ? weightDecay : 0.0);
+      t.decoupledLr = p.decoupledLr && !normOnly;
       t.count = g.count;
       t.weight = p.weightOffset + g.paramBegin * bytesOf(p.dtype);
       t.grad = p.gradOffset + g.paramBegin * 4;

@@ -124,6 +124,7 @@ struct OpParam {
   std::vector<int64_t> shape;
   plan::DType dtype = plan::DType::F32; // the model copy's type
   bool weightDecay = true;
+  bool decoupledLr = false; // SHARDED_ADAMW updates it with its in[3] (--decoupled-lr)
   // Counts in the gradient norm: in_grad_norm (a pipeline stage's tied copy
   // does not). A `replicated` parameter (every tensor-parallel rank holds it
   // whole) counts on tp rank 0 only, which the norm kernel reads from its

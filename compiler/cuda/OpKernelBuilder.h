@@ -113,6 +113,7 @@ std::string ptr(const OpTensor &t, const std::string &name, bool isConst);
 struct StateTensor {
   int64_t weight = -1, grad = -1, master = -1, m = -1, v = -1, count = 0;
   double weightDecay = 0;
+  bool decoupledLr = false; // AdamW's second rate (the launch's fourth input)
   DType dtype = DType::F32;
   bool replicated = false; // the norm counts it on tp rank 0 only
 };

@@ -71,6 +71,12 @@ void genAdamW(const std::vector<std::vector<StateTensor>> &byRank,
   std::string table;
   RankTables ranks;
   size_t nt = 0;
+  // --decoupled-lr in a shard: a per-tensor flag picks the launch's fourth
+  // input as the rate (absent otherwise, so other sources stay as they were).
+  bool twoRates = false;
+  for (const std::vector<StateTensor> &tensors : byRank)
+    for (const StateTensor &t : tensors)
+      twoRates |= t.decoupledLr;
   for (const std::vector<StateTensor> &tensors : byRank) {
     int64_t blocks = 0;
     for (const StateTensor &t : tensors) {
@@ -80,7 +86,7 @@ void genAdamW(const std::vector<std::vector<StateTensor>> &byRank,
                u64(t.master < 0 ? -1 : t.master) + ", " + u64(t.m) + ", " + u64(t.v) + ", " + u64(t.count) + ", " + u64(blocks) + ", " +
                dbl(t.weightDecay) + ", " +
                std::to_string(t.dtype == DType::BF16 ? 1 : t.dtype == DType::F16 ? 2 : 0) + ", " +
-               (vec ? "1" : "0") + "},\n";
+               (vec ? "1" : "0") + (twoRates ? (t.decoupledLr ? ", 1" : ", 0") : "") + "},\n";
       blocks += (t.count + kChunk - 1) / kChunk;
     }
     nt += tensors.size();
@@ -93,11 +99,14 @@ void genAdamW(const std::vector<std::vector<StateTensor>> &byRank,
       {"B1", dbl(floats.at(0))}, {"B2", dbl(floats.at(1))}, {"EPS", dbl(floats.at(2))}};
   ranks.fill(s);
   s["FIND"] = fill(kFindTensor, s);
+  s["LR2_FIELD"] = twoRates ? ", lr2" : "";
+  s["LR2_ARG"] = twoRates ? ", const float *lr2_in" : "";
+  s["LR"] = twoRates ? "(double)(t.lr2 ? lr2_in[0] : lr_in[0])" : "(double)lr_in[0]";
   s["GUARD"] = ranks.ranked()
                    ? "  if (chunk >= mt_rank_chunks[dp_rank]) return; // past this rank's shard\n"
                    : "";
   std::string src = fill(R"(// Byte offsets into the state buffer; master ~0: the weights are the f32 copy updated.
-struct mt_adam_tensor { mt_u64 weight, grad, master, m, v, count, first; double weight_decay; int dtype, vec; };
+struct mt_adam_tensor { mt_u64 weight, grad, master, m, v, count, first; double weight_decay; int dtype, vec${LR2_FIELD}; };
 __device__ const mt_adam_tensor mt_tensors[${NT}] = {
 ${TABLE}};
 ${RANKS}
@@ -136,12 +145,12 @@ __device__ __forceinline__ void mt_adam_any(unsigned char *state, const mt_adam_
 
 // Block b updates chunk b - first of its tensor. A step below 1 leaves
 // everything as it is (the CPU executor stops with an error).
-extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const float *lr_in, const float *clip_in, const long long *step_in, unsigned char *state${DP}) {
+extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const float *lr_in, const float *clip_in, const long long *step_in${LR2_ARG}, unsigned char *state${DP}) {
   const long long step = step_in[0];
   if (step < 1) return;
   const mt_u64 chunk = blockIdx.x;
 ${GUARD}${FIND}  const mt_adam_tensor t = mt_tensors[lo];
-  const double lr = (double)lr_in[0];
+  const double lr = ${LR};
   const float clip = clip_in[0];
   const double c1 = 1.0 - pow(${B1}, (double)step), c2 = 1.0 - pow(${B2}, (double)step);
   const mt_u64 begin = (chunk - t.first) * ${CHUNK};
@@ -153,8 +162,11 @@ ${GUARD}${FIND}  const mt_adam_tensor t = mt_tensors[lo];
 }
 )",
                          s);
-  b.launch("adamw", src, uint64_t(ranks.maxChunks), 256, 0, {in(0), in(1), in(2), state()},
-           ranks.scalars());
+  std::vector<OpArg> args = {in(0), in(1), in(2)};
+  if (twoRates)
+    args.push_back(in(3));
+  args.push_back(state());
+  b.launch("adamw", src, uint64_t(ranks.maxChunks), 256, 0, args, ranks.scalars());
 }
 
 // Gradient norms: squares of the listed f32 gradients in double, per block

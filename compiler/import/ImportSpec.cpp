@@ -60,6 +60,9 @@ public:
         b.getNamedAttr("precision", b.getStringAttr(precision)),
         b.getNamedAttr("lr", f64(t.lr)),
         b.getNamedAttr("min_lr", f64(t.min_lr)),
+        // 0: no decoupled rate (mt-optimizer gives every parameter lr).
+        b.getNamedAttr("decoupled_lr", f64(t.decoupled_lr)),
+        b.getNamedAttr("decoupled_min_lr", f64(t.decoupled_lr > 0 ? t.decoupled_min_lr : 0.0)),
         b.getNamedAttr("lr_decay_style", b.getStringAttr(style)),
         b.getNamedAttr("lr_warmup_iters", i64(t.lr_warmup_iters)),
         b.getNamedAttr("lr_decay_iters", i64(t.lr_decay_iters)),

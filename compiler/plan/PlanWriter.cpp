@@ -167,6 +167,7 @@ public:
       info.shape.assign(shape.begin(), shape.end());
       info.dtype = dtypeOf(p.getTensorType().getElementType());
       info.weightDecay = decays;
+      info.decoupledLr = p->hasAttr("mt.decoupled_lr");
       info.countsInNorm = !p->hasAttr("mt.tied_copy");
       info.replicated = !p.getTpDim().has_value();
       info.weightOffset = attr("mt.weight_offset");
@@ -187,7 +188,8 @@ public:
           attr("mt.exp_avg_offset"), attr("mt.exp_avg_sq_offset"),
           fnv1a(p.getSymName()), int32_t(p.getTpDim() ? *p.getTpDim() : -1),
           int32_t(p.getTpBlocks().value_or(1)), attr("mt.flat_offset"),
-          int32_t(attr("mt.tied_peer")), !p->hasAttr("mt.tied_copy")));
+          int32_t(attr("mt.tied_peer")), !p->hasAttr("mt.tied_copy"),
+          p->hasAttr("mt.decoupled_lr")));
     }
 
     // The distributed optimizer's layout, for its GPU kernels.
@@ -845,6 +847,8 @@ private:
         })
         .Case([&](ShardedAdamWOp o) {
           i.op = pl::Opcode::SHARDED_ADAMW;
+          if (!o.getDecoupledLr()) // the decoupled rate is the rate
+            i.in.push_back(i.in[0]);
           i.ints = {o.getBucket()};
           i.floats = {o.getBeta1().convertToDouble(), o.getBeta2().convertToDouble(),
                       o.getEpsilon().convertToDouble(), o.getWeightDecay().convertToDouble()};

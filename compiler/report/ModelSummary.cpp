@@ -236,7 +236,11 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
   if (p.use_distributed_optimizer)
     os << ", distributed optimizer";
   os << "\n  precision " << spec::toString(t.precision) << ", recompute "
-     << spec::toString(p.recompute_granularity) << "\n";
+     << spec::toString(p.recompute_granularity);
+  if (t.decoupled_lr > 0)
+    os << ", decoupled lr " << num(t.decoupled_lr) << " (min " << num(t.decoupled_min_lr)
+       << ") for the word embeddings and output layer";
+  os << "\n";
   // The training log's extras, where they change what mtrun prints.
   std::vector<std::string> logs;
   if (t.log_throughput)

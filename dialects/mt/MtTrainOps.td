@@ -447,17 +447,22 @@ def Mt_ShardedAdamWOp : Mt_Op<"sharded_adamw", [
     shard (reduced-precision models) or on the f32 weights themselves, with
     the shard's own Adam moments. An element decays with `weight_decay` when
     its parameter does (Megatron's rule: not biases nor one-dimensional
-    parameters). The updated weights are those of the owned shard only;
-    `mt.all_gather_params` then gives every rank the full bucket.
+    parameters). An element of a parameter marked `mt.decoupled_lr`
+    (Megatron's `--decoupled-lr`: the word embeddings and output layer) is
+    updated with `decoupled_lr` instead of `lr`. The updated weights are
+    those of the owned shard only; `mt.all_gather_params` then gives every
+    rank the full bucket.
 
     ```mlir
     mt.sharded_adamw %lr, %clip, %step {beta1 = 9.000000e-01 : f64, beta2 = 9.990000e-01 : f64, bucket = 0 : i64, epsilon = 1.000000e-08 : f64, weight_decay = 1.000000e-02 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+    mt.sharded_adamw %lr, %clip, %step decoupled(%lr2 : tensor<f32>) {beta1 = 9.000000e-01 : f64, beta2 = 9.990000e-01 : f64, bucket = 0 : i64, epsilon = 1.000000e-08 : f64, weight_decay = 1.000000e-02 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
     ```
   }];
   let arguments = (ins Mt_ScalarF32:$lr, Mt_ScalarF32:$clip, 0DTensorOf<[I64]>:$step,
+                       Optional<Mt_ScalarF32>:$decoupled_lr,
                        I64Attr:$bucket, F64Attr:$beta1, F64Attr:$beta2, F64Attr:$epsilon,
                        F64Attr:$weight_decay);
-  let assemblyFormat = "$lr `,` $clip `,` $step attr-dict `:` type($lr) `,` type($clip) `,` type($step)";
+  let assemblyFormat = "$lr `,` $clip `,` $step (`decoupled` `(` $decoupled_lr^ `:` type($decoupled_lr) `)`)? attr-dict `:` type($lr) `,` type($clip) `,` type($step)";
   let hasVerifier = 1;
 }
 

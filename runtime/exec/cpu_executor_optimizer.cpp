@@ -232,7 +232,7 @@ std::string CpuExecutor::Impl::adamw(const pl::Instruction &ins, float lr, float
 }
 
 std::string CpuExecutor::Impl::sharded_adamw(const pl::Instruction &ins, float lr, float clip,
-                                             int64_t step) {
+                                             int64_t step, float decoupled_lr) {
   if (step < 1)
     return "the step input is " + std::to_string(step) + "; AdamW counts steps from 1";
   const BucketState &b = buckets[size_t(ins.ints()->Get(0))];
@@ -251,7 +251,8 @@ std::string CpuExecutor::Impl::sharded_adamw(const pl::Instruction &ins, float l
     const int64_t at = shard_index(b, g.flat_begin);
     float *w = state_floats(p.weight_offset()) + g.param_begin;
     float *target = masters ? masters + at : w;
-    cpu::AdamWParams a{lr, ins.floats()->Get(0), ins.floats()->Get(1), ins.floats()->Get(2),
+    cpu::AdamWParams a{p.decoupled_lr() ? decoupled_lr : lr, ins.floats()->Get(0),
+                       ins.floats()->Get(1), ins.floats()->Get(2),
                        p.weight_decay() ? ins.floats()->Get(3) : 0.0, step};
     cpu::adamw_step(target, grad, m + at, v + at, g.count, a);
     if (masters) {

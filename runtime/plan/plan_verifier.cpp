@@ -80,7 +80,7 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::SEQ_SPLIT, "f", "f", 0, 1, 0},
     {pl::Opcode::REDUCE_GRADS, "", "", 0, 3, 1},
     {pl::Opcode::SHARDED_GRAD_NORM, "", "s", 0, 1, 0},
-    {pl::Opcode::SHARDED_ADAMW, "ssl", "", 0, 1, 4},
+    {pl::Opcode::SHARDED_ADAMW, "ssls", "", 0, 1, 4},
     {pl::Opcode::ALL_GATHER_PARAMS, "", "", 0, 2, 0},
     {pl::Opcode::SEND, "f", "", 0, 2, 0},
     {pl::Opcode::RECV, "", "f", 0, 2, 0},

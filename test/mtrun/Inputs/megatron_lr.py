@@ -70,4 +70,5 @@ def main():
     print(f"{lines} learning rates agree ({len(distinct)} distinct)")
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -403,7 +403,7 @@ std::vector<OpInstruction> everyOpcode(DType d) {
   add(Opcode::ADAMW, {scalar, scalar, step}, {}, {}, {0.9, 0.95, 1e-8, 0.1}, {p});
   OpInstruction sharded;
   sharded.op = Opcode::SHARDED_ADAMW;
-  sharded.in = {scalar, scalar, step};
+  sharded.in = {scalar, scalar, step, scalar};
   sharded.params = {p};
   sharded.ints = {0};
   sharded.floats = {0.9, 0.95, 1e-8, 0.1};
@@ -701,12 +701,16 @@ MT_KERNEL_TEST(CudaOpKernels, AdamWGroupAndShard) {
     EXPECT_EQ(before, s.bytes);
 
     // The shard: elements [3, 503) of the first parameter and [0, 200) of
-    // the second, state in the shard arrays from element 0.
+    // the second, state in the shard arrays from element 0. The second is
+    // --decoupled-lr's: it takes the fourth input's rate.
+    Buffer lr2(DType::F32, {});
+    lr2.set({7e-3f});
     OpInstruction sh;
     sh.op = Opcode::SHARDED_ADAMW;
-    sh.in = {lr.t, clip.t, step.t};
+    sh.in = {lr.t, clip.t, step.t, lr2.t};
     sh.params = params;
     sh.params[1].weightDecay = false;
+    sh.params[1].decoupledLr = true;
     sh.ints = {0};
     sh.floats = {0.9, 0.95, 1e-8, 0.1};
     sh.rankSegments = {{{0, 3, 0, 500}, {1, 0, 500, 200}}};
@@ -724,7 +728,9 @@ MT_KERNEL_TEST(CudaOpKernels, AdamWGroupAndShard) {
       s.f(sh.shardExpAvgSqOffset)[i] = 0;
     }
     step.setInts({1});
-    ASSERT_EQ(runSteps(device, generate(sh), {&r}), "");
+    Rank r2 = r;
+    r2.in = {&lr, &clip, &step, &lr2};
+    ASSERT_EQ(runSteps(device, generate(sh), {&r2}), "");
     std::vector<float> g(700);
     for (int i = 0; i < 500; ++i)
       g[size_t(i)] = s.f(params[0].gradOffset)[3 + i] * 0.5f;
@@ -733,7 +739,7 @@ MT_KERNEL_TEST(CudaOpKernels, AdamWGroupAndShard) {
     std::vector<float> want = smaster;
     mt::cpu::adamw_step(want.data(), g.data(), sm.data(), sv.data(), 500, {3e-3f, 0.9, 0.95, 1e-8, 0.1, 1});
     mt::cpu::adamw_step(want.data() + 500, g.data() + 500, sm.data() + 500, sv.data() + 500, 200,
-                        {3e-3f, 0.9, 0.95, 1e-8, 0.0, 1});
+                        {7e-3f, 0.9, 0.95, 1e-8, 0.0, 1});
     EXPECT_TRUE(close(std::vector<float>(s.f(sh.shardMasterOffset), s.f(sh.shardMasterOffset) + 700), want, DType::F32, 2.5e-7, 0));
     EXPECT_TRUE(close(std::vector<float>(s.f(sh.shardExpAvgSqOffset), s.f(sh.shardExpAvgSqOffset) + 700), sv, DType::F32, 2.5e-7, 0));
     for (int i = 0; i < 500; ++i)
