@@ -234,8 +234,11 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
     };
     AdamWOp first = adams.front();
     Value lr, decoupledLr;
-    for (AdamWOp a : adams)
-      (decoupled(a) ? decoupledLr : lr) = a.getLr();
+    for (AdamWOp a : adams) { // the first of each kind sets its rate
+      Value &rate = decoupled(a) ? decoupledLr : lr;
+      if (!rate)
+        rate = a.getLr();
+    }
     if (!lr) // every parameter decoupled: one rate after all
       std::swap(lr, decoupledLr);
     double decay = 0.0;
