@@ -242,13 +242,8 @@ std::vector<MegatronFlag> explicitRows() {
             "--no-log-loss-scale-to-tensorboard"),
 
       //===--- Refused until implemented (issue 22) ---===//
-      refuse("--apply-layernorm-1p", S, kNotYet),
-      refuse("--decoupled-lr", V, kNotYet),
-      refuse("--decoupled-min-lr", V, kNotYet),
       refuse("--calculate-per-token-loss", S, kNotYet),
       refuse("--grad-reduce-in-bf16", S, kNotYet),
-      refuse("--use-rope-scaling", S, kNotYet),
-      refuse("--rope-scaling-factor", V, kNotYet),
       refuse("--sgd-momentum", V, kNotYet),
       refuse("--no-barrier-with-level-1-timing", S, kNotYet),
 
