@@ -582,7 +582,7 @@ TEST(PlanReader, BadMagicVersionAndFlags) {
   uint32_t older = 5;
   std::memcpy(&b[8], &older, 4);
   EXPECT_EQ(open_error(b), "tiny.plan: error: was written by plan format version 5; this mtrun reads "
-                           "version 8; recompile it with the mtc that matches this mtrun");
+                           "version 9; recompile it with the mtc that matches this mtrun");
   b = bytes;
   uint32_t flags = 4;
   std::memcpy(&b[12], &flags, 4);
