@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Times `mtc compile` on every preset and records the result.
 
-Usage: bench/compile_time.py [--mtc build/bin/mtc] [--repeat 5] [--record]
+Usage: bench/compile_time.py [--mtc build/bin/mtc] [--repeat 5] [--only REGEX] [--record]
 
-Prints a table per preset: the forward operations of one micro-batch (summed
+Compiles every preset (models/*.toml) and every bench-only spec
+(bench/specs/*.toml: the layouts of Megatron-LM's official examples, such
+as its GPT-3 175B script's tp 8 x pp 16 with 1536 micro-batches), or those
+whose name matches --only. Prints a table per spec: the forward operations of one micro-batch (summed
 over the pipeline stages; the tables recorded up to commit 3a48631 show 0 for
 pipelined presets), the parameters, the median wall time of `mtc compile SPEC
 -o plan.bin` (import, mt-train-pipeline, the summary and writing the plan),
@@ -16,6 +19,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -40,13 +44,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mtc", default=os.path.join(ROOT, "build", "bin", "mtc"))
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--only", default="", help="compile only the specs whose name matches")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
 
-    models = sorted(f for f in os.listdir(os.path.join(ROOT, "models")) if f.endswith(".toml"))
+    specs = []
+    for folder in ("models", os.path.join("bench", "specs")):
+        specs += sorted((f, os.path.join(ROOT, folder, f))
+                        for f in os.listdir(os.path.join(ROOT, folder)) if f.endswith(".toml"))
+    if args.only:
+        specs = [(n, p) for n, p in specs if re.search(args.only, n[:-5])]
     rows = []
-    for name in models:
-        path = os.path.join(ROOT, "models", name)
+    for name, path in specs:
         report = json.loads(subprocess.run([args.mtc, "compile", path, "--report=json"],
                                            check=True, capture_output=True, text=True).stdout)
         times, peak = [], 0

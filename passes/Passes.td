@@ -487,7 +487,15 @@ def MtSchedulePPPass : Pass<"mt-schedule-pp", "mlir::ModuleOp"> {
     pipelining, and message tags are offset by `m * tags_per_micro_batch`.
     Each micro-batch's saved activations are distinct values, so
     `mt-plan-memory` sees how many micro-batches a stage holds at once.
-    `@eval_step` becomes every micro-batch's forward, chunk by chunk.
+
+    `@eval_step` stays one micro-batch's forward, its ops reordered chunk
+    by chunk (each chunk's receive first, its send last), and the runtime
+    runs it once per micro-batch with that micro-batch's RNG offset, as
+    without pipelining: no value crosses micro-batches, so its arena is
+    the same as unrolled, and one micro-batch's messages all complete
+    before the next one's start, so repeating it is as safe under NCCL
+    as the one replay `mtc` proves. It gets
+    `mt.schedule = "forward, once per micro-batch"`.
 
     ```mlir
     // stage 0 of 2, 2 micro-batches: F0 F1 B0 B1

@@ -1,5 +1,6 @@
-// mt-schedule-pp: each pipeline stage's @train_step and @eval_step unrolled
-// over the step's micro-batches in Megatron-LM's 1F1B or interleaved order.
+// mt-schedule-pp: each pipeline stage's @train_step unrolled over the step's
+// micro-batches in Megatron-LM's 1F1B or interleaved order; its @eval_step
+// ordered chunk by chunk, one micro-batch's, which the runtime repeats.
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
@@ -123,18 +124,65 @@ struct MtSchedulePPPass : impl::MtSchedulePPPassBase<MtSchedulePPPass> {
           maxInFlight = std::max(maxInFlight, inFlight += s.forward ? 1 : -1);
       stage->setAttr("mt.micro_batches_in_flight",
                      OpBuilder(stage).getI64IntegerAttr(maxInFlight));
-      if (failed(unroll(stage, "train_step", order, microBatches, stride, true)))
+      if (failed(unroll(stage, "train_step", order, microBatches, stride)))
         return signalPassFailure();
-      // Evaluation: every micro-batch's forward, chunk by chunk: each
-      // message's receiver is on its way to it whatever the others do, so
-      // this order completes with buffered sends and under NCCL alike.
-      SmallVector<PipelineStep> evalOrder;
-      for (int64_t m = 0; m < microBatches; ++m)
-        for (int64_t c = 0; c < vp; ++c)
-          evalOrder.push_back({true, m, c});
-      if (failed(unroll(stage, "eval_step", evalOrder, microBatches, stride, false)))
+      // Evaluation: every micro-batch's forward, chunk by chunk. Each
+      // micro-batch's messages complete before the next one's start, so the
+      // program stays one micro-batch's and the runtime runs it once per
+      // micro-batch (no values cross micro-batches, so the arena is the
+      // same), with the RNG offset it has without pipelining.
+      if (failed(orderByChunk(stage, "eval_step")))
         return signalPassFailure();
     }
+  }
+
+  // Reorders @name (one micro-batch's forward) chunk by chunk: parameter
+  // reads first, then each chunk's ops in program order, each receive at
+  // the start of its chunk and each send at its end as the program has them.
+  LogicalResult orderByChunk(ModuleOp stage, StringRef name) {
+    auto f = stage.lookupSymbol<func::FuncOp>(name);
+    if (!f)
+      return stage.emitError() << "mt-schedule-pp: the stage has no @" << name
+                               << "; run mt-autodiff first";
+    Block &body = f.getBody().front();
+    SmallVector<Operation *> refs;
+    SmallVector<SmallVector<Operation *>> chunks;
+    for (Operation &op : body.without_terminator()) {
+      if (isa<ParamRefOp>(op)) {
+        refs.push_back(&op);
+        continue;
+      }
+      std::optional<int64_t> c = chunkOf(&op);
+      if (!c)
+        return op.emitError("mt-schedule-pp: op has no mt.chunk; run mt-partition-pp first");
+      if (int64_t(chunks.size()) <= *c)
+        chunks.resize(*c + 1);
+      chunks[*c].push_back(&op);
+    }
+    // A chunk reads another chunk's values only through messages; check it,
+    // since the new order must still define every value before its use.
+    DenseSet<Operation *> placed;
+    Operation *terminator = body.getTerminator();
+    auto place = [&](Operation *op) -> LogicalResult {
+      for (Value v : op->getOperands())
+        if (Operation *def = v.getDefiningOp())
+          if (def->getBlock() == &body && !placed.count(def))
+            return op->emitError("mt-schedule-pp: reads a value of a later model chunk "
+                                 "without a message");
+      placed.insert(op);
+      op->moveBefore(terminator);
+      return success();
+    };
+    for (Operation *op : refs)
+      if (failed(place(op)))
+        return failure();
+    for (ArrayRef<Operation *> ops : chunks)
+      for (Operation *op : ops)
+        if (failed(place(op)))
+          return failure();
+    OpBuilder b(f);
+    f->setAttr("mt.schedule", b.getStringAttr("forward, once per micro-batch"));
+    return success();
   }
 
   // Replaces @name (one micro-batch) by its unrolled form: inputs and outputs
@@ -142,23 +190,21 @@ struct MtSchedulePPPass : impl::MtSchedulePPPassBase<MtSchedulePPPass> {
   // each clone tagged with `mt.micro_batch` (the runtime's RNG offset) and
   // its messages' tags made unique per micro-batch.
   LogicalResult unroll(ModuleOp stage, StringRef name, ArrayRef<PipelineStep> order,
-                       int64_t microBatches, int64_t stride, bool training) {
+                       int64_t microBatches, int64_t stride) {
     auto f = stage.lookupSymbol<func::FuncOp>(name);
     if (!f)
       return stage.emitError() << "mt-schedule-pp: the stage has no @" << name
                                << "; run mt-autodiff first";
     Block &body = f.getBody().front();
     Operation *seed = nullptr;
-    if (training) {
-      for (Operation &op : body)
-        if (isa<GradSeedOp>(op)) {
-          seed = &op;
-          break;
-        }
-      if (!seed)
-        return f.emitError("mt-schedule-pp: @train_step has no mt.grad_seed, so its backward "
-                           "cannot be told from its forward");
-    }
+    for (Operation &op : body)
+      if (isa<GradSeedOp>(op)) {
+        seed = &op;
+        break;
+      }
+    if (!seed)
+      return f.emitError("mt-schedule-pp: @train_step has no mt.grad_seed, so its backward "
+                         "cannot be told from its forward");
 
     // Steps' ops, in program order.
     SmallVector<SmallVector<Operation *>> fwd, bwd;
@@ -216,6 +262,26 @@ struct MtSchedulePPPass : impl::MtSchedulePPPassBase<MtSchedulePPPass> {
       for (IRMapping &map : maps)
         map.map(ref.getResult(), copy->getResult(0));
     }
+    // A clone's discardable attributes: its op's without the micro-batch
+    // marks, with `mt.micro_batch`. Many ops share one dictionary (a
+    // layer's ops have the same mt.chunk and mt.layer), so each distinct
+    // (dictionary, micro-batch) is built and uniqued once, not per clone.
+    MLIRContext *ctx = f.getContext();
+    const StringAttr lastMark = StringAttr::get(ctx, "mt.last_micro_batch"),
+                     firstMark = StringAttr::get(ctx, "mt.first_micro_batch"),
+                     mbName = StringAttr::get(ctx, "mt.micro_batch");
+    DenseMap<std::pair<DictionaryAttr, int64_t>, DictionaryAttr> cloneAttrs;
+    auto attrsFor = [&](DictionaryAttr base, int64_t mb) {
+      DictionaryAttr &d = cloneAttrs[{base, mb}];
+      if (!d) {
+        NamedAttrList list(base);
+        list.erase(lastMark);
+        list.erase(firstMark);
+        list.set(mbName, b.getI64IntegerAttr(mb));
+        d = list.getDictionary(ctx);
+      }
+      return d;
+    };
     // Clones step s's ops that `pick` selects.
     auto emit = [&](const PipelineStep &s, function_ref<bool(Operation *)> pick) {
       IRMapping &map = maps[s.microBatch];
@@ -225,14 +291,13 @@ struct MtSchedulePPPass : impl::MtSchedulePPPassBase<MtSchedulePPPass> {
         // mt-data-parallel's overlapped bucket reductions: in the last
         // micro-batch's backward only, which completes the gradients; its
         // overlapped weight gathers: in the first micro-batch's forward.
-        if (op->hasAttr("mt.last_micro_batch") && s.microBatch != microBatches - 1)
+        DictionaryAttr base = op->getDiscardableAttrDictionary();
+        if (base.contains(lastMark) && s.microBatch != microBatches - 1)
           continue;
-        if (op->hasAttr("mt.first_micro_batch") && s.microBatch != 0)
+        if (base.contains(firstMark) && s.microBatch != 0)
           continue;
         Operation *copy = b.clone(*op, map);
-        copy->removeAttr("mt.last_micro_batch");
-        copy->removeAttr("mt.first_micro_batch");
-        copy->setAttr("mt.micro_batch", b.getI64IntegerAttr(s.microBatch));
+        copy->setDiscardableAttrs(attrsFor(base, s.microBatch));
         if (auto send = dyn_cast<SendOp>(copy))
           send.setTag(send.getTag() + s.microBatch * stride);
         if (auto recv = dyn_cast<RecvOp>(copy))
@@ -243,7 +308,7 @@ struct MtSchedulePPPass : impl::MtSchedulePPPassBase<MtSchedulePPPass> {
     auto isSend = [](Operation *op) { return isa<SendOp>(op); };
     auto isRecv = [](Operation *op) { return isa<RecvOp>(op); };
     auto isCompute = [](Operation *op) { return !isa<SendOp, RecvOp>(op); };
-    if (!training || vp(order) == 1) {
+    if (vp(order) == 1) {
       // Each step receives its input first and sends its output last; the
       // GPU executor issues adjacent sends and receives as one NCCL group,
       // which pairs each 1F1B send with the receive Megatron-LM pairs it
@@ -291,9 +356,7 @@ struct MtSchedulePPPass : impl::MtSchedulePPPassBase<MtSchedulePPPass> {
     for (NamedAttribute a : f->getDiscardableAttrs())
       g->setAttr(a.getName(), a.getValue());
     g->setAttr("mt.micro_batches", b.getI64IntegerAttr(microBatches));
-    g->setAttr("mt.schedule", b.getStringAttr(training ? (vp(order) > 1 ? "interleaved 1F1B"
-                                                                         : "1F1B")
-                                                       : "forward only"));
+    g->setAttr("mt.schedule", b.getStringAttr(vp(order) > 1 ? "interleaved 1F1B" : "1F1B"));
     f.erase();
     return success();
   }

@@ -392,7 +392,13 @@ private:
     return pl::CreateProgram(fbb, fbb.CreateString(f.getName().str()), valuesVec,
                              fbb.CreateVector(inputs), fbb.CreateVectorOfStrings(inputNames),
                              fbb.CreateVector(outputs), fbb.CreateVectorOfStrings(outputNames),
-                             fbb.CreateVector(insts));
+                             fbb.CreateVector(insts), unrolledMicroBatches(f));
+  }
+
+  // mt-schedule-pp's unrolled pipeline schedule (Program.unrolled_micro_batches).
+  static int32_t unrolledMicroBatches(func::FuncOp f) {
+    auto a = f->getAttrOfType<IntegerAttr>("mt.micro_batches");
+    return a ? int32_t(a.getInt()) : 0;
   }
 
   fb::Offset<pl::Value> valueEntry(Value v, pl::Region region, int64_t offset,

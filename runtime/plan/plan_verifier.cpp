@@ -429,6 +429,21 @@ private:
     for (uint32_t i = 0; i < nv; ++i)
       if (std::string e = check_value(s, i); !e.empty())
         return e;
+    // An unrolled schedule's instructions name their micro-batch; one
+    // micro-batch's program (run once per micro-batch) names none.
+    const int32_t unrolled = prog.unrolled_micro_batches();
+    if (unrolled < 0 || unrolled > kMaxMicroBatch + 1)
+      return s.name + ": unrolled_micro_batches " + std::to_string(unrolled) +
+             " is outside 0 to " + std::to_string(kMaxMicroBatch + 1);
+    for (size_t i = 0; i < vsize(prog.instructions()); ++i) {
+      const int32_t mb = prog.instructions()->Get(uint32_t(i))->micro_batch();
+      if (unrolled == 0 ? mb != -1 : mb >= unrolled)
+        return s.name + " " + instruction_label(*prog.instructions()->Get(uint32_t(i)), i) +
+               ": micro_batch " + std::to_string(mb) +
+               (unrolled == 0 ? " in a program of one micro-batch (unrolled_micro_batches 0)"
+                              : " in a schedule unrolled over " + std::to_string(unrolled) +
+                                    " micro-batches");
+    }
     std::vector<char> written(nv, 0);
     const size_t ni = vsize(prog.inputs());
     if (prog.input_names() && vsize(prog.input_names()) != ni)

@@ -1070,17 +1070,18 @@ private:
     }
   }
 
-  // A pipeline stage runs the whole iteration's schedule in one program:
-  // every micro-batch's inputs first, each with its own RNG offset, then one
-  // run; the last stage reads every micro-batch's loss. Returns the sum of
-  // the losses (0 on stages without the loss).
+  // A pipeline stage's train_step is the whole iteration's schedule in one
+  // program (Program.unrolled_micro_batches): every micro-batch's inputs
+  // first, each with its own RNG offset, then one run; the last stage reads
+  // every micro-batch's loss. Returns the sum of the losses (0 on stages
+  // without the loss).
   std::string runPipelined(const ProgramIO &io, const GptDataset &data, int64_t consumed,
-                           bool eval, double *lossSum) {
+                           double *lossSum) {
     std::vector<uint64_t> offsets;
     const auto batchStart = std::chrono::steady_clock::now();
     for (int64_t m = 0; m < microBatches; ++m) {
       fillBatch(io, data, sampleOf(consumed, m), "." + std::to_string(m));
-      offsets.push_back(rngOffset(m, eval));
+      offsets.push_back(rngOffset(m, false));
     }
     if (!eval)
       timers[kBatchGenerator] += msSince(batchStart);
@@ -1160,8 +1161,8 @@ private:
       if (std::string err = gatherWeights(); !err.empty())
         return err;
     weightsGathered = true; // by the first micro-batch, where the plan gathers late
-    if (pp > 1) {
-      if (std::string err = runPipelined(trainStep, *train, consumedTrain, false, &sum);
+    if (trainStep.program->unrolled_micro_batches() > 0) {
+      if (std::string err = runPipelined(trainStep, *train, consumedTrain, &sum);
           !err.empty())
         return err;
       localLoss = sum;
@@ -1245,23 +1246,22 @@ private:
       return err;
     double sum = 0;
     int64_t n = 0;
-    for (int64_t it = 0; it < t->eval_iters() && pp > 1; ++it) {
-      double s = 0;
-      if (std::string err = runPipelined(evalStep, data, *consumed, true, &s); !err.empty())
-        return err;
-      sum += s;
-      n += microBatches;
-      *consumed += gbs;
-    }
-    for (int64_t it = 0; it < t->eval_iters() && pp == 1; ++it) {
+    // eval_step is one micro-batch's forward, pipelined or not: run once per
+    // micro-batch (a pipeline stage's messages of one micro-batch complete
+    // before the next one's start). Only the last stage has the loss.
+    if (evalStep.program->unrolled_micro_batches() > 0)
+      return opts.plan_path + "'s eval_step is unrolled over micro-batches; recompile it with "
+                              "this mtc";
+    const uint32_t lossOut = evalStep.output("loss");
+    for (int64_t it = 0; it < t->eval_iters(); ++it) {
       for (int64_t m = 0; m < microBatches; ++m) {
         fillBatch(evalStep, data, sampleOf(*consumed, m));
-        float loss = 0;
-        if (std::string err = runScalar(evalStep, "loss", rngOffset(m, true), &loss); !err.empty())
+        if (std::string err = exec->run(*evalStep.program, rngOffset(m, true)); !err.empty())
           return err;
-        sum += loss;
-        ++n;
+        if (lossOut != UINT32_MAX)
+          sum += *static_cast<float *>(exec->value_data(*evalStep.program, lossOut));
       }
+      n += microBatches;
       *consumed += gbs;
     }
     double loss = sum / double(n);

@@ -39,9 +39,17 @@
 // CHECK:      mt.embedding_grad {{.*}}mt.micro_batch = 2 : i64
 // CHECK-NEXT: mt.recv from 1 {mt.chunk = 0 : i64, mt.micro_batch = 3 : i64, tag = 19 : i64}
 // CHECK:      return
-// Evaluation keeps each step's receive at its start.
+// Evaluation is one micro-batch's forward, chunk by chunk, each chunk's
+// receive at its start and its send at its end.
 // CHECK:      func.func @eval_step
-// CHECK-SAME: mt.schedule = "forward only"
+// CHECK-SAME: mt.schedule = "forward, once per micro-batch"
+// CHECK-NOT:  mt.micro_batch
+// CHECK:      mt.embedding
+// CHECK:      mt.send {{.*}} to 1 {mt.chunk = 0 : i64, tag = 0 : i64}
+// CHECK-NEXT: mt.recv from 1 {mt.chunk = 1 : i64, tag = 2 : i64}
+// CHECK-NEXT: mt.matmul {{.*}}mt.chunk = 1 : i64, mt.layer = 2 : i64
+// CHECK-NEXT: mt.send {{.*}} to 1 {mt.chunk = 1 : i64, tag = 4 : i64}
+// CHECK-NEXT: return
 // CHECK-LABEL: module @stage1
 module attributes {mt.parallel = {pipeline_model_parallel_size = 2 : i64, virtual_pipeline_model_parallel_size = 2 : i64}, mt.training = {num_micro_batches = 4 : i64}} {
   mt.param @emb : tensor<32x8xf32>, normal(2.000000e-02)

@@ -579,10 +579,10 @@ TEST(PlanReader, BadMagicVersionAndFlags) {
   EXPECT_CONTAINS(open_error("GPT2 weights, not a plan at all"), "not an mt plan");
 
   b = bytes;
-  uint32_t older = 5;
+  uint32_t older = 9;
   std::memcpy(&b[8], &older, 4);
-  EXPECT_EQ(open_error(b), "tiny.plan: error: was written by plan format version 5; this mtrun reads "
-                           "version 9; recompile it with the mtc that matches this mtrun");
+  EXPECT_EQ(open_error(b), "tiny.plan: error: was written by plan format version 9; this mtrun reads "
+                           "version 10; recompile it with the mtc that matches this mtrun");
   b = bytes;
   uint32_t flags = 4;
   std::memcpy(&b[12], &flags, 4);
