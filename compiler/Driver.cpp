@@ -244,10 +244,11 @@ OwningOpRef<ModuleOp> compileSpec(MLIRContext &context, const spec::Spec &spec,
   if (cliOptions)
     applyDefaultTimingPassManagerCLOptions(pm);
   buildTrainPipeline(pm, pipeline);
-  // The IR is verified once, after the pipeline, not after every pass:
-  // the pipelined programs are unrolled per micro-batch, and verifying
-  // them after each of the passes that see them cost 7-17% of compiling
-  // the largest presets. mtc-opt (every pass test) verifies after each.
+  // The IR is verified once, after the pipeline, not after every pass: a
+  // pipeline stage's train step is unrolled per micro-batch, and verifying
+  // it after both passes that see it (mt-schedule-pp, mt-plan-memory) was
+  // twice the cost of this one verification (a third of gpt-310.1b's pass
+  // time). mtc-opt, which every pass test runs, verifies after each pass.
   pm.enableVerifier(false);
   if (failed(pm.run(*module))) {
     if (cliOptions)
@@ -567,18 +568,30 @@ int runCompile(const std::vector<std::string> &args) {
     llvm::outs() << report;
     if (opts.output.empty())
       return 0;
-    text = rt::wrap_plan_payload(reinterpret_cast<const uint8_t *>(payload.data()),
-                                 payload.size());
   }
   if (opts.output.empty()) {
     llvm::outs() << text;
     return 0;
   }
-  std::string err = rt::write_file_atomically(opts.output, text);
+  std::string err;
+  if (opts.emit == "plan") {
+    // The header, then the payload as built: a plan of hundreds of MB is
+    // not copied once more to be written.
+    std::string header =
+        rt::plan_header(reinterpret_cast<const uint8_t *>(payload.data()), payload.size());
+    err = rt::write_pieces_atomically(opts.output, {header, payload});
+  } else {
+    err = rt::write_file_atomically(opts.output, text);
+  }
   if (!err.empty()) {
     llvm::errs() << "mtc: error: " << err << "; check the directory exists and is writable\n";
     return 1;
   }
+  // The unrolled pipeline programs are millions of operations; freeing them
+  // one by one only to exit took a tenth of the compile time of the largest
+  // plans, so the module is left to the process's exit (as clang's
+  // -disable-free leaves its AST).
+  (void)module.release();
   return 0;
 }
 

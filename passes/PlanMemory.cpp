@@ -306,13 +306,14 @@ int64_t planFunction(func::FuncOp f) {
 
   OpBuilder b(f.getContext());
   auto offsetOf = [&](Value v) { return offsets[bufferOf.lookup(rootOf(v))]; };
+  const StringAttr offsetsName = b.getStringAttr("mt.offsets");
   for (Operation &op : body) {
     if (op.getNumResults() == 0)
       continue;
     SmallVector<int64_t> resultOffsets;
     for (Value r : op.getResults())
       resultOffsets.push_back(inArena(r) ? offsetOf(r) : -1);
-    op.setAttr("mt.offsets", b.getDenseI64ArrayAttr(resultOffsets));
+    op.setAttr(offsetsName, b.getDenseI64ArrayAttr(resultOffsets));
   }
   for (BlockArgument a : body.getArguments())
     if (inArena(a))

@@ -343,6 +343,9 @@ private:
     valueInfo.clear();
     valueIndex.clear();
     valueNames.clear();
+    // Looked up per instruction: resolved once, not by name each time.
+    offsetsName = StringAttr::get(f.getContext(), "mt.offsets");
+    microBatchName = StringAttr::get(f.getContext(), "mt.micro_batch");
     Block &body = f.getBody().front();
     std::vector<uint32_t> inputs, outputs;
     std::vector<std::string> inputNames, outputNames;
@@ -378,7 +381,7 @@ private:
                  ref.getName().str());
         continue;
       }
-      auto offsets = op.getAttrOfType<DenseI64ArrayAttr>("mt.offsets");
+      auto offsets = op.getAttrOfType<DenseI64ArrayAttr>(offsetsName);
       if (op.getNumResults() && !offsets) {
         op.emitError("plan writer: op has no arena offsets; run mt-plan-memory first");
         return failure();
@@ -428,7 +431,7 @@ private:
     if (failed(inst))
       return failure();
     std::string where = whereOf(op);
-    auto mb = op.getAttrOfType<IntegerAttr>("mt.micro_batch");
+    auto mb = microBatchName ? op.getAttrOfType<IntegerAttr>(microBatchName) : IntegerAttr();
     if (mb)
       microBatchSlots = std::max<uint64_t>(microBatchSlots, uint64_t(mb.getInt()) + 1);
     // A kernel's cpu_instructions run only on the CPU: GPU steps belong to
@@ -1100,6 +1103,7 @@ private:
   std::unordered_map<size_t, std::vector<std::pair<FusedOp, int64_t>>> fusedKernels;
   uint64_t kernelWorkspace = 0;
   uint64_t microBatchSlots = 0; // the micro-batches the stage's instructions name
+  StringAttr offsetsName, microBatchName; // "mt.offsets", "mt.micro_batch"
   std::vector<std::string> valueNames;
 };
 

@@ -109,8 +109,9 @@ ModelSummary summarizeModel(ModuleOp module, const spec::Spec &spec) {
   // every pipeline stage when mt-partition-pp has split the model. A stage's
   // programs are unrolled over micro-batches: its operations of micro-batch 0
   // are one micro-batch's, as an unpipelined program's are.
-  auto firstMicroBatch = [](Operation *op) {
-    auto mb = op->getAttrOfType<IntegerAttr>("mt.micro_batch");
+  const StringAttr microBatchName = StringAttr::get(module.getContext(), "mt.micro_batch");
+  auto firstMicroBatch = [&](Operation *op) {
+    auto mb = op->getAttrOfType<IntegerAttr>(microBatchName);
     return !mb || mb.getInt() == 0;
   };
   auto countOps = [&](func::FuncOp f) {

@@ -38,14 +38,18 @@ uint64_t plan_checksum(const uint8_t *data, size_t size) {
   return h;
 }
 
-std::string wrap_plan_payload(const uint8_t *payload, size_t size) {
+std::string plan_header(const uint8_t *payload, size_t size) {
   std::string out;
-  out.reserve(kPlanHeaderSize + size);
   out.append(kMagic, sizeof(kMagic));
   put_le<uint32_t>(out, kPlanFormatVersion);
   put_le<uint32_t>(out, 0);
   put_le<uint64_t>(out, size);
   put_le<uint64_t>(out, plan_checksum(payload, size));
+  return out;
+}
+
+std::string wrap_plan_payload(const uint8_t *payload, size_t size) {
+  std::string out = plan_header(payload, size);
   out.append(reinterpret_cast<const char *>(payload), size);
   return out;
 }

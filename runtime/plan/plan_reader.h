@@ -33,8 +33,11 @@ constexpr uint64_t kStateAlignment = 64;
 // The checksum stored in the header (64-bit FNV-1a).
 uint64_t plan_checksum(const uint8_t *data, size_t size);
 
-// Wraps a finished FlatBuffer payload in the header (used by the compiler's
-// plan writer and by tests).
+// The header of a finished FlatBuffer payload; the file is the header, then
+// the payload (mtc writes the two without copying the payload).
+std::string plan_header(const uint8_t *payload, size_t size);
+
+// The header and the payload in one string (tests, in-memory plans).
 std::string wrap_plan_payload(const uint8_t *payload, size_t size);
 
 // Bytes per element of a dtype as the plan (and the GPU) stores it.
