@@ -49,6 +49,7 @@ struct I {
   std::vector<int64_t> ints;
   std::vector<double> floats;
   std::string where;
+  int32_t micro_batch = -1;
 };
 
 struct Prog {
@@ -58,6 +59,7 @@ struct Prog {
   std::vector<std::string> input_names, output_names;
   std::vector<I> code;
   uint64_t top = 0; // bump allocator of arena offsets
+  int32_t unrolled_micro_batches = 0;
 };
 
 struct Par {
@@ -179,7 +181,7 @@ std::string payload(const PlanDesc &d) {
     std::vector<flatbuffers::Offset<pl::Instruction>> o;
     for (const I &i : is)
       o.push_back(pl::CreateInstructionDirect(b, i.op, &i.in, &i.out, &i.params, &i.ints,
-                                              &i.floats, i.where.c_str()));
+                                              &i.floats, i.where.c_str(), i.micro_batch));
     return o;
   };
   auto strings = [&](const std::vector<std::string> &ss) {
@@ -194,7 +196,8 @@ std::string payload(const PlanDesc &d) {
     auto is = code(p.code);
     auto in_names = strings(p.input_names), out_names = strings(p.output_names);
     progs.push_back(pl::CreateProgramDirect(b, p.name.c_str(), &vs, &p.inputs, &in_names,
-                                            &p.outputs, &out_names, &is));
+                                            &p.outputs, &out_names, &is,
+                                            p.unrolled_micro_batches));
   }
   std::vector<flatbuffers::Offset<pl::Param>> params;
   for (size_t i = 0; i < d.params.size(); ++i) {
@@ -661,6 +664,18 @@ TEST(PlanReader, SemanticErrors) {
               "tiny.plan: error: rank 0, program train_step #2 (mlp.linear_fc1) MATMUL: has 1 "
               "inputs, its signature has 2; recompile it with `mtc compile` (if the same mtc "
               "wrote it, report an mtc bug)");
+  }
+  for (auto [unrolled, microBatch, message] :
+       {std::tuple<int32_t, int32_t, const char *>{
+            0, 1, "program train_step #2 (mlp.linear_fc1) MATMUL: micro_batch 1 in a program of "
+                  "one micro-batch (unrolled_micro_batches 0)"},
+        {2, 2, "program train_step #2 (mlp.linear_fc1) MATMUL: micro_batch 2 in a schedule "
+               "unrolled over 2 micro-batches"},
+        {-1, -1, "program train_step: unrolled_micro_batches -1 is outside 0 to 65536"}}) {
+    Tiny t; // an instruction's micro-batch that the program's schedule does not have
+    t.d.programs[1].unrolled_micro_batches = unrolled;
+    t.d.programs[1].code[2].micro_batch = microBatch;
+    EXPECT_CONTAINS(semantic_error(t.d), message);
   }
   {
     Tiny t; // an unknown opcode
