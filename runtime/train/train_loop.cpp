@@ -1083,8 +1083,7 @@ private:
       fillBatch(io, data, sampleOf(consumed, m), "." + std::to_string(m));
       offsets.push_back(rngOffset(m, false));
     }
-    if (!eval)
-      timers[kBatchGenerator] += msSince(batchStart);
+    timers[kBatchGenerator] += msSince(batchStart);
     exec->set_micro_batch_rng_offsets(offsets);
     if (std::string err = exec->run(*io.program, 0); !err.empty())
       return err;
