@@ -47,7 +47,7 @@ CommOp recv(int peer, int64_t tag, uint64_t bytes = 64) { return {false, peer, t
 
 std::string check(const std::vector<std::vector<CommEvent>> &events) {
   return mt::rt::check_comm_events(
-      events, [](int, uint32_t i) { return "#" + std::to_string(i); });
+      events, [](int, const CommEvent &e) { return "#" + std::to_string(e.instruction); });
 }
 
 TEST(CommOrder, ExchangeNeedsOneGroup) {
