@@ -449,14 +449,17 @@ def MtDataParallelPass : Pass<"mt-data-parallel", "mlir::ModuleOp"> {
 }
 
 def MtSchedulePPPass : Pass<"mt-schedule-pp", "mlir::ModuleOp"> {
-  let summary = "Unrolls each stage's step over the micro-batches in 1F1B or interleaved order";
+  let summary = "Cuts each stage's step into the segments its 1F1B or interleaved schedule runs";
   let description = [{
     For each pipeline stage (after `mt-partition-pp`, `mt-autodiff`,
-    `mt-recompute` and `mt-fuse`), replaces the one-micro-batch
-    `@train_step` by the whole iteration: the forward part (before
-    `mt.grad_seed`) and the backward part of each model chunk (`mt.chunk`)
-    are cloned once per micro-batch, in Megatron-LM's order for the
-    stage's rank `r` of `pp`:
+    `mt-recompute` and `mt-fuse`), `@train_step` stays one micro-batch's
+    program. Its forward part (before `mt.grad_seed`) and backward part of
+    each model chunk (`mt.chunk`) become segments, laid out in the order one
+    micro-batch runs them (each chunk's forward, then each chunk's backward
+    in reverse), after the parameter reads. mtrun runs the segments for
+    every micro-batch in Megatron-LM's order for the stage's rank `r` of
+    `pp` (runtime/base/pipeline_order.h, the same code for the compiler and
+    the runtime):
 
     - 1F1B (vp = 1): `pp - r - 1` warm-up forwards, then one forward and
       one backward in turn, then the remaining backwards;
@@ -464,29 +467,32 @@ def MtSchedulePPPass : Pass<"mt-schedule-pp", "mlir::ModuleOp"> {
       `forward_backward_pipelining_with_interleaving`'s order of virtual
       micro-batches, backwards visiting the chunks in reverse.
 
-    With 1F1B each step receives its input first and sends its output
-    last, so a step's send and the next step's receive are adjacent (one
-    NCCL group on the GPU). The interleaved schedule exchanges as
-    Megatron-LM's does: after each unit of steps (a warm-up forward, a
-    steady forward and backward, a cool-down backward) one group sends the
-    unit's outputs and receives the inputs of the next unit's steps; the
-    first unit's inputs are received up front. A stage's k-th group then
-    meets its neighbours' k-th groups, which NCCL needs: it pairs messages
-    by order and completes one only while both ends are posted (`mtc`
-    replays every plan's communication under these rules,
+    With 1F1B a segment is a whole forward or backward, which receives its
+    input first and sends its output last, so a step's send and the next
+    step's receive are adjacent (one NCCL group on the GPU). The
+    interleaved schedule exchanges as Megatron-LM's does: after each unit
+    of steps (a warm-up forward, a steady forward and backward, a
+    cool-down backward) one group sends the unit's outputs and receives the
+    inputs of the next unit's steps; the first unit's inputs are received
+    up front. Its steps are therefore cut in three segments each (receives,
+    computation, sends). A stage's k-th group then meets its neighbours'
+    k-th groups, which NCCL needs: it pairs messages by order and completes
+    one only while both ends are posted (`mtc` replays every plan's
+    communication under these rules over the expanded order,
     runtime/comm/comm_order.h).
 
-    Ops marked `mt.last_micro_batch` (mt-data-parallel's overlapped bucket
-    reductions) are cloned only for the last micro-batch, ops marked
-    `mt.first_micro_batch` (its overlapped weight gathers) only for
-    micro-batch 0.
-
-    Inputs and outputs become per micro-batch (`tokens.0`, `labels.0`,
-    `loss.0`, ...). Every clone carries `mt.micro_batch`, from which the
-    runtime derives the RNG offset that micro-batch has in a run without
-    pipelining, and message tags are offset by `m * tags_per_micro_batch`.
-    Each micro-batch's saved activations are distinct values, so
-    `mt-plan-memory` sees how many micro-batches a stage holds at once.
+    The function gets `mt.segments` (per segment: `forward`, `chunk`,
+    `part` 0 whole / 1 receives / 2 computation / 3 sends, and `ops`, its
+    op count) and `mt.pipeline_schedule` (`stages`, `chunks`, `rank`,
+    `micro_batches`, `tag_stride`: micro-batch m's message tags are the
+    program's plus `m * tag_stride`), and `mt.schedule` ("1F1B" or
+    "interleaved 1F1B"). Ops marked `mt.last_micro_batch` (mt-data-parallel's
+    overlapped bucket reductions) run only in the last micro-batch, ops
+    marked `mt.first_micro_batch` (its overlapped weight gathers) only in
+    micro-batch 0. The runtime gives each micro-batch the RNG offset it has
+    in a run without pipelining. The IR, the planning and the plan are one
+    micro-batch's, whatever the micro-batch count; `mt-plan-memory` places
+    the values that outlive their segment once per micro-batch in flight.
 
     `@eval_step` stays one micro-batch's forward, its ops reordered chunk
     by chunk (each chunk's receive first, its send last), and the runtime
@@ -498,13 +504,14 @@ def MtSchedulePPPass : Pass<"mt-schedule-pp", "mlir::ModuleOp"> {
     `mt.schedule = "forward, once per micro-batch"`.
 
     ```mlir
-    // stage 0 of 2, 2 micro-batches: F0 F1 B0 B1
-    func.func @train_step(%tokens.0: ..., %tokens.1: ...) attributes {mt.schedule = "1F1B"} {
-      ... {mt.micro_batch = 0 : i64}
-      mt.send %x0 to 1 {tag = 0 : i64, mt.micro_batch = 0 : i64} : ...
-      ... {mt.micro_batch = 1 : i64}
-      mt.send %x1 to 1 {tag = 2 : i64, mt.micro_batch = 1 : i64} : ...
-      %g0 = mt.recv from 1 {tag = 1 : i64, mt.micro_batch = 0 : i64} : ...
+    // stage 0 of 2, 2 micro-batches: mtrun runs F(0) F(1) B(0) B(1)
+    func.func @train_step(%tokens: ...) attributes {mt.pipeline_schedule =
+        {chunks = 1, micro_batches = 2, rank = 0, stages = 2, tag_stride = 2},
+        mt.schedule = "1F1B", mt.segments = [{chunk = 0, forward = true, ops = 3, part = 0},
+                                            {chunk = 0, forward = false, ops = 2, part = 0} ]} {
+      ...
+      mt.send %x to 1 {mt.chunk = 0 : i64, tag = 0 : i64} : ...
+      %g = mt.recv from 1 {mt.chunk = 0 : i64, tag = 1 : i64} : ...
       ...
     }
     ```
@@ -554,6 +561,25 @@ def MtPlanMemoryPass : Pass<"mt-plan-memory", "mlir::ModuleOp"> {
     take arena bytes like any op's, the values inside its body take none
     (the kernel keeps them in registers; the plan writer gives the CPU
     executor a kernel-local scratch for them).
+
+    A pipelined `@train_step` (`mt.segments`) is placed over the step as
+    mtrun expands it. A value used only inside its segment has one place,
+    free over every run of that segment. A value that outlives its segment
+    (a saved activation, a message received ahead) gets one slot per
+    micro-batch the schedule holds at once: with 1F1B micro-batch m uses
+    slot m % S, the smallest S for which m's copy dies before m + S's is
+    born; interleaved, each (chunk, micro-batch) takes the lowest slot free
+    when its forward starts, over all chunks, so the chunks share slots and
+    the arena holds the most ever in flight together, not each chunk's
+    most. The step's inputs and outputs get one copy per micro-batch. Each
+    slot is one buffer over all its spans, placed offline by size like any
+    program's. The 1F1B schedule repeats in its steady phase, so a long step
+    is planned over a shorter one with the same warm-up and cool-down and
+    enough steady steps: the arena is the same and planning does not grow
+    with the micro-batch count. Results and arguments get
+    `mt.slot_offsets` (per value, its slots' offsets, or one per
+    micro-batch when coloured; empty for one place), the function
+    `mt.planned_micro_batches`.
 
     ```mlir
     %5 = mt.add %1, %4 {mt.offsets = array<i64: 1048576>} : tensor<4x128x64xf32>

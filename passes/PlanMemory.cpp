@@ -4,11 +4,14 @@
 
 #include "dialects/mt/MtOps.h"
 #include "passes/StageModules.h"
+#include "runtime/base/pipeline_order.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 
+#include <limits>
 #include <map>
+#include <numeric>
 
 namespace mt {
 #define GEN_PASS_DEF_MTPLANMEMORYPASS
@@ -88,9 +91,20 @@ bool inArena(Value v) {
 
 // One range of arena bytes: a value with its reshape aliases, or logits and
 // the gradient written over them. Live over op indices [begin, end],
-// inclusive (-1: a program argument, live before the first op).
+// inclusive (-1: a program argument, live before the first op); in a
+// pipelined step's expansion, over several such spans, in order (one per
+// run of its segment, or per micro-batch sharing its slot).
 struct Buffer {
-  int64_t size, begin, end;
+  int64_t size;
+  SmallVector<std::pair<int64_t, int64_t>, 1> spans;
+  int64_t begin() const { return spans.front().first; }
+  int64_t end() const { return spans.back().second; }
+  int64_t length() const {
+    int64_t n = 0;
+    for (auto [b, e] : spans)
+      n += e - b + 1;
+    return n;
+  }
 };
 
 // Online best-fit in program order: at each op, its new buffers are placed,
@@ -102,9 +116,9 @@ int64_t placeBestFit(ArrayRef<Buffer> buffers, int64_t end, MutableArrayRef<int6
   Arena arena;
   size_t next = 0;
   for (int64_t t = -1; t <= end; ++t) {
-    for (; next < buffers.size() && buffers[next].begin == t; ++next) {
+    for (; next < buffers.size() && buffers[next].begin() == t; ++next) {
       offsets[next] = arena.allocate(buffers[next].size);
-      freeAt[buffers[next].end + 1].push_back(next);
+      freeAt[buffers[next].end() + 1].push_back(next);
     }
     for (int64_t id : freeAt[t + 1])
       arena.release(offsets[id], buffers[id].size);
@@ -114,7 +128,7 @@ int64_t placeBestFit(ArrayRef<Buffer> buffers, int64_t end, MutableArrayRef<int6
 
 // Offline placement, greedy by size: the largest buffers first (then the
 // longest-lived, then the earliest), each at the lowest offset free over
-// its whole lifetime. All lifetimes are known before placement, so a large
+// its whole lifetime (every span of it). All lifetimes are known before placement, so a large
 // buffer is never stranded above the small ones that best-fit put first.
 // (Pisarchyk and Lee, "Efficient Memory Management for Deep Neural Net
 // Inference", 2020.) Returns the peak, or `limit` as soon as the peak would
@@ -128,9 +142,9 @@ int64_t placeBySize(ArrayRef<Buffer> buffers, int64_t end, int64_t limit,
     const Buffer &x = buffers[a], &y = buffers[b];
     if (x.size != y.size)
       return x.size > y.size;
-    if (x.end - x.begin != y.end - y.begin)
-      return x.end - x.begin > y.end - y.begin;
-    return std::make_pair(x.begin, a) < std::make_pair(y.begin, b);
+    if (x.length() != y.length())
+      return x.length() > y.length();
+    return std::make_pair(x.begin(), a) < std::make_pair(y.begin(), b);
   });
 
   // The placed buffers that overlap a new one in time are those live at its
@@ -174,19 +188,21 @@ int64_t placeBySize(ArrayRef<Buffer> buffers, int64_t end, int64_t limit,
   SmallVector<std::pair<const Ranges *, size_t>> nodes;
   for (int64_t id : order) {
     const Buffer &buf = buffers[id];
-    const int64_t first = buf.begin + 1 + leaves, last = buf.end + 1 + leaves;
     nodes.clear();
     auto search = [&](const Ranges &r) {
       if (!r.empty())
         nodes.push_back({&r, 0});
     };
-    for (int64_t node = first; node >= 1; node /= 2)
-      search(live[node]);
-    for (int64_t lo = first + 1, hi = last + 1; lo < hi; lo /= 2, hi /= 2) {
-      if (lo & 1)
-        search(starts[lo++]);
-      if (hi & 1)
-        search(starts[--hi]);
+    for (auto [begin, end] : buf.spans) {
+      const int64_t first = begin + 1 + leaves, last = end + 1 + leaves;
+      for (int64_t node = first; node >= 1; node /= 2)
+        search(live[node]);
+      for (int64_t lo = first + 1, hi = last + 1; lo < hi; lo /= 2, hi /= 2) {
+        if (lo & 1)
+          search(starts[lo++]);
+        if (hi & 1)
+          search(starts[--hi]);
+      }
     }
     // The lowest offset free in every node: move past any range that
     // overlaps [at, at + size) until none does. Each move is to the end of
@@ -209,14 +225,17 @@ int64_t placeBySize(ArrayRef<Buffer> buffers, int64_t end, int64_t limit,
     offsets[id] = at;
     peak = std::max(peak, at + buf.size);
 
-    for (int64_t lo = first, hi = last + 1; lo < hi; lo /= 2, hi /= 2) {
-      if (lo & 1)
-        add(live[lo++], at, at + buf.size);
-      if (hi & 1)
-        add(live[--hi], at, at + buf.size);
+    for (auto [begin, end] : buf.spans) {
+      const int64_t first = begin + 1 + leaves, last = end + 1 + leaves;
+      for (int64_t lo = first, hi = last + 1; lo < hi; lo /= 2, hi /= 2) {
+        if (lo & 1)
+          add(live[lo++], at, at + buf.size);
+        if (hi & 1)
+          add(live[--hi], at, at + buf.size);
+      }
+      for (int64_t node = first; node >= 1; node /= 2)
+        add(starts[node], at, at + buf.size);
     }
-    for (int64_t node = first; node >= 1; node /= 2)
-      add(starts[node], at, at + buf.size);
   }
   return peak;
 }
@@ -270,8 +289,8 @@ int64_t planFunction(func::FuncOp f) {
   DenseMap<Value, int64_t> bufferOf;
   auto open = [&](Value v, int64_t defIndex) {
     bufferOf[v] = buffers.size();
-    buffers.push_back({alignUp(std::max<int64_t>(bytesOf(v.getType()), 1)), defIndex,
-                       std::max(lastUse.lookup(v), defIndex)});
+    buffers.push_back({alignUp(std::max<int64_t>(bytesOf(v.getType()), 1)),
+                       {{defIndex, std::max(lastUse.lookup(v), defIndex)}}});
   };
   for (BlockArgument a : body.getArguments())
     if (inArena(a))
@@ -287,7 +306,7 @@ int64_t planFunction(func::FuncOp f) {
           bytesOf(r.getType()) == bytesOf(ce.getType())) {
         int64_t id = bufferOf.lookup(r);
         bufferOf[ce.getResult()] = id;
-        buffers[id].end = std::max(lastUse.lookup(ce.getResult()), i);
+        buffers[id].spans.back().second = std::max(lastUse.lookup(ce.getResult()), i);
         continue;
       }
     }
@@ -320,6 +339,370 @@ int64_t planFunction(func::FuncOp f) {
       f.setArgAttr(a.getArgNumber(), "mt.offset", b.getI64IntegerAttr(offsetOf(a)));
   f->setAttr("mt.arena_bytes", b.getI64IntegerAttr(peak));
   return peak;
+}
+
+// A pipelined @train_step (mt-schedule-pp): one micro-batch's program in
+// segments, which mtrun runs in the schedule's order for every micro-batch
+// (runtime/base/pipeline_order.h). A value used only inside its segment
+// has one place, free over every run of that segment. A value that outlives
+// its segment (a saved activation, a message received ahead) gets one slot
+// per micro-batch the schedule keeps in flight at once: micro-batch m uses
+// slot m % S, the smallest S for which micro-batch m's copy dies before
+// micro-batch m + S's is born. Inputs and outputs get one slot per
+// micro-batch, live over the whole step, below everything else.
+//
+// The places are found over the expanded step, as for any program, with
+// each slot or segment-local value one buffer over all its spans. The
+// schedule repeats in its steady phase: shifting it by Megatron's period
+// (one micro-batch for 1F1B, `stages` for the interleaved schedule) and by
+// every slot count leaves each span's neighbourhood as it was. So a long
+// step is planned over a shorter one with the same warm-up, enough steady
+// periods to hold every value's lifetime and the same cool-down (its
+// micro-batch count equal modulo that shift): the arena is the same, and
+// the planning time no longer grows with the micro-batch count.
+FailureOr<int64_t> planScheduled(func::FuncOp f, DictionaryAttr schedule, ArrayAttr segmentList) {
+  auto get = [&](StringRef n) {
+    auto a = schedule.getAs<IntegerAttr>(n);
+    return a ? a.getInt() : int64_t(-1);
+  };
+  const int64_t pp = get("stages"), vp = get("chunks"), rank = get("rank"),
+                m = get("micro_batches");
+  Block &body = f.getBody().front();
+  std::vector<rt::SegmentKey> keys;
+  SmallVector<int64_t> segmentOps;
+  for (Attribute a : segmentList) {
+    auto d = dyn_cast<DictionaryAttr>(a);
+    auto fw = d ? d.getAs<BoolAttr>("forward") : BoolAttr();
+    auto chunk = d ? d.getAs<IntegerAttr>("chunk") : IntegerAttr();
+    auto part = d ? d.getAs<IntegerAttr>("part") : IntegerAttr();
+    auto ops = d ? d.getAs<IntegerAttr>("ops") : IntegerAttr();
+    if (!fw || !chunk || !part || !ops || ops.getInt() < 1 || part.getInt() < 0 ||
+        part.getInt() > 3) {
+      f.emitError("mt-plan-memory: mt.segments needs {forward, chunk, part 0-3, ops >= 1} "
+                  "per segment; run mt-schedule-pp");
+      return failure();
+    }
+    keys.push_back({fw.getValue(), chunk.getInt(), rt::SegmentPart(part.getInt())});
+    segmentOps.push_back(ops.getInt());
+  }
+  std::string error;
+  const std::vector<rt::ScheduledSegment> full = rt::expand_pipeline(pp, vp, rank, m, keys, &error);
+  if (full.empty()) {
+    f.emitError() << "mt-plan-memory: " << error;
+    return failure();
+  }
+
+  // Each op's segment and index inside it; the order of one micro-batch's
+  // segments is their order here.
+  struct Where {
+    int64_t segment = -1, local = -1;
+    bool operator<(const Where &o) const {
+      return std::make_pair(segment, local) < std::make_pair(o.segment, o.local);
+    }
+  };
+  DenseMap<Operation *, Where> where;
+  {
+    int64_t seg = 0, local = 0;
+    for (Operation &op : body.without_terminator()) {
+      if (isa<ParamRefOp>(op))
+        continue;
+      if (seg >= int64_t(segmentOps.size())) {
+        op.emitError("mt-plan-memory: op after the last of mt.segments' segments");
+        return failure();
+      }
+      where[&op] = {seg, local};
+      if (++local == segmentOps[seg]) {
+        ++seg;
+        local = 0;
+      }
+    }
+    if (seg != int64_t(segmentOps.size())) {
+      f.emitError("mt-plan-memory: mt.segments counts more ops than @train_step has");
+      return failure();
+    }
+  }
+
+  DenseMap<Value, Value> root;
+  auto rootOf = [&](Value v) {
+    while (root.count(v))
+      v = root.lookup(v);
+    return v;
+  };
+  for (Operation &op : body)
+    if (auto r = dyn_cast<ReshapeOp>(op))
+      if (inArena(r.getInput()))
+        root[r.getResult()] = r.getInput();
+
+  // Per root: its last use, and whether the step returns it.
+  DenseMap<Value, Where> lastUse;
+  DenseSet<Value> returned;
+  auto noteUses = [&](Value v) {
+    if (!inArena(v))
+      return;
+    Value r = rootOf(v);
+    for (Operation *user : v.getUsers()) {
+      user = body.findAncestorOpInBlock(*user);
+      if (isa<func::ReturnOp>(user)) {
+        returned.insert(r);
+        continue;
+      }
+      Where w = where.lookup(user);
+      auto it = lastUse.find(r);
+      if (it == lastUse.end())
+        lastUse[r] = w;
+      else if (it->second < w)
+        it->second = w;
+    }
+  };
+  for (BlockArgument a : body.getArguments())
+    noteUses(a);
+  for (Operation &op : body)
+    for (Value r : op.getResults())
+      noteUses(r);
+
+  struct Item {
+    int64_t size;
+    Where def, end;
+    bool whole; // an input or output: one slot per micro-batch
+  };
+  SmallVector<Item> items;
+  DenseMap<Value, int64_t> itemOf;
+  auto open = [&](Value v, Where def, bool whole) {
+    itemOf[v] = items.size();
+    Where end = def;
+    if (auto it = lastUse.find(v); it != lastUse.end() && def < it->second)
+      end = it->second;
+    items.push_back({alignUp(std::max<int64_t>(bytesOf(v.getType()), 1)), def, end,
+                     whole || returned.contains(v)});
+  };
+  for (BlockArgument a : body.getArguments())
+    if (inArena(a))
+      open(a, {}, true);
+  for (Operation &op : body.without_terminator()) {
+    if (isa<ParamRefOp>(op))
+      continue;
+    Where w = where.lookup(&op);
+    // The logits' gradient over the logits, as in planFunction.
+    if (auto ce = dyn_cast<CrossEntropyGradOp>(op)) {
+      Value logits = ce.getLogits(), r = rootOf(logits);
+      auto last = lastUse.find(r);
+      if (inArena(logits) && last != lastUse.end() && !(last->second < w) &&
+          !(w < last->second) && bytesOf(r.getType()) == bytesOf(ce.getType()) &&
+          !returned.contains(r)) {
+        int64_t id = itemOf.lookup(r);
+        itemOf[ce.getResult()] = id;
+        if (auto g = lastUse.find(ce.getResult()); g != lastUse.end() && items[id].end < g->second)
+          items[id].end = g->second;
+        if (returned.contains(ce.getResult()))
+          items[id].whole = true;
+        continue;
+      }
+    }
+    for (Value r : op.getResults())
+      if (inArena(r) && rootOf(r) == r)
+        open(r, w, false);
+  }
+
+  // Event positions of every (segment, micro-batch) in the whole step.
+  const int64_t nseg = int64_t(keys.size());
+  auto positions = [&](const std::vector<rt::ScheduledSegment> &events, int64_t mbs) {
+    std::vector<int64_t> pos(size_t(nseg * mbs), -1);
+    for (size_t e = 0; e < events.size(); ++e)
+      pos[size_t(events[e].segment * mbs + events[e].micro_batch)] = int64_t(e);
+    return pos;
+  };
+  const std::vector<int64_t> fullPos = positions(full, m);
+  // Slot counts, per (defining segment, last segment).
+  std::map<std::pair<int64_t, int64_t>, int64_t> slotCounts;
+  for (Item &it : items) {
+    if (it.whole || it.def.segment == it.end.segment)
+      continue;
+    auto [entry, inserted] = slotCounts.try_emplace({it.def.segment, it.end.segment}, 0);
+    if (!inserted)
+      continue;
+    const int64_t d = it.def.segment, u = it.end.segment;
+    int64_t slots = 1;
+    for (; slots < m; ++slots) {
+      bool ok = true;
+      for (int64_t k = 0; ok && k + slots < m; ++k)
+        ok = fullPos[size_t(u * m + k)] < fullPos[size_t(d * m + k + slots)];
+      if (ok)
+        break;
+    }
+    entry->second = slots;
+  }
+
+  // Interleaved: a rank's chunks hold their micro-batches at different
+  // times, so slots m % S per chunk would keep every chunk's most in flight
+  // at once. Instead each (chunk, micro-batch) takes the lowest slot free
+  // when its forward starts, over all chunks (interval colouring, greedy by
+  // start: as few slots as ever hold micro-batches at once), and a value
+  // lists its slot per micro-batch. Equal chunks then share slots' bytes.
+  const bool coloured = vp > 1;
+  SmallVector<SmallVector<int64_t>> colour; // [chunk][micro-batch] -> slot
+  SmallVector<int64_t> colours(vp, 0);      // per chunk: slots used (highest + 1)
+  if (coloured) {
+    SmallVector<int64_t> firstSeg(vp, -1), lastSeg(vp, -1);
+    for (auto [i, k] : llvm::enumerate(keys)) {
+      if (firstSeg[k.chunk] < 0)
+        firstSeg[k.chunk] = int64_t(i);
+      lastSeg[k.chunk] = int64_t(i);
+    }
+    struct Instance {
+      int64_t start, end, chunk, mb;
+    };
+    SmallVector<Instance> instances;
+    for (int64_t c = 0; c < vp; ++c)
+      if (firstSeg[c] >= 0)
+        for (int64_t k = 0; k < m; ++k)
+          instances.push_back({fullPos[size_t(firstSeg[c] * m + k)],
+                               fullPos[size_t(lastSeg[c] * m + k)], c, k});
+    llvm::sort(instances, [](const Instance &a, const Instance &b) { return a.start < b.start; });
+    colour.assign(vp, SmallVector<int64_t>(m, 0));
+    SmallVector<int64_t> busyUntil; // per slot: the event its holder ends at
+    for (const Instance &in : instances) {
+      int64_t slot = 0;
+      while (slot < int64_t(busyUntil.size()) && busyUntil[slot] >= in.start)
+        ++slot;
+      if (slot == int64_t(busyUntil.size()))
+        busyUntil.push_back(0);
+      busyUntil[slot] = in.end;
+      colour[in.chunk][in.mb] = slot;
+      colours[in.chunk] = std::max(colours[in.chunk], slot + 1);
+    }
+  }
+
+  // The shorter step planned instead of a long one (1F1B).
+  int64_t shift = vp > 1 ? pp : 1;
+  for (auto &[key, slots] : slotCounts) {
+    shift = std::lcm(shift, slots);
+    if (shift > m)
+      break;
+  }
+  const int64_t lead = 3 * pp;
+  int64_t planned = m;
+  if (!coloured && shift <= m && m > lead + 5 * shift)
+    planned = lead + 4 * shift + (m - lead) % shift;
+  std::vector<rt::ScheduledSegment> events = full;
+  if (planned < m) {
+    events = rt::expand_pipeline(pp, vp, rank, planned, keys, &error);
+    if (events.empty()) {
+      f.emitError() << "mt-plan-memory: " << error;
+      return failure();
+    }
+  }
+  const std::vector<int64_t> pos = planned < m ? positions(events, planned) : fullPos;
+  SmallVector<int64_t> base(events.size() + 1, 0);
+  for (size_t e = 0; e < events.size(); ++e)
+    base[e + 1] = base[e] + segmentOps[size_t(events[e].segment)];
+  const int64_t end = base.back();
+  auto at = [&](Where w, int64_t mb) {
+    return base[size_t(pos[size_t(w.segment * planned + mb)])] + w.local;
+  };
+
+  // Inputs and outputs first, one copy per micro-batch.
+  SmallVector<SmallVector<int64_t, 1>> placed(items.size());
+  int64_t reserved = 0;
+  for (auto [i, it] : llvm::enumerate(items))
+    if (it.whole)
+      for (int64_t k = 0; k < m; ++k) {
+        placed[i].push_back(reserved);
+        reserved += it.size;
+      }
+  SmallVector<Buffer> buffers;
+  SmallVector<std::pair<int64_t, int64_t>> owner; // buffer -> (item, slot)
+  for (auto [i, it] : llvm::enumerate(items)) {
+    if (it.whole)
+      continue;
+    if (it.def.segment == it.end.segment) {
+      Buffer b{it.size, {}};
+      for (size_t e = 0; e < events.size(); ++e)
+        if (events[e].segment == it.def.segment)
+          b.spans.push_back({base[e] + it.def.local, base[e] + it.end.local});
+      buffers.push_back(std::move(b));
+      owner.push_back({int64_t(i), 0});
+      continue;
+    }
+    if (coloured) {
+      const int64_t c = keys[size_t(it.def.segment)].chunk;
+      SmallVector<Buffer> bySlot(colours[c], Buffer{it.size, {}});
+      for (int64_t k = 0; k < planned; ++k)
+        bySlot[colour[c][k]].spans.push_back({at(it.def, k), at(it.end, k)});
+      for (auto [s, b] : llvm::enumerate(bySlot))
+        if (!b.spans.empty()) {
+          buffers.push_back(std::move(b));
+          owner.push_back({int64_t(i), int64_t(s)});
+        }
+      continue;
+    }
+    const int64_t slots = slotCounts.at({it.def.segment, it.end.segment});
+    for (int64_t s = 0; s < slots; ++s) {
+      Buffer b{it.size, {}};
+      for (int64_t k = s; k < planned; k += slots)
+        b.spans.push_back({at(it.def, k), at(it.end, k)});
+      buffers.push_back(std::move(b));
+      owner.push_back({int64_t(i), s});
+    }
+  }
+  SmallVector<int64_t> offsets(buffers.size());
+  const int64_t peak =
+      placeBySize(buffers, end, std::numeric_limits<int64_t>::max(), offsets);
+  for (auto [b, o] : llvm::enumerate(owner)) {
+    auto &slots = placed[size_t(o.first)];
+    if (int64_t(slots.size()) <= o.second)
+      slots.resize(size_t(o.second + 1));
+    slots[size_t(o.second)] = reserved + offsets[b];
+  }
+  // Coloured values: their slot per micro-batch (micro-batch k uses entry
+  // k % M = k).
+  if (coloured)
+    for (auto [i, it] : llvm::enumerate(items))
+      if (!it.whole && it.def.segment != it.end.segment) {
+        const int64_t c = keys[size_t(it.def.segment)].chunk;
+        SmallVector<int64_t, 1> perMicroBatch;
+        for (int64_t k = 0; k < m; ++k)
+          perMicroBatch.push_back(placed[i][size_t(colour[c][k])]);
+        placed[i] = std::move(perMicroBatch);
+      }
+
+  OpBuilder b(f.getContext());
+  const StringAttr offsetsName = b.getStringAttr("mt.offsets"),
+                   slotsName = b.getStringAttr("mt.slot_offsets");
+  auto slotsOf = [&](Value v) -> ArrayRef<int64_t> {
+    return placed[size_t(itemOf.lookup(rootOf(v)))];
+  };
+  for (Operation &op : body) {
+    if (op.getNumResults() == 0 || isa<func::ReturnOp>(op))
+      continue;
+    SmallVector<int64_t> resultOffsets;
+    SmallVector<Attribute> resultSlots;
+    bool anySlots = false;
+    for (Value r : op.getResults()) {
+      if (!inArena(r)) {
+        resultOffsets.push_back(-1);
+        resultSlots.push_back(b.getDenseI64ArrayAttr({}));
+        continue;
+      }
+      ArrayRef<int64_t> slots = slotsOf(r);
+      resultOffsets.push_back(slots.front());
+      anySlots |= slots.size() > 1 || items[size_t(itemOf.lookup(rootOf(r)))].whole;
+      resultSlots.push_back(b.getDenseI64ArrayAttr(
+          slots.size() > 1 || items[size_t(itemOf.lookup(rootOf(r)))].whole ? slots
+                                                                             : ArrayRef<int64_t>()));
+    }
+    op.setAttr(offsetsName, b.getDenseI64ArrayAttr(resultOffsets));
+    if (anySlots)
+      op.setAttr(slotsName, b.getArrayAttr(resultSlots));
+  }
+  for (BlockArgument a : body.getArguments())
+    if (inArena(a)) {
+      f.setArgAttr(a.getArgNumber(), "mt.offset", b.getI64IntegerAttr(slotsOf(a).front()));
+      f.setArgAttr(a.getArgNumber(), "mt.slot_offsets", b.getDenseI64ArrayAttr(slotsOf(a)));
+    }
+  const int64_t arena = reserved + peak;
+  f->setAttr("mt.arena_bytes", b.getI64IntegerAttr(arena));
+  f->setAttr("mt.planned_micro_batches", b.getI64IntegerAttr(planned));
+  return arena;
 }
 
 // Data-parallel plans: weights and gradients as flat buffers indexed alike
@@ -478,8 +861,18 @@ struct MtPlanMemoryPass : impl::MtPlanMemoryPassBase<MtPlanMemoryPass> {
     }
 
     int64_t arenaBytes = 0;
-    for (auto f : module.getOps<func::FuncOp>())
+    for (auto f : module.getOps<func::FuncOp>()) {
+      auto schedule = f->getAttrOfType<DictionaryAttr>("mt.pipeline_schedule");
+      auto segments = f->getAttrOfType<ArrayAttr>("mt.segments");
+      if (schedule && segments) {
+        FailureOr<int64_t> bytes = planScheduled(f, schedule, segments);
+        if (failed(bytes))
+          return signalPassFailure();
+        arenaBytes = std::max(arenaBytes, *bytes);
+        continue;
+      }
       arenaBytes = std::max(arenaBytes, planFunction(f));
+    }
 
     module->setAttr("mt.state_bytes", b.getI64IntegerAttr(cursor));
     module->setAttr("mt.arena_bytes", b.getI64IntegerAttr(arenaBytes));

@@ -1,10 +1,14 @@
-// mt-schedule-pp: each pipeline stage's @train_step unrolled over the step's
-// micro-batches in Megatron-LM's 1F1B or interleaved order; its @eval_step
-// ordered chunk by chunk, one micro-batch's, which the runtime repeats.
+// mt-schedule-pp: each pipeline stage's @train_step stays one micro-batch's
+// program, cut into segments (a chunk's forward or backward; for the
+// interleaved schedule its receives, computation and sends) that mtrun runs
+// in Megatron-LM's 1F1B or interleaved order for every micro-batch
+// (runtime/base/pipeline_order.h); its @eval_step ordered chunk by chunk,
+// one micro-batch's, which the runtime repeats.
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
 #include "passes/StageModules.h"
+#include "runtime/base/pipeline_order.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -19,64 +23,6 @@ using namespace mlir;
 
 namespace mt {
 namespace {
-
-// One forward or backward of one micro-batch through one model chunk.
-// Steps of one `unit` run back to back between two exchanges with the
-// neighbouring stages (interleaved schedule: a warm-up forward, a steady
-// forward and backward pair, a cool-down backward).
-struct PipelineStep {
-  bool forward;
-  int64_t microBatch, chunk;
-  int64_t unit = 0;
-};
-
-// Megatron-LM's order for pipeline rank `rank` of `pp`, with `vp` model
-// chunks per rank and `m` micro-batches (schedules.py:
-// forward_backward_pipelining_without_interleaving and
-// forward_backward_pipelining_with_interleaving).
-SmallVector<PipelineStep> pipelineOrder(int64_t pp, int64_t vp, int64_t rank, int64_t m) {
-  SmallVector<PipelineStep> order;
-  if (vp == 1) {
-    // 1F1B: warm-up forwards, then one forward and one backward in turn,
-    // then the remaining backwards.
-    int64_t warmup = std::min(pp - rank - 1, m), steady = m - warmup;
-    for (int64_t i = 0; i < warmup; ++i)
-      order.push_back({true, i, 0});
-    for (int64_t i = 0; i < steady; ++i) {
-      order.push_back({true, warmup + i, 0});
-      order.push_back({false, i, 0});
-    }
-    for (int64_t i = steady; i < m; ++i)
-      order.push_back({false, i, 0});
-    return order;
-  }
-  // Interleaved: virtual micro-batch k runs micro-batch
-  // (k / (pp * vp)) * pp + k % pp on chunk (k % (pp * vp)) / pp; backwards
-  // visit the chunks in reverse.
-  const int64_t total = m * vp;
-  int64_t warmup = m == pp ? total : std::min((pp - rank - 1) * 2 + (vp - 1) * pp, total);
-  auto step = [&](int64_t k, bool forward) {
-    int64_t chunk = (k % (pp * vp)) / pp;
-    if (!forward)
-      chunk = vp - chunk - 1;
-    return PipelineStep{forward, (k / (pp * vp)) * pp + k % pp, chunk};
-  };
-  const int64_t steady = total - warmup;
-  int64_t unit = 0;
-  auto add = [&](PipelineStep s) {
-    s.unit = unit;
-    order.push_back(s);
-  };
-  for (int64_t k = 0; k < warmup; ++k, ++unit)
-    add(step(k, true));
-  for (int64_t i = 0; i < steady; ++i, ++unit) {
-    add(step(warmup + i, true));
-    add(step(i, false));
-  }
-  for (int64_t k = steady; k < total; ++k, ++unit)
-    add(step(k, false));
-  return order;
-}
 
 std::optional<int64_t> chunkOf(Operation *op) {
   if (auto a = op->getAttrOfType<IntegerAttr>("mt.chunk"))
@@ -116,15 +62,12 @@ struct MtSchedulePPPass : impl::MtSchedulePPPassBase<MtSchedulePPPass> {
       if (!stage->hasAttr("mt.stage"))
         continue;
       const int64_t rank = stageRank(stage);
-      auto order = pipelineOrder(pp, vp, rank, microBatches);
-      // What the memory report states beside the stage's planned peak.
-      int64_t inFlight = 0, maxInFlight = 0;
-      for (const PipelineStep &s : order)
-        if (s.chunk == 0) // a micro-batch starts and ends in chunk 0
-          maxInFlight = std::max(maxInFlight, inFlight += s.forward ? 1 : -1);
+      // What the memory report states beside the stage's planned peak (a
+      // micro-batch starts and ends in chunk 0).
       stage->setAttr("mt.micro_batches_in_flight",
-                     OpBuilder(stage).getI64IntegerAttr(maxInFlight));
-      if (failed(unroll(stage, "train_step", order, microBatches, stride)))
+                     OpBuilder(stage).getI64IntegerAttr(rt::micro_batches_in_flight(
+                         rt::pipeline_order(pp, vp, rank, microBatches), 0)));
+      if (failed(segment(stage, "train_step", pp, vp, rank, microBatches, stride)))
         return signalPassFailure();
       // Evaluation: every micro-batch's forward, chunk by chunk. Each
       // micro-batch's messages complete before the next one's start, so the
@@ -185,12 +128,17 @@ struct MtSchedulePPPass : impl::MtSchedulePPPassBase<MtSchedulePPPass> {
     return success();
   }
 
-  // Replaces @name (one micro-batch) by its unrolled form: inputs and outputs
-  // per micro-batch ("tokens.3", "loss.3"), ops cloned per step of `order`,
-  // each clone tagged with `mt.micro_batch` (the runtime's RNG offset) and
-  // its messages' tags made unique per micro-batch.
-  LogicalResult unroll(ModuleOp stage, StringRef name, ArrayRef<PipelineStep> order,
-                       int64_t microBatches, int64_t stride) {
+  // Orders @name (one micro-batch's forward and backward) in segments:
+  // parameter reads first, then each chunk's forward, then each chunk's
+  // backward in reverse, every segment's ops in program order. With one
+  // chunk a segment is a whole forward or backward (each receives first and
+  // sends last); interleaved, each splits into its receives, computation and
+  // sends, which the schedule runs at different points. The function keeps
+  // its one-micro-batch signature and gets `mt.segments` (forward, chunk,
+  // part, ops: the segments in order) and `mt.pipeline_schedule` (stages,
+  // chunks, rank, micro_batches, tag_stride).
+  LogicalResult segment(ModuleOp stage, StringRef name, int64_t pp, int64_t vp, int64_t rank,
+                        int64_t microBatches, int64_t stride) {
     auto f = stage.lookupSymbol<func::FuncOp>(name);
     if (!f)
       return stage.emitError() << "mt-schedule-pp: the stage has no @" << name
@@ -206,166 +154,109 @@ struct MtSchedulePPPass : impl::MtSchedulePPPassBase<MtSchedulePPPass> {
       return f.emitError("mt-schedule-pp: @train_step has no mt.grad_seed, so its backward "
                          "cannot be told from its forward");
 
-    // Steps' ops, in program order.
-    SmallVector<SmallVector<Operation *>> fwd, bwd;
-    int64_t chunks = 0;
-    SmallVector<ParamRefOp> refs;
+    // Each (forward or backward, chunk)'s ops, in program order.
+    SmallVector<SmallVector<Operation *>> fwd(vp), bwd(vp);
+    SmallVector<Operation *> refs;
+    Operation *unusedSeed = nullptr;
     bool inBackward = false;
     for (Operation &op : body.without_terminator()) {
       if (&op == seed) {
         inBackward = true;
         // A stage without the loss has the seed only to mark this point.
-        if (!chunkOf(&op) && op.use_empty())
+        if (!chunkOf(&op) && op.use_empty()) {
+          unusedSeed = &op;
           continue;
+        }
       }
-      if (auto ref = dyn_cast<ParamRefOp>(op)) {
-        refs.push_back(ref);
+      if (isa<ParamRefOp>(op)) {
+        refs.push_back(&op);
         continue;
       }
       std::optional<int64_t> c = chunkOf(&op);
       if (!c)
         return op.emitError("mt-schedule-pp: op has no mt.chunk; run mt-partition-pp first");
-      chunks = std::max(chunks, *c + 1);
-      auto &lists = inBackward ? bwd : fwd;
-      if (int64_t(lists.size()) <= *c)
-        lists.resize(*c + 1);
-      lists[*c].push_back(&op);
+      if (*c < 0 || *c >= vp)
+        return op.emitError() << "mt-schedule-pp: op of model chunk " << *c << ", but the stage has "
+                              << vp << " chunks";
+      (inBackward ? bwd : fwd)[*c].push_back(&op);
     }
-    fwd.resize(std::max<size_t>(fwd.size(), chunks));
-    bwd.resize(std::max<size_t>(bwd.size(), chunks));
+    if (unusedSeed)
+      unusedSeed->erase();
 
     OpBuilder b(f);
-    SmallVector<Type> ins, outs;
-    auto ret = cast<func::ReturnOp>(body.getTerminator());
-    for (int64_t m = 0; m < microBatches; ++m) {
-      for (BlockArgument a : body.getArguments())
-        ins.push_back(a.getType());
-      for (Value v : ret.getOperands())
-        outs.push_back(v.getType());
-    }
-    auto g = b.create<func::FuncOp>(f.getLoc(), name, b.getFunctionType(ins, outs));
-    Block *entry = g.addEntryBlock();
-    const int64_t nargs = body.getNumArguments(), nres = ret.getNumOperands();
-    SmallVector<IRMapping> maps(microBatches);
-    for (int64_t m = 0; m < microBatches; ++m)
-      for (BlockArgument a : body.getArguments()) {
-        int64_t i = m * nargs + a.getArgNumber();
-        auto n = f.getArgAttrOfType<StringAttr>(a.getArgNumber(), "mt.name");
-        std::string argName = (n ? n.getValue().str() : "arg" + std::to_string(a.getArgNumber())) +
-                              "." + std::to_string(m);
-        g.setArgAttr(i, "mt.name", b.getStringAttr(argName));
-        maps[m].map(a, entry->getArgument(i));
-      }
-    b.setInsertionPointToEnd(entry);
-    for (ParamRefOp ref : refs) {
-      Operation *copy = b.clone(*ref);
-      for (IRMapping &map : maps)
-        map.map(ref.getResult(), copy->getResult(0));
-    }
-    // A clone's discardable attributes: its op's without the micro-batch
-    // marks, with `mt.micro_batch`. Many ops share one dictionary (a
-    // layer's ops have the same mt.chunk and mt.layer), so each distinct
-    // (dictionary, micro-batch) is built and uniqued once, not per clone.
-    MLIRContext *ctx = f.getContext();
-    const StringAttr lastMark = StringAttr::get(ctx, "mt.last_micro_batch"),
-                     firstMark = StringAttr::get(ctx, "mt.first_micro_batch"),
-                     mbName = StringAttr::get(ctx, "mt.micro_batch");
-    DenseMap<std::pair<DictionaryAttr, int64_t>, DictionaryAttr> cloneAttrs;
-    auto attrsFor = [&](DictionaryAttr base, int64_t mb) {
-      DictionaryAttr &d = cloneAttrs[{base, mb}];
-      if (!d) {
-        NamedAttrList list(base);
-        list.erase(lastMark);
-        list.erase(firstMark);
-        list.set(mbName, b.getI64IntegerAttr(mb));
-        d = list.getDictionary(ctx);
-      }
-      return d;
-    };
-    // Clones step s's ops that `pick` selects.
-    auto emit = [&](const PipelineStep &s, function_ref<bool(Operation *)> pick) {
-      IRMapping &map = maps[s.microBatch];
-      for (Operation *op : (s.forward ? fwd : bwd)[s.chunk]) {
-        if (!pick(op))
-          continue;
-        // mt-data-parallel's overlapped bucket reductions: in the last
-        // micro-batch's backward only, which completes the gradients; its
-        // overlapped weight gathers: in the first micro-batch's forward.
-        DictionaryAttr base = op->getDiscardableAttrDictionary();
-        if (base.contains(lastMark) && s.microBatch != microBatches - 1)
-          continue;
-        if (base.contains(firstMark) && s.microBatch != 0)
-          continue;
-        Operation *copy = b.clone(*op, map);
-        copy->setDiscardableAttrs(attrsFor(base, s.microBatch));
-        if (auto send = dyn_cast<SendOp>(copy))
-          send.setTag(send.getTag() + s.microBatch * stride);
-        if (auto recv = dyn_cast<RecvOp>(copy))
-          recv.setTag(recv.getTag() + s.microBatch * stride);
-      }
+    Operation *terminator = body.getTerminator();
+    for (Operation *op : refs)
+      op->moveBefore(terminator);
+    SmallVector<Attribute> segments;
+    auto place = [&](ArrayRef<Operation *> ops, bool forward, int64_t chunk, rt::SegmentPart part,
+                     function_ref<bool(Operation *)> pick) {
+      int64_t n = 0;
+      for (Operation *op : ops)
+        if (pick(op)) {
+          op->moveBefore(terminator);
+          ++n;
+        }
+      if (n == 0)
+        return;
+      NamedAttribute fields[] = {
+          b.getNamedAttr("forward", b.getBoolAttr(forward)),
+          b.getNamedAttr("chunk", b.getI64IntegerAttr(chunk)),
+          b.getNamedAttr("part", b.getI64IntegerAttr(int64_t(part))),
+          b.getNamedAttr("ops", b.getI64IntegerAttr(n)),
+      };
+      segments.push_back(b.getDictionaryAttr(fields));
     };
     auto any = [](Operation *) { return true; };
     auto isSend = [](Operation *op) { return isa<SendOp>(op); };
     auto isRecv = [](Operation *op) { return isa<RecvOp>(op); };
     auto isCompute = [](Operation *op) { return !isa<SendOp, RecvOp>(op); };
-    if (vp(order) == 1) {
-      // Each step receives its input first and sends its output last; the
-      // GPU executor issues adjacent sends and receives as one NCCL group,
-      // which pairs each 1F1B send with the receive Megatron-LM pairs it
-      // with.
-      for (const PipelineStep &s : order)
-        emit(s, any);
-    } else {
-      // Interleaved, as Megatron-LM exchanges: after each unit of steps,
-      // one group sends the unit's outputs and receives the inputs of the
-      // next unit's steps (the first unit's are received up front). Each
-      // stage's k-th group then meets its neighbours' k-th groups, which
-      // NCCL needs (runtime/comm/comm_order.h); receiving each input only where
-      // its step starts can leave two stages each sending to the other.
-      for (const PipelineStep &s : order)
-        if (s.unit == order.front().unit)
-          emit(s, isRecv);
-      for (size_t i = 0; i < order.size();) {
-        size_t end = i;
-        while (end < order.size() && order[end].unit == order[i].unit)
-          ++end;
-        for (size_t k = i; k < end; ++k)
-          emit(order[k], isCompute);
-        for (size_t k = i; k < end; ++k)
-          emit(order[k], isSend);
-        for (size_t k = end; k < order.size() && order[k].unit == order[end].unit; ++k)
-          emit(order[k], isRecv);
-        i = end;
-      }
+    auto placeStep = [&](ArrayRef<Operation *> ops, bool forward, int64_t chunk) {
+      if (vp == 1)
+        return place(ops, forward, chunk, rt::SegmentPart::All, any);
+      place(ops, forward, chunk, rt::SegmentPart::Recv, isRecv);
+      place(ops, forward, chunk, rt::SegmentPart::Compute, isCompute);
+      place(ops, forward, chunk, rt::SegmentPart::Send, isSend);
+    };
+    for (int64_t c = 0; c < vp; ++c)
+      placeStep(fwd[c], true, c);
+    for (int64_t c = vp - 1; c >= 0; --c)
+      placeStep(bwd[c], false, c);
+    // The new order must still define every value before its use: a chunk
+    // reads another chunk's values only through messages, and a segment's
+    // sends come after what they send.
+    DenseSet<Operation *> placed;
+    for (Operation &op : body.without_terminator()) {
+      for (Value v : op.getOperands())
+        if (Operation *def = v.getDefiningOp())
+          if (def->getBlock() == &body && !placed.count(def))
+            return op.emitError("mt-schedule-pp: reads a value that its segment order "
+                                "computes later (another model chunk's, without a message)");
+      placed.insert(&op);
     }
-    SmallVector<Value> results;
-    for (int64_t m = 0; m < microBatches; ++m)
-      for (Value v : ret.getOperands()) {
-        Value mapped = maps[m].lookupOrNull(v);
-        if (!mapped)
-          return f.emitError("mt-schedule-pp: the schedule never computes the result of "
-                             "micro-batch ")
-                 << m;
-        results.push_back(mapped);
-      }
-    b.create<func::ReturnOp>(f.getLoc(), results);
-    for (int64_t m = 0; m < microBatches; ++m)
-      for (int64_t i = 0; i < nres; ++i)
-        g.setResultAttr(m * nres + i, "mt.name",
-                        b.getStringAttr("loss." + std::to_string(m)));
-    for (NamedAttribute a : f->getDiscardableAttrs())
-      g->setAttr(a.getName(), a.getValue());
-    g->setAttr("mt.micro_batches", b.getI64IntegerAttr(microBatches));
-    g->setAttr("mt.schedule", b.getStringAttr(vp(order) > 1 ? "interleaved 1F1B" : "1F1B"));
-    f.erase();
-    return success();
-  }
 
-  static int64_t vp(ArrayRef<PipelineStep> order) {
-    int64_t c = 0;
-    for (const PipelineStep &s : order)
-      c = std::max(c, s.chunk + 1);
-    return c;
+    // The runtime expands these segments with the same code (checked here
+    // so that a plan it would refuse is never written).
+    std::vector<rt::SegmentKey> keys;
+    for (Attribute a : segments) {
+      auto d = cast<DictionaryAttr>(a);
+      keys.push_back({d.getAs<BoolAttr>("forward").getValue(),
+                      d.getAs<IntegerAttr>("chunk").getInt(),
+                      rt::SegmentPart(d.getAs<IntegerAttr>("part").getInt())});
+    }
+    std::string error;
+    if (rt::expand_pipeline(pp, vp, rank, microBatches, keys, &error).empty())
+      return f.emitError() << "mt-schedule-pp: " << error;
+    f->setAttr("mt.segments", b.getArrayAttr(segments));
+    NamedAttribute schedule[] = {
+        b.getNamedAttr("stages", b.getI64IntegerAttr(pp)),
+        b.getNamedAttr("chunks", b.getI64IntegerAttr(vp)),
+        b.getNamedAttr("rank", b.getI64IntegerAttr(rank)),
+        b.getNamedAttr("micro_batches", b.getI64IntegerAttr(microBatches)),
+        b.getNamedAttr("tag_stride", b.getI64IntegerAttr(stride)),
+    };
+    f->setAttr("mt.pipeline_schedule", b.getDictionaryAttr(schedule));
+    f->setAttr("mt.schedule", b.getStringAttr(vp > 1 ? "interleaved 1F1B" : "1F1B"));
+    return success();
   }
 };
 

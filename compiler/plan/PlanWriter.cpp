@@ -345,7 +345,14 @@ private:
     valueNames.clear();
     // Looked up per instruction: resolved once, not by name each time.
     offsetsName = StringAttr::get(f.getContext(), "mt.offsets");
-    microBatchName = StringAttr::get(f.getContext(), "mt.micro_batch");
+    slotOffsetsName = StringAttr::get(f.getContext(), "mt.slot_offsets");
+    firstMarkName = StringAttr::get(f.getContext(), "mt.first_micro_batch");
+    lastMarkName = StringAttr::get(f.getContext(), "mt.last_micro_batch");
+    pipelined = f->hasAttr("mt.pipeline_schedule");
+    if (pipelined)
+      if (auto sched = f->getAttrOfType<DictionaryAttr>("mt.pipeline_schedule"))
+        if (auto mbs = sched.getAs<IntegerAttr>("micro_batches"))
+          microBatchSlots = std::max<uint64_t>(microBatchSlots, uint64_t(mbs.getInt()));
     Block &body = f.getBody().front();
     std::vector<uint32_t> inputs, outputs;
     std::vector<std::string> inputNames, outputNames;
@@ -357,7 +364,9 @@ private:
         return failure();
       }
       std::string n = name ? name.str() : "arg" + std::to_string(a.getArgNumber());
-      inputs.push_back(addValue(a, pl::Region::ARENA, off.getInt(), n));
+      auto slots = f.getArgAttrOfType<DenseI64ArrayAttr>(a.getArgNumber(), "mt.slot_offsets");
+      inputs.push_back(addValue(a, pl::Region::ARENA, off.getInt(), n,
+                                slots ? slots.asArrayRef() : ArrayRef<int64_t>()));
       inputNames.push_back(n);
     }
 
@@ -386,36 +395,76 @@ private:
         op.emitError("plan writer: op has no arena offsets; run mt-plan-memory first");
         return failure();
       }
-      for (auto [i, r] : llvm::enumerate(op.getResults()))
-        addValue(r, pl::Region::ARENA, offsets[i], "");
+      auto slots = op.getAttrOfType<ArrayAttr>(slotOffsetsName);
+      for (auto [i, r] : llvm::enumerate(op.getResults())) {
+        auto rs = slots && i < slots.size() ? dyn_cast<DenseI64ArrayAttr>(slots[i])
+                                            : DenseI64ArrayAttr();
+        addValue(r, pl::Region::ARENA, offsets[i], "",
+                 rs ? rs.asArrayRef() : ArrayRef<int64_t>());
+      }
       if (failed(emit(op, valueIndex, insts)))
         return failure();
+    }
+    fb::Offset<pl::PipelineSchedule> schedule;
+    if (pipelined) {
+      FailureOr<fb::Offset<pl::PipelineSchedule>> p = pipelineSchedule(f, insts.size());
+      if (failed(p))
+        return failure();
+      schedule = *p;
     }
     auto valuesVec = fbb.CreateVector(values);
     return pl::CreateProgram(fbb, fbb.CreateString(f.getName().str()), valuesVec,
                              fbb.CreateVector(inputs), fbb.CreateVectorOfStrings(inputNames),
                              fbb.CreateVector(outputs), fbb.CreateVectorOfStrings(outputNames),
-                             fbb.CreateVector(insts), unrolledMicroBatches(f));
+                             fbb.CreateVector(insts), 0, schedule);
   }
 
-  // mt-schedule-pp's unrolled pipeline schedule (Program.unrolled_micro_batches).
-  static int32_t unrolledMicroBatches(func::FuncOp f) {
-    auto a = f->getAttrOfType<IntegerAttr>("mt.micro_batches");
-    return a ? int32_t(a.getInt()) : 0;
+  // mt-schedule-pp's segments of a pipelined train_step, as instruction
+  // ranges (one instruction per op of a segment), and its schedule.
+  FailureOr<fb::Offset<pl::PipelineSchedule>> pipelineSchedule(func::FuncOp f,
+                                                               size_t instructions) {
+    auto sched = f->getAttrOfType<DictionaryAttr>("mt.pipeline_schedule");
+    auto segs = f->getAttrOfType<ArrayAttr>("mt.segments");
+    auto get = [&](StringRef n) {
+      auto a = sched.getAs<IntegerAttr>(n);
+      return a ? a.getInt() : int64_t(-1);
+    };
+    std::vector<pl::Segment> segments;
+    uint32_t begin = 0;
+    for (Attribute a : segs) {
+      auto d = cast<DictionaryAttr>(a);
+      const uint32_t n = uint32_t(d.getAs<IntegerAttr>("ops").getInt());
+      segments.emplace_back(begin, begin + n, int32_t(d.getAs<IntegerAttr>("chunk").getInt()),
+                            d.getAs<BoolAttr>("forward").getValue(),
+                            pl::SegmentPart(d.getAs<IntegerAttr>("part").getInt()));
+      begin += n;
+    }
+    if (begin != instructions) {
+      f.emitError() << "plan writer: mt.segments count " << begin << " instructions, @"
+                    << f.getName() << " has " << instructions << "; run mt-schedule-pp last";
+      return failure();
+    }
+    return pl::CreatePipelineSchedule(fbb, int32_t(get("stages")), int32_t(get("chunks")),
+                                      int32_t(get("rank")), int32_t(get("micro_batches")),
+                                      get("tag_stride"), fbb.CreateVectorOfStructs(segments));
   }
 
   fb::Offset<pl::Value> valueEntry(Value v, pl::Region region, int64_t offset,
-                                   const std::string &name) {
+                                   const std::string &name, ArrayRef<int64_t> slots = {}) {
     auto t = cast<RankedTensorType>(v.getType());
     auto shape = t.getShape();
+    fb::Offset<fb::Vector<uint64_t>> slotOffsets;
+    if (!slots.empty())
+      slotOffsets = fbb.CreateVector(std::vector<uint64_t>(slots.begin(), slots.end()));
     // Unnamed values store no name: readers label them by their index.
     return pl::CreateValue(fbb, name.empty() ? 0 : sharedString(name), region, uint64_t(offset),
                            sharedVector('s', std::vector<int64_t>(shape.begin(), shape.end())),
-                           dtypeOf(t.getElementType()));
+                           dtypeOf(t.getElementType()), slotOffsets);
   }
 
-  uint32_t addValue(Value v, pl::Region region, int64_t offset, std::string name) {
-    values.push_back(valueEntry(v, region, offset, name));
+  uint32_t addValue(Value v, pl::Region region, int64_t offset, std::string name,
+                    ArrayRef<int64_t> slots = {}) {
+    values.push_back(valueEntry(v, region, offset, name, slots));
     auto t = cast<RankedTensorType>(v.getType());
     valueInfo.push_back({std::vector<int64_t>(t.getShape().begin(), t.getShape().end()),
                          dtypeOf(t.getElementType()), uint64_t(offset), region});
@@ -431,9 +480,15 @@ private:
     if (failed(inst))
       return failure();
     std::string where = whereOf(op);
-    auto mb = microBatchName ? op.getAttrOfType<IntegerAttr>(microBatchName) : IntegerAttr();
-    if (mb)
-      microBatchSlots = std::max<uint64_t>(microBatchSlots, uint64_t(mb.getInt()) + 1);
+    // A pipelined step's overlapped weight gathers and bucket reductions run
+    // in the first and the last micro-batch only.
+    pl::MicroBatches runsIn = pl::MicroBatches::ALL;
+    if (pipelined && &numbers == &valueIndex) {
+      if (op.hasAttr(firstMarkName))
+        runsIn = pl::MicroBatches::FIRST;
+      else if (op.hasAttr(lastMarkName))
+        runsIn = pl::MicroBatches::LAST;
+    }
     // A kernel's cpu_instructions run only on the CPU: GPU steps belong to
     // the program's own instructions.
     std::vector<fb::Offset<pl::GpuStep>> gpu;
@@ -442,8 +497,8 @@ private:
     insts.push_back(pl::CreateInstruction(
         fbb, inst->op, fbb.CreateVector(inst->in), fbb.CreateVector(inst->out),
         sharedVector('p', inst->params), sharedVector('l', inst->ints),
-        sharedVector('d', inst->floats), sharedString(where), mb ? int32_t(mb.getInt()) : -1,
-        sharedVector('g', gpu)));
+        sharedVector('d', inst->floats), sharedString(where), -1, sharedVector('g', gpu),
+        runsIn));
     return success();
   }
 
@@ -1103,7 +1158,9 @@ private:
   std::unordered_map<size_t, std::vector<std::pair<FusedOp, int64_t>>> fusedKernels;
   uint64_t kernelWorkspace = 0;
   uint64_t microBatchSlots = 0; // the micro-batches the stage's instructions name
-  StringAttr offsetsName, microBatchName; // "mt.offsets", "mt.micro_batch"
+  // "mt.offsets", "mt.slot_offsets", the first/last micro-batch marks.
+  StringAttr offsetsName, slotOffsetsName, firstMarkName, lastMarkName;
+  bool pipelined = false; // the program being written is a pipelined train_step
   std::vector<std::string> valueNames;
 };
 

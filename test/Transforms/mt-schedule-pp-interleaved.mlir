@@ -1,56 +1,45 @@
-// mt-schedule-pp, interleaved: the communication of each unit of steps (a
-// warm-up forward, a steady forward and backward, a cool-down backward) is
-// one group after the unit's compute: its outputs sent, then the inputs of
-// the next unit's steps received, as Megatron-LM's interleaved schedule
-// exchanges. (Receiving each input just before its step lets two stages
-// each wait to send to the other under NCCL; runtime/comm/comm_order.h.)
+// mt-schedule-pp, interleaved: each step is cut into its receives, its
+// computation and its sends, since Megatron-LM's interleaved schedule
+// exchanges once per unit of steps (a warm-up forward, a steady forward and
+// backward, a cool-down backward): the unit's computation, then its
+// outputs sent and the next unit's inputs received as one group.
+// (Receiving each input just before its step lets two stages each wait to
+// send to the other under NCCL; runtime/comm/comm_order.h.) The order of
+// the segments over the micro-batches is runtime/base/pipeline_order's
+// (tested in test/unit/runtime/base).
 // RUN: mtc-opt %s -mt-partition-pp -mt-autodiff -mt-schedule-pp | FileCheck %s
 
-// Stage 0 of 2, two chunks (layers 0 and 2), 4 micro-batches: 4 warm-up
-// forwards, 4 forward-backward pairs, 4 cool-down backwards.
+// Stage 0 of 2, two chunks (layers 0 and 2), 4 micro-batches. The first
+// chunk's forward receives nothing and its backward sends nothing.
 // CHECK-LABEL: module @stage0
 // CHECK:      func.func @train_step
+// CHECK-SAME: mt.pipeline_schedule = {chunks = 2 : i64, micro_batches = 4 : i64, rank = 0 : i64, stages = 2 : i64, tag_stride = 6 : i64}
 // CHECK-SAME: mt.schedule = "interleaved 1F1B"
-// The first chunk's forwards need no input from stage 1.
-// CHECK:      mt.send {{.*}} to 1 {mt.chunk = 0 : i64, mt.micro_batch = 0 : i64, tag = 0 : i64}
-// CHECK-NEXT: mt.embedding
-// CHECK:      mt.send {{.*}} to 1 {mt.chunk = 0 : i64, mt.micro_batch = 1 : i64, tag = 6 : i64}
-// CHECK-NEXT: mt.recv from 1 {mt.chunk = 1 : i64, mt.micro_batch = 0 : i64, tag = 2 : i64}
-// CHECK-NEXT: mt.matmul {{.*}}mt.chunk = 1 : i64, mt.layer = 2 : i64, mt.micro_batch = 0 : i64
-// CHECK-NEXT: mt.send {{.*}} to 1 {mt.chunk = 1 : i64, mt.micro_batch = 0 : i64, tag = 4 : i64}
-// CHECK-NEXT: mt.recv from 1 {mt.chunk = 1 : i64, mt.micro_batch = 1 : i64, tag = 8 : i64}
-// The last warm-up forward's group also receives the first backward's input.
-// CHECK:      mt.send {{.*}} to 1 {mt.chunk = 1 : i64, mt.micro_batch = 1 : i64, tag = 10 : i64}
-// CHECK-NEXT: mt.recv from 1 {mt.chunk = 1 : i64, mt.micro_batch = 0 : i64, tag = 5 : i64}
-// A steady pair: both steps computed, both outputs sent, the next pair's
-// inputs received.
-// CHECK-NEXT: mt.embedding {{.*}}mt.micro_batch = 2 : i64
-// CHECK:      mt.matmul_weight_grad {{.*}} into @l2.weight {mt.chunk = 1 : i64, mt.layer = 2 : i64, mt.micro_batch = 0 : i64}
-// CHECK-NEXT: mt.send {{.*}} to 1 {mt.chunk = 0 : i64, mt.micro_batch = 2 : i64, tag = 12 : i64}
-// CHECK-NEXT: mt.send {{.*}} to 1 {mt.chunk = 1 : i64, mt.micro_batch = 0 : i64, tag = 3 : i64}
-// CHECK-NEXT: mt.recv from 1 {mt.chunk = 1 : i64, mt.micro_batch = 1 : i64, tag = 11 : i64}
-// CHECK-NEXT: mt.embedding {{.*}}mt.micro_batch = 3 : i64
-// CHECK:      mt.send {{.*}} to 1 {mt.chunk = 0 : i64, mt.micro_batch = 3 : i64, tag = 18 : i64}
-// CHECK-NEXT: mt.send {{.*}} to 1 {mt.chunk = 1 : i64, mt.micro_batch = 1 : i64, tag = 9 : i64}
-// CHECK-NEXT: mt.recv from 1 {mt.chunk = 1 : i64, mt.micro_batch = 2 : i64, tag = 14 : i64}
-// CHECK-NEXT: mt.recv from 1 {mt.chunk = 0 : i64, mt.micro_batch = 0 : i64, tag = 1 : i64}
-// The cool-down: the last backwards receive without sending (chunk 0 is
-// the first virtual stage).
-// CHECK:      mt.embedding_grad {{.*}}mt.micro_batch = 2 : i64
-// CHECK-NEXT: mt.recv from 1 {mt.chunk = 0 : i64, mt.micro_batch = 3 : i64, tag = 19 : i64}
-// CHECK:      return
-// Evaluation is one micro-batch's forward, chunk by chunk, each chunk's
-// receive at its start and its send at its end.
-// CHECK:      func.func @eval_step
-// CHECK-SAME: mt.schedule = "forward, once per micro-batch"
-// CHECK-NOT:  mt.micro_batch
+// CHECK-SAME: mt.segments = [{chunk = 0 : i64, forward = true, ops = 2 : i64, part = 2 : i64}, {chunk = 0 : i64, forward = true, ops = 1 : i64, part = 3 : i64}, {chunk = 1 : i64, forward = true, ops = 1 : i64, part = 1 : i64}, {chunk = 1 : i64, forward = true, ops = 1 : i64, part = 2 : i64}, {chunk = 1 : i64, forward = true, ops = 1 : i64, part = 3 : i64}, {chunk = 1 : i64, forward = false, ops = 1 : i64, part = 1 : i64}, {chunk = 1 : i64, forward = false, ops = 2 : i64, part = 2 : i64}, {chunk = 1 : i64, forward = false, ops = 1 : i64, part = 3 : i64}, {chunk = 0 : i64, forward = false, ops = 1 : i64, part = 1 : i64}, {chunk = 0 : i64, forward = false, ops = 3 : i64, part = 2 : i64}]
 // CHECK:      mt.embedding
-// CHECK:      mt.send {{.*}} to 1 {mt.chunk = 0 : i64, tag = 0 : i64}
+// CHECK-NEXT: mt.matmul {{.*}}mt.chunk = 0 : i64, mt.layer = 0 : i64
+// CHECK-NEXT: mt.send {{.*}} to 1 {mt.chunk = 0 : i64, tag = 0 : i64}
 // CHECK-NEXT: mt.recv from 1 {mt.chunk = 1 : i64, tag = 2 : i64}
 // CHECK-NEXT: mt.matmul {{.*}}mt.chunk = 1 : i64, mt.layer = 2 : i64
 // CHECK-NEXT: mt.send {{.*}} to 1 {mt.chunk = 1 : i64, tag = 4 : i64}
+// CHECK-NEXT: mt.recv from 1 {mt.chunk = 1 : i64, tag = 5 : i64}
+// CHECK-NEXT: mt.matmul_input_grad {{.*}}mt.chunk = 1 : i64
+// CHECK-NEXT: mt.matmul_weight_grad {{.*}} into @l2.weight
+// CHECK-NEXT: mt.send {{.*}} to 1 {mt.chunk = 1 : i64, tag = 3 : i64}
+// CHECK-NEXT: mt.recv from 1 {mt.chunk = 0 : i64, tag = 1 : i64}
+// CHECK-NEXT: mt.matmul_input_grad {{.*}}mt.chunk = 0 : i64
+// CHECK-NEXT: mt.matmul_weight_grad {{.*}} into @l0.weight
+// CHECK-NEXT: mt.embedding_grad
 // CHECK-NEXT: return
+
+// Stage 1 (last): the loss in chunk 1's forward computation, whose
+// backward starts at once, so it receives nothing.
 // CHECK-LABEL: module @stage1
+// CHECK:      func.func @train_step
+// CHECK-SAME: mt.segments = [{chunk = 0 : i64, forward = true, ops = 1 : i64, part = 1 : i64}, {chunk = 0 : i64, forward = true, ops = 1 : i64, part = 2 : i64}, {chunk = 0 : i64, forward = true, ops = 1 : i64, part = 3 : i64}, {chunk = 1 : i64, forward = true, ops = 1 : i64, part = 1 : i64}, {chunk = 1 : i64, forward = true, ops = 3 : i64, part = 2 : i64}, {chunk = 1 : i64, forward = false, ops = 6 : i64, part = 2 : i64}, {chunk = 1 : i64, forward = false, ops = 1 : i64, part = 3 : i64}, {chunk = 0 : i64, forward = false, ops = 1 : i64, part = 1 : i64}, {chunk = 0 : i64, forward = false, ops = 2 : i64, part = 2 : i64}, {chunk = 0 : i64, forward = false, ops = 1 : i64, part = 3 : i64}]
+// CHECK:      mt.cross_entropy
+// CHECK-NEXT: mt.grad_seed {mt.chunk = 1 : i64, scale = 2.500000e-01 : f64}
+
 module attributes {mt.parallel = {pipeline_model_parallel_size = 2 : i64, virtual_pipeline_model_parallel_size = 2 : i64}, mt.training = {num_micro_batches = 4 : i64}} {
   mt.param @emb : tensor<32x8xf32>, normal(2.000000e-02)
   mt.param @l0.weight : tensor<8x8xf32>, normal(2.000000e-02)

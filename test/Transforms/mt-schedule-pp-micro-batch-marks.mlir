@@ -1,21 +1,21 @@
-// mt-schedule-pp keeps mt-data-parallel's marked ops in one micro-batch's
-// copy: overlapped weight gathers (mt.first_micro_batch) in micro-batch 0's
-// forward, before anything of the step, overlapped bucket reductions
-// (mt.last_micro_batch) in the last micro-batch's backward. (The
-// parameter reads come first: they are not instructions.)
+// mt-schedule-pp keeps mt-data-parallel's marked ops in the one
+// micro-batch program with their marks, which the plan writer turns into
+// Instruction.runs_in: overlapped weight gathers (mt.first_micro_batch) run
+// in micro-batch 0's forward, before anything of the step, overlapped
+// bucket reductions (mt.last_micro_batch) in the last micro-batch's
+// backward. (The parameter reads come first: they are not instructions.)
 // RUN: mtc-opt %s -mt-partition-pp -mt-autodiff -mt-optimizer -mt-data-parallel -mt-schedule-pp | FileCheck %s --enable-var-scope
 
 // Stage 0 of 2, 3 micro-batches; one bucket per stage.
 // CHECK-LABEL: module @stage0
 // CHECK:       func.func @train_step(
 // CHECK-NOT:   mt.embedding
-// CHECK:       mt.all_gather_params {bucket = 0 : i64, group = "dp", mt.chunk = 0 : i64, mt.micro_batch = 0 : i64}
-// CHECK-NOT:   mt.all_gather_params
-// CHECK:       mt.embedding {{.*}}mt.micro_batch = 0 : i64
+// CHECK:       mt.all_gather_params {bucket = 0 : i64, group = "dp", mt.chunk = 0 : i64, mt.first_micro_batch}
+// CHECK-NEXT:  mt.embedding
 // CHECK-NOT:   mt.all_gather_params
 // CHECK-NOT:   mt.reduce_grads
-// CHECK:       mt.embedding_grad {{.*}}mt.micro_batch = 2 : i64
-// CHECK-NEXT:  mt.reduce_grads {bucket = 0 : i64, group = "dp", mt.chunk = 0 : i64, mt.micro_batch = 2 : i64, scale = 5.000000e-01 : f64, scatter = true}
+// CHECK:       mt.embedding_grad
+// CHECK-NEXT:  mt.reduce_grads {bucket = 0 : i64, group = "dp", mt.chunk = 0 : i64, mt.last_micro_batch, scale = 5.000000e-01 : f64, scatter = true}
 // CHECK-NEXT:  return
 // CHECK:       func.func @eval_step(
 // CHECK-NOT:   mt.all_gather_params
@@ -28,7 +28,7 @@
 // CHECK-LABEL: module @stage1
 // CHECK:       func.func @train_step(
 // CHECK-NOT:   mt.recv
-// CHECK:       mt.all_gather_params {bucket = 0 : i64, group = "dp", mt.chunk = 0 : i64, mt.micro_batch = 0 : i64}
+// CHECK:       mt.all_gather_params {bucket = 0 : i64, group = "dp", mt.chunk = 0 : i64, mt.first_micro_batch}
 // CHECK-NOT:   mt.all_gather_params
 // CHECK:       func.func @eval_step(
 module attributes {mt.parallel = {pipeline_model_parallel_size = 2 : i64, data_parallel_size = 2 : i64, use_distributed_optimizer = true, overlap_grad_reduce = true, overlap_param_gather = true}, mt.training = {num_micro_batches = 3 : i64, lr = 6.0e-04 : f64, min_lr = 6.0e-05 : f64, lr_decay_style = "cosine", lr_warmup_iters = 20 : i64, lr_decay_iters = 200 : i64, weight_decay = 1.0e-01 : f64, adam_beta1 = 9.0e-01 : f64, adam_beta2 = 9.5e-01 : f64, adam_eps = 1.0e-08 : f64, clip_grad = 1.0 : f64}} {
