@@ -3,6 +3,7 @@
 #include "runtime/comm/comm_order.h"
 
 #include "runtime/comm/parallel_groups.h"
+#include "runtime/plan/pipeline_expand.h"
 #include "runtime/plan/plan_reader.h"
 
 #include <map>
@@ -51,61 +52,145 @@ int native_collective_group(const pl::Instruction &ins) {
   }
 }
 
-std::vector<CommEvent> comm_events(const pl::Rank &rank, const pl::Program &program) {
-  std::vector<CommEvent> events;
-  const auto *insts = program.instructions();
-  auto ints = [](const pl::Instruction &ins, uint32_t k) {
-    return ins.ints() && ins.ints()->size() > k ? ins.ints()->Get(k) : int64_t(0);
-  };
-  for (uint32_t i = 0; insts && i < insts->size(); ++i) {
-    const pl::Instruction &ins = *insts->Get(i);
-    if (issued_as_p2p(ins)) {
-      // A run of sends and receives: one group (GpuExecutor::run_steps).
-      if (i == 0 || !issued_as_p2p(*insts->Get(i - 1)))
-        events.push_back({CommEvent::P2P, {}, -1, 0, i});
-      const bool send = ins.op() == pl::Opcode::SEND;
-      const uint32_t v = send ? ins.in()->Get(0) : ins.out()->Get(0);
-      events.back().ops.push_back({send, int(ints(ins, 0)), ints(ins, 1),
-                                   plan_bytes(*program.values()->Get(v))});
-      continue;
-    }
-    for (size_t k = 0; ins.gpu() && k < ins.gpu()->size(); ++k) {
-      const pl::GpuStep &s = *ins.gpu()->Get(uint32_t(k));
-      if (s.kind() == pl::GpuStepKind::ALL_REDUCE && spans_stages(s.group())) {
-        const uint64_t element = s.element() == pl::ReduceElement::F64 ? 8 : 4;
-        events.push_back({CommEvent::COLLECTIVE, {}, s.group(), s.count() * element, i});
-      } else if (s.kind() == pl::GpuStepKind::NATIVE) {
-        switch (ins.op()) {
-        case pl::Opcode::ALL_REDUCE_TIED_GRAD: {
-          // Its send and receive are one group (GpuExecutor::native).
-          const int peer = int(ints(ins, 0));
-          const pl::Param &param = *rank.params()->Get(ins.params()->Get(0));
-          const uint64_t bytes = uint64_t(element_count(param.shape())) * 4;
-          events.push_back({CommEvent::P2P,
-                            {{true, peer, ints(ins, 1), bytes}, {false, peer, ints(ins, 1), bytes}},
-                            -1, 0, i});
-          break;
-        }
-        default:
-          if (const int g = native_collective_group(ins); g >= 0 && spans_stages(g))
-            events.push_back({CommEvent::COLLECTIVE, {}, g, 0, i});
-          break;
-        }
+namespace {
+
+int64_t int_at(const pl::Instruction &ins, uint32_t k) {
+  return ins.ints() && ins.ints()->size() > k ? ins.ints()->Get(k) : int64_t(0);
+}
+
+// The events of one run of an instruction that is not a SEND or RECV of an
+// NCCL group: collectives over groups that span stages, and the tied
+// gradient's exchange.
+void other_events(const pl::Rank &rank, const pl::Instruction &ins, uint32_t i, int32_t mb,
+                  std::vector<CommEvent> &events) {
+  for (size_t k = 0; ins.gpu() && k < ins.gpu()->size(); ++k) {
+    const pl::GpuStep &s = *ins.gpu()->Get(uint32_t(k));
+    if (s.kind() == pl::GpuStepKind::ALL_REDUCE && spans_stages(s.group())) {
+      const uint64_t element = s.element() == pl::ReduceElement::F64 ? 8 : 4;
+      events.push_back({CommEvent::COLLECTIVE, {}, s.group(), s.count() * element, i, mb});
+    } else if (s.kind() == pl::GpuStepKind::NATIVE) {
+      switch (ins.op()) {
+      case pl::Opcode::ALL_REDUCE_TIED_GRAD: {
+        // Its send and receive are one group (GpuExecutor::native).
+        const int peer = int(int_at(ins, 0));
+        const pl::Param &param = *rank.params()->Get(ins.params()->Get(0));
+        const uint64_t bytes = uint64_t(element_count(param.shape())) * 4;
+        events.push_back(
+            {CommEvent::P2P,
+             {{true, peer, int_at(ins, 1), bytes}, {false, peer, int_at(ins, 1), bytes}},
+             -1, 0, i, mb});
+        break;
+      }
+      default:
+        if (const int g = native_collective_group(ins); g >= 0 && spans_stages(g))
+          events.push_back({CommEvent::COLLECTIVE, {}, g, 0, i, mb});
+        break;
       }
     }
   }
-  return events;
+}
+
+bool has_other_events(const pl::Rank &rank, const pl::Instruction &ins) {
+  std::vector<CommEvent> events;
+  other_events(rank, ins, 0, -1, events);
+  return !events.empty();
+}
+
+// Events in stream order: a run of adjacent SENDs and RECVs is one group
+// (GpuExecutor::run_steps).
+struct EventStream {
+  const pl::Rank &rank;
+  const pl::Program &program;
+  std::vector<CommEvent> events;
+  bool in_group = false;
+
+  void p2p(const pl::Instruction &ins, uint32_t i, int32_t mb, int64_t tag_add) {
+    if (!in_group)
+      events.push_back({CommEvent::P2P, {}, -1, 0, i, mb});
+    in_group = true;
+    const bool send = ins.op() == pl::Opcode::SEND;
+    const uint32_t v = send ? ins.in()->Get(0) : ins.out()->Get(0);
+    events.back().ops.push_back({send, int(int_at(ins, 0)), int_at(ins, 1) + tag_add,
+                                 plan_bytes(*program.values()->Get(v))});
+  }
+  void other(const pl::Instruction &ins, uint32_t i, int32_t mb) {
+    in_group = false;
+    other_events(rank, ins, i, mb, events);
+  }
+};
+
+} // namespace
+
+std::vector<CommEvent> comm_events(const pl::Rank &rank, const pl::Program &program) {
+  EventStream out{rank, program, {}, false};
+  const auto *insts = program.instructions();
+  const pl::PipelineSchedule *ps = program.pipeline();
+  if (!ps) {
+    for (uint32_t i = 0; insts && i < insts->size(); ++i) {
+      const pl::Instruction &ins = *insts->Get(i);
+      if (issued_as_p2p(ins))
+        out.p2p(ins, i, ins.micro_batch(), 0);
+      else
+        out.other(ins, i, ins.micro_batch());
+    }
+    return std::move(out.events);
+  }
+
+  // A compact step: per segment, the instructions that communicate, and
+  // those between them that end an NCCL group (a run of them as one entry
+  // when every micro-batch runs them).
+  std::vector<ScheduledSegment> order;
+  if (!check_pipeline_schedule(program, &order).empty())
+    return {};
+  enum Kind : uint8_t { P2P, OTHER, BREAK };
+  struct Entry {
+    uint32_t instruction;
+    Kind kind;
+    pl::MicroBatches runs_in;
+  };
+  const auto *segs = ps->segments();
+  std::vector<std::vector<Entry>> entries(segs ? segs->size() : 0);
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const pl::Segment &seg = *segs->Get(uint32_t(k));
+    std::vector<Entry> &list = entries[k];
+    for (uint32_t i = seg.begin(); i < seg.end(); ++i) {
+      const pl::Instruction &ins = *insts->Get(i);
+      const Kind kind = issued_as_p2p(ins) ? P2P : has_other_events(rank, ins) ? OTHER : BREAK;
+      if (kind == BREAK && ins.runs_in() == pl::MicroBatches::ALL && !list.empty() &&
+          list.back().kind == BREAK && list.back().runs_in == pl::MicroBatches::ALL)
+        continue;
+      list.push_back({i, kind, ins.runs_in()});
+    }
+  }
+  const int64_t last = ps->micro_batches() - 1, stride = ps->tag_stride();
+  for (const ScheduledSegment &s : order) {
+    const int64_t mb = s.micro_batch;
+    for (const Entry &e : entries[size_t(s.segment)]) {
+      if (e.runs_in != pl::MicroBatches::ALL &&
+          !(e.runs_in == pl::MicroBatches::FIRST && mb == 0) &&
+          !(e.runs_in == pl::MicroBatches::LAST && mb == last))
+        continue;
+      const pl::Instruction &ins = *insts->Get(e.instruction);
+      if (e.kind == P2P)
+        out.p2p(ins, e.instruction, int32_t(mb), mb * stride);
+      else if (e.kind == OTHER)
+        out.other(ins, e.instruction, int32_t(mb));
+      else
+        out.in_group = false;
+    }
+  }
+  return std::move(out.events);
 }
 
 std::string check_comm_events(const std::vector<std::vector<CommEvent>> &events,
-                              const std::function<std::string(int, uint32_t)> &where) {
+                              const std::function<std::string(int, const CommEvent &)> &where) {
   const int stages = int(events.size());
   struct At {
     int stage;
     size_t event, op;
   };
   auto at_text = [&](const At &a) {
-    return stage_name(a.stage) + "'s " + where(a.stage, events[a.stage][a.event].instruction);
+    return stage_name(a.stage) + "'s " + where(a.stage, events[a.stage][a.event]);
   };
 
   // Messages pair by order between each ordered pair of stages.
@@ -269,11 +354,17 @@ std::string check_comm_order(const pl::Plan &plan) {
           prog = q;
       if (!prog)
         return "program " + name + " is missing from pipeline stage " + std::to_string(s);
+      std::vector<ScheduledSegment> order;
+      if (prog->pipeline())
+        if (std::string e = check_pipeline_schedule(*prog, &order); !e.empty())
+          return "program " + name + " of pipeline stage " + std::to_string(s) + ": " + e;
       progs.push_back(prog);
       events.push_back(comm_events(*stage[s], *prog));
     }
-    auto where = [&](int s, uint32_t i) {
-      return instruction_label(*progs[s]->instructions()->Get(i), i);
+    auto where = [&](int s, const CommEvent &e) {
+      std::string at = instruction_label(*progs[s]->instructions()->Get(e.instruction),
+                                         e.instruction);
+      return e.micro_batch >= 0 ? at + " of micro-batch " + std::to_string(e.micro_batch) : at;
     };
     if (std::string e = check_comm_events(events, where); !e.empty())
       return "program " + name + ": " + e;

@@ -59,17 +59,25 @@ struct CommEvent {
   int group = -1;
   uint64_t bytes = 0;
   uint32_t instruction = 0; // the (first) instruction that issues it
+  int32_t micro_batch = -1; // the micro-batch it runs for (Instruction.micro_batch)
 };
 
 // The events of `program` as the GPU executor issues them; collectives over
-// groups inside one stage (tensor, data parallel) are left out.
+// groups inside one stage (tensor, data parallel) are left out. A compact
+// pipelined train_step (Program.pipeline) gives the events of its expansion
+// (runtime/plan/pipeline_expand.h), found without building it: the
+// schedule's segments for each micro-batch, their communicating
+// instructions only, tags as the expansion sets them; `instruction` is then
+// the compact program's index. A schedule that does not expand gives none
+// (check_comm_order reports it).
 std::vector<CommEvent> comm_events(const mt::plan::Rank &rank, const mt::plan::Program &program);
 
 // The replay over given events: events[s] is pipeline rank s's. Returns ""
 // or one line naming the stages, their instructions and what they wait for;
-// `where(s, instruction)` describes one of stage s's instructions.
+// `where(s, event)` describes the instruction that issues one of stage s's
+// events.
 std::string check_comm_events(const std::vector<std::vector<CommEvent>> &events,
-                              const std::function<std::string(int, uint32_t)> &where);
+                              const std::function<std::string(int, const CommEvent &)> &where);
 
 // Every program of `plan`, each stage represented by its rank with tp and
 // dp rank 0. "" or one line saying which program fails and how.

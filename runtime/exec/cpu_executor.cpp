@@ -27,6 +27,8 @@ uint64_t CpuExecutor::Impl::scale_for_arena(const pl::Plan &plan, const pl::Rank
     }
     return false;
   };
+  // A compact train_step's expansion copies its values' dtypes: the
+  // plan's programs answer for the programs that run.
   for (size_t p = 0; p < vsize(rank.programs()); ++p)
     if (any_half(rank.programs()->Get(uint32_t(p))->values()))
       return 2;
@@ -56,9 +58,10 @@ CpuExecutor::Impl::Impl(const pl::Plan &p, const pl::Rank &r)
       arena(r.arena_bytes() * arena_scale, "activation arena"),
       state(r.state_bytes() * state_scale, "parameter state"),
       scratch(max_scratch(p) * arena_scale, "kernel scratch") {
-  programs.resize(vsize(r.programs()));
+  load_error = rank_programs.load(r);
+  programs.resize(rank_programs.all().size());
   for (size_t i = 0; i < programs.size(); ++i) {
-    const pl::Program *prog = r.programs()->Get(uint32_t(i));
+    const pl::Program *prog = rank_programs.all()[i];
     ProgramState &ps = programs[i];
     ps.program = prog;
     ps.name = prog->name() ? prog->name()->str() : "";
@@ -287,6 +290,8 @@ void *CpuExecutor::value_data(const pl::Program &program, uint32_t value) {
   const Frame &f = impl_->programs[it->second].frame;
   return value < f.ptr.size() ? f.ptr[value] : nullptr;
 }
+
+std::string CpuExecutor::load_error() const { return impl_->load_error; }
 
 const pl::Program *CpuExecutor::program(const std::string &name) const {
   for (const auto &ps : impl_->programs)

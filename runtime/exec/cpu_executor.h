@@ -105,6 +105,7 @@ public:
   // --check-memory-plan an input is poisoned after its last reader) and reads
   // outputs after it, before running another program.
   void *value_data(const mt::plan::Program &program, uint32_t value) override;
+  std::string load_error() const override;
   const mt::plan::Program *program(const std::string &name) const override; // null if absent
 
   // Runs one program. `rng_offset` is RngKey.offset of every dropout and

@@ -5,6 +5,7 @@
 #include "runtime/exec/cpu_executor.h"
 
 #include "runtime/plan/grad_buckets.h"
+#include "runtime/plan/pipeline_expand.h"
 #include "runtime/plan/plan_reader.h"
 
 #include <algorithm>
@@ -121,6 +122,8 @@ struct CpuExecutor::Impl {
   std::string rank_name;
   uint64_t arena_scale = 1, state_scale = 1;
   cpu_exec_detail::Buffer arena, state, scratch;
+  RankPrograms rank_programs; // the programs that run (a pipelined step expanded)
+  std::string load_error;
   std::vector<ProgramState> programs;
   std::unordered_map<const pl::Program *, size_t> program_index;
   uint64_t seed = 0;

@@ -44,7 +44,14 @@ public:
   virtual std::string state_to_host() { return ""; }
   virtual std::string state_to_device() { return ""; }
 
+  // Why the rank's programs cannot run, or "": the executors run a compact
+  // pipelined train_step expanded (runtime/plan/pipeline_expand.h), once,
+  // when they are made, and keep the expansion as long as they live.
+  virtual std::string load_error() const = 0;
+
   virtual void *value_data(const mt::plan::Program &program, uint32_t value) = 0;
+  // The program `name` as this executor runs it (a pipelined train_step
+  // expanded), or null.
   virtual const mt::plan::Program *program(const std::string &name) const = 0;
   // Runs one program; "" or one error line naming the instruction.
   virtual std::string run(const mt::plan::Program &program, uint64_t rng_offset) = 0;

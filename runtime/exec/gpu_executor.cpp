@@ -111,6 +111,7 @@ template <class H, class F> void for_each_f32(H &h, const pl::Rank &r, F f) {
 GpuExecutor::GpuExecutor(const pl::Plan &plan, int rank, std::unique_ptr<GpuDevice> device)
     : plan_(plan), rank_(*find_rank(plan, rank)), device_(std::move(device)),
       host_(std::make_unique<HostState>()) {
+  load_error_ = programs_.load(rank_);
   host_->params.resize(rank_.params() ? rank_.params()->size() : 0);
   for (uint32_t i = 0; i < host_->params.size(); ++i) {
     const pl::Param &p = *rank_.params()->Get(i);
@@ -134,8 +135,10 @@ GpuExecutor::~GpuExecutor() { drop_graphs(); }
 
 std::string GpuExecutor::open() {
   const std::string who = "rank " + std::to_string(rank_.rank());
+  if (!load_error_.empty())
+    return load_error_;
   std::set<uint32_t> kernels;
-  for (const pl::Program *prog : *rank_.programs()) {
+  for (const pl::Program *prog : programs_.all()) {
     const auto *insts = prog->instructions();
     for (uint32_t i = 0; insts && i < insts->size(); ++i) {
       const pl::Instruction &ins = *insts->Get(i);
@@ -373,10 +376,7 @@ void *GpuExecutor::value_data(const pl::Program &program, uint32_t value) {
 }
 
 const pl::Program *GpuExecutor::program(const std::string &name) const {
-  for (const pl::Program *p : *rank_.programs())
-    if (str(p->name()) == name)
-      return p;
-  return nullptr;
+  return programs_.find(name);
 }
 
 void GpuExecutor::set_loss_scale(float scale) {

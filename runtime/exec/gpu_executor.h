@@ -68,6 +68,7 @@
 
 #include "runtime/comm/collectives.h"
 #include "runtime/exec/executor.h"
+#include "runtime/plan/pipeline_expand.h"
 
 #include <cstdint>
 #include <map>
@@ -192,6 +193,7 @@ public:
   std::string state_to_host() override;
   std::string state_to_device() override;
 
+  std::string load_error() const override { return load_error_; }
   void *value_data(const mt::plan::Program &program, uint32_t value) override;
   const mt::plan::Program *program(const std::string &name) const override;
   std::string run(const mt::plan::Program &program, uint64_t rng_offset) override;
@@ -247,6 +249,8 @@ private:
 
   const mt::plan::Plan &plan_;
   const mt::plan::Rank &rank_;
+  RankPrograms programs_; // the programs that run (a pipelined step expanded)
+  std::string load_error_;
   std::unique_ptr<GpuDevice> device_;
   const ParallelGroups *groups_ = nullptr;
   uint64_t base_ = 0, workspace_ = 0, loss_scale_at_ = 0, seed_at_ = 0;

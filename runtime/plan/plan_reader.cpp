@@ -132,6 +132,9 @@ uint64_t gpu_micro_batch_slots(const pl::Rank &rank) {
   int64_t slots = 0;
   for (size_t p = 0; p < vsize(rank.programs()); ++p) {
     const pl::Program &prog = *rank.programs()->Get(uint32_t(p));
+    // A compact train_step's instructions run once per micro-batch.
+    if (prog.pipeline())
+      slots = std::max<int64_t>(slots, prog.pipeline()->micro_batches());
     for (size_t i = 0; i < vsize(prog.instructions()); ++i)
       slots = std::max<int64_t>(slots, prog.instructions()->Get(uint32_t(i))->micro_batch() + 1);
   }

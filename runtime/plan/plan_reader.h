@@ -81,7 +81,8 @@ inline bool out0_may_alias_in0(mt::plan::Opcode op) {
 // The GPU executor's device scalars (gpu_executor.h), after the kernel
 // workspace: the loss scale (an f32 in an 8-byte slot), the seed, the
 // program's RNG offset, then one RNG offset per micro-batch the rank's
-// instructions name (u64 each), rounded up to 256 bytes. The plan's
+// instructions name (a compact pipelined train_step: its
+// pipeline.micro_batches; u64 each), rounded up to 256 bytes. The plan's
 // Memory.workspace counts them with the kernel workspace (rounded up to 256
 // bytes) and cuBLASLt's stated workspace, so what mtc prints is what mtrun
 // allocates.

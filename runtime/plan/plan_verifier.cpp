@@ -4,6 +4,7 @@
 // after the FlatBuffers verifier).
 #include "runtime/plan/plan_verifier.h"
 
+#include "runtime/plan/pipeline_expand.h"
 #include "runtime/plan/plan_reader.h"
 
 #include <algorithm>
@@ -191,6 +192,7 @@ private:
     size_t bound_in = 0;        // kernel values bound to the FUSED inputs
     size_t bound_out = 0;       // ... and outputs, after the inputs
     bool kernel = false;
+    bool pipelined = false;     // a compact train_step (Program.pipeline)
     size_t num_values() const { return vsize(values); }
     const pl::Value *value(uint32_t i) const { return values->Get(i); }
     bool bound(size_t i) const { return kernel && i < bound_in + bound_out; }
@@ -380,6 +382,8 @@ private:
       return who + " has unknown region code " + std::to_string(int(v->region()));
     if (std::string e = check_shape(v->shape()); !e.empty())
       return who + ": shape " + e;
+    if (v->slot_offsets() && !s.pipelined)
+      return who + " has slot_offsets outside a pipelined train_step (Program.pipeline)";
     if (s.bound(i))
       return ""; // bound to the FUSED operand: its own region and offset are unused
     const uint64_t bytes = plan_bytes(*v);
@@ -425,10 +429,21 @@ private:
     s.name = rank_name_ + ", program " + name;
     s.values = prog.values();
     s.arena_limit = rank_->arena_bytes();
+    s.pipelined = prog.pipeline() != nullptr;
     const size_t nv = s.num_values();
     for (uint32_t i = 0; i < nv; ++i)
       if (std::string e = check_value(s, i); !e.empty())
         return e;
+    if (s.pipelined) {
+      if (std::string e = check_pipeline(s, prog, name); !e.empty())
+        return e;
+    } else {
+      for (size_t i = 0; i < vsize(prog.instructions()); ++i)
+        if (const pl::Instruction &ins = *prog.instructions()->Get(uint32_t(i));
+            ins.runs_in() != pl::MicroBatches::ALL)
+          return s.name + " " + instruction_label(ins, i) + ": runs_in " + runs_in_name(ins) +
+                 " outside a pipelined train_step (Program.pipeline); it runs every time";
+    }
     // An unrolled schedule's instructions name their micro-batch; one
     // micro-batch's program (run once per micro-batch) names none.
     const int32_t unrolled = prog.unrolled_micro_batches();
@@ -475,6 +490,53 @@ private:
       if (!written[v] && s.value(v)->region() == pl::Region::ARENA)
         return s.name + ": output " + std::to_string(k) + " (" + value_label(s.value(v), v) +
                ") is never written";
+    }
+    return "";
+  }
+
+  static std::string runs_in_name(const pl::Instruction &ins) {
+    return ins.runs_in() > pl::MicroBatches::MAX ? "code " + std::to_string(int(ins.runs_in()))
+                                                 : pl::EnumNameMicroBatches(ins.runs_in());
+  }
+
+  // A compact pipelined train_step (plan.fbs PipelineSchedule): the
+  // schedule is this rank's, of the plan's stages and micro-batches, it
+  // expands (pipeline_expand.h), and every value slot lies in the arena.
+  std::string check_pipeline(const Scope &s, const pl::Program &prog, const std::string &name) {
+    const pl::PipelineSchedule &ps = *prog.pipeline();
+    auto n = [](int64_t v) { return std::to_string(v); };
+    if (name != "train_step")
+      return s.name + " has a pipeline schedule; only train_step may";
+    if (ps.stages() != plan_.pipeline_parallel())
+      return s.name + ": pipeline.stages " + n(ps.stages()) + " is not the plan's " +
+             "pipeline_parallel " + n(plan_.pipeline_parallel());
+    if (ps.rank() != rank_->pp_rank())
+      return s.name + ": pipeline.rank " + n(ps.rank()) + " is not " + rank_name_ +
+             "'s pipeline rank " + n(rank_->pp_rank());
+    const pl::Training *t = plan_.training();
+    if (!t)
+      return s.name + " has a pipeline schedule but the plan has no training table (its "
+                      "num_micro_batches)";
+    if (ps.micro_batches() != t->num_micro_batches())
+      return s.name + ": pipeline.micro_batches " + n(ps.micro_batches()) +
+             " is not training.num_micro_batches " + n(t->num_micro_batches());
+    std::vector<ScheduledSegment> order;
+    if (std::string e = check_pipeline_schedule(prog, &order); !e.empty())
+      return s.name + ": " + e;
+    for (uint32_t v = 0; v < s.num_values(); ++v) {
+      const pl::Value &val = *s.value(v);
+      const uint64_t bytes = plan_bytes(val);
+      for (uint32_t k = 1; k < vsize(val.slot_offsets()); ++k) {
+        const uint64_t o = val.slot_offsets()->Get(k);
+        const std::string who = s.name + ": value " + n(v) + " (" + value_label(&val, v) +
+                                ") slot_offsets[" + n(k) + "] " + grouped(o);
+        if (o > s.arena_limit || bytes > s.arena_limit - o)
+          return who + " with " + grouped(bytes) + " bytes ends past arena_bytes " +
+                 grouped(s.arena_limit);
+        if (o % element_bytes(val.dtype()) != 0)
+          return who + " is not aligned to its " + n(int64_t(element_bytes(val.dtype()))) +
+                 "-byte elements";
+      }
     }
     return "";
   }
@@ -582,6 +644,8 @@ private:
       return e;
     if (std::string e = check_gpu_steps(s, ins); !e.empty())
       return e;
+    if (s.kernel && ins.runs_in() != pl::MicroBatches::ALL)
+      return "runs_in " + runs_in_name(ins) + " in a kernel's cpu_instructions";
     if (ins.micro_batch() < -1 || ins.micro_batch() > kMaxMicroBatch)
       return "micro_batch " + std::to_string(ins.micro_batch()) + " is outside -1 to " +
              std::to_string(kMaxMicroBatch);

@@ -133,6 +133,10 @@ public:
     } else {
       exec = std::make_unique<CpuExecutor>(plan, rank);
     }
+    // The executor has expanded a pipelined train_step (pipeline_expand.h):
+    // the program it runs is the whole step, unrolled.
+    if (std::string e = exec->load_error(); !e.empty())
+      return fail(opts.plan_path + ": " + e);
     exec->set_groups(&groups);
     fp16 = str(t->precision()) == "fp16";
     logThroughput = opts.log_throughput || t->log_throughput();
@@ -1071,7 +1075,8 @@ private:
   }
 
   // A pipeline stage's train_step is the whole iteration's schedule in one
-  // program (Program.unrolled_micro_batches): every micro-batch's inputs
+  // program (the plan's compact step as the executor expanded it, with
+  // unrolled_micro_batches set): every micro-batch's inputs
   // first, each with its own RNG offset, then one run; the last stage reads
   // every micro-batch's loss. Returns the sum of the losses (0 on stages
   // without the loss).

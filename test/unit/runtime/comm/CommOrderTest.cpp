@@ -1,13 +1,15 @@
 // The replay of inter-stage communication under NCCL's rules (comm_order.h):
 // hand-made schedules that must pass or fail, then the pipeline schedules
 // mtc compiles, which must pass, and must fail once their send/receive
-// groups are taken apart (so the replay really sees them). Last, how the
-// plan writer stores those unrolled schedules: each distinct part once.
+// groups are taken apart (so the replay really sees them); the events of
+// their compact train_steps equal those of the expanded steps. Last, how
+// the expansion stores each micro-batch's copies: each distinct part once.
 #include "compiler/import/ImportSpec.h"
 #include "compiler/plan/PlanWriter.h"
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
 #include "runtime/comm/comm_order.h"
+#include "runtime/plan/pipeline_expand.h"
 #include "runtime/plan/plan_reader.h"
 #include "spec/Spec.h"
 
@@ -47,7 +49,7 @@ CommOp recv(int peer, int64_t tag, uint64_t bytes = 64) { return {false, peer, t
 
 std::string check(const std::vector<std::vector<CommEvent>> &events) {
   return mt::rt::check_comm_events(
-      events, [](int, uint32_t i) { return "#" + std::to_string(i); });
+      events, [](int, const CommEvent &e) { return "#" + std::to_string(e.instruction); });
 }
 
 TEST(CommOrder, ExchangeNeedsOneGroup) {
@@ -174,6 +176,42 @@ void expectSchedulesComplete(const std::vector<mt::spec::Override> &overrides, i
         messages += op.send ? 1 : 0;
   EXPECT_GE(messages, int64_t(2 * (stages - 1) * microBatches));
 
+  // mtc writes each stage's train_step compact; its events, walked over
+  // the schedule, are those of the step mtrun expands.
+  for (const pl::Rank *r : *plan.ranks()) {
+    if (r->tp_rank() != 0 || r->dp_rank() != 0)
+      continue;
+    mt::rt::RankPrograms programs;
+    ASSERT_EQ(programs.load(*r), "");
+    const pl::Program *compact = nullptr;
+    for (const pl::Program *p : *r->programs())
+      if (p->name()->str() == "train_step")
+        compact = p;
+    ASSERT_NE(compact, nullptr);
+    ASSERT_NE(compact->pipeline(), nullptr) << "stage " << r->pp_rank();
+    const pl::Program *expanded = programs.find("train_step");
+    ASSERT_EQ(expanded->unrolled_micro_batches(), microBatches);
+    std::vector<CommEvent> a = mt::rt::comm_events(*r, *compact),
+                           b = mt::rt::comm_events(*r, *expanded);
+    ASSERT_EQ(a.size(), b.size()) << "stage " << r->pp_rank();
+    for (size_t e = 0; e < a.size(); ++e) {
+      SCOPED_TRACE("stage " + std::to_string(r->pp_rank()) + " event " + std::to_string(e));
+      EXPECT_EQ(a[e].kind, b[e].kind);
+      EXPECT_EQ(a[e].group, b[e].group);
+      EXPECT_EQ(a[e].bytes, b[e].bytes);
+      EXPECT_EQ(a[e].micro_batch, b[e].micro_batch);
+      EXPECT_EQ(compact->instructions()->Get(a[e].instruction)->where()->str(),
+                expanded->instructions()->Get(b[e].instruction)->where()->str());
+      ASSERT_EQ(a[e].ops.size(), b[e].ops.size());
+      for (size_t o = 0; o < a[e].ops.size(); ++o) {
+        EXPECT_EQ(a[e].ops[o].send, b[e].ops[o].send);
+        EXPECT_EQ(a[e].ops[o].peer, b[e].ops[o].peer);
+        EXPECT_EQ(a[e].ops[o].tag, b[e].ops[o].tag);
+        EXPECT_EQ(a[e].ops[o].bytes, b[e].ops[o].bytes);
+      }
+    }
+  }
+
   // Issued one message at a time, the steady state's paired exchanges
   // deadlock: the replay sees the groups the executor forms.
   if (microBatches >= stages && stages > 1) {
@@ -218,20 +256,20 @@ TEST(CommOrder, CompiledInterleavedAndParallelSchedulesComplete) {
                           2, 3);
 }
 
-// A stage's micro-batches repeat each layer's instructions; the plan stores
-// their equal parts once (PlanWriter's sharedObject): the `where` strings,
-// ints, GEMM descriptors, steps on parameters only, and value shapes point
-// at one object, while operand lists and values stay per micro-batch.
-TEST(PlanWriter, MicroBatchCopiesShareTheirParts) {
+// A stage's micro-batches repeat each layer's instructions; the expansion
+// of its compact train_step stores their equal parts once: the `where`
+// strings, ints, GEMM descriptors, steps on parameters only, and value
+// shapes point at one object, while operand lists and values of the
+// activations kept across segments stay per micro-batch.
+TEST(PipelineExpand, MicroBatchCopiesShareTheirParts) {
   Compiled c = compile({{"model.num_layers=4"},
                         {"parallel.pipeline_model_parallel_size=2"},
                         {"training.global_batch_size=16"}});
   ASSERT_FALSE(c.payload.empty());
   const pl::Rank &rank = *c.plan()->ranks()->Get(0);
-  const pl::Program *train = nullptr;
-  for (const pl::Program *p : *rank.programs())
-    if (p->name()->str() == "train_step")
-      train = p;
+  mt::rt::RankPrograms programs;
+  ASSERT_EQ(programs.load(rank), "");
+  const pl::Program *train = programs.find("train_step");
   ASSERT_NE(train, nullptr);
   // Micro-batch 0's first instruction with a GEMM, and its copy in
   // micro-batch 1.

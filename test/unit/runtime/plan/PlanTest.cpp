@@ -12,8 +12,10 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <unistd.h>
@@ -41,6 +43,7 @@ struct V {
   uint64_t offset = 0;
   std::vector<int64_t> shape;
   DType dtype = DType::F32;
+  std::vector<uint64_t> slots; // Value.slot_offsets (a compact train_step's)
 };
 
 struct I {
@@ -50,6 +53,14 @@ struct I {
   std::vector<double> floats;
   std::string where;
   int32_t micro_batch = -1;
+  pl::MicroBatches runs_in = pl::MicroBatches::ALL;
+};
+
+// Program.pipeline: a compact pipelined train_step's schedule.
+struct Pipe {
+  int32_t stages = 2, chunks = 1, rank = 0, micro_batches = 2;
+  int64_t tag_stride = 2;
+  std::vector<pl::Segment> segments;
 };
 
 struct Prog {
@@ -60,6 +71,7 @@ struct Prog {
   std::vector<I> code;
   uint64_t top = 0; // bump allocator of arena offsets
   int32_t unrolled_micro_batches = 0;
+  std::optional<Pipe> pipeline;
 };
 
 struct Par {
@@ -105,6 +117,8 @@ struct PlanDesc {
   std::deque<Prog> programs; // stable references while programs are added
   std::vector<Kern> kernels;
   uint64_t state_bytes = 0, arena_bytes = 0;
+  int32_t pipeline_parallel = 1, pp_rank = 0;
+  int64_t num_micro_batches = 0; // > 0: a training table with that many micro-batches
 
   int64_t state_alloc(uint64_t bytes) {
     int64_t o = int64_t(state_bytes);
@@ -174,14 +188,16 @@ std::string payload(const PlanDesc &d) {
   auto values = [&](const std::vector<V> &vs) {
     std::vector<flatbuffers::Offset<pl::Value>> o;
     for (const V &v : vs)
-      o.push_back(pl::CreateValueDirect(b, v.name.c_str(), v.region, v.offset, &v.shape, v.dtype));
+      o.push_back(pl::CreateValueDirect(b, v.name.c_str(), v.region, v.offset, &v.shape, v.dtype,
+                                        v.slots.empty() ? nullptr : &v.slots));
     return o;
   };
   auto code = [&](const std::vector<I> &is) {
     std::vector<flatbuffers::Offset<pl::Instruction>> o;
     for (const I &i : is)
       o.push_back(pl::CreateInstructionDirect(b, i.op, &i.in, &i.out, &i.params, &i.ints,
-                                              &i.floats, i.where.c_str(), i.micro_batch));
+                                              &i.floats, i.where.c_str(), i.micro_batch, nullptr,
+                                              i.runs_in));
     return o;
   };
   auto strings = [&](const std::vector<std::string> &ss) {
@@ -195,9 +211,14 @@ std::string payload(const PlanDesc &d) {
     auto vs = values(p.values);
     auto is = code(p.code);
     auto in_names = strings(p.input_names), out_names = strings(p.output_names);
+    flatbuffers::Offset<pl::PipelineSchedule> pipe;
+    if (p.pipeline)
+      pipe = pl::CreatePipelineScheduleDirect(b, p.pipeline->stages, p.pipeline->chunks,
+                                              p.pipeline->rank, p.pipeline->micro_batches,
+                                              p.pipeline->tag_stride, &p.pipeline->segments);
     progs.push_back(pl::CreateProgramDirect(b, p.name.c_str(), &vs, &p.inputs, &in_names,
                                             &p.outputs, &out_names, &is,
-                                            p.unrolled_micro_batches));
+                                            p.unrolled_micro_batches, pipe));
   }
   std::vector<flatbuffers::Offset<pl::Param>> params;
   for (size_t i = 0; i < d.params.size(); ++i) {
@@ -215,8 +236,12 @@ std::string payload(const PlanDesc &d) {
                                              &is, k.scratch));
   }
   std::vector<flatbuffers::Offset<pl::Rank>> ranks = {
-      pl::CreateRankDirect(b, 0, 0, 0, 0, &params, d.state_bytes, d.arena_bytes, &progs)};
-  auto plan = pl::CreatePlanDirect(b, "mtc test", "", "", 1, 1, 1, 1, 0, &kernels, &ranks);
+      pl::CreateRankDirect(b, 0, 0, d.pp_rank, 0, &params, d.state_bytes, d.arena_bytes, &progs)};
+  flatbuffers::Offset<pl::Training> training;
+  if (d.num_micro_batches > 0)
+    training = pl::CreateTraining(b, 1, 1, d.num_micro_batches, d.num_micro_batches);
+  auto plan = pl::CreatePlanDirect(b, "mtc test", "", "", 1, 1, d.pipeline_parallel, 1, training,
+                                   &kernels, &ranks);
   pl::FinishPlanBuffer(b, plan);
   return std::string(reinterpret_cast<const char *>(b.GetBufferPointer()), b.GetSize());
 }
@@ -585,7 +610,8 @@ TEST(PlanReader, BadMagicVersionAndFlags) {
   uint32_t older = 9;
   std::memcpy(&b[8], &older, 4);
   EXPECT_EQ(open_error(b), "tiny.plan: error: was written by plan format version 9; this mtrun reads "
-                           "version 10; recompile it with the mtc that matches this mtrun");
+                           "version " + std::to_string(mt::rt::kPlanFormatVersion) +
+                               "; recompile it with the mtc that matches this mtrun");
   b = bytes;
   uint32_t flags = 4;
   std::memcpy(&b[12], &flags, 4);
@@ -639,9 +665,13 @@ TEST(PlanReader, MutatedPayloadsAreRejectedOrVerifiedNeverTrusted) {
     if (r.arena_bytes() > (1u << 20) || r.state_bytes() > (1u << 20))
       continue;
     CpuExecutor ex(*f->plan(), r.rank());
+    EXPECT_EQ(ex.load_error(), "");
     ex.init_params(1);
     for (size_t i = 0; i < (r.programs() ? r.programs()->size() : 0); ++i) {
-      const pl::Program *prog = r.programs()->Get(uint32_t(i));
+      // The program as the executor runs it (a pipelined step expanded).
+      const pl::Program *prog = ex.program(r.programs()->Get(uint32_t(i))->name()->str());
+      if (!prog)
+        continue;
       for (size_t k = 0; k < (prog->inputs() ? prog->inputs()->size() : 0); ++k) {
         const uint32_t v = prog->inputs()->Get(uint32_t(k));
         const pl::Value &val = *prog->values()->Get(v);
@@ -655,6 +685,165 @@ TEST(PlanReader, MutatedPayloadsAreRejectedOrVerifiedNeverTrusted) {
 }
 
 std::string semantic_error(const PlanDesc &d) { return open_error(file_bytes(d)); }
+
+// A compact pipelined train_step (Program.pipeline): stage 0 of two, two
+// micro-batches. The forward embeds the tokens into x and sends x on; the
+// backward receives x's gradient and accumulates the table's gradient, which
+// reads the tokens again: the tokens and x outlive their segments and have a
+// slot per micro-batch.
+struct PipeStage {
+  PlanDesc d;
+  int table;
+  uint32_t tokens, wt, x, dx;
+  PipeStage() {
+    d.pipeline_parallel = 2;
+    d.num_micro_batches = 2;
+    table = d.param("embedding.word_embeddings.weight", {11, 8});
+    Prog &p = d.program("train_step");
+    tokens = slotted(p, d.input(p, "tokens", {2, 3}, DType::I32));
+    wt = d.weight(p, table);
+    x = slotted(p, d.arena(p, "x", {2, 3, 8}));
+    dx = d.arena(p, "dx", {2, 3, 8});
+    PlanDesc::op(p, Opcode::EMBEDDING, {wt, tokens}, {x}, {}, {0}, {}, "embedding");
+    PlanDesc::op(p, Opcode::SEND, {x}, {}, {}, {1, 0}, {}, "send x");
+    PlanDesc::op(p, Opcode::RECV, {}, {dx}, {}, {1, 1}, {}, "receive dx");
+    PlanDesc::op(p, Opcode::EMBEDDING_GRAD, {dx, tokens}, {}, {uint32_t(table)}, {0}, {},
+                 "embedding grad");
+    Pipe pipe;
+    pipe.segments = {pl::Segment(0, 2, 0, true, pl::SegmentPart::ALL),
+                     pl::Segment(2, 4, 0, false, pl::SegmentPart::ALL)};
+    p.pipeline = pipe;
+  }
+  Prog &train() { return d.programs[0]; }
+  // A second arena copy of value v, as its slot 1.
+  uint32_t slotted(Prog &p, uint32_t v) {
+    V &val = p.values[v];
+    val.slots = {val.offset, p.top};
+    p.top += round_up(uint64_t(numel(val.shape)) * dtype_bytes(val.dtype), 64);
+    d.arena_bytes = std::max(d.arena_bytes, p.top);
+    return v;
+  }
+};
+
+TEST(PlanReader, CompactPipelineStepOpensAndExpands) {
+  PipeStage t;
+  auto f = open_ok(t.d);
+  ASSERT_NE(f, nullptr);
+  const pl::Rank &r = *f->plan()->ranks()->Get(0);
+  EXPECT_EQ(mt::rt::gpu_micro_batch_slots(r), 2u);
+  CpuExecutor ex(*f->plan(), 0);
+  EXPECT_EQ(ex.load_error(), "");
+  // The executor runs the expansion: F0 F1 B0 B1 on stage 0 of 2.
+  const pl::Program *p = ex.program("train_step");
+  ASSERT_NE(p, nullptr);
+  EXPECT_NE(p, r.programs()->Get(0));
+  EXPECT_EQ(p->unrolled_micro_batches(), 2);
+  ASSERT_EQ(p->instructions()->size(), 8u);
+  const char *order[8] = {"embedding", "send x", "embedding", "send x",
+                          "receive dx", "embedding grad", "receive dx", "embedding grad"};
+  const int32_t mbs[8] = {0, 0, 1, 1, 0, 0, 1, 1};
+  for (uint32_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(p->instructions()->Get(i)->where()->str(), order[i]) << i;
+    EXPECT_EQ(p->instructions()->Get(i)->micro_batch(), mbs[i]) << i;
+  }
+  EXPECT_EQ(p->instructions()->Get(3)->ints()->Get(1), 2); // tag 0 + 1 x stride 2
+  ASSERT_EQ(p->input_names()->size(), 2u);
+  EXPECT_EQ(p->input_names()->Get(1)->str(), "tokens.1");
+  // Micro-batch 1's tokens: their own bytes in the arena.
+  EXPECT_NE(ex.value_data(*p, p->inputs()->Get(1)), ex.value_data(*p, p->inputs()->Get(0)));
+  EXPECT_NE(ex.value_data(*p, p->inputs()->Get(1)), nullptr);
+}
+
+TEST(PlanReader, CompactPipelineStepErrors) {
+  const std::string prefix = "tiny.plan: error: rank 0, program train_step";
+  for (auto [change, message] :
+       std::vector<std::pair<std::function<void(PipeStage &)>, std::string>>{
+           {[](PipeStage &t) {
+              t.d.programs[0].name = "eval_step";
+            },
+            "tiny.plan: error: rank 0, program eval_step has a pipeline schedule; only "
+            "train_step may"},
+           {[](PipeStage &t) { t.train().pipeline->stages = 3; },
+            prefix + ": pipeline.stages 3 is not the plan's pipeline_parallel 2"},
+           {[](PipeStage &t) { t.train().pipeline->rank = 1; },
+            prefix + ": pipeline.rank 1 is not rank 0's pipeline rank 0"},
+           {[](PipeStage &t) { t.train().pipeline->micro_batches = 4; },
+            prefix + ": pipeline.micro_batches 4 is not training.num_micro_batches 2"},
+           {[](PipeStage &t) { t.d.num_micro_batches = 0; },
+            prefix + " has a pipeline schedule but the plan has no training table (its "
+                     "num_micro_batches)"},
+           {[](PipeStage &t) { t.train().pipeline->chunks = 0; },
+            prefix + ": pipeline.chunks 0 is below 1"},
+           {[](PipeStage &t) { t.train().pipeline->tag_stride = -1; },
+            prefix + ": pipeline.tag_stride -1 is negative"},
+           {[](PipeStage &t) { t.train().unrolled_micro_batches = 2; },
+            prefix + ": unrolled_micro_batches 2 beside a pipeline schedule; a compact "
+                     "train_step is one micro-batch's (0)"},
+           {[](PipeStage &t) {
+              t.train().pipeline->segments[1] = pl::Segment(3, 4, 0, false, pl::SegmentPart::ALL);
+            },
+            prefix + ": pipeline.segments[1] begins at instruction 3; it must begin where "
+                     "segments[0] ends (2)"},
+           {[](PipeStage &t) {
+              t.train().pipeline->segments[1] = pl::Segment(2, 3, 0, false, pl::SegmentPart::ALL);
+            },
+            prefix + ": pipeline.segments cover instructions 0 to 3, but the program has 4; "
+                     "every instruction needs its segment"},
+           {[](PipeStage &t) {
+              t.train().pipeline->segments[1] = pl::Segment(2, 4, 0, true, pl::SegmentPart::ALL);
+            },
+            prefix + ": pipeline: segments 0 and 1 are the same part of the same step"},
+           {[](PipeStage &t) {
+              t.train().pipeline->segments[1] = pl::Segment(2, 4, 0, false, pl::SegmentPart::SEND);
+            },
+            prefix + ": pipeline: segment 1 splits a 1F1B step into exchanges"},
+           {[](PipeStage &t) { t.train().values[t.tokens].slots.pop_back(); },
+            prefix + ": input 0 (%tokens) has 1 slot_offsets; a pipelined train_step's inputs "
+                     "and outputs need one per micro-batch (pipeline.micro_batches 2)"},
+           {[](PipeStage &t) { t.train().values[t.wt].slots = {0, 1}; },
+            prefix + ": value 1 (%embedding.word_embeddings.weight) has slot_offsets but is not "
+                     "an arena value"},
+           {[](PipeStage &t) { t.train().values[t.x].slots[0] = 64; },
+            prefix + ": value 2 (%x) has slot_offsets[0] 64, not its offset 128"},
+           {[](PipeStage &t) { t.train().values[t.x].slots[1] = 1u << 20; },
+            prefix + ": value 2 (%x) slot_offsets[1] 1,048,576 with 192 bytes ends past "
+                     "arena_bytes 704"},
+           {[](PipeStage &t) { t.train().values[t.x].slots[1] += 2; },
+            prefix + ": value 2 (%x) slot_offsets[1] 322 is not aligned to its 4-byte "
+                     "elements"},
+           {[](PipeStage &t) { t.train().code[1].micro_batch = 0; },
+            prefix + ": #1 (send x) SEND: micro_batch 0 in a pipelined train_step, whose "
+                     "instructions run for every micro-batch (-1)"},
+           {[](PipeStage &t) { t.train().code[1].runs_in = pl::MicroBatches(7); },
+            prefix + ": #1 (send x) SEND: unknown runs_in code 7"},
+       }) {
+    PipeStage t;
+    change(t);
+    const std::string e = semantic_error(t.d);
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+    EXPECT_EQ(e.substr(0, e.find("; recompile")), message);
+  }
+  {
+    Tiny t; // FIRST and LAST belong to a pipelined train_step
+    t.d.programs[1].code[4].runs_in = pl::MicroBatches::LAST;
+    EXPECT_CONTAINS(semantic_error(t.d),
+                    "tiny.plan: error: rank 0, program train_step #4 (mlp gelu) GELU: "
+                    "runs_in LAST outside a pipelined train_step (Program.pipeline); it runs "
+                    "every time");
+  }
+  {
+    Tiny t; // slots, likewise
+    t.d.programs[0].values[7].slots = {t.d.programs[0].values[7].offset};
+    EXPECT_CONTAINS(semantic_error(t.d),
+                    "tiny.plan: error: rank 0, program eval_step: value 7 (%x0) has slot_offsets "
+                    "outside a pipelined train_step (Program.pipeline)");
+  }
+  {
+    Tiny t(true); // and neither in a kernel
+    t.d.kernels[0].code[0].runs_in = pl::MicroBatches::FIRST;
+    EXPECT_CONTAINS(semantic_error(t.d), "runs_in FIRST in a kernel's cpu_instructions");
+  }
+}
 
 TEST(PlanReader, SemanticErrors) {
   {
