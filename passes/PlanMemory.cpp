@@ -579,7 +579,7 @@ FailureOr<int64_t> planScheduled(func::FuncOp f, DictionaryAttr schedule, ArrayA
     if (shift > m)
       break;
   }
-  const int64_t lead = 3 * pp;
+  const int64_t lead = pp; // more than the warm-up's forwards
   int64_t planned = m;
   if (!coloured && shift <= m && m > lead + 5 * shift)
     planned = lead + 4 * shift + (m - lead) % shift;

@@ -24,9 +24,11 @@ std::vector<PipelineStep> pipeline_order(int64_t pp, int64_t vp, int64_t rank, i
   }
   // Interleaved: virtual micro-batch k runs micro-batch
   // (k / (pp * vp)) * pp + k % pp on chunk (k % (pp * vp)) / pp; backwards
-  // visit the chunks in reverse.
+  // visit the chunks in reverse. Warm-up as Megatron-Core 0.16's
+  // get_pp_rank_microbatches (micro-batch groups of pp per chunk), all of
+  // the step when that reaches its end.
   const int64_t total = m * vp;
-  const int64_t warmup = m == pp ? total : std::min((pp - rank - 1) * 2 + (vp - 1) * pp, total);
+  const int64_t warmup = std::min((pp - rank - 1) * 2 + (vp - 1) * pp, total);
   auto step = [&](int64_t k, bool forward, int64_t unit) {
     int64_t chunk = (k % (pp * vp)) / pp;
     if (!forward)

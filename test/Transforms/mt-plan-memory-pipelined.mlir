@@ -25,7 +25,7 @@
 // CHECK:      mt.cross_entropy {{.*}}mt.slot_offsets = [array<i64: 512, 768>]
 
 // LONG-LABEL: module @stage0 attributes {mt.arena_bytes = 17408 : i64
-// LONG:       mt.planned_micro_batches = 14 : i64
+// LONG:       mt.planned_micro_batches = 10 : i64
 // LONG:       mt.embedding {{.*}}mt.slot_offsets = [array<i64: {{[0-9]+}}, {{[0-9]+}}>]
 // LONG-LABEL: module @stage1 attributes {mt.arena_bytes = 34560 : i64
-// LONG:       mt.planned_micro_batches = 10 : i64
+// LONG:       mt.planned_micro_batches = 6 : i64

@@ -82,6 +82,13 @@ TEST(PipelineOrder, InterleavedIsMegatrons) {
             "cF0c0 cF1c0 "                                        // warm-up: 2
             "cF0c1 cB0c1 cF1c1 cB1c1 cF2c0 cB0c0 cF3c0 cB1c0 cF2c1 cB2c1 cF3c1 cB3c1 "
             "cB2c0 cB3c0");
+  // As many micro-batches as stages: Megatron-Core 0.16 warms up
+  // (pp - rank - 1) * 2 + (vp - 1) * pp virtual steps, all of them only
+  // when that reaches the end (rank 0), so the last rank runs two pairs.
+  EXPECT_EQ(order_text(2, 2, 0, 2, compute_only(2)),
+            "cF0c0 cF1c0 cF0c1 cF1c1 cB0c1 cB1c1 cB0c0 cB1c0");
+  EXPECT_EQ(order_text(2, 2, 1, 2, compute_only(2)),
+            "cF0c0 cF1c0 cF0c1 cB0c1 cF1c1 cB1c1 cB0c0 cB1c0");
   // pp 2, 3 chunks, 4 micro-batches, rank 0: warm-up 2 + 2 x 2 = 6.
   EXPECT_EQ(order_text(2, 3, 0, 4, compute_only(3)),
             "cF0c0 cF1c0 cF0c1 cF1c1 cF0c2 cF1c2 "
