@@ -244,11 +244,10 @@ OwningOpRef<ModuleOp> compileSpec(MLIRContext &context, const spec::Spec &spec,
   if (cliOptions)
     applyDefaultTimingPassManagerCLOptions(pm);
   buildTrainPipeline(pm, pipeline);
-  // The IR is verified once, after the pipeline, not after every pass: a
-  // pipeline stage's train step is unrolled per micro-batch, and verifying
-  // it after both passes that see it (mt-schedule-pp, mt-plan-memory) was
-  // twice the cost of this one verification (a third of gpt-310.1b's pass
-  // time). mtc-opt, which every pass test runs, verifies after each pass.
+  // The IR is verified once, after the pipeline, not after every pass: on
+  // the largest models verifying after every pass cost as much as the
+  // passes that changed it. mtc-opt, which every pass test runs, verifies
+  // after each pass.
   pm.enableVerifier(false);
   if (failed(pm.run(*module))) {
     if (cliOptions)
@@ -587,10 +586,9 @@ int runCompile(const std::vector<std::string> &args) {
     llvm::errs() << "mtc: error: " << err << "; check the directory exists and is writable\n";
     return 1;
   }
-  // The unrolled pipeline programs are millions of operations; freeing them
-  // one by one only to exit took a tenth of the compile time of the largest
-  // plans, so the module is left to the process's exit (as clang's
-  // -disable-free leaves its AST).
+  // The largest modules hold hundreds of thousands of operations; freeing
+  // them one by one only to exit is wasted time, so the module is left to
+  // the process's exit (as clang's -disable-free leaves its AST).
   (void)module.release();
   return 0;
 }

@@ -357,12 +357,17 @@ void Parser::resolveLength(Spec &spec) {
                ")",
            "use an increment dividing " + std::to_string(gbs - start) + " (" +
                divisorList(gbs - start) + ", ...)");
-    const int64_t pp = spec.parallel.pipeline_model_parallel_size;
-    if (pp > 1)
+    // A 1F1B stage's smaller steps fit the planned one's arena (mtrun
+    // expands them); the interleaved schedule's slots are planned for one
+    // micro-batch count.
+    const int64_t vp = spec.parallel.virtual_pipeline_model_parallel_size;
+    if (spec.parallel.pipeline_model_parallel_size > 1 && vp > 1)
       fail(rampAt,
-           "rampup_batch_size with " + ref("parallel", "pipeline_model_parallel_size", pp) +
-               ": a pipeline stage's schedule is compiled for one micro-batch count",
-           "remove rampup_batch_size, or train with pipeline_model_parallel_size = 1");
+           "rampup_batch_size with " +
+               ref("parallel", "virtual_pipeline_model_parallel_size", vp) +
+               ": the interleaved schedule's memory is planned for one micro-batch count",
+           "remove rampup_batch_size, or virtual_pipeline_model_parallel_size (1F1B ramps "
+           "up)");
     r.start = start;
     r.increment = incr;
     r.samples = t.rampup_batch_size[2];

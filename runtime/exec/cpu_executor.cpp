@@ -59,20 +59,22 @@ CpuExecutor::Impl::Impl(const pl::Plan &p, const pl::Rank &r)
       state(r.state_bytes() * state_scale, "parameter state"),
       scratch(max_scratch(p) * arena_scale, "kernel scratch") {
   load_error = rank_programs.load(r);
-  programs.resize(rank_programs.all().size());
-  for (size_t i = 0; i < programs.size(); ++i) {
-    const pl::Program *prog = rank_programs.all()[i];
-    ProgramState &ps = programs[i];
-    ps.program = prog;
-    ps.name = prog->name() ? prog->name()->str() : "";
-    ps.frame.values = prog->values();
-    ps.frame.ptr.resize(vsize(prog->values()));
-    for (uint32_t v = 0; v < ps.frame.ptr.size(); ++v)
-      ps.frame.ptr[v] = address(ps.frame.value(v), arena.data());
-    plan_lifetimes(ps);
-    program_index[prog] = i;
-  }
+  programs.reserve(rank_programs.all().size() + 1);
+  for (const pl::Program *prog : rank_programs.all())
+    add_program(prog);
   plan_buckets();
+}
+
+void CpuExecutor::Impl::add_program(const pl::Program *prog) {
+  ProgramState &ps = programs.emplace_back();
+  ps.program = prog;
+  ps.name = prog->name() ? prog->name()->str() : "";
+  ps.frame.values = prog->values();
+  ps.frame.ptr.resize(vsize(prog->values()));
+  for (uint32_t v = 0; v < ps.frame.ptr.size(); ++v)
+    ps.frame.ptr[v] = address(ps.frame.value(v), arena.data());
+  plan_lifetimes(ps);
+  program_index[prog] = programs.size() - 1;
 }
 
 // CPU address of a value whose ARENA offsets are relative to `base`.
@@ -292,6 +294,28 @@ void *CpuExecutor::value_data(const pl::Program &program, uint32_t value) {
 }
 
 std::string CpuExecutor::load_error() const { return impl_->load_error; }
+
+const pl::Program *CpuExecutor::program_for_micro_batches(const std::string &name,
+                                                          int64_t micro_batches,
+                                                          std::string *error) {
+  Impl &im = *impl_;
+  const pl::Program *before = im.resized;
+  const pl::Program *prog = im.rank_programs.for_micro_batches(name, micro_batches, error);
+  if (!prog || prog == im.rank_programs.find(name))
+    return prog;
+  if (before && im.resized_micro_batches == micro_batches && im.resized_name == name)
+    return prog; // the expansion already made (RankPrograms keeps it)
+  // A new expansion replaces the previous one, whose bytes are gone.
+  if (before) {
+    im.programs.pop_back();
+    im.program_index.erase(before);
+  }
+  im.add_program(prog);
+  im.resized = prog;
+  im.resized_micro_batches = micro_batches;
+  im.resized_name = name;
+  return prog;
+}
 
 const pl::Program *CpuExecutor::program(const std::string &name) const {
   for (const auto &ps : impl_->programs)

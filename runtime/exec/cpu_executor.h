@@ -107,6 +107,9 @@ public:
   void *value_data(const mt::plan::Program &program, uint32_t value) override;
   std::string load_error() const override;
   const mt::plan::Program *program(const std::string &name) const override; // null if absent
+  const mt::plan::Program *program_for_micro_batches(const std::string &name,
+                                                     int64_t micro_batches,
+                                                     std::string *error) override;
 
   // Runs one program. `rng_offset` is RngKey.offset of every dropout and
   // attention instruction (RngKey.seed is set_seed's, .stream the

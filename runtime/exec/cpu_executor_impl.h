@@ -126,6 +126,12 @@ struct CpuExecutor::Impl {
   std::string load_error;
   std::vector<ProgramState> programs;
   std::unordered_map<const pl::Program *, size_t> program_index;
+  // The ramp-up's expansion of the pipelined step for a smaller batch
+  // (always the last of `programs`), or null.
+  const pl::Program *resized = nullptr;
+  int64_t resized_micro_batches = 0;
+  std::string resized_name;
+  void add_program(const pl::Program *prog);
   uint64_t seed = 0;
   float loss_scale = 1.0f;
   const ParallelGroups *groups = nullptr;

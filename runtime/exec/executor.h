@@ -53,6 +53,13 @@ public:
   // The program `name` as this executor runs it (a pipelined train_step
   // expanded), or null.
   virtual const mt::plan::Program *program(const std::string &name) const = 0;
+  // `name` for a step of `micro_batches` micro-batches: program(name) unless
+  // it is a pipelined step planned for another count, which is expanded for
+  // that count (a batch-size ramp-up's smaller steps) and replaces the
+  // previous such expansion. Null and *error when the plan cannot run it.
+  virtual const mt::plan::Program *program_for_micro_batches(const std::string &name,
+                                                             int64_t micro_batches,
+                                                             std::string *error) = 0;
   // Runs one program; "" or one error line naming the instruction.
   virtual std::string run(const mt::plan::Program &program, uint64_t rng_offset) = 0;
 

@@ -379,6 +379,34 @@ const pl::Program *GpuExecutor::program(const std::string &name) const {
   return programs_.find(name);
 }
 
+const pl::Program *GpuExecutor::program_for_micro_batches(const std::string &name,
+                                                          int64_t micro_batches,
+                                                          std::string *error) {
+  const pl::Program *prog = programs_.for_micro_batches(name, micro_batches, error);
+  if (!prog || prog == programs_.find(name))
+    return prog;
+  if (resized_ && resized_micro_batches_ == micro_batches && resized_name_ == name)
+    return prog; // the expansion already made (RankPrograms keeps it)
+  // A new expansion replaces the previous one: its graph and staged values
+  // go with its bytes.
+  if (resized_)
+    forget_program(resized_);
+  resized_ = prog;
+  resized_micro_batches_ = micro_batches;
+  resized_name_ = name;
+  return prog;
+}
+
+void GpuExecutor::forget_program(const pl::Program *program) {
+  if (auto it = graphs_.find(program); it != graphs_.end()) {
+    if (it->second.handle)
+      device_->destroy_graph(it->second.handle);
+    graphs_.erase(it);
+  }
+  for (auto it = host_->staging.begin(); it != host_->staging.end();)
+    it = it->first.first == program ? host_->staging.erase(it) : std::next(it);
+}
+
 void GpuExecutor::set_loss_scale(float scale) {
   if (!base_)
     return;

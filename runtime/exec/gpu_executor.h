@@ -196,6 +196,9 @@ public:
   std::string load_error() const override { return load_error_; }
   void *value_data(const mt::plan::Program &program, uint32_t value) override;
   const mt::plan::Program *program(const std::string &name) const override;
+  const mt::plan::Program *program_for_micro_batches(const std::string &name,
+                                                     int64_t micro_batches,
+                                                     std::string *error) override;
   std::string run(const mt::plan::Program &program, uint64_t rng_offset) override;
 
   void set_seed(uint64_t seed) override { seed_ = seed; }
@@ -269,6 +272,12 @@ private:
     uint64_t handle = 0;
   };
   std::map<const mt::plan::Program *, Graph> graphs_;
+  // The ramp-up's expansion of the pipelined step for a smaller batch, or
+  // null; forget_program drops what the executor keeps per program.
+  const mt::plan::Program *resized_ = nullptr;
+  int64_t resized_micro_batches_ = 0;
+  std::string resized_name_;
+  void forget_program(const mt::plan::Program *program);
   bool use_graphs_ = true;
   // The side stream (GpuDevice::begin_side): used when the device has one
   // and the plan has data-parallel collectives.

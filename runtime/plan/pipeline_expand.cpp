@@ -151,8 +151,8 @@ namespace {
 // lists per slot phase.
 class Expander {
 public:
-  Expander(const pl::Program &c, std::vector<ScheduledSegment> order)
-      : c_(c), order_(std::move(order)), m_(c.pipeline()->micro_batches()),
+  Expander(const pl::Program &c, std::vector<ScheduledSegment> order, int64_t micro_batches)
+      : c_(c), order_(std::move(order)), m_(micro_batches),
         stride_(c.pipeline()->tag_stride()) {}
 
   std::string run(fb::DetachedBuffer *out) {
@@ -423,13 +423,31 @@ private:
 
 } // namespace
 
-fb::DetachedBuffer expand_pipeline_program(const pl::Program &compact, std::string *error) {
+fb::DetachedBuffer expand_pipeline_program(const pl::Program &compact, std::string *error,
+                                           int64_t micro_batches) {
   const std::string name = compact.name() ? compact.name()->str() : "";
   std::vector<ScheduledSegment> order;
   std::string e = check_pipeline_schedule(compact, &order);
+  const pl::PipelineSchedule *s = compact.pipeline();
+  int64_t m = s ? s->micro_batches() : 0;
+  if (e.empty() && micro_batches > 0 && micro_batches != m) {
+    // A ramp-up's smaller step (1F1B only): every value a micro-batch holds
+    // at a point of the shorter step is held at the matching point of the
+    // planned one, in the same slot, so the arena holds it as planned.
+    if (s->chunks() > 1)
+      e = "a step of " + std::to_string(micro_batches) + " micro-batches from an interleaved "
+          "schedule planned for " + std::to_string(m) + "; only 1F1B steps shrink";
+    else if (micro_batches > m)
+      e = "a step of " + std::to_string(micro_batches) + " micro-batches from a schedule "
+          "planned for " + std::to_string(m) + "; the arena holds at most those";
+    else
+      order = expand_pipeline(s->stages(), s->chunks(), s->rank(), micro_batches,
+                              segment_keys(*s), &e);
+    m = micro_batches;
+  }
   fb::DetachedBuffer out;
   if (e.empty())
-    e = Expander(compact, std::move(order)).run(&out);
+    e = Expander(compact, std::move(order), m).run(&out);
   if (!e.empty()) {
     if (error)
       *error = "program " + name + ": " + e;
@@ -439,6 +457,7 @@ fb::DetachedBuffer expand_pipeline_program(const pl::Program &compact, std::stri
 }
 
 std::string RankPrograms::load(const pl::Rank &rank) {
+  rank_ = &rank;
   expanded_.clear();
   programs_.clear();
   for (size_t p = 0; p < vsize(rank.programs()); ++p) {
@@ -455,6 +474,31 @@ std::string RankPrograms::load(const pl::Rank &rank) {
     programs_.push_back(fb::GetRoot<pl::Program>(expanded_.back().data()));
   }
   return "";
+}
+
+const pl::Program *RankPrograms::for_micro_batches(const std::string &name,
+                                                   int64_t micro_batches, std::string *error) {
+  const pl::Program *compact = nullptr;
+  for (size_t p = 0; p < vsize(rank_->programs()); ++p)
+    if (const pl::Program *prog = rank_->programs()->Get(uint32_t(p));
+        prog->name() && prog->name()->str() == name)
+      compact = prog;
+  if (!compact || !compact->pipeline() || compact->pipeline()->micro_batches() == micro_batches)
+    return find(name);
+  if (resized_program_ && resized_micro_batches_ == micro_batches && resized_name_ == name)
+    return resized_program_;
+  std::string e;
+  fb::DetachedBuffer b = expand_pipeline_program(*compact, &e, micro_batches);
+  if (!e.empty()) {
+    if (error)
+      *error = "rank " + std::to_string(rank_->rank()) + ", " + e;
+    return nullptr;
+  }
+  resized_ = std::move(b);
+  resized_program_ = fb::GetRoot<pl::Program>(resized_.data());
+  resized_micro_batches_ = micro_batches;
+  resized_name_ = name;
+  return resized_program_;
 }
 
 const pl::Program *RankPrograms::find(const std::string &name) const {

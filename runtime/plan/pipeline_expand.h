@@ -48,8 +48,12 @@ std::string check_pipeline_schedule(const mt::plan::Program &program,
 // their indices (slot 0); each value with S slots gains S - 1 values after
 // them, for slots 1 to S - 1. Returns an empty buffer and sets *error to one
 // line starting "program NAME: " when `compact` is inconsistent.
+// `micro_batches` > 0 expands a step of that many micro-batches instead of
+// the schedule's own (a batch-size ramp-up's smaller steps): 1F1B only, and
+// at most the planned count, whose arena and slots hold any shorter step.
 flatbuffers::DetachedBuffer expand_pipeline_program(const mt::plan::Program &compact,
-                                                    std::string *error);
+                                                    std::string *error,
+                                                    int64_t micro_batches = 0);
 
 // A rank's programs as the executors run them: the plan's own, except that
 // a compact train_step is replaced by its expansion, whose bytes this holds
@@ -61,8 +65,19 @@ public:
   const std::vector<const mt::plan::Program *> &all() const { return programs_; }
   // The program named `name`, or null.
   const mt::plan::Program *find(const std::string &name) const;
+  // `name` expanded for a step of `micro_batches` micro-batches (a ramp-up's
+  // smaller batch): find(name) when it is not pipelined or has that count;
+  // else its expansion for that count, held until the next such call for
+  // another count (which invalidates it). Null and *error on failure.
+  const mt::plan::Program *for_micro_batches(const std::string &name, int64_t micro_batches,
+                                             std::string *error);
 
 private:
+  const mt::plan::Rank *rank_ = nullptr;
+  flatbuffers::DetachedBuffer resized_;
+  const mt::plan::Program *resized_program_ = nullptr;
+  int64_t resized_micro_batches_ = 0;
+  std::string resized_name_;
   std::vector<flatbuffers::DetachedBuffer> expanded_;
   std::vector<const mt::plan::Program *> programs_;
 };

@@ -175,13 +175,24 @@ private:
       return "";
     const int64_t start = t->rampup_start(), incr = t->rampup_increment();
     if (t->train_samples() == 0 || start < 1 || incr < 1 || t->rampup_samples() < 1 ||
-        start >= gbs || (gbs - start) % incr != 0 ||
-        plan_.pipeline_parallel() > 1)
+        start >= gbs || (gbs - start) % incr != 0 || interleaved())
       return "training: the batch ramp-up [" + std::to_string(start) + ", " +
              std::to_string(incr) + ", " + std::to_string(t->rampup_samples()) +
              "] does not ramp up to global batch " + std::to_string(gbs) +
-             " (it needs sample-based training and pipeline_parallel 1)";
+             " (it needs sample-based training, and no interleaved pipeline schedule)";
     return "";
+  }
+
+  // Whether a rank runs the interleaved schedule, whose memory is planned
+  // for one micro-batch count (a 1F1B step shrinks for a ramp-up).
+  bool interleaved() const {
+    if (!plan_.ranks())
+      return false;
+    for (const pl::Rank *rank : *plan_.ranks())
+      for (size_t p = 0; p < vsize(rank->programs()); ++p)
+        if (const auto *ps = rank->programs()->Get(uint32_t(p))->pipeline(); ps && ps->chunks() > 1)
+          return true;
+    return false;
   }
 
   // Where the instructions being checked live and what their values mean.

@@ -1081,10 +1081,10 @@ private:
   // every micro-batch's loss. Returns the sum of the losses (0 on stages
   // without the loss).
   std::string runPipelined(const ProgramIO &io, const GptDataset &data, int64_t consumed,
-                           double *lossSum) {
+                           int64_t micro, double *lossSum) {
     std::vector<uint64_t> offsets;
     const auto batchStart = std::chrono::steady_clock::now();
-    for (int64_t m = 0; m < microBatches; ++m) {
+    for (int64_t m = 0; m < micro; ++m) {
       fillBatch(io, data, sampleOf(consumed, m), "." + std::to_string(m));
       offsets.push_back(rngOffset(m, false));
     }
@@ -1093,7 +1093,7 @@ private:
     if (std::string err = exec->run(*io.program, 0); !err.empty())
       return err;
     *lossSum = 0;
-    for (int64_t m = 0; m < microBatches; ++m) {
+    for (int64_t m = 0; m < micro; ++m) {
       uint32_t out = io.output(("loss." + std::to_string(m)).c_str());
       if (out != UINT32_MAX)
         *lossSum += *static_cast<float *>(exec->value_data(*io.program, out));
@@ -1166,11 +1166,19 @@ private:
         return err;
     weightsGathered = true; // by the first micro-batch, where the plan gathers late
     if (trainStep.program->unrolled_micro_batches() > 0) {
-      if (std::string err = runPipelined(trainStep, *train, consumedTrain, &sum);
+      // A ramp-up's smaller batch runs the step expanded for its count.
+      ProgramIO io = trainStep;
+      if (curMicro != microBatches) {
+        std::string err;
+        io.program = exec->program_for_micro_batches("train_step", curMicro, &err);
+        if (!io.program)
+          return err;
+      }
+      if (std::string err = runPipelined(io, *train, consumedTrain, curMicro, &sum);
           !err.empty())
         return err;
       localLoss = sum;
-      *meanLoss = sum / double(microBatches);
+      *meanLoss = sum / double(curMicro);
       return averageOverDataParallel(meanLoss);
     }
     for (int64_t m = 0; m < curMicro; ++m) {
