@@ -67,7 +67,11 @@ def MtAutodiffPass : Pass<"mt-autodiff", "mlir::ModuleOp"> {
       reverse order. Backpropagation starts from `mt.grad_seed` with scale
       `1 / num_micro_batches` (from the module's `mt.training`), so
       gradients summed over a step's micro-batches are those of the mean
-      loss, as in Megatron-LM. Every parameter's gradient is added into its
+      loss, as in Megatron-LM. With per-token loss (`mt.training`'s
+      `loss_tokens_per_micro_batch` and `loss_tokens_per_iteration`,
+      Megatron's `--calculate-per-token-loss`) the scale is a rank's
+      micro-batch tokens times dp over the iteration's tokens, the summed
+      token losses over the global batch's count. Every parameter's gradient is added into its
       gradient buffer (`mt.matmul_weight_grad ... into @w`); values read
       more than once get the sum of their gradients.
     - `@eval_step`: the forward graph without dropout (Megatron evaluates

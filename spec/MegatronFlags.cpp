@@ -242,7 +242,6 @@ std::vector<MegatronFlag> explicitRows() {
             "--no-log-loss-scale-to-tensorboard"),
 
       //===--- Refused until implemented (issue 22) ---===//
-      refuse("--calculate-per-token-loss", S, kNotYet),
       refuse("--grad-reduce-in-bf16", S, kNotYet),
       refuse("--sgd-momentum", V, kNotYet),
       refuse("--no-barrier-with-level-1-timing", S, kNotYet),

@@ -374,6 +374,7 @@ std::string toToml(const Spec &spec) {
   w.real("adam_beta2", t.adam_beta2);
   w.real("adam_eps", t.adam_eps);
   w.real("clip_grad", t.clip_grad);
+  w.boolean("calculate_per_token_loss", t.calculate_per_token_loss);
   w.string("precision", toString(t.precision));
   if (fp16) {
     w.real("initial_loss_scale", t.initial_loss_scale);

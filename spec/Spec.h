@@ -103,6 +103,10 @@ struct TrainingConfig {
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
   double clip_grad = 1.0;
+  // Megatron's --calculate-per-token-loss: the loss over the tokens of the
+  // whole global batch instead of each micro-batch's mean. mt has no loss
+  // mask, so every micro-batch holds the same tokens and the two agree.
+  bool calculate_per_token_loss = false;
   Precision precision = Precision::FP32;
   double initial_loss_scale = 4294967296.0; // 2^32
   double min_loss_scale = 1.0;

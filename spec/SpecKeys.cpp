@@ -300,6 +300,14 @@ std::vector<KeyInfo> buildTable() {
                   "Adam denominator epsilon.", above(0)));
   t.push_back(key("training", "clip_grad", F, false, "1.0", "", "--clip-grad",
                   "Gradient clipping by global L2 norm; 0 turns it off.", atLeast(0)));
+  t.push_back(key("training", "calculate_per_token_loss", B, false, "false", "",
+                  "--calculate-per-token-loss",
+                  "Normalize the loss by the tokens of the whole global batch (all "
+                  "micro-batches and data-parallel ranks) instead of averaging each "
+                  "micro-batch's mean, as Megatron's flag. mt has no loss mask (every label "
+                  "counts), so each micro-batch holds micro_batch_size * seq_length tokens "
+                  "and both give the same gradients and lm loss; the backward's seed is "
+                  "derived from the token counts (docs/training.md)."));
   t.push_back(key("training", "precision", E, false, "\"fp32\"", "", "--fp16 / --bf16",
                   "Parameter and compute precision; Megatron's --fp16 and --bf16 flags "
                   "select the two half formats.",

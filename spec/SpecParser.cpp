@@ -650,6 +650,7 @@ void Parser::readValues(Spec &spec) {
   getInt("training", "hysteresis", t.hysteresis);
   getInt("training", "seed", t.seed);
   getInt("training", "log_interval", t.log_interval);
+  getBool("training", "calculate_per_token_loss", t.calculate_per_token_loss);
   getBool("training", "log_throughput", t.log_throughput);
   getBool("training", "log_params_norm", t.log_params_norm);
   getBool("training", "log_num_zeros_in_grad", t.log_num_zeros_in_grad);
