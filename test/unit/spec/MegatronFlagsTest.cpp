@@ -137,6 +137,20 @@ TEST(MegatronFlagTable, ImplementedRowsReachTheirTranslation) {
   }
 }
 
+// --calculate-per-token-loss is implemented as equal to Megatron's default
+// because every label counts: no flag that masks the loss may be accepted
+// until per-token loss takes the masked token counts (docs/training.md).
+TEST(MegatronFlagTable, PerTokenLossAssumesNoLossMask) {
+  const MegatronFlag *perToken = findMegatronFlag("--calculate-per-token-loss");
+  ASSERT_TRUE(perToken);
+  ASSERT_EQ(perToken->status, FlagStatus::Implemented);
+  const MegatronFlag *mask = findMegatronFlag("--eod-mask-loss");
+  ASSERT_TRUE(mask);
+  EXPECT_EQ(mask->status, FlagStatus::Refused)
+      << "--eod-mask-loss masks tokens out of the loss: per-token loss (passes/Autodiff.cpp's "
+      << "seed) must then count the unmasked tokens of each micro-batch";
+}
+
 // Each other status does what the table says, through the import.
 TEST(MegatronFlagTable, ImportFollowsEveryRow) {
   for (const MegatronFlag &f : megatronFlags()) {
