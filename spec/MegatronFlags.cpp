@@ -173,9 +173,6 @@ std::vector<MegatronFlag> explicitRows() {
       only("--rotary-percent", "1.0",
            "1.0 is what mt does: rotary embeddings cover the whole head",
            "partial rotary embeddings are not implemented in mt; use --rotary-percent 1.0"),
-      only("--optimizer", "adam", "Adam (AdamW) is mt's optimizer, as Megatron's default",
-           "mt's optimizer is Adam (AdamW); SGD and Muon are not implemented yet: use "
-           "--optimizer adam"),
       only("--expert-model-parallel-size", "1", "1: no expert parallelism (a dense model)",
            kMoe),
       only("--softmax-type", "vanilla", "vanilla is mt's softmax",
@@ -243,7 +240,6 @@ std::vector<MegatronFlag> explicitRows() {
 
       //===--- Refused until implemented (issue 22) ---===//
       refuse("--grad-reduce-in-bf16", S, kNotYet),
-      refuse("--sgd-momentum", V, kNotYet),
       refuse("--no-barrier-with-level-1-timing", S, kNotYet),
 
       //===--- fp8, fp4 and quantization ---===//

@@ -21,6 +21,9 @@ enum class LrDecayStyle { Constant, Linear, Cosine, InverseSquareRoot, WSD };
 enum class WsdDecayStyle { Exponential, Linear, Cosine, MinusSqrt };
 enum class RecomputeGranularity { None, Selective, Full };
 enum class RecomputeMethod { None, Uniform, Block };
+// Megatron's --optimizer: Adam (AdamW: decoupled weight decay) or SGD with
+// momentum (torch.optim.SGD: weight decay added to the gradient).
+enum class Optimizer { Adam, SGD };
 
 const char *toString(PositionEmbedding v);
 const char *toString(Normalization v);
@@ -29,6 +32,7 @@ const char *toString(LrDecayStyle v);
 const char *toString(WsdDecayStyle v);
 const char *toString(RecomputeGranularity v);
 const char *toString(RecomputeMethod v);
+const char *toString(Optimizer v);
 
 // [model]: the network. Names mirror Megatron-LM's flags.
 struct ModelConfig {
@@ -98,7 +102,9 @@ struct TrainingConfig {
   int64_t lr_warmup_iters = 0;       // lr_warmup_fraction, when given, is resolved into this
   WsdDecayStyle lr_wsd_decay_style = WsdDecayStyle::Exponential;
   int64_t lr_wsd_decay_iters = 0;    // WSD: the anneal's length, ending at lr_decay_iters
+  Optimizer optimizer = Optimizer::Adam;
   double weight_decay = 0.01;
+  double sgd_momentum = 0.9;         // only with optimizer = sgd
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;

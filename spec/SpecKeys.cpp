@@ -290,8 +290,18 @@ std::vector<KeyInfo> buildTable() {
                   "samples, at most lr_decay_samples - lr_warmup_samples. Required with "
                   "lr_decay_style = \"WSD\" and train_samples.",
                   atLeast(1)));
+  t.push_back(key("training", "optimizer", E, false, "\"adam\"", "", "--optimizer",
+                  "\"adam\": AdamW (decoupled weight decay, bias-corrected moments; two "
+                  "f32 state tensors per parameter). \"sgd\": SGD with momentum as "
+                  "torch.optim.SGD (weight decay added to the gradient, no dampening, no "
+                  "Nesterov; one f32 momentum buffer per parameter).",
+                  none(), {"adam", "sgd"}));
   t.push_back(key("training", "weight_decay", F, false, "0.01", "", "--weight-decay",
-                  "AdamW weight decay.", atLeast(0)));
+                  "Weight decay: decoupled with adam, added to the gradient with sgd; "
+                  "biases and one-dimensional weights get none.",
+                  atLeast(0)));
+  t.push_back(key("training", "sgd_momentum", F, false, "0.9", "", "--sgd-momentum",
+                  "SGD's momentum factor; only with optimizer = \"sgd\".", atLeast(0)));
   t.push_back(key("training", "adam_beta1", F, false, "0.9", "", "--adam-beta1",
                   "Adam first-moment decay.", unitOpen()));
   t.push_back(key("training", "adam_beta2", F, false, "0.999", "", "--adam-beta2",

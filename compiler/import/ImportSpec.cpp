@@ -69,6 +69,8 @@ public:
         b.getNamedAttr("lr_wsd_decay_style", b.getStringAttr(spec::toString(t.lr_wsd_decay_style))),
         b.getNamedAttr("lr_wsd_decay_iters", i64(t.lr_wsd_decay_iters)),
         b.getNamedAttr("global_batch_size", i64(t.global_batch_size)),
+        b.getNamedAttr("optimizer", b.getStringAttr(spec::toString(t.optimizer))),
+        b.getNamedAttr("sgd_momentum", f64(t.sgd_momentum)),
         b.getNamedAttr("weight_decay", f64(t.weight_decay)),
         b.getNamedAttr("adam_beta1", f64(t.adam_beta1)),
         b.getNamedAttr("adam_beta2", f64(t.adam_beta2)),

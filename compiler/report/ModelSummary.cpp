@@ -238,6 +238,8 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
     os << ", distributed optimizer";
   os << "\n  precision " << spec::toString(t.precision) << ", recompute "
      << spec::toString(p.recompute_granularity);
+  if (t.optimizer == spec::Optimizer::SGD)
+    os << ", SGD with momentum " << num(t.sgd_momentum);
   if (t.decoupled_lr > 0)
     os << ", decoupled lr " << num(t.decoupled_lr) << " (min " << num(t.decoupled_min_lr)
        << ") for the word embeddings and output layer";

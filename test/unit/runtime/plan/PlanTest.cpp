@@ -585,7 +585,7 @@ TEST(PlanReader, BadMagicVersionAndFlags) {
   uint32_t older = 9;
   std::memcpy(&b[8], &older, 4);
   EXPECT_EQ(open_error(b), "tiny.plan: error: was written by plan format version 9; this mtrun reads "
-                           "version 10; recompile it with the mtc that matches this mtrun");
+                           "version 11; recompile it with the mtc that matches this mtrun");
   b = bytes;
   uint32_t flags = 4;
   std::memcpy(&b[12], &flags, 4);
@@ -681,7 +681,7 @@ TEST(PlanReader, SemanticErrors) {
     Tiny t; // an unknown opcode
     t.d.programs[0].code[1].op = Opcode(200);
     EXPECT_CONTAINS(semantic_error(t.d), "rank 0, program eval_step #1 (final_layernorm) opcode 200: "
-                                         "unknown opcode; this mtrun knows opcodes 0 to 47");
+                                         "unknown opcode; this mtrun knows opcodes 0 to 49");
   }
   for (auto [group, scale, message] :
        {std::tuple<int64_t, double, const char *>{
