@@ -239,7 +239,11 @@ std::vector<MegatronFlag> explicitRows() {
             "--no-log-loss-scale-to-tensorboard"),
 
       //===--- Refused until implemented (issue 22) ---===//
-      refuse("--grad-reduce-in-bf16", S, kNotYet),
+      refuse("--grad-reduce-in-bf16", S,
+             "bf16 gradient buffers (accumulated and reduced over data parallelism in "
+             "bf16) are not implemented in mt yet; remove it: mt accumulates and reduces "
+             "gradients in fp32, Megatron's default with --bf16, and plans 4 bytes a "
+             "parameter for them"),
       refuse("--no-barrier-with-level-1-timing", S, kNotYet),
 
       //===--- fp8, fp4 and quantization ---===//
