@@ -116,6 +116,36 @@ struct MtAutodiffPass : impl::MtAutodiffPassBase<MtAutodiffPass> {
       return module.emitError("mt-autodiff: mt.training.num_micro_batches must be >= 1");
     }
 
+    // Megatron's default: each micro-batch's mean loss over the micro-batch
+    // count, then the data-parallel mean. --calculate-per-token-loss: the
+    // token losses summed over the global batch, over its token count; the
+    // seed of a rank's mean-loss backward is then its micro-batch's tokens
+    // times dp (the data-parallel reduction averages) over the global
+    // batch's. With every label counted (mt has no loss mask) that is the
+    // same number.
+    double seedScale = 1.0 / double(microBatches);
+    if (auto t = moduleAttr(module, "mt.training")) {
+      auto mbTokens = t.getAs<IntegerAttr>("loss_tokens_per_micro_batch");
+      auto iterTokens = t.getAs<IntegerAttr>("loss_tokens_per_iteration");
+      if (mbTokens || iterTokens) {
+        IntegerAttr dp;
+        if (auto p = moduleAttr(module, "mt.parallel"))
+          dp = p.getAs<IntegerAttr>("data_parallel_size");
+        if (!mbTokens || !iterTokens || mbTokens.getInt() < 1 || iterTokens.getInt() < 1)
+          return module.emitError("mt-autodiff: per-token loss needs both "
+                                  "mt.training.loss_tokens_per_micro_batch and "
+                                  "loss_tokens_per_iteration, each >= 1");
+        int64_t dpSize = dp ? dp.getInt() : 1;
+        if (mbTokens.getInt() * dpSize * microBatches != iterTokens.getInt())
+          return module.emitError()
+                 << "mt-autodiff: per-token loss: " << microBatches << " micro-batches of "
+                 << mbTokens.getInt() << " tokens on " << dpSize
+                 << " data-parallel ranks are not the iteration's " << iterTokens.getInt()
+                 << " tokens";
+        seedScale = double(mbTokens.getInt() * dpSize) / double(iterTokens.getInt());
+      }
+    }
+
     OpBuilder b(forward);
     auto train = cast<func::FuncOp>(b.clone(*forward));
     train.setSymName("train_step");
@@ -124,7 +154,7 @@ struct MtAutodiffPass : impl::MtAutodiffPassBase<MtAutodiffPass> {
     forward.erase();
 
     removeDropout(eval);
-    if (failed(buildBackward(train, 1.0 / double(microBatches), module->hasAttr("mt.stage"))))
+    if (failed(buildBackward(train, seedScale, module->hasAttr("mt.stage"))))
       return failure();
     // mt.tp_copy is the identity once its gradient (an all-reduce) exists.
     for (func::FuncOp f : {train, eval})

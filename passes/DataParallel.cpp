@@ -1,5 +1,5 @@
 // mt-data-parallel: gradient buckets reduced over data-parallel ranks, and the
-// distributed optimizer (reduce-scatter, sharded AdamW, all-gather).
+// distributed optimizer (reduce-scatter, sharded AdamW or SGD, all-gather).
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
@@ -222,60 +222,91 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
       gn.replaceAllUsesWith(s.getResult());
       gn.erase();
     }
-    SmallVector<AdamWOp> adams(optStep.getOps<AdamWOp>());
-    if (adams.empty()) {
-      optStep.emitError("mt-data-parallel: @optimizer_step has no mt.adamw to shard");
+    // The per-parameter updates mt-optimizer wrote: all mt.adamw or all mt.sgd.
+    SmallVector<Operation *> updates;
+    for (Operation &op : optStep.getBody().front())
+      if (isa<AdamWOp, SgdOp>(op))
+        updates.push_back(&op);
+    if (updates.empty()) {
+      optStep.emitError("mt-data-parallel: @optimizer_step has no mt.adamw or mt.sgd to shard");
       return failure();
     }
+    auto paramOf = [](Operation *u) {
+      return isa<AdamWOp>(u) ? cast<AdamWOp>(u).getParamAttr() : cast<SgdOp>(u).getParamAttr();
+    };
+    auto lrOf = [](Operation *u) {
+      return isa<AdamWOp>(u) ? cast<AdamWOp>(u).getLr() : cast<SgdOp>(u).getLr();
+    };
+    auto clipOf = [](Operation *u) {
+      return isa<AdamWOp>(u) ? cast<AdamWOp>(u).getClip() : cast<SgdOp>(u).getClip();
+    };
+    auto decayOf = [](Operation *u) {
+      return (isa<AdamWOp>(u) ? cast<AdamWOp>(u).getWeightDecay()
+                              : cast<SgdOp>(u).getWeightDecay())
+          .convertToDouble();
+    };
+    // What one sharded update per bucket must share besides lr, clip and decay.
+    auto sameRule = [](Operation *a, Operation *b) {
+      if (auto x = dyn_cast<AdamWOp>(a)) {
+        auto y = dyn_cast<AdamWOp>(b);
+        return y && x.getStep() == y.getStep() && x.getBeta1Attr() == y.getBeta1Attr() &&
+               x.getBeta2Attr() == y.getBeta2Attr() && x.getEpsilonAttr() == y.getEpsilonAttr();
+      }
+      auto y = dyn_cast<SgdOp>(b);
+      return y && cast<SgdOp>(a).getMomentumAttr() == y.getMomentumAttr();
+    };
     // --decoupled-lr: the parameters mt-optimizer marked take the second rate.
-    auto decoupled = [&](AdamWOp a) {
-      auto p = module.lookupSymbol<ParamOp>(a.getParamAttr());
+    auto decoupled = [&](Operation *u) {
+      auto p = module.lookupSymbol<ParamOp>(paramOf(u));
       return p && p->hasAttr("mt.decoupled_lr");
     };
-    AdamWOp first = adams.front();
+    Operation *first = updates.front();
     Value lr, decoupledLr;
-    for (AdamWOp a : adams) { // the first of each kind sets its rate
-      Value &rate = decoupled(a) ? decoupledLr : lr;
+    for (Operation *u : updates) { // the first of each kind sets its rate
+      Value &rate = decoupled(u) ? decoupledLr : lr;
       if (!rate)
-        rate = a.getLr();
+        rate = lrOf(u);
     }
     if (!lr) // every parameter decoupled: one rate after all
       std::swap(lr, decoupledLr);
     double decay = 0.0;
-    for (AdamWOp a : adams)
-      decay = std::max(decay, a.getWeightDecay().convertToDouble());
-    for (AdamWOp a : adams) {
-      double wd = a.getWeightDecay().convertToDouble();
-      if (a.getLr() != (decoupled(a) && decoupledLr ? decoupledLr : lr) ||
-          a.getClip() != first.getClip() ||
-          a.getStep() != first.getStep() || a.getBeta1Attr() != first.getBeta1Attr() ||
-          a.getBeta2Attr() != first.getBeta2Attr() ||
-          a.getEpsilonAttr() != first.getEpsilonAttr() ||
-          (wd != 0.0 && wd != decay)) {
-        a.emitError("mt-data-parallel: the distributed optimizer needs every mt.adamw to "
-                    "share lr, clip, step, betas and epsilon, and a weight decay of 0 or ")
-            << decay;
+    for (Operation *u : updates)
+      decay = std::max(decay, decayOf(u));
+    for (Operation *u : updates) {
+      double wd = decayOf(u);
+      if (lrOf(u) != (decoupled(u) && decoupledLr ? decoupledLr : lr) ||
+          clipOf(u) != clipOf(first) || !sameRule(first, u) || (wd != 0.0 && wd != decay)) {
+        u->emitError() << "mt-data-parallel: the distributed optimizer needs every "
+                       << (isa<AdamWOp>(first) ? "mt.adamw to share lr, clip, step, betas and "
+                                                 "epsilon"
+                                               : "mt.sgd to share lr, clip and momentum")
+                       << ", and a weight decay of 0 or " << decay;
         return failure();
       }
       // Which elements decay: the plan records it per parameter.
-      if (auto p = module.lookupSymbol<ParamOp>(a.getParamAttr()))
+      if (auto p = module.lookupSymbol<ParamOp>(paramOf(u)))
         p->setAttr("mt.weight_decay", b.getBoolAttr(wd != 0.0));
     }
     OpBuilder ob(first);
-    for (int64_t i = 0; i < int64_t(buckets.size()); ++i)
-      ob.create<ShardedAdamWOp>(first.getLoc(), lr, first.getClip(), first.getStep(),
-                                decoupledLr, ob.getI64IntegerAttr(i), first.getBeta1Attr(),
-                                first.getBeta2Attr(), first.getEpsilonAttr(),
+    for (int64_t i = 0; i < int64_t(buckets.size()); ++i) {
+      if (auto a = dyn_cast<AdamWOp>(first))
+        ob.create<ShardedAdamWOp>(a.getLoc(), lr, a.getClip(), a.getStep(), decoupledLr,
+                                  ob.getI64IntegerAttr(i), a.getBeta1Attr(), a.getBeta2Attr(),
+                                  a.getEpsilonAttr(), ob.getF64FloatAttr(decay));
+      else
+        ob.create<ShardedSgdOp>(first->getLoc(), lr, clipOf(first), decoupledLr,
+                                ob.getI64IntegerAttr(i), cast<SgdOp>(first).getMomentumAttr(),
                                 ob.getF64FloatAttr(decay));
+    }
     auto gather = [&](OpBuilder &at, Location loc, int64_t bucket) -> Operation * {
       return at.create<AllGatherParamsOp>(loc, at.getI64IntegerAttr(bucket),
                                           at.getStringAttr("dp"));
     };
     if (!gatherInForward)
       for (int64_t i : allBuckets)
-        gather(ob, first.getLoc(), i);
-    for (AdamWOp a : adams)
-      a.erase();
+        gather(ob, first->getLoc(), i);
+    for (Operation *u : updates)
+      u->erase();
     if (gatherInForward)
       placeGathersInForward(module, train, bucketOf, allBuckets, gather);
     return success();

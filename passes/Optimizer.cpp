@@ -1,4 +1,4 @@
-// mt-optimizer: @grad_norm and @optimizer_step (LR schedule, clipping, AdamW).
+// mt-optimizer: @grad_norm and @optimizer_step (LR schedule, clipping, AdamW or SGD).
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
@@ -50,9 +50,21 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
       ok = false;
       return 0;
     };
+    // Megatron's --optimizer: adam (the default, also when the module does
+    // not say) or sgd.
+    bool sgd = false;
+    if (auto o = t.getAs<StringAttr>("optimizer")) {
+      if (o.getValue() != "adam" && o.getValue() != "sgd") {
+        module.emitError() << "mt-optimizer: mt.training.optimizer is \"" << o.getValue()
+                           << "\"; expected \"adam\" or \"sgd\"";
+        return failure();
+      }
+      sgd = o.getValue() == "sgd";
+    }
     double lr = f64("lr"), minLr = f64("min_lr"), wd = f64("weight_decay"),
-           beta1 = f64("adam_beta1"), beta2 = f64("adam_beta2"),
-           eps = f64("adam_eps"), clip = f64("clip_grad");
+           clip = f64("clip_grad");
+    double beta1 = sgd ? 0.0 : f64("adam_beta1"), beta2 = sgd ? 0.0 : f64("adam_beta2"),
+           eps = sgd ? 0.0 : f64("adam_eps"), momentum = sgd ? f64("sgd_momentum") : 0.0;
     // Sample-based training counts the schedule in samples, as Megatron's
     // scheduler does, and takes the count after the update as an input
     // (with a batch ramp-up an update's samples vary).
@@ -166,11 +178,16 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
       bool decoupled = decoupledLr && isEmbeddingOrOutput(param.getSymName());
       if (decoupled)
         param->setAttr("mt.decoupled_lr", b.getUnitAttr());
-      b.create<AdamWOp>(loc, FlatSymbolRefAttr::get(param.getSymNameAttr()),
-                        decoupled ? decoupledLr : lrValue,
-                        coeff, entry->getArgument(1), b.getF64FloatAttr(beta1),
-                        b.getF64FloatAttr(beta2), b.getF64FloatAttr(eps),
+      if (sgd)
+        b.create<SgdOp>(loc, FlatSymbolRefAttr::get(param.getSymNameAttr()),
+                        decoupled ? decoupledLr : lrValue, coeff, b.getF64FloatAttr(momentum),
                         b.getF64FloatAttr(decays ? wd : 0.0));
+      else
+        b.create<AdamWOp>(loc, FlatSymbolRefAttr::get(param.getSymNameAttr()),
+                          decoupled ? decoupledLr : lrValue,
+                          coeff, entry->getArgument(1), b.getF64FloatAttr(beta1),
+                          b.getF64FloatAttr(beta2), b.getF64FloatAttr(eps),
+                          b.getF64FloatAttr(decays ? wd : 0.0));
     }
     // Megatron logs the rate after its scheduler has stepped: the one the
     // next update will use.

@@ -67,7 +67,11 @@ def MtAutodiffPass : Pass<"mt-autodiff", "mlir::ModuleOp"> {
       reverse order. Backpropagation starts from `mt.grad_seed` with scale
       `1 / num_micro_batches` (from the module's `mt.training`), so
       gradients summed over a step's micro-batches are those of the mean
-      loss, as in Megatron-LM. Every parameter's gradient is added into its
+      loss, as in Megatron-LM. With per-token loss (`mt.training`'s
+      `loss_tokens_per_micro_batch` and `loss_tokens_per_iteration`,
+      Megatron's `--calculate-per-token-loss`) the scale is a rank's
+      micro-batch tokens times dp over the iteration's tokens, the summed
+      token losses over the global batch's count. Every parameter's gradient is added into its
       gradient buffer (`mt.matmul_weight_grad ... into @w`); values read
       more than once get the sum of their gradients.
     - `@eval_step`: the forward graph without dropout (Megatron evaluates
@@ -111,7 +115,9 @@ def MtOptimizerPass : Pass<"mt-optimizer", "mlir::ModuleOp"> {
       (`mt.lr_schedule`), the factor every gradient is multiplied by
       (`mt.clip_coeff`: 1 / loss scale for fp16, times clipping against the
       unscaled `%grad_norm`), and one `mt.adamw` per
-      parameter with bias correction for update number `%step`. Biases and
+      parameter with bias correction for update number `%step` (with
+      `mt.training.optimizer = "sgd"`, one `mt.sgd` with
+      `mt.training.sgd_momentum` instead). Biases and
       other one-dimensional parameters get no weight decay (Megatron's
       default rule). `next_lr` is the rate after this step, the one
       Megatron's iteration line shows. With sample-based training
@@ -393,7 +399,7 @@ def MtDataParallelPass : Pass<"mt-data-parallel", "mlir::ModuleOp"> {
     owns the r-th of dp equal shards of every bucket. `mt.grad_norm`
     becomes `mt.sharded_grad_norm` (squares over the owned shards, summed
     over dp), the per-parameter `mt.adamw` ops become one
-    `mt.sharded_adamw` per bucket (the decay of each parameter is recorded
+    `mt.sharded_adamw` per bucket (`mt.sgd`: one `mt.sharded_sgd`) (the decay of each parameter is recorded
     as `mt.weight_decay` on its `mt.param`), followed by one
     `mt.all_gather_params` per bucket; the module gets
     `mt.distributed_optimizer`, and mt-plan-memory plans masters and

@@ -714,10 +714,11 @@ FailureOr<int64_t> planScheduled(func::FuncOp f, DictionaryAttr schedule, ArrayA
 // aligned shards. Buckets are laid out from the last (the first parameters)
 // to bucket 0 (the last parameters, reduced first), parameters in module
 // order inside each. With the distributed optimizer, f32 masters (reduced
-// precision only) and Adam moments exist for one shard of every bucket:
-// flat_elements / dp elements each, bucket b's shard at begin_b / dp.
-LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, int64_t &cursor, int64_t &weights,
-                          int64_t &grads, int64_t &masters, int64_t &moments) {
+// precision only) and Adam moments (SGD's momentum buffer alone: `sgd`)
+// exist for one shard of every bucket: flat_elements / dp elements each,
+// bucket b's shard at begin_b / dp.
+LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, bool sgd, int64_t &cursor,
+                          int64_t &weights, int64_t &grads, int64_t &masters, int64_t &moments) {
   OpBuilder b(module.getContext());
   auto dpAttr = module->getAttrOfType<IntegerAttr>("mt.data_parallel");
   if (!dpAttr || dpAttr.getInt() < 1)
@@ -795,9 +796,10 @@ LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, int64_t &cursor, i
     cursor += shardBytes;
     masters = shardBytes;
   }
-  const int64_t m1 = cursor, m2 = cursor + shardBytes;
-  cursor += 2 * shardBytes;
-  moments = 2 * shardBytes;
+  const int64_t states = sgd ? 1 : 2;
+  const int64_t m1 = cursor, m2 = sgd ? -1 : cursor + shardBytes;
+  cursor += states * shardBytes;
+  moments = states * shardBytes;
   for (ParamOp p : params)
     for (StringRef n : {"mt.master_offset", "mt.exp_avg_offset", "mt.exp_avg_sq_offset"})
       p->setAttr(n, b.getI64IntegerAttr(-1));
@@ -825,6 +827,13 @@ struct MtPlanMemoryPass : impl::MtPlanMemoryPassBase<MtPlanMemoryPass> {
     SmallVector<ParamOp> params(module.getOps<ParamOp>());
     int64_t cursor = 0;
     int64_t weights = 0, grads = 0, masters = 0, moments = 0;
+    // SGD keeps one state tensor, its momentum buffer, in the first
+    // moment's place; Adam two.
+    bool sgd = false;
+    module.walk([&](Operation *op) {
+      if (isa<SgdOp, ShardedSgdOp>(op))
+        sgd = true;
+    });
     auto region = [&](StringRef attr, bool f32, bool present, int64_t &total) {
       for (ParamOp p : params) {
         if (!present || (attr == "mt.master_offset" &&
@@ -839,7 +848,7 @@ struct MtPlanMemoryPass : impl::MtPlanMemoryPassBase<MtPlanMemoryPass> {
       }
     };
     if (auto buckets = module->getAttrOfType<ArrayAttr>("mt.grad_buckets")) {
-      if (failed(planBuckets(module, buckets, cursor, weights, grads, masters, moments)))
+      if (failed(planBuckets(module, buckets, sgd, cursor, weights, grads, masters, moments)))
         return signalPassFailure();
       // Without the distributed optimizer every rank keeps whole masters
       // and moments, per parameter as below.
@@ -847,7 +856,7 @@ struct MtPlanMemoryPass : impl::MtPlanMemoryPassBase<MtPlanMemoryPass> {
         region("mt.master_offset", true, true, masters);
         int64_t m1 = 0, m2 = 0;
         region("mt.exp_avg_offset", true, true, m1);
-        region("mt.exp_avg_sq_offset", true, true, m2);
+        region("mt.exp_avg_sq_offset", true, !sgd, m2);
         moments = m1 + m2;
       }
     } else {
@@ -856,7 +865,7 @@ struct MtPlanMemoryPass : impl::MtPlanMemoryPassBase<MtPlanMemoryPass> {
       region("mt.master_offset", true, true, masters);
       int64_t m1 = 0, m2 = 0;
       region("mt.exp_avg_offset", true, true, m1);
-      region("mt.exp_avg_sq_offset", true, true, m2);
+      region("mt.exp_avg_sq_offset", true, !sgd, m2);
       moments = m1 + m2;
     }
 

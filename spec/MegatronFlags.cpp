@@ -173,9 +173,6 @@ std::vector<MegatronFlag> explicitRows() {
       only("--rotary-percent", "1.0",
            "1.0 is what mt does: rotary embeddings cover the whole head",
            "partial rotary embeddings are not implemented in mt; use --rotary-percent 1.0"),
-      only("--optimizer", "adam", "Adam (AdamW) is mt's optimizer, as Megatron's default",
-           "mt's optimizer is Adam (AdamW); SGD and Muon are not implemented yet: use "
-           "--optimizer adam"),
       only("--expert-model-parallel-size", "1", "1: no expert parallelism (a dense model)",
            kMoe),
       only("--softmax-type", "vanilla", "vanilla is mt's softmax",
@@ -242,9 +239,11 @@ std::vector<MegatronFlag> explicitRows() {
             "--no-log-loss-scale-to-tensorboard"),
 
       //===--- Refused until implemented (issue 22) ---===//
-      refuse("--calculate-per-token-loss", S, kNotYet),
-      refuse("--grad-reduce-in-bf16", S, kNotYet),
-      refuse("--sgd-momentum", V, kNotYet),
+      refuse("--grad-reduce-in-bf16", S,
+             "bf16 gradient buffers (accumulated and reduced over data parallelism in "
+             "bf16) are not implemented in mt yet; remove it: mt accumulates and reduces "
+             "gradients in fp32, Megatron's default with --bf16, and plans 4 bytes a "
+             "parameter for them"),
       refuse("--no-barrier-with-level-1-timing", S, kNotYet),
 
       //===--- fp8, fp4 and quantization ---===//

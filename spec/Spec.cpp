@@ -40,6 +40,16 @@ const char *toString(Precision v) {
   return "";
 }
 
+const char *toString(Optimizer v) {
+  switch (v) {
+  case Optimizer::Adam:
+    return "adam";
+  case Optimizer::SGD:
+    return "sgd";
+  }
+  return "?";
+}
+
 const char *toString(LrDecayStyle v) {
   switch (v) {
   case LrDecayStyle::Constant:
@@ -369,11 +379,22 @@ std::string toToml(const Spec &spec) {
     w.unset("lr_wsd_decay_iters", notWsd);
     w.unset("lr_wsd_decay_samples", notWsd);
   }
+  w.string("optimizer", toString(t.optimizer));
   w.real("weight_decay", t.weight_decay);
-  w.real("adam_beta1", t.adam_beta1);
-  w.real("adam_beta2", t.adam_beta2);
-  w.real("adam_eps", t.adam_eps);
+  if (t.optimizer == Optimizer::SGD) {
+    w.real("sgd_momentum", t.sgd_momentum);
+    const char *adamOnly = "only with optimizer = \"adam\"";
+    w.unset("adam_beta1", adamOnly);
+    w.unset("adam_beta2", adamOnly);
+    w.unset("adam_eps", adamOnly);
+  } else {
+    w.unset("sgd_momentum", "only with optimizer = \"sgd\"");
+    w.real("adam_beta1", t.adam_beta1);
+    w.real("adam_beta2", t.adam_beta2);
+    w.real("adam_eps", t.adam_eps);
+  }
   w.real("clip_grad", t.clip_grad);
+  w.boolean("calculate_per_token_loss", t.calculate_per_token_loss);
   w.string("precision", toString(t.precision));
   if (fp16) {
     w.real("initial_loss_scale", t.initial_loss_scale);

@@ -21,6 +21,9 @@ enum class LrDecayStyle { Constant, Linear, Cosine, InverseSquareRoot, WSD };
 enum class WsdDecayStyle { Exponential, Linear, Cosine, MinusSqrt };
 enum class RecomputeGranularity { None, Selective, Full };
 enum class RecomputeMethod { None, Uniform, Block };
+// Megatron's --optimizer: Adam (AdamW: decoupled weight decay) or SGD with
+// momentum (torch.optim.SGD: weight decay added to the gradient).
+enum class Optimizer { Adam, SGD };
 
 const char *toString(PositionEmbedding v);
 const char *toString(Normalization v);
@@ -29,6 +32,7 @@ const char *toString(LrDecayStyle v);
 const char *toString(WsdDecayStyle v);
 const char *toString(RecomputeGranularity v);
 const char *toString(RecomputeMethod v);
+const char *toString(Optimizer v);
 
 // [model]: the network. Names mirror Megatron-LM's flags.
 struct ModelConfig {
@@ -98,11 +102,17 @@ struct TrainingConfig {
   int64_t lr_warmup_iters = 0;       // lr_warmup_fraction, when given, is resolved into this
   WsdDecayStyle lr_wsd_decay_style = WsdDecayStyle::Exponential;
   int64_t lr_wsd_decay_iters = 0;    // WSD: the anneal's length, ending at lr_decay_iters
+  Optimizer optimizer = Optimizer::Adam;
   double weight_decay = 0.01;
+  double sgd_momentum = 0.9;         // only with optimizer = sgd
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
   double clip_grad = 1.0;
+  // Megatron's --calculate-per-token-loss: the loss over the tokens of the
+  // whole global batch instead of each micro-batch's mean. mt has no loss
+  // mask, so every micro-batch holds the same tokens and the two agree.
+  bool calculate_per_token_loss = false;
   Precision precision = Precision::FP32;
   double initial_loss_scale = 4294967296.0; // 2^32
   double min_loss_scale = 1.0;

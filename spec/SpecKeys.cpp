@@ -290,8 +290,18 @@ std::vector<KeyInfo> buildTable() {
                   "samples, at most lr_decay_samples - lr_warmup_samples. Required with "
                   "lr_decay_style = \"WSD\" and train_samples.",
                   atLeast(1)));
+  t.push_back(key("training", "optimizer", E, false, "\"adam\"", "", "--optimizer",
+                  "\"adam\": AdamW (decoupled weight decay, bias-corrected moments; two "
+                  "f32 state tensors per parameter). \"sgd\": SGD with momentum as "
+                  "torch.optim.SGD (weight decay added to the gradient, no dampening, no "
+                  "Nesterov; one f32 momentum buffer per parameter).",
+                  none(), {"adam", "sgd"}));
   t.push_back(key("training", "weight_decay", F, false, "0.01", "", "--weight-decay",
-                  "AdamW weight decay.", atLeast(0)));
+                  "Weight decay: decoupled with adam, added to the gradient with sgd; "
+                  "biases and one-dimensional weights get none.",
+                  atLeast(0)));
+  t.push_back(key("training", "sgd_momentum", F, false, "0.9", "", "--sgd-momentum",
+                  "SGD's momentum factor; only with optimizer = \"sgd\".", atLeast(0)));
   t.push_back(key("training", "adam_beta1", F, false, "0.9", "", "--adam-beta1",
                   "Adam first-moment decay.", unitOpen()));
   t.push_back(key("training", "adam_beta2", F, false, "0.999", "", "--adam-beta2",
@@ -300,6 +310,14 @@ std::vector<KeyInfo> buildTable() {
                   "Adam denominator epsilon.", above(0)));
   t.push_back(key("training", "clip_grad", F, false, "1.0", "", "--clip-grad",
                   "Gradient clipping by global L2 norm; 0 turns it off.", atLeast(0)));
+  t.push_back(key("training", "calculate_per_token_loss", B, false, "false", "",
+                  "--calculate-per-token-loss",
+                  "Normalize the loss by the tokens of the whole global batch (all "
+                  "micro-batches and data-parallel ranks) instead of averaging each "
+                  "micro-batch's mean, as Megatron's flag. mt has no loss mask (every label "
+                  "counts), so each micro-batch holds micro_batch_size * seq_length tokens "
+                  "and both give the same gradients and lm loss; the backward's seed is "
+                  "derived from the token counts (docs/training.md)."));
   t.push_back(key("training", "precision", E, false, "\"fp32\"", "", "--fp16 / --bf16",
                   "Parameter and compute precision; Megatron's --fp16 and --bf16 flags "
                   "select the two half formats.",

@@ -642,6 +642,8 @@ void Parser::readValues(Spec &spec) {
   getFloat("training", "adam_beta2", t.adam_beta2);
   getFloat("training", "adam_eps", t.adam_eps);
   getFloat("training", "clip_grad", t.clip_grad);
+  getEnum("training", "optimizer", t.optimizer, {Optimizer::Adam, Optimizer::SGD});
+  getFloat("training", "sgd_momentum", t.sgd_momentum);
   getEnum("training", "precision", t.precision,
           {Precision::FP32, Precision::FP16, Precision::BF16});
   getFloat("training", "initial_loss_scale", t.initial_loss_scale);
@@ -650,6 +652,7 @@ void Parser::readValues(Spec &spec) {
   getInt("training", "hysteresis", t.hysteresis);
   getInt("training", "seed", t.seed);
   getInt("training", "log_interval", t.log_interval);
+  getBool("training", "calculate_per_token_loss", t.calculate_per_token_loss);
   getBool("training", "log_throughput", t.log_throughput);
   getBool("training", "log_params_norm", t.log_params_norm);
   getBool("training", "log_num_zeros_in_grad", t.log_num_zeros_in_grad);

@@ -486,6 +486,20 @@ void Parser::resolveTraining(Spec &spec) {
     if (!ownFloor)
       t.decoupled_min_lr = t.min_lr;
   }
+  // Each optimizer's own keys; Megatron ignores the other's, mt says so.
+  if (t.optimizer == Optimizer::SGD) {
+    for (const char *k : {"adam_beta1", "adam_beta2", "adam_eps"})
+      if (given("training", k))
+        fail(at("training", k),
+             std::string(k) + " only applies with optimizer = \"adam\", but " +
+                 ref("training", "optimizer", quote(toString(t.optimizer))),
+             std::string("remove ") + k + ", or use optimizer = \"adam\"");
+  } else if (given("training", "sgd_momentum")) {
+    fail(at("training", "sgd_momentum"),
+         "sgd_momentum only applies with optimizer = \"sgd\", but " +
+             ref("training", "optimizer", quote(toString(t.optimizer))),
+         "remove sgd_momentum, or set optimizer = \"sgd\" (Megatron's --optimizer sgd)");
+  }
   if (t.precision != Precision::FP16)
     for (const char *k :
          {"initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis"})

@@ -50,6 +50,8 @@ std::optional<Signature> signatureOf(Opcode op) {
   case Opcode::CLIP_COEFF: return Signature{2, 1, 0, 0, 1};
   case Opcode::ADAMW: return Signature{3, 0, 1, 0, 4};
   case Opcode::SHARDED_ADAMW: return Signature{4, 0, SIZE_MAX, 1, 4};
+  case Opcode::SGD: return Signature{2, 0, 1, 0, 2};
+  case Opcode::SHARDED_SGD: return Signature{3, 0, SIZE_MAX, 1, 2};
   case Opcode::GRAD_NORM: return Signature{0, 1, SIZE_MAX, 0, 0};
   case Opcode::GROUP_GRAD_NORM: return Signature{0, 1, SIZE_MAX, 1, 0};
   case Opcode::SPLIT_QKV_ROPE: return Signature{1, 3, 0, 0, 2};
@@ -101,7 +103,7 @@ std::vector<std::vector<StateTensor>> shardTensors(const OpInstruction &ins, dou
       t.grad = p.gradOffset + g.paramBegin * 4;
       t.master = ins.shardMasterOffset >= 0 ? ins.shardMasterOffset + g.stateIndex * 4 : -1;
       t.m = ins.shardExpAvgOffset + g.stateIndex * 4;
-      t.v = ins.shardExpAvgSqOffset + g.stateIndex * 4;
+      t.v = ins.shardExpAvgSqOffset >= 0 ? ins.shardExpAvgSqOffset + g.stateIndex * 4 : -1;
       t.replicated = p.replicated && ins.tensorParallel > 1;
       out.back().push_back(t);
     }
@@ -186,6 +188,16 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
     genAdamW(t, ins.floats, b);
     break;
   }
+  case Opcode::SGD:
+    return generateSgdGroup({ins}, error);
+  case Opcode::SHARDED_SGD: {
+    std::string e;
+    std::vector<std::vector<StateTensor>> t = shardTensors(ins, ins.floats.at(1), false, &e);
+    if (!e.empty() && (*error = label(ins) + ": " + e, true))
+      return std::nullopt;
+    genSgd(t, ins.floats, b);
+    break;
+  }
   case Opcode::GRAD_NORM:
   case Opcode::GROUP_GRAD_NORM: {
     std::vector<StateTensor> t;
@@ -252,6 +264,36 @@ std::optional<OpKernels> generateAdamWGroup(const std::vector<OpInstruction> &gr
   }
   Builder b("ADAMW x" + std::to_string(group.size()));
   genAdamW({tensors}, group[0].floats, b);
+  return b.finish(error);
+}
+
+std::optional<OpKernels> generateSgdGroup(const std::vector<OpInstruction> &group,
+                                          std::string *error) {
+  if (group.empty()) {
+    *error = "an empty SGD group";
+    return std::nullopt;
+  }
+  std::vector<StateTensor> tensors;
+  for (const OpInstruction &ins : group) {
+    if (ins.op != Opcode::SGD || ins.in.size() != 2 || ins.params.size() != 1 ||
+        ins.floats.size() != 2) {
+      *error = "an SGD group holds SGD instructions of one parameter and two floats";
+      return std::nullopt;
+    }
+    // The momentum is the launch's; the weight decay is per tensor.
+    if (ins.floats[0] != group[0].floats[0]) {
+      *error = "the instructions of an SGD group differ in momentum";
+      return std::nullopt;
+    }
+    const OpParam &p = ins.params[0];
+    if (p.weightOffset < 0 || p.gradOffset < 0 || p.expAvgOffset < 0) {
+      *error = "SGD needs the parameter's weight, gradient and momentum buffer offsets";
+      return std::nullopt;
+    }
+    tensors.push_back(adamTensor(p, ins.floats[1]));
+  }
+  Builder b("SGD x" + std::to_string(group.size()));
+  genSgd({tensors}, group[0].floats, b);
   return b.finish(error);
 }
 

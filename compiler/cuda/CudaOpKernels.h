@@ -68,6 +68,7 @@
 //   LR_SCHEDULE         (in0 iteration i64, out0)
 //   CLIP_COEFF          (in0 norm, in1 grad_scale, out0)
 //   ADAMW, SHARDED_ADAMW (in0 lr, in1 clip_coeff, in2 step, state) [+ dp_rank: SHARDED_*]
+//   SGD, SHARDED_SGD    (in0 lr, in1 clip_coeff, state) [+ dp_rank: SHARDED_*]
 //   GRAD_NORM & co.     norm_squares (state, ws) [+ tp_rank when a replicated parameter
 //                       counts] ; norm_total (ws) ; norm_sqrt (ws, out0)
 // `out0` of CROSS_ENTROPY_GRAD may be in0's very bytes (in place); no other
@@ -86,7 +87,9 @@
 //     log-sum-exp and the mean over rows in double: loss within ~1e-6
 //     relative; gradients within a few fp32 ulps before rounding.
 //   - AdamW: per element in double like cpu::adamw_step (bit-equal except
-//     where CUDA's double pow differs in the last ulp).
+//     where CUDA's double pow differs in the last ulp); SGD like
+//     cpu::sgd_step, in double (equal after rounding to fp32 but where
+//     double rounding or contraction lands on the other side of a tie).
 //   - gradient norms: squares and sums in double, one fixed order
 //     (deterministic), ~1e-15 relative to the CPU's order.
 //   - EMBEDDING_GRAD: deterministic, and bit-equal to the CPU: each vocabulary
@@ -124,7 +127,7 @@ struct OpParam {
   std::vector<int64_t> shape;
   plan::DType dtype = plan::DType::F32; // the model copy's type
   bool weightDecay = true;
-  bool decoupledLr = false; // SHARDED_ADAMW updates it with its in[3] (--decoupled-lr)
+  bool decoupledLr = false; // SHARDED_ADAMW's in[3], SHARDED_SGD's in[2] (--decoupled-lr)
   // Counts in the gradient norm: in_grad_norm (a pipeline stage's tied copy
   // does not). A `replicated` parameter (every tensor-parallel rank holds it
   // whole) counts on tp rank 0 only, which the norm kernel reads from its
@@ -215,6 +218,10 @@ std::optional<OpKernels> generateGradAccumulate(int64_t count, std::string *erro
 // coefficient and step from the device (capturable in a CUDA graph).
 std::optional<OpKernels> generateAdamWGroup(const std::vector<OpInstruction> &group,
                                             std::string *error);
+// The same for consecutive SGD instructions of one lr, clip_coeff and
+// momentum; each keeps its own weight decay (floats[1]).
+std::optional<OpKernels> generateSgdGroup(const std::vector<OpInstruction> &group,
+                                          std::string *error);
 
 } // namespace mt
 

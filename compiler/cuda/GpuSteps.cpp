@@ -109,7 +109,8 @@ OpInstruction opInstruction(const GpuInstruction &inst, const std::vector<GpuVal
     o.out.push_back({values[v].shape, values[v].dtype});
   // The norms read every parameter of the rank; others their own.
   const bool all = inst.op == pl::Opcode::GRAD_NORM || inst.op == pl::Opcode::GROUP_GRAD_NORM ||
-                   inst.op == pl::Opcode::SHARDED_GRAD_NORM || inst.op == pl::Opcode::SHARDED_ADAMW;
+                   inst.op == pl::Opcode::SHARDED_GRAD_NORM || inst.op == pl::Opcode::SHARDED_ADAMW ||
+                   inst.op == pl::Opcode::SHARDED_SGD;
   if (all)
     o.params = params;
   else
@@ -322,14 +323,15 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
   case pl::Opcode::ATTENTION_GRAD:
     return lowerAttention(inst, values, tensorParallel);
   case pl::Opcode::SHARDED_GRAD_NORM:
-  case pl::Opcode::SHARDED_ADAMW: {
+  case pl::Opcode::SHARDED_ADAMW:
+  case pl::Opcode::SHARDED_SGD: {
     if (!shards) {
       l.missing = "the plan writer gave no distributed-optimizer layout";
       return l;
     }
     OpInstruction o = opInstruction(inst, values, params, tensorParallel);
     std::vector<size_t> buckets;
-    if (inst.op == pl::Opcode::SHARDED_ADAMW)
+    if (inst.op == pl::Opcode::SHARDED_ADAMW || inst.op == pl::Opcode::SHARDED_SGD)
       buckets.push_back(size_t(inst.ints.at(0)));
     else
       for (size_t b = 0; b < shards->buckets.size(); ++b)
@@ -359,22 +361,25 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
   return fromOpKernels(*k, inst);
 }
 
-GpuLowering lowerAdamWGroup(const std::vector<GpuInstruction> &group,
-                            const std::vector<GpuValueInfo> &values,
-                            const std::vector<GpuParamInfo> &params) {
+GpuLowering lowerOptimizerGroup(const std::vector<GpuInstruction> &group,
+                                const std::vector<GpuValueInfo> &values,
+                                const std::vector<GpuParamInfo> &params) {
   std::vector<OpInstruction> ops;
   for (const GpuInstruction &i : group)
     ops.push_back(opInstruction(i, values, params, 1));
   std::string error;
-  std::optional<OpKernels> k = generateAdamWGroup(ops, &error);
+  std::optional<OpKernels> k = !group.empty() && group.front().op == pl::Opcode::SGD
+                                   ? generateSgdGroup(ops, &error)
+                                   : generateAdamWGroup(ops, &error);
   if (!k) {
     GpuLowering l;
     l.missing = error;
     return l;
   }
-  // The launch's arguments name the group's first instruction; AdamW's
+  // The launch's arguments name the group's first instruction; the
   // kernels address parameters through the state buffer, so its `in` (lr,
-  // clip, step) is all they read, and every instruction of the group shares it.
+  // clip and AdamW's step) is all they read, and every instruction of the
+  // group shares it.
   return fromOpKernels(*k, group.front());
 }
 

@@ -138,11 +138,11 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
                              const std::vector<GpuParamInfo> &params, int64_t tensorParallel,
                              const GpuShardLayout *shards = nullptr);
 
-// One launch for a run of consecutive ADAMW instructions that read the same
-// lr, clipping coefficient and step (compiler/cuda/CudaOpKernels.h).
-GpuLowering lowerAdamWGroup(const std::vector<GpuInstruction> &group,
-                            const std::vector<GpuValueInfo> &values,
-                            const std::vector<GpuParamInfo> &params);
+// One launch for a run of consecutive ADAMW (or SGD) instructions that read
+// the same lr, clipping coefficient and step (compiler/cuda/CudaOpKernels.h).
+GpuLowering lowerOptimizerGroup(const std::vector<GpuInstruction> &group,
+                                const std::vector<GpuValueInfo> &values,
+                                const std::vector<GpuParamInfo> &params);
 
 // The steps of a FUSED instruction of kind elementwise or row_reduction:
 // launch plan kernel `kernelIndex` with the instruction's inputs, outputs

@@ -144,6 +144,8 @@ void genCrossEntropy(const OpInstruction &ins, Builder &b, bool gradient);
 // entry: no rank tables); groups: the norm's all-reduce groups in order.
 void genAdamW(const std::vector<std::vector<StateTensor>> &byRank,
               const std::vector<double> &floats, Builder &b);
+void genSgd(const std::vector<std::vector<StateTensor>> &byRank,
+            const std::vector<double> &floats, Builder &b);
 void genNorm2(const std::vector<std::vector<StateTensor>> &byRank,
               const std::vector<int64_t> &groups, Builder &b);
 void genLrSchedule(const OpInstruction &ins, Builder &b);

@@ -1,5 +1,5 @@
-// Op kernels of the optimizer and its scalars: multi-tensor AdamW (also
-// sharded), gradient norms, LR_SCHEDULE, CLIP_COEFF, GRAD_SEED.
+// Op kernels of the optimizer and its scalars: multi-tensor AdamW and SGD
+// (also sharded), gradient norms, LR_SCHEDULE, CLIP_COEFF, GRAD_SEED.
 #include "compiler/cuda/OpKernelBuilder.h"
 
 #include <algorithm>
@@ -167,6 +167,100 @@ ${GUARD}${FIND}  const mt_adam_tensor t = mt_tensors[lo];
     args.push_back(in(3));
   args.push_back(state());
   b.launch("adamw", src, uint64_t(ranks.maxChunks), 256, 0, args, ranks.scalars());
+}
+
+// Multi-tensor SGD with momentum (cpu::sgd_step), laid out as genAdamW:
+// one table of tensors (the momentum buffer in `m`), every data-parallel
+// rank's in one source, blocks of kChunk elements.
+void genSgd(const std::vector<std::vector<StateTensor>> &byRank,
+            const std::vector<double> &floats, Builder &b) {
+  std::string table;
+  RankTables ranks;
+  size_t nt = 0;
+  bool twoRates = false;
+  for (const std::vector<StateTensor> &tensors : byRank)
+    for (const StateTensor &t : tensors)
+      twoRates |= t.decoupledLr;
+  for (const std::vector<StateTensor> &tensors : byRank) {
+    int64_t blocks = 0;
+    for (const StateTensor &t : tensors) {
+      const bool vec = t.weight % 16 == 0 && t.grad % 16 == 0 && t.m % 16 == 0 &&
+                       (t.master < 0 || t.master % 16 == 0);
+      table += "  {" + u64(t.weight) + ", " + u64(t.grad) + ", " +
+               u64(t.master < 0 ? -1 : t.master) + ", " + u64(t.m) + ", " + u64(t.count) +
+               ", " + u64(blocks) + ", " + dbl(t.weightDecay) + ", " +
+               std::to_string(t.dtype == DType::BF16 ? 1 : t.dtype == DType::F16 ? 2 : 0) + ", " +
+               (vec ? "1" : "0") + (twoRates ? (t.decoupledLr ? ", 1" : ", 0") : "") + "},\n";
+      blocks += (t.count + kChunk - 1) / kChunk;
+    }
+    nt += tensors.size();
+    ranks.add(nt, blocks);
+  }
+  if (ranks.maxChunks == 0)
+    return;
+  std::map<std::string, std::string> s = {
+      {"NT", std::to_string(nt)}, {"TABLE", table}, {"CHUNK", num(kChunk)},
+      {"MOM", dbl(floats.at(0))}};
+  ranks.fill(s);
+  s["FIND"] = fill(kFindTensor, s);
+  s["LR2_FIELD"] = twoRates ? ", lr2" : "";
+  s["LR2_ARG"] = twoRates ? ", const float *lr2_in" : "";
+  s["LR"] = twoRates ? "(double)(t.lr2 ? lr2_in[0] : lr_in[0])" : "(double)lr_in[0]";
+  s["GUARD"] = ranks.ranked()
+                   ? "  if (chunk >= mt_rank_chunks[dp_rank]) return; // past this rank's shard\n"
+                   : "";
+  std::string src = fill(R"(// Byte offsets into the state buffer; master ~0: the weights are the f32 copy updated.
+struct mt_sgd_tensor { mt_u64 weight, grad, master, buf, count, first; double weight_decay; int dtype, vec${LR2_FIELD}; };
+__device__ const mt_sgd_tensor mt_tensors[${NT}] = {
+${TABLE}};
+${RANKS}
+// cpu::sgd_step on lanes i .. i + V - 1, in double; the weights (or the
+// master copy) updated in place, a reduced-precision model copy rounded from it.
+template <int V, class TW>
+__device__ __forceinline__ void mt_sgd(unsigned char *state, const mt_sgd_tensor &t, mt_u64 i, double lr, float clip) {
+  float g[V], p[V], m[V];
+  float *target = (float *)(state + (t.master != ~0ull ? t.master : t.weight));
+  mt_load<V>((const float *)(state + t.grad), i, g);
+  mt_load<V>(target, i, p);
+  mt_load<V>((const float *)(state + t.buf), i, m);
+#pragma unroll
+  for (int l = 0; l < V; ++l) {
+    const double d = (double)(g[l] * clip) + t.weight_decay * p[l];
+    const double bi = ${MOM} * m[l] + d;
+    p[l] = (float)(p[l] - lr * bi);
+    m[l] = (float)bi;
+  }
+  mt_store<V>(target, i, p);
+  mt_store<V>((float *)(state + t.buf), i, m);
+  if (t.master != ~0ull) mt_store<V>((TW *)(state + t.weight), i, p);
+}
+template <int V>
+__device__ __forceinline__ void mt_sgd_any(unsigned char *state, const mt_sgd_tensor &t, mt_u64 i, double lr, float clip) {
+  if (t.dtype == 1) mt_sgd<V, mt_bf16>(state, t, i, lr, clip);
+  else if (t.dtype == 2) mt_sgd<V, mt_f16>(state, t, i, lr, clip);
+  else mt_sgd<V, float>(state, t, i, lr, clip);
+}
+
+// Block b updates chunk b - first of its tensor.
+extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const float *lr_in, const float *clip_in${LR2_ARG}, unsigned char *state${DP}) {
+  const mt_u64 chunk = blockIdx.x;
+${GUARD}${FIND}  const mt_sgd_tensor t = mt_tensors[lo];
+  const double lr = ${LR};
+  const float clip = clip_in[0];
+  const mt_u64 begin = (chunk - t.first) * ${CHUNK};
+  const mt_u64 end = begin + ${CHUNK} < t.count ? begin + ${CHUNK} : t.count;
+  for (mt_u64 i = begin + threadIdx.x * 4; i < end; i += blockDim.x * 4) {
+    if (t.vec && i + 4 <= end) mt_sgd_any<4>(state, t, i, lr, clip);
+    else for (mt_u64 e = i; e < end && e < i + 4; ++e) mt_sgd_any<1>(state, t, e, lr, clip);
+  }
+}
+)",
+                         s);
+  std::vector<OpArg> args = {in(0), in(1)};
+  if (twoRates)
+    args.push_back(in(2));
+  args.push_back(state());
+  b.launch("sgd", src, uint64_t(ranks.maxChunks), 256, 0, args, ranks.scalars());
 }
 
 // Gradient norms: squares of the listed f32 gradients in double, per block

@@ -69,6 +69,8 @@ public:
         b.getNamedAttr("lr_wsd_decay_style", b.getStringAttr(spec::toString(t.lr_wsd_decay_style))),
         b.getNamedAttr("lr_wsd_decay_iters", i64(t.lr_wsd_decay_iters)),
         b.getNamedAttr("global_batch_size", i64(t.global_batch_size)),
+        b.getNamedAttr("optimizer", b.getStringAttr(spec::toString(t.optimizer))),
+        b.getNamedAttr("sgd_momentum", f64(t.sgd_momentum)),
         b.getNamedAttr("weight_decay", f64(t.weight_decay)),
         b.getNamedAttr("adam_beta1", f64(t.adam_beta1)),
         b.getNamedAttr("adam_beta2", f64(t.adam_beta2)),
@@ -79,6 +81,13 @@ public:
         b.getNamedAttr("recompute_num_layers", i64(p.recompute_num_layers)),
     };
     SmallVector<NamedAttribute> all(std::begin(attrs), std::end(attrs));
+    // --calculate-per-token-loss: mt-autodiff seeds the backward from the
+    // token counts (each rank's micro-batch, the global batch).
+    if (t.calculate_per_token_loss) {
+      const int64_t seq = spec.model.seq_length;
+      all.push_back(b.getNamedAttr("loss_tokens_per_micro_batch", i64(t.micro_batch_size * seq)));
+      all.push_back(b.getNamedAttr("loss_tokens_per_iteration", i64(t.global_batch_size * seq)));
+    }
     // Sample-based training: mt-optimizer counts the schedule in samples.
     if (t.sampleBased()) {
       all.push_back(b.getNamedAttr("train_samples", i64(t.train_samples)));

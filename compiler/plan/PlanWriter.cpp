@@ -317,7 +317,8 @@ public:
         t.log_throughput, t.log_params_norm, t.log_num_zeros_in_grad,
         int32_t(t.timing_log_level), fbb.CreateString(t.timing_log_option),
         t.log_memory_to_tensorboard, t.check_for_nan_in_loss_and_grad,
-        spec.flopsPerIteration(), t.clip_grad, t.train_samples, ramp(0), ramp(1), ramp(2));
+        spec.flopsPerIteration(), t.clip_grad, t.train_samples, ramp(0), ramp(1), ramp(2),
+        fbb.CreateString(spec::toString(t.optimizer)));
 
     auto plan = pl::CreatePlan(
         fbb, fbb.CreateString(kProducer), fbb.CreateString(modelFingerprint(module)),
@@ -507,7 +508,7 @@ private:
   std::vector<fb::Offset<pl::GpuStep>> gpuSteps(Operation &op, const Inst &inst) {
     GpuInstruction gi{inst.op, inst.in, inst.out, inst.params, inst.ints, inst.floats};
     GpuLowering l;
-    std::string key = isa<AdamWOp>(op) ? std::string() : loweringKey(gi);
+    std::string key = isa<AdamWOp, SgdOp>(op) ? std::string() : loweringKey(gi);
     auto known = key.empty() ? lowerings.end() : lowerings.find(key);
     if (known != lowerings.end()) {
       l = rebind(known->second, gi);
@@ -547,6 +548,8 @@ private:
     }
     if (auto adamw = dyn_cast<AdamWOp>(op))
       return adamWSteps(adamw);
+    if (auto sgd = dyn_cast<SgdOp>(op))
+      return sgdSteps(sgd);
     return lowerInstruction(gi, valueInfo, paramInfo, spec.parallel.tensor_model_parallel_size,
                             shardLayout ? &*shardLayout : nullptr);
   }
@@ -567,6 +570,7 @@ private:
     case pl::Opcode::GROUP_GRAD_NORM:
     case pl::Opcode::SHARDED_GRAD_NORM:
     case pl::Opcode::SHARDED_ADAMW:
+    case pl::Opcode::SHARDED_SGD:
       return "";
     default:
       break;
@@ -682,7 +686,32 @@ private:
                    a.getEpsilon().convertToDouble(), a.getWeightDecay().convertToDouble()};
       group.push_back(std::move(gi));
     }
-    return lowerAdamWGroup(group, valueInfo, paramInfo);
+    return lowerOptimizerGroup(group, valueInfo, paramInfo);
+  }
+  // mt.sgd as mt.adamw: a run of equal ones is one multi-tensor launch.
+  GpuLowering sgdSteps(SgdOp first) {
+    GpuLowering l;
+    if (auto prev = dyn_cast_or_null<SgdOp>(first->getPrevNode()); prev && sameSgd(prev, first)) {
+      l.steps.push_back(GpuStepSpec()); // NOTHING: done by the run's first
+      return l;
+    }
+    std::vector<GpuInstruction> group;
+    for (Operation *op = first; op; op = op->getNextNode()) {
+      auto s = dyn_cast<SgdOp>(op);
+      if (!s || (s != first && !sameSgd(first, s)))
+        break;
+      GpuInstruction gi;
+      gi.op = pl::Opcode::SGD;
+      for (Value v : s->getOperands())
+        gi.in.push_back(valueIndex.lookup(v));
+      gi.params = {param(s.getParamAttr())};
+      gi.floats = {s.getMomentum().convertToDouble(), s.getWeightDecay().convertToDouble()};
+      group.push_back(std::move(gi));
+    }
+    return lowerOptimizerGroup(group, valueInfo, paramInfo);
+  }
+  static bool sameSgd(SgdOp a, SgdOp b) {
+    return a->getOperands() == b->getOperands() && a.getMomentum() == b.getMomentum();
   }
   static bool sameAdamW(AdamWOp a, AdamWOp b) {
     return a->getOperands() == b->getOperands() && a.getBeta1() == b.getBeta1() &&
@@ -916,6 +945,18 @@ private:
           i.ints = {o.getBucket()};
           i.floats = {o.getBeta1().convertToDouble(), o.getBeta2().convertToDouble(),
                       o.getEpsilon().convertToDouble(), o.getWeightDecay().convertToDouble()};
+        })
+        .Case([&](ShardedSgdOp o) {
+          i.op = pl::Opcode::SHARDED_SGD;
+          if (!o.getDecoupledLr()) // the decoupled rate is the rate
+            i.in.push_back(i.in[0]);
+          i.ints = {o.getBucket()};
+          i.floats = {o.getMomentum().convertToDouble(), o.getWeightDecay().convertToDouble()};
+        })
+        .Case([&](SgdOp o) {
+          i.op = pl::Opcode::SGD;
+          i.params = {param(o.getParamAttr())};
+          i.floats = {o.getMomentum().convertToDouble(), o.getWeightDecay().convertToDouble()};
         })
         .Case([&](AllGatherParamsOp o) {
           i.op = pl::Opcode::ALL_GATHER_PARAMS;

@@ -42,7 +42,12 @@ MegatronEstimate megatronTheoreticalMemory(const spec::Spec &spec) {
   double mostLoaded = (layers / pp + embedding) / tp;
   if (m.untie_embeddings_and_output_weights && pp == 1)
     mostLoaded += embedding / tp;
-  double bytesPerParam = p.use_distributed_optimizer ? 6.0 + 12.0 / dp : 18.0;
+  // Adam: 2 (weights) + 4 (grads) + 4 (master) + 8 (moments), the last 12
+  // sharded by the distributed optimizer. SGD keeps one state tensor, 4 bytes
+  // fewer (Megatron's function knows Adam only; the same count for SGD).
+  const bool sgd = spec.training.optimizer == spec::Optimizer::SGD;
+  double bytesPerParam = p.use_distributed_optimizer ? 6.0 + (sgd ? 8.0 : 12.0) / dp
+                                                     : (sgd ? 14.0 : 18.0);
 
   // Per layer, Korthikanti et al. (Megatron's activation memory paper):
   // with sequence parallelism everything is split, 34 s b h / t at ffn = 4h
@@ -102,6 +107,7 @@ MemoryPlan memoryPlanOf(ModuleOp module, const spec::Spec &spec) {
   plan.device = spec.cluster.device;
   plan.sequenceParallel = spec.parallel.sequence_parallel;
   plan.tensorParallel = tp > 1;
+  plan.sgd = spec.training.optimizer == spec::Optimizer::SGD;
   MegatronEstimate mega = megatronTheoreticalMemory(spec);
   plan.megatronWeightsAndOptimizer = mega.weightsAndOptimizer;
   plan.megatronActivations = mega.activations;
@@ -167,7 +173,8 @@ void printMemoryPlanText(llvm::raw_ostream &os, const MemoryPlan &plan) {
     width = std::max(width, r.rank.size() + 2);
   auto pad = [&](const std::string &s) { return s + std::string(width - s.size(), ' '); };
   os << llvm::formatv("  {0}{1,11}{2,11}{3,11}{4,11}{5,13}{6,11}{7,11}{8,12}\n", pad("rank"),
-                      "weights", "grads", "master", "adam m+v", "activations",
+                      "weights", "grads", "master", plan.sgd ? "momentum" : "adam m+v",
+                      "activations",
                       "workspace", "reserve", "total");
   auto g = [](int64_t b) { return llvm::formatv("{0:F2}", double(b) / double(1ll << 30)).str(); };
   for (auto [i, r] : llvm::enumerate(plan.ranks))
@@ -191,14 +198,15 @@ void printMemoryPlanText(llvm::raw_ostream &os, const MemoryPlan &plan) {
   const RankMemory &r0 = plan.ranks[plan.heaviest];
   os << llvm::formatv(
       "  Megatron-LM's theoretical formula: weights and optimizer {0} (planned: {1}), "
-      "activations {2} (planned: {3}); it assumes 16-bit training{4} and selective "
+      "activations {2} (planned: {3}); it assumes 16-bit training{4}{5} and selective "
       "recompute (docs/memory.md)\n",
       gib(plan.megatronWeightsAndOptimizer),
       gib(r0.weights + r0.grads + r0.master + r0.moments), gib(plan.megatronActivations),
       gib(r0.activations),
       !plan.tensorParallel     ? ""
       : plan.sequenceParallel ? " with sequence parallelism"
-                              : " with tensor parallelism but no sequence parallelism");
+                              : " with tensor parallelism but no sequence parallelism",
+      plan.sgd ? ", SGD's one state tensor (Megatron's counts Adam's two)" : "");
   const RankMemory &h = plan.ranks[plan.heaviest];
   double use = plan.deviceBytes ? 100.0 * double(h.total()) / double(plan.deviceBytes) : 0.0;
   if (plan.fits()) {

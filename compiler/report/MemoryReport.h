@@ -44,6 +44,7 @@ struct MemoryPlan {
   std::string note;
   // Which of Megatron's activation formulas applies (tensor parallelism only).
   bool tensorParallel = false, sequenceParallel = false;
+  bool sgd = false; // SGD's momentum buffer in the moments' column
   // Megatron-LM's theoretical_memory_usage.py for the same configuration
   // (docs/memory.md compares it with the plan).
   int64_t megatronWeightsAndOptimizer = 0;

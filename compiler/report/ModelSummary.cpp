@@ -238,10 +238,16 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
     os << ", distributed optimizer";
   os << "\n  precision " << spec::toString(t.precision) << ", recompute "
      << spec::toString(p.recompute_granularity);
+  if (t.optimizer == spec::Optimizer::SGD)
+    os << ", SGD with momentum " << num(t.sgd_momentum);
   if (t.decoupled_lr > 0)
     os << ", decoupled lr " << num(t.decoupled_lr) << " (min " << num(t.decoupled_min_lr)
        << ") for the word embeddings and output layer";
   os << "\n";
+  if (t.calculate_per_token_loss)
+    os << "  loss per token of the global batch ("
+       << withCommas(t.global_batch_size * m.seq_length)
+       << " tokens an iteration, every label counted: equal to the per-micro-batch mean)\n";
   // The training log's extras, where they change what mtrun prints.
   std::vector<std::string> logs;
   if (t.log_throughput)

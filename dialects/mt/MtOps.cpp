@@ -492,6 +492,23 @@ template <class OpT> LogicalResult verifyAdamW(OpT op) {
 
 LogicalResult AdamWOp::verify() { return verifyAdamW(*this); }
 
+namespace {
+// SGD's hyper-parameters, for mt.sgd and mt.sharded_sgd.
+template <class OpT> LogicalResult verifySgd(OpT op) {
+  if (!(op.getMomentum().convertToDouble() >= 0.0))
+    return op.emitOpError("momentum must not be negative");
+  if (!(op.getWeightDecay().convertToDouble() >= 0.0))
+    return op.emitOpError("weight_decay must not be negative");
+  return success();
+}
+} // namespace
+
+LogicalResult SgdOp::verify() { return verifySgd(*this); }
+
+LogicalResult SgdOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  return verifyParamUse(*this, symbolTable, getParamAttr(), {}, "parameter");
+}
+
 LogicalResult AdamWOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
   return verifyParamUse(*this, symbolTable, getParamAttr(), {}, "parameter");
 }
@@ -735,6 +752,12 @@ LogicalResult ShardedGradNormOp::verify() { return verifyDpGroup(*this, getGroup
 
 LogicalResult ShardedAdamWOp::verify() {
   if (failed(verifyAdamW(*this)))
+    return failure();
+  return verifyBucket(*this, getBucket());
+}
+
+LogicalResult ShardedSgdOp::verify() {
+  if (failed(verifySgd(*this)))
     return failure();
   return verifyBucket(*this, getBucket());
 }

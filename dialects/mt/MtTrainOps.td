@@ -393,6 +393,28 @@ def Mt_AdamWOp : Mt_Op<"adamw", [
   let hasVerifier = 1;
 }
 
+def Mt_SgdOp : Mt_Op<"sgd", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+    MemoryEffects<[MemRead<Mt_GradBuffers>, MemWrite<Mt_ParamState>]>]> {
+  let summary = "one SGD-with-momentum update of a parameter";
+  let description = [{
+    torch.optim.SGD as Megatron-LM's `--optimizer sgd` runs it (no
+    dampening, no Nesterov): with `g` the gradient times `clip`
+    (`mt.clip_coeff`), `d = g + weight_decay * w`, the parameter's momentum
+    buffer `buf = momentum * buf + d` (zero before the first update, so the
+    first is `d`), then `w -= lr * buf`. Parameters with a reduced-precision
+    model copy are updated in their f32 master copy, then rounded.
+
+    ```mlir
+    mt.sgd @decoder.layers.0.mlp.linear_fc1.weight, %lr, %clip {momentum = 9.000000e-01 : f64, weight_decay = 1.000000e-02 : f64} : tensor<f32>, tensor<f32>
+    ```
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$param, Mt_ScalarF32:$lr, Mt_ScalarF32:$clip,
+                       F64Attr:$momentum, F64Attr:$weight_decay);
+  let assemblyFormat = "$param `,` $lr `,` $clip attr-dict `:` type($lr) `,` type($clip)";
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Data-parallel buckets and the distributed optimizer
 //===----------------------------------------------------------------------===//
@@ -463,6 +485,29 @@ def Mt_ShardedAdamWOp : Mt_Op<"sharded_adamw", [
                        I64Attr:$bucket, F64Attr:$beta1, F64Attr:$beta2, F64Attr:$epsilon,
                        F64Attr:$weight_decay);
   let assemblyFormat = "$lr `,` $clip `,` $step (`decoupled` `(` $decoupled_lr^ `:` type($decoupled_lr) `)`)? attr-dict `:` type($lr) `,` type($clip) `,` type($step)";
+  let hasVerifier = 1;
+}
+
+def Mt_ShardedSgdOp : Mt_Op<"sharded_sgd", [
+    MemoryEffects<[MemRead<Mt_GradBuffers>, MemWrite<Mt_ParamState>]>]> {
+  let summary = "SGD with momentum over the elements of one bucket this rank owns";
+  let description = [{
+    The distributed optimizer's form of `mt.sgd`: every element of this
+    rank's shard of bucket `bucket` that belongs to a parameter (padding is
+    skipped) is updated as `mt.sgd` updates it, on the f32 master copy of the
+    shard (reduced-precision models) or on the f32 weights themselves, with
+    the shard's own momentum buffer. Weight decay and the decoupled rate
+    apply per element's parameter as in `mt.sharded_adamw`; then
+    `mt.all_gather_params` gives every rank the full bucket.
+
+    ```mlir
+    mt.sharded_sgd %lr, %clip {bucket = 0 : i64, momentum = 9.000000e-01 : f64, weight_decay = 1.000000e-02 : f64} : tensor<f32>, tensor<f32>
+    ```
+  }];
+  let arguments = (ins Mt_ScalarF32:$lr, Mt_ScalarF32:$clip,
+                       Optional<Mt_ScalarF32>:$decoupled_lr,
+                       I64Attr:$bucket, F64Attr:$momentum, F64Attr:$weight_decay);
+  let assemblyFormat = "$lr `,` $clip (`decoupled` `(` $decoupled_lr^ `:` type($decoupled_lr) `)`)? attr-dict `:` type($lr) `,` type($clip)";
   let hasVerifier = 1;
 }
 

@@ -19,7 +19,8 @@
 // hold identical state and only data-parallel rank 0 of each model-parallel
 // rank saves, as in Megatron;
 // the distributed optimizer's shards are gathered to it and saved as tensors
-// dp_rank_RR.master / .exp_avg / .exp_avg_sq of the distrib_optim file.
+// dp_rank_RR.master / .exp_avg / .exp_avg_sq (SGD: .momentum_buffer) of the
+// distrib_optim file.
 //
 // Rank file, format version 1 (all integers little-endian):
 //   0   char[8] magic "MTCKPT\0\0"

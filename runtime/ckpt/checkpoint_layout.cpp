@@ -356,7 +356,8 @@ namespace {
 // A whole tensor, assembled from its shards.
 struct Whole {
   std::vector<int64_t> shape;
-  std::vector<float> weight, master, exp_avg, exp_avg_sq;
+  std::vector<float> weight, master;
+  std::map<std::string, std::vector<float>> state; // the optimizer's, by kind
   bool has_master = false;
   int tp_dim = -1;
   std::vector<bool> have; // which tensor-parallel shards arrived
@@ -380,6 +381,20 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
   const CheckpointMeta &m0 = first->meta();
   iteration = m0.iteration;
   const int src_tp = int_value(m0, "tensor_parallel", 1), src_pp = first->pp_size();
+  // The optimizer's state kinds (torch's names): Adam's two moments or SGD's
+  // momentum buffer. Checkpoints without the record predate SGD.
+  const std::string optimizer = value_of(m0, "optimizer", "adam");
+  const std::string target_optimizer =
+      plan.training() && plan.training()->optimizer() && plan.training()->optimizer()->size()
+          ? plan.training()->optimizer()->str()
+          : "adam";
+  if (optimizer != target_optimizer)
+    return plan_path + ": error: trains with " + target_optimizer +
+           " but the checkpoint holds the optimizer state of " + optimizer +
+           "; compile the target plan with the checkpoint's training.optimizer";
+  const std::vector<std::string> kinds =
+      optimizer == "sgd" ? std::vector<std::string>{"momentum_buffer"}
+                         : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
   if (src_tp < 1)
     return first->path() + ": error: the metadata's tensor_parallel is not a positive number; "
                            "the file is damaged: convert an earlier iteration instead";
@@ -409,6 +424,7 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
         // Saved before layouts were recorded: one rank, whole tensors.
         for (const std::string &n : reader->tensor_names()) {
           if (n.find(".exp_avg") != std::string::npos ||
+              n.find(".momentum_buffer") != std::string::npos ||
               (n.size() > 7 && n.compare(n.size() - 7, 7, ".master") == 0))
             continue;
           params.push_back({n, -1, 1, -1, reader->shape(n)});
@@ -435,7 +451,9 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
         int64_t shard_n = 0;
         for (const Bucket &bk : buckets)
           shard_n += (bk.end - bk.begin) / dp;
-        for (const char *kind : {"master", "exp_avg", "exp_avg_sq"}) {
+        std::vector<std::string> shard_kinds = {"master"};
+        shard_kinds.insert(shard_kinds.end(), kinds.begin(), kinds.end());
+        for (const std::string &kind : shard_kinds) {
           if (!optim->has(dp_shard_name(0, kind)))
             continue;
           std::vector<std::vector<float>> shards(static_cast<size_t>(dp));
@@ -468,8 +486,8 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
           w.from = path;
           size_t n = size_t(numel(whole_shape));
           w.weight.resize(n);
-          w.exp_avg.resize(n);
-          w.exp_avg_sq.resize(n);
+          for (const std::string &k : kinds)
+            w.state[k].resize(n);
           w.has_master = distopt ? flat.count("master") > 0 : reader->has(p.name + ".master");
           if (w.has_master)
             w.master.resize(n);
@@ -489,16 +507,16 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
           copy_shard(dst.data(), buf.data(), shard, p.tp_dim, p.tp_blocks, src_tp, r, false);
         };
         struct Part {
-          const char *suffix, *kind;
+          std::string suffix, kind;
           std::vector<float> *dst;
         };
-        std::vector<Part> parts = {{"", nullptr, &w.weight},
-                                   {".exp_avg", "exp_avg", &w.exp_avg},
-                                   {".exp_avg_sq", "exp_avg_sq", &w.exp_avg_sq}};
+        std::vector<Part> parts = {{"", "", &w.weight}};
+        for (const std::string &k : kinds)
+          parts.push_back({"." + k, k, &w.state[k]});
         if (w.has_master)
           parts.push_back({".master", "master", &w.master});
         for (const Part &part : parts) {
-          if (distopt && part.kind) {
+          if (distopt && !part.kind.empty()) {
             auto f = flat.find(part.kind);
             if (f == flat.end() || p.flat_offset < 0 ||
                 p.flat_offset + int64_t(buf.size()) > int64_t(f->second.size()))
@@ -544,8 +562,8 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
     const bool distopt = rank->distributed_optimizer() && rank->shard_elements() > 0;
     std::map<std::string, std::vector<float>> flat;
     if (distopt) {
-      flat["exp_avg"].assign(size_t(rank->flat_elements()), 0.0f);
-      flat["exp_avg_sq"].assign(size_t(rank->flat_elements()), 0.0f);
+      for (const std::string &k : kinds)
+        flat[k].assign(size_t(rank->flat_elements()), 0.0f);
       if (rank->shard_master_offset() >= 0)
         flat["master"].assign(size_t(rank->flat_elements()), 0.0f);
     }
@@ -584,14 +602,14 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
       };
       out->tensors.push_back({name, "f32", shard, slice(w.weight), size_t(n) * 4});
       struct Part {
-        const char *suffix, *kind;
+        std::string suffix, kind;
         const std::vector<float> *src;
       };
       std::vector<Part> parts;
       if (want_master)
         parts.push_back({".master", "master", &w.master});
-      parts.push_back({".exp_avg", "exp_avg", &w.exp_avg});
-      parts.push_back({".exp_avg_sq", "exp_avg_sq", &w.exp_avg_sq});
+      for (const std::string &k : kinds)
+        parts.push_back({"." + k, k, &w.state.at(k)});
       for (const Part &part : parts) {
         float *s = slice(*part.src);
         if (distopt) {
@@ -607,7 +625,9 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
       for (uint32_t k = 0; k < rank->buckets()->size(); ++k)
         buckets.push_back({rank->buckets()->Get(k)->begin(), rank->buckets()->Get(k)->end()});
       const int64_t shard_n = rank->shard_elements();
-      for (const char *kind : {"master", "exp_avg", "exp_avg_sq"}) {
+      std::vector<std::string> shard_kinds = {"master"};
+      shard_kinds.insert(shard_kinds.end(), kinds.begin(), kinds.end());
+      for (const std::string &kind : shard_kinds) {
         if (!flat.count(kind))
           continue;
         std::vector<float *> ptrs;

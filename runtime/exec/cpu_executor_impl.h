@@ -226,6 +226,8 @@ struct CpuExecutor::Impl {
   std::string model_norm(double sum, float *out);
   std::string sharded_grad_norm(const pl::Instruction &ins, float *out);
   std::string adamw(const pl::Instruction &ins, float lr, float clip, int64_t step);
+  std::string sgd(const pl::Instruction &ins, float lr, float clip);
+  std::string sharded_sgd(const pl::Instruction &ins, float lr, float clip, float decoupled_lr);
   std::string sharded_adamw(const pl::Instruction &ins, float lr, float clip, int64_t step,
                             float decoupled_lr);
   static void round_weights(const pl::Param &p, float *w);

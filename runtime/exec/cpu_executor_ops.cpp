@@ -391,6 +391,10 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
     return sharded_grad_norm(ins, fout(0));
   case pl::Opcode::SHARDED_ADAMW:
     return sharded_adamw(ins, *fin(0), *fin(1), *lin(2), *fin(3));
+  case pl::Opcode::SGD:
+    return sgd(ins, *fin(0), *fin(1));
+  case pl::Opcode::SHARDED_SGD:
+    return sharded_sgd(ins, *fin(0), *fin(1), *fin(2));
   case pl::Opcode::ALL_GATHER_PARAMS:
     return all_gather_params(ins);
   case pl::Opcode::ALL_REDUCE_GRADS: {

@@ -266,6 +266,60 @@ std::string CpuExecutor::Impl::sharded_adamw(const pl::Instruction &ins, float l
   return "";
 }
 
+// SGD (cpu::sgd_step) on a parameter, as adamw() does AdamW.
+std::string CpuExecutor::Impl::sgd(const pl::Instruction &ins, float lr, float clip) {
+  const pl::Param &p = param(ins.params()->Get(0));
+  const int64_t count = element_count(p.shape());
+  const float *g = state_floats(p.grad_offset());
+  if (clip != 1.0f) {
+    clipped.resize(size_t(count));
+    for (int64_t i = 0; i < count; ++i)
+      clipped[size_t(i)] = g[i] * clip;
+    g = clipped.data();
+  }
+  float *w = state_floats(p.weight_offset());
+  float *m = state_floats(p.master_offset());
+  cpu::SgdParams s{lr, ins.floats()->Get(0), ins.floats()->Get(1)};
+  cpu::sgd_step(m ? m : w, g, state_floats(p.exp_avg_offset()), count, s);
+  if (m)
+    std::memcpy(w, m, size_t(count) * sizeof(float));
+  round_weights(p, w);
+  return "";
+}
+
+// The distributed optimizer's SGD: the owned elements of a bucket, with the
+// shard's momentum buffer (in the first moment's place).
+std::string CpuExecutor::Impl::sharded_sgd(const pl::Instruction &ins, float lr, float clip,
+                                           float decoupled_lr) {
+  const BucketState &b = buckets[size_t(ins.ints()->Get(0))];
+  float *masters = shard_floats(rank.shard_master_offset());
+  float *buf = shard_floats(rank.shard_exp_avg_offset());
+  for (const FlatSegment &g : b.own) {
+    const pl::Param &p = param(g.param);
+    const float *grad = state_floats(p.grad_offset()) + g.param_begin;
+    if (clip != 1.0f) {
+      clipped.resize(size_t(g.count));
+      for (int64_t i = 0; i < g.count; ++i)
+        clipped[size_t(i)] = grad[i] * clip;
+      grad = clipped.data();
+    }
+    const int64_t at = shard_index(b, g.flat_begin);
+    float *w = state_floats(p.weight_offset()) + g.param_begin;
+    float *target = masters ? masters + at : w;
+    cpu::SgdParams s{p.decoupled_lr() ? decoupled_lr : lr, ins.floats()->Get(0),
+                     p.weight_decay() ? ins.floats()->Get(1) : 0.0};
+    cpu::sgd_step(target, grad, buf + at, g.count, s);
+    if (masters) {
+      std::copy(target, target + g.count, w);
+      if (p.dtype() == pl::DType::BF16)
+        cpu::round_to_bf16(w, g.count);
+      else if (p.dtype() == pl::DType::F16)
+        cpu::round_to_fp16(w, g.count);
+    }
+  }
+  return "";
+}
+
 void CpuExecutor::Impl::round_weights(const pl::Param &p, float *w) {
   if (p.dtype() == pl::DType::BF16)
     cpu::round_to_bf16(w, element_count(p.shape()));

@@ -227,6 +227,15 @@ struct AdamWParams {
 template <class T>
 void adamw_step(T *p, const T *g, T *m, T *v, int64_t count, const AdamWParams &a);
 
+// Megatron's SGD (torch.optim.SGD with momentum, no dampening, no Nesterov):
+//   d = g + weight_decay * p;  buf = momentum * buf + d;  p -= lr * buf
+// buf starts at zero, so the first update's buffer is d, as torch's.
+struct SgdParams {
+  double lr, momentum, weight_decay;
+};
+template <class T>
+void sgd_step(T *p, const T *g, T *buf, int64_t count, const SgdParams &s);
+
 // Sum of squares in double (for the global gradient norm), and whether every
 // element is finite (NaN/Inf detection skips the update).
 template <class T>

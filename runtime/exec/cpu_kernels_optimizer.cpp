@@ -1,4 +1,4 @@
-// The optimizer's CPU kernels: AdamW, and the gradient norm's sum of squares and finite check.
+// The optimizer's CPU kernels: AdamW, SGD, and the gradient norm's sum of squares and finite check.
 //
 // AdamW follows Loshchilov and Hutter (decoupled weight decay) as Megatron applies it.
 #include "runtime/exec/cpu_kernels.h"
@@ -43,6 +43,15 @@ void adamw_step(T *p, const T *g, T *m, T *v, int64_t count, const AdamWParams &
   }
 }
 
+template <class T> void sgd_step(T *p, const T *g, T *buf, int64_t count, const SgdParams &s) {
+  for (int64_t i = 0; i < count; ++i) {
+    const double d = static_cast<double>(g[i]) + s.weight_decay * p[i];
+    const double b = s.momentum * buf[i] + d;
+    p[i] = static_cast<T>(p[i] - s.lr * b);
+    buf[i] = static_cast<T>(b);
+  }
+}
+
 template <class T> double sum_squares(const T *x, int64_t count) {
   // Four partial sums: independent chains instead of one serial dependency.
   double s[4] = {0, 0, 0, 0};
@@ -73,6 +82,7 @@ template <class T> bool all_finite(const T *x, int64_t count) {
 
 #define MT_INSTANTIATE(T)                                                                          \
   template void adamw_step<T>(T *, const T *, T *, T *, int64_t, const AdamWParams &);            \
+  template void sgd_step<T>(T *, const T *, T *, int64_t, const SgdParams &);                     \
   template double sum_squares<T>(const T *, int64_t);                                             \
   template bool all_finite<T>(const T *, int64_t);
 

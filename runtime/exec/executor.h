@@ -29,7 +29,8 @@ public:
   virtual std::string init_params(uint64_t seed) = 0;
 
   // Host views of a parameter's buffers (null when the rank does not hold
-  // that buffer) and of the distributed optimizer's shard state.
+  // that buffer) and of the distributed optimizer's shard state. exp_avg is
+  // Adam's first moment or SGD's momentum buffer; SGD has no exp_avg_sq.
   virtual float *weight(int param) = 0;
   virtual float *master(int param) = 0;
   virtual float *exp_avg(int param) = 0;

@@ -89,6 +89,8 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::GROUP_GRAD_NORM, "", "s", 0, 1, 0},
     {pl::Opcode::SPLIT_QKV_ROPE, "f", "fff", 0, 0, 2},
     {pl::Opcode::SPLIT_QKV_ROPE_GRAD, "fff", "f", 0, 0, 2},
+    {pl::Opcode::SGD, "ss", "", 1, 0, 2},
+    {pl::Opcode::SHARDED_SGD, "sss", "", 0, 1, 2},
 };
 constexpr size_t kNumOpcodes = sizeof(kSignatures) / sizeof(kSignatures[0]);
 static_assert(kNumOpcodes == size_t(pl::Opcode::MAX) + 1,
@@ -356,8 +358,12 @@ private:
         {"shard_master_offset", rank.shard_master_offset()},
         {"shard_exp_avg_offset", rank.shard_exp_avg_offset()},
         {"shard_exp_avg_sq_offset", rank.shard_exp_avg_sq_offset()}};
+    // SGD keeps one state tensor (the first moment's slot).
+    const bool sgd = plan_.training() && plan_.training()->optimizer() &&
+                     plan_.training()->optimizer()->str() == "sgd";
     for (const auto &[what, offset] : slots) {
-      if (offset == -1 && std::string(what) == "shard_master_offset")
+      if (offset == -1 && (std::string(what) == "shard_master_offset" ||
+                           (sgd && std::string(what) == "shard_exp_avg_sq_offset")))
         continue;
       if (offset < 0 || uint64_t(offset) % kStateAlignment != 0 || uint64_t(offset) > state ||
           bytes > state - uint64_t(offset))
@@ -837,6 +843,8 @@ private:
       if (ins.op() == pl::Opcode::ADAMW &&
           (p.weight_offset() < 0 || p.exp_avg_offset() < 0 || p.exp_avg_sq_offset() < 0))
         return who + " lacks weights or Adam moments on this rank";
+      if (ins.op() == pl::Opcode::SGD && (p.weight_offset() < 0 || p.exp_avg_offset() < 0))
+        return who + " lacks weights or an SGD momentum buffer on this rank";
     }
     return "";
   }
@@ -938,8 +946,10 @@ private:
     case pl::Opcode::REDUCE_GRADS:
     case pl::Opcode::SHARDED_GRAD_NORM:
     case pl::Opcode::SHARDED_ADAMW:
+    case pl::Opcode::SHARDED_SGD:
     case pl::Opcode::ALL_GATHER_PARAMS: {
-      const bool has_group = ins.op() != pl::Opcode::SHARDED_ADAMW;
+      const bool has_group =
+          ins.op() != pl::Opcode::SHARDED_ADAMW && ins.op() != pl::Opcode::SHARDED_SGD;
       const bool has_bucket = ins.op() != pl::Opcode::SHARDED_GRAD_NORM;
       const bool sharded = ins.op() != pl::Opcode::REDUCE_GRADS || ints(2) != 0;
       if (has_group && ints(0) != 0)
@@ -959,6 +969,9 @@ private:
       if (sharded && !rank_->distributed_optimizer())
         return "works on shards of the distributed optimizer, which " + rank_name_ +
                " does not use; recompile the plan with mtc";
+      if (ins.op() == pl::Opcode::SHARDED_ADAMW && rank_->shard_exp_avg_sq_offset() < 0)
+        return "updates Adam's moments, but " + rank_name_ +
+               " keeps one optimizer state tensor (SGD's); recompile the plan with mtc";
       break;
     }
     case pl::Opcode::SEND:

@@ -823,6 +823,19 @@ private:
              "); load a checkpoint of this model or start without --load";
     if (std::string e = check_rank_params(*reader, *myRank, load, opts.plan_path); !e.empty())
       return e;
+    // Adam's moments and SGD's momentum buffer are different state: a
+    // checkpoint of one does not resume the other (one without the record
+    // predates SGD: Adam).
+    {
+      auto saved = m.values.find("optimizer");
+      const std::string have = saved == m.values.end() ? "adam" : saved->second;
+      const std::string want = planOptimizer();
+      if (have != want)
+        return "checkpoint " + reader->path() + " holds the optimizer state of " +
+               optimizerName(have) + ", but this plan trains with " + optimizerName(want) +
+               " (training.optimizer = \"" + want + "\"); load it with a plan of the same "
+               "optimizer, or start without --load";
+    }
     // A distributed-optimizer checkpoint fits only the same shard layout,
     // and a plain one only a plan without it.
     const int64_t shard = exec->shard_elements();
@@ -856,9 +869,9 @@ private:
       std::vector<int64_t> shape = shape_of(p);
       size_t bytes = size_t(exec->param_elements(int(i))) * 4;
       struct Part { std::string suffix; float *dst; };
-      std::vector<Part> parts = {{"", exec->weight(int(i))},
-                                 {".exp_avg", exec->exp_avg(int(i))},
-                                 {".exp_avg_sq", exec->exp_avg_sq(int(i))}};
+      std::vector<Part> parts = {{"", exec->weight(int(i))}};
+      for (auto &[suffix, data] : stateParts(int(i)))
+        parts.push_back({"." + suffix, data});
       if (exec->master(int(i)))
         parts.push_back({".master", exec->master(int(i))});
       for (const Part &part : parts) {
@@ -903,9 +916,30 @@ private:
     std::vector<std::pair<std::string, float *>> kinds;
     if (float *m = exec->shard_master())
       kinds.push_back({"master", m});
-    kinds.push_back({"exp_avg", exec->shard_exp_avg()});
-    kinds.push_back({"exp_avg_sq", exec->shard_exp_avg_sq()});
+    if (planOptimizer() == "sgd") {
+      kinds.push_back({"momentum_buffer", exec->shard_exp_avg()});
+    } else {
+      kinds.push_back({"exp_avg", exec->shard_exp_avg()});
+      kinds.push_back({"exp_avg_sq", exec->shard_exp_avg_sq()});
+    }
     return kinds;
+  }
+
+  // A parameter's optimizer state as the checkpoint names it (torch's
+  // state names): Adam's exp_avg and exp_avg_sq, SGD's momentum_buffer.
+  std::vector<std::pair<std::string, float *>> stateParts(int i) {
+    if (planOptimizer() == "sgd")
+      return {{"momentum_buffer", exec->exp_avg(i)}};
+    return {{"exp_avg", exec->exp_avg(i)}, {"exp_avg_sq", exec->exp_avg_sq(i)}};
+  }
+
+  // "adam" or "sgd"; plans without the field predate SGD.
+  std::string planOptimizer() const {
+    const pl::Training *t = plan.training();
+    return t && t->optimizer() && t->optimizer()->size() ? t->optimizer()->str() : "adam";
+  }
+  static std::string optimizerName(const std::string &o) {
+    return o == "sgd" ? "SGD (momentum_buffer)" : "Adam (exp_avg, exp_avg_sq)";
   }
 
   // The weights whole on every rank before evaluation or a save reads them.
@@ -951,8 +985,8 @@ private:
         continue;
       if (exec->master(int(i)))
         tensors.push_back({name + ".master", "f32", shape, exec->master(int(i)), bytes});
-      tensors.push_back({name + ".exp_avg", "f32", shape, exec->exp_avg(int(i)), bytes});
-      tensors.push_back({name + ".exp_avg_sq", "f32", shape, exec->exp_avg_sq(int(i)), bytes});
+      for (auto &[suffix, data] : stateParts(int(i)))
+        tensors.push_back({name + "." + suffix, "f32", shape, data, bytes});
     }
     std::vector<CheckpointTensor> distrib;
     if (shard > 0 && writes) {
@@ -975,6 +1009,7 @@ private:
     m.loss_scale_growth_tracker = growthTracker;
     m.loss_scale_hysteresis_tracker = hysteresisTracker;
     m.values["optimizer_steps"] = std::to_string(stepsTaken);
+    m.values["optimizer"] = planOptimizer();
     if (bySamples)
       m.values["lr_scheduler_samples"] = std::to_string(lrSamples);
     m.values["skipped_iterations"] = std::to_string(skipped);

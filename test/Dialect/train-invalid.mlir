@@ -290,6 +290,32 @@ func.func @f(%lr: tensor<f32>, %s: tensor<i64>) {
 
 // -----
 
+mt.param @w : tensor<4x4xf32>, normal(2.000000e-02)
+func.func @f(%lr: tensor<f32>) {
+  // expected-error @+1 {{momentum must not be negative}}
+  mt.sgd @w, %lr, %lr {momentum = -0.5 : f64, weight_decay = 0.0 : f64} : tensor<f32>, tensor<f32>
+  return
+}
+
+// -----
+
+mt.param @w : tensor<4x4xf32>, normal(2.000000e-02)
+func.func @f(%lr: tensor<f32>) {
+  // expected-error @+1 {{weight_decay must not be negative}}
+  mt.sgd @w, %lr, %lr {momentum = 0.9 : f64, weight_decay = -0.1 : f64} : tensor<f32>, tensor<f32>
+  return
+}
+
+// -----
+
+func.func @f(%lr: tensor<f32>) {
+  // expected-error @+1 {{parameter 'w' does not name an mt.param}}
+  mt.sgd @w, %lr, %lr {momentum = 0.9 : f64, weight_decay = 0.0 : f64} : tensor<f32>, tensor<f32>
+  return
+}
+
+// -----
+
 func.func @f() {
   // expected-error @+1 {{group must be "dp" or "tp", got "pp"}}
   mt.all_reduce_grads {group = "pp", scale = 5.0e-01 : f64}

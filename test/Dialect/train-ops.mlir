@@ -60,6 +60,8 @@ func.func @optimizer(%steps: tensor<i64>, %step: tensor<i64>) -> tensor<f32> {
   %c = mt.clip_coeff %n, %n {max_norm = 1.0 : f64} : tensor<f32>
   // CHECK: mt.adamw @w, %{{.*}}, %{{.*}}, %{{.*}} {beta1
   mt.adamw @w, %lr, %c, %step {beta1 = 0.9 : f64, beta2 = 0.999 : f64, epsilon = 1.0e-08 : f64, weight_decay = 0.01 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+  // CHECK: mt.sgd @w, %{{.*}}, %{{.*}} {momentum = 9.000000e-01 : f64, weight_decay = 1.000000e-02 : f64} : tensor<f32>, tensor<f32>
+  mt.sgd @w, %lr, %c {momentum = 0.9 : f64, weight_decay = 0.01 : f64} : tensor<f32>, tensor<f32>
   return %lr : tensor<f32>
 }
 

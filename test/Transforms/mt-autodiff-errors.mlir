@@ -25,3 +25,23 @@ module attributes {mt.training = {num_micro_batches = 0 : i64}} {
     return %loss : tensor<f32>
   }
 }
+
+// -----
+
+// expected-error @below {{mt-autodiff: per-token loss: 2 micro-batches of 64 tokens on 2 data-parallel ranks are not the iteration's 300 tokens}}
+module attributes {mt.training = {num_micro_batches = 2 : i64, loss_tokens_per_micro_batch = 64 : i64, loss_tokens_per_iteration = 300 : i64}, mt.parallel = {data_parallel_size = 2 : i64}} {
+  func.func @forward(%x: tensor<2x4x8xf32>, %labels: tensor<2x4xi32>) -> tensor<f32> {
+    %loss = mt.cross_entropy %x, %labels : (tensor<2x4x8xf32>, tensor<2x4xi32>) -> tensor<f32>
+    return %loss : tensor<f32>
+  }
+}
+
+// -----
+
+// expected-error @below {{mt-autodiff: per-token loss needs both mt.training.loss_tokens_per_micro_batch and loss_tokens_per_iteration, each >= 1}}
+module attributes {mt.training = {num_micro_batches = 1 : i64, loss_tokens_per_micro_batch = 64 : i64}} {
+  func.func @forward(%x: tensor<2x4x8xf32>, %labels: tensor<2x4xi32>) -> tensor<f32> {
+    %loss = mt.cross_entropy %x, %labels : (tensor<2x4x8xf32>, tensor<2x4xi32>) -> tensor<f32>
+    return %loss : tensor<f32>
+  }
+}

@@ -104,6 +104,31 @@ module attributes {mt.parallel = {data_parallel_size = 4 : i64, pipeline_model_p
 
 // -----
 
+// SGD (--optimizer sgd): one sharded SGD per bucket with the momentum.
+// CHECK-LABEL: module attributes
+// CHECK-SAME: mt.distributed_optimizer
+// CHECK: mt.param @a {{.*}}mt.weight_decay = true
+// CHECK: mt.param @b {{.*}}mt.weight_decay = false
+// CHECK: func.func @optimizer_step(%[[LR:[a-z0-9]+]]: tensor<f32>, %[[CLIP:[a-z0-9]+]]: tensor<f32>)
+// CHECK-NEXT: mt.sharded_sgd %[[LR]], %[[CLIP]] {bucket = 0 : i64, momentum = 8.000000e-01 : f64, weight_decay = 1.000000e-01 : f64} : tensor<f32>, tensor<f32>
+// CHECK-NEXT: mt.all_gather_params {bucket = 0 : i64, group = "dp"}
+// CHECK-NEXT: return
+module attributes {mt.parallel = {data_parallel_size = 4 : i64, pipeline_model_parallel_size = 1 : i64, tensor_model_parallel_size = 1 : i64, use_distributed_optimizer = true}} {
+  mt.param @a : tensor<8x4xf32>, normal(2.000000e-02)
+  mt.param @b : tensor<4xf32>, zeros
+  func.func @grad_norm() -> tensor<f32> {
+    %0 = mt.grad_norm : tensor<f32>
+    return %0 : tensor<f32>
+  }
+  func.func @optimizer_step(%lr: tensor<f32>, %clip: tensor<f32>) {
+    mt.sgd @a, %lr, %clip {momentum = 8.000000e-01 : f64, weight_decay = 1.000000e-01 : f64} : tensor<f32>, tensor<f32>
+    mt.sgd @b, %lr, %clip {momentum = 8.000000e-01 : f64, weight_decay = 0.000000e+00 : f64} : tensor<f32>, tensor<f32>
+    return
+  }
+}
+
+// -----
+
 // overlap_param_gather: the optimizer step gathers nothing; the first
 // micro-batch's copy of the step opens with every bucket's gather in the
 // order the step first reads the bucket's weights (@a's bucket 1, then

@@ -97,10 +97,14 @@ TEST(MegatronFlagTable, AcceptsTheOneValueNumerically) {
   EXPECT_TRUE(acceptsOnlyValue(*cp, "1"));
   EXPECT_TRUE(acceptsOnlyValue(*cp, "1.0"));
   EXPECT_FALSE(acceptsOnlyValue(*cp, "2"));
+  const MegatronFlag *loader = findMegatronFlag("--dataloader-type");
+  ASSERT_NE(loader, nullptr);
+  EXPECT_TRUE(acceptsOnlyValue(*loader, "single"));
+  EXPECT_FALSE(acceptsOnlyValue(*loader, "cyclic"));
+  // --optimizer is the key training.optimizer now (adam or sgd).
   const MegatronFlag *opt = findMegatronFlag("--optimizer");
   ASSERT_NE(opt, nullptr);
-  EXPECT_TRUE(acceptsOnlyValue(*opt, "adam"));
-  EXPECT_FALSE(acceptsOnlyValue(*opt, "sgd"));
+  EXPECT_EQ(opt->status, FlagStatus::Implemented);
   const MegatronFlag *tp = findMegatronFlag("--tensor-model-parallel-size");
   ASSERT_NE(tp, nullptr);
   EXPECT_EQ(tp->status, FlagStatus::Implemented);
@@ -135,6 +139,20 @@ TEST(MegatronFlagTable, ImplementedRowsReachTheirTranslation) {
       EXPECT_EQ(std::string(r.status().message()).find("internal error"), std::string::npos)
           << f.flag << ": " << r.status();
   }
+}
+
+// --calculate-per-token-loss is implemented as equal to Megatron's default
+// because every label counts: no flag that masks the loss may be accepted
+// until per-token loss takes the masked token counts (docs/training.md).
+TEST(MegatronFlagTable, PerTokenLossAssumesNoLossMask) {
+  const MegatronFlag *perToken = findMegatronFlag("--calculate-per-token-loss");
+  ASSERT_TRUE(perToken);
+  ASSERT_EQ(perToken->status, FlagStatus::Implemented);
+  const MegatronFlag *mask = findMegatronFlag("--eod-mask-loss");
+  ASSERT_TRUE(mask);
+  EXPECT_EQ(mask->status, FlagStatus::Refused)
+      << "--eod-mask-loss masks tokens out of the loss: per-token loss (passes/Autodiff.cpp's "
+      << "seed) must then count the unmasked tokens of each micro-batch";
 }
 
 // Each other status does what the table says, through the import.

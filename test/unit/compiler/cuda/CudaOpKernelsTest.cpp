@@ -417,6 +417,13 @@ std::vector<OpInstruction> everyOpcode(DType d) {
   sharded.out = {scalar};
   sharded.floats = {};
   all.push_back(sharded);
+  add(Opcode::SGD, {scalar, scalar}, {}, {}, {0.9, 0.1}, {p});
+  sharded.op = Opcode::SHARDED_SGD;
+  sharded.in = {scalar, scalar, scalar};
+  sharded.out = {};
+  sharded.floats = {0.9, 0.1};
+  sharded.shardExpAvgSqOffset = -1;
+  all.push_back(sharded);
   return all;
 }
 
@@ -746,6 +753,132 @@ MT_KERNEL_TEST(CudaOpKernels, AdamWGroupAndShard) {
       ASSERT_EQ(s.h(params[0].weightOffset)[3 + i], halfBits(d, s.f(sh.shardMasterOffset)[i])) << i;
     for (int i = 0; i < 200; ++i)
       ASSERT_EQ(s.f(params[1].weightOffset)[i], s.f(sh.shardMasterOffset)[500 + i]) << i;
+  }
+}
+
+// SGD with momentum (--optimizer sgd): the multi-tensor launch and the
+// distributed optimizer's shard against cpu::sgd_step, two updates each so
+// the momentum buffer carries over.
+MT_KERNEL_TEST(CudaOpKernels, SgdGroupAndShard) {
+  for (DType d : {DType::BF16, DType::F32}) {
+    SCOPED_TRACE(mt::plan::EnumNameDType(d));
+    const std::vector<OpParam> params = {stateParam(d, 1001, 0), stateParam(DType::F32, 999, 4096)};
+    OptimizerState s;
+    std::vector<std::vector<float>> master, grad;
+    for (size_t k = 0; k < params.size(); ++k) {
+      const OpParam &p = params[k];
+      const size_t c = size_t(p.shape[0]);
+      master.push_back(randomValues(c, 60 + uint32_t(k), 0.1f, p.dtype));
+      grad.push_back(randomValues(c, 70 + uint32_t(k), 0.01f));
+      for (size_t i = 0; i < c; ++i) {
+        if (p.masterOffset < 0)
+          s.f(p.weightOffset)[i] = master[k][i];
+        else {
+          s.h(p.weightOffset)[i] = halfBits(p.dtype, master[k][i]);
+          s.f(p.masterOffset)[i] = master[k][i];
+        }
+        s.f(p.gradOffset)[i] = grad[k][i];
+        s.f(p.expAvgOffset)[i] = 0;
+      }
+    }
+    Buffer lr(DType::F32, {}), clip(DType::F32, {});
+    lr.set({3e-2f});
+    clip.set({0.5f});
+    std::vector<OpInstruction> group;
+    for (size_t k = 0; k < params.size(); ++k) {
+      OpInstruction ins;
+      ins.op = Opcode::SGD;
+      ins.in = {lr.t, clip.t};
+      ins.params = {params[k]};
+      ins.floats = {0.9, k == 0 ? 0.1 : 0.0};
+      group.push_back(ins);
+    }
+    std::string error;
+    std::optional<OpKernels> k = mt::generateSgdGroup(group, &error);
+    ASSERT_TRUE(k) << error;
+    EXPECT_EQ(k->launches.size(), 1u);
+    EXPECT_EQ(k->launches[0].args.back().kind, OpArg::State);
+    Rank r;
+    r.in = {&lr, &clip};
+    r.state = &s;
+    std::vector<std::vector<float>> want = master, buf;
+    for (const std::vector<float> &g : grad)
+      buf.emplace_back(g.size(), 0.0f);
+    for (int step = 0; step < 2; ++step) {
+      ASSERT_EQ(runSteps(device, *k, {&r}), "");
+      for (size_t p = 0; p < params.size(); ++p) {
+        std::vector<float> g = grad[p];
+        for (float &x : g)
+          x *= 0.5f;
+        mt::cpu::sgd_step(want[p].data(), g.data(), buf[p].data(), int64_t(g.size()),
+                          {3e-2f, 0.9, p == 0 ? 0.1 : 0.0});
+      }
+    }
+    for (size_t p = 0; p < params.size(); ++p) {
+      const OpParam &q = params[p];
+      const size_t c = grad[p].size();
+      const float *target = q.masterOffset >= 0 ? s.f(q.masterOffset) : s.f(q.weightOffset);
+      EXPECT_TRUE(close(std::vector<float>(target, target + c), want[p], DType::F32, 2.5e-7, 0));
+      EXPECT_TRUE(close(std::vector<float>(s.f(q.expAvgOffset), s.f(q.expAvgOffset) + c), buf[p],
+                        DType::F32, 2.5e-7, 0));
+      if (q.masterOffset >= 0)
+        for (size_t i = 0; i < c; ++i)
+          ASSERT_EQ(s.h(q.weightOffset)[i], halfBits(q.dtype, target[i])) << i;
+    }
+    // Hand-derived first update of the f32 parameter (no decay): the buffer
+    // is the clipped gradient and the weight moves by lr times it.
+    EXPECT_FLOAT_EQ(buf[1][7] , 0.5f * grad[1][7] * 1.9f);
+
+    // The shard: elements [3, 503) of the first parameter and [0, 200) of
+    // the second (decoupled: the third input's rate, no decay); the buffer
+    // in the shard's first-moment array.
+    Buffer lr2(DType::F32, {});
+    lr2.set({7e-2f});
+    OpInstruction sh;
+    sh.op = Opcode::SHARDED_SGD;
+    sh.in = {lr.t, clip.t, lr2.t};
+    sh.params = params;
+    sh.params[1].weightDecay = false;
+    sh.params[1].decoupledLr = true;
+    sh.ints = {0};
+    sh.floats = {0.8, 0.1};
+    sh.rankSegments = {{{0, 3, 0, 500}, {1, 0, 500, 200}}};
+    sh.shardMasterOffset = params[0].masterOffset >= 0 ? 40960 : -1;
+    sh.shardExpAvgOffset = 45056;
+    std::vector<float> swant(700), sbuf(700, 0.0f);
+    for (int i = 0; i < 500; ++i)
+      swant[size_t(i)] = params[0].masterOffset >= 0 ? s.f(params[0].masterOffset)[3 + i]
+                                                      : s.f(params[0].weightOffset)[3 + i];
+    for (int i = 0; i < 200; ++i)
+      swant[size_t(500 + i)] = s.f(params[1].weightOffset)[i];
+    for (int i = 0; i < 700; ++i) {
+      if (sh.shardMasterOffset >= 0)
+        s.f(sh.shardMasterOffset)[i] = swant[size_t(i)];
+      s.f(sh.shardExpAvgOffset)[i] = 0;
+    }
+    Rank r2 = r;
+    r2.in = {&lr, &clip, &lr2};
+    ASSERT_EQ(runSteps(device, generate(sh), {&r2}), "");
+    std::vector<float> g(700);
+    for (int i = 0; i < 500; ++i)
+      g[size_t(i)] = s.f(params[0].gradOffset)[3 + i] * 0.5f;
+    for (int i = 0; i < 200; ++i)
+      g[size_t(500 + i)] = s.f(params[1].gradOffset)[i] * 0.5f;
+    mt::cpu::sgd_step(swant.data(), g.data(), sbuf.data(), 500, {3e-2f, 0.8, 0.1});
+    mt::cpu::sgd_step(swant.data() + 500, g.data() + 500, sbuf.data() + 500, 200,
+                      {7e-2f, 0.8, 0.0});
+    const float *shardTarget = sh.shardMasterOffset >= 0 ? s.f(sh.shardMasterOffset) : nullptr;
+    std::vector<float> got(700);
+    for (int i = 0; i < 500; ++i)
+      got[size_t(i)] = shardTarget ? shardTarget[i] : s.f(params[0].weightOffset)[3 + i];
+    for (int i = 0; i < 200; ++i)
+      got[size_t(500 + i)] = shardTarget ? shardTarget[500 + i] : s.f(params[1].weightOffset)[i];
+    EXPECT_TRUE(close(got, swant, DType::F32, 2.5e-7, 0));
+    EXPECT_TRUE(close(std::vector<float>(s.f(sh.shardExpAvgOffset), s.f(sh.shardExpAvgOffset) + 700),
+                      sbuf, DType::F32, 2.5e-7, 0));
+    if (shardTarget)
+      for (int i = 0; i < 500; ++i)
+        ASSERT_EQ(s.h(params[0].weightOffset)[3 + i], halfBits(d, shardTarget[i])) << i;
   }
 }
 

@@ -168,6 +168,16 @@ void compareSteps(DeviceFactory make, const std::vector<mt::spec::Override> &ext
 TEST(GpuExecutor, TrainingStepsMatchTheCpuF32) { compareSteps(emulatedDevice, {}, 1e-5, 1e-4, 1e-5); }
 TEST_F(GpuExecutorOnGpu, TrainingStepsMatchTheCpuF32) { compareSteps(realGpu, {}, 1e-5, 1e-4, 1e-5); }
 
+// SGD with momentum (--optimizer sgd): the plan's multi-tensor SGD launch
+// (the run's first mt.sgd carries it, the others do nothing) updates the
+// weights and momentum buffers as the CPU does.
+TEST(GpuExecutor, SgdTrainingStepsMatchTheCpuF32) {
+  compareSteps(emulatedDevice, {{"training.optimizer=\"sgd\""}}, 1e-5, 1e-4, 1e-5);
+}
+TEST_F(GpuExecutorOnGpu, SgdTrainingStepsMatchTheCpuF32) {
+  compareSteps(realGpu, {{"training.optimizer=\"sgd\""}}, 1e-5, 1e-4, 1e-5);
+}
+
 // A Llama-style model (RoPE, grouped-query attention, RMSNorm, SwiGLU, no
 // biases): the QKV split runs with the rotation inside it
 // (SPLIT_QKV_ROPE and its gradient), as mt-fuse plans it. Embeddings stay

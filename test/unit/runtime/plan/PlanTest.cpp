@@ -870,7 +870,7 @@ TEST(PlanReader, SemanticErrors) {
     Tiny t; // an unknown opcode
     t.d.programs[0].code[1].op = Opcode(200);
     EXPECT_CONTAINS(semantic_error(t.d), "rank 0, program eval_step #1 (final_layernorm) opcode 200: "
-                                         "unknown opcode; this mtrun knows opcodes 0 to 47");
+                                         "unknown opcode; this mtrun knows opcodes 0 to 49");
   }
   for (auto [group, scale, message] :
        {std::tuple<int64_t, double, const char *>{
