@@ -493,6 +493,11 @@ TEST(CudaOpKernels, FeaturesAndSequences) {
   EXPECT_EQ(byOp["DROPOUT"][1].launches[0].kernel.scalarArgs,
             (std::vector<std::string>{"seed", "rng_offset", "tp_rank", "stream"}));
   EXPECT_EQ(byOp["DROPOUT"][0].launches[0].kernel.streams, (std::vector<uint64_t>{3}));
+  // 16-byte lanes: 4096 bf16 elements, 8 a thread, 256 threads a block.
+  for (const OpKernels &k : byOp["DROPOUT"]) {
+    EXPECT_EQ(k.launches[0].kernel.grid[0], 2u);
+    EXPECT_TRUE(contains(k.launches[0].kernel.source, "mt_body<8>(")) << k.launches[0].kernel.source;
+  }
   // Norm gradients: partials in the workspace, then column sums into both grads.
   const OpKernels &lng = byOp["LAYER_NORM_GRAD"][0];
   ASSERT_EQ(lng.launches.size(), 2u);
@@ -1241,6 +1246,16 @@ MT_KERNEL_TEST(CudaOpKernels, ElementwiseSplitRope) {
     mt::cpu::dropout_segments(a.data(), n, 2 * f, uint64_t(4 * f), uint64_t(2 * f), 0.3,
                               {1234, 5, 77}, want.data());
     EXPECT_TRUE(close(Y.get(), rounded(want, d), d, 1.2e-7, 0));
+    // A dropout over many blocks whose count V does not divide (the
+    // backward's lone dropout): full lane groups, then a scalar tail.
+    for (int64_t count : {int64_t(9 * 1024 + 3), int64_t(4096)}) {
+      std::vector<float> big = randomValues(size_t(count), 87, 1.0f, d), wantBig(big.size());
+      Buffer X(d, {count}), Yb(d, {count});
+      X.set(big);
+      ASSERT_EQ(run1(Opcode::DROPOUT, {&X}, &Yb, {9, -1}, {0.1}), "");
+      mt::cpu::dropout_fwd(big.data(), count, 0.1, {1234, 9, 77}, wantBig.data());
+      EXPECT_TRUE(close(Yb.get(), rounded(wantBig, d), d, 1.2e-7, 0)) << count;
+    }
     Buffer R(d, {2 * n, f});
     ASSERT_EQ(run1(Opcode::RESHAPE, {&A}, &R, {}, {}), "");
     EXPECT_EQ(R.get(), a);
