@@ -504,6 +504,11 @@ TEST(CudaOpKernels, FeaturesAndSequences) {
   EXPECT_EQ(lng.launches[1].args.size(), 3u);
   EXPECT_EQ(lng.launches[1].args[2].kind, OpArg::ParamGrad);
   EXPECT_EQ(lng.workspaceBytes, 2u * 16 * 256 * 4);
+  // The second stage: 32 columns x 4 slices of the 16 partial rows a CTA,
+  // both gradients in one launch (grid.y).
+  EXPECT_EQ(lng.launches[1].kernel.block[0], 128u);
+  EXPECT_EQ(lng.launches[1].kernel.grid[0], 8u);
+  EXPECT_EQ(lng.launches[1].kernel.grid[1], 2u);
   // --apply-layernorm-1p adds 1 to the loaded weights; RoPE scaling scales
   // the frequencies by Llama 3.1's rule; neither changes the plain sources.
   EXPECT_FALSE(contains(byOp["LAYER_NORM"][0].launches[0].kernel.source, "+= 1.0f"));
@@ -1101,12 +1106,14 @@ MT_KERNEL_TEST(CudaOpKernels, Embeddings) {
 }
 
 // Norms and their gradients (dw, db added into f32 gradients), bias
-// gradients; rows of 96 (8 lanes) and 50 (2 lanes), 37 rows.
+// gradients; rows of 96 (8 lanes) and 50 (2 lanes), 37 rows; and 600 rows
+// of 40, more than the 528 partial rows of the first stage (so blocks take
+// several rows and the second stage has all 32 slices).
 MT_KERNEL_TEST(CudaOpKernels, NormsAndColumnSums) {
   for (DType d : kFloatTypes)
-    for (int64_t h : {96, 50}) {
-      SCOPED_TRACE(std::string(mt::plan::EnumNameDType(d)) + " h " + std::to_string(h));
-      const int64_t n = 37;
+    for (auto [h, n] : {std::pair<int64_t, int64_t>{96, 37}, {50, 37}, {40, 600}}) {
+      SCOPED_TRACE(std::string(mt::plan::EnumNameDType(d)) + " h " + std::to_string(h) +
+                   " rows " + std::to_string(n));
       std::vector<float> x = randomValues(size_t(n * h), 70, 1.0f, d);
       for (float &v : x)
         v = roundTo(d, v + 0.5f);
@@ -1345,6 +1352,34 @@ MT_KERNEL_TEST(CudaOpKernels, ElementwiseSplitRope) {
                                   wx.data(), sc);
       EXPECT_TRUE(close(X2.get(), rounded(wx, d), d, 1e-6, 1e-7)) << "d " << rd << " grad";
     }
+  }
+}
+
+// GRAD_ACCUMULATE: the f32 values added into the gradient in double, odd
+// counts (a scalar tail) and several blocks.
+MT_KERNEL_TEST(CudaOpKernels, GradAccumulate) {
+  for (int64_t count : {int64_t(5003), int64_t(64)}) {
+    std::string error;
+    std::optional<OpKernels> k = mt::generateGradAccumulate(count, &error);
+    ASSERT_TRUE(k) << error;
+    std::vector<float> g = randomValues(size_t(count), 90), add = randomValues(size_t(count), 91);
+    std::vector<float> want(g.size());
+    for (size_t i = 0; i < g.size(); ++i)
+      want[i] = float(double(g[i]) + double(add[i]));
+    Rank r;
+    r.grads = {&g};
+    Mirror m(device);
+    r.ws.assign(size_t(k->workspaceBytes / 8 + 2), 0);
+    std::memcpy(r.ws.data(), add.data(), add.size() * 4);
+    ASSERT_EQ(m.map(r.wsData(), r.ws.size() * 8), "");
+    ASSERT_EQ(m.map(g.data(), g.size() * 4), "");
+    ASSERT_EQ(m.upload(), "");
+    for (const OpStep &st : k->steps) {
+      ASSERT_EQ(st.kind, OpStep::Launch);
+      ASSERT_EQ(launch(device, m, k->launches[st.launch], r), "");
+    }
+    ASSERT_EQ(m.download(), "");
+    EXPECT_EQ(g, want) << count;
   }
 }
 
