@@ -15,10 +15,10 @@
 // number: 1 tp, 3 mp, or the instruction's `group` int). An executor runs a
 // collective over a group of one rank as nothing. Sequences with collectives:
 //   CROSS_ENTROPY, vocab_parallel = 1:
-//     ce_max, all-reduce MAX(tp, f32 max[n]), ce_sum,
+//     ce_stats, all-reduce MAX(tp, f32 max[n]), ce_rescale,
 //     all-reduce SUM(tp, f32 sum[n] and target[n]: 2n elements), ce_loss
 //   CROSS_ENTROPY_GRAD, vocab_parallel = 1:
-//     ce_max, all-reduce MAX(tp, max[n]), ce_sum, all-reduce SUM(tp, sum[n]), ce_grad
+//     ce_stats, all-reduce MAX(tp, max[n]), ce_rescale, all-reduce SUM(tp, sum[n]), ce_grad
 //   GRAD_NORM, GROUP_GRAD_NORM:
 //     norm_squares, norm_total, all-reduce SUM(mp (GRAD_NORM) or ints[0], f64 total), norm_sqrt
 //   SHARDED_GRAD_NORM:
@@ -58,12 +58,14 @@
 //   RESHAPE: (in..., out...) in plan order
 //   DROPOUT             (in0, out0) + seed, rng_offset, [tp_rank,] stream
 //   CROSS_ENTROPY       ce_rows (in0 logits, in1 labels, ws) ; ce_loss (ws, out0)
-//     vocab parallel:   ce_max (in0, ws max) ; ce_sum (in0, in1, ws max, ws sum) + tp_rank ;
-//                       ce_loss (ws max, ws sum, out0)
-//   CROSS_ENTROPY_GRAD  ce_grad (in0 logits, in1 labels, in2 dloss, out0 dlogits)
-//     vocab parallel:   ce_max (in0, ws max) ; ce_sum (in0, in1, ws max, ws sum) + tp_rank ;
+//     vocab parallel:   ce_stats (in0, in1, ws max, ws sum, ws local) + tp_rank ;
+//                       ce_rescale (ws max, ws local, ws sum) ; ce_loss (ws max, ws sum, out0)
+//   CROSS_ENTROPY_GRAD  ce_grad (in0 logits, in1 labels, in2 dloss, out0 dlogits), with
+//                       dynamic shared memory holding the row (up to 112 KiB)
+//     vocab parallel:   ce_stats, ce_rescale as above ;
 //                       ce_grad (in0, in1, in2, ws max, ws sum, out0) + tp_rank
-//     (ws max / sum / target: f32[n] each, at the offsets the Workspace args give)
+//     (ws max / sum / target: f32[n] each, local: the rank's max[n] and
+//     sum[n] before the all-reduces, at the offsets the Workspace args give)
 //   GRAD_SEED           (out0, loss_scale: the runtime's f32 loss scale on the device)
 //   LR_SCHEDULE         (in0 iteration i64, out0)
 //   CLIP_COEFF          (in0 norm, in1 grad_scale, out0)

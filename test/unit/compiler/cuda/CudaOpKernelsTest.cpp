@@ -475,6 +475,15 @@ TEST(CudaOpKernels, FeaturesAndSequences) {
   const std::string &ceGrad = byOp["CROSS_ENTROPY_GRAD"][0].launches[0].kernel.source;
   EXPECT_TRUE(contains(ceGrad, "mt_load<8>(x, j, a)")) << ceGrad;
   EXPECT_TRUE(contains(ceGrad, "mt_block_lse(m, s, mt_shared)"));
+  // One read of the logits: the row is kept in shared memory for the write
+  // pass (512 bf16 after the reductions' 256 bytes); vocabulary-parallel,
+  // one pass gives the local max and sum (ce_stats), rescaled after the max.
+  EXPECT_EQ(byOp["CROSS_ENTROPY_GRAD"][0].launches[0].kernel.sharedBytes, 256u + 512 * 2);
+  EXPECT_TRUE(contains(ceGrad, "mt_load<8>(row_cache, j, a)")) << ceGrad;
+  for (const OpKernels *k : {&byOp["CROSS_ENTROPY"][1], &byOp["CROSS_ENTROPY_GRAD"][1]}) {
+    EXPECT_TRUE(contains(k->launches[0].kernel.entry, "mt_ce_stats_")) << k->launches[0].kernel.entry;
+    EXPECT_TRUE(contains(k->launches[1].kernel.entry, "mt_ce_rescale_")) << k->launches[1].kernel.entry;
+  }
   // Norms: the mp group after the data-parallel one for the sharded norm.
   EXPECT_EQ(kinds(byOp["GRAD_NORM"][0]), "LLSL");
   EXPECT_EQ(byOp["GRAD_NORM"][0].steps[2].group, 3);
@@ -537,14 +546,18 @@ TEST(CudaOpKernels, FeaturesAndSequences) {
 // (CudaOpKernelsEmulation) and on a GPU (CudaOpKernelsOnGpu).
 
 // Cross-entropy and its gradient (in place over the logits), rows whose
-// length takes 8, 4 or 1 lanes.
+// length takes 8, 4 or 1 lanes; rows longer than the gradient's shared
+// memory holds (f32 30001: the last 1393 logits are read twice; bf16 60000).
 MT_KERNEL_TEST(CudaOpKernels, CrossEntropy) {
   for (DType d : kFloatTypes)
-    for (int64_t vocab : {1000, 1001}) {
+    for (int64_t vocab : {int64_t(1000), int64_t(1001), int64_t(30001), int64_t(60000)}) {
+      if ((vocab == 30001 && d != DType::F32) || (vocab == 60000 && d != DType::BF16))
+        continue;
       SCOPED_TRACE(std::string(mt::plan::EnumNameDType(d)) + " vocab " + std::to_string(vocab));
-      const int64_t n = 6;
+      const int64_t n = vocab > 2000 ? 3 : 6;
       std::vector<float> logits = randomValues(size_t(n * vocab), 1, 3.0f, d);
-      std::vector<int64_t> labels = {0, 5, 999, 17, 500, 3};
+      std::vector<int64_t> labels = n == 3 ? std::vector<int64_t>{0, vocab - 1, 29000}
+                                           : std::vector<int64_t>{0, 5, 999, 17, 500, 3};
       std::vector<int32_t> labels32(labels.begin(), labels.end());
       Buffer x(d, {n, vocab}), lab(DType::I32, {n}), loss(DType::F32, {}), dloss(DType::F32, {});
       x.set(logits);
