@@ -46,8 +46,9 @@
 // carry as constants; ws+o: workspace + o bytes):
 //   POSITION_IDS        (out0)
 //   EMBEDDING           (in0 table, in1 ids, out0) [+ tp_rank when vocab_parallel]
-//   EMBEDDING_GRAD      emb_links (in1 ids, ws) ; emb_accum (in0 dy, in1 ids, grad0, ws)
-//                       [+ tp_rank each when vocab_parallel]
+//   EMBEDDING_GRAD      emb_sort (in1 ids, ws keys) [+ tp_rank when vocab_parallel] ;
+//                       emb_merge (ws keys, ws keys') per doubling of the sorted runs ;
+//                       emb_accum (in0 dy, grad0, ws sorted keys)
 //   LAYER_NORM          (in0 x, in1 w, in2 b, out0)      RMS_NORM (in0, in1, out0)
 //   LAYER_NORM_GRAD     norm_grad (in0 dy, in1 x, in2 w, out0 dx, ws) ;
 //                       col_sums (ws, grad0, grad1)
@@ -94,9 +95,10 @@
 //     double rounding or contraction lands on the other side of a tie).
 //   - gradient norms: squares and sums in double, one fixed order
 //     (deterministic), ~1e-15 relative to the CPU's order.
-//   - EMBEDDING_GRAD: deterministic, and bit-equal to the CPU: each vocabulary
-//     row's tokens are linked in token order (emb_links) and one thread per
-//     (row, lanes) adds them into the gradient in that order (emb_accum).
+//   - EMBEDDING_GRAD: deterministic, and bit-equal to the CPU: the tokens
+//     are sorted by (row, token), unique keys (emb_sort, emb_merge: O(n log
+//     n)), and one thread per (row, lanes) adds the row's tokens into the
+//     gradient in that order (emb_accum).
 // Where the CPU stops with an error (an id or label outside the vocabulary,
 // a step below 1, a negative iteration), the kernels cannot: ids give NaN
 // rows, labels NaN losses, so the step's finite check catches them; AdamW

@@ -365,6 +365,9 @@ std::vector<OpInstruction> everyOpcode(DType d) {
   add(Opcode::GRAD_SEED, {}, {scalar}, {}, {1.0});
   add(Opcode::EMBEDDING_GRAD, {x, ids}, {}, {0}, {}, {table});
   add(Opcode::EMBEDDING_GRAD, {x, ids}, {}, {1}, {}, {table});
+  // 4000 tokens: the sort's merge passes.
+  add(Opcode::EMBEDDING_GRAD, {tensor(d, {4, 1000, 256}), tensor(DType::I32, {4, 1000})}, {}, {0},
+      {}, {table});
   add(Opcode::BIAS_GRAD, {x}, {}, {}, {}, {w});
   add(Opcode::LAYER_NORM_GRAD, {x, x, h}, {x}, {}, {1e-5, 0.0}, {w, w});
   add(Opcode::RMS_NORM_GRAD, {x, x, h}, {x}, {}, {1e-5, 0.0}, {w});
@@ -1030,7 +1033,8 @@ MT_KERNEL_TEST(CudaOpKernels, NormsAndScalars) {
 }
 
 // Embedding forward (plain and vocab parallel), its deterministic gradient
-// (bit-equal to the CPU's token-order sums), position ids.
+// (bit-equal to the CPU's token-order sums; a few tokens in one tile, and
+// thousands through the merge passes), position ids.
 MT_KERNEL_TEST(CudaOpKernels, Embeddings) {
   for (DType d : kFloatTypes) {
     SCOPED_TRACE(mt::plan::EnumNameDType(d));
@@ -1106,6 +1110,48 @@ MT_KERNEL_TEST(CudaOpKernels, Embeddings) {
     rg.tpRank = 1;
     ASSERT_EQ(runSteps(device, generate(gi), {&rg}), "");
     EXPECT_EQ(gh, std::vector<float>(gw.begin() + (vocab / 2) * h, gw.end()));
+
+    // 5003 tokens of 40 rows (each row repeated ~125 times): three tiles of
+    // 2048 sorted keys and two merge passes, one of them with an unpaired
+    // run; whole and as rank 1 of 2. Bit-equal to the token-order sums.
+    const int64_t many = 5003;
+    std::vector<int64_t> manyIds(static_cast<size_t>(many));
+    std::mt19937 pick(64);
+    for (int64_t &x : manyIds)
+      x = int64_t(pick() % 40);
+    manyIds[0] = 39, manyIds[many - 1] = 0;
+    std::vector<int32_t> manyIds32(manyIds.begin(), manyIds.end());
+    std::vector<float> dyMany = randomValues(size_t(many * h), 65, 1.0f, d);
+    Buffer dyM(d, {many, h}), idM(DType::I32, {many});
+    dyM.set(dyMany);
+    idM.setInts(manyIds);
+    OpInstruction gm = gi;
+    gm.in = {dyM.t, idM.t};
+    p.shape = {vocab, h};
+    gm.params = {p};
+    gm.ints = {0};
+    gm.tensorParallel = 1;
+    OpKernels km = generate(gm);
+    std::string names;
+    for (const mt::OpLaunch &l : km.launches)
+      names += l.kernel.entry.substr(0, l.kernel.entry.rfind('_')) + " ";
+    EXPECT_EQ(names, "mt_emb_sort mt_emb_merge mt_emb_merge mt_emb_accum ");
+    std::vector<float> gM = g0, gMw = g0;
+    Rank rm;
+    rm.in = {&dyM, &idM};
+    rm.grads = {&gM};
+    ASSERT_EQ(runSteps(device, km, {&rm}), "");
+    mt::cpu::embedding_bwd(dyMany.data(), manyIds32.data(), many, h, gMw.data());
+    EXPECT_EQ(gM, gMw);
+    p.shape = {vocab / 2, h};
+    gm.params = {p};
+    gm.ints = {1};
+    gm.tensorParallel = 2;
+    std::vector<float> gMh(g0.begin() + (vocab / 2) * h, g0.end());
+    rm.grads = {&gMh};
+    rm.tpRank = 1;
+    ASSERT_EQ(runSteps(device, generate(gm), {&rm}), "");
+    EXPECT_EQ(gMh, std::vector<float>(gMw.begin() + (vocab / 2) * h, gMw.end()));
   }
   Buffer pos(DType::I32, {3, 5});
   OpInstruction pi;
