@@ -231,20 +231,55 @@ SmallVector<SmallVector<Operation *>> gemmGradGroups(Block &body, DenseSet<Opera
   return groups;
 }
 
-// The longest chain from `first`: each op's result has every use in the
-// next op, which is adjacent and fusible. At most one row-wise op, and then
-// no reshape; a trailing reshape is dropped (alone it is a free alias, as a
-// kernel output it would be a copy).
+// The op after `cur` that continues a chain: the adjacent op that uses
+// `cur`'s result, when every other user comes after it. A result with
+// several users (the residual stream: the next norm and the next residual
+// add; its gradient: the dropout and the next gradient add) becomes one
+// more output of the kernel, which it is anyway, and is not read back.
+Operation *nextInChain(Operation *cur) {
+  Operation *next = cur->getNextNode();
+  while (next && isa<ParamRefOp>(next))
+    next = next->getNextNode();
+  if (!next)
+    return nullptr;
+  Value v = cur->getResult(0);
+  if (llvm::none_of(v.getUsers(), [&](Operation *u) { return u == next; }))
+    return nullptr;
+  // Users in other blocks, or before `next` (none: it is adjacent), end it.
+  for (Operation *u : v.getUsers())
+    if (u != next && (u->getBlock() != next->getBlock() || u->isBeforeInBlock(next)))
+      return nullptr;
+  return next;
+}
+
+int64_t elementsOf(Value v) { return cast<RankedTensorType>(v.getType()).getNumElements(); }
+
+// The longest chain from `first`: each op's result is used by the next op,
+// which is adjacent and fusible, and its other users come later. At most
+// one row-wise op, and then no reshape; a trailing reshape is dropped
+// (alone it is a free alias, as a kernel output it would be a copy). A
+// result used outside the chain is an output, and a kernel's outputs have
+// one element count (one index space), so the chain ends before an op
+// whose result count differs from an earlier output's.
 SmallVector<Operation *> growChain(Operation *first, const DenseSet<Operation *> &taken) {
   SmallVector<Operation *> chain{first};
   bool row = FusedOp::isRowReduction(first), reshape = isa<ReshapeOp>(first);
+  int64_t outputElements = -1; // of the outputs before the last op
   for (Operation *cur = first;;) {
-    Operation *next = soleUser(cur->getResult(0));
+    Operation *next = nextInChain(cur);
     if (!next || next->getBlock() != first->getBlock() || taken.contains(next) ||
-        !isCandidate(next) || !adjacent(cur, next))
+        !isCandidate(next) || next->getNumResults() != 1)
       break;
     bool nextRow = FusedOp::isRowReduction(next), nextReshape = isa<ReshapeOp>(next);
     if ((row && nextRow) || ((row || nextRow) && (reshape || nextReshape)))
+      break;
+    Value v = cur->getResult(0);
+    if (!v.hasOneUse()) { // `v` stays an output
+      if (outputElements >= 0 && outputElements != elementsOf(v))
+        break;
+      outputElements = elementsOf(v);
+    }
+    if (outputElements >= 0 && elementsOf(next->getResult(0)) != outputElements)
       break;
     row |= nextRow;
     reshape |= nextReshape;

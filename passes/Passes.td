@@ -273,17 +273,24 @@ def MtFusePass : Pass<"mt-fuse", "mlir::ModuleOp"> {
     `mt.add`, `mt.gelu`, `mt.gelu_grad`, `mt.swiglu`, `mt.swiglu_grad`,
     `mt.dropout`, `mt.reshape`, and the row-wise `mt.layer_norm` and
     `mt.rms_norm`). In program order, each candidate not yet taken starts a
-    chain, which grows while the last op's result has all its uses in one
-    next op that is a candidate, not in a gemm kernel, and adjacent
-    (only parameter reads, which take neither time nor arena bytes, may lie
-    between). So every intermediate value is used only inside the chain
-    and only the last op's result leaves it. A chain holds at most one
+    chain, which grows while the next op reads the last op's result and is
+    a candidate, not in a gemm kernel, and adjacent (only parameter reads,
+    which take neither time nor arena bytes, may lie between). The last
+    op's result may have other users: they come after the chain, so the
+    value becomes one more result of the kernel, which writes it once and
+    never reads it back. That is the residual stream: the sum of the
+    residual add is read by the next layer's norm and by the next residual
+    add, so dropout + add + norm is one `row_reduction` kernel with two
+    results; and its gradient, read by the dropout of the branch and by the
+    next gradient sum, so add + dropout is one kernel with two results. A
+    kernel's results share one index space, so the chain ends before an op
+    whose result count differs from an earlier result's. A chain holds at most one
     row-wise op (then it is a `row_reduction` kernel and holds no reshape);
     a trailing reshape is dropped (alone it aliases its input for free, as
     a kernel output it would be a copy). Chains of two or more ops become
     one `mt.fused` at the position of their last op: its operands are the
-    values the chain reads from outside (first use first), its result the
-    last op's. Moving the earlier ops down to that position crosses only
+    values the chain reads from outside (first use first), its results the
+    values read after it. Moving the earlier ops down to that position crosses only
     parameter reads, so no value lives longer than before. The kernel is
     named after its layer (`mt.layer`) and its ops; attributes that every
     op of the chain carries alike (`mt.layer`, `mt.recomputed`) are copied

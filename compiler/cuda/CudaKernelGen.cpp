@@ -10,6 +10,7 @@
 
 #include "dialects/mt/MtOps.h"
 
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 #include <cmath>
@@ -580,13 +581,27 @@ std::optional<CudaKernel> generateCudaKernel(Operation *op, const CudaKernelOpti
     const bool zeroCentered = layerNorm ? cast<LayerNormOp>(norm).getZeroCenteredGamma()
                                         : cast<RMSNormOp>(norm).getZeroCenteredGamma();
 
+    // Outputs computed before the norm (the residual stream the norm reads)
+    // are stored by mt_pre from the values it computes anyway; the rest by
+    // mt_post, from the normalised row.
+    DenseSet<Value> afterNorm;
+    afterNorm.insert(norm->getResult(0));
+    for (Operation &op : body.without_terminator())
+      if (llvm::any_of(op.getOperands(), [&](Value v) { return afterNorm.contains(v); }))
+        for (Value v : op.getResults())
+          afterNorm.insert(v);
     BodyEmitter pre(r, "  ");
     std::string x = pre.at(norm->getOperand(0), "i");
     if (!x.empty())
       pre.code += "#pragma unroll\n  for (int l = 0; l < V; ++l) x[l] = " + x + "[l];\n";
     BodyEmitter post(r, "  ");
     post.bindNorm("y");
-    storeOutputs(post);
+    for (auto [i, v] : llvm::enumerate(yield.getValues())) {
+      BodyEmitter &e = afterNorm.contains(v) ? post : pre;
+      std::string name = e.at(v, "i");
+      if (!name.empty())
+        e.code += "  mt_store<V>(out" + std::to_string(i) + ", i, " + name + ");\n";
+    }
     for (BodyEmitter *e : {&pre, &post})
       if (!e->error.empty()) {
         *error = e->error;
@@ -609,7 +624,7 @@ std::optional<CudaKernel> generateCudaKernel(Operation *op, const CudaKernelOpti
     Storage ys = *storageOf(cast<RankedTensorType>(norm->getResult(0).getType()).getElementType());
     std::string round = ys == Storage::F32 ? "" : roundFn(ys);
 
-    src += "// The norm's input at lanes i .. i + V - 1.\n";
+    src += "// The norm's input at lanes i .. i + V - 1 (and the outputs before the norm).\n";
     src += "template <int V> __device__ __forceinline__ void mt_pre(" + params +
            ", mt_u64 i, float (&x)[V]) {\n" + pre.code + "}\n\n";
     src += "// Everything after the norm, from its output y at lanes i .. i + V - 1.\n";

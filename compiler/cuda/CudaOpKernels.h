@@ -15,10 +15,10 @@
 // number: 1 tp, 3 mp, or the instruction's `group` int). An executor runs a
 // collective over a group of one rank as nothing. Sequences with collectives:
 //   CROSS_ENTROPY, vocab_parallel = 1:
-//     ce_max, all-reduce MAX(tp, f32 max[n]), ce_sum,
+//     ce_stats, all-reduce MAX(tp, f32 max[n]), ce_rescale,
 //     all-reduce SUM(tp, f32 sum[n] and target[n]: 2n elements), ce_loss
 //   CROSS_ENTROPY_GRAD, vocab_parallel = 1:
-//     ce_max, all-reduce MAX(tp, max[n]), ce_sum, all-reduce SUM(tp, sum[n]), ce_grad
+//     ce_stats, all-reduce MAX(tp, max[n]), ce_rescale, all-reduce SUM(tp, sum[n]), ce_grad
 //   GRAD_NORM, GROUP_GRAD_NORM:
 //     norm_squares, norm_total, all-reduce SUM(mp (GRAD_NORM) or ints[0], f64 total), norm_sqrt
 //   SHARDED_GRAD_NORM:
@@ -46,8 +46,9 @@
 // carry as constants; ws+o: workspace + o bytes):
 //   POSITION_IDS        (out0)
 //   EMBEDDING           (in0 table, in1 ids, out0) [+ tp_rank when vocab_parallel]
-//   EMBEDDING_GRAD      emb_links (in1 ids, ws) ; emb_accum (in0 dy, in1 ids, grad0, ws)
-//                       [+ tp_rank each when vocab_parallel]
+//   EMBEDDING_GRAD      emb_sort (in1 ids, ws keys) [+ tp_rank when vocab_parallel] ;
+//                       emb_merge (ws keys, ws keys') per doubling of the sorted runs ;
+//                       emb_accum (in0 dy, grad0, ws sorted keys)
 //   LAYER_NORM          (in0 x, in1 w, in2 b, out0)      RMS_NORM (in0, in1, out0)
 //   LAYER_NORM_GRAD     norm_grad (in0 dy, in1 x, in2 w, out0 dx, ws) ;
 //                       col_sums (ws, grad0, grad1)
@@ -58,12 +59,14 @@
 //   RESHAPE: (in..., out...) in plan order
 //   DROPOUT             (in0, out0) + seed, rng_offset, [tp_rank,] stream
 //   CROSS_ENTROPY       ce_rows (in0 logits, in1 labels, ws) ; ce_loss (ws, out0)
-//     vocab parallel:   ce_max (in0, ws max) ; ce_sum (in0, in1, ws max, ws sum) + tp_rank ;
-//                       ce_loss (ws max, ws sum, out0)
-//   CROSS_ENTROPY_GRAD  ce_grad (in0 logits, in1 labels, in2 dloss, out0 dlogits)
-//     vocab parallel:   ce_max (in0, ws max) ; ce_sum (in0, in1, ws max, ws sum) + tp_rank ;
+//     vocab parallel:   ce_stats (in0, in1, ws max, ws sum, ws local) + tp_rank ;
+//                       ce_rescale (ws max, ws local, ws sum) ; ce_loss (ws max, ws sum, out0)
+//   CROSS_ENTROPY_GRAD  ce_grad (in0 logits, in1 labels, in2 dloss, out0 dlogits), with
+//                       dynamic shared memory holding the row (up to 112 KiB)
+//     vocab parallel:   ce_stats, ce_rescale as above ;
 //                       ce_grad (in0, in1, in2, ws max, ws sum, out0) + tp_rank
-//     (ws max / sum / target: f32[n] each, at the offsets the Workspace args give)
+//     (ws max / sum / target: f32[n] each, local: the rank's max[n] and
+//     sum[n] before the all-reduces, at the offsets the Workspace args give)
 //   GRAD_SEED           (out0, loss_scale: the runtime's f32 loss scale on the device)
 //   LR_SCHEDULE         (in0 iteration i64, out0)
 //   CLIP_COEFF          (in0 norm, in1 grad_scale, out0)
@@ -92,9 +95,10 @@
 //     double rounding or contraction lands on the other side of a tie).
 //   - gradient norms: squares and sums in double, one fixed order
 //     (deterministic), ~1e-15 relative to the CPU's order.
-//   - EMBEDDING_GRAD: deterministic, and bit-equal to the CPU: each vocabulary
-//     row's tokens are linked in token order (emb_links) and one thread per
-//     (row, lanes) adds them into the gradient in that order (emb_accum).
+//   - EMBEDDING_GRAD: deterministic, and bit-equal to the CPU: the tokens
+//     are sorted by (row, token), unique keys (emb_sort, emb_merge: O(n log
+//     n)), and one thread per (row, lanes) adds the row's tokens into the
+//     gradient in that order (emb_accum).
 // Where the CPU stops with an error (an id or label outside the vocabulary,
 // a step below 1, a negative iteration), the kernels cannot: ids give NaN
 // rows, labels NaN losses, so the step's finite check catches them; AdamW

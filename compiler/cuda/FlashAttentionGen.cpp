@@ -349,7 +349,33 @@ __device__ __forceinline__ void mt_flash_fwd(const mt_t *q, const mt_t *k, const
         l[e >> 1] += p;
         s[t][e] = p;
       }
-    if constexpr (kDropout) {
+    if constexpr (kDropout && kSeq % 4 == 0) {
+      // Every Philox block is four columns of one row, held by lanes c and
+      // c ^ 1 for rows row0 and row0 + 8: the even lane draws row0's
+      // block, the odd one row0 + 8's, and each passes the other the two
+      // words it needs. One call per four elements, every word used.
+      const int odd = c & 1;
+#pragma unroll
+      for (int t = 0; t < kBc / 8; ++t) {
+        const long long jb = n0 + 8 * t + 4 * (c >> 1), j = n0 + 8 * t + 2 * c;
+        unsigned w[4];
+        mt_philox(((maskHead + (mt_u64)(row0 + 8 * odd)) * kSeq + (mt_u64)jb) >> 2, seed, stream, offset, w);
+        const unsigned y0 = __shfl_xor_sync(0xFFFFFFFFu, odd ? w[0] : w[2], 1);
+        const unsigned y1 = __shfl_xor_sync(0xFFFFFFFFu, odd ? w[1] : w[3], 1);
+        const unsigned a0 = odd ? y0 : w[0], a1 = odd ? y1 : w[1]; // row0
+        const unsigned b0 = odd ? w[2] : y0, b1 = odd ? w[3] : y1; // row0 + 8
+        if (j < kSeq) {
+          if (row0 < kSeq) {
+            s[t][0] *= (a0 >> 8) >= kThreshold ? kKeepScale : 0.0f;
+            s[t][1] *= (a1 >> 8) >= kThreshold ? kKeepScale : 0.0f;
+          }
+          if (row0 + 8 < kSeq) {
+            s[t][2] *= (b0 >> 8) >= kThreshold ? kKeepScale : 0.0f;
+            s[t][3] *= (b1 >> 8) >= kThreshold ? kKeepScale : 0.0f;
+          }
+        }
+      }
+    } else if constexpr (kDropout) { // rows not 4-aligned in the mask: a block may straddle two
 #pragma unroll
       for (int t = 0; t < kBc / 8; ++t)
 #pragma unroll
@@ -502,7 +528,29 @@ __device__ __forceinline__ void mt_flash_bwd(const mt_t *dout, const mt_t *q, co
         for (int e = 0; e < 4; ++e) s[t][e] = dp[t][e] = 0.0f;
       mt_gemm_nt<kBr / 8, kD, false>(s, nullptr, sK + warp * 16 * kLd, kLd, sQ, kLd);
 #pragma unroll
-      for (int t = 0; t < kBr / 8; ++t)
+      for (int t = 0; t < kBr / 8; ++t) {
+        // The dropout factors of this lane's four elements. With rows
+        // 4-aligned in the mask, a Philox block is four consecutive keys of
+        // one query, held by the lanes g = 4q .. 4q + 3 (same c): each of
+        // them draws the block of one element slot e and the four trade
+        // words (a 4 x 4 transpose in four shuffles).
+        float f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        if constexpr (kDropout && kSeq % 4 == 0) {
+          const int kq = g & 3;
+          unsigned w[4];
+          mt_philox(((maskHead + (mt_u64)(m0 + 8 * t + 2 * c + (kq & 1))) * kSeq +
+                     (mt_u64)(j0 - kq + 8 * (kq >> 1))) >> 2, seed, stream, offset, w);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int from = (kq + r) & 3; // the slot whose word this lane gets
+            const unsigned got = __shfl_sync(0xFFFFFFFFu, mt_word(w, (mt_u64)((kq - r) & 3)),
+                                             (lane & ~12) | (from << 2));
+            const float keep = (got >> 8) >= kThreshold ? kKeepScale : 0.0f;
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (e == from) f[e] = keep;
+          }
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int il = 8 * t + 2 * c + (e & 1);
@@ -511,10 +559,13 @@ __device__ __forceinline__ void mt_flash_bwd(const mt_t *dout, const mt_t *q, co
           const float p = valid ? exp2f(s[t][e] * kScaleLog2 - sLse[il]) : 0.0f;
           s[t][e] = p;
           pd[t][e] = p;
-          if constexpr (kDropout) {
+          if constexpr (kDropout && kSeq % 4 == 0) {
+            pd[t][e] = p * f[e];
+          } else if constexpr (kDropout) {
             if (valid) pd[t][e] = p * mt_keep1((maskHead + (mt_u64)i) * kSeq + (mt_u64)j, seed, stream, offset);
           }
         }
+      }
       // dV += Pd^T dO (Pd: the probabilities after dropout).
       mt_gemm_rn<kD / 8, kBr / 8>(dV, pd, sdO, kLd);
       // dPd^T = V dO^T; dS = P * (dPd * mask - delta), where P * mask = Pd.

@@ -104,7 +104,8 @@ bool genElementwise(const OpInstruction &ins, Builder &b) {
       for (size_t k = size_t(dim); k < x.shape.size(); ++k)
         len *= x.shape[k];
     }
-    int v = lanesFor({x.dtype, y.dtype}, {sharded ? len : 1});
+    // Lanes of 16 bytes; a shard's segments must hold whole lane groups.
+    int v = sharded ? lanesFor({x.dtype, y.dtype}, {len}) : lanesFor({x.dtype, y.dtype}, {});
     if (!(rate > 0)) {
       elementwise(b, "dropout_copy", ptr(x, "x", true) + ", " + ptr(y, "y", false), "x, y",
                   "  float a[V];\n  mt_load<V>(x, i, a);\n  mt_store<V>(y, i, a);\n", n, v,

@@ -36,50 +36,93 @@ void genEmbedding(const OpInstruction &ins, Builder &b) {
               {in(0), in(1), outp(0)}, scalars);
 }
 
-// EMBEDDING_GRAD, deterministic: emb_links gives each token the next token
-// with the same (local) row and marks each row's first token; emb_accum
-// walks those lists from the first tokens, adding dy rows into the f32
-// gradient in token order, exactly as the CPU does. Linking compares every
-// pair of tokens (n^2 / 256 shared-memory tiles; ~0.2 ms at n = 32k).
+// EMBEDDING_GRAD, deterministic and bit-equal to the CPU: each vocabulary
+// row adds its tokens' dy rows into the f32 gradient in token order. The
+// tokens are sorted by the key (row << 32 | token), unique, so the order is
+// the same every run: emb_sort sorts tiles of T keys in shared memory
+// (bitonic), emb_merge merges pairs of sorted runs of w = T, 2T, ... keys
+// (each thread finds where its eight outputs start by a binary search on
+// the merge path, then merges them), and emb_accum walks each row's run of
+// keys from its first one. O(n log n) in all (n = tokens); the keys of
+// tokens outside this rank's rows sort last and add nothing.
 void genEmbeddingGrad(const OpInstruction &ins, Builder &b) {
   const OpTensor &dy = ins.in[0];
   const OpParam &table = ins.params.at(0);
   const int64_t vocab = table.shape[0], h = table.shape[1], n = ins.in[1].elements();
   const bool vp = ins.ints.at(0) != 0;
-  const uint64_t ws = b.alloc(uint64_t(2 * n) * 4);
+  if (n == 0 || h == 0)
+    return;
+  int64_t tile = 64;
+  while (tile < n && tile < 2048)
+    tile *= 2;
+  constexpr int64_t kPerThread = 8; // merge outputs a thread
+  const uint64_t keys[2] = {b.alloc(uint64_t(n) * 8), b.alloc(uint64_t(n) * 8)};
   std::map<std::string, std::string> s = {
-      {"H", num(h)}, {"N", num(n)}, {"VOCAB", num(vocab)},
+      {"H", num(h)}, {"N", num(n)}, {"VOCAB", num(vocab)}, {"T", num(tile)},
+      {"TB", std::to_string(tile / 2)}, {"C", num(kPerThread)},
       {"TP", vp ? ", mt_u64 tp_rank" : ""},
       {"FIRST", vp ? "(long long)tp_rank * " + num(vocab) : "0ll"}};
   std::vector<std::string> scalars;
   if (vp)
     scalars.push_back("tp_rank");
-  std::string links = fill(R"(extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const int *ids, int *links${TP}) {
-  extern __shared__ int mt_ids[];
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  const long long first = ${FIRST};
-  const long long mine = i < ${N} ? (long long)ids[i] - first : -1;
-  const bool valid = mine >= 0 && mine < ${VOCAB};
-  long long next = -1;
-  bool lead = valid;
-  for (long long t0 = 0; t0 < ${N}; t0 += blockDim.x) {
-    __syncthreads();
-    if (t0 + threadIdx.x < ${N}) mt_ids[threadIdx.x] = ids[t0 + threadIdx.x];
-    __syncthreads();
-    const long long count = ${N} - t0 < (long long)blockDim.x ? ${N} - t0 : (long long)blockDim.x;
-    if (!valid) continue;
-    for (long long j = 0; j < count; ++j) {
-      if ((long long)mt_ids[j] - first != mine) continue;
-      const long long t = t0 + j;
-      if (t < i) lead = false;
-      else if (t > i && next < 0) next = t;
+  std::string sort = fill(R"(extern "C" __global__ void __launch_bounds__(${TB}) @ENTRY@(const int *ids, mt_u64 *keys${TP}) {
+  extern __shared__ mt_u64 mt_keys[]; // ${T} keys
+  const mt_u64 base = (mt_u64)blockIdx.x * ${T};
+  for (unsigned k = threadIdx.x; k < ${T}; k += blockDim.x) {
+    const mt_u64 i = base + k;
+    mt_u64 key = ~0ull;
+    if (i < ${N}) {
+      const long long local = (long long)ids[i] - ${FIRST};
+      key = ((local >= 0 && local < ${VOCAB} ? (mt_u64)local : 0xFFFFFFFFull) << 32) | i;
     }
+    mt_keys[k] = key;
   }
-  if (i < ${N}) { links[i] = (int)next; links[${N} + i] = lead ? 1 : 0; }
+  for (unsigned size = 2; size <= ${T}; size <<= 1)
+    for (unsigned stride = size >> 1; stride > 0; stride >>= 1) {
+      __syncthreads();
+      const unsigned t = threadIdx.x, lo = 2 * stride * (t / stride) + t % stride, hi = lo + stride;
+      const mt_u64 a = mt_keys[lo], c = mt_keys[hi];
+      if ((a > c) == ((lo & size) == 0)) { mt_keys[lo] = c; mt_keys[hi] = a; }
+    }
+  __syncthreads();
+  for (unsigned k = threadIdx.x; k < ${T}; k += blockDim.x)
+    if (base + k < ${N}) keys[base + k] = mt_keys[k];
 }
 )",
-                           s);
-  b.launch("emb_links", links, uint64_t((n + 255) / 256), 256, 1024, {in(1), wsAt(ws)}, scalars);
+                          s);
+  b.launch("emb_sort", sort, uint64_t((n + tile - 1) / tile), uint32_t(tile / 2),
+           uint32_t(tile * 8), {in(1), wsAt(keys[0])}, scalars);
+
+  int cur = 0;
+  const int64_t mergeThreads = (n + kPerThread - 1) / kPerThread;
+  const uint32_t mergeBlock = uint32_t(std::min<int64_t>(256, roundWarps(mergeThreads)));
+  for (int64_t w = tile; w < n; w *= 2) {
+    s["W"] = num(w);
+    std::string merge = fill(R"(extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const mt_u64 *src, mt_u64 *dst) {
+  const long long p = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * ${C};
+  if (p >= ${N}) return;
+  const long long s = p / (2 * ${W}) * (2 * ${W}), d = p - s;
+  const long long la = ${N} - s < ${W} ? ${N} - s : ${W};
+  const long long lb = ${N} - s - la < ${W} ? ${N} - s - la : ${W};
+  const mt_u64 *A = src + s, *B = src + s + la;
+  // The merge path: a of the first d outputs come from A.
+  long long lo = d > lb ? d - lb : 0, hi = d < la ? d : la;
+  while (lo < hi) {
+    const long long mid = (lo + hi) >> 1;
+    if (A[mid] < B[d - mid - 1]) lo = mid + 1; else hi = mid;
+  }
+  long long a = lo, b = d - lo;
+  for (long long q = p; q < p + ${C} && q < s + la + lb; ++q) {
+    const bool fromA = a < la && (b >= lb || A[a] < B[b]);
+    dst[q] = fromA ? A[a++] : B[b++];
+  }
+}
+)",
+                             s);
+    b.launch("emb_merge", merge, uint64_t((mergeThreads + mergeBlock - 1) / mergeBlock),
+             mergeBlock, 0, {wsAt(keys[cur]), wsAt(keys[1 - cur])});
+    cur = 1 - cur;
+  }
 
   const int v = lanesFor({dy.dtype, DType::F32}, {h});
   const int64_t perRow = h / v, threads = n * perRow;
@@ -87,20 +130,20 @@ void genEmbeddingGrad(const OpInstruction &ins, Builder &b) {
   s["TDY"] = storage(dy.dtype);
   s["V"] = std::to_string(v);
   s["PER"] = num(perRow);
-  s["T"] = num(threads);
+  s["THREADS"] = num(threads);
   s["B"] = std::to_string(block);
-  std::string accum = fill(R"(extern "C" __global__ void __launch_bounds__(${B}) @ENTRY@(const ${TDY} *dy, const int *ids, float *grad, const int *links${TP}) {
+  std::string accum = fill(R"(extern "C" __global__ void __launch_bounds__(${B}) @ENTRY@(const ${TDY} *dy, float *grad, const mt_u64 *keys) {
   const mt_u64 t = (mt_u64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= ${T}) return;
-  const long long i = (long long)(t / ${PER});
-  const mt_u64 c = (t % ${PER}) * ${V};
-  if (!links[${N} + i]) return;
-  const mt_u64 at = (mt_u64)((long long)ids[i] - ${FIRST}) * ${H} + c;
+  if (t >= ${THREADS}) return;
+  const mt_u64 p = t / ${PER}, c = (t % ${PER}) * ${V};
+  const mt_u64 row = keys[p] >> 32;
+  if (row == 0xFFFFFFFFull || (p > 0 && (keys[p - 1] >> 32) == row)) return;
+  const mt_u64 at = row * ${H} + c;
   float acc[${V}];
   mt_load<${V}>(grad, at, acc);
-  for (long long j = i; j >= 0; j = links[j]) {
+  for (mt_u64 q = p; q < ${N} && (keys[q] >> 32) == row; ++q) {
     float d[${V}];
-    mt_load<${V}>(dy, (mt_u64)j * ${H} + c, d);
+    mt_load<${V}>(dy, (keys[q] & 0xFFFFFFFFull) * ${H} + c, d);
     for (int l = 0; l < ${V}; ++l) acc[l] += d[l];
   }
   mt_store<${V}>(grad, at, acc);
@@ -108,7 +151,7 @@ void genEmbeddingGrad(const OpInstruction &ins, Builder &b) {
 )",
                            s);
   b.launch("emb_accum", accum, uint64_t((threads + block - 1) / block), block, 0,
-           {in(0), in(1), grad(0), wsAt(ws)}, scalars);
+           {in(0), grad(0), wsAt(keys[cur])});
 }
 
 } // namespace mt::opk

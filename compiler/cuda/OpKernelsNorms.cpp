@@ -89,33 +89,57 @@ ${STATS}#pragma unroll
   b.launch(layer ? "layer_norm" : "rms_norm", src, uint64_t(rows), r.block, 256, args);
 }
 
-// Adds the columns of `arrays` blocks x h partial sums (in double, block
-// order) into the f32 gradients: grad[j] = float(grad[j] + sum).
+// Adds the columns of `arrays` arrays of blocks x h partial sums (the
+// first stage, one row per block of the kernel before) into the f32
+// gradients, grad[j] = float(grad[j] + sum), in double: the second stage of
+// the reduction. A CTA takes 32 columns (one per lane) and R row slices (one
+// per warp): slice r sums partial rows r, r + R, ... in order, then the R
+// slice sums are added pairwise in a fixed tree, so every run adds in the
+// same order. One partial row (GRAD_ACCUMULATE) is an elementwise add.
 void genColSums(Builder &b, uint64_t wsAt_, int64_t blocks, int64_t h, int arrays) {
-  std::map<std::string, std::string> s = {{"G", num(blocks)}, {"H", num(h)}};
-  std::string src = fill(R"(extern "C" __global__ void __launch_bounds__(64) @ENTRY@(const float *ws, float *g0)",
-                         s);
-  if (arrays == 2)
-    src += ", float *g1";
-  src += fill(R"() {
-  const mt_u64 j = (mt_u64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= ${H}) return;
-  double s = 0.0;
-  for (mt_u64 b = 0; b < ${G}; ++b) s += ws[b * ${H} + j];
-  g0[j] = (float)((double)g0[j] + s);
-)",
-              s);
-  if (arrays == 2)
-    src += fill(R"(  s = 0.0;
-  for (mt_u64 b = 0; b < ${G}; ++b) s += ws[(${G} + b) * ${H} + j];
-  g1[j] = (float)((double)g1[j] + s);
-)",
-                s);
-  src += "}\n";
   std::vector<OpArg> args = {wsAt(wsAt_), grad(0)};
   if (arrays == 2)
     args.push_back(grad(1));
-  b.launch("col_sums", src, uint64_t((h + 63) / 64), 64, 0, args);
+  if (blocks == 1 && arrays == 1) {
+    const int v = lanesFor({DType::F32}, {h});
+    elementwise(b, "grad_add", "const float *ws, float *g0", "ws, g0",
+                "  float p[V], a[V];\n  mt_load<V>(ws, i, p);\n  mt_load<V>(g0, i, a);\n"
+                "  for (int l = 0; l < V; ++l) a[l] = (float)((double)a[l] + (double)p[l]);\n"
+                "  mt_store<V>(g0, i, a);\n",
+                h, v, args);
+    return;
+  }
+  // About four partial rows per slice, at most 32 slices (1024 threads).
+  int64_t slices = 1;
+  while (slices < 32 && slices * 2 * 4 <= blocks)
+    slices *= 2;
+  std::map<std::string, std::string> s = {{"G", num(blocks)}, {"H", num(h)},
+                                          {"R", std::to_string(slices)},
+                                          {"T", std::to_string(32 * slices)}};
+  std::string src = fill(R"(extern "C" __global__ void __launch_bounds__(${T}) @ENTRY@(const float *ws, float *g0)", s);
+  if (arrays == 2)
+    src += ", float *g1";
+  src += fill(R"() {
+  __shared__ double mt_part[${R}][32];
+  const unsigned c = threadIdx.x & 31u, r = threadIdx.x >> 5;
+  const mt_u64 j = (mt_u64)blockIdx.x * 32 + c;
+  const float *p = ws + (mt_u64)blockIdx.y * ${G} * ${H};
+  double s = 0.0;
+  if (j < ${H})
+    for (mt_u64 b = r; b < ${G}; b += ${R}) s += p[b * ${H} + j];
+  mt_part[r][c] = s;
+#pragma unroll
+  for (unsigned half = ${R} / 2; half > 0; half >>= 1) {
+    __syncthreads();
+    if (r < half) mt_part[r][c] += mt_part[r + half][c];
+  }
+  if (r != 0 || j >= ${H}) return;
+  float *g = )", s);
+  src += arrays == 2 ? "blockIdx.y ? g1 : g0;\n" : "g0;\n";
+  src += "  g[j] = (float)((double)g[j] + mt_part[0][c]);\n}\n";
+  b.launch("col_sums", src, uint64_t((h + 31) / 32), uint32_t(32 * slices), 0, args);
+  if (arrays == 2)
+    b.out.launches.back().kernel.grid[1] = 2;
 }
 
 // LAYER_NORM_GRAD and RMS_NORM_GRAD: blocks take rows blockIdx, blockIdx +

@@ -1,8 +1,9 @@
 // mt-fuse: RoPE into the QKV split and out of its gradient first; GEMMs
 // with their epilogues (bias, bias + tanh GeLU) next, as gemm kernels, and backward GEMMs with theirs (DGELU, DGELU_BGRAD, BGRADB)
-// as gemm_grad kernels; then maximal chains of adjacent fusible ops whose
-// intermediates stay inside the chain become mt.fused kernels at the
-// position of their last op. A second run changes nothing.
+// as gemm_grad kernels; then maximal chains of adjacent fusible ops, each
+// op's result read by the next (an intermediate read after the chain too is
+// one more output), become mt.fused kernels at the position of their last
+// op. A second run changes nothing.
 // RUN: mtc-opt %s -split-input-file -mt-fuse | FileCheck %s
 // RUN: mtc-opt %s -split-input-file -mt-fuse -mt-fuse | FileCheck %s
 
@@ -161,14 +162,60 @@ func.func @matmul_used_twice(%x: tensor<2x4x16xf32>) -> (tensor<2x4x32xf32>, ten
 
 // -----
 
-// An intermediate read outside the chain ends it: no kernel.
-// CHECK-LABEL: func.func @escaping_intermediate(
-// CHECK-NOT:     mt.fused
-// CHECK:         return
-func.func @escaping_intermediate(%a: tensor<2x4x16xf32>, %b: tensor<2x4x16xf32>) -> (tensor<2x4x16xf32>, tensor<2x4x16xf32>) {
+// An intermediate read after the chain is one more output of the kernel
+// (the backward's gradient sum, read by its dropout and the next sum).
+// CHECK-LABEL: func.func @intermediate_read_later(
+// CHECK-NEXT:    %[[K:.*]]:2 = mt.fused elementwise "add+dropout"
+// CHECK-NEXT:      %[[S:.*]] = mt.add
+// CHECK-NEXT:      %[[D:.*]] = mt.dropout %[[S]]
+// CHECK-NEXT:      mt.yield %[[S]], %[[D]] : tensor<2x4x16xf32>, tensor<2x4x16xf32>
+// CHECK-NEXT:    }
+// CHECK-NEXT:    return %[[K]]#0, %[[K]]#1
+func.func @intermediate_read_later(%a: tensor<2x4x16xf32>, %b: tensor<2x4x16xf32>) -> (tensor<2x4x16xf32>, tensor<2x4x16xf32>) {
   %s = mt.add %a, %b : tensor<2x4x16xf32>
   %d = mt.dropout %s {rate = 0.1 : f64, stream = 1 : i64} : tensor<2x4x16xf32>
   return %s, %d : tensor<2x4x16xf32>, tensor<2x4x16xf32>
+}
+
+// -----
+
+// The residual stream: dropout + residual add + the next layer's norm are
+// one row_reduction kernel that writes the sum (the next residual add reads
+// it) and the normalised rows.
+// CHECK-LABEL: func.func @residual_add_norm(
+// CHECK:         %[[K:.*]]:2 = mt.fused row_reduction "decoder.layers.1 dropout+add+layer_norm"
+// CHECK-NEXT:      %[[D:.*]] = mt.dropout
+// CHECK-NEXT:      %[[S:.*]] = mt.add %{{.*}}, %[[D]]
+// CHECK-NEXT:      %[[N:.*]] = mt.layer_norm %[[S]]
+// CHECK-NEXT:      mt.yield %[[S]], %[[N]]
+// CHECK-NEXT:    }
+// CHECK-NEXT:    %[[M:.*]] = mt.matmul %[[K]]#1
+// CHECK-NEXT:    %[[R:.*]] = mt.add %[[K]]#0, %[[M]]
+// CHECK-NEXT:    return %[[R]]
+mt.param @ln.weight : tensor<16xf32>, ones
+mt.param @ln.bias : tensor<16xf32>, zeros
+func.func @residual_add_norm(%x: tensor<2x4x16xf32>, %res: tensor<2x4x16xf32>, %w2: tensor<16x16xf32>) -> tensor<2x4x16xf32> {
+  %d = mt.dropout %x {mt.layer = 1 : i64, rate = 0.1 : f64, stream = 2 : i64} : tensor<2x4x16xf32>
+  %s = mt.add %res, %d {mt.layer = 1 : i64} : tensor<2x4x16xf32>
+  %w = mt.param_ref @ln.weight : tensor<16xf32>
+  %b = mt.param_ref @ln.bias : tensor<16xf32>
+  %n = mt.layer_norm %s, %w, %b {epsilon = 1.0e-05 : f64, mt.layer = 1 : i64} : tensor<2x4x16xf32>, tensor<16xf32>
+  %m = mt.matmul %n, %w2 : (tensor<2x4x16xf32>, tensor<16x16xf32>) -> tensor<2x4x16xf32>
+  %r = mt.add %s, %m : tensor<2x4x16xf32>
+  return %r : tensor<2x4x16xf32>
+}
+
+// -----
+
+// A kernel's outputs share one index space: a value read twice whose next
+// op changes the element count (SwiGLU halves it) ends the chain there.
+// CHECK-LABEL: func.func @outputs_of_two_sizes(
+// CHECK-NOT:     mt.fused
+// CHECK:         return
+func.func @outputs_of_two_sizes(%a: tensor<2x4x32xf32>, %b: tensor<2x4x32xf32>) -> (tensor<2x4x32xf32>, tensor<2x4x16xf32>) {
+  %s = mt.add %a, %b : tensor<2x4x32xf32>
+  %g = mt.swiglu %s : (tensor<2x4x32xf32>) -> tensor<2x4x16xf32>
+  return %s, %g : tensor<2x4x32xf32>, tensor<2x4x16xf32>
 }
 
 // -----

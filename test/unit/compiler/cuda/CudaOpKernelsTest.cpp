@@ -365,6 +365,9 @@ std::vector<OpInstruction> everyOpcode(DType d) {
   add(Opcode::GRAD_SEED, {}, {scalar}, {}, {1.0});
   add(Opcode::EMBEDDING_GRAD, {x, ids}, {}, {0}, {}, {table});
   add(Opcode::EMBEDDING_GRAD, {x, ids}, {}, {1}, {}, {table});
+  // 4000 tokens: the sort's merge passes.
+  add(Opcode::EMBEDDING_GRAD, {tensor(d, {4, 1000, 256}), tensor(DType::I32, {4, 1000})}, {}, {0},
+      {}, {table});
   add(Opcode::BIAS_GRAD, {x}, {}, {}, {}, {w});
   add(Opcode::LAYER_NORM_GRAD, {x, x, h}, {x}, {}, {1e-5, 0.0}, {w, w});
   add(Opcode::RMS_NORM_GRAD, {x, x, h}, {x}, {}, {1e-5, 0.0}, {w});
@@ -475,6 +478,15 @@ TEST(CudaOpKernels, FeaturesAndSequences) {
   const std::string &ceGrad = byOp["CROSS_ENTROPY_GRAD"][0].launches[0].kernel.source;
   EXPECT_TRUE(contains(ceGrad, "mt_load<8>(x, j, a)")) << ceGrad;
   EXPECT_TRUE(contains(ceGrad, "mt_block_lse(m, s, mt_shared)"));
+  // One read of the logits: the row is kept in shared memory for the write
+  // pass (512 bf16 after the reductions' 256 bytes); vocabulary-parallel,
+  // one pass gives the local max and sum (ce_stats), rescaled after the max.
+  EXPECT_EQ(byOp["CROSS_ENTROPY_GRAD"][0].launches[0].kernel.sharedBytes, 256u + 512 * 2);
+  EXPECT_TRUE(contains(ceGrad, "mt_load<8>(row_cache, j, a)")) << ceGrad;
+  for (const OpKernels *k : {&byOp["CROSS_ENTROPY"][1], &byOp["CROSS_ENTROPY_GRAD"][1]}) {
+    EXPECT_TRUE(contains(k->launches[0].kernel.entry, "mt_ce_stats_")) << k->launches[0].kernel.entry;
+    EXPECT_TRUE(contains(k->launches[1].kernel.entry, "mt_ce_rescale_")) << k->launches[1].kernel.entry;
+  }
   // Norms: the mp group after the data-parallel one for the sharded norm.
   EXPECT_EQ(kinds(byOp["GRAD_NORM"][0]), "LLSL");
   EXPECT_EQ(byOp["GRAD_NORM"][0].steps[2].group, 3);
@@ -493,12 +505,22 @@ TEST(CudaOpKernels, FeaturesAndSequences) {
   EXPECT_EQ(byOp["DROPOUT"][1].launches[0].kernel.scalarArgs,
             (std::vector<std::string>{"seed", "rng_offset", "tp_rank", "stream"}));
   EXPECT_EQ(byOp["DROPOUT"][0].launches[0].kernel.streams, (std::vector<uint64_t>{3}));
+  // 16-byte lanes: 4096 bf16 elements, 8 a thread, 256 threads a block.
+  for (const OpKernels &k : byOp["DROPOUT"]) {
+    EXPECT_EQ(k.launches[0].kernel.grid[0], 2u);
+    EXPECT_TRUE(contains(k.launches[0].kernel.source, "mt_body<8>(")) << k.launches[0].kernel.source;
+  }
   // Norm gradients: partials in the workspace, then column sums into both grads.
   const OpKernels &lng = byOp["LAYER_NORM_GRAD"][0];
   ASSERT_EQ(lng.launches.size(), 2u);
   EXPECT_EQ(lng.launches[1].args.size(), 3u);
   EXPECT_EQ(lng.launches[1].args[2].kind, OpArg::ParamGrad);
   EXPECT_EQ(lng.workspaceBytes, 2u * 16 * 256 * 4);
+  // The second stage: 32 columns x 4 slices of the 16 partial rows a CTA,
+  // both gradients in one launch (grid.y).
+  EXPECT_EQ(lng.launches[1].kernel.block[0], 128u);
+  EXPECT_EQ(lng.launches[1].kernel.grid[0], 8u);
+  EXPECT_EQ(lng.launches[1].kernel.grid[1], 2u);
   // --apply-layernorm-1p adds 1 to the loaded weights; RoPE scaling scales
   // the frequencies by Llama 3.1's rule; neither changes the plain sources.
   EXPECT_FALSE(contains(byOp["LAYER_NORM"][0].launches[0].kernel.source, "+= 1.0f"));
@@ -527,14 +549,18 @@ TEST(CudaOpKernels, FeaturesAndSequences) {
 // (CudaOpKernelsEmulation) and on a GPU (CudaOpKernelsOnGpu).
 
 // Cross-entropy and its gradient (in place over the logits), rows whose
-// length takes 8, 4 or 1 lanes.
+// length takes 8, 4 or 1 lanes; rows longer than the gradient's shared
+// memory holds (f32 30001: the last 1393 logits are read twice; bf16 60000).
 MT_KERNEL_TEST(CudaOpKernels, CrossEntropy) {
   for (DType d : kFloatTypes)
-    for (int64_t vocab : {1000, 1001}) {
+    for (int64_t vocab : {int64_t(1000), int64_t(1001), int64_t(30001), int64_t(60000)}) {
+      if ((vocab == 30001 && d != DType::F32) || (vocab == 60000 && d != DType::BF16))
+        continue;
       SCOPED_TRACE(std::string(mt::plan::EnumNameDType(d)) + " vocab " + std::to_string(vocab));
-      const int64_t n = 6;
+      const int64_t n = vocab > 2000 ? 3 : 6;
       std::vector<float> logits = randomValues(size_t(n * vocab), 1, 3.0f, d);
-      std::vector<int64_t> labels = {0, 5, 999, 17, 500, 3};
+      std::vector<int64_t> labels = n == 3 ? std::vector<int64_t>{0, vocab - 1, 29000}
+                                           : std::vector<int64_t>{0, 5, 999, 17, 500, 3};
       std::vector<int32_t> labels32(labels.begin(), labels.end());
       Buffer x(d, {n, vocab}), lab(DType::I32, {n}), loss(DType::F32, {}), dloss(DType::F32, {});
       x.set(logits);
@@ -1007,7 +1033,8 @@ MT_KERNEL_TEST(CudaOpKernels, NormsAndScalars) {
 }
 
 // Embedding forward (plain and vocab parallel), its deterministic gradient
-// (bit-equal to the CPU's token-order sums), position ids.
+// (bit-equal to the CPU's token-order sums; a few tokens in one tile, and
+// thousands through the merge passes), position ids.
 MT_KERNEL_TEST(CudaOpKernels, Embeddings) {
   for (DType d : kFloatTypes) {
     SCOPED_TRACE(mt::plan::EnumNameDType(d));
@@ -1083,6 +1110,48 @@ MT_KERNEL_TEST(CudaOpKernels, Embeddings) {
     rg.tpRank = 1;
     ASSERT_EQ(runSteps(device, generate(gi), {&rg}), "");
     EXPECT_EQ(gh, std::vector<float>(gw.begin() + (vocab / 2) * h, gw.end()));
+
+    // 5003 tokens of 40 rows (each row repeated ~125 times): three tiles of
+    // 2048 sorted keys and two merge passes, one of them with an unpaired
+    // run; whole and as rank 1 of 2. Bit-equal to the token-order sums.
+    const int64_t many = 5003;
+    std::vector<int64_t> manyIds(static_cast<size_t>(many));
+    std::mt19937 pick(64);
+    for (int64_t &x : manyIds)
+      x = int64_t(pick() % 40);
+    manyIds[0] = 39, manyIds[many - 1] = 0;
+    std::vector<int32_t> manyIds32(manyIds.begin(), manyIds.end());
+    std::vector<float> dyMany = randomValues(size_t(many * h), 65, 1.0f, d);
+    Buffer dyM(d, {many, h}), idM(DType::I32, {many});
+    dyM.set(dyMany);
+    idM.setInts(manyIds);
+    OpInstruction gm = gi;
+    gm.in = {dyM.t, idM.t};
+    p.shape = {vocab, h};
+    gm.params = {p};
+    gm.ints = {0};
+    gm.tensorParallel = 1;
+    OpKernels km = generate(gm);
+    std::string names;
+    for (const mt::OpLaunch &l : km.launches)
+      names += l.kernel.entry.substr(0, l.kernel.entry.rfind('_')) + " ";
+    EXPECT_EQ(names, "mt_emb_sort mt_emb_merge mt_emb_merge mt_emb_accum ");
+    std::vector<float> gM = g0, gMw = g0;
+    Rank rm;
+    rm.in = {&dyM, &idM};
+    rm.grads = {&gM};
+    ASSERT_EQ(runSteps(device, km, {&rm}), "");
+    mt::cpu::embedding_bwd(dyMany.data(), manyIds32.data(), many, h, gMw.data());
+    EXPECT_EQ(gM, gMw);
+    p.shape = {vocab / 2, h};
+    gm.params = {p};
+    gm.ints = {1};
+    gm.tensorParallel = 2;
+    std::vector<float> gMh(g0.begin() + (vocab / 2) * h, g0.end());
+    rm.grads = {&gMh};
+    rm.tpRank = 1;
+    ASSERT_EQ(runSteps(device, generate(gm), {&rm}), "");
+    EXPECT_EQ(gMh, std::vector<float>(gMw.begin() + (vocab / 2) * h, gMw.end()));
   }
   Buffer pos(DType::I32, {3, 5});
   OpInstruction pi;
@@ -1096,12 +1165,14 @@ MT_KERNEL_TEST(CudaOpKernels, Embeddings) {
 }
 
 // Norms and their gradients (dw, db added into f32 gradients), bias
-// gradients; rows of 96 (8 lanes) and 50 (2 lanes), 37 rows.
+// gradients; rows of 96 (8 lanes) and 50 (2 lanes), 37 rows; and 600 rows
+// of 40, more than the 528 partial rows of the first stage (so blocks take
+// several rows and the second stage has all 32 slices).
 MT_KERNEL_TEST(CudaOpKernels, NormsAndColumnSums) {
   for (DType d : kFloatTypes)
-    for (int64_t h : {96, 50}) {
-      SCOPED_TRACE(std::string(mt::plan::EnumNameDType(d)) + " h " + std::to_string(h));
-      const int64_t n = 37;
+    for (auto [h, n] : {std::pair<int64_t, int64_t>{96, 37}, {50, 37}, {40, 600}}) {
+      SCOPED_TRACE(std::string(mt::plan::EnumNameDType(d)) + " h " + std::to_string(h) +
+                   " rows " + std::to_string(n));
       std::vector<float> x = randomValues(size_t(n * h), 70, 1.0f, d);
       for (float &v : x)
         v = roundTo(d, v + 0.5f);
@@ -1241,6 +1312,16 @@ MT_KERNEL_TEST(CudaOpKernels, ElementwiseSplitRope) {
     mt::cpu::dropout_segments(a.data(), n, 2 * f, uint64_t(4 * f), uint64_t(2 * f), 0.3,
                               {1234, 5, 77}, want.data());
     EXPECT_TRUE(close(Y.get(), rounded(want, d), d, 1.2e-7, 0));
+    // A dropout over many blocks whose count V does not divide (the
+    // backward's lone dropout): full lane groups, then a scalar tail.
+    for (int64_t count : {int64_t(9 * 1024 + 3), int64_t(4096)}) {
+      std::vector<float> big = randomValues(size_t(count), 87, 1.0f, d), wantBig(big.size());
+      Buffer X(d, {count}), Yb(d, {count});
+      X.set(big);
+      ASSERT_EQ(run1(Opcode::DROPOUT, {&X}, &Yb, {9, -1}, {0.1}), "");
+      mt::cpu::dropout_fwd(big.data(), count, 0.1, {1234, 9, 77}, wantBig.data());
+      EXPECT_TRUE(close(Yb.get(), rounded(wantBig, d), d, 1.2e-7, 0)) << count;
+    }
     Buffer R(d, {2 * n, f});
     ASSERT_EQ(run1(Opcode::RESHAPE, {&A}, &R, {}, {}), "");
     EXPECT_EQ(R.get(), a);
@@ -1330,6 +1411,34 @@ MT_KERNEL_TEST(CudaOpKernels, ElementwiseSplitRope) {
                                   wx.data(), sc);
       EXPECT_TRUE(close(X2.get(), rounded(wx, d), d, 1e-6, 1e-7)) << "d " << rd << " grad";
     }
+  }
+}
+
+// GRAD_ACCUMULATE: the f32 values added into the gradient in double, odd
+// counts (a scalar tail) and several blocks.
+MT_KERNEL_TEST(CudaOpKernels, GradAccumulate) {
+  for (int64_t count : {int64_t(5003), int64_t(64)}) {
+    std::string error;
+    std::optional<OpKernels> k = mt::generateGradAccumulate(count, &error);
+    ASSERT_TRUE(k) << error;
+    std::vector<float> g = randomValues(size_t(count), 90), add = randomValues(size_t(count), 91);
+    std::vector<float> want(g.size());
+    for (size_t i = 0; i < g.size(); ++i)
+      want[i] = float(double(g[i]) + double(add[i]));
+    Rank r;
+    r.grads = {&g};
+    Mirror m(device);
+    r.ws.assign(size_t(k->workspaceBytes / 8 + 2), 0);
+    std::memcpy(r.ws.data(), add.data(), add.size() * 4);
+    ASSERT_EQ(m.map(r.wsData(), r.ws.size() * 8), "");
+    ASSERT_EQ(m.map(g.data(), g.size() * 4), "");
+    ASSERT_EQ(m.upload(), "");
+    for (const OpStep &st : k->steps) {
+      ASSERT_EQ(st.kind, OpStep::Launch);
+      ASSERT_EQ(launch(device, m, k->launches[st.launch], r), "");
+    }
+    ASSERT_EQ(m.download(), "");
+    EXPECT_EQ(g, want) << count;
   }
 }
 

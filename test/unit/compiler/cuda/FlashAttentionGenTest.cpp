@@ -413,6 +413,9 @@ MT_KERNEL_TEST(FlashAttention, F32MatchesCpu) {
   checkNumerics(device, smallConfig(DType::F32, 64, false, true, 0.0, 128, 2), Rng{}, 1);
   checkNumerics(device, smallConfig(DType::F32, 128, true, false, 0.1, 80, 1), Rng{}, 2);
   checkNumerics(device, smallConfig(DType::F32, 64, true, true, 0.2, 100, 1), Rng{}, 3);
+  // A seq no multiple of 4: mask rows are not Philox-block aligned (the
+  // per-element draws instead of the lanes' shared blocks).
+  checkNumerics(device, smallConfig(DType::F32, 64, false, true, 0.2, 70, 1), Rng{}, 9);
 }
 
 MT_KERNEL_TEST(FlashAttention, Bf16MatchesCpu) {
@@ -436,11 +439,14 @@ MT_KERNEL_TEST(FlashAttention, TensorParallelShardMatchesCpu) {
 // The dropout mask exactly: with q = 0 every row's probabilities are equal
 // and with v = I (seq == head dim) out[i][j] is row i's probability of key
 // j after dropout, so each element shows its mask bit; they must equal the
-// CPU's element for element.
+// CPU's element for element. Seq 64 takes the forward's shared Philox
+// blocks (lanes c and c ^ 1 trade words), seq 62 the per-element draws.
 MT_KERNEL_TEST(FlashAttention, DropoutMaskIsTheCpus) {
   for (DType t : {DType::F32, DType::BF16})
-    for (bool causal : {false, true}) {
-      FlashAttentionConfig c = smallConfig(t, 64, false, causal, 0.3, 64, 2);
+    for (bool causal : {false, true})
+    for (int64_t seq : {64, 62}) {
+      SCOPED_TRACE("seq " + std::to_string(seq));
+      FlashAttentionConfig c = smallConfig(t, 64, false, causal, 0.3, seq, 2);
       c.tensorParallel = 2;
       const Rng rng{4242, 3, 1};
       std::string error;
@@ -472,7 +478,7 @@ MT_KERNEL_TEST(FlashAttention, DropoutMaskIsTheCpus) {
       }
       EXPECT_EQ(differ, 0u) << "dtype " << int(t) << (causal ? " causal" : "");
       // About 70% of the unmasked probabilities survive a rate of 0.3.
-      const size_t unmasked = causal ? size_t(c.batch * c.heads * c.seq * (c.seq + 1) / 2) : n;
+      const size_t unmasked = size_t(c.batch * c.heads * (causal ? c.seq * (c.seq + 1) / 2 : c.seq * c.seq));
       EXPECT_GT(kept, unmasked * 6 / 10);
       EXPECT_LT(kept, unmasked * 8 / 10);
     }

@@ -488,8 +488,9 @@ mock_data = true
 // instruction): f32, bf16 and f16; elementwise with and without a scalar
 // tail; LayerNorm and RMSNorm rows of one warp and of several with more
 // than one group of lanes per thread (a last group only some threads
-// hold); residual + dropout + norm with both outputs; dropout last, so its
-// zeros are visible in the output.
+// hold); residual + dropout + norm with both outputs; the gradient's
+// add + dropout with both outputs (a scalar tail, and 9 blocks); dropout
+// last, so its zeros are visible in the output.
 constexpr const char *kRegions = R"mlir(
 func.func @f32_bias_gelu_dropout(%y: tensor<2x4x32xf32>, %b: tensor<32xf32>) -> tensor<2x4x32xf32> {
   %0 = mt.fused elementwise "bias_add+gelu+dropout" (%a = %y, %bb = %b) : (tensor<2x4x32xf32>, tensor<32xf32>) -> tensor<2x4x32xf32> {
@@ -592,6 +593,22 @@ func.func @f16_bias_gelu_grad(%dy: tensor<16x40xf16>, %x: tensor<16x40xf16>, %b:
     mt.yield %2 : tensor<16x40xf16>
   }
   return %0 : tensor<16x40xf16>
+}
+func.func @bf16_add_dropout_both(%g: tensor<3x5x7xbf16>, %n: tensor<3x5x7xbf16>) -> (tensor<3x5x7xbf16>, tensor<3x5x7xbf16>) {
+  %0:2 = mt.fused elementwise "add+dropout" (%gg = %g, %nn = %n) : (tensor<3x5x7xbf16>, tensor<3x5x7xbf16>) -> (tensor<3x5x7xbf16>, tensor<3x5x7xbf16>) {
+    %1 = mt.add %gg, %nn : tensor<3x5x7xbf16>
+    %2 = mt.dropout %1 {rate = 2.000000e-01 : f64, stream = 8 : i64} : tensor<3x5x7xbf16>
+    mt.yield %1, %2 : tensor<3x5x7xbf16>, tensor<3x5x7xbf16>
+  }
+  return %0#0, %0#1 : tensor<3x5x7xbf16>, tensor<3x5x7xbf16>
+}
+func.func @f32_add_dropout_both(%g: tensor<9x1000xf32>, %n: tensor<9x1000xf32>) -> (tensor<9x1000xf32>, tensor<9x1000xf32>) {
+  %0:2 = mt.fused elementwise "add+dropout" (%gg = %g, %nn = %n) : (tensor<9x1000xf32>, tensor<9x1000xf32>) -> (tensor<9x1000xf32>, tensor<9x1000xf32>) {
+    %1 = mt.add %gg, %nn : tensor<9x1000xf32>
+    %2 = mt.dropout %1 {rate = 1.000000e-01 : f64, stream = 2 : i64} : tensor<9x1000xf32>
+    mt.yield %1, %2 : tensor<9x1000xf32>, tensor<9x1000xf32>
+  }
+  return %0#0, %0#1 : tensor<9x1000xf32>, tensor<9x1000xf32>
 }
 func.func @f16_dropout_add_layer_norm(%x: tensor<5x1000xf16>, %r: tensor<5x1000xf16>, %w: tensor<1000xf16>, %lb: tensor<1000xf16>) -> (tensor<5x1000xf16>, tensor<5x1000xf16>) {
   %0:2 = mt.fused row_reduction "dropout+add+layer_norm" (%p = %x, %q = %r, %ww = %w, %bl = %lb) : (tensor<5x1000xf16>, tensor<5x1000xf16>, tensor<1000xf16>, tensor<1000xf16>) -> (tensor<5x1000xf16>, tensor<5x1000xf16>) {
@@ -819,7 +836,7 @@ TEST(CudaEmulation, GeneratedKernelsMatchTheCpuExecutor) {
   ASSERT_TRUE(file);
   KernelStats stats;
   compareAll(*file, 17, &stats);
-  EXPECT_EQ(stats.kernels, 13);
+  EXPECT_EQ(stats.kernels, 15);
   EXPECT_GT(stats.dropped, 100); // the dropout checks saw dropped elements
   std::printf("[ stats    ] %d kernels, %lld elements, %lld bit-identical, %lld dropped\n",
               stats.kernels, (long long)stats.elements, (long long)stats.identical,
