@@ -4,7 +4,7 @@
 // Megatron-LM's tools/preprocess_data.py (Encoder.encode, process_json_file).
 #include "runtime/data/preprocess.h"
 
-#include "runtime/data/tokenizers/gpt2_tokenizer.h"
+#include "runtime/data/tokenizers/tokenizer.h"
 #include "runtime/data/indexed_dataset.h"
 
 #include <simdjson.h>
@@ -42,8 +42,7 @@ struct Options {
   bool document_per_file = false;
   std::vector<std::string> json_keys = {"text"};
   std::string output_prefix;
-  std::string tokenizer_type = "GPT2BPETokenizer";
-  std::string vocab_file, merge_file;
+  TokenizerOptions tokenizer;
   bool append_eod = false;
   int workers = 0; // 0 = one per core
   long log_interval = 1000;
@@ -52,9 +51,9 @@ struct Options {
 };
 
 const char *kUsage = R"(usage: mt-preprocess --input FILE [FILE...] --output-prefix PREFIX
-                     --vocab-file vocab.json --merge-file merges.txt [options]
+                     --tokenizer-type TYPE [its files] [options]
 
-Tokenizes documents with GPT-2's BPE and writes Megatron-LM's indexed dataset
+Tokenizes documents with one of Megatron-LM's tokenizers and writes Megatron-LM's indexed dataset
 PREFIX_KEY_document.bin/.idx (one pair per JSON key), byte for byte as
 Megatron-LM's tools/preprocess_data.py writes it.
 
@@ -67,10 +66,8 @@ input:
                             string, or a list of strings (one sequence each)
   --skip-bad-documents      count and report malformed lines instead of stopping
 tokenization:
-  --tokenizer-type GPT2BPETokenizer
-  --vocab-file FILE         GPT-2 vocab.json
-  --merge-file FILE         GPT-2 merges.txt
-  --append-eod              append <|endoftext|> to each non-empty document
+  --append-eod              append the tokenizer's end-of-document id to each
+                            non-empty document
 output and run:
   --output-prefix PREFIX    output path without suffix
   --workers N               tokenizer threads (default: one per core)
@@ -135,6 +132,7 @@ std::optional<int> parse_options(const std::vector<std::string> &args, Options &
     };
     if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
+      std::fputs(tokenizer_flags_usage(), stdout);
       return 0;
     } else if (a == "--input") {
       std::vector<std::string> v = values(true);
@@ -153,18 +151,9 @@ std::optional<int> parse_options(const std::vector<std::string> &args, Options &
     } else if (a == "--output-prefix") {
       if (!one(o.output_prefix))
         return usage_error("--output-prefix needs a path");
-    } else if (a == "--tokenizer-type") {
-      if (!one(o.tokenizer_type))
-        return usage_error("--tokenizer-type needs a value");
-      if (o.tokenizer_type != "GPT2BPETokenizer")
-        return usage_error("--tokenizer-type " + o.tokenizer_type +
-                           " is not supported; mt-preprocess has GPT2BPETokenizer");
-    } else if (a == "--vocab-file" || a == "--vocab") {
-      if (!one(o.vocab_file))
-        return usage_error(a + " needs a file");
-    } else if (a == "--merge-file") {
-      if (!one(o.merge_file))
-        return usage_error("--merge-file needs a file");
+    } else if (std::string error; parse_tokenizer_flag(args, i, o.tokenizer, &error)) {
+      if (!error.empty())
+        return usage_error(error);
     } else if (a == "--append-eod") {
       o.append_eod = true;
     } else if (a == "--workers") {
@@ -200,8 +189,8 @@ std::optional<int> parse_options(const std::vector<std::string> &args, Options &
     return usage_error("no input: give --input FILE");
   if (o.output_prefix.empty())
     return usage_error("no output: give --output-prefix PREFIX");
-  if (o.vocab_file.empty() || o.merge_file.empty())
-    return usage_error("GPT2BPETokenizer needs --vocab-file and --merge-file");
+  if (std::string bad = check_tokenizer_options(o.tokenizer); !bad.empty())
+    return usage_error(bad);
   if (o.document_per_file && o.input_format != "text")
     return usage_error("--document-per-file goes with --input-format text");
   if (o.input_format == "text" && !(o.json_keys.size() == 1 && o.json_keys[0] == "text"))
@@ -398,8 +387,8 @@ struct EncodedBatch {
 
 class Worker {
 public:
-  Worker(const Options &o, std::shared_ptr<const Gpt2Vocabulary> vocab)
-      : o_(o), encoder_(vocab), eod_(vocab->eod_id()) {}
+  Worker(const Options &o, const Tokenizer &tokenizer)
+      : o_(o), encoder_(tokenizer.encoder()), eod_(tokenizer.eod()) {}
 
   EncodedBatch encode(const Batch &batch) {
     EncodedBatch out;
@@ -424,7 +413,7 @@ private:
   void add_sentence(std::string_view text, std::vector<int32_t> &tokens,
                     std::vector<int32_t> &lengths) {
     size_t before = tokens.size();
-    encoder_.encode(text, tokens);
+    encoder_->encode(text, tokens);
     if (tokens.size() > before)
       lengths.push_back(static_cast<int32_t>(tokens.size() - before));
   }
@@ -488,7 +477,7 @@ private:
   }
 
   const Options &o_;
-  Gpt2Encoder encoder_;
+  std::unique_ptr<TokenEncoder> encoder_;
   int32_t eod_;
   simdjson::dom::parser parser_;
   std::string padded_;
@@ -555,12 +544,13 @@ private:
 class Pipeline {
 public:
   Pipeline(const Options &o, std::vector<std::string> files, uint64_t total_bytes,
-           std::shared_ptr<const Gpt2Vocabulary> vocab)
-      : o_(o), files_(std::move(files)), total_bytes_(total_bytes), vocab_(std::move(vocab)) {}
+           std::shared_ptr<const Tokenizer> tokenizer)
+      : o_(o), files_(std::move(files)), total_bytes_(total_bytes),
+        tokenizer_(std::move(tokenizer)) {}
 
   int run() {
     // Writers first, so a bad output path fails before any work.
-    TokenDtype dtype = dtype_for_vocab_size(vocab_->size());
+    TokenDtype dtype = dtype_for_vocab_size(tokenizer_->vocab_size());
     for (const std::string &key : o_.json_keys) {
       std::string prefix = o_.output_prefix + "_" + key + "_document", err;
       auto w = IndexedDatasetWriter::create(prefix, dtype, &err);
@@ -650,7 +640,7 @@ public:
                      prefixes_[k].c_str(),
                      static_cast<unsigned long long>(writers_[k]->num_documents()),
                      static_cast<unsigned long long>(writers_[k]->num_tokens()),
-                     dtype_name(dtype_for_vocab_size(vocab_->size())));
+                     dtype_name(dtype_for_vocab_size(tokenizer_->vocab_size())));
       std::fprintf(stderr, "mt-preprocess: %.1f MB in %.2f s (%.1f MB/s) with %d worker%s\n",
                    bytes_done / 1e6, s, bytes_done / 1e6 / s, o_.workers,
                    o_.workers == 1 ? "" : "s");
@@ -702,7 +692,7 @@ private:
   size_t in_flight() const { return todo_.size() + working_ + done_.size(); }
 
   void work() {
-    Worker worker(o_, vocab_);
+    Worker worker(o_, *tokenizer_);
     while (true) {
       Batch batch;
       {
@@ -727,7 +717,7 @@ private:
   const Options &o_;
   std::vector<std::string> files_;
   uint64_t total_bytes_;
-  std::shared_ptr<const Gpt2Vocabulary> vocab_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
   std::vector<std::string> prefixes_;
   std::vector<std::unique_ptr<IndexedDatasetWriter>> writers_;
 
@@ -759,9 +749,8 @@ int run_mt_preprocess(const std::vector<std::string> &args) {
     std::fprintf(stderr, "%s\n", error.c_str());
     return 1;
   }
-  std::shared_ptr<const Gpt2Vocabulary> vocab =
-      Gpt2Vocabulary::load(o.vocab_file, o.merge_file, &error);
-  if (!vocab) {
+  std::shared_ptr<const Tokenizer> tokenizer = load_tokenizer(o.tokenizer, &error);
+  if (!tokenizer) {
     std::fprintf(stderr, "%s\n", error.c_str());
     return 1;
   }
@@ -769,7 +758,7 @@ int run_mt_preprocess(const std::vector<std::string> &args) {
     std::fprintf(stderr, "mt-preprocess: %zu input file%s, %.1f MB, %d worker%s\n",
                  files.size(), files.size() == 1 ? "" : "s", total_bytes / 1e6, o.workers,
                  o.workers == 1 ? "" : "s");
-  return Pipeline(o, std::move(files), total_bytes, std::move(vocab)).run();
+  return Pipeline(o, std::move(files), total_bytes, std::move(tokenizer)).run();
 }
 
 } // namespace mt::rt
