@@ -2,9 +2,9 @@
 // training samples Megatron would build from them (see dataset_tool.h).
 #include "runtime/data/dataset_tool.h"
 
-#include "runtime/data/tokenizers/gpt2_tokenizer.h"
 #include "runtime/data/gpt_dataset.h"
 #include "runtime/data/indexed_dataset.h"
+#include "runtime/data/tokenizers/tokenizer.h"
 
 #include <sys/stat.h>
 
@@ -40,13 +40,14 @@ PREFIX is the path without suffix; a trailing .bin or .idx is ignored.
 
 const char *kInspectHelp = R"TXT(usage: mt-dataset inspect PREFIX [options]
 
-Prints the dataset's dtype, counts of documents, sequences and tokens, the
+Prints the dataset's dtype (uint16 or int32, as Megatron picks it from the
+vocabulary size), counts of documents, sequences and tokens, the
 min/mean/max document length, and the first tokens of the first documents.
+With a tokenizer (mt-preprocess's flags) it shows the documents' text too.
 
 options:
   --documents N         how many documents to show (default 1)
-  --vocab-file FILE     GPT-2 vocab.json, to show the documents' text too
-  --merge-file FILE     GPT-2 merges.txt (needed with --vocab-file)
+  --tokenizer-type TYPE the tokenizer, with its files (below)
   --help, -h            this text
 )TXT";
 
@@ -55,12 +56,13 @@ const char *kVerifyHelp = R"TXT(usage: mt-dataset verify PREFIX [PREFIX...] [opt
 Checks each dataset as the runtime does before training: header, counts,
 sequence lengths and offsets, document indices and the .bin size. With a
 vocabulary it also reads every token and checks its id is in [0, vocab size).
-Prints "PREFIX: ok (...)" or one error line per dataset; exits 1 if any fails.
+Prints "PREFIX: ok (DTYPE, ...)" or one error line per dataset; exits 1 if any
+fails.
 
 options:
-  --vocab-size N        check token ids are below N
-  --vocab-file FILE     GPT-2 vocab.json: check ids against its size
-  --merge-file FILE     GPT-2 merges.txt (needed with --vocab-file)
+  --vocab-size N        check token ids are below N (alone, or NullTokenizer's)
+  --tokenizer-type TYPE check ids against that tokenizer's vocabulary, with its
+                        files (below)
   --help, -h            this text
 )TXT";
 
@@ -152,7 +154,8 @@ bool parse_count(const std::string &s, uint64_t *out) {
 
 struct Args {
   std::vector<std::string> positional;
-  std::string vocab_file, merge_file;
+  TokenizerOptions tokenizer;
+  bool tokenizer_given = false; // a tokenizer flag other than --vocab-size
   uint64_t documents = 1, vocab_size = 0;
   bool has_vocab_size = false, help = false;
   // samples
@@ -161,9 +164,10 @@ struct Args {
   std::string which = "train", split = "969,30,1", cache_dir;
 };
 
-// Parses `--opt VALUE` / `--opt=VALUE`; returns "" or the usage error.
+// Parses `--opt VALUE` / `--opt=VALUE`, and with `tokenizer` Megatron's
+// tokenizer flags; returns "" or the usage error.
 std::string parse_args(const std::vector<std::string> &args, const std::vector<std::string> &known,
-                       Args *out) {
+                       Args *out, bool tokenizer = false) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string &a = args[i];
     if (a == "--help" || a == "-h") {
@@ -174,6 +178,14 @@ std::string parse_args(const std::vector<std::string> &args, const std::vector<s
       out->positional.push_back(a);
       continue;
     }
+    const bool vocab_size = a == "--vocab-size" || a.rfind("--vocab-size=", 0) == 0;
+    if (std::string err; tokenizer && !vocab_size &&
+                         parse_tokenizer_flag(args, i, out->tokenizer, &err)) {
+      if (!err.empty())
+        return err;
+      out->tokenizer_given = true;
+      continue;
+    }
     std::string name = a, value;
     bool inline_value = false;
     size_t eq = a.find('=');
@@ -182,8 +194,13 @@ std::string parse_args(const std::vector<std::string> &args, const std::vector<s
       value = a.substr(eq + 1);
       inline_value = true;
     }
-    if (std::find(known.begin(), known.end(), name) == known.end())
-      return "unknown option '" + a + "'" + did_you_mean(name, known);
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      std::vector<std::string> all = known;
+      if (tokenizer)
+        all.insert(all.end(), {"--tokenizer-type", "--vocab-file", "--merge-file",
+                               "--tokenizer-model"});
+      return "unknown option '" + a + "'" + did_you_mean(name, all);
+    }
     if (name == "--mock") {
       if (inline_value)
         return "--mock takes no value";
@@ -195,17 +212,14 @@ std::string parse_args(const std::vector<std::string> &args, const std::vector<s
         return name + " needs a value";
       value = args[++i];
     }
-    if (name == "--vocab-file") {
-      out->vocab_file = value;
-    } else if (name == "--merge-file") {
-      out->merge_file = value;
-    } else if (name == "--documents") {
+    if (name == "--documents") {
       if (!parse_count(value, &out->documents))
         return "--documents needs a whole number, got '" + value + "'";
     } else if (name == "--vocab-size") {
       if (!parse_count(value, &out->vocab_size) || out->vocab_size == 0)
         return "--vocab-size needs a whole number above 0, got '" + value + "'";
       out->has_vocab_size = true;
+      out->tokenizer.vocab_size = static_cast<int64_t>(out->vocab_size);
     } else if (name == "--seq-length") {
       if (!parse_count(value, &out->seq_length) || out->seq_length < 2)
         return "--seq-length needs a whole number of at least 2, got '" + value + "'";
@@ -231,9 +245,10 @@ std::string parse_args(const std::vector<std::string> &args, const std::vector<s
       out->cache_dir = value;
     }
   }
-  if (out->vocab_file.empty() != out->merge_file.empty())
-    return out->vocab_file.empty() ? "--merge-file needs --vocab-file too"
-                                   : "--vocab-file needs --merge-file too";
+  if (out->tokenizer_given) {
+    if (std::string bad = check_tokenizer_options(out->tokenizer); !bad.empty())
+      return bad;
+  }
   return "";
 }
 
@@ -295,40 +310,42 @@ std::string quote_clipped(const std::string &text, bool more) {
   return out;
 }
 
-std::shared_ptr<const Gpt2Vocabulary> load_vocab(const Args &a, bool *failed) {
+// The tokenizer the flags name, or null when none is named (*failed: it
+// was named and did not load; the error is printed).
+std::shared_ptr<const Tokenizer> load_named_tokenizer(const Args &a, bool *failed) {
   *failed = false;
-  if (a.vocab_file.empty())
+  if (!a.tokenizer_given)
     return nullptr;
   std::string err;
-  auto vocab = Gpt2Vocabulary::load(a.vocab_file, a.merge_file, &err);
-  if (!vocab) {
+  auto tokenizer = load_tokenizer(a.tokenizer, &err);
+  if (!tokenizer) {
     std::fprintf(stderr, "%s\n", err.c_str());
     *failed = true;
   }
-  return vocab;
+  return tokenizer;
 }
 
 int run_inspect(const std::vector<std::string> &args) {
   Args a;
-  std::string err = parse_args(args, {"--documents", "--vocab-file", "--merge-file", "--help"}, &a);
+  std::string err = parse_args(args, {"--documents", "--vocab-size", "--help"}, &a, true);
   if (!err.empty())
     return usage_error("inspect", err);
   if (a.help) {
     std::fputs(kInspectHelp, stdout);
+    std::fputs(tokenizer_flags_usage(), stdout);
     return 0;
   }
+  if (a.has_vocab_size && !a.tokenizer_given)
+    return usage_error("inspect", "--vocab-size goes with --tokenizer-type NullTokenizer here");
   if (a.positional.empty())
     return usage_error("inspect", "no dataset given: mt-dataset inspect PREFIX");
   if (a.positional.size() > 1)
     return usage_error("inspect", "more than one dataset given ('" + a.positional[0] + "' and '" +
                                       a.positional[1] + "'); inspect takes one");
-  bool vocab_failed;
-  auto vocab = load_vocab(a, &vocab_failed);
-  if (vocab_failed)
+  bool tokenizer_failed;
+  auto tokenizer = load_named_tokenizer(a, &tokenizer_failed);
+  if (tokenizer_failed)
     return 1;
-  std::unique_ptr<Gpt2Encoder> encoder;
-  if (vocab)
-    encoder = std::make_unique<Gpt2Encoder>(vocab);
 
   const std::string prefix = strip_suffix(a.positional[0]);
   auto ds = IndexedDataset::open(prefix, &err);
@@ -341,6 +358,14 @@ int run_inspect(const std::vector<std::string> &args) {
               static_cast<unsigned long long>(file_size(prefix + ".bin")),
               static_cast<unsigned long long>(file_size(prefix + ".idx")));
   std::printf("dtype:     %s\n", dtype_name(ds->dtype()));
+  if (tokenizer) {
+    TokenDtype expected = dtype_for_vocab_size(tokenizer->vocab_size());
+    std::printf("tokenizer: %s\n", tokenizer->describe().c_str());
+    if (expected != ds->dtype())
+      std::printf("note:      Megatron writes %s for this tokenizer's %zu ids, not %s; check "
+                  "the dataset was made with it\n",
+                  dtype_name(expected), tokenizer->vocab_size(), dtype_name(ds->dtype()));
+  }
   std::printf("documents: %llu\n", static_cast<unsigned long long>(docs));
   std::printf("sequences: %llu\n", static_cast<unsigned long long>(ds->num_sequences()));
   std::printf("tokens:    %llu\n", static_cast<unsigned long long>(ds->num_tokens()));
@@ -373,17 +398,17 @@ int run_inspect(const std::vector<std::string> &args) {
     if (n > kShownIds)
       line += " ... (" + std::to_string(n - kShownIds) + " more)";
     std::printf("%s\n", line.c_str());
-    if (!encoder)
+    if (!tokenizer)
       continue;
     auto bad = std::find_if(ids.begin(), ids.end(), [&](int32_t id) {
-      return id < 0 || static_cast<size_t>(id) >= vocab->size();
+      return id < 0 || static_cast<size_t>(id) >= tokenizer->vocab_size();
     });
     if (bad != ids.end()) {
       std::printf("  text: (not shown: token id %d is outside the vocabulary of %zu ids)\n", *bad,
-                  vocab->size());
+                  tokenizer->vocab_size());
       continue;
     }
-    std::string text = encoder->decode(ids.data(), ids.size());
+    std::string text = tokenizer->decode(ids.data(), ids.size());
     std::printf("  text: %s\n", quote_clipped(text, n > ids.size()).c_str());
   }
   return 0;
@@ -414,23 +439,24 @@ std::string check_token_ids(const IndexedDataset &ds, const std::string &prefix,
 
 int run_verify(const std::vector<std::string> &args) {
   Args a;
-  std::string err =
-      parse_args(args, {"--vocab-size", "--vocab-file", "--merge-file", "--help"}, &a);
+  std::string err = parse_args(args, {"--vocab-size", "--help"}, &a, true);
   if (!err.empty())
     return usage_error("verify", err);
   if (a.help) {
     std::fputs(kVerifyHelp, stdout);
+    std::fputs(tokenizer_flags_usage(), stdout);
     return 0;
   }
   if (a.positional.empty())
     return usage_error("verify", "no dataset given: mt-dataset verify PREFIX [PREFIX...]");
-  if (a.has_vocab_size && !a.vocab_file.empty())
-    return usage_error("verify", "give --vocab-size or --vocab-file/--merge-file, not both");
-  bool vocab_failed;
-  auto vocab = load_vocab(a, &vocab_failed);
-  if (vocab_failed)
+  if (a.has_vocab_size && a.tokenizer_given && a.tokenizer.type != "NullTokenizer" &&
+      a.tokenizer.type != "TikTokenizer")
+    return usage_error("verify", "give --vocab-size or a tokenizer's files, not both");
+  bool tokenizer_failed;
+  auto tokenizer = load_named_tokenizer(a, &tokenizer_failed);
+  if (tokenizer_failed)
     return 1;
-  uint64_t vocab_size = vocab ? vocab->size() : a.vocab_size;
+  uint64_t vocab_size = tokenizer ? tokenizer->vocab_size() : a.vocab_size;
 
   int status = 0;
   for (const std::string &given : a.positional) {
@@ -444,8 +470,8 @@ int run_verify(const std::vector<std::string> &args) {
       status = 1;
       continue;
     }
-    std::printf("%s: ok (%llu documents, %llu sequences, %llu tokens)\n", prefix.c_str(),
-                static_cast<unsigned long long>(ds->num_documents()),
+    std::printf("%s: ok (%s, %llu documents, %llu sequences, %llu tokens)\n", prefix.c_str(),
+                dtype_name(ds->dtype()), static_cast<unsigned long long>(ds->num_documents()),
                 static_cast<unsigned long long>(ds->num_sequences()),
                 static_cast<unsigned long long>(ds->num_tokens()));
     std::fflush(stdout);

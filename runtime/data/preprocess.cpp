@@ -410,12 +410,15 @@ public:
 private:
   // Megatron: tokenize each sentence, keep the non-empty ones as sequences,
   // and with --append-eod add EOD to the last sequence of a non-empty document.
-  void add_sentence(std::string_view text, std::vector<int32_t> &tokens,
-                    std::vector<int32_t> &lengths) {
+  // False when the tokenizer refuses the text (doc.error says why).
+  bool add_sentence(std::string_view text, std::vector<int32_t> &tokens,
+                    std::vector<int32_t> &lengths, EncodedDoc &doc) {
     size_t before = tokens.size();
-    encoder_->encode(text, tokens);
+    if (!encoder_->try_encode(text, tokens, &doc.error))
+      return false;
     if (tokens.size() > before)
       lengths.push_back(static_cast<int32_t>(tokens.size() - before));
+    return true;
   }
   void finish_document(std::vector<int32_t> &tokens, std::vector<int32_t> &lengths) {
     if (o_.append_eod && !tokens.empty()) {
@@ -427,8 +430,8 @@ private:
   void encode_text(const std::string &text, EncodedDoc &doc) {
     doc.tokens.resize(1);
     doc.lengths.resize(1);
-    add_sentence(text, doc.tokens[0], doc.lengths[0]);
-    finish_document(doc.tokens[0], doc.lengths[0]);
+    if (add_sentence(text, doc.tokens[0], doc.lengths[0], doc))
+      finish_document(doc.tokens[0], doc.lengths[0]);
   }
 
   void encode_json(const std::string &line, EncodedDoc &doc) {
@@ -457,7 +460,8 @@ private:
       std::string_view text;
       simdjson::dom::array sentences;
       if (!value.get_string().get(text)) {
-        add_sentence(text, doc.tokens[k], doc.lengths[k]);
+        if (!add_sentence(text, doc.tokens[k], doc.lengths[k], doc))
+          return;
       } else if (!value.get_array().get(sentences)) {
         for (simdjson::dom::element s : sentences) {
           if (s.get_string().get(text)) {
@@ -466,7 +470,8 @@ private:
                         "strings";
             return;
           }
-          add_sentence(text, doc.tokens[k], doc.lengths[k]);
+          if (!add_sentence(text, doc.tokens[k], doc.lengths[k], doc))
+            return;
         }
       } else {
         doc.error = "'" + o_.json_keys[k] + "' is not a string or a list of strings";

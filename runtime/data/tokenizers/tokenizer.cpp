@@ -2,8 +2,10 @@
 #include "runtime/data/tokenizers/tokenizer.h"
 
 #include "runtime/data/tokenizers/gpt2_tokenizer.h"
+#include "runtime/data/tokenizers/null_tokenizer.h"
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 
 namespace mt::rt {
@@ -148,7 +150,7 @@ bool parse_tokenizer_flag(const std::vector<std::string> &args, size_t &i,
 
 const char *tokenizer_flags_usage() {
   return R"(tokenizer (Megatron's flags):
-  --tokenizer-type TYPE     GPT2BPETokenizer (default)
+  --tokenizer-type TYPE     GPT2BPETokenizer (default), NullTokenizer
   --vocab-file FILE         GPT-2 vocab.json
   --merge-file FILE         GPT-2 merges.txt
   --tokenizer-model PATH    the tokenizer file or directory of the other types
@@ -166,7 +168,15 @@ std::string check_tokenizer_options(const TokenizerOptions &o) {
       return "GPT2BPETokenizer needs --vocab-file and --merge-file";
     return "";
   }
-  return "--tokenizer-type " + o.type + " is not supported; mt has GPT2BPETokenizer";
+  if (o.type == "NullTokenizer") {
+    if (!o.vocab_size)
+      return "NullTokenizer needs --vocab-size N (its vocabulary)";
+    if (*o.vocab_size > INT32_MAX - 1)
+      return "NullTokenizer's --vocab-size " + std::to_string(*o.vocab_size) +
+             " is too large: token ids are int32";
+    return "";
+  }
+  return "--tokenizer-type " + o.type + " is not supported; mt has GPT2BPETokenizer and NullTokenizer";
 }
 
 std::shared_ptr<const Tokenizer> load_tokenizer(const TokenizerOptions &o,
@@ -181,6 +191,8 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const TokenizerOptions &o,
       return nullptr;
     return std::make_shared<Gpt2Tokenizer>(std::move(v), o.vocab_file + ", " + o.merge_file);
   }
+  if (o.type == "NullTokenizer")
+    return make_null_tokenizer(*o.vocab_size, o.legacy);
   *error = "error: --tokenizer-type " + o.type + " has no loader";
   return nullptr;
 }

@@ -57,6 +57,15 @@ public:
   // (BOS where that tokenizer adds it; special tokens as it treats them).
   // Any byte sequence is accepted, invalid UTF-8 included.
   virtual void encode(std::string_view text, std::vector<int32_t> &out) = 0;
+  // As encode, for a tokenizer that refuses some text (NullTokenizer's words
+  // that are not ids): false with *error saying what is wrong and the fix,
+  // `out` unchanged. A tokenizer that accepts any bytes keeps this default.
+  virtual bool try_encode(std::string_view text, std::vector<int32_t> &out,
+                          std::string *error) {
+    (void)error;
+    encode(text, out);
+    return true;
+  }
 };
 
 // A loaded tokenizer: immutable, shared by every thread.
