@@ -759,6 +759,12 @@ int run_mt_preprocess(const std::vector<std::string> &args) {
     std::fprintf(stderr, "%s\n", error.c_str());
     return 1;
   }
+  if (o.append_eod && tokenizer->eod() < 0) {
+    std::fprintf(stderr, "error: --append-eod: %s has no end-of-document token (Megatron's "
+                         "tokenizer.eod fails for it); drop --append-eod\n",
+                 tokenizer->describe().c_str());
+    return 1;
+  }
   if (!o.quiet)
     std::fprintf(stderr, "mt-preprocess: %zu input file%s, %.1f MB, %d worker%s\n",
                  files.size(), files.size() == 1 ? "" : "s", total_bytes / 1e6, o.workers,

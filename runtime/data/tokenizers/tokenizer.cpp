@@ -3,6 +3,7 @@
 
 #include "runtime/data/tokenizers/gpt2_tokenizer.h"
 #include "runtime/data/tokenizers/null_tokenizer.h"
+#include "runtime/data/tokenizers/sentencepiece_tokenizer.h"
 
 #include <cerrno>
 #include <cstdint>
@@ -150,7 +151,9 @@ bool parse_tokenizer_flag(const std::vector<std::string> &args, size_t &i,
 
 const char *tokenizer_flags_usage() {
   return R"(tokenizer (Megatron's flags):
-  --tokenizer-type TYPE     GPT2BPETokenizer (default), NullTokenizer
+  --tokenizer-type TYPE     GPT2BPETokenizer (default), NullTokenizer,
+                            SentencePieceTokenizer, GPTSentencePieceTokenizer,
+                            Llama2Tokenizer
   --vocab-file FILE         GPT-2 vocab.json
   --merge-file FILE         GPT-2 merges.txt
   --tokenizer-model PATH    the tokenizer file or directory of the other types
@@ -176,7 +179,10 @@ std::string check_tokenizer_options(const TokenizerOptions &o) {
              " is too large: token ids are int32";
     return "";
   }
-  return "--tokenizer-type " + o.type + " is not supported; mt has GPT2BPETokenizer and NullTokenizer";
+  if (is_sentencepiece_type(o.type))
+    return check_sentencepiece_options(o);
+  return "--tokenizer-type " + o.type + " is not supported; mt has GPT2BPETokenizer, "
+         "NullTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer";
 }
 
 std::shared_ptr<const Tokenizer> load_tokenizer(const TokenizerOptions &o,
@@ -193,6 +199,8 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const TokenizerOptions &o,
   }
   if (o.type == "NullTokenizer")
     return make_null_tokenizer(*o.vocab_size, o.legacy);
+  if (is_sentencepiece_type(o.type))
+    return load_sentencepiece_tokenizer(o, error);
   *error = "error: --tokenizer-type " + o.type + " has no loader";
   return nullptr;
 }

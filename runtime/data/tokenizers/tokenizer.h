@@ -75,7 +75,8 @@ public:
   // Megatron's tokenizer.vocab_size: what the embedding is padded from and
   // what picks the .bin dtype.
   virtual size_t vocab_size() const = 0;
-  // Megatron's tokenizer.eod: the id --append-eod appends.
+  // Megatron's tokenizer.eod: the id --append-eod appends; -1 where that
+  // tokenizer has none (mt-preprocess then refuses --append-eod).
   virtual int32_t eod() const = 0;
   virtual std::unique_ptr<TokenEncoder> encoder() const = 0;
   // Text of ids, for inspection (mt-dataset); ids outside the vocabulary are
