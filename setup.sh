@@ -22,7 +22,7 @@ esac
 packages=(cmake ninja-build g++ ccache python3
           llvm-19-dev llvm-19-tools libmlir-19-dev mlir-19-tools
           libtomlplusplus-dev libabsl-dev libflatbuffers-dev flatbuffers-compiler
-          libgtest-dev libpcre2-dev libsentencepiece-dev libsimdjson-dev libopenblas-dev python3-numpy python3-venv
+          libgtest-dev libpcre2-dev libsentencepiece-dev libsimdjson-dev libicu-dev libopenblas-dev python3-numpy python3-venv
           libgloo-dev slurmd slurmctld slurm-client munge)
 missing=()
 for p in "${packages[@]}"; do

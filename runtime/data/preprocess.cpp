@@ -769,6 +769,9 @@ int run_mt_preprocess(const std::vector<std::string> &args) {
     std::fprintf(stderr, "mt-preprocess: %zu input file%s, %.1f MB, %d worker%s\n",
                  files.size(), files.size() == 1 ? "" : "s", total_bytes / 1e6, o.workers,
                  o.workers == 1 ? "" : "s");
+  if (!o.quiet)
+    std::fprintf(stderr, "mt-preprocess: tokenizer %s: vocab size %zu, eod %d\n",
+                 tokenizer->describe().c_str(), tokenizer->vocab_size(), tokenizer->eod());
   return Pipeline(o, std::move(files), total_bytes, std::move(tokenizer)).run();
 }
 

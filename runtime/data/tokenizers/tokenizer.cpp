@@ -2,6 +2,7 @@
 #include "runtime/data/tokenizers/tokenizer.h"
 
 #include "runtime/data/tokenizers/gpt2_tokenizer.h"
+#include "runtime/data/tokenizers/hf_tokenizer.h"
 #include "runtime/data/tokenizers/null_tokenizer.h"
 #include "runtime/data/tokenizers/sentencepiece_tokenizer.h"
 
@@ -153,7 +154,7 @@ const char *tokenizer_flags_usage() {
   return R"(tokenizer (Megatron's flags):
   --tokenizer-type TYPE     GPT2BPETokenizer (default), NullTokenizer,
                             SentencePieceTokenizer, GPTSentencePieceTokenizer,
-                            Llama2Tokenizer
+                            Llama2Tokenizer, HuggingFaceTokenizer
   --vocab-file FILE         GPT-2 vocab.json
   --merge-file FILE         GPT-2 merges.txt
   --tokenizer-model PATH    the tokenizer file or directory of the other types
@@ -181,8 +182,24 @@ std::string check_tokenizer_options(const TokenizerOptions &o) {
   }
   if (is_sentencepiece_type(o.type))
     return check_sentencepiece_options(o);
+  if (o.type == "HuggingFaceTokenizer") {
+    if (o.model.empty())
+      return "HuggingFaceTokenizer needs --tokenizer-model (the directory of tokenizer.json, or "
+             "the file)";
+    if (!o.vocab_file.empty() || !o.merge_file.empty())
+      return "HuggingFaceTokenizer reads tokenizer.json: --vocab-file and --merge-file are not "
+             "supported with it";
+    if (o.legacy && !o.special_tokens.empty())
+      return "--tokenizer-special-tokens has no effect on the legacy HuggingFaceTokenizer "
+             "(--legacy-tokenizer); drop one of them";
+    if (o.legacy && !o.hf_include_special_tokens)
+      return "--tokenizer-hf-no-include-special-tokens has no effect on the legacy "
+             "HuggingFaceTokenizer (--legacy-tokenizer); drop one of them";
+    return "";
+  }
   return "--tokenizer-type " + o.type + " is not supported; mt has GPT2BPETokenizer, "
-         "NullTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer";
+         "NullTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, "
+         "HuggingFaceTokenizer";
 }
 
 std::shared_ptr<const Tokenizer> load_tokenizer(const TokenizerOptions &o,
@@ -201,6 +218,8 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const TokenizerOptions &o,
     return make_null_tokenizer(*o.vocab_size, o.legacy);
   if (is_sentencepiece_type(o.type))
     return load_sentencepiece_tokenizer(o, error);
+  if (o.type == "HuggingFaceTokenizer")
+    return load_hf_tokenizer(o, error);
   *error = "error: --tokenizer-type " + o.type + " has no loader";
   return nullptr;
 }

@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""Trains small tokenizers with HF `tokenizers` in the forms real models use,
+and writes the ids the library gives on a multilingual corpus, so that
+mt-preprocess --tokenizer-type HuggingFaceTokenizer is checked against the
+real library (hf-tokenizers.test reads the stored files; hf-tokenizers-live.test
+regenerates the ids with the library on the stored tokenizers).
+
+usage:
+  make_hf_tokenizers.py train TRAIN_JSONL OUT_DIR   # tokenizers + corpus + ids
+  make_hf_tokenizers.py ids TOKENIZER_DIR CORPUS_JSONL CORPUS_INVALID_TXT OUT
+                                                    # ids only, from stored files
+
+The ids of a document are what transformers' tokenizer(text).input_ids gives
+(Megatron's HuggingFaceTokenizer.tokenize with include_special_tokens): HF's
+encode(text, add_special_tokens=True). Text with invalid UTF-8 cannot reach
+a Python tokenizer; it is decoded as bytes.decode("utf-8", "replace") first,
+which is what mt does with it (docs/data.md).
+
+Each expected file: a line "vocab V eod E" (get_vocab_size(with_added_tokens),
+the eos_token's id), then one line of ids per document.
+"""
+import json
+import os
+import sys
+
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                        pre_tokenizers, processors, trainers)
+
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen2-style: possessive quantifiers.
+QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# The corpus: scripts, emoji, whitespace and digit runs, special-token text
+# (exact, inside words, with spaces around), and edge cases.
+EXTRA = [
+    "", " ", "  ", "\n", "\t\t x", "a", "Hello world", " Hello world", "hello   world  ",
+    "<|begin_of_text|>Hello<|end_of_text|>", "x<|end_of_text|>y", " <|end_of_text|> ",
+    "<s>hello</s>", "<s> hello </s>", "text </s> more", "<unk>", "<0x41>", "[MASK] me",
+    "new line\nand\r\nwindows\r\n\n\n", "tabs\tand\u00a0nbsp\u3000ideographic",
+    "1234567890 12 345 6789", "3.14159 and 2,718,281", "٠١٢٣٤٥ ๑๒๓ ⅧⅫ ½ ²",
+    "Grüße aus Köln, naïve café", "ＡＢＣ ｆｕｌｌｗｉｄｔｈ ①②", "ﬁ ﬂ ligatures Å Å",
+    "Привет, мир! Съешь же ещё этих мягких французских булок",
+    "Γειά σου Κόσμε ΣΊΣΥΦΟΣ", "مرحبا بالعالم", "שלום עולם", "नमस्ते दुनिया",
+    "こんにちは世界、東京タワー", "你好，世界！我们的模型", "안녕하세요 세계",
+    "สวัสดีชาวโลก", "ሰላም ለዓለም", "Emoji 😀😃🤖 👩‍👩‍👧‍👦 🇩🇪 ❤️",
+    "mixed日本語and English123abc", "CamelCaseWords and snake_case_words",
+    "DON'T YOU'LL we've I'M", "URL https://example.com/a?b=c&d=e#f",
+    "code: def f(x):\n    return x**2  # comment", "    indented\n        more",
+    "İstanbul ǅ ß ẞ", "a\u0301 e\u0301 combining", "zero\u200bwidth\u200djoiner",
+    "!!!??? ... --- ***", "x" * 300, "ab" * 150, " " * 40 + "end",
+]
+INVALID = [
+    b"abc\xffdef", b"\xc3(", b"\xe2\x82 euro cut", b"\xf0\x9f\x98 cut emoji",
+    b"\xed\xa0\x80 surrogate", b"\xc0\xaf overlong", b"tail \xe2", b"\x80\x80\x80",
+    "ok ünïcödé".encode() + b"\xfe\xff",
+]
+
+
+def write_corpus(train_jsonl, out):
+    texts = [json.loads(line)["text"] for line in open(train_jsonl, encoding="utf-8")
+             if '"text"' in line]
+    corpus = EXTRA + texts[::4]
+    with open(os.path.join(out, "corpus.jsonl"), "w", encoding="utf-8") as f:
+        for t in corpus:
+            f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
+    with open(os.path.join(out, "corpus_invalid.txt"), "wb") as f:
+        for b in INVALID:
+            assert b"\n" not in b
+            f.write(b + b"\n")
+    return texts
+
+
+def save(tok, out, name, config, edit=None):
+    d = os.path.join(out, name)
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "tokenizer.json")
+    tok.save(path)
+    if edit:
+        j = json.load(open(path, encoding="utf-8"))
+        edit(j)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(j, f, ensure_ascii=False, indent=1)
+        Tokenizer.from_file(path)  # the library still reads it
+    with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=1)
+
+
+def with_byte_pieces(j, first_id):
+    """Puts <0x00>..<0xFF> into a BPE vocabulary at ids first_id.. (as
+    Llama-2's tokenizer.json has them), moving the trained tokens up."""
+    vocab = j["model"]["vocab"]
+    shifted = {t: (i if i < first_id else i + 256) for t, i in vocab.items()}
+    for b in range(256):
+        shifted["<0x%02X>" % b] = first_id + b
+    j["model"]["vocab"] = shifted
+    for a in j["added_tokens"]:
+        if a["id"] >= first_id:
+            a["id"] += 256
+    pp = j.get("post_processor")
+    if pp and pp["type"] == "TemplateProcessing":
+        for v in pp["special_tokens"].values():
+            v["ids"] = [shifted[t] for t in v["tokens"]]
+
+
+def train(train_jsonl, out):
+    texts = write_corpus(train_jsonl, out)
+    data = texts + EXTRA
+
+    # 1. Llama-3 form: Split with Llama-3's pattern, ByteLevel without its
+    # regex, ignore_merges, <|begin_of_text|> by TemplateProcessing.
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(data, trainers.BpeTrainer(
+        vocab_size=1200, min_frequency=2, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|begin_of_text|>", "<|end_of_text|>"]))
+    tok.add_special_tokens([AddedToken("<|eot_id|>", special=True, normalized=False)])
+    tok.add_tokens([AddedToken(" world", normalized=True), AddedToken("[MASK]", lstrip=True, rstrip=True),
+                    AddedToken("code", single_word=True)])
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B",
+                                      special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))])])
+    save(tok, out, "llama3", {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
+                              "tokenizer_class": "PreTrainedTokenizerFast"})
+
+    # 2. GPT-2 form: ByteLevel with its own regex; merges written as "a b"
+    # strings (tokenizers before 0.20 wrote them so); no BOS.
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(data, trainers.BpeTrainer(
+        vocab_size=900, min_frequency=2, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<|endoftext|>"]))
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+
+    def string_merges(j):
+        j["model"]["merges"] = [" ".join(m) for m in j["model"]["merges"]]
+    save(tok, out, "gpt2", {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+                            "tokenizer_class": "GPT2Tokenizer"}, string_merges)
+
+    # 3. Qwen-style: possessive-free pattern variant with single digits,
+    # add_prefix_space ByteLevel, NFC.
+    tok = Tokenizer(models.BPE(ignore_merges=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_PATTERN.replace("\\s+(?!\\S)", "\\s++(?!\\S)")), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(data, trainers.BpeTrainer(
+        vocab_size=700, min_frequency=2, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<|endoftext|>", "<|im_start|>"]))
+    save(tok, out, "qwen", {"eos_token": "<|endoftext|>", "tokenizer_class": "Qwen2Tokenizer"})
+
+    # 4. SentencePiece-style BPE (Llama-2 / Mistral tokenizer.json): Prepend
+    # and Replace normalizers, no pre-tokenizer, byte_fallback with <0xNN>
+    # pieces, fuse_unk, <s> by TemplateProcessing; limit_alphabet leaves rare
+    # characters to the byte pieces.
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.pre_tokenizer = None
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok.train_from_iterator(data, trainers.BpeTrainer(
+        vocab_size=900, min_frequency=2, show_progress=False, limit_alphabet=120,
+        special_tokens=["<unk>", "<s>", "</s>"]))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B",
+                                                       special_tokens=[("<s>", 1)])
+    save(tok, out, "llama2", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                              "tokenizer_class": "PreTrainedTokenizerFast"},
+         lambda j: with_byte_pieces(j, 3))
+
+    # 5. The same model behind Metaspace (prepend_scheme first, no split),
+    # as newer Llama/Mistral files have it, with <s> and </s> around.
+    def metaspace(j):
+        with_byte_pieces(j, 3)
+        j["normalizer"] = None
+        j["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                              "split": False}
+        j["post_processor"] = {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                       {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]},
+                               "</s>": {"id": "</s>", "ids": [2], "tokens": ["</s>"]}}}
+    save(tok, out, "mistral", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, metaspace)
+
+    # 6. Unigram with byte fallback: NFKC + Lowercase, Digits then Metaspace
+    # (always, split); <s> ... </s>.
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)])
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(data, trainers.UnigramTrainer(
+        vocab_size=1500, show_progress=False, unk_token="<unk>", special_tokens=["<unk>", "<s>", "</s>"],
+        max_piece_length=8))
+
+    def unigram_bytes(j):
+        vocab = j["model"]["vocab"]
+        low = min(s for _, s in vocab)
+        vocab.extend([["<0x%02X>" % b, low - 1.0] for b in range(256)])
+        j["model"]["byte_fallback"] = True
+        j["post_processor"] = {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                       {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]},
+                               "</s>": {"id": "</s>", "ids": [2], "tokens": ["</s>"]}}}
+    save(tok, out, "unigram", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, unigram_bytes)
+
+    # 7. Unigram without byte fallback, unknown characters fused into <unk>;
+    # Whitespace pre-tokenizer, NFD + StripAccents, Strip.
+    def plain_unigram(j):
+        j["model"]["byte_fallback"] = False
+        j["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Strip", "strip_left": True, "strip_right": True}, {"type": "NFD"}, {"type": "StripAccents"}]}
+        j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Whitespace"}, {"type": "Punctuation", "behavior": "Isolated"}]}
+        j["post_processor"] = None
+    save(tok, out, "unigram-unk", {"eos_token": "</s>"}, plain_unigram)
+
+    for name in NAMES:
+        ids(os.path.join(out, name), os.path.join(out, "corpus.jsonl"),
+            os.path.join(out, "corpus_invalid.txt"), os.path.join(out, name, "expected.txt"))
+
+
+NAMES = ["llama3", "gpt2", "qwen", "llama2", "mistral", "unigram", "unigram-unk"]
+
+
+def ids(tok_dir, corpus, invalid, out):
+    tok = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
+    config = json.load(open(os.path.join(tok_dir, "tokenizer_config.json"), encoding="utf-8"))
+    eod = tok.token_to_id(config["eos_token"])
+    texts = [json.loads(line)["text"] for line in open(corpus, encoding="utf-8")]
+    texts += [b.decode("utf-8", "replace") for b in open(invalid, "rb").read().split(b"\n")[:-1]]
+    with open(out, "w") as f:
+        f.write("vocab %d eod %d\n" % (tok.get_vocab_size(with_added_tokens=True), eod))
+        for t in texts:
+            f.write(" ".join(map(str, tok.encode(t, add_special_tokens=True).ids)) + "\n")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "train":
+        train(sys.argv[2], sys.argv[3])
+    else:
+        ids(*sys.argv[2:6])
