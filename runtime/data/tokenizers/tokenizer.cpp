@@ -5,6 +5,7 @@
 #include "runtime/data/tokenizers/hf_tokenizer.h"
 #include "runtime/data/tokenizers/null_tokenizer.h"
 #include "runtime/data/tokenizers/sentencepiece_tokenizer.h"
+#include "runtime/data/tokenizers/tiktoken_tokenizer.h"
 
 #include <cerrno>
 #include <cstdint>
@@ -154,7 +155,7 @@ const char *tokenizer_flags_usage() {
   return R"(tokenizer (Megatron's flags):
   --tokenizer-type TYPE     GPT2BPETokenizer (default), NullTokenizer,
                             SentencePieceTokenizer, GPTSentencePieceTokenizer,
-                            Llama2Tokenizer, HuggingFaceTokenizer
+                            Llama2Tokenizer, HuggingFaceTokenizer, TikTokenizer
   --vocab-file FILE         GPT-2 vocab.json
   --merge-file FILE         GPT-2 merges.txt
   --tokenizer-model PATH    the tokenizer file or directory of the other types
@@ -197,9 +198,11 @@ std::string check_tokenizer_options(const TokenizerOptions &o) {
              "HuggingFaceTokenizer (--legacy-tokenizer); drop one of them";
     return "";
   }
+  if (o.type == "TikTokenizer")
+    return check_tiktoken_options(o);
   return "--tokenizer-type " + o.type + " is not supported; mt has GPT2BPETokenizer, "
          "NullTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, "
-         "HuggingFaceTokenizer";
+         "HuggingFaceTokenizer, TikTokenizer";
 }
 
 std::shared_ptr<const Tokenizer> load_tokenizer(const TokenizerOptions &o,
@@ -220,6 +223,8 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const TokenizerOptions &o,
     return load_sentencepiece_tokenizer(o, error);
   if (o.type == "HuggingFaceTokenizer")
     return load_hf_tokenizer(o, error);
+  if (o.type == "TikTokenizer")
+    return load_tiktoken_tokenizer(o, error);
   *error = "error: --tokenizer-type " + o.type + " has no loader";
   return nullptr;
 }

@@ -6,6 +6,7 @@ usage:
   make_tokenizers.py build         trains sp_bpe.model, sp_unigram.model and
                                    writes tiktoken.json (needs sentencepiece,
                                    tiktoken, regex), then reference_ids.json
+  make_tokenizers.py reference     rewrites reference_ids.json only
   make_tokenizers.py ids [CONFIG...]
                                    prints reference_ids.json's content (or that of
                                    the CONFIGs), computed now with the installed
@@ -274,6 +275,10 @@ def build():
     with open(os.path.join(HERE, "tiktoken.json"), "w") as f:
         json.dump(vocab, f)
         f.write("\n")
+    write_reference()
+
+
+def write_reference():
     with open(os.path.join(HERE, "reference_ids.json"), "w") as f:
         write_ids(f, reference_ids())
 
@@ -305,6 +310,8 @@ if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "build":
         build()
+    elif cmd == "reference":
+        write_reference()
     elif cmd == "ids":
         write_ids(sys.stdout, reference_ids(sys.argv[2:]))
     elif cmd == "megatron":
