@@ -58,6 +58,10 @@ CONFIGS = {
     "sp-bpe-llama2-legacy": ("legacy", dict(type="Llama2Tokenizer", model="sp_bpe.model")),
     "sp-unigram-gpt-legacy": ("legacy", dict(type="GPTSentencePieceTokenizer",
                                              model="sp_unigram.model")),
+    # A pad piece "<pad>" and a user-defined "<mask>" (not the class's <MASK>).
+    "sp-unigram-legacy": ("legacy", dict(type="SentencePieceTokenizer", model="sp_unigram.model")),
+    # No bos or pad piece: the legacy class falls back to <BOS> and <PAD>.
+    "sp-nobos-legacy": ("legacy", dict(type="SentencePieceTokenizer", model="sp_nobos.model")),
     "tt-v2": ("megatron", dict(type="TikTokenizer", model="tiktoken.json", pattern="v2",
                                vocab_size=600, num_special=16)),
     "tt-v1": ("megatron", dict(type="TikTokenizer", model="tiktoken.json", pattern="v1",
@@ -263,8 +267,12 @@ def build():
                                    eos_id=2, normalization_rule_name="identity",
                                    remove_extra_whitespaces=False, split_digits=True,
                                    allow_whitespace_only_pieces=True, **common)
+    spm.SentencePieceTrainer.train(model_prefix=os.path.join(HERE, "sp_nobos"),
+                                   model_type="unigram", vocab_size=500, bos_id=-1, pad_id=-1,
+                                   unk_id=0, eos_id=1, normalization_rule_name="identity",
+                                   **common)
     os.remove(text_path)
-    for m in ("sp_bpe", "sp_unigram"):
+    for m in ("sp_bpe", "sp_unigram", "sp_nobos"):
         os.remove(os.path.join(HERE, m + ".vocab"))
     # tiktoken: tiktoken's own educational BPE trainer, with the v2 split.
     from tiktoken._educational import bpe_train
