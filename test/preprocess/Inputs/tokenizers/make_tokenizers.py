@@ -11,6 +11,8 @@ usage:
                                    prints reference_ids.json's content (or that of
                                    the CONFIGs), computed now with the installed
                                    libraries
+  make_tokenizers.py bigvocab DIR  writes DIR/tiktoken_big.json (set
+                                   MT_BIG_VOCAB_DIR=DIR for the tt-default config)
   make_tokenizers.py megatron OUT CONFIG...
                                    writes OUT/CONFIG_text_document.{bin,idx}
                                    as tools/preprocess_data.py does (megatron-core's
@@ -66,6 +68,9 @@ CONFIGS = {
                                vocab_size=600, num_special=16)),
     "tt-v1": ("megatron", dict(type="TikTokenizer", model="tiktoken.json", pattern="v1",
                                vocab_size=520, num_special=12, special_tokens=TT_SPECIALS_V1)),
+    # Megatron's defaults: pattern v2, 1000 special tokens, vocabulary 2^17
+    # (an int32 .bin).
+    "tt-default": ("megatron", dict(type="TikTokenizer", model="tiktoken_big.json")),
     "tt-v2-legacy": ("legacy", dict(type="TikTokenizer", model="tiktoken.json", pattern="v2",
                                     vocab_size=600, num_special=16)),
 }
@@ -75,7 +80,34 @@ def corpus():
     return [json.loads(line)["text"] for line in open(CORPUS, encoding="utf-8")]
 
 
+# tiktoken_big.json: tiktoken.json padded to Megatron's default vocabulary
+# (2^17 ids less 1000 special tokens) with tokens no text here can reach;
+# written by `bigvocab DIR` (standard library only), found in $MT_BIG_VOCAB_DIR.
+BIG = "tiktoken_big.json"
+BIG_ENTRIES = 2**17 - 1000
+
+
+def write_big_vocab(out_dir):
+    vocab = json.load(open(os.path.join(HERE, "tiktoken.json")))
+    for i in range(len(vocab), BIG_ENTRIES):
+        b = b"\xff\xfe" + i.to_bytes(3, "big")  # never valid UTF-8: no text reaches it
+        vocab.append({"rank": i, "token_bytes": base64.b64encode(b).decode(),
+                      "token_str": b.decode("utf-8", errors="replace")})
+    with open(os.path.join(out_dir, BIG), "w") as f:
+        json.dump(vocab, f)
+
+
 def path(o):
+    if o["model"] == BIG:
+        big_dir = os.environ.get("MT_BIG_VOCAB_DIR")
+        if not big_dir:
+            import atexit
+            import shutil
+            import tempfile
+            big_dir = os.environ["MT_BIG_VOCAB_DIR"] = tempfile.mkdtemp()
+            atexit.register(shutil.rmtree, big_dir, True)
+            write_big_vocab(big_dir)
+        return os.path.join(big_dir, BIG)
     return os.path.join(HERE, o["model"])
 
 
@@ -108,7 +140,8 @@ def reference_library(o):
     """The current classes' encoding, with the library alone."""
     if o["type"] == "TikTokenizer":
         enc, specials, _ = tiktoken_encoding(o, current=True)
-        return (lambda t: enc.encode(t, allowed_special="all")), specials.index("</s>"), o["vocab_size"]
+        return ((lambda t: enc.encode(t, allowed_special="all")), specials.index("</s>"),
+                o.get("vocab_size", 2**17))
     import sentencepiece
     sp = sentencepiece.SentencePieceProcessor(model_file=path(o))
     assert not o.get("sentencepiece_legacy"), "needs megatron-core"
@@ -120,11 +153,11 @@ def tiktoken_encoding(o, current):
     default = (["<unk>", "<s>", "</s>", "<mask>", "<pad>", "<cls>", "<sep>"] if current
                else ["<unk>", "<s>", "</s>"])
     specials = list(o.get("special_tokens") or default)
-    n = o["num_special"]
+    n = o.get("num_special", 1000)
     specials += [f"<SPECIAL_{i}>" for i in range(len(specials), n)]
-    vocab = json.load(open(path(o)))[: o["vocab_size"] - n]
+    vocab = json.load(open(path(o)))[: o.get("vocab_size", 2**17) - n]
     ranks = {base64.b64decode(x["token_bytes"]): x["rank"] + n for x in vocab}
-    enc = tiktoken.Encoding(name="test", pat_str=PATTERN_V1 if o["pattern"] == "v1" else PATTERN_V2,
+    enc = tiktoken.Encoding(name="test", pat_str=PATTERN_V1 if o.get("pattern") == "v1" else PATTERN_V2,
                             mergeable_ranks=ranks,
                             special_tokens={t: i for i, t in enumerate(specials)})
     return enc, specials, ranks
@@ -322,6 +355,8 @@ if __name__ == "__main__":
         write_reference()
     elif cmd == "ids":
         write_ids(sys.stdout, reference_ids(sys.argv[2:]))
+    elif cmd == "bigvocab":
+        write_big_vocab(sys.argv[2])
     elif cmd == "megatron":
         megatron_dataset(sys.argv[2], sys.argv[3:])
     else:
