@@ -11,6 +11,8 @@
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>
 
+#include <cstdlib>
+
 namespace mt::rt::hf {
 
 using namespace tok;
@@ -38,6 +40,60 @@ uint32_t decode_utf8(const uint8_t *p, size_t n, size_t *len) {
   }
 }
 
+namespace {
+
+// HF's character classes differ from ICU 72's (Unicode 15.0) where Unicode
+// changed since: Rust's char and regex know Unicode 16-17, HF's
+// unicode_categories (punctuation) and unicode-normalization-alignments
+// (normal forms, combining marks) know Unicode 8-9. The differences below
+// were found by probing tokenizers 0.23.3 on every code point against ICU.
+struct Range {
+  uint32_t lo, hi;
+};
+
+template <size_t N> bool in(const Range (&r)[N], uint32_t cp) {
+  for (const Range &x : r)
+    if (cp >= x.lo && cp <= x.hi)
+      return true;
+  return false;
+}
+
+// Numbers (char::is_numeric) ICU 72 does not know: Unicode 16 digits.
+const Range kNewNumbers[] = {{0x10D40, 0x10D49}, {0x116D0, 0x116E3}, {0x11BF0, 0x11BF9},
+                             {0x11DE0, 0x11DE9}, {0x16130, 0x16139}, {0x16D70, 0x16D79},
+                             {0x16FF4, 0x16FF6}, {0x1CCF0, 0x1CCF9}, {0x1E5F1, 0x1E5FA}};
+// Word characters (regex's \w) ICU 72 does not know: Unicode 16 letters,
+// marks and digits.
+const Range kNewWord[] = {
+    {0x897, 0x897},       {0x1C89, 0x1C8A},     {0xA7CB, 0xA7CD},     {0xA7DA, 0xA7DC},
+    {0x105C0, 0x105F3},   {0x10D40, 0x10D65},   {0x10D69, 0x10D6D},   {0x10D6F, 0x10D85},
+    {0x10EC2, 0x10EC4},   {0x10EFC, 0x10EFC},   {0x11380, 0x11389},   {0x1138B, 0x1138B},
+    {0x1138E, 0x1138E},   {0x11390, 0x113B5},   {0x113B7, 0x113C0},   {0x113C2, 0x113C2},
+    {0x113C5, 0x113C5},   {0x113C7, 0x113CA},   {0x113CC, 0x113D3},   {0x113E1, 0x113E2},
+    {0x116D0, 0x116E3},   {0x11BC0, 0x11BE0},   {0x11BF0, 0x11BF9},   {0x11F5A, 0x11F5A},
+    {0x13460, 0x143FA},   {0x16100, 0x16139},   {0x16D40, 0x16D6C},   {0x16D70, 0x16D79},
+    {0x18CFF, 0x18CFF},   {0x1CCF0, 0x1CCF9},   {0x1E5D0, 0x1E5FA},   {0x2EBF0, 0x2EE5D}};
+// Punctuation ICU has and HF's unicode_categories (Unicode 8) has not.
+const Range kNotPunctuation[] = {
+    {0x61D, 0x61D},       {0x9FD, 0x9FD},       {0xA76, 0xA76},       {0xC77, 0xC77},
+    {0xC84, 0xC84},       {0x1B7D, 0x1B7E},     {0x2E43, 0x2E4F},     {0x2E52, 0x2E5D},
+    {0x10EAD, 0x10EAD},   {0x10F55, 0x10F59},   {0x10F86, 0x10F89},   {0x1144B, 0x1144F},
+    {0x1145A, 0x1145B},   {0x1145D, 0x1145D},   {0x11660, 0x1166C},   {0x116B9, 0x116B9},
+    {0x1183B, 0x1183B},   {0x11944, 0x11946},   {0x119E2, 0x119E2},   {0x11A3F, 0x11A46},
+    {0x11A9A, 0x11A9C},   {0x11A9E, 0x11AA2},   {0x11B00, 0x11B09},   {0x11C41, 0x11C45},
+    {0x11C70, 0x11C71},   {0x11EF7, 0x11EF8},   {0x11F43, 0x11F4F},   {0x11FFF, 0x11FFF},
+    {0x12FF1, 0x12FF2},   {0x16E97, 0x16E9A},   {0x16FE2, 0x16FE2},   {0x1E95E, 0x1E95F}};
+
+// Assigned by Unicode 9.0, the version of HF's normalization tables: later
+// characters are unassigned there (no decomposition, combining class 0).
+bool known_to_hf_normalizer(uint32_t cp) {
+  UVersionInfo v;
+  u_charAge(static_cast<UChar32>(cp), v);
+  return (v[0] != 0 || v[1] != 0) && (v[0] < 9 || (v[0] == 9 && v[1] == 0));
+}
+
+} // namespace
+
 bool is_white_space(uint32_t cp) {
   if (cp < 0x80)
     return cp == ' ' || (cp >= '\t' && cp <= '\r');
@@ -50,6 +106,8 @@ bool is_numeric(uint32_t cp) { // char::is_numeric: Nd, Nl, No
   if (cp < 0x80)
     return cp >= '0' && cp <= '9';
   int8_t t = u_charType(static_cast<UChar32>(cp));
+  if (t == U_UNASSIGNED)
+    return in(kNewNumbers, cp);
   return t == U_DECIMAL_DIGIT_NUMBER || t == U_LETTER_NUMBER || t == U_OTHER_NUMBER;
 }
 
@@ -63,7 +121,17 @@ bool is_punctuation(uint32_t cp) {
   if (cp < 0x80)
     return (cp >= '!' && cp <= '/') || (cp >= ':' && cp <= '@') || (cp >= '[' && cp <= '`') ||
            (cp >= '{' && cp <= '~');
-  return (U_GET_GC_MASK(static_cast<UChar32>(cp)) & U_GC_P_MASK) != 0;
+  if (cp == 0x166D || cp == 0x111C9) // punctuation in Unicode 8
+    return true;
+  return (U_GET_GC_MASK(static_cast<UChar32>(cp)) & U_GC_P_MASK) != 0 && !in(kNotPunctuation, cp);
+}
+
+// unicode-normalization-alignments' is_combining_mark (Unicode 9.0): U+111C9
+// was punctuation then, U+1CF2 and U+1CF3 marks.
+bool hf_combining_mark(uint32_t cp) {
+  if (cp == 0x1CF2 || cp == 0x1CF3)
+    return true;
+  return cp != 0x111C9 && is_mark(cp) && known_to_hf_normalizer(cp);
 }
 
 } // namespace
@@ -74,6 +142,8 @@ bool is_word_char(uint32_t cp) {
            cp == '_';
   UChar32 c = static_cast<UChar32>(cp);
   int8_t t = u_charType(c);
+  if (t == U_UNASSIGNED)
+    return in(kNewWord, cp);
   return u_hasBinaryProperty(c, UCHAR_ALPHABETIC) || is_mark(cp) || t == U_DECIMAL_DIGIT_NUMBER ||
          t == U_CONNECTOR_PUNCTUATION || u_hasBinaryProperty(c, UCHAR_JOIN_CONTROL);
 }
@@ -236,6 +306,32 @@ void Matcher::find_all(const Regex &re, const uint8_t *s, size_t n,
 
 namespace {
 
+// One run of text through ICU's normal form.
+void icu_form(const UNormalizer2 *norm, std::string_view in8, std::string &out8,
+              std::u16string &in, std::u16string &out) {
+  UErrorCode st = U_ZERO_ERROR;
+  int32_t len = 0;
+  in.resize(in8.size() + 1);
+  u_strFromUTF8(in.data(), static_cast<int32_t>(in.size()), &len, in8.data(),
+                static_cast<int32_t>(in8.size()), &st);
+  out.resize(len * 4 + 16);
+  st = U_ZERO_ERROR;
+  int32_t got = unorm2_normalize(norm, in.data(), len, out.data(), static_cast<int32_t>(out.size()), &st);
+  if (st == U_BUFFER_OVERFLOW_ERROR) {
+    out.resize(got);
+    st = U_ZERO_ERROR;
+    got = unorm2_normalize(norm, in.data(), len, out.data(), static_cast<int32_t>(out.size()), &st);
+  }
+  size_t at = out8.size();
+  out8.resize(at + got * 3 + 4);
+  st = U_ZERO_ERROR;
+  u_strToUTF8(out8.data() + at, static_cast<int32_t>(out8.size() - at), &len, out.data(), got, &st);
+  out8.resize(at + len);
+}
+
+// HF's NFC/NFD/NFKC/NFKD know Unicode 9.0: a later character stays as it
+// is and, a starter there, bounds what is around it. So the runs between
+// such characters go through ICU, and they are copied.
 void unicode_form(NormStep::Kind kind, std::string &text, std::string &tmp) {
   // ASCII is unchanged by every form.
   bool ascii = true;
@@ -251,26 +347,47 @@ void unicode_form(NormStep::Kind kind, std::string &text, std::string &tmp) {
                              : kind == NormStep::NFD  ? unorm2_getNFDInstance(&st)
                              : kind == NormStep::NFKC ? unorm2_getNFKCInstance(&st)
                                                       : unorm2_getNFKDInstance(&st);
-  std::u16string in(text.size() + 1, u'\0'), out;
-  int32_t len = 0;
-  st = U_ZERO_ERROR;
-  u_strFromUTF8(in.data(), static_cast<int32_t>(in.size()), &len, text.data(),
-                static_cast<int32_t>(text.size()), &st);
-  in.resize(len);
-  out.resize(len * 4 + 16);
-  st = U_ZERO_ERROR;
-  int32_t got = unorm2_normalize(norm, in.data(), len, out.data(), static_cast<int32_t>(out.size()), &st);
-  if (st == U_BUFFER_OVERFLOW_ERROR) {
-    out.resize(got);
-    st = U_ZERO_ERROR;
-    got = unorm2_normalize(norm, in.data(), len, out.data(), static_cast<int32_t>(out.size()), &st);
+  thread_local std::u16string in, out;
+  tmp.clear();
+  const uint8_t *p = reinterpret_cast<const uint8_t *>(text.data());
+  size_t run = 0;
+  for (size_t i = 0; i < text.size();) {
+    size_t len;
+    uint32_t cp = decode_utf8(p + i, text.size() - i, &len);
+    if (cp >= 0x80 && !known_to_hf_normalizer(cp)) {
+      icu_form(norm, std::string_view(text).substr(run, i - run), tmp, in, out);
+      tmp.append(text, i, len);
+      run = i + len;
+    }
+    i += len;
   }
-  out.resize(got);
-  tmp.resize(out.size() * 3 + 4);
-  st = U_ZERO_ERROR;
-  u_strToUTF8(tmp.data(), static_cast<int32_t>(tmp.size()), &len, out.data(), got, &st);
-  tmp.resize(len);
+  icu_form(norm, std::string_view(text).substr(run), tmp, in, out);
   text.swap(tmp);
+}
+
+// char::to_lowercase (Unicode 17 in the Rust HF is built with): ICU 72's
+// simple lowercase mapping, U+0130's two characters, and the case pairs
+// Unicode 16 and 17 added.
+void append_lowercase(std::string &out, uint32_t cp) {
+  if (cp == 0x130) {
+    out += "i\xCC\x87";
+    return;
+  }
+  if (cp >= 0x10D50 && cp <= 0x10D65)
+    cp += 0x20;
+  else if (cp >= 0x16EA0 && cp <= 0x16EB8)
+    cp += 0x1B;
+  else if (cp == 0x1C89)
+    cp = 0x1C8A;
+  else if (cp == 0xA7CB)
+    cp = 0x264;
+  else if (cp == 0xA7CC || cp == 0xA7CE || cp == 0xA7D2 || cp == 0xA7D4 || cp == 0xA7DA)
+    cp += 1;
+  else if (cp == 0xA7DC)
+    cp = 0x19B;
+  else
+    cp = static_cast<uint32_t>(u_tolower(static_cast<UChar32>(cp)));
+  append_utf8(out, cp);
 }
 
 } // namespace
@@ -287,8 +404,6 @@ void normalize(const std::vector<NormStep> &steps, Matcher &m, std::string &text
       unicode_form(st.kind, text, tmp);
       break;
     case NormStep::Lowercase: {
-      // char::to_lowercase per character: Unicode's lowercase mapping, where
-      // U+0130 alone becomes two characters.
       tmp.clear();
       const uint8_t *p = reinterpret_cast<const uint8_t *>(text.data());
       for (size_t i = 0; i < text.size();) {
@@ -296,10 +411,8 @@ void normalize(const std::vector<NormStep> &steps, Matcher &m, std::string &text
         uint32_t cp = decode_utf8(p + i, text.size() - i, &len);
         if (cp < 0x80)
           tmp += static_cast<char>(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp);
-        else if (cp == 0x130)
-          tmp += "i\xCC\x87";
         else
-          append_utf8(tmp, static_cast<uint32_t>(u_tolower(static_cast<UChar32>(cp))));
+          append_lowercase(tmp, cp);
         i += len;
       }
       text.swap(tmp);
@@ -336,7 +449,7 @@ void normalize(const std::vector<NormStep> &steps, Matcher &m, std::string &text
       for (size_t i = 0; i < text.size();) {
         size_t len;
         uint32_t cp = decode_utf8(p + i, text.size() - i, &len);
-        if (cp < 0x80 || !is_mark(cp))
+        if (cp < 0x80 || !hf_combining_mark(cp))
           tmp.append(text, i, len);
         i += len;
       }

@@ -125,12 +125,12 @@ public:
           stop += len;
         }
       }
-      start = std::max(start, start_offset);
+      // A token may begin inside the white space an rstrip token before it
+      // took: it still counts (added_vocabulary.rs find_matches).
       if (start_offset < start)
         out.push_back({static_cast<uint32_t>(start_offset), static_cast<uint32_t>(start), -1});
       out.push_back({static_cast<uint32_t>(start), static_cast<uint32_t>(stop), t.id});
       start_offset = stop;
-      i = std::max(i, stop);
     }
     if (start_offset < n)
       out.push_back({static_cast<uint32_t>(start_offset), static_cast<uint32_t>(n), -1});

@@ -7,8 +7,12 @@ regenerates the ids with the library on the stored tokenizers).
 
 usage:
   make_hf_tokenizers.py train TRAIN_JSONL OUT_DIR   # tokenizers + corpus + ids
-  make_hf_tokenizers.py ids TOKENIZER_DIR CORPUS_JSONL CORPUS_INVALID_TXT OUT
-                                                    # ids only, from stored files
+  make_hf_tokenizers.py ids CORPUS_JSONL CORPUS_INVALID_TXT OUT_DIR TOKENIZER_DIR...
+                               # ids only, from stored files: OUT_DIR/NAME.txt
+  make_hf_tokenizers.py fuzz SEED N OUT_JSONL       # N random documents
+  make_hf_tokenizers.py unicode OUT_DIR             # tokenizers that show one
+      normalizer's output or one pre-tokenizer's splits, texts over most of
+      Unicode, and the library's ids on them (OUT_DIR/NAME/expected.txt)
 
 The ids of a document are what transformers' tokenizer(text).input_ids gives
 (Megatron's HuggingFaceTokenizer.tokenize with include_special_tokens): HF's
@@ -231,6 +235,7 @@ def train(train_jsonl, out):
     for name in NAMES:
         ids(os.path.join(out, name), os.path.join(out, "corpus.jsonl"),
             os.path.join(out, "corpus_invalid.txt"), os.path.join(out, name, "expected.txt"))
+    # expected.txt is the file of the tests; the ids command writes NAME.txt
 
 
 NAMES = ["llama3", "gpt2", "qwen", "llama2", "mistral", "unigram", "unigram-unk"]
@@ -248,8 +253,100 @@ def ids(tok_dir, corpus, invalid, out):
             f.write(" ".join(map(str, tok.encode(t, add_special_tokens=True).ids)) + "\n")
 
 
+FUZZ_PIECES = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<s>", "</s>", "<unk>", "[MASK]",
+               " world", "code", "<0x41>", " ", "  ", "\t", "\n", "\r\n", "\u00a0", "\u3000", "\u2581",
+               "'s", "'LL", "123", "4567", "\u0663", "\u00bd", "\u00e9", "e\u0301", "\u00c5", "\ufb01",
+               "\uff21\uff22", "\u0130", "\u00df", "\u03a3", "\u03c2", "\u65e5\u672c", "\U0001f600",
+               "\U0001f469\u200d\U0001f469\u200d\U0001f467", "abc", "Hello", "WORLD", "_", "-", "...",
+               "!?", "$", "(", ")", "{", "x"]
+
+
+def fuzz(seed, n, out):
+    """Random documents: pieces that matter to the tokenizers here (special
+    and added tokens, spaces, digits, case, combining marks, emoji) mixed
+    with random code points of every plane and random ASCII words."""
+    import random
+    rng = random.Random(seed)
+    with open(out, "w", encoding="utf-8") as f:
+        for _ in range(n):
+            parts = []
+            for _ in range(rng.randint(0, 30)):
+                r = rng.random()
+                if r < 0.5:
+                    parts.append(rng.choice(FUZZ_PIECES))
+                elif r < 0.8:
+                    lo, hi = rng.choice([(0x20, 0x7e), (0xa0, 0x2fff), (0x3000, 0xffef), (0x10000, 0x1faff)])
+                    c = rng.randint(lo, hi)
+                    if not 0xd800 <= c <= 0xdfff:
+                        parts.append(chr(c))
+                else:
+                    parts.append("".join(rng.choice("abcdefghij ") for _ in range(rng.randint(1, 12))))
+            f.write(json.dumps({"text": "".join(parts)}, ensure_ascii=False) + "\n")
+
+
+UNICODE_NAMES = ["NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents",
+                 "Digits", "Punctuation", "WhitespaceSplit", "Whitespace"]
+
+
+def unicode_probe(out):
+    """Each normalizer alone before a byte-level BPE without merges (its ids
+    are the normalized bytes), and each character-class pre-tokenizer alone
+    before a BPE that knows only "x" and fuses unknown characters (its ids
+    count the pieces, with "x" between the characters); over every code
+    point outside the big CJK, Hangul, Tangut, private-use and unassigned
+    blocks, 64 to a line."""
+    skip = [(0x3400, 0x4dbf), (0x4e00, 0x9fff), (0xac00, 0xd7a3), (0xd800, 0xdfff), (0xe000, 0xf8ff),
+            (0x17000, 0x18aff), (0x20000, 0x3ffff), (0x40000, 0x10ffff)]
+    chars = [chr(c) for c in range(0x80, 0x40000) if not any(a <= c <= b for a, b in skip)
+             and c not in (0x85, 0x2028, 0x2029)]  # line breaks would split the lines
+    lines = ["".join(chars[i:i + 64]) for i in range(0, len(chars), 64)]
+    xlines = ["x" + "x".join(chars[i:i + 64]) + "x" for i in range(0, len(chars), 64)]
+    bs = list(range(0x21, 0x7f)) + list(range(0xa1, 0xad)) + list(range(0xae, 0x100))
+    cs = bs[:]
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + len(cs) - 188)
+    byte_vocab = {chr(c): i for i, c in enumerate(cs)}
+    for name in UNICODE_NAMES:
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        if name in UNICODE_NAMES[:6]:
+            j = {"normalizer": {"type": name},
+                 "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                                   "use_regex": False},
+                 "model": {"type": "BPE", "vocab": byte_vocab, "merges": []}}
+            eos, texts = "a", lines
+        else:
+            pre = {"type": name}
+            if name == "Digits":
+                pre["individual_digits"] = True
+            j = {"normalizer": None, "pre_tokenizer": pre,
+                 "model": {"type": "BPE", "vocab": {"<unk>": 0, "x": 1}, "merges": [], "unk_token": "<unk>",
+                           "fuse_unk": True}}
+            eos, texts = "<unk>", xlines
+        j.update({"version": "1.0", "added_tokens": [], "post_processor": None, "decoder": None})
+        with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(j, f, ensure_ascii=False)
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump({"eos_token": eos}, f)
+        with open(os.path.join(d, "input.txt"), "w", encoding="utf-8") as f:
+            f.write("\n".join(texts) + "\n")
+        tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+        with open(os.path.join(d, "expected.txt"), "w") as f:
+            f.write("vocab %d eod %d\n" % (tok.get_vocab_size(with_added_tokens=True), tok.token_to_id(eos)))
+            for e in tok.encode_batch(texts):
+                f.write(" ".join(map(str, e.ids)) + "\n")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "train":
         train(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "fuzz":
+        fuzz(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    elif sys.argv[1] == "unicode":
+        unicode_probe(sys.argv[2])
     else:
-        ids(*sys.argv[2:6])
+        corpus, invalid, out_dir = sys.argv[2:5]
+        for d in sys.argv[5:]:
+            ids(d, corpus, invalid, os.path.join(out_dir, os.path.basename(d.rstrip("/")) + ".txt"))
