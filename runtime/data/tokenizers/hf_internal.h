@@ -104,6 +104,7 @@ struct PreStep {
   bool invert = false;            // Split
   std::shared_ptr<Regex> regex;   // Split; ByteLevel with use_regex; Whitespace
   bool add_prefix_space = false;  // ByteLevel
+  bool map_bytes = false;         // ByteLevel before other steps: write the byte alphabet
   std::string replacement;        // Metaspace, as UTF-8
   uint32_t replacement_cp = 0;    // Metaspace; CharDelimiterSplit's delimiter
   enum { Always, First, Never } prepend = Always; // Metaspace
@@ -119,8 +120,11 @@ struct Piece {
   bool first;
 };
 
-// Runs the normalizer steps on `text` in place (`tmp` is scratch).
-void normalize(const std::vector<NormStep> &steps, Matcher &m, std::string &text,
+// Runs the normalizer steps on `text` in place (`tmp` is scratch). Returns
+// false when the text's first character was removed (Strip, StripAccents,
+// Replace with nothing), after which its start is no longer at offset 0 of
+// the original (Metaspace's prepend_scheme "first" looks at that).
+bool normalize(const std::vector<NormStep> &steps, Matcher &m, std::string &text,
                std::string &tmp);
 
 // Scratch of the pre-tokenizers, reused across texts.

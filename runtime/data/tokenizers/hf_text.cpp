@@ -392,9 +392,10 @@ void append_lowercase(std::string &out, uint32_t cp) {
 
 } // namespace
 
-void normalize(const std::vector<NormStep> &steps, Matcher &m, std::string &text,
+bool normalize(const std::vector<NormStep> &steps, Matcher &m, std::string &text,
                std::string &tmp) {
   std::vector<std::pair<uint32_t, uint32_t>> matches;
+  bool start_kept = true;
   for (const NormStep &st : steps) {
     switch (st.kind) {
     case NormStep::NFC:
@@ -440,6 +441,8 @@ void normalize(const std::vector<NormStep> &steps, Matcher &m, std::string &text
             break;
           e = s;
         }
+      if (b > 0 && !text.empty())
+        start_kept = false;
       text = text.substr(b, e - b);
       break;
     }
@@ -451,6 +454,8 @@ void normalize(const std::vector<NormStep> &steps, Matcher &m, std::string &text
         uint32_t cp = decode_utf8(p + i, text.size() - i, &len);
         if (cp < 0x80 || !hf_combining_mark(cp))
           tmp.append(text, i, len);
+        else if (tmp.empty())
+          start_kept = false;
         i += len;
       }
       text.swap(tmp);
@@ -467,6 +472,8 @@ void normalize(const std::vector<NormStep> &steps, Matcher &m, std::string &text
         break;
       tmp.clear();
       size_t at = 0;
+      if (matches[0].first == 0 && matches[0].second > 0 && st.text.empty())
+        start_kept = false;
       for (auto [b, e] : matches) {
         tmp.append(text, at, b - at);
         tmp += st.text;
@@ -478,6 +485,7 @@ void normalize(const std::vector<NormStep> &steps, Matcher &m, std::string &text
     }
     }
   }
+  return start_kept;
 }
 
 // ---------------------------------------------------------------------------
@@ -587,7 +595,9 @@ void pre_tokenize(const std::vector<PreStep> &steps, Matcher &m, std::string &ar
       switch (st.kind) {
       case PreStep::ByteLevel: {
         // byte_level.rs: a space before a piece that has none, then GPT-2's
-        // split; the byte alphabet is applied by the model's tables.
+        // split, then the byte alphabet (by the model's tables when this is
+        // the last step).
+        size_t first_out = s.next.size();
         if (st.add_prefix_space && arena[pc.off] != ' ') {
           uint32_t off = static_cast<uint32_t>(arena.size());
           arena.reserve(arena.size() + pc.len + 1);
@@ -597,11 +607,21 @@ void pre_tokenize(const std::vector<PreStep> &steps, Matcher &m, std::string &ar
         }
         if (!st.regex) {
           s.next.push_back(pc);
-          continue;
+        } else {
+          segments_by_regex(m, *st.regex, reinterpret_cast<const uint8_t *>(arena.data()) + pc.off,
+                            pc.len, s);
+          emit(pc, s.segments, Behavior::Isolated, false, s.next);
         }
-        segments_by_regex(m, *st.regex, reinterpret_cast<const uint8_t *>(arena.data()) + pc.off,
-                          pc.len, s);
-        emit(pc, s.segments, Behavior::Isolated, false, s.next);
+        if (st.map_bytes) {
+          const ByteAlphabet &abc = alphabet();
+          for (size_t k = first_out; k < s.next.size(); ++k) {
+            Piece &q = s.next[k];
+            uint32_t off = static_cast<uint32_t>(arena.size());
+            for (uint32_t b = 0; b < q.len; ++b)
+              append_utf8(arena, abc.byte_to_cp[static_cast<uint8_t>(arena[q.off + b])]);
+            q = {off, static_cast<uint32_t>(arena.size() - off), q.first};
+          }
+        }
         continue;
       }
       case PreStep::Metaspace: {

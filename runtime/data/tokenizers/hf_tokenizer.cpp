@@ -261,7 +261,8 @@ private:
     std::string_view text = seg;
     if (!d.norm.empty()) {
       norm_.assign(seg);
-      normalize(d.norm, matcher_, norm_, tmp_);
+      if (!normalize(d.norm, matcher_, norm_, tmp_))
+        first = false;
       text = norm_;
     }
     if (d.norm_added.empty()) {
@@ -534,9 +535,11 @@ struct Loader {
           return false;
       return true;
     }
+    // A ByteLevel with steps after it (Falcon's) writes its byte alphabet,
+    // which the later steps see, as in HF; a last one leaves it to the
+    // model's tables (hf_internal.h).
     if (!d.pre.empty() && d.pre.back().kind == PreStep::ByteLevel)
-      return fail(field, "follows a ByteLevel pre-tokenizer; mt runs ByteLevel only as the "
-                         "last pre-tokenizer (as real tokenizers have it)");
+      d.pre.back().map_bytes = true;
     if (type == "Split") {
       st.kind = PreStep::Split;
       element p;
@@ -813,7 +816,7 @@ std::shared_ptr<const Tokenizer> load_hf_tokenizer(const TokenizerOptions &o,
   auto register_token = [&](AddedToken t) {
     int32_t have = d.added_by_content.find(t.content);
     if (have >= 0)
-      return have;
+      return have; // (HF would update its options; files do not repeat tokens)
     if (t.id < 0) {
       t.id = d.model->by_token.find(t.content);
       if (t.id < 0) { // added_vocabulary.rs add_tokens: after the largest id
@@ -840,8 +843,10 @@ std::shared_ptr<const Tokenizer> load_hf_tokenizer(const TokenizerOptions &o,
         l.fail(field, "needs a \"content\" string and a token \"id\"");
         return nullptr;
       }
+      // serialization.rs adds them with add_tokens, which ignores the
+      // stored id: a token of the model's vocabulary keeps its id there,
+      // another gets the next free one (the stored id, in a consistent file).
       t.content.assign(content);
-      t.id = static_cast<int32_t>(id);
       t.single_word = Loader::get_bool(x, "single_word", false);
       t.lstrip = Loader::get_bool(x, "lstrip", false);
       t.rstrip = Loader::get_bool(x, "rstrip", false);

@@ -10,6 +10,9 @@ usage:
   make_hf_tokenizers.py ids CORPUS_JSONL CORPUS_INVALID_TXT OUT_DIR TOKENIZER_DIR...
                                # ids only, from stored files: OUT_DIR/NAME.txt
   make_hf_tokenizers.py fuzz SEED N OUT_JSONL       # N random documents
+  make_hf_tokenizers.py behaviors OUT_DIR           # tokenizers for each split
+      behaviour, Metaspace scheme, normalizer and added-token option, random
+      texts (OUT_DIR/input.jsonl) and the library's ids (OUT_DIR/NAME/expected.txt)
   make_hf_tokenizers.py unicode OUT_DIR             # tokenizers that show one
       normalizer's output or one pre-tokenizer's splits, texts over most of
       Unicode, and the library's ids on them (OUT_DIR/NAME/expected.txt)
@@ -39,6 +42,7 @@ QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?
 # The corpus: scripts, emoji, whitespace and digit runs, special-token text
 # (exact, inside words, with spaces around), and edge cases.
 EXTRA = [
+    "New York and new york, NEW YORK!", "1234567 ²³ ½ 42°", "title: >>TITLE<< x",
     "", " ", "  ", "\n", "\t\t x", "a", "Hello world", " Hello world", "hello   world  ",
     "<|begin_of_text|>Hello<|end_of_text|>", "x<|end_of_text|>y", " <|end_of_text|> ",
     "<s>hello</s>", "<s> hello </s>", "text </s> more", "<unk>", "<0x41>", "[MASK] me",
@@ -232,13 +236,39 @@ def train(train_jsonl, out):
         j["post_processor"] = None
     save(tok, out, "unigram-unk", {"eos_token": "</s>"}, plain_unigram)
 
+    # 8. Falcon form: ByteLevel in the middle of the sequence, so Digits and
+    # a Split see its byte alphabet; Punctuation contiguous before it.
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Punctuation(behavior="contiguous"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        pre_tokenizers.Digits(individual_digits=False),
+        pre_tokenizers.Split(Regex("[0-9][0-9][0-9]"), behavior="isolated", invert=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(data, trainers.BpeTrainer(
+        vocab_size=800, min_frequency=2, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[">>TITLE<<", "<|endoftext|>"]))
+    save(tok, out, "falcon", {"eos_token": "<|endoftext|>"})
+
+    # 9. WordLevel, Lowercase + WhitespaceSplit, a normalized added token
+    # matched on the lowercased text, [CLS] A [SEP] by BertProcessing.
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.Lowercase()])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    tok.train_from_iterator(data, trainers.WordLevelTrainer(
+        vocab_size=1500, min_frequency=2, show_progress=False, special_tokens=["[UNK]", "[CLS]", "[SEP]"]))
+    tok.add_tokens([AddedToken("New York", normalized=True), AddedToken("[SEP]", special=True)])
+    tok.post_processor = processors.BertProcessing(("[SEP]", tok.token_to_id("[SEP]")),
+                                                   ("[CLS]", tok.token_to_id("[CLS]")))
+    save(tok, out, "wordlevel", {"eos_token": "[SEP]", "cls_token": "[CLS]"})
+
     for name in NAMES:
         ids(os.path.join(out, name), os.path.join(out, "corpus.jsonl"),
             os.path.join(out, "corpus_invalid.txt"), os.path.join(out, name, "expected.txt"))
     # expected.txt is the file of the tests; the ids command writes NAME.txt
 
 
-NAMES = ["llama3", "gpt2", "qwen", "llama2", "mistral", "unigram", "unigram-unk"]
+NAMES = ["llama3", "gpt2", "qwen", "llama2", "mistral", "unigram", "unigram-unk", "falcon", "wordlevel"]
 
 
 def ids(tok_dir, corpus, invalid, out):
@@ -339,11 +369,110 @@ def unicode_probe(out):
                 f.write(" ".join(map(str, e.ids)) + "\n")
 
 
+def behaviors(out):
+    """Small tokenizers written as JSON, each trying one option, with a BPE
+    that shows where pre-tokens end: every ASCII character has a token and
+    a "</w>" token (end_of_word_suffix) or a "##" one (continuing prefix),
+    plus a few merges; random texts of letters, digits, punctuation and
+    spaces."""
+    import random
+    rng = random.Random(7)
+    ascii_chars = [chr(c) for c in range(0x20, 0x7f)]
+
+    def model(kind="suffix"):
+        vocab = {"<unk>": 0}
+        for c in ascii_chars:
+            vocab[c] = len(vocab)
+            vocab[c + "</w>" if kind == "suffix" else "##" + c] = len(vocab)
+        if kind == "suffix":
+            merges = [["t", "h"], ["th", "e</w>"], ["a", "b"], ["ab", "c</w>"], ["1", "2</w>"]]
+        else:
+            merges = [["t", "##h"], ["th", "##e"], ["a", "##b"], ["ab", "##c"], ["1", "##2"]]
+        for a, b in merges:
+            vocab[a + (b[2:] if b.startswith("##") else b)] = len(vocab)
+        m = {"type": "BPE", "vocab": vocab, "merges": merges, "unk_token": "<unk>", "fuse_unk": False}
+        if kind == "suffix":
+            m["end_of_word_suffix"] = "</w>"
+        else:
+            m["continuing_subword_prefix"] = "##"
+        return m
+
+    configs = {}
+    for b in ["Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"]:
+        for invert in [False, True]:
+            configs["split-%s%s" % (b, "-invert" if invert else "")] = (
+                None, {"type": "Split", "pattern": {"Regex": "\\s+|[0-9]"}, "behavior": b, "invert": invert}, [])
+    configs["split-empty-matches"] = (None, {"type": "Split", "pattern": {"Regex": "a*"},
+                                             "behavior": "MergedWithNext", "invert": False}, [])
+    configs["split-string"] = (None, {"type": "Split", "pattern": {"String": "ab"},
+                                      "behavior": "MergedWithPrevious", "invert": False}, [])
+    for scheme in ["always", "first", "never"]:
+        for split in [True, False]:
+            configs["metaspace-%s%s" % (scheme, "-split" if split else "")] = (
+                None, {"type": "Metaspace", "replacement": "_", "prepend_scheme": scheme, "split": split},
+                [{"content": "[x]", "normalized": False, "special": True}])
+    configs["digits-punctuation"] = (None, {"type": "Sequence", "pretokenizers": [
+        {"type": "WhitespaceSplit"}, {"type": "Digits", "individual_digits": False},
+        {"type": "Punctuation", "behavior": "MergedWithNext"}]}, [])
+    configs["bytelevel-prefix-space"] = (None, {"type": "Sequence", "pretokenizers": [
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        {"type": "Split", "pattern": {"String": "\u0120"}, "behavior": "Removed", "invert": False}]}, [])
+    configs["strip-replace"] = ({"type": "Sequence", "normalizers": [
+        {"type": "Strip", "strip_left": True, "strip_right": False},
+        {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}, {"type": "Lowercase"}]},
+        {"type": "Metaspace", "replacement": "_", "prepend_scheme": "first", "split": True}, [])
+    configs["prepend-added"] = ({"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "_"}, {"type": "Replace", "pattern": {"String": " "}, "content": "_"}]},
+        None, [{"content": "the", "normalized": True, "lstrip": True},
+               {"content": "AB", "normalized": False, "rstrip": True},
+               {"content": "c", "normalized": False, "single_word": True}])
+    configs["prefix-model"] = (None, {"type": "WhitespaceSplit"}, [])
+
+    texts = []
+    words = ["the", "abc", "ab", "a", "12", "1", "th", "AB", "c", "x", "[x]", "_", "."]
+    for _ in range(600):
+        parts = []
+        for _ in range(rng.randint(0, 12)):
+            r = rng.random()
+            parts.append(rng.choice(words) if r < 0.5 else rng.choice(["", " ", "  ", "\t", " \n "])
+                         if r < 0.8 else rng.choice(ascii_chars))
+        texts.append("".join(parts))
+    with open(os.path.join(out, "input.jsonl"), "w", encoding="utf-8") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t}) + "\n")
+    for name, (norm, pre, added) in configs.items():
+        m = model("prefix" if name == "prefix-model" else "suffix")
+        vocab_size = len(m["vocab"])
+        added_tokens = []
+        for a in added:
+            tok = {"id": vocab_size + len(added_tokens), "single_word": False, "lstrip": False, "rstrip": False,
+                   "normalized": True, "special": False}
+            tok.update(a)
+            added_tokens.append(tok)
+        j = {"version": "1.0", "added_tokens": added_tokens, "normalizer": norm, "pre_tokenizer": pre,
+             "post_processor": None, "decoder": None, "model": m}
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(j, f, ensure_ascii=False)
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump({"eos_token": "<unk>"}, f)
+        tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+        with open(os.path.join(d, "expected.txt"), "w") as f:
+            f.write("vocab %d eod 0\n" % tok.get_vocab_size(with_added_tokens=True))
+            for e in tok.encode_batch(texts):
+                f.write(" ".join(map(str, e.ids)) + "\n")
+    with open(os.path.join(out, "names.txt"), "w") as f:
+        f.write("\n".join(configs) + "\n")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "train":
         train(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "fuzz":
         fuzz(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    elif sys.argv[1] == "behaviors":
+        behaviors(sys.argv[2])
     elif sys.argv[1] == "unicode":
         unicode_probe(sys.argv[2])
     else:
