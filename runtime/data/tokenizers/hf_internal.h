@@ -85,10 +85,14 @@ private:
 // ---------------------------------------------------------------------------
 // Normalizers (tokenizer.json "normalizer", Sequence flattened).
 struct NormStep {
-  enum Kind { NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Prepend, Replace } kind;
+  enum Kind { NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Prepend, Replace, Precompiled } kind;
   bool left = false, right = false; // Strip
   std::string text;                 // Prepend's prefix, Replace's content
   std::shared_ptr<Regex> regex;     // Replace's pattern
+  // Precompiled: SentencePiece's precompiled_charsmap, a double-array trie
+  // of UTF-8 keys whose values are offsets of \0-ended replacements.
+  std::vector<uint32_t> trie;
+  std::string replacements;
 };
 
 // ---------------------------------------------------------------------------

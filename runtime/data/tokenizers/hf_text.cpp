@@ -7,7 +7,9 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <unicode/ubrk.h>
 #include <unicode/uchar.h>
+#include <unicode/utext.h>
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>
 
@@ -365,6 +367,86 @@ void unicode_form(NormStep::Kind kind, std::string &text, std::string &tmp) {
   text.swap(tmp);
 }
 
+// SentencePiece's precompiled_charsmap (spm_precompiled's reading of it):
+// the replacement of the shortest key that prefixes `chunk`, or null.
+// A unit of the double array: bit 8 says a value follows, its low 31 bits
+// are a value, its low byte (and bit 31) a label, the rest an offset.
+const char *charsmap_lookup(const NormStep &st, const char *chunk, size_t n, size_t *out_len) {
+  const std::vector<uint32_t> &a = st.trie;
+  if (a.empty())
+    return nullptr;
+  auto offset = [](uint32_t u) { return (u >> 10) << ((u & (1u << 9)) >> 6); };
+  size_t pos = offset(a[0]);
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t c = static_cast<uint8_t>(chunk[i]);
+    if (c == 0)
+      break;
+    pos ^= c;
+    if (pos >= a.size())
+      return nullptr;
+    uint32_t unit = a[pos];
+    if ((unit & ((1u << 31) | 0xFFu)) != c)
+      return nullptr;
+    pos ^= offset(unit);
+    if (pos >= a.size())
+      return nullptr;
+    if ((unit >> 8) & 1) {
+      size_t at = a[pos] & ((1u << 31) - 1);
+      if (at > st.replacements.size())
+        return nullptr;
+      size_t end = st.replacements.find('\0', at);
+      *out_len = (end == std::string::npos ? st.replacements.size() : end) - at;
+      return st.replacements.data() + at;
+    }
+  }
+  return nullptr;
+}
+
+// precompiled.rs: per extended grapheme cluster (ICU's), the replacement
+// of the whole cluster when it is under 6 bytes and has one, else of each
+// character.
+bool precompiled(const NormStep &st, std::string &text, std::string &tmp) {
+  struct Breaks {
+    UBreakIterator *bi = nullptr;
+    UText *ut = nullptr;
+    ~Breaks() {
+      ubrk_close(bi);
+      utext_close(ut);
+    }
+  };
+  thread_local Breaks b;
+  UErrorCode err = U_ZERO_ERROR;
+  if (!b.bi)
+    b.bi = ubrk_open(UBRK_CHARACTER, "", nullptr, 0, &err);
+  err = U_ZERO_ERROR;
+  b.ut = utext_openUTF8(b.ut, text.data(), static_cast<int64_t>(text.size()), &err);
+  ubrk_setUText(b.bi, b.ut, &err);
+  tmp.clear();
+  bool start_kept = true;
+  int32_t start = ubrk_first(b.bi);
+  for (int32_t end = ubrk_next(b.bi); end != UBRK_DONE; start = end, end = ubrk_next(b.bi)) {
+    const char *g = text.data() + start;
+    size_t glen = static_cast<size_t>(end - start), rlen = 0;
+    const char *r = glen < 6 ? charsmap_lookup(st, g, glen, &rlen) : nullptr;
+    if (r) {
+      tmp.append(r, rlen);
+    } else {
+      for (size_t i = 0; i < glen;) {
+        size_t len = std::max<size_t>(1, utf8_sequence(reinterpret_cast<const uint8_t *>(g + i), glen - i));
+        if ((r = charsmap_lookup(st, g + i, len, &rlen)))
+          tmp.append(r, rlen);
+        else
+          tmp.append(g + i, len);
+        i += len;
+      }
+    }
+    if (start == 0 && tmp.empty())
+      start_kept = false;
+  }
+  text.swap(tmp);
+  return start_kept;
+}
+
 // char::to_lowercase (Unicode 17 in the Rust HF is built with): ICU 72's
 // simple lowercase mapping, U+0130's two characters, and the case pairs
 // Unicode 16 and 17 added.
@@ -461,6 +543,10 @@ bool normalize(const std::vector<NormStep> &steps, Matcher &m, std::string &text
       text.swap(tmp);
       break;
     }
+    case NormStep::Precompiled:
+      if (!precompiled(st, text, tmp))
+        start_kept = false;
+      break;
     case NormStep::Prepend:
       if (!text.empty())
         text.insert(0, st.text);

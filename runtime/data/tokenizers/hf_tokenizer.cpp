@@ -391,6 +391,8 @@ std::string HfTokenizer::decode(const int32_t *ids, size_t n) const {
 // ---------------------------------------------------------------------------
 // Loading
 
+bool base64_decode(std::string_view in, std::string &out);
+
 struct Loader {
   std::string path; // tokenizer.json
   std::string *error;
@@ -474,6 +476,29 @@ struct Loader {
       st.right = get_bool(e, "strip_right", true);
     } else if (type == "StripAccents") {
       st.kind = NormStep::StripAccents;
+    } else if (type == "Precompiled") {
+      st.kind = NormStep::Precompiled;
+      std::string_view b64;
+      element cm;
+      if (e.at_key("precompiled_charsmap").get(cm) || cm.get_string().get(b64))
+        return fail(field + ".precompiled_charsmap", "must be a base64 string");
+      std::string raw;
+      if (!base64_decode(b64, raw))
+        return fail(field + ".precompiled_charsmap", "is not valid base64");
+      if (raw.empty())
+        return true; // no charsmap: nothing changes
+      uint32_t trie_bytes = 0;
+      if (raw.size() >= 4)
+        std::memcpy(&trie_bytes, raw.data(), 4); // little-endian, as x86 and ARM are
+      if (raw.size() < 4 || trie_bytes % 4 != 0 || raw.size() - 4 < trie_bytes)
+        return fail(field + ".precompiled_charsmap", "is not a SentencePiece charsmap (its trie "
+                                                     "size does not fit)");
+      st.trie.resize(trie_bytes / 4);
+      std::memcpy(st.trie.data(), raw.data() + 4, trie_bytes);
+      st.replacements = raw.substr(4 + trie_bytes);
+      if (valid_utf8_prefix(reinterpret_cast<const uint8_t *>(st.replacements.data()),
+                            st.replacements.size()) != st.replacements.size())
+        return fail(field + ".precompiled_charsmap", "has replacements that are not UTF-8");
     } else if (type == "Prepend") {
       st.kind = NormStep::Prepend;
       st.text = get_str(e, "prepend");
@@ -489,7 +514,7 @@ struct Loader {
       return fail(field + ".type", tok::quoted(type) +
                                        " is not supported; mt reads the normalizers Sequence, "
                                        "NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, "
-                                       "Prepend and Replace");
+                                       "Precompiled, Prepend and Replace");
     }
     d.norm.push_back(std::move(st));
     return true;
@@ -722,6 +747,36 @@ struct Loader {
     }
   }
 };
+
+bool base64_decode(std::string_view in, std::string &out) {
+  auto val = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  out.clear();
+  uint32_t acc = 0;
+  int bits = 0;
+  size_t i = 0;
+  for (; i < in.size() && in[i] != '='; ++i) {
+    int v = val(in[i]);
+    if (v < 0)
+      return false;
+    acc = (acc << 6) | uint32_t(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((acc >> bits) & 0xFF);
+    }
+  }
+  for (; i < in.size(); ++i)
+    if (in[i] != '=')
+      return false;
+  return true;
+}
 
 bool is_dir(const std::string &p) {
   struct stat st;

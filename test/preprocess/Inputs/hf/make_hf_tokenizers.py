@@ -9,10 +9,16 @@ usage:
   make_hf_tokenizers.py train TRAIN_JSONL OUT_DIR   # tokenizers + corpus + ids
   make_hf_tokenizers.py ids CORPUS_JSONL CORPUS_INVALID_TXT OUT_DIR TOKENIZER_DIR...
                                # ids only, from stored files: OUT_DIR/NAME.txt
-  make_hf_tokenizers.py fuzz SEED N OUT_JSONL       # N random documents
+  make_hf_tokenizers.py fuzz SEED N OUT_JSONL [assigned]
+      N random documents; with "assigned", only characters Unicode 14 (this
+      Python's unicodedata) assigns
   make_hf_tokenizers.py behaviors OUT_DIR           # tokenizers for each split
       behaviour, Metaspace scheme, normalizer and added-token option, random
       texts (OUT_DIR/input.jsonl) and the library's ids (OUT_DIR/NAME/expected.txt)
+  make_hf_tokenizers.py precompiled SP_MODEL OUT_DIR
+      OUT_DIR/tokenizer.json: the unigram tokenizer here behind T5's
+      normalizer, Precompiled with the precompiled_charsmap (nmt_nfkc) of a
+      SentencePiece model, and T5's pre-tokenizer; standard library only
   make_hf_tokenizers.py unicode OUT_DIR             # tokenizers that show one
       normalizer's output or one pre-tokenizer's splits, texts over most of
       Unicode, and the library's ids on them (OUT_DIR/NAME/expected.txt)
@@ -30,8 +36,9 @@ import json
 import os
 import sys
 
-from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
-                        pre_tokenizers, processors, trainers)
+if sys.argv[1:2] != ["precompiled"]:  # the one command without the library
+    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                            pre_tokenizers, processors, trainers)
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -291,7 +298,7 @@ FUZZ_PIECES = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<s>", "</s
                "!?", "$", "(", ")", "{", "x"]
 
 
-def fuzz(seed, n, out):
+def fuzz(seed, n, out, assigned=False):
     """Random documents: pieces that matter to the tokenizers here (special
     and added tokens, spaces, digits, case, combining marks, emoji) mixed
     with random code points of every plane and random ASCII words."""
@@ -311,7 +318,11 @@ def fuzz(seed, n, out):
                         parts.append(chr(c))
                 else:
                     parts.append("".join(rng.choice("abcdefghij ") for _ in range(rng.randint(1, 12))))
-            f.write(json.dumps({"text": "".join(parts)}, ensure_ascii=False) + "\n")
+            text = "".join(parts)
+            if assigned:
+                import unicodedata
+                text = "".join(c for c in text if unicodedata.category(c) != "Cn")
+            f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
 
 
 UNICODE_NAMES = ["NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents",
@@ -466,11 +477,68 @@ def behaviors(out):
         f.write("\n".join(configs) + "\n")
 
 
+def sp_charsmap(model_path):
+    """normalizer_spec.precompiled_charsmap (ModelProto field 3, its field
+    2) of a SentencePiece .model, read from the protobuf wire format."""
+    def varint(b, i):
+        r, shift = 0, 0
+        while True:
+            c = b[i]
+            i += 1
+            r |= (c & 0x7F) << shift
+            shift += 7
+            if c < 0x80:
+                return r, i
+
+    def fields(b):
+        i = 0
+        while i < len(b):
+            key, i = varint(b, i)
+            kind = key & 7
+            if kind == 0:
+                v, i = varint(b, i)
+            elif kind == 2:
+                n, i = varint(b, i)
+                v, i = b[i:i + n], i + n
+            elif kind == 5:
+                v, i = b[i:i + 4], i + 4
+            elif kind == 1:
+                v, i = b[i:i + 8], i + 8
+            else:
+                raise ValueError("unexpected wire type %d" % kind)
+            yield key >> 3, v
+
+    for f, v in fields(open(model_path, "rb").read()):
+        if f == 3:
+            for f2, v2 in fields(v):
+                if f2 == 2:
+                    return v2
+    raise ValueError("%s has no precompiled_charsmap" % model_path)
+
+
+def precompiled(sp_model, out):
+    import base64
+    here = os.path.dirname(os.path.abspath(__file__))
+    j = json.load(open(os.path.join(here, "unigram", "tokenizer.json"), encoding="utf-8"))
+    j["normalizer"] = {"type": "Precompiled",
+                       "precompiled_charsmap": base64.b64encode(sp_charsmap(sp_model)).decode()}
+    j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "WhitespaceSplit"}, {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+                                      "split": True}]}
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": "</s>", "unk_token": "<unk>"}, f)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "train":
         train(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "fuzz":
-        fuzz(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        fuzz(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:] == ["assigned"])
+    elif sys.argv[1] == "precompiled":
+        precompiled(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "behaviors":
         behaviors(sys.argv[2])
     elif sys.argv[1] == "unicode":
