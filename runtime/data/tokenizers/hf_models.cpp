@@ -163,6 +163,9 @@ double serde_json_f64(double correctly_rounded) {
   return negative ? -f : f;
 }
 
+// Ids index tables by id; far larger ones can only be a corrupt file.
+constexpr int64_t kMaxId = int64_t(1) << 27;
+
 // Reads an optional string field; null and absence give "".
 bool opt_string(element obj, const char *key, std::string &out, bool &present) {
   element v;
@@ -495,6 +498,10 @@ struct Loader {
       if (value.get_int64().get(id) || id < 0 || id > INT32_MAX)
         return fail("model.vocab", "has a non-integer or negative id for " + tok::quoted(key)),
                nullptr;
+      if (id >= kMaxId)
+        return fail("model.vocab", "gives " + tok::quoted(key) + " the id " + std::to_string(id) +
+                                       ", beyond the 2^27 ids a vocabulary may have here"),
+               nullptr;
       ++count;
       add_token(*model, model->keys, key, static_cast<int32_t>(id));
     }
@@ -665,6 +672,10 @@ struct Loader {
       int64_t id;
       if (value.get_int64().get(id) || id < 0 || id > INT32_MAX)
         return fail("model.vocab", "has a non-integer or negative id for " + tok::quoted(key)),
+               nullptr;
+      if (id >= kMaxId)
+        return fail("model.vocab", "gives " + tok::quoted(key) + " the id " + std::to_string(id) +
+                                       ", beyond the 2^27 ids a vocabulary may have here"),
                nullptr;
       add_token(*model, model->keys, key, static_cast<int32_t>(id));
     }

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include <functional>
+#include <unordered_map>
 
 namespace mt::rt {
 
@@ -175,6 +176,7 @@ struct HfData {
   std::vector<PreStep> pre;
   std::unique_ptr<Model> model;
   std::vector<AddedToken> added; // in id order of registration
+  std::unordered_map<int32_t, size_t> added_by_id; // for decode
   StringTable added_by_content;
   AddedMatcher raw_added, norm_added;
   std::vector<int32_t> prefix_ids, suffix_ids; // the post-processor's, single sequence
@@ -334,12 +336,8 @@ std::string HfTokenizer::decode(const int32_t *ids, size_t n) const {
   const ByteAlphabet &abc = alphabet();
   for (size_t i = 0; i < n; ++i) {
     int32_t id = ids[i];
-    const AddedToken *added = nullptr;
-    for (const AddedToken &t : d.added)
-      if (t.id == id) {
-        added = &t;
-        break;
-      }
+    auto it = d.added_by_id.find(id);
+    const AddedToken *added = it == d.added_by_id.end() ? nullptr : &d.added[it->second];
     if (added) {
       out += added->content;
       continue;
@@ -1021,6 +1019,9 @@ std::shared_ptr<const Tokenizer> load_hf_tokenizer(const TokenizerOptions &o,
   }
   // added_tokens are matched in id order of registration by daachorse; the
   // trie keeps the last token of equal content, as the map does.
+
+  for (size_t i = 0; i < d.added.size(); ++i)
+    d.added_by_id[d.added[i].id] = i;
 
   // vocab_size: len(tokenizer), the model's tokens and the added ones it
   // does not already have (tokenizer/mod.rs get_vocab_size).
