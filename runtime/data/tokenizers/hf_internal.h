@@ -85,8 +85,12 @@ private:
 // ---------------------------------------------------------------------------
 // Normalizers (tokenizer.json "normalizer", Sequence flattened).
 struct NormStep {
-  enum Kind { NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Prepend, Replace, Precompiled } kind;
+  enum Kind {
+    NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Prepend, Replace, Precompiled, Bert
+  } kind;
   bool left = false, right = false; // Strip
+  // BertNormalizer
+  bool clean_text = true, chinese_chars = true, bert_strip_accents = true, lowercase = true;
   std::string text;                 // Prepend's prefix, Replace's content
   std::shared_ptr<Regex> regex;     // Replace's pattern
   // Precompiled: SentencePiece's precompiled_charsmap, a double-array trie
@@ -102,7 +106,7 @@ enum class Behavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Con
 struct PreStep {
   enum Kind {
     Split, ByteLevel, Metaspace, Digits, Whitespace, WhitespaceSplit, Punctuation,
-    CharDelimiterSplit
+    CharDelimiterSplit, Bert
   } kind;
   Behavior behavior = Behavior::Isolated;
   bool invert = false;            // Split

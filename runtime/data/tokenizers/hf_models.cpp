@@ -451,6 +451,54 @@ public:
 };
 
 // ---------------------------------------------------------------------------
+// WordPiece (models/wordpiece/mod.rs): greedy longest match from the left,
+// pieces after the first with the continuing prefix; a word with a part no
+// piece covers, or longer than max_input_chars_per_word, is the unknown id.
+
+class WordPieceModel final : public Model {
+public:
+  int32_t unk_id = -1;
+  size_t max_chars = 100;
+  std::string prefix = "##";
+  StringTable keys;
+  void encode(const uint8_t *p, size_t n, ModelScratch &s,
+              std::vector<int32_t> &out) const override {
+    size_t chars = 0;
+    for (size_t i = 0; i < n; i += std::max<size_t>(1, utf8_sequence(p + i, n - i)))
+      ++chars;
+    if (chars > max_chars) {
+      out.push_back(unk_id);
+      return;
+    }
+    size_t before = out.size();
+    for (size_t start = 0; start < n;) {
+      size_t end = n;
+      int32_t found = -1;
+      while (start < end) {
+        s.key.clear();
+        if (start > 0)
+          s.key += prefix;
+        s.key.append(reinterpret_cast<const char *>(p + start), end - start);
+        found = keys.find(s.key);
+        if (found >= 0)
+          break;
+        size_t last = end - 1; // step back one character
+        while (last > start && (p[last] & 0xC0) == 0x80)
+          --last;
+        end = last;
+      }
+      if (found < 0) {
+        out.resize(before);
+        out.push_back(unk_id);
+        return;
+      }
+      out.push_back(found);
+      start = end;
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------
 // Loading
 
 struct Loader {
@@ -663,6 +711,32 @@ struct Loader {
     return model;
   }
 
+  std::unique_ptr<Model> word_piece(element m) {
+    auto model = std::make_unique<WordPieceModel>();
+    simdjson::dom::object vocab;
+    if (m.at_key("vocab").get_object().get(vocab))
+      return fail("model.vocab", "must be an object of token -> id"), nullptr;
+    for (auto [key, value] : vocab) {
+      int64_t id;
+      if (value.get_int64().get(id) || id < 0 || id >= kMaxId)
+        return fail("model.vocab", "has a bad id for " + tok::quoted(key)), nullptr;
+      add_token(*model, model->keys, key, static_cast<int32_t>(id));
+    }
+    model->vocab_size = model->by_token.size();
+    std::string unk;
+    bool has_unk = false, present = false;
+    if (!opt_string(m, "unk_token", unk, has_unk) || !has_unk ||
+        (model->unk_id = model->by_token.find(unk)) < 0)
+      return fail("model.unk_token", "must name a token of model.vocab"), nullptr;
+    if (!opt_string(m, "continuing_subword_prefix", model->prefix, present))
+      return fail("model.continuing_subword_prefix", "must be a string"), nullptr;
+    element mx;
+    int64_t max_chars;
+    if (!m.at_key("max_input_chars_per_word").get(mx) && !mx.get_int64().get(max_chars) && max_chars >= 0)
+      model->max_chars = static_cast<size_t>(max_chars);
+    return model;
+  }
+
   std::unique_ptr<Model> word_level(element m) {
     auto model = std::make_unique<WordLevelModel>();
     simdjson::dom::object vocab;
@@ -718,9 +792,11 @@ std::unique_ptr<Model> load_model(const void *json_model, const std::string &pat
     model = l.unigram(m);
   else if (type == "WordLevel")
     model = l.word_level(m);
+  else if (type == "WordPiece")
+    model = l.word_piece(m);
   else {
-    l.fail("model.type", tok::quoted(type) + " is not supported; mt reads BPE, Unigram and "
-                                        "WordLevel models");
+    l.fail("model.type", tok::quoted(type) + " is not supported; mt reads BPE, Unigram, "
+                                             "WordPiece and WordLevel models");
     return nullptr;
   }
   if (model)

@@ -128,6 +128,31 @@ bool is_punctuation(uint32_t cp) {
   return (U_GET_GC_MASK(static_cast<UChar32>(cp)) & U_GC_P_MASK) != 0 && !in(kNotPunctuation, cp);
 }
 
+// unicode_categories' is_other (Unicode 8.0): control, format and private
+// use characters (not unassigned ones).
+bool hf_is_other(uint32_t cp) {
+  int8_t t = u_charType(static_cast<UChar32>(cp));
+  if (t != U_CONTROL_CHAR && t != U_FORMAT_CHAR && t != U_PRIVATE_USE_CHAR)
+    return false;
+  UVersionInfo v;
+  u_charAge(static_cast<UChar32>(cp), v);
+  return v[0] < 8 || (v[0] == 8 && v[1] == 0);
+}
+
+// unicode_categories' is_mark_nonspacing (Unicode 8.0): U+1734 was Mn then;
+// U+1885, U+1886, U+A9BD and U+111C9 were not.
+bool hf_nonspacing_mark(uint32_t cp) {
+  if (cp == 0x1734)
+    return true;
+  if (cp == 0x1885 || cp == 0x1886 || cp == 0xA9BD || cp == 0x111C9)
+    return false;
+  if (u_charType(static_cast<UChar32>(cp)) != U_NON_SPACING_MARK)
+    return false;
+  UVersionInfo v;
+  u_charAge(static_cast<UChar32>(cp), v);
+  return v[0] < 8 || (v[0] == 8 && v[1] == 0);
+}
+
 // unicode-normalization-alignments' is_combining_mark (Unicode 9.0): U+111C9
 // was punctuation then, U+1CF2 and U+1CF3 marks.
 bool hf_combining_mark(uint32_t cp) {
@@ -547,6 +572,68 @@ bool normalize(const std::vector<NormStep> &steps, Matcher &m, std::string &text
       if (!precompiled(st, text, tmp))
         start_kept = false;
       break;
+    case NormStep::Bert: {
+      // normalizers/bert.rs: control characters out and white space to ' ',
+      // spaces around CJK ideographs, NFD without nonspacing marks (when
+      // strip_accents, which defaults to lowercase), lowercase.
+      const uint8_t *p = reinterpret_cast<const uint8_t *>(text.data());
+      if (st.clean_text || st.chinese_chars) {
+        tmp.clear();
+        for (size_t i = 0; i < text.size();) {
+          size_t len;
+          uint32_t cp = decode_utf8(p + i, text.size() - i, &len);
+          bool cjk = (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3400 && cp <= 0x4DBF) ||
+                     (cp >= 0x20000 && cp <= 0x2A6DF) || (cp >= 0x2A700 && cp <= 0x2B73F) ||
+                     (cp >= 0x2B740 && cp <= 0x2B81F) || (cp >= 0x2B920 && cp <= 0x2CEAF) ||
+                     (cp >= 0xF900 && cp <= 0xFAFF) || (cp >= 0x2F800 && cp <= 0x2FA1F);
+          if (st.clean_text && (cp == 0 || cp == 0xFFFD ||
+                                (cp != '\t' && cp != '\n' && cp != '\r' && hf_is_other(cp)))) {
+            if (i == 0)
+              start_kept = false;
+          } else if (st.clean_text && is_white_space(cp)) {
+            tmp += ' ';
+          } else if (st.chinese_chars && cjk) {
+            tmp += ' ';
+            tmp.append(text, i, len);
+            tmp += ' ';
+          } else {
+            tmp.append(text, i, len);
+          }
+          i += len;
+        }
+        text.swap(tmp);
+      }
+      if (st.bert_strip_accents) {
+        unicode_form(NormStep::NFD, text, tmp);
+        tmp.clear();
+        p = reinterpret_cast<const uint8_t *>(text.data());
+        for (size_t i = 0; i < text.size();) {
+          size_t len;
+          uint32_t cp = decode_utf8(p + i, text.size() - i, &len);
+          if (cp < 0x80 || !hf_nonspacing_mark(cp))
+            tmp.append(text, i, len);
+          else if (tmp.empty())
+            start_kept = false;
+          i += len;
+        }
+        text.swap(tmp);
+      }
+      if (st.lowercase) {
+        tmp.clear();
+        p = reinterpret_cast<const uint8_t *>(text.data());
+        for (size_t i = 0; i < text.size();) {
+          size_t len;
+          uint32_t cp = decode_utf8(p + i, text.size() - i, &len);
+          if (cp < 0x80)
+            tmp += static_cast<char>(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp);
+          else
+            append_lowercase(tmp, cp);
+          i += len;
+        }
+        text.swap(tmp);
+      }
+      break;
+    }
     case NormStep::Prepend:
       if (!text.empty())
         text.insert(0, st.text);
@@ -748,6 +835,24 @@ void pre_tokenize(const std::vector<PreStep> &steps, Matcher &m, std::string &ar
         emit(pc, s.segments, st.individual_digits ? Behavior::Isolated : Behavior::Contiguous,
              false, s.next);
         continue;
+      case PreStep::Bert: {
+        // pre_tokenizers/bert.rs: split on white space (removed), then on
+        // punctuation (isolated).
+        s.segments.clear();
+        segments_by_char(reinterpret_cast<const uint8_t *>(arena.data()) + pc.off, pc.len,
+                         is_white_space, s.segments);
+        size_t from = s.next.size();
+        emit(pc, s.segments, Behavior::Removed, false, s.next);
+        std::vector<Piece> words(s.next.begin() + from, s.next.end());
+        s.next.resize(from);
+        for (const Piece &w : words) {
+          s.segments.clear();
+          segments_by_char(reinterpret_cast<const uint8_t *>(arena.data()) + w.off, w.len,
+                           is_punctuation, s.segments);
+          emit(w, s.segments, Behavior::Isolated, false, s.next);
+        }
+        continue;
+      }
       case PreStep::WhitespaceSplit:
         segments_by_char(reinterpret_cast<const uint8_t *>(arena.data()) + pc.off, pc.len,
                          is_white_space, s.segments);

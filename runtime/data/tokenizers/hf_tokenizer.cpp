@@ -185,6 +185,8 @@ struct HfData {
   size_t vocab_size = 0;
   // decode
   bool dec_byte_level = false, dec_byte_fallback = false, dec_strip_space = false;
+  std::string dec_wordpiece_prefix; // WordPiece decoder: "##" pieces join the word
+  bool dec_wordpiece = false;
   std::vector<std::pair<std::string, std::string>> dec_replace;
   std::string describe;
 
@@ -339,6 +341,8 @@ std::string HfTokenizer::decode(const int32_t *ids, size_t n) const {
     auto it = d.added_by_id.find(id);
     const AddedToken *added = it == d.added_by_id.end() ? nullptr : &d.added[it->second];
     if (added) {
+      if (d.dec_wordpiece && !out.empty())
+        out += ' ';
       out += added->content;
       continue;
     }
@@ -365,6 +369,13 @@ std::string HfTokenizer::decode(const int32_t *ids, size_t n) const {
         at = f + from.size();
       }
       t.swap(r);
+    }
+    if (d.dec_wordpiece) {
+      const std::string &pre = d.dec_wordpiece_prefix;
+      if (!pre.empty() && t.compare(0, pre.size(), pre) == 0)
+        t.erase(0, pre.size());
+      else if (!out.empty())
+        out += ' ';
     }
     if (d.dec_byte_level) {
       const uint8_t *p = reinterpret_cast<const uint8_t *>(t.data());
@@ -474,6 +485,12 @@ struct Loader {
       st.right = get_bool(e, "strip_right", true);
     } else if (type == "StripAccents") {
       st.kind = NormStep::StripAccents;
+    } else if (type == "BertNormalizer") {
+      st.kind = NormStep::Bert;
+      st.clean_text = get_bool(e, "clean_text", true);
+      st.chinese_chars = get_bool(e, "handle_chinese_chars", true);
+      st.lowercase = get_bool(e, "lowercase", true);
+      st.bert_strip_accents = get_bool(e, "strip_accents", st.lowercase); // null: lowercase
     } else if (type == "Precompiled") {
       st.kind = NormStep::Precompiled;
       std::string_view b64;
@@ -512,7 +529,7 @@ struct Loader {
       return fail(field + ".type", tok::quoted(type) +
                                        " is not supported; mt reads the normalizers Sequence, "
                                        "NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, "
-                                       "Precompiled, Prepend and Replace");
+                                       "Precompiled, BertNormalizer, Prepend and Replace");
     }
     d.norm.push_back(std::move(st));
     return true;
@@ -607,6 +624,8 @@ struct Loader {
       st.individual_digits = get_bool(e, "individual_digits", false);
     } else if (type == "Whitespace") {
       st.kind = PreStep::Whitespace;
+    } else if (type == "BertPreTokenizer") {
+      st.kind = PreStep::Bert;
     } else if (type == "WhitespaceSplit") {
       st.kind = PreStep::WhitespaceSplit;
     } else if (type == "Punctuation") {
@@ -624,7 +643,8 @@ struct Loader {
       return fail(field + ".type", tok::quoted(type) +
                                        " is not supported; mt reads the pre-tokenizers Sequence, "
                                        "Split, ByteLevel, Metaspace, Digits, Whitespace, "
-                                       "WhitespaceSplit, Punctuation and CharDelimiterSplit");
+                                       "WhitespaceSplit, Punctuation, CharDelimiterSplit and "
+                                       "BertPreTokenizer");
     }
     d.pre.push_back(std::move(st));
     return true;
@@ -728,6 +748,9 @@ struct Loader {
       d.dec_byte_level = true;
     } else if (type == "ByteFallback") {
       d.dec_byte_fallback = true;
+    } else if (type == "WordPiece") {
+      d.dec_wordpiece = true;
+      d.dec_wordpiece_prefix = has(e, "prefix") ? get_str(e, "prefix") : "##";
     } else if (type == "Metaspace") {
       d.dec_replace.push_back({has(e, "replacement") ? get_str(e, "replacement") : "\xE2\x96\x81", " "});
       d.dec_strip_space = get_str(e, "prepend_scheme") != "never";

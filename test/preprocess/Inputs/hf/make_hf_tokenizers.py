@@ -269,13 +269,28 @@ def train(train_jsonl, out):
                                                    ("[CLS]", tok.token_to_id("[CLS]")))
     save(tok, out, "wordlevel", {"eos_token": "[SEP]", "cls_token": "[CLS]"})
 
+    # 10. BERT form: BertNormalizer (lowercase, accents stripped, CJK spaced,
+    # control characters out), BertPreTokenizer, WordPiece, [CLS] A [SEP].
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=20))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(data, trainers.WordPieceTrainer(
+        vocab_size=1500, min_frequency=2, show_progress=False,
+        special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+    save(tok, out, "bert", {"eos_token": "[SEP]", "cls_token": "[CLS]", "unk_token": "[UNK]",
+                            "mask_token": "[MASK]", "pad_token": "[PAD]"})
+
     for name in NAMES:
         ids(os.path.join(out, name), os.path.join(out, "corpus.jsonl"),
             os.path.join(out, "corpus_invalid.txt"), os.path.join(out, name, "expected.txt"))
     # expected.txt is the file of the tests; the ids command writes NAME.txt
 
 
-NAMES = ["llama3", "gpt2", "qwen", "llama2", "mistral", "unigram", "unigram-unk", "falcon", "wordlevel"]
+NAMES = ["llama3", "gpt2", "qwen", "llama2", "mistral", "unigram", "unigram-unk", "falcon", "wordlevel", "bert"]
 
 
 def ids(tok_dir, corpus, invalid, out):
@@ -325,8 +340,13 @@ def fuzz(seed, n, out, assigned=False):
             f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
 
 
-UNICODE_NAMES = ["NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents",
-                 "Digits", "Punctuation", "WhitespaceSplit", "Whitespace"]
+UNICODE_NAMES = ["NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents", "BertClean", "BertAccents",
+                 "Digits", "Punctuation", "WhitespaceSplit", "Whitespace", "BertPreTokenizer"]
+BERT_NORMALIZERS = {
+    "BertClean": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": False,
+                  "strip_accents": False, "lowercase": False},
+    "BertAccents": {"type": "BertNormalizer", "clean_text": False, "handle_chinese_chars": True,
+                    "strip_accents": None, "lowercase": True}}
 
 
 def unicode_probe(out):
@@ -352,8 +372,8 @@ def unicode_probe(out):
     for name in UNICODE_NAMES:
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
-        if name in UNICODE_NAMES[:6]:
-            j = {"normalizer": {"type": name},
+        if name in UNICODE_NAMES[:8]:
+            j = {"normalizer": BERT_NORMALIZERS.get(name, {"type": name}),
                  "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
                                    "use_regex": False},
                  "model": {"type": "BPE", "vocab": byte_vocab, "merges": []}}

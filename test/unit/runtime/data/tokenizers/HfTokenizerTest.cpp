@@ -149,7 +149,7 @@ TEST_P(HfTokenizerTest, ThreadsAndReusedEncodersGiveTheLibrarysIds) {
 
 INSTANTIATE_TEST_SUITE_P(Stored, HfTokenizerTest,
                          ::testing::Values("llama3", "gpt2", "qwen", "llama2", "mistral", "unigram",
-                                           "unigram-unk", "falcon", "wordlevel"));
+                                           "unigram-unk", "falcon", "wordlevel", "bert"));
 
 // Byte-level BPE loses nothing: the ids decode to the text (after the BOS
 // the Llama-3 form adds; but for the white space an lstrip/rstrip token
