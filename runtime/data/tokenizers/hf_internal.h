@@ -86,7 +86,7 @@ private:
 // Normalizers (tokenizer.json "normalizer", Sequence flattened).
 struct NormStep {
   enum Kind {
-    NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Prepend, Replace, Precompiled, Bert
+    NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Prepend, Replace, Precompiled, Bert, Nmt
   } kind;
   bool left = false, right = false; // Strip
   // BertNormalizer

@@ -572,6 +572,32 @@ bool normalize(const std::vector<NormStep> &steps, Matcher &m, std::string &text
       if (!precompiled(st, text, tmp))
         start_kept = false;
       break;
+    case NormStep::Nmt: {
+      // normalizers/unicode.rs do_nmt: ASCII and C1 control characters out,
+      // other white-space-like characters to ' '.
+      tmp.clear();
+      const uint8_t *p = reinterpret_cast<const uint8_t *>(text.data());
+      for (size_t i = 0; i < text.size();) {
+        size_t len;
+        uint32_t cp = decode_utf8(p + i, text.size() - i, &len);
+        bool drop = (cp >= 0x1 && cp <= 0x8) || cp == 0xB || (cp >= 0xE && cp <= 0x1F) ||
+                    cp == 0x7F || cp == 0x8F || cp == 0x9F;
+        bool space = cp == 0x9 || cp == 0xA || cp == 0xC || cp == 0xD || cp == 0x1680 ||
+                     (cp >= 0x200B && cp <= 0x200F) || cp == 0x2028 || cp == 0x2029 ||
+                     cp == 0x2581 || cp == 0xFEFF || cp == 0xFFFD;
+        if (drop) {
+          if (i == 0)
+            start_kept = false;
+        } else if (space) {
+          tmp += ' ';
+        } else {
+          tmp.append(text, i, len);
+        }
+        i += len;
+      }
+      text.swap(tmp);
+      break;
+    }
     case NormStep::Bert: {
       // normalizers/bert.rs: control characters out and white space to ' ',
       // spaces around CJK ideographs, NFD without nonspacing marks (when

@@ -485,6 +485,8 @@ struct Loader {
       st.right = get_bool(e, "strip_right", true);
     } else if (type == "StripAccents") {
       st.kind = NormStep::StripAccents;
+    } else if (type == "Nmt") {
+      st.kind = NormStep::Nmt;
     } else if (type == "BertNormalizer") {
       st.kind = NormStep::Bert;
       st.clean_text = get_bool(e, "clean_text", true);
@@ -529,7 +531,7 @@ struct Loader {
       return fail(field + ".type", tok::quoted(type) +
                                        " is not supported; mt reads the normalizers Sequence, "
                                        "NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, "
-                                       "Precompiled, BertNormalizer, Prepend and Replace");
+                                       "Precompiled, BertNormalizer, Nmt, Prepend and Replace");
     }
     d.norm.push_back(std::move(st));
     return true;

@@ -340,7 +340,7 @@ def fuzz(seed, n, out, assigned=False):
             f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
 
 
-UNICODE_NAMES = ["NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents", "BertClean", "BertAccents",
+UNICODE_NAMES = ["NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents", "Nmt", "BertClean", "BertAccents",
                  "Digits", "Punctuation", "WhitespaceSplit", "Whitespace", "BertPreTokenizer"]
 BERT_NORMALIZERS = {
     "BertClean": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": False,
@@ -372,7 +372,7 @@ def unicode_probe(out):
     for name in UNICODE_NAMES:
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
-        if name in UNICODE_NAMES[:8]:
+        if name in UNICODE_NAMES[:9]:
             j = {"normalizer": BERT_NORMALIZERS.get(name, {"type": name}),
                  "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
                                    "use_regex": False},
@@ -458,9 +458,12 @@ def behaviors(out):
                {"content": "AB", "normalized": False, "rstrip": True},
                {"content": "c", "normalized": False, "single_word": True}])
     configs["prefix-model"] = (None, {"type": "WhitespaceSplit"}, [])
+    configs["nmt"] = ({"type": "Nmt"}, {"type": "Metaspace", "replacement": "_", "prepend_scheme": "first",
+                                        "split": True}, [])
 
     texts = []
-    words = ["the", "abc", "ab", "a", "12", "1", "th", "AB", "c", "x", "[x]", "_", "."]
+    words = ["the", "abc", "ab", "a", "12", "1", "th", "AB", "c", "x", "[x]", "_", ".",
+             "\x01", "\x0b", "\x0c", "\x1f", "\x7f", "\x8f", "\u200b", "\ufeff", "\u2581"]
     for _ in range(600):
         parts = []
         for _ in range(rng.randint(0, 12)):
