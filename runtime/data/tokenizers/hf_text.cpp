@@ -8,6 +8,7 @@
 #include <pcre2.h>
 
 #include <unicode/ubrk.h>
+#include <unicode/utf8.h>
 #include <unicode/uchar.h>
 #include <unicode/utext.h>
 #include <unicode/unorm2.h>
@@ -450,6 +451,28 @@ bool precompiled(const NormStep &st, std::string &text, std::string &tmp) {
   bool start_kept = true;
   int32_t start = ubrk_first(b.bi);
   for (int32_t end = ubrk_next(b.bi); end != UBRK_DONE; start = end, end = ubrk_next(b.bi)) {
+    // Marks of the BMP that Unicode 16-17 assigned extend a cluster for HF
+    // (unicode-segmentation), which ICU 72 does not know (probed from the
+    // library; later supplementary ones cannot change a result, as a
+    // cluster holding one is never under 6 bytes with a mapped base).
+    while (static_cast<size_t>(end) < text.size()) {
+      // (never after a control character, CR or LF: a cluster ends there)
+      UChar32 last = U_SENTINEL;
+      int32_t at = end;
+      U8_PREV(reinterpret_cast<const uint8_t *>(text.data()), start, at, last);
+      int gcb = u_getIntPropertyValue(last, UCHAR_GRAPHEME_CLUSTER_BREAK);
+      if (gcb == U_GCB_CONTROL || gcb == U_GCB_CR || gcb == U_GCB_LF)
+        break;
+      size_t len;
+      uint32_t cp = decode_utf8(reinterpret_cast<const uint8_t *>(text.data()) + end,
+                                text.size() - end, &len);
+      if (!(cp == 0x897 || (cp >= 0x1ACF && cp <= 0x1ADD) || (cp >= 0x1AE0 && cp <= 0x1AEB)))
+        break;
+      int32_t next = ubrk_next(b.bi);
+      if (next == UBRK_DONE)
+        break;
+      end = next;
+    }
     const char *g = text.data() + start;
     size_t glen = static_cast<size_t>(end - start), rlen = 0;
     const char *r = glen < 6 ? charsmap_lookup(st, g, glen, &rlen) : nullptr;

@@ -9,9 +9,7 @@ usage:
   make_hf_tokenizers.py train TRAIN_JSONL OUT_DIR   # tokenizers + corpus + ids
   make_hf_tokenizers.py ids CORPUS_JSONL CORPUS_INVALID_TXT OUT_DIR TOKENIZER_DIR...
                                # ids only, from stored files: OUT_DIR/NAME.txt
-  make_hf_tokenizers.py fuzz SEED N OUT_JSONL [assigned]
-      N random documents; with "assigned", only characters Unicode 14 (this
-      Python's unicodedata) assigns
+  make_hf_tokenizers.py fuzz SEED N OUT_JSONL       # N random documents
   make_hf_tokenizers.py behaviors OUT_DIR           # tokenizers for each split
       behaviour, Metaspace scheme, normalizer and added-token option, random
       texts (OUT_DIR/input.jsonl) and the library's ids (OUT_DIR/NAME/expected.txt)
@@ -313,7 +311,7 @@ FUZZ_PIECES = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<s>", "</s
                "!?", "$", "(", ")", "{", "x"]
 
 
-def fuzz(seed, n, out, assigned=False):
+def fuzz(seed, n, out):
     """Random documents: pieces that matter to the tokenizers here (special
     and added tokens, spaces, digits, case, combining marks, emoji) mixed
     with random code points of every plane and random ASCII words."""
@@ -333,11 +331,7 @@ def fuzz(seed, n, out, assigned=False):
                         parts.append(chr(c))
                 else:
                     parts.append("".join(rng.choice("abcdefghij ") for _ in range(rng.randint(1, 12))))
-            text = "".join(parts)
-            if assigned:
-                import unicodedata
-                text = "".join(c for c in text if unicodedata.category(c) != "Cn")
-            f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+            f.write(json.dumps({"text": "".join(parts)}, ensure_ascii=False) + "\n")
 
 
 UNICODE_NAMES = ["NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents", "Nmt", "BertClean", "BertAccents",
@@ -559,7 +553,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "train":
         train(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "fuzz":
-        fuzz(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:] == ["assigned"])
+        fuzz(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
     elif sys.argv[1] == "precompiled":
         precompiled(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "behaviors":
