@@ -415,6 +415,11 @@ std::string toToml(const Spec &spec) {
   w.integer("timing_log_level", t.timing_log_level);
   w.string("timing_log_option", t.timing_log_option);
   w.boolean("log_memory_to_tensorboard", t.log_memory_to_tensorboard);
+  if (!t.power_log.empty())
+    w.string("power_log", t.power_log);
+  else
+    w.unset("power_log", "not set");
+  w.integer("power_log_interval_ms", t.power_log_interval_ms);
   w.boolean("check_for_nan_in_loss_and_grad", t.check_for_nan_in_loss_and_grad);
   w.integer("eval_interval", t.eval_interval);
   w.integer("eval_iters", t.eval_iters);

@@ -127,6 +127,8 @@ struct TrainingConfig {
   int64_t timing_log_level = 0;              // 0, 1 or 2
   std::string timing_log_option = "minmax";  // "max" | "minmax" | "all"
   bool log_memory_to_tensorboard = false;
+  std::string power_log;              // mtrun --power-log's CSV; "" = none
+  int64_t power_log_interval_ms = 100; // NVML sampling period
   // Stop on NaN/Inf in the loss or the gradients. Resolved: off with fp16,
   // whose dynamic loss scaling skips such steps (Megatron turns it off too).
   bool check_for_nan_in_loss_and_grad = true;

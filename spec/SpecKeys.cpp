@@ -365,6 +365,14 @@ std::vector<KeyInfo> buildTable() {
                   "--log-memory-to-tensorboard",
                   "Write the memory figures (mem-reserved-bytes, mem-allocated-bytes, "
                   "mem-max-allocated-bytes, mem-allocated-count) to TensorBoard."));
+  t.push_back(key("training", "power_log", S, false, "not set", "path", "",
+                  "mtrun samples each rank's GPU through NVML (power, clocks, temperature, "
+                  "utilisation, memory) into this CSV, with a mark at each phase of each "
+                  "iteration (mtrun --power-log; several ranks: FILE.rankN.csv, or %r in "
+                  "the name)."));
+  t.push_back(key("training", "power_log_interval_ms", I, false, "100", "ms", "",
+                  "The power log's sampling period (mtrun --power-log-interval).",
+                  {1, 60000, false, false}));
   t.push_back(key("training", "check_for_nan_in_loss_and_grad", B, false,
                   "true (false with fp16)", "", "--no-check-for-nan-in-loss-and-grad",
                   "Stop the run, without saving, when a loss or the gradients hold a NaN or "

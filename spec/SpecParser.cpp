@@ -659,6 +659,8 @@ void Parser::readValues(Spec &spec) {
   getInt("training", "timing_log_level", t.timing_log_level);
   getString("training", "timing_log_option", t.timing_log_option);
   getBool("training", "log_memory_to_tensorboard", t.log_memory_to_tensorboard);
+  getString("training", "power_log", t.power_log);
+  getInt("training", "power_log_interval_ms", t.power_log_interval_ms);
   getBool("training", "check_for_nan_in_loss_and_grad", t.check_for_nan_in_loss_and_grad);
   getInt("training", "eval_interval", t.eval_interval);
   getInt("training", "eval_iters", t.eval_iters);

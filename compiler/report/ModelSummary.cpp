@@ -262,6 +262,9 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
                    t.timing_log_option + ")");
   if (t.log_memory_to_tensorboard)
     logs.push_back("memory to TensorBoard");
+  if (!t.power_log.empty())
+    logs.push_back("power to " + t.power_log + " every " +
+                   std::to_string(t.power_log_interval_ms) + " ms");
   if (!logs.empty())
     os << "  logs " << llvm::join(logs, ", ") << "\n";
   // (fp16 has it off by Megatron's rule: its loss scaling skips those steps.)

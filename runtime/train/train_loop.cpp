@@ -14,6 +14,7 @@
 #include "runtime/comm/launch.h"
 #include "runtime/comm/parallel_groups.h"
 #include "runtime/plan/plan_reader.h"
+#include "runtime/train/power_log.h"
 #include "runtime/train/tensorboard.h"
 
 #include <algorithm>
@@ -186,6 +187,18 @@ public:
     if (logFailed > 0)
       return fail("rank " + std::to_string(plan.world_size() - 1) +
                   " could not open its log file or TensorBoard directory (its error says why)");
+    // Every rank samples its own GPU; all stop at once if one cannot.
+    std::string powerErr = startPowerLog();
+    float powerFailed = powerErr.empty() ? 0.0f : float(rank + 1);
+    if (groups.world)
+      if (std::string err = groups.world->all_reduce(&powerFailed, 1, ReduceOp::Max);
+          !err.empty())
+        return fail(err);
+    if (!powerErr.empty())
+      return fail(powerErr);
+    if (powerFailed > 0)
+      return fail("rank " + std::to_string(int(powerFailed) - 1) +
+                  " could not start its power log (its error says why)");
 
     // Every rank loads its own file; all agree on the outcome, so a rank
     // whose file is missing or refused stops the others at once.
@@ -242,9 +255,11 @@ public:
       const bool boardNow = !opts.tensorboard_dir.empty() &&
                             next % opts.tensorboard_log_interval == 0;
       double loss = 0;
+      powerMark(next, "forward-backward");
       if (std::string err = forwardBackward(&loss); !err.empty())
         return fail(err);
       const auto optStart = std::chrono::steady_clock::now();
+      powerMark(next, "grad-norm");
       timers[kForwardBackward] += msSince(stepStart, optStart);
       float scaledNorm = 0;
       if (std::string err = runScalar(normProg, "grad_norm", 0, &scaledNorm); !err.empty())
@@ -267,6 +282,7 @@ public:
       }
       if (finite) {
         const auto innerStart = std::chrono::steady_clock::now();
+        powerMark(next, "optimizer");
         if (std::string err = update(norm); !err.empty())
           return fail(err);
         timers[kInnerStep] += msSince(innerStart);
@@ -281,6 +297,7 @@ public:
           ++intervalNan;
       }
       timers[kOptimizer] += msSince(optStart);
+      powerMark(next, "logging");
       updateLossScale(!finite);
       exec->zero_grads();
       ++iteration;
@@ -297,6 +314,9 @@ public:
           return fail(err);
       if (board && boardNow)
         boardIteration(loss);
+      if (power)
+        if (std::string err = power->error(); !err.empty())
+          return fail(err);
 
       intervalSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                        stepStart).count();
@@ -372,6 +392,9 @@ public:
     } else if (!testNote.empty()) {
       say(testNote);
     }
+    if (power)
+      if (std::string err = power->finish(); !err.empty())
+        return fail(err);
     return 0;
   }
 
@@ -450,6 +473,31 @@ private:
   // own count, as Megatron divides each loss by get_num_microbatches().
   double rampFactor() const { return double(microBatches) / double(curMicro); }
 
+  // --power-log: this rank's GPU, sampled on a side thread (power_log.h).
+  std::string startPowerLog() {
+    const pl::Training *t = plan.training();
+    const std::string given =
+        !opts.power_log.empty() ? opts.power_log
+        : t->power_log() && t->power_log()->size() ? str(t->power_log())
+                                                   : std::string();
+    if (given.empty())
+      return "";
+    const int64_t interval =
+        opts.power_log_interval_ms > 0 ? opts.power_log_interval_ms : t->power_log_interval_ms();
+    const std::string path = power_log_path(given, rank, int(plan.world_size()));
+    std::string err;
+    power = PowerLog::start(path, interval > 0 ? interval : 100, localRank, &err);
+    if (!power)
+      return err;
+    say("power log: " + path + " every " + std::to_string(interval > 0 ? interval : 100) +
+        " ms, " + power->device());
+    return "";
+  }
+  void powerMark(int64_t iteration, const char *phase) {
+    if (power)
+      power->mark(iteration, phase);
+  }
+
   std::string openLogs() {
     if (!printer)
       return "";
@@ -502,6 +550,23 @@ private:
       scalars("num-zeros", numZeros);
     if (logParamsNorm)
       scalars("params-norm", paramsNorm);
+    if (power) {
+      // This rank's GPU since the last write: means, and power's peak.
+      const PowerAverages a = power->averages();
+      const std::pair<const char *, double> figures[] = {
+          {"gpu-power-watts", a.mean.power_w},
+          {"gpu-power-max-watts", a.power_max_w},
+          {"gpu-sm-clock-mhz", a.mean.sm_clock_mhz},
+          {"gpu-memory-clock-mhz", a.mean.mem_clock_mhz},
+          {"gpu-temperature-celsius", a.mean.temperature_c},
+          {"gpu-utilization-percent", a.mean.gpu_util_pct},
+          {"gpu-memory-utilization-percent", a.mean.mem_util_pct},
+          {"gpu-memory-used-mib", a.mean.memory_used_mib}};
+      if (a.samples > 0)
+        for (auto [tag, v] : figures)
+          if (v >= 0)
+            scalar(tag, v, iteration);
+    }
     if (logMemoryBoard) {
       const Executor::MemoryStats m = exec->memory_stats();
       scalar("mem-reserved-bytes", double(m.reserved), iteration);
@@ -951,6 +1016,7 @@ private:
   }
 
   std::string saveCheckpoint() {
+    powerMark(iteration, "checkpoint");
     if (std::string e = gatherWeights(); !e.empty())
       return e;
     if (std::string e = exec->state_to_host(); !e.empty())
@@ -1224,6 +1290,10 @@ private:
       const ProgramIO &io = m + 1 == curMicro && lastStep.program ? lastStep
                             : m == 0 && firstStep.program             ? firstStep
                                                                       : trainStep;
+      // The last micro-batch's step reduces the gradients over data
+      // parallel (overlapped with its backward): the power log's phase.
+      if (m + 1 == curMicro && lastStep.program)
+        powerMark(iteration + 1, "grad-reduce");
       const auto batchStart = std::chrono::steady_clock::now();
       fillBatch(io, *train, sampleOf(consumedTrain, m));
       timers[kBatchGenerator] += msSince(batchStart);
@@ -1286,6 +1356,7 @@ private:
   // `data` from sample *consumed on, "validation loss at WHERE".
   std::string evaluate(const GptDataset &data, int64_t *consumed, const std::string &where,
                        bool toBoard) {
+    powerMark(iteration, "evaluation");
     const pl::Training *t = plan.training();
     if (!evalStep.program)
       return opts.plan_path + " lacks the eval_step program; recompile it with this mtc";
@@ -1378,6 +1449,7 @@ private:
   ProgramIO trainStep, lastStep, firstStep, gatherProg, evalStep, normProg, optStep;
   std::ofstream log;
   std::unique_ptr<TensorBoardWriter> board; // the printing rank's, with --tensorboard-dir
+  std::unique_ptr<PowerLog> power;          // every rank's, with --power-log
   std::string save, load;
   int64_t trainIters = 0, mbs = 0, gbs = 0, microBatches = 1, seq = 0;
   // Sample-based training: the samples to train (0: the plan counts
@@ -1464,6 +1536,14 @@ options:
   --log-memory-to-tensorboard
                         also mem-reserved-bytes, mem-allocated-bytes,
                         mem-max-allocated-bytes, mem-allocated-count
+  --power-log FILE      sample this rank's GPU through NVML on a side thread
+                        (power, SM and memory clocks, temperature,
+                        utilisation, memory used) into the CSV FILE, with a
+                        mark at each phase of each iteration; with several
+                        ranks FILE.rankN.csv (or %r in FILE); TensorBoard
+                        gets the means as gpu-power-watts and the like
+  --power-log-interval MS
+                        sample every MS milliseconds (default 100; 1-60000)
   --no-check-for-nan-in-loss-and-grad, --check-for-nan-in-loss-and-grad
                         whether a NaN or Inf loss or gradient stops the run
                         (default: the plan's; on unless fp16)
@@ -1653,6 +1733,13 @@ int mtrun_main(int argc, char **argv) {
     } else if ((r = value("--exit-duration-in-mins", &v))) {
       if (!positive(&o.exit_duration_mins))
         return usage("--exit-duration-in-mins needs minutes > 0, got '" + v + "'");
+    } else if ((r = value("--power-log", &o.power_log))) {
+      if (r < 0 || o.power_log.empty())
+        return usage("--power-log needs a file");
+    } else if ((r = value("--power-log-interval", &v))) {
+      if (!integer(1, 60000, &n))
+        return usage("--power-log-interval needs milliseconds from 1 to 60000, got '" + v + "'");
+      o.power_log_interval_ms = n;
     } else if ((r = value("--tensorboard-log-interval", &v))) {
       if (!integer(1, LLONG_MAX, &n))
         return usage("--tensorboard-log-interval needs a number >= 1, got '" + v + "'");

@@ -45,6 +45,9 @@ struct RunOptions {
   int timing_log_level = -1;
   std::string timing_log_option;
   int check_for_nan_in_loss_and_grad = -1; // 0: --no-..., 1: --check-...
+  // --power-log FILE and --power-log-interval MS; "" and 0 keep the plan's.
+  std::string power_log;
+  int64_t power_log_interval_ms = 0;
 };
 
 // Runs the whole job; returns the process exit status. Errors are printed as

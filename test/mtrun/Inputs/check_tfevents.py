@@ -234,4 +234,5 @@ def main():
         print(f"{tag}: steps {steps}, {got[tag][0][1]:.6g} .. {got[tag][-1][1]:.6g}")
 
 
-main()
+if __name__ == "__main__":
+    main()
