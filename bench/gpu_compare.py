@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """mt against the PyTorch reference on one GPU: speed, MFU and memory, one table.
 
-Usage: bench/gpu_compare.py [--only gpt-125m|gpt-1.3b ...] [--iters 20] [--warmup 5]
+Usage: bench/gpu_compare.py [--only gpt-125m|gpt-125m-fill|gpt-1.3b ...] [--iters 20] [--warmup 5]
          [--no-compile] [--peak-tflops T] [--mtc build/bin/mtc] [--mtrun build/bin/mtrun]
          [--timeout S] [--budget S] [--record [--results FILE]]
          [--device cpu --set SECTION.KEY=VALUE ...]
@@ -15,6 +15,13 @@ project's targets, met or missed:
   gpt-125m  models/gpt-125m.toml as it is: sequence 1024, micro-batch 4,
             global batch 128 (32 micro-batches); mt >= 600K tokens/s on an
             H100 and >= 1.3x the PyTorch reference's tokens/s
+  gpt-125m-fill
+            models/gpt-125m.toml at the micro-batch that fills the GPU: the
+            largest multiple of 8 whose plan fits the preset's H100-80GB
+            (mtc's verdict; --fill-memory for another size), global batch
+            two micro-batches. PyTorch runs at the same micro-batch; if it
+            runs out of memory there, at half of it, and so on, and its row
+            says at which it ran
   gpt-1.3b  models/gpt-1.3b.toml on one GPU (dp 1): sequence 2048,
             micro-batch 2, global batch 64 (32 micro-batches; the preset's
             512 would take ~17 s an iteration on one GPU, and the optimizer
@@ -53,6 +60,7 @@ BENCH = os.path.join(ROOT, "bench")
 
 CASES = {
     "gpt-125m": ("models/gpt-125m.toml", []),
+    "gpt-125m-fill": ("models/gpt-125m.toml", None),  # micro-batch from fill_micro_batch
     "gpt-1.3b": ("models/gpt-1.3b.toml", ["--global-batch", "64"]),
 }
 
@@ -91,6 +99,53 @@ def run_json(cmd, timeout):
         return json.load(open(out.name)), None
 
 
+def plan_fits(mtc, spec, sets, micro_batch):
+    """mtc's verdict for the spec at this micro-batch: True, False, or the error line."""
+    cmd = [mtc, "compile", spec, "--emit=summary", "--set",
+           f"training.micro_batch_size={micro_batch}", "--set",
+           f"training.global_batch_size={2 * micro_batch}"]
+    for x in sets:
+        cmd += ["--set", x]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    for line in proc.stdout.splitlines():
+        if line.startswith("verdict: fits"):
+            return True
+        if line.startswith("verdict:"):
+            return False
+    lines = [l for l in (proc.stderr + proc.stdout).splitlines() if l.strip()]
+    return lines[-1] if lines else f"mtc exit status {proc.returncode}"
+
+
+def fill_micro_batch(mtc, spec, sets, limit=4096):
+    """The largest multiple of 8 micro-batch whose plan fits: (micro-batch, None)
+    or (None, why)."""
+    lo, hi = 0, None  # lo fits (0: none yet); hi does not
+    mb = 8
+    while hi is None:
+        fits = plan_fits(mtc, spec, sets, mb)
+        if isinstance(fits, str):
+            return None, fits
+        if not fits:
+            hi = mb
+        elif mb >= limit:
+            return mb, None
+        else:
+            lo, mb = mb, mb * 2
+    while hi - lo > 8:
+        mid = (lo + hi) // 16 * 8
+        fits = plan_fits(mtc, spec, sets, mid)
+        if isinstance(fits, str):
+            return None, fits
+        lo, hi = (mid, hi) if fits else (lo, mid)
+    if lo == 0:
+        return None, "the plan does not fit even at micro-batch 8"
+    return lo, None
+
+
+def out_of_memory(err):
+    return err and ("out of memory" in err.lower() or "OutOfMemoryError" in err)
+
+
 def row(case, runner, res, err):
     if err:
         return f"| {case} | {runner} | failed: {err} ||||||||\n"
@@ -125,6 +180,11 @@ def main():
                     help="cpu checks this script without a GPU (with --set for toy sizes)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="a spec override for both runners (repeatable)")
+    ap.add_argument("--fill-memory", metavar="GiB",
+                    help="gpt-125m-fill: the GPU memory its plan must fit (default: the "
+                         "preset's device_memory, H100-80GB)")
+    ap.add_argument("--fill-limit", type=int, default=4096,
+                    help="gpt-125m-fill: the largest micro-batch tried")
     args = ap.parse_args()
 
     gpu = gpu_name_and_driver() if args.device == "cuda" else (cpu_name(), "")
@@ -166,6 +226,22 @@ def main():
 
     for case in args.only or list(CASES):
         spec, extra = CASES[case]
+        if extra is None:
+            sets = list(args.set)
+            if args.fill_memory:
+                sets.append(f"cluster.device_memory={args.fill_memory}")
+            print(f"{case}: finding the micro-batch that fills the GPU ...", file=sys.stderr,
+                  flush=True)
+            mb, why = fill_micro_batch(args.mtc, spec, sets, args.fill_limit)
+            if mb is None:
+                failed = True
+                rows.append(row(case, "mt", None, f"no micro-batch found: {why}"))
+                targets.append(f"- MISSED: {case}: no micro-batch found ({why})")
+                save()
+                continue
+            extra = ["--micro-batch", str(mb), "--global-batch", str(2 * mb)]
+            if args.fill_memory:
+                extra += ["--set", f"cluster.device_memory={args.fill_memory}"]
         mt_cmd = [sys.executable, os.path.join(BENCH, "gpu_train_speed.py"), "--spec", spec,
                   *extra, *common, "--mtc", args.mtc, "--mtrun", args.mtrun]
         pt_cmd = [sys.executable, os.path.join(BENCH, "pytorch_gpt_reference.py"), "--spec", spec,
@@ -179,16 +255,32 @@ def main():
         save(target_lines(mt) if mt else [])
         print(f"{case}: PyTorch ...", file=sys.stderr, flush=True)
         pt, pt_err = run(pt_cmd)
+        # The fill case: PyTorch at the largest micro-batch (halving) that
+        # it can hold, each try recorded.
+        tried = []
+        while CASES[case][1] is None and out_of_memory(pt_err):
+            mb = int(pt_cmd[pt_cmd.index("--micro-batch") + 1]) // 2
+            if mb < 1:
+                break
+            tried.append(pt_cmd[pt_cmd.index("--micro-batch") + 1])
+            commands.append(command_line(pt_cmd) + "  # out of memory")
+            pt_cmd = list(pt_cmd)
+            pt_cmd[pt_cmd.index("--micro-batch") + 1] = str(mb)
+            pt_cmd[pt_cmd.index("--global-batch") + 1] = str(2 * mb)
+            print(f"{case}: PyTorch out of memory; at micro-batch {mb} ...", file=sys.stderr,
+                  flush=True)
+            pt, pt_err = run(pt_cmd)
         failed |= bool(mt_err or pt_err)
         label = "PyTorch" + (f" {pt['torch']}" if pt else "") + (
-            ", not compiled" if args.no_compile else "")
+            ", not compiled" if args.no_compile else "") + (
+            f" (out of memory at micro-batch {', '.join(tried)})" if tried else "")
         rows.append(row(case, label, pt, pt_err))
         if mt and pt:
             rows.append(f"| {case} | mt / PyTorch | | | | {mt['step_ms'] / pt['step_ms']:.2f}x "
                         f"| {mt['tokens_per_s'] / pt['tokens_per_s']:.2f}x | | | | |\n")
         if mt:
             targets += target_lines(mt, pt)
-        elif case == "gpt-125m":
+        elif case.startswith("gpt-125m"):
             targets.append(f"- MISSED: gpt-125m targets: mt did not run ({mt_err})")
         elif case == "gpt-1.3b":
             targets.append(f"- MISSED: gpt-1.3b target: mt did not run ({mt_err})")

@@ -29,10 +29,12 @@
 #   bench-125m  bench/gpu_compare.py --record --only gpt-125m (mt against
 #               PyTorch) in at most 7.5 minutes; the rows go to the logs'
 #               gpu-train-speed.md after each run, so a time-out keeps them
+#   bench-125m-fill
+#               the same for gpt-125m at the micro-batch that fills the GPU
 #   bench-1.3b  the same for gpt-1.3b
-#   bench       bench-125m bench-1.3b
+#   bench       bench-125m bench-125m-fill bench-1.3b
 #   profile     Nsight Compute over two steps of gpt-125m: time per kernel
-#   all         probe unit lit bench-125m bench-1.3b profile
+#   all         probe unit lit bench-125m bench-125m-fill bench-1.3b profile
 #
 # The kit holds mtc, mtrun, the GPU test binaries, lit with FileCheck, not
 # and count, and every shared library they need other than glibc's, each
@@ -120,7 +122,7 @@ EOF
 }
 
 # --- run (on the GPU machine) ------------------------------------------------
-STEPS=(probe unit lit bench-125m bench-1.3b profile)
+STEPS=(probe unit lit bench-125m bench-125m-fill bench-1.3b profile)
 KIT=""
 LOGS=""
 
@@ -284,7 +286,7 @@ step_lit() {
 # this many seconds in all (recording a run that did not fit as such).
 BENCH_BUDGET_S=450
 
-# One case of bench/gpu_compare.py (gpt-125m or gpt-1.3b). It records into
+# One case of bench/gpu_compare.py (gpt-125m, gpt-125m-fill or gpt-1.3b). It records into
 # the logs' copy of the results file (the checkout's, plus a section per
 # case), rewritten whole after each run, so the rows of the runs that
 # finished come back even from a step cut off by a time-out; copy it to
@@ -328,12 +330,12 @@ run_step() {
 
 run_steps() {
   local dir=.devkit steps=()
-  local names="${STEPS[*]}, bench (both bench steps) or all"
+  local names="${STEPS[*]}, bench (every bench step) or all"
   while [ $# -gt 0 ]; do
     case "$1" in
       --kit) dir=$2; shift 2 ;;
       all) steps+=("${STEPS[@]}"); shift ;;
-      bench) steps+=(bench-125m bench-1.3b); shift ;;
+      bench) steps+=(bench-125m bench-125m-fill bench-1.3b); shift ;;
       *)
         [[ " ${STEPS[*]} " == *" $1 "* ]] || die "unknown step '$1'; use $names"
         steps+=("$1"); shift ;;

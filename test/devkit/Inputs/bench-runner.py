@@ -32,6 +32,9 @@ if pytorch and big:
     sys.exit(1)
 
 seq, micro, batch = (2048, 2, 64) if big else (1024, 4, 128)
+if "--micro-batch" in args:  # gpu_compare.py's gpt-125m-fill
+    micro = int(args[args.index("--micro-batch") + 1])
+    batch = int(args[args.index("--global-batch") + 1])
 step_ms = (2000.0 if big else 200.0) * (1.3 if pytorch else 1.0)
 result = {
     "spec": spec, "seq": seq, "micro_batch": micro, "global_batch": batch, "iters": 20,

@@ -25,6 +25,12 @@ if [ ! -d "$root" ]; then
     chmod +x "$kit/libexec/$b"
     ln -s "../libexec/$b" "$kit/bin/$b"
   done
+  # mtc's verdict for gpu_compare.py's fill search: fits up to micro-batch 64.
+  cat >> "$kit/libexec/mtc" << 'EOF'
+for a; do case $a in training.micro_batch_size=*) mb=${a#*=} ;; esac; done
+[ -n "${mb:-}" ] || exit 0
+if [ "$mb" -le 64 ]; then echo "verdict: fits"; else echo "verdict: does NOT fit"; fi
+EOF
   echo stand-in > "$kit/COMMIT"
 fi
 export PATH="$inputs/bin:$PATH" MT_KIT_UNPACKED=$kit OUT=$work/logs TMPDIR=$work/tmp
