@@ -163,10 +163,6 @@ int64_t placeBySize(ArrayRef<Buffer> buffers, int64_t end, int64_t limit,
   while (leaves < end + 2)
     leaves *= 2;
   std::vector<Ranges> live(2 * leaves), starts(2 * leaves);
-  // The first range of `r` that ends after `at`.
-  auto firstAfter = [](const Ranges &r, int64_t at) {
-    return llvm::upper_bound(r, at, [](int64_t v, const auto &x) { return v < x.second; });
-  };
   // Adds [from, to) to `r`, merged with the ranges it overlaps or touches.
   auto add = [](Ranges &r, int64_t from, int64_t to) {
     auto lo = llvm::lower_bound(r, from, [](const auto &x, int64_t v) { return x.second < v; });
@@ -207,17 +203,28 @@ int64_t placeBySize(ArrayRef<Buffer> buffers, int64_t end, int64_t limit,
     // The lowest offset free in every node: move past any range that
     // overlaps [at, at + size) until none does. Each move is to the end of
     // a range that overlaps every offset skipped, so none is missed; `at`
-    // only grows, so each node's position only moves forward.
+    // only grows, so each node's position only moves forward (galloping
+    // from where it is). The nodes are visited round the ring until a
+    // whole turn since the last move finds none to make.
     int64_t at = 0;
-    for (bool moved = true; moved;) {
-      moved = false;
-      for (auto &[r, i] : nodes) {
-        if (i < r->size() && (*r)[i].second <= at)
-          i = firstAfter(*r, at) - r->begin();
-        for (; i < r->size() && (*r)[i].first < at + buf.size; ++i) {
-          at = (*r)[i].second;
-          moved = true;
+    const size_t count = nodes.size();
+    for (size_t n = 0, sinceMove = 0; sinceMove < count; n = n + 1 == count ? 0 : n + 1) {
+      auto &[r, i] = nodes[n];
+      ++sinceMove;
+      const size_t size = r->size();
+      if (i < size && (*r)[i].second <= at) {
+        size_t step = 1, lo = i;
+        while (lo + step < size && (*r)[lo + step].second <= at) {
+          lo += step;
+          step *= 2;
         }
+        i = std::upper_bound(r->begin() + lo + 1, r->begin() + std::min(size, lo + step + 1),
+                             at, [](int64_t v, const auto &x) { return v < x.second; }) -
+            r->begin();
+      }
+      for (; i < size && (*r)[i].first < at + buf.size; ++i) {
+        at = (*r)[i].second;
+        sinceMove = 0;
       }
     }
     if (at + buf.size >= limit)
