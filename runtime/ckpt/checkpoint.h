@@ -41,6 +41,12 @@
 //       i64 dims[rank], u64 data offset, u64 data size, u32 CRC32C of the data
 //   data: each tensor's bytes at a 64-byte aligned offset, zeros between; the
 //       file ends with the last tensor's bytes.
+// A load checks every number of the metadata against its range: iteration,
+// consumed_*_samples, optimizer_steps and the like in [0, 10^15] (the most
+// samples a spec can train), the loss-scale trackers in [0, 2^31 - 1]
+// (hysteresis: [-2^31, 2^31 - 1]), the
+// ranks in [0, 2^16), loss_scale finite and > 0; a value out of range names
+// the file and the field.
 // CRC32C is the Castagnoli CRC (iSCSI, ext4): init and final xor 0xFFFFFFFF.
 // tools/mt_checkpoint.py reads the same format with numpy.
 #ifndef MT_RUNTIME_CHECKPOINT_H
@@ -64,6 +70,10 @@ struct CheckpointTensor {
   const void *data = nullptr;
   size_t bytes = 0;
 };
+
+// The largest iteration or sample count a checkpoint may record (10^15, the
+// spec's limit on sample counts).
+inline constexpr int64_t kMaxCheckpointCount = 1000000000000000;
 
 // Everything besides tensors that an exact resume needs.
 struct CheckpointMeta {
@@ -128,6 +138,11 @@ void abort_checkpoint_save(const std::string &staging);
 // True when LOAD has a tracker file: whether a run resumes or starts fresh.
 bool checkpoint_exists(const std::string &load_dir);
 
+// What of a checkpoint LOAD holds besides the tracker, sorted: its
+// iter_XXXXXXX directories and any rank files (*.mtckpt) directly in it
+// (LOAD is then an iteration's directory). Empty when LOAD does not exist.
+std::vector<std::string> checkpoint_contents(const std::string &load_dir);
+
 // "mp_rank_00" (pp_size 1) or "mp_rank_00_000", as Megatron names ranks.
 std::string checkpoint_rank_name(int tp_rank, int pp_rank, int pp_size);
 // The rank's file in iter_XXXXXXX: "mp_rank_00.mtckpt" or, for the
@@ -160,6 +175,11 @@ public:
   bool has(const std::string &name) const;
   // The tensor's shape (empty when there is no such tensor).
   std::vector<int64_t> shape(const std::string &name) const;
+  // The metadata value KEY (meta().values) as a decimal integer in [lo, hi],
+  // or dflt when the file has none. Returns "" or one error line naming the
+  // file and the field.
+  std::string int_value(const std::string &key, int64_t lo, int64_t hi, int64_t dflt,
+                        int64_t *out) const;
   // Copies tensor NAME into dst after checking that its dtype and shape are
   // the expected ones and that bytes fits them. Returns "" or one error line.
   std::string read(const std::string &name, const std::string &dtype,

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -69,6 +70,16 @@ std::string iter_name(int64_t iteration) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "iter_%07" PRId64, iteration);
   return buf;
+}
+
+bool parse_int(const std::string &text, int64_t lo, int64_t hi, int64_t *out) {
+  int64_t v = 0;
+  auto r = std::from_chars(text.data(), text.data() + text.size(), v, 10);
+  if (text.empty() || r.ec != std::errc() || r.ptr != text.data() + text.size() || v < lo ||
+      v > hi)
+    return false;
+  *out = v;
+  return true;
 }
 
 // ---------------------------------------------------------------------------

@@ -43,6 +43,10 @@ std::string os_error();
 
 std::string iter_name(int64_t iteration);
 
+// Decimal text (an optional '-', digits, nothing else) in [lo, hi]; false
+// otherwise, overflow included.
+bool parse_int(const std::string &text, int64_t lo, int64_t hi, int64_t *out);
+
 // ---------------------------------------------------------------------------
 // File system
 // ---------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 // Checkpoints of a whole parallel layout (see checkpoint_layout.h).
 #include "runtime/ckpt/checkpoint_layout.h"
 
+#include "runtime/ckpt/checkpoint_format.h"
+
 #include <algorithm>
+#include <charconv>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -39,11 +42,14 @@ std::string value_of(const CheckpointMeta &m, const char *key, const std::string
   return it == m.values.end() ? dflt : it->second;
 }
 
+// A layout size of the metadata (tensor_parallel, data_parallel): dflt when
+// absent, -1 when it is not a decimal number in [1, 2^16].
 int int_value(const CheckpointMeta &m, const char *key, int dflt) {
-  std::string v = value_of(m, key, "");
-  char *end = nullptr;
-  long n = v.empty() ? dflt : std::strtol(v.c_str(), &end, 10);
-  return v.empty() || (end && *end == '\0' && n > 0) ? int(n) : -1;
+  auto it = m.values.find(key);
+  if (it == m.values.end())
+    return dflt;
+  int64_t n = 0;
+  return ckpt_detail::parse_int(it->second, 1, 1 << 16, &n) ? int(n) : -1;
 }
 
 std::string layout_text(int tp, int pp, int dp) {
@@ -74,14 +80,16 @@ bool parse_param_layout(const std::string &text, std::vector<SavedParam> *out) {
       std::stringstream dims(shape);
       std::string d;
       while (std::getline(dims, d, 'x')) {
-        char *end = nullptr;
-        long long v = std::strtoll(d.c_str(), &end, 10);
-        if (d.empty() || *end != '\0' || v < 0)
+        int64_t v = 0;
+        if (!ckpt_detail::parse_int(d, 0, INT64_MAX, &v))
           return false;
         p.shape.push_back(v);
       }
     }
-    if (p.tp_dim >= int(p.shape.size()))
+    uint64_t bytes = 0;
+    if (p.tp_dim < -1 || p.tp_dim >= int(p.shape.size()) || p.flat_offset < -1 ||
+        !ckpt_detail::shape_bytes(p.shape, 4, &bytes) ||
+        (p.tp_dim >= 0 && p.shape[size_t(p.tp_dim)] % p.tp_blocks != 0))
       return false;
     out->push_back(std::move(p));
   }
@@ -92,25 +100,52 @@ struct Bucket {
   int64_t begin, end;
 };
 
-// "dp 2, flat 35200, buckets [0, 35200) [35200, 40000)".
+// "dp 2, flat 40000, buckets [35200, 40000) [0, 35200)": the buckets cover
+// [0, flat) without overlap, each a multiple of dp long.
 bool parse_shard_layout(const std::string &text, int *dp, int64_t *flat,
                         std::vector<Bucket> *buckets) {
-  long long d = 0, f = 0;
-  int used = 0;
-  if (std::sscanf(text.c_str(), "dp %lld, flat %lld, buckets%n", &d, &f, &used) != 2 || d < 1)
+  const char *p = text.data(), *end = p + text.size();
+  auto lit = [&](const char *s) {
+    size_t n = std::strlen(s);
+    if (size_t(end - p) < n || std::memcmp(p, s, n) != 0)
+      return false;
+    p += n;
+    return true;
+  };
+  auto num = [&](int64_t *v) {
+    auto r = std::from_chars(p, end, *v, 10);
+    if (r.ec != std::errc() || r.ptr == p || *v < 0)
+      return false;
+    p = r.ptr;
+    return true;
+  };
+  int64_t d = 0, f = 0;
+  if (!lit("dp ") || !num(&d) || d < 1 || d > (1 << 16) || !lit(", flat ") || !num(&f) ||
+      !lit(", buckets"))
+    return false;
+  while (p != end) {
+    int64_t b = 0, e = 0;
+    if (!lit(" [") || !num(&b) || !lit(", ") || !num(&e) || !lit(")"))
+      return false;
+    if (e < b || e > f || (e - b) % d != 0)
+      return false;
+    buckets->push_back({b, e});
+  }
+  // In the backward's order; together exactly [0, flat).
+  std::vector<Bucket> sorted = *buckets;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Bucket &x, const Bucket &y) { return x.begin < y.begin; });
+  int64_t at = 0;
+  for (const Bucket &bk : sorted) {
+    if (bk.begin != at)
+      return false;
+    at = bk.end;
+  }
+  if (at != f)
     return false;
   *dp = int(d);
   *flat = f;
-  const char *p = text.c_str() + used;
-  long long b, e;
-  int n = 0;
-  while (std::sscanf(p, " [%lld, %lld)%n", &b, &e, &n) == 2) {
-    if (b < 0 || e < b || e > f || (e - b) % d != 0)
-      return false;
-    buckets->push_back({b, e});
-    p += n;
-  }
-  return *p == '\0';
+  return true;
 }
 
 // Copies between a whole tensor and tensor-parallel rank r's shard: dim
@@ -228,9 +263,10 @@ std::string check_saved_layout(const CheckpointReader &first, const std::string 
             want_pp = std::max(1, plan.pipeline_parallel()),
             want_dp = std::max(1, plan.data_parallel());
   if (tp < 1 || dp < 1)
-    return first.path() + ": error: the metadata's tensor_parallel or data_parallel is not a "
-                          "positive number; the file is damaged: load an earlier iteration "
-                          "instead, or start from scratch";
+    return first.path() + ": error: the metadata value '" +
+           (tp < 1 ? "tensor_parallel" : "data_parallel") +
+           "' is not an integer in [1, 65536]; the file is damaged: load an earlier iteration "
+           "instead, or start from scratch";
   if (tp == want_tp && pp == want_pp)
     return "";
   return "checkpoint " + first.path() + " was saved by " + layout_text(tp, pp, dp) +
@@ -396,9 +432,17 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
       optimizer == "sgd" ? std::vector<std::string>{"momentum_buffer"}
                          : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
   if (src_tp < 1)
-    return first->path() + ": error: the metadata's tensor_parallel is not a positive number; "
-                           "the file is damaged: convert an earlier iteration instead";
+    return first->path() + ": error: the metadata value 'tensor_parallel' is not an integer in "
+                           "[1, 65536]; the file is damaged: convert an earlier iteration instead";
 
+  // Every source rank file is there before anything is assembled.
+  for (int s = 0; s < src_pp; ++s)
+    for (int r = 0; r < src_tp; ++r) {
+      const std::string dir = load_dir + "/" + ckpt_detail::iter_name(iteration);
+      if (!ckpt_detail::exists(dir + "/" + checkpoint_file_name(r, s, src_pp, false)) &&
+          !CheckpointReader::open(load_dir, iteration, r, s, src_pp, &err))
+        return err; // names the missing file and what the directory holds
+    }
   // Every whole tensor, from every source rank file.
   std::map<std::string, Whole> wholes;
   std::string src_dtype = value_of(m0, "weights_dtype_in_plan", "");
@@ -448,14 +492,18 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
         auto optim = CheckpointReader::open(load_dir, iteration, r, s, src_pp, &err, true);
         if (!optim)
           return err;
-        int64_t shard_n = 0;
-        for (const Bucket &bk : buckets)
-          shard_n += (bk.end - bk.begin) / dp;
+        const int64_t shard_n = flat_n / dp;
         std::vector<std::string> shard_kinds = {"master"};
         shard_kinds.insert(shard_kinds.end(), kinds.begin(), kinds.end());
         for (const std::string &kind : shard_kinds) {
           if (!optim->has(dp_shard_name(0, kind)))
             continue;
+          // The file's own shapes bound what is allocated.
+          for (int d = 0; d < dp; ++d)
+            if (optim->shape(dp_shard_name(d, kind)) != std::vector<int64_t>{shard_n})
+              return optim->path() + ": error: has no " + dp_shard_name(d, kind) + " of [" +
+                     std::to_string(shard_n) + "] f32 as its metadata's distributed_optimizer "
+                     "layout says; the file is damaged: convert an earlier iteration";
           std::vector<std::vector<float>> shards(static_cast<size_t>(dp));
           for (auto &sh : shards)
             sh.resize(size_t(shard_n));
@@ -475,10 +523,24 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
 
       for (const SavedParam &p : params) {
         const std::vector<int64_t> &shard = p.shape;
-        Whole &w = wholes[p.name];
+        // The file's own tensor bounds what is allocated for it.
+        if (!reader->has(p.name) || reader->shape(p.name) != shard)
+          return path + ": error: the metadata's param_layout gives " + p.name + " as " +
+                 shape_text(shard) + " but the file holds " +
+                 (reader->has(p.name) ? shape_text(reader->shape(p.name)) : "no such tensor") +
+                 "; the file is damaged: convert an earlier iteration";
         std::vector<int64_t> whole_shape = shard;
-        if (p.tp_dim >= 0)
-          whole_shape[size_t(p.tp_dim)] *= src_tp;
+        uint64_t whole_bytes = 0;
+        if (p.tp_dim >= 0) {
+          if (whole_shape[size_t(p.tp_dim)] > INT64_MAX / src_tp)
+            whole_shape[size_t(p.tp_dim)] = -1;
+          else
+            whole_shape[size_t(p.tp_dim)] *= src_tp;
+        }
+        if (!ckpt_detail::shape_bytes(whole_shape, 4, &whole_bytes))
+          return path + ": error: the metadata's param_layout makes " + p.name +
+                 " too large to assemble; the file is damaged: convert an earlier iteration";
+        Whole &w = wholes[p.name];
         if (w.have.empty()) {
           w.shape = whole_shape;
           w.tp_dim = p.tp_dim;
@@ -519,7 +581,8 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
           if (distopt && !part.kind.empty()) {
             auto f = flat.find(part.kind);
             if (f == flat.end() || p.flat_offset < 0 ||
-                p.flat_offset + int64_t(buf.size()) > int64_t(f->second.size()))
+                p.flat_offset > int64_t(f->second.size()) ||
+                int64_t(buf.size()) > int64_t(f->second.size()) - p.flat_offset)
               return path + ": error: the distributed optimizer's state has no " + part.kind +
                      " for " + p.name + "; the file is damaged: convert an earlier iteration";
             std::memcpy(buf.data(), f->second.data() + p.flat_offset, bytes);

@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
@@ -29,6 +31,18 @@ namespace mt::rt {
 using namespace ckpt_detail;
 
 bool checkpoint_exists(const std::string &load_dir) { return exists(load_dir + "/" + kTracker); }
+
+std::vector<std::string> checkpoint_contents(const std::string &load_dir) {
+  std::vector<std::string> held;
+  const size_t suffix = std::strlen(kSuffix);
+  for (const std::string &n : list_dir(load_dir)) {
+    bool iter_dir = starts_with(n, "iter_") && is_dir(load_dir + "/" + n);
+    bool rank_file = n.size() > suffix && n.compare(n.size() - suffix, suffix, kSuffix) == 0;
+    if (iter_dir || rank_file)
+      held.push_back(n);
+  }
+  return held;
+}
 
 // ---------------------------------------------------------------------------
 // Load
@@ -59,6 +73,8 @@ struct CheckpointReader::Impl {
 };
 
 namespace {
+
+constexpr int64_t kMaxRanks = 1 << 16;
 
 const char *kOtherIteration = "load an earlier iteration instead, or start from scratch";
 
@@ -101,7 +117,8 @@ std::string parse_tracker(const std::string &text, int64_t *iteration) {
            "scratch";
   int64_t v = -1;
   auto r = std::from_chars(t.data(), t.data() + t.size(), v);
-  if (t.empty() || r.ec != std::errc() || r.ptr != t.data() + t.size() || v < 0) {
+  if (t.empty() || r.ec != std::errc() || r.ptr != t.data() + t.size() || v < 0 ||
+      v > kMaxCheckpointCount) {
     std::string shown = t.size() > 40 ? t.substr(0, 40) + "..." : t;
     return "expected an iteration number, found '" + shown +
            "'; the file is damaged: write the number of a complete iter_XXXXXXX directory "
@@ -171,10 +188,15 @@ std::string CheckpointReader::Impl::parse_meta(const unsigned char *p, size_t n)
   std::string_view format;
   if (obj["format"].get_string().get(format) != simdjson::SUCCESS || format != "mt-checkpoint")
     return "the metadata does not say \"format\": \"mt-checkpoint\"";
-  std::string missing;
+  std::string missing, wrong;
   auto need_int = [&](const char *key, int64_t *out) {
-    if (obj[key].get_int64().get(*out) != simdjson::SUCCESS && missing.empty())
-      missing = key;
+    simdjson::dom::element e;
+    if (obj[key].get(e) != simdjson::SUCCESS) {
+      if (missing.empty())
+        missing = key;
+    } else if (e.get_int64().get(*out) != simdjson::SUCCESS && wrong.empty()) {
+      wrong = key;
+    }
   };
   auto need_str = [&](const char *key, std::string *out) {
     std::string_view v;
@@ -222,8 +244,36 @@ std::string CheckpointReader::Impl::parse_meta(const unsigned char *p, size_t n)
       meta.values.emplace(std::string(field.key), std::string(v));
     }
   }
+  if (!wrong.empty())
+    return "the metadata's " + wrong + " is not an integer in [-2^63, 2^63)";
   if (!missing.empty())
     return "the metadata lacks '" + missing + "' (or it has the wrong type)";
+  // Every number in its range, before any of them sizes or indexes anything.
+  struct Range {
+    const char *key;
+    int64_t value, lo, hi;
+  };
+  const Range ranges[] = {
+      {"iteration", meta.iteration, 0, kMaxCheckpointCount},
+      {"consumed_train_samples", meta.consumed_train_samples, 0, kMaxCheckpointCount},
+      {"consumed_valid_samples", meta.consumed_valid_samples, 0, kMaxCheckpointCount},
+      {"loss_scale_growth_tracker", meta.loss_scale_growth_tracker, 0, INT32_MAX},
+      {"loss_scale_hysteresis_tracker", meta.loss_scale_hysteresis_tracker, INT32_MIN,
+       INT32_MAX},
+      {"tp_rank", tp, 0, kMaxRanks - 1},
+      {"pp_rank", pp, 0, kMaxRanks - 1},
+      {"pp_size", pps, 1, kMaxRanks},
+  };
+  for (const Range &r : ranges)
+    if (r.value < r.lo || r.value > r.hi)
+      return "the metadata's " + std::string(r.key) + " is " + std::to_string(r.value) +
+             ", outside [" + std::to_string(r.lo) + ", " + std::to_string(r.hi) + "]";
+  if (pp >= pps)
+    return "the metadata's pp_rank is " + std::to_string(pp) + ", not below its pp_size " +
+           std::to_string(pps);
+  if (!std::isfinite(meta.loss_scale) || meta.loss_scale <= 0)
+    return "the metadata's loss_scale is " + std::to_string(meta.loss_scale) +
+           ", not a finite number > 0";
   tp_rank = static_cast<int>(tp);
   pp_rank = static_cast<int>(pp);
   pp_size = static_cast<int>(pps);
@@ -476,6 +526,21 @@ bool CheckpointReader::has(const std::string &name) const { return impl_->index.
 std::vector<int64_t> CheckpointReader::shape(const std::string &name) const {
   auto it = impl_->index.find(name);
   return it == impl_->index.end() ? std::vector<int64_t>() : impl_->entries[it->second].shape;
+}
+
+std::string CheckpointReader::int_value(const std::string &key, int64_t lo, int64_t hi,
+                                        int64_t dflt, int64_t *out) const {
+  auto it = impl_->meta.values.find(key);
+  if (it == impl_->meta.values.end()) {
+    *out = dflt;
+    return "";
+  }
+  if (parse_int(it->second, lo, hi, out))
+    return "";
+  std::string shown = it->second.size() > 40 ? it->second.substr(0, 40) + "..." : it->second;
+  return impl_->path + ": error: the metadata value '" + key + "' is '" + shown +
+         "', not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+         "]; the file is damaged: " + kOtherIteration;
 }
 
 std::string CheckpointReader::read(const std::string &name, const std::string &dtype,

@@ -18,6 +18,7 @@
 #include "runtime/train/tensorboard.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <csignal>
@@ -213,6 +214,8 @@ public:
       return fail("rank " + std::to_string(int(loadFailed) - 1) + " could not load the checkpoint "
                   "in " + load + " (its error says why); fix that, or start without --load");
     if (std::string err = buildData(); !err.empty())
+      return fail(err);
+    if (std::string err = checkResumePosition(); !err.empty())
       return fail(err);
     checkSampleOrder();
 
@@ -864,11 +867,29 @@ private:
   }
 
   std::string restoreOrInit() {
-    if (load.empty() || !checkpoint_exists(load)) {
-      if (!load.empty())
-        say("no checkpoint in " + load + "; starting from scratch");
-      return exec->init_params(uint64_t(plan.training()->seed()));
+    // As Megatron's load_checkpoint: without the tracker, a directory that
+    // holds no checkpoint starts from random with a warning; one that holds
+    // checkpoints is refused, naming them (training over them from scratch
+    // would be a silent wrong start).
+    if (!load.empty() && !checkpoint_exists(load)) {
+      const std::string tracker = load + "/latest_checkpointed_iteration.txt";
+      std::vector<std::string> held = checkpoint_contents(load);
+      if (!held.empty()) {
+        std::string names;
+        for (size_t i = 0; i < held.size() && i < 4; ++i)
+          names += (i ? ", " : "") + held[i];
+        if (held.size() > 4)
+          names += ", ... (" + std::to_string(held.size()) + " in all)";
+        return "--load " + load + ": error: " + tracker + " is missing but the directory " +
+               "holds checkpoints (" + names + "); write the iteration to resume into the "
+               "tracker (a directory holding *.mtckpt files is one iteration's: load its "
+               "parent), or load an empty directory to start from scratch";
+      }
+      say("WARNING: could not find the metadata file " + tracker);
+      say("    will not load any checkpoints and will start from random");
     }
+    if (load.empty() || !checkpoint_exists(load))
+      return exec->init_params(uint64_t(plan.training()->seed()));
     std::string err;
     // The layout first: the first rank's file records it.
     auto first = CheckpointReader::open_first(load, -1, &err);
@@ -957,21 +978,39 @@ private:
     growthTracker = m.loss_scale_growth_tracker;
     hysteresisTracker = m.loss_scale_hysteresis_tracker;
     exec->set_loss_scale(float(lossScale));
-    auto value = [&](const char *k) -> int64_t {
-      auto it = m.values.find(k);
-      return it == m.values.end() ? 0 : std::stoll(it->second);
-    };
-    stepsTaken = value("optimizer_steps");
+    // Every number the metadata holds, checked: the file and field are named.
+    if (std::string e = reader->int_value("optimizer_steps", 0, iteration, 0,
+                                          &stepsTaken);
+        !e.empty())
+      return e;
     // Megatron's scheduler counts samples; an iteration-based run's are its
     // steps times the global batch.
-    lrSamples = m.values.count("lr_scheduler_samples") ? value("lr_scheduler_samples")
-                                                       : stepsTaken * gbs;
-    skipped = value("skipped_iterations");
+    if (std::string e = reader->int_value("lr_scheduler_samples", 0, kMaxCheckpointCount,
+                                          stepsTaken <= kMaxCheckpointCount / std::max<int64_t>(1, gbs)
+                                              ? stepsTaken * gbs
+                                              : kMaxCheckpointCount,
+                                          &lrSamples);
+        !e.empty())
+      return e;
+    if (std::string e = reader->int_value("skipped_iterations", 0, iteration, 0, &skipped);
+        !e.empty())
+      return e;
     if (auto it = m.values.find("train_order_hash"); it != m.values.end()) {
-      loadedOrderHash = std::strtoull(it->second.c_str(), nullptr, 16);
-      loadedIndexSamples = value("train_index_samples");
+      uint64_t h = 0;
+      const std::string &x = it->second;
+      auto r = std::from_chars(x.data(), x.data() + x.size(), h, 16);
+      if (x.size() != 16 || r.ec != std::errc() || r.ptr != x.data() + x.size())
+        return reader->path() + ": error: the metadata value 'train_order_hash' is not 16 hex "
+                                "digits; the file is damaged: load an earlier iteration "
+                                "instead, or start from scratch";
+      loadedOrderHash = h;
+      if (std::string e = reader->int_value("train_index_samples", 0, kMaxCheckpointCount, 0,
+                                            &loadedIndexSamples);
+          !e.empty())
+        return e;
     }
     savedIteration = iteration;
+    loadedPath = reader->path();
     say("loaded checkpoint " + reader->path() + " at iteration " + std::to_string(iteration));
     return "";
   }
@@ -1425,13 +1464,14 @@ private:
   void checkSampleOrder() {
     if (consumedTrain == 0 || !train)
       return;
+
     if (!loadedOrderHash) { // a checkpoint from before the record: unknown
       orderKnown = false;
       return;
     }
     orderHash = *loadedOrderHash;
     orderHashed = consumedTrain;
-    if (!printer)
+    if (!printer || iteration >= trainIters) // nothing trains: the order does not matter
       return;
     if (train->order_hash(GptDataset::kOrderHashStart, 0, consumedTrain) == *loadedOrderHash)
       return;
@@ -1443,6 +1483,23 @@ private:
         std::to_string(trainIndexSamples) + " now, as Megatron builds it): training goes on in "
         "this index's order, so it will not match a run of " + std::to_string(trainIters) +
         " iterations from the start");
+  }
+
+  // The checkpoint's data position against this plan: as Megatron's
+  // sampler asserts, a run that trains on starts below the end of its
+  // training index (consumed_train_samples is range-checked at parse; this
+  // is the plan's limit).
+  std::string checkResumePosition() const {
+    if (loadedPath.empty() || !train || iteration >= trainIters || consumedTrain < train->size())
+      return "";
+    return loadedPath + ": error: the metadata's consumed_train_samples " +
+           std::to_string(consumedTrain) + " is not below the " + std::to_string(train->size()) +
+           " samples of this run's training index (built for " +
+           (bySamples ? "train_samples" : "train_iters x global batch") + " = " +
+           std::to_string(trainIndexSamples) + ") although the run trains on from iteration " +
+           std::to_string(iteration) + " to " + std::to_string(trainIters) +
+           "; the field is damaged or the checkpoint was trained with a larger batch: load "
+           "an earlier iteration, or train for more samples";
   }
 
   std::string testNote; // why there is no test set to evaluate, if there is none
@@ -1468,6 +1525,7 @@ private:
   bool orderKnown = true;
   std::optional<uint64_t> loadedOrderHash;
   int64_t loadedIndexSamples = 0;
+  std::string loadedPath; // the rank file a run resumed from, if any
   float lastLr = 0, lastNorm = 0;
   bool lastSkipped = false, fp16 = false;
   bool weightsGathered = true; // false between an update and the gathers it needs
