@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <map>
 #include <string>
 #include <thread>
@@ -664,6 +665,9 @@ int runReshard(const std::vector<std::string> &args) {
     return 1;
   }
   std::string summary;
+  // Past the file size limit a write fails with EFBIG, which the save
+  // reports by file, instead of SIGXFSZ killing mtc silently.
+  std::signal(SIGXFSZ, SIG_IGN);
   err = rt::reshard_checkpoint(load, iteration, *plan->plan(), planPath, save, &summary);
   if (!err.empty()) {
     llvm::errs() << "mtc: " << (err.find(": error: ") == std::string::npos ? "error: " : "")

@@ -66,6 +66,10 @@ bool shape_bytes(const std::vector<int64_t> &shape, size_t elem, uint64_t *out) 
 
 std::string os_error() { return std::strerror(errno); }
 
+bool unsafe_name(const std::string &name) {
+  return (!name.empty() && name[0] == '/') || name.find("..") != std::string::npos;
+}
+
 std::string iter_name(int64_t iteration) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "iter_%07" PRId64, iteration);

@@ -41,6 +41,10 @@ bool shape_bytes(const std::vector<int64_t> &shape, size_t elem, uint64_t *out);
 
 std::string os_error();
 
+// A name read from a checkpoint (a tensor's) that could be taken for a path
+// outside where it belongs: absolute (starts with '/') or with a "..".
+bool unsafe_name(const std::string &name);
+
 std::string iter_name(int64_t iteration);
 
 // Decimal text (an optional '-', digits, nothing else) in [lo, hi]; false

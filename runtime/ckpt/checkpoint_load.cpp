@@ -357,6 +357,10 @@ std::string CheckpointReader::Impl::parse() {
       return bad(i, "runs past the table");
     e.name.assign(reinterpret_cast<const char *>(t), name_size);
     t += name_size;
+    if (unsafe_name(e.name))
+      return bad(i, "has the name '" + e.name.substr(0, 80) +
+                        "', which starts with '/' or contains '..' (refused: names are never "
+                        "paths)");
     e.dtype = dtype_by_code(t[0]);
     uint8_t rank = t[1];
     t += 2;

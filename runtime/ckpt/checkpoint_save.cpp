@@ -122,6 +122,19 @@ std::string meta_json(const CheckpointMeta &m, int tp_rank, int pp_rank, int pp_
 // File system
 // ---------------------------------------------------------------------------
 
+// errno after a failed write, with its name and what to do.
+std::string write_error() {
+  const int e = errno;
+  std::string s = os_error();
+  if (e == EFBIG)
+    return s + " (EFBIG); the file size limit (ulimit -f) is below the checkpoint's size: "
+               "raise it";
+  if (e == ENOSPC || e == EDQUOT)
+    return s + (e == ENOSPC ? " (ENOSPC)" : " (EDQUOT)") +
+           "; free disk space (or quota) on the --save file system";
+  return s + "; check the --save file system";
+}
+
 bool pwrite_all(int fd, const void *data, size_t n, off_t at) {
   const char *p = static_cast<const char *>(data);
   while (n > 0) {
@@ -232,6 +245,9 @@ std::string prepare_file(const std::string &here, const std::string &json,
     const DtypeInfo *d = dtype_by_name(t.dtype);
     if (t.name.empty() || t.name.size() > 65535 || !valid_utf8(t.name))
       return here + "tensor name '" + t.name + "' must be 1 to 65535 bytes of UTF-8";
+    if (unsafe_name(t.name))
+      return here + "tensor name '" + t.name + "' starts with '/' or contains '..'; name "
+                    "tensors without them";
     if (!seen.insert(t.name).second)
       return here + "tensor '" + t.name + "' is given twice; names must be unique";
     if (!d)
@@ -280,12 +296,11 @@ std::string write_prepared(const std::string &here, const std::string &tmp_file,
   const std::string &json = f.json;
   const uint64_t table_offset = f.table_offset, data_start = f.data_start,
                  file_size = f.file_size;
-  const std::string no_space = "; check free disk space on the --save file system";
   int fd = ::open(tmp_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0)
     return here + "cannot create '" + tmp_file + "': " + os_error();
   auto fail = [&](const std::string &what) {
-    std::string e = here + what + " '" + tmp_file + "': " + os_error() + no_space;
+    std::string e = here + what + " '" + tmp_file + "': " + write_error();
     ::close(fd);
     return e;
   };
@@ -337,7 +352,7 @@ std::string write_prepared(const std::string &here, const std::string &tmp_file,
   if (::fsync(fd) != 0)
     return fail("cannot flush");
   if (::close(fd) != 0)
-    return here + "cannot close '" + tmp_file + "': " + os_error() + no_space;
+    return here + "cannot close '" + tmp_file + "': " + write_error();
   return "";
 }
 

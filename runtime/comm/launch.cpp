@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -500,12 +501,18 @@ int run_local_ranks(int nproc, const std::vector<std::string> &argv, const Local
       start_error = std::string("cannot create a pipe: ") + std::strerror(errno);
       break;
     }
+    const pid_t launcher = ::getpid();
     pid_t pid = ::fork();
     if (pid < 0) {
       start_error = std::string("cannot start rank ") + std::to_string(r) + ": " + std::strerror(errno);
       break;
     }
     if (pid == 0) {
+      // A rank ends with its launcher, however the launcher ends (SIGKILL
+      // included): the kernel sends it SIGKILL then. A launcher that died
+      // before this call would go unnoticed, so the parent is checked after.
+      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != launcher)
+        ::_exit(1);
       if (options.prefix_output) {
         ::dup2(out_pipe[1], STDOUT_FILENO);
         ::dup2(err_pipe[1], STDERR_FILENO);

@@ -1626,6 +1626,10 @@ int run_training(const RunOptions &opts) {
   g_start = std::chrono::steady_clock::now();
   // From the start: a SIGTERM during set-up also ends the run cleanly.
   std::signal(SIGTERM, on_sigterm);
+  // A write past the file size limit (ulimit -f) fails with EFBIG, which
+  // the save reports with the file's name, instead of killing the run
+  // silently with SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   if (opts.device != "cpu" && opts.device != "cuda")
     return fail("--device must be 'cpu' or 'cuda', got '" + opts.device + "'");
   std::string err;

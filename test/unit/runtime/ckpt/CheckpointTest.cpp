@@ -396,6 +396,10 @@ TEST_F(CheckpointTest, SaveRejectsBadInput) {
                        "tensor 'w' is [4] f32 (16 bytes) but 12 bytes were given"));
   EXPECT_TRUE(contains(one({"w", "f32", {-4}, w.data(), 16}), "invalid shape [-4]"));
   EXPECT_TRUE(contains(one({"", "f32", {4}, w.data(), 16}), "must be 1 to 65535 bytes"));
+  EXPECT_TRUE(contains(one({"/etc/w", "f32", {4}, w.data(), 16}),
+                       "tensor name '/etc/w' starts with '/' or contains '..'"));
+  EXPECT_TRUE(contains(one({"a/../w", "f32", {4}, w.data(), 16}),
+                       "tensor name 'a/../w' starts with '/' or contains '..'"));
   EXPECT_TRUE(contains(
       mt::rt::save_checkpoint(save, sampleMeta(1),
                               {{"w", "f32", {4}, w.data(), 16}, {"w", "f32", {4}, w.data(), 16}}),
@@ -578,6 +582,33 @@ TEST_F(CheckpointTest, TableBoundsAreCheckedBeyondTheChecksum) {
   bad = good;
   bad[offset_at - 8] = 5; // shape [5] but 16 bytes
   EXPECT_TRUE(contains(resealed(bad), "('w') has shape [5] f32 but 16 bytes"));
+}
+
+// A name read from inside a checkpoint is never a path: an absolute one or
+// one with ".." is refused at load, even with valid checksums.
+TEST_F(CheckpointTest, AbsoluteOrDotDotTensorNamesAreRefused) {
+  for (const char *name : {"/bad", "a..b", "..x"}) {
+    Model m;
+    m.add("xyzw", "f32", {4}, 4, 1);
+    ASSERT_EQ(saveModel(m, 1), "");
+    const std::string file = rankFile(1);
+    std::string bytes = readFile(file);
+    uint64_t meta_size, table_off, table_size;
+    std::memcpy(&meta_size, &bytes[32], 8);
+    std::memcpy(&table_off, &bytes[40], 8);
+    std::memcpy(&table_size, &bytes[48], 8);
+    ASSERT_EQ(bytes.compare(table_off + 2, 4, "xyzw"), 0);
+    std::string padded = std::string(name) + std::string(4 - std::strlen(name), 'q');
+    bytes.replace(table_off + 2, 4, padded);
+    uint32_t c = mt::rt::crc32c(bytes.data() + 16, 48);
+    c = mt::rt::crc32c(bytes.data() + 64, meta_size, c);
+    c = mt::rt::crc32c(bytes.data() + table_off, table_size, c);
+    std::memcpy(&bytes[12], &c, 4);
+    writeFile(file, bytes);
+    EXPECT_TRUE(contains(openError(1), "tensor table entry 0 has the name '" + padded +
+                                           "', which starts with '/' or contains '..'"))
+        << openError(1);
+  }
 }
 
 // --- Crash safety ------------------------------------------------------------
