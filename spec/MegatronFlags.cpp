@@ -90,8 +90,8 @@ constexpr char kLoader[] =
     "tunes Megatron's PyTorch data loader; mt reads the same samples in the same order "
     "without one";
 constexpr char kTokenizer[] =
-    "mt trains on tokenized data: a tokenizer only fixes the vocabulary size, which "
-    "the tokenizer's files or --vocab-size give";
+    "mt reads the tokenizer's files itself (data.tokenizer_type and its keys): no "
+    "Python tokenizer classes or remote code";
 constexpr char kDeprecatedIgnored[] = "Megatron-LM ignores it (deprecated)";
 constexpr char kFp8[] =
     "fp8 training is not implemented in mt; remove the fp8 flags, or pass --fp8-as-bf16 "
@@ -787,16 +787,9 @@ std::vector<MegatronFlag> explicitRows() {
          "switches off Megatron's object-storage client; mt reads local files"),
       na("--no-create-attention-mask-in-dataloader", S,
          "mt's attention is causal without a mask tensor"),
-      na("--tokenizer-model", V, kTokenizer),
       na("--tokenizer-metadata", V, kTokenizer),
-      na("--tokenizer-special-tokens", VS, kTokenizer),
-      na("--tokenizer-hf-use-fast", S, kTokenizer),
-      na("--tokenizer-hf-include-special-tokens", S, kTokenizer),
-      na("--tokenizer-sentencepiece-legacy", S, kTokenizer),
-      na("--tiktoken-pattern", V, kTokenizer),
-      na("--tiktoken-num-special-tokens", V, kTokenizer),
-      na("--tiktoken-special-tokens", VS, kTokenizer),
-      na("--legacy-tokenizer", S, kTokenizer),
+      na("--tokenizer-hf-use-fast", S,
+         "mt reads tokenizer.json itself; the fast tokenizer is the one it matches"),
       na("--trust-remote-code", S, kTokenizer),
 
       //===--- Job tooling ---===//
@@ -1022,8 +1015,10 @@ std::vector<MegatronFlag> buildTable() {
     MegatronFlag f;
     f.flag = k.megatronFlag;
     f.arity = k.type == KeyType::Bool                                   ? FlagArity::Switch
-              : k.type == KeyType::DataPath || k.type == KeyType::IntList ? FlagArity::Values
-                                                                          : FlagArity::Value;
+              : k.type == KeyType::DataPath || k.type == KeyType::IntList ||
+                      k.type == KeyType::StringList
+                  ? FlagArity::Values
+                  : FlagArity::Value;
     f.status = FlagStatus::Implemented;
     f.text = std::string(k.section) + "." + k.name;
     f.fromKeyTable = true;
@@ -1164,7 +1159,8 @@ bool isSpecialKey(const KeyInfo &k) {
   return key == "model.add_bias_linear" || key == "training.precision" ||
          key == "parallel.virtual_pipeline_model_parallel_size" ||
          key == "parallel.data_parallel_size" || key == "data.data_path" ||
-         key == "model.num_query_groups" || key == "data.tokenizer_type";
+         key == "model.num_query_groups" || key == "data.tokenizer_type" ||
+         key == "data.tokenizer_hf_include_special_tokens";
 }
 
 } // namespace

@@ -4,6 +4,7 @@
 #include "spec/MegatronImportImpl.h"
 
 #include "runtime/base/atomic_file.h"
+#include "runtime/data/tokenizers/tokenizer.h"
 
 #include "spec/Spec.h"
 #include "spec/SpecKeys.h"
@@ -182,6 +183,7 @@ private:
   std::optional<std::string> precisionFlag_;
   bool gqa_ = false;
   bool otherTokenizer_ = false; // --tokenizer-type mt does not have
+  bool vocabFromSpec_ = false;  // the spec reads the tokenizer for model.vocab_size
   std::optional<std::pair<std::string, std::string>> tokenizerType_; // value, source
   bool noPositionEmbedding_ = false;
   std::optional<std::pair<int64_t, std::string>> queryGroups_;
@@ -407,9 +409,9 @@ absl::Status Translator::parseFlags(size_t begin) {
       continue;
     }
     if (dashed == "--tokenizer-type") {
-      // mt trains on tokenized data, so another tokenizer does not stop the
-      // translation; it is reported, and vocabulary() takes the vocabulary
-      // size from the tokenizer's files or --vocab-size.
+      // A tokenizer mt has goes to the spec (which reads its files); another
+      // (BERT's, multimodal) does not stop the translation of tokenized
+      // data: vocabulary() takes the size from --vocab-size.
       if (absl::Status st = takeValue(value); !st.ok())
         return st;
       const KeyInfo &k = key("data", "tokenizer_type");
@@ -420,9 +422,17 @@ absl::Status Translator::parseFlags(size_t begin) {
         otherTokenizer_ = true;
         ignore(flag + " " + shellQuote(value),
                "mt has " + absl::StrJoin(k.choices, ", ") +
-                   " only; it trains on tokenized data, so the tokenizer only fixes the "
-                   "vocabulary size (from its files or --vocab-size)");
+                   "; for data tokenized with another, the vocabulary size comes from "
+                   "--vocab-size");
       }
+      continue;
+    }
+    if (dashed == "--tokenizer-hf-no-include-special-tokens" ||
+        dashed == "--tokenizer-hf-include-special-tokens") {
+      if (absl::Status st = noValue(); !st.ok())
+        return st;
+      set("data", "tokenizer_hf_include_special_tokens",
+          dashed == "--tokenizer-hf-include-special-tokens" ? "true" : "false", dashed);
       continue;
     }
 
@@ -492,6 +502,24 @@ absl::Status Translator::parseFlags(size_t begin) {
                   : ""));
         toml = "[" + absl::StrJoin(ints, ", ") + "]";
         src += " " + absl::StrJoin(words, " ");
+        break;
+      }
+      case KeyType::StringList: {
+        // argparse's nargs='+': the words up to the next flag.
+        std::vector<std::string> words, quoted;
+        if (hasInline)
+          words.push_back(inlineValue);
+        else
+          while (i + 1 < n && !startsWith(args_[i + 1], "--"))
+            words.push_back(args_[++i]);
+        if (words.empty())
+          return absl::InvalidArgumentError(flag + " needs at least one value; write " + flag +
+                                            " VALUE...");
+        for (const std::string &word : words) {
+          quoted.push_back(tomlString(word));
+          src += " " + shellQuote(word);
+        }
+        toml = "[" + absl::StrJoin(quoted, ", ") + "]";
         break;
       }
       case KeyType::String:
@@ -741,6 +769,26 @@ absl::Status Translator::finish() {
 
   if (absl::Status st = vocabulary(); !st.ok())
     return st;
+  // Mock data ends documents with the tokenizer's EOD; one mtc cannot read
+  // (a hub name, a type it has no reader for) leaves vocab_size - 1.
+  if (tokenizerType_ && !otherTokenizer_ && has("data.mock_data") &&
+      settings_["data.mock_data"].value == "true" &&
+      tokenizerType_->first != "GPT2BPETokenizer" && tokenizerType_->first != "NullTokenizer") {
+    std::optional<std::string> model = rawFlag("--tokenizer-model");
+    struct stat st {};
+    rt::TokenizerOptions o;
+    o.type = tokenizerType_->first;
+    o.model = model.value_or("");
+    bool reads = rt::check_tokenizer_options(o).rfind(
+                     "--tokenizer-type " + o.type + " is not supported", 0) != 0;
+    std::optional<int64_t> v = intOf("model.vocab_size");
+    if ((!model || ::stat(model->c_str(), &st) != 0 || !reads) && v)
+      result_.warnings.push_back(absl::StrCat(
+          "mock data will end documents with ", *v - 1,
+          " (vocab_size - 1): mtc cannot read ",
+          model ? "--tokenizer-model " + *model : std::string("the tokenizer"),
+          " here, whose end-of-document id Megatron's mock data uses"));
+  }
 
   // Required keys: name the flag that provides each one.
   std::vector<std::string> missing;
@@ -749,13 +797,14 @@ absl::Status Translator::finish() {
     if (full == "training.train_iters" && !has(full) && !has("training.train_samples"))
       missing.push_back("training.train_iters or train_samples (--train-iters N or "
                         "--train-samples N)");
+    if (full == "model.vocab_size" && !has(full) && !vocabFromSpec_)
+      missing.push_back("model.vocab_size (--vocab-size N, or the tokenizer's files: "
+                        "--vocab-file with GPT2BPETokenizer, a local --tokenizer-model "
+                        "with the other types)");
     if (!k.required || has(full))
       continue;
     std::string how;
-    if (full == "model.vocab_size")
-      how = "--vocab-size N, or the tokenizer's files: --vocab-file with GPT2BPETokenizer, "
-            "a local --tokenizer-model with HuggingFaceTokenizer";
-    else if (!flagOf(k).empty())
+    if (!flagOf(k).empty())
       how = flagOf(k) + " N";
     else
       how = "set " + full + " in the spec";
@@ -791,10 +840,14 @@ std::optional<std::string> Translator::rawFlag(const char *flag) const {
 }
 
 // The model's vocabulary is the tokenizer's, as Megatron builds it
-// (megatron/training/tokenizer/tokenizer.py): from the tokenizer's files
-// when they are given and readable, else from --vocab-size.
+// (build_tokenizer): from the tokenizer's files when they are given and
+// readable, else from --vocab-size. The tokenizer's keys go to [data], where
+// mtc reads the files again (and checks the size against them).
 absl::Status Translator::vocabulary() {
-  std::string type = tokenizerType_ ? tokenizerType_->first : "GPT2BPETokenizer";
+  std::string type = tokenizerType_ && !otherTokenizer_ ? tokenizerType_->first
+                                                         : "GPT2BPETokenizer";
+  const bool legacy = has("data.legacy_tokenizer") &&
+                      settings_["data.legacy_tokenizer"].value == "true";
   std::optional<int64_t> given = intOf("model.vocab_size");
   std::string givenSource = given ? settings_["model.vocab_size"].source : "";
   auto fromFiles = [&](int64_t n, const std::string &source, const std::string &why) {
@@ -805,16 +858,59 @@ absl::Status Translator::vocabulary() {
     set("model", "vocab_size", std::to_string(n), source, why);
   };
 
-  if (type == "NullTokenizer") {
-    // _NullTokenizer's vocab_size is --vocab-size + 1: its end-of-document
-    // token is the id after the last.
+  // Keys of the tokenizer's files that this tokenizer does not use: Megatron
+  // ignores their flags, and so does the spec, which would refuse the keys.
+  const bool gpt2 = type == "GPT2BPETokenizer", null = type == "NullTokenizer",
+             hf = type == "HuggingFaceTokenizer", tik = type == "TikTokenizer",
+             sp = type == "SentencePieceTokenizer" || type == "GPTSentencePieceTokenizer" ||
+                  type == "Llama2Tokenizer";
+  const std::string by = otherTokenizer_ ? "by mt for --tokenizer-type " + tokenizerType_->first
+                                         : "by --tokenizer-type " + type;
+  for (const auto &[k, used] : std::vector<std::pair<std::string, bool>>{
+           {"data.vocab_file", !otherTokenizer_ && (gpt2 || hf)},
+           {"data.merge_file", !otherTokenizer_ && (gpt2 || hf)},
+           {"data.tokenizer_model", !otherTokenizer_ && !gpt2 && !null},
+           {"data.tokenizer_special_tokens", !otherTokenizer_ && (hf || sp || tik)},
+           {"data.tiktoken_pattern", !otherTokenizer_ && tik},
+           {"data.tiktoken_num_special_tokens", !otherTokenizer_ && tik},
+           {"data.tiktoken_special_tokens", !otherTokenizer_ && tik},
+           {"data.tokenizer_sentencepiece_legacy", !otherTokenizer_ && sp},
+           {"data.tokenizer_hf_include_special_tokens", !otherTokenizer_ && hf},
+           {"data.legacy_tokenizer", !otherTokenizer_}}) {
+    auto it = settings_.find(k);
+    if (it == settings_.end() || used)
+      continue;
+    ignore(it->second.source, "not used " + by);
+    settings_.erase(it);
+  }
+  if (gpt2 && rawFlag("--tokenizer-special-tokens") && !otherTokenizer_)
+    return absl::InvalidArgumentError(
+        "--tokenizer-special-tokens with GPT2BPETokenizer: mt's GPT-2 tokenizer does not add "
+        "special tokens to vocab.json's; remove the flag, or use a tokenizer.json that has "
+        "them (HuggingFaceTokenizer)");
+
+  if (null) {
+    // --vocab-size N is N ids, the last one EOD, in current Megatron-Core
+    // (megatron/core/tokenizers, 0.18 and later); the legacy class
+    // (megatron/training/tokenizer) has N + 1, EOD the id after the last.
     if (!given)
       return absl::InvalidArgumentError(
           "--tokenizer-type NullTokenizer needs --vocab-size N (Megatron's NullTokenizer "
           "takes its vocabulary from it); add it");
-    set("model", "vocab_size", std::to_string(*given + 1), givenSource,
-        absl::StrCat("NullTokenizer: ", givenSource,
-                     " + 1 for its end-of-document token, as Megatron counts it"));
+    if (legacy) {
+      set("model", "vocab_size", std::to_string(*given + 1), givenSource,
+          absl::StrCat("NullTokenizer (--legacy-tokenizer): ", givenSource,
+                       " + 1 for its end-of-document token, as megatron/training/tokenizer "
+                       "counts it"));
+    } else {
+      set("model", "vocab_size", std::to_string(*given), givenSource,
+          absl::StrCat("NullTokenizer: ", givenSource, " ids, the last (", *given - 1,
+                       ") its end of document, as Megatron-Core 0.18 and later count them"));
+      result_.warnings.push_back(absl::StrCat(
+          "NullTokenizer: ", givenSource, " gives ", *given, " ids with end of document ",
+          *given - 1, " (current Megatron-Core); Megatron-Core up to 0.17.1 gives ",
+          *given + 1, " and ", *given, ": add --legacy-tokenizer to match a run of those"));
+    }
     return absl::OkStatus();
   }
   if (type == "GPT2BPETokenizer") {
@@ -871,7 +967,40 @@ absl::Status Translator::vocabulary() {
         "; Megatron takes it from the tokenizer (len(tokenizer)): make sure they agree"));
     return absl::OkStatus();
   }
-  // Other tokenizers: --vocab-size, or the missing-key error.
+  if (sp || tik) {
+    // A local file that mt reads: the spec takes the vocabulary from it
+    // (Megatron's SentencePiece types ignore --vocab-size; TikTokenizer
+    // takes it as a bound, which the spec passes on).
+    std::optional<std::string> model = rawFlag("--tokenizer-model");
+    struct stat st {};
+    bool local = model && ::stat(model->c_str(), &st) == 0;
+    rt::TokenizerOptions o;
+    o.type = type;
+    o.model = model.value_or("");
+    std::string bad = rt::check_tokenizer_options(o);
+    bool reads = bad.rfind("--tokenizer-type " + type + " is not supported", 0) != 0;
+    if (local && reads) {
+      vocabFromSpec_ = true;
+      if (given && sp) {
+        result_.warnings.push_back(absl::StrCat(
+            givenSource, " is not used: Megatron takes ", type, "'s vocabulary from ",
+            "--tokenizer-model ", *model));
+        settings_.erase("model.vocab_size");
+      }
+      return absl::OkStatus();
+    }
+    std::string why = !model ? "--tokenizer-model is not given"
+                      : !local ? "--tokenizer-model " + *model + " is not a local file"
+                               : "mt cannot read " + type + " files yet";
+    if (!given)
+      return absl::InvalidArgumentError("the vocabulary size is unknown: " + why +
+                                        "; give --vocab-size N");
+    result_.warnings.push_back(absl::StrCat(
+        why, ", so the vocabulary comes from ", givenSource,
+        "; Megatron takes it from the tokenizer: make sure they agree"));
+    return absl::OkStatus();
+  }
+  // Another tokenizer (BERT's, multimodal): --vocab-size, or the missing-key error.
   return absl::OkStatus();
 }
 

@@ -217,6 +217,12 @@ public:
   void real(const char *key, double v) { os << key << " = " << tomlFloat(v) << "\n"; }
   void boolean(const char *key, bool v) { os << key << " = " << (v ? "true" : "false") << "\n"; }
   void string(const char *key, const std::string &v) { os << key << " = " << quote(v) << "\n"; }
+  void strings(const char *key, const std::vector<std::string> &v) {
+    os << key << " = [";
+    for (size_t i = 0; i < v.size(); ++i)
+      os << (i ? ", " : "") << quote(v[i]);
+    os << "]\n";
+  }
   void integers(const char *key, const std::vector<int64_t> &v) {
     os << key << " = [";
     for (size_t i = 0; i < v.size(); ++i)
@@ -456,6 +462,26 @@ std::string toToml(const Spec &spec) {
     w.string("merge_file", d.merge_file);
   else
     w.unset("merge_file", "not set");
+  if (!d.tokenizer_model.empty())
+    w.string("tokenizer_model", d.tokenizer_model);
+  else
+    w.unset("tokenizer_model", "not set");
+  if (!d.tokenizer_special_tokens.empty())
+    w.strings("tokenizer_special_tokens", d.tokenizer_special_tokens);
+  else
+    w.unset("tokenizer_special_tokens", "not set");
+  if (!d.tiktoken_pattern.empty())
+    w.string("tiktoken_pattern", d.tiktoken_pattern);
+  else
+    w.unset("tiktoken_pattern", "not set");
+  w.integer("tiktoken_num_special_tokens", d.tiktoken_num_special_tokens);
+  if (!d.tiktoken_special_tokens.empty())
+    w.strings("tiktoken_special_tokens", d.tiktoken_special_tokens);
+  else
+    w.unset("tiktoken_special_tokens", "not set");
+  w.boolean("tokenizer_sentencepiece_legacy", d.tokenizer_sentencepiece_legacy);
+  w.boolean("tokenizer_hf_include_special_tokens", d.tokenizer_hf_include_special_tokens);
+  w.boolean("legacy_tokenizer", d.legacy_tokenizer);
   w.boolean("mock_data", d.mock_data);
 
   const ClusterConfig &c = spec.cluster;

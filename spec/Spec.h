@@ -144,10 +144,27 @@ struct DataConfig {
   // A blend: (weight, prefix). A single prefix has weight 1.
   std::vector<std::pair<double, std::string>> data_path;
   std::string split = "969,30,1";
+  // The tokenizer, as Megatron's flags name it (--tokenizer-type and its
+  // files). When mtc can read it, model.vocab_size and eod_id follow it.
   std::string tokenizer_type = "GPT2BPETokenizer";
   std::string vocab_file;
   std::string merge_file;
+  std::string tokenizer_model;
+  std::vector<std::string> tokenizer_special_tokens;
+  std::string tiktoken_pattern;
+  int64_t tiktoken_num_special_tokens = 1000;
+  std::vector<std::string> tiktoken_special_tokens;
+  bool tokenizer_sentencepiece_legacy = false;
+  bool tokenizer_hf_include_special_tokens = true;
+  bool legacy_tokenizer = false;
   bool mock_data = false;
+  // Resolved, not keys: the tokenizer's end-of-document id (Megatron's
+  // tokenizer.eod, which mock data ends its documents with), and the
+  // tokenizer's one-line description ("" when mtc did not read it; eod_id is
+  // then vocab_size - 1, GPT-2's and NullTokenizer's rule).
+  int64_t eod_id = -1;
+  std::string tokenizer;
+  std::string tokenizer_unread; // why mtc did not read the tokenizer it names
 };
 
 // [cluster]: what the job runs on.

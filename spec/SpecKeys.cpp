@@ -82,8 +82,11 @@ std::vector<KeyInfo> buildTable() {
                   "Rows of the learned position table; must be >= seq_length with "
                   "learned_absolute positions.",
                   atLeast(1)));
-  t.push_back(key("model", "vocab_size", I, true, "", "tokens", "--vocab-size",
-                  "The tokenizer's vocabulary, unpadded (50257 for GPT-2).", atLeast(1)));
+  t.push_back(key("model", "vocab_size", I, false, "the tokenizer's", "tokens", "--vocab-size",
+                  "The tokenizer's vocabulary, unpadded (50257 for GPT-2). Required unless "
+                  "mtc reads the tokenizer named in [data], which then decides it; "
+                  "NullTokenizer's is this key.",
+                  atLeast(1)));
   t.push_back(key("model", "make_vocab_size_divisible_by", I, false, "128", "",
                   "--make-vocab-size-divisible-by",
                   "The embedding is padded to a multiple of this times "
@@ -400,12 +403,46 @@ std::vector<KeyInfo> buildTable() {
                   "Train, validation and test proportions: 1 to 3 non-negative numbers "
                   "separated by \",\" (or \"/\"), not all zero."));
   t.push_back(key("data", "tokenizer_type", E, false, "\"GPT2BPETokenizer\"", "",
-                  "--tokenizer-type", "Tokenizer; only GPT-2's BPE for now.", none(),
-                  {"GPT2BPETokenizer"}));
-  t.push_back(
-      key("data", "vocab_file", S, false, "not set", "path", "--vocab-file", "GPT-2 vocab.json."));
-  t.push_back(
-      key("data", "merge_file", S, false, "not set", "path", "--merge-file", "GPT-2 merges.txt."));
+                  "--tokenizer-type",
+                  "Megatron's tokenizer, with its files in the keys below. When mtc can "
+                  "read them (NullTokenizer needs none), model.vocab_size and the "
+                  "end-of-document id follow the tokenizer, as in Megatron; see "
+                  "docs/data.md.",
+                  none(),
+                  {"GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer",
+                   "GPTSentencePieceTokenizer", "Llama2Tokenizer", "TikTokenizer",
+                   "NullTokenizer"}));
+  t.push_back(key("data", "vocab_file", S, false, "not set", "path", "--vocab-file",
+                  "GPT2BPETokenizer's vocab.json."));
+  t.push_back(key("data", "merge_file", S, false, "not set", "path", "--merge-file",
+                  "GPT2BPETokenizer's merges.txt."));
+  t.push_back(key("data", "tokenizer_model", S, false, "not set", "path", "--tokenizer-model",
+                  "The tokenizer file or directory of HuggingFaceTokenizer (tokenizer.json), "
+                  "the SentencePiece types (.model) and TikTokenizer. One mtc cannot read "
+                  "(a hub name) leaves model.vocab_size to the spec."));
+  t.push_back(key("data", "tokenizer_special_tokens", KeyType::StringList, false, "not set", "",
+                  "--tokenizer-special-tokens",
+                  "Special tokens added to the tokenizer's vocabulary."));
+  t.push_back(key("data", "tiktoken_pattern", E, false, "not set", "", "--tiktoken-pattern",
+                  "TikTokenizer's pre-tokenisation pattern.", none(), {"v1", "v2"}));
+  t.push_back(key("data", "tiktoken_num_special_tokens", I, false, "1000", "tokens",
+                  "--tiktoken-num-special-tokens",
+                  "Ids TikTokenizer reserves for special tokens, before the vocabulary.",
+                  atLeast(0)));
+  t.push_back(key("data", "tiktoken_special_tokens", KeyType::StringList, false, "not set", "",
+                  "--tiktoken-special-tokens", "TikTokenizer's special tokens, in id order."));
+  t.push_back(key("data", "tokenizer_sentencepiece_legacy", B, false, "false", "",
+                  "--tokenizer-sentencepiece-legacy",
+                  "SentencePiece's legacy handling of special tokens."));
+  t.push_back(key("data", "tokenizer_hf_include_special_tokens", B, false, "true", "",
+                  "--tokenizer-hf-include-special-tokens",
+                  "HuggingFaceTokenizer adds its special tokens (BOS) when encoding, as "
+                  "Megatron-Core 0.17 and later do by default; false is their "
+                  "--tokenizer-hf-no-include-special-tokens."));
+  t.push_back(key("data", "legacy_tokenizer", B, false, "false", "", "--legacy-tokenizer",
+                  "The tokenizer classes of megatron/training/tokenizer (core 0.14 to "
+                  "0.16) instead of megatron/core/tokenizers; for NullTokenizer, "
+                  "vocab_size is then --vocab-size + 1."));
   t.push_back(key("data", "mock_data", B, false, "false", "", "--mock-data",
                   "Train on synthetic tokens; excludes data_path."));
 
@@ -476,6 +513,8 @@ const char *typeName(KeyType t) {
     return "string or number";
   case KeyType::IntList:
     return "array of ints";
+  case KeyType::StringList:
+    return "array of strings";
   }
   return "";
 }

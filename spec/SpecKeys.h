@@ -18,6 +18,7 @@ enum class KeyType {
   DataPath,     // string, or array: [prefix] or [w1, p1, w2, p2, ...]
   DeviceMemory, // preset name (string) or GiB (number)
   IntList,      // TOML array of `listLength` integers, each within the range
+  StringList,   // TOML array of strings (at least one)
 };
 
 struct KeyInfo {

@@ -342,6 +342,19 @@ void Parser::checkValue(const Entry &e) {
   case KeyType::DeviceMemory:
     readDeviceMemory(e, nullptr);
     return;
+  case KeyType::StringList: {
+    const std::string form = "write strings in brackets, e.g. " + name + " = [\"<unk>\", \"<s>\"]";
+    const toml::array *a = v.as_array();
+    if (!a)
+      fail(e.valueLoc, name + " must be an array of strings, got " + got(v), form);
+    if (a->empty())
+      fail(e.valueLoc, name + " is an empty array", form + ", or remove the key");
+    for (const toml::node &item : *a)
+      if (!item.is_string())
+        fail(locOf(item.source(), e.valueLoc.file), name + " must hold strings, got " + got(item),
+             form);
+    return;
+  }
   case KeyType::IntList: {
     // rampup_batch_size = [16, 16, 5859375]: the flag's three numbers.
     const std::string form = "write " + std::to_string(k.listLength) + " whole numbers in "
@@ -556,6 +569,11 @@ void Parser::getString(const char *section, const char *name, std::string &out) 
   if (const Entry *e = given(section, name))
     out = *e->value->value_exact<std::string>();
 }
+void Parser::getStrings(const char *section, const char *name, std::vector<std::string> &out) {
+  if (const Entry *e = given(section, name))
+    for (const toml::node &item : *e->value->as_array())
+      out.push_back(*item.value_exact<std::string>());
+}
 template <typename T>
 void Parser::getEnum(const char *section, const char *name, T &out, std::initializer_list<T> all) {
   if (const Entry *e = given(section, name)) {
@@ -675,6 +693,14 @@ void Parser::readValues(Spec &spec) {
   getString("data", "tokenizer_type", d.tokenizer_type);
   getString("data", "vocab_file", d.vocab_file);
   getString("data", "merge_file", d.merge_file);
+  getString("data", "tokenizer_model", d.tokenizer_model);
+  getStrings("data", "tokenizer_special_tokens", d.tokenizer_special_tokens);
+  getString("data", "tiktoken_pattern", d.tiktoken_pattern);
+  getInt("data", "tiktoken_num_special_tokens", d.tiktoken_num_special_tokens);
+  getStrings("data", "tiktoken_special_tokens", d.tiktoken_special_tokens);
+  getBool("data", "tokenizer_sentencepiece_legacy", d.tokenizer_sentencepiece_legacy);
+  getBool("data", "tokenizer_hf_include_special_tokens", d.tokenizer_hf_include_special_tokens);
+  getBool("data", "legacy_tokenizer", d.legacy_tokenizer);
   getBool("data", "mock_data", d.mock_data);
 
   ClusterConfig &c = spec.cluster;

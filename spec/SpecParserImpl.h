@@ -69,6 +69,7 @@ public:
     Spec spec;
     spec.source = source;
     readValues(spec);
+    resolveTokenizer(spec);
     resolveModel(spec);
     checkParallel(spec);
     resolveTraining(spec);
@@ -101,6 +102,7 @@ private:
   void getFloat(const char *section, const char *name, double &out);
   void getBool(const char *section, const char *name, bool &out);
   void getString(const char *section, const char *name, std::string &out);
+  void getStrings(const char *section, const char *name, std::vector<std::string> &out);
   template <typename T>
   void getEnum(const char *section, const char *name, T &out, std::initializer_list<T> all);
   void readValues(Spec &spec);
@@ -111,6 +113,7 @@ private:
                   const std::string &value) const;
   std::string ref(const std::string &section, const std::string &name, int64_t v) const;
   void resolveModel(Spec &spec);
+  void resolveTokenizer(Spec &spec); // SpecTokenizer.cpp
   void checkParallel(Spec &spec);
   void resolveLength(Spec &spec);
   void resolveTraining(Spec &spec);

@@ -194,7 +194,16 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
     os << " padded to " << padded << " (multiple of "
        << m.make_vocab_size_divisible_by << " x tp " << p.tensor_model_parallel_size
        << ")";
-  os << "\n\n";
+  os << "\n";
+  // The tokenizer the vocabulary and mock data's end of document come from.
+  const spec::DataConfig &d = spec.data;
+  if (!d.tokenizer.empty())
+    os << "  tokenizer " << d.tokenizer << "\n";
+  else if (!d.tokenizer_unread.empty() && d.mock_data)
+    os << "  mock data ends documents with " << d.eod_id
+       << " (vocab_size - 1): mtc did not read the tokenizer (" << d.tokenizer_unread
+       << ")\n";
+  os << "\n";
 
   os << "run\n";
   os << llvm::formatv("  sequence {0}, micro-batch {1}, global batch {2} "

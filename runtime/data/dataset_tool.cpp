@@ -69,6 +69,7 @@ options:
 const char *kSamplesHelp = R"TXT(usage: mt-dataset samples PREFIX [options]
        mt-dataset samples W1 PREFIX1 W2 PREFIX2 ... [options]
        mt-dataset samples --mock --vocab-size V [options]
+       mt-dataset samples --mock --tokenizer-type TYPE [its files] [options]
 
 Builds (or loads from the index cache) the indices of one split exactly as
 Megatron-LM's GPTDataset does (BlendedDataset for weighted prefixes,
@@ -89,6 +90,8 @@ options:
                         PREFIX/cache/GPTDataset_indices, Megatron's)
   --vocab-size V        check every token id is below V; mock data needs it
                         (its end-of-document id is V - 1)
+  --tokenizer-type TYPE instead of --vocab-size: the tokenizer's vocabulary, and
+                        its end-of-document id for mock data (flags below)
   --mock                Megatron's mock data instead of a dataset
   --help, -h            this text
 )TXT";
@@ -360,7 +363,8 @@ int run_inspect(const std::vector<std::string> &args) {
   std::printf("dtype:     %s\n", dtype_name(ds->dtype()));
   if (tokenizer) {
     TokenDtype expected = dtype_for_vocab_size(tokenizer->vocab_size());
-    std::printf("tokenizer: %s\n", tokenizer->describe().c_str());
+    std::printf("tokenizer: %s: %zu ids, end of document %d\n", tokenizer->describe().c_str(),
+                tokenizer->vocab_size(), tokenizer->eod());
     if (expected != ds->dtype())
       std::printf("note:      Megatron writes %s for this tokenizer's %zu ids, not %s; check "
                   "the dataset was made with it\n",
@@ -496,14 +500,27 @@ int run_samples(const std::vector<std::string> &args) {
   std::string err = parse_args(args,
                                {"--seq-length", "--num-samples", "--which", "--split", "--seed",
                                 "--show", "--cache-dir", "--vocab-size", "--mock", "--help"},
-                               &a);
+                               &a, true);
   if (!err.empty())
     return usage_error("samples", err);
   if (a.help) {
     std::fputs(kSamplesHelp, stdout);
+    std::fputs(tokenizer_flags_usage(), stdout);
     return 0;
   }
+  if (a.has_vocab_size && a.tokenizer_given && a.tokenizer.type != "NullTokenizer" &&
+      a.tokenizer.type != "TikTokenizer")
+    return usage_error("samples", "give --vocab-size or a tokenizer's files, not both");
+  bool tokenizer_failed;
+  auto tokenizer = load_named_tokenizer(a, &tokenizer_failed);
+  if (tokenizer_failed)
+    return 1;
   GptDataConfig config;
+  if (tokenizer) {
+    a.vocab_size = tokenizer->vocab_size();
+    a.has_vocab_size = true;
+    config.eod = tokenizer->eod();
+  }
   if (a.mock) {
     if (!a.positional.empty())
       return usage_error("samples", "--mock takes no dataset, got '" + a.positional[0] + "'");

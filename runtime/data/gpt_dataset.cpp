@@ -94,9 +94,15 @@ std::unique_ptr<GptDataset> GptDataset::build(const GptDataConfig &config, DataS
     *error = "data: no data: set [data] data_path to a dataset prefix, or mock_data = true";
     return nullptr;
   }
+  if (config.mock && config.eod >= config.vocab_size) {
+    *error = "data: mock data's end-of-document id " + std::to_string(config.eod) +
+             " is outside the vocabulary [0, " + std::to_string(config.vocab_size) +
+             "); check the tokenizer and vocab_size agree";
+    return nullptr;
+  }
   if (config.mock && config.vocab_size < 1) {
-    *error = "data: mock data needs the vocabulary size (its end-of-document id is "
-             "vocab_size - 1); set it";
+    *error = "data: mock data needs the vocabulary size (its tokens are 1, 2, ... modulo "
+             "it); set it";
     return nullptr;
   }
 
@@ -121,7 +127,7 @@ std::unique_ptr<GptDataset> GptDataset::build(const GptDataConfig &config, DataS
 
   if (config.mock || config.blend.size() == 1) {
     std::shared_ptr<Source> src = config.mock
-                                      ? mock_source(config.vocab_size)
+                                      ? mock_source(config.vocab_size, config.eod)
                                       : open_source(config.blend[0].second, config.vocab_size, error);
     if (!src)
       return nullptr;

@@ -61,8 +61,11 @@ struct GptDataConfig {
   uint64_t seed = 1234;
   // Real (unpadded) vocabulary size: a token id outside [0, vocab_size) is an
   // error naming the dataset; 0 skips the check. Mock data needs it: its
-  // end-of-document id is vocab_size - 1.
+  // tokens are 1, 2, ... modulo vocab_size.
   int64_t vocab_size = 0;
+  // Mock data's end-of-document id: the tokenizer's (Megatron's
+  // tokenizer.eod); -1 is vocab_size - 1, GPT-2's and NullTokenizer's.
+  int64_t eod = -1;
   std::string cache_dir; // "" = Megatron's default (see above)
 };
 

@@ -125,7 +125,7 @@ struct Source {
 // The dataset at `prefix`, or null with *error set.
 std::shared_ptr<Source> open_source(const std::string &prefix, int64_t vocab, std::string *error);
 // MockGPTLowLevelDataset with a vocabulary of `vocab` ids.
-std::shared_ptr<Source> mock_source(int64_t vocab);
+std::shared_ptr<Source> mock_source(int64_t vocab, int64_t eod);
 
 // Min and max token id of sequences [beg, end), read by a few threads.
 std::pair<int64_t, int64_t> token_range(const Source &src, int64_t beg, int64_t end);

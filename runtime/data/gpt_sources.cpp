@@ -56,11 +56,11 @@ std::shared_ptr<Source> open_source(const std::string &prefix, int64_t vocab, st
   return src;
 }
 
-std::shared_ptr<Source> mock_source(int64_t vocab) {
+std::shared_ptr<Source> mock_source(int64_t vocab, int64_t eod) {
   auto src = std::make_shared<Source>();
-  src->name = "mock data";
   src->vocab = vocab;
-  src->eod = static_cast<int32_t>(vocab - 1);
+  src->eod = static_cast<int32_t>(eod >= 0 ? eod : vocab - 1);
+  src->name = "mock data (end of document " + std::to_string(src->eod) + ")";
   NumpyDefaultRng rng(kMockSeed);
   src->mock_lengths.resize(kMockSequences);
   for (int32_t &len : src->mock_lengths) {

@@ -1162,6 +1162,7 @@ private:
     cfg.seq_length = seq;
     cfg.seed = uint64_t(t->seed());
     cfg.vocab_size = t->vocab_size();
+    cfg.eod = t->eod_id();
     auto counts = megatron_num_samples(trainIters, gbs, t->eval_interval(), t->eval_iters());
     if (bySamples) // Megatron's index holds train_samples when training counts them
       counts[0] = trainSamples;

@@ -176,8 +176,8 @@ public:
     return out;
   }
   std::string describe() const override {
-    return "NullTokenizer (--vocab-size " + std::to_string(flag_) + (legacy_ ? ", legacy" : "") +
-           ": " + std::to_string(vocab_) + " ids, end of document " + std::to_string(eod_) + ")";
+    return "NullTokenizer (--vocab-size " + std::to_string(flag_) +
+           (legacy_ ? ", --legacy-tokenizer)" : ")");
   }
 
 private:

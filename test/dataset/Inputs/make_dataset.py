@@ -10,7 +10,7 @@ document indices ([0] plus len(sequence_lengths) after each document). The
 .bin is the token ids in the dtype, no header.
 
 usage: make_dataset.py PREFIX [--dtype NAME] [--docs JSON] [--corrupt KIND]
-       make_dataset.py --vocab DIR
+       make_dataset.py --vocab DIR [--vocab-eod-first]
 --docs is a JSON list of documents, each a list of sequences of token ids;
 --docs @FILE reads that JSON from FILE.
 """
@@ -112,10 +112,15 @@ def byte_symbol(b):
     return chr(256 + sorted(set(range(256)) - set(printable)).index(b))
 
 
-def write_vocab(out):
+def write_vocab(out, eod_first=False):
     os.makedirs(out, exist_ok=True)
-    vocab = {byte_symbol(b): b for b in range(256)}
-    vocab.update({"he": 256, "ll": 257, "hell": 258, "<|endoftext|>": 259})
+    if eod_first:  # <|endoftext|> is id 0, not the last: EOD != vocab size - 1
+        vocab = {"<|endoftext|>": 0}
+        vocab.update({byte_symbol(b): b + 1 for b in range(256)})
+        vocab.update({"he": 257, "ll": 258, "hell": 259})
+    else:
+        vocab = {byte_symbol(b): b for b in range(256)}
+        vocab.update({"he": 256, "ll": 257, "hell": 258, "<|endoftext|>": 259})
     with open(os.path.join(out, "vocab.json"), "w", encoding="utf-8") as f:
         json.dump(vocab, f, ensure_ascii=False)
     with open(os.path.join(out, "merges.txt"), "w", encoding="utf-8") as f:
@@ -129,9 +134,10 @@ def main():
     p.add_argument("--docs", help="JSON list of documents (lists of sequences)")
     p.add_argument("--corrupt")
     p.add_argument("--vocab", metavar="DIR")
+    p.add_argument("--vocab-eod-first", action="store_true")
     a = p.parse_args()
     if a.vocab:
-        write_vocab(a.vocab)
+        write_vocab(a.vocab, a.vocab_eod_first)
     if a.prefix:
         text = a.docs
         if text is not None and text.startswith("@"):

@@ -18,7 +18,7 @@ usage:
   megatron_indices.py make PREFIX --documents N --seed S [--max-length M]
   megatron_indices.py samples (PREFIX | W1 PREFIX1 W2 PREFIX2 ... | --mock)
       --seq-length L --num-samples N [--which train|valid|test] [--split S]
-      [--seed S] [--show K] [--vocab-size V]
+      [--seed S] [--show K] [--vocab-size V] [--eod E]
 `make` writes a random dataset (empty documents, several sequences per
 document, empty sequences included); `samples` prints one sample per line.
 """
@@ -78,8 +78,9 @@ class Indexed:
 class Mock:
     """MockGPTLowLevelDataset."""
 
-    def __init__(self, vocab_size):
-        self.vocab_size, self.eod = vocab_size, vocab_size - 1
+    def __init__(self, vocab_size, eod=None):  # tokenizer.vocab_size, tokenizer.eod
+        self.vocab_size = vocab_size
+        self.eod = vocab_size - 1 if eod is None else eod
         rng = numpy.random.default_rng(seed=0)
         self.sizes = rng.integers(low=1, high=4096, size=100000, dtype=numpy.int32)
 
@@ -211,6 +212,7 @@ def main():
     p.add_argument("--max-length", type=int, default=60)
     p.add_argument("--mock", action="store_true")
     p.add_argument("--vocab-size", type=int, default=50257)
+    p.add_argument("--eod", type=int)
     p.add_argument("--seq-length", type=int)
     p.add_argument("--num-samples", type=int)
     p.add_argument("--which", default="train", choices=["train", "valid", "test"])
@@ -224,7 +226,7 @@ def main():
     which = ["train", "valid", "test"].index(a.which)
     gpt = lambda low, split, n: GPT(low, split, which, n, a.seq_length, a.seed)
     if a.mock:
-        ds = gpt(Mock(a.vocab_size), "1,1,1", a.num_samples)
+        ds = gpt(Mock(a.vocab_size, a.eod), "1,1,1", a.num_samples)
     elif len(a.data) == 1:
         ds = gpt(Indexed(a.data[0]), a.split, a.num_samples)
     else:

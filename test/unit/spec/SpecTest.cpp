@@ -116,7 +116,18 @@ void expectSameSpec(const Spec &a, const Spec &b) {
   SAME(data.tokenizer_type);
   SAME(data.vocab_file);
   SAME(data.merge_file);
+  SAME(data.tokenizer_model);
+  SAME(data.tokenizer_special_tokens);
+  SAME(data.tiktoken_pattern);
+  SAME(data.tiktoken_num_special_tokens);
+  SAME(data.tiktoken_special_tokens);
+  SAME(data.tokenizer_sentencepiece_legacy);
+  SAME(data.tokenizer_hf_include_special_tokens);
+  SAME(data.legacy_tokenizer);
   SAME(data.mock_data);
+  SAME(data.eod_id);
+  SAME(data.tokenizer);
+  SAME(data.tokenizer_unread);
   SAME(cluster.device);
   SAME(cluster.device_memory_bytes);
   SAME(cluster.gpus_per_node);
@@ -731,6 +742,28 @@ TEST(Spec, RoundTripCustomDeviceAndSelectiveRecompute) {
                           {"model.norm_epsilon=1e-5"}});
   expectRoundTrip(kBase, {{"data.mock_data=true"}, {"cluster.device_memory=80.5"}});
   expectRoundTrip(kBase, {{"data.data_path=[2, \"weighted\"]"}});
+}
+
+// The tokenizer's keys, lists included; a tokenizer mtc reads (NullTokenizer)
+// and one it cannot (a hub name), whose vocab_size then stays the spec's.
+TEST(Spec, RoundTripTokenizers) {
+  expectRoundTrip(kBase, {{"data.tokenizer_type=\"TikTokenizer\""},
+                          {"data.tokenizer_model=\"org/tiktoken-hub-name\""},
+                          {"data.tiktoken_pattern=\"v1\""},
+                          {"data.tiktoken_num_special_tokens=500"},
+                          {"data.tiktoken_special_tokens=[\"<unk>\", \"<s>\", \"</s>\"]"},
+                          {"data.tokenizer_special_tokens=[\"<pad>\"]"},
+                          {"data.legacy_tokenizer=true"}});
+  expectRoundTrip(kBase, {{"data.tokenizer_type=\"HuggingFaceTokenizer\""},
+                          {"data.tokenizer_model=\"meta-llama/Meta-Llama-3-8B\""},
+                          {"data.tokenizer_hf_include_special_tokens=false"}});
+  expectRoundTrip(kBase, {{"data.tokenizer_type=\"NullTokenizer\""}, {"model.vocab_size=70000"}});
+  Spec s = parseOk(kBase, {{"data.tokenizer_type=\"NullTokenizer\""},
+                           {"data.legacy_tokenizer=true"},
+                           {"model.vocab_size=70001"}});
+  EXPECT_EQ(s.model.vocab_size, 70001);
+  EXPECT_EQ(s.data.eod_id, 70000);
+  EXPECT_EQ(s.data.tokenizer, "NullTokenizer (--vocab-size 70000, --legacy-tokenizer), end of document 70000");
 }
 
 TEST(Spec, RoundTripWarmupStableDecayAndOverlaps) {

@@ -93,7 +93,7 @@ TEST(NullTokenizerTest, DecodeAndEncodeWithoutErrors) {
   EXPECT_EQ(out, (Ids{4, 5}));
   enc->encode("4 x", out); // refused: nothing appended
   EXPECT_EQ(out, (Ids{4, 5}));
-  EXPECT_EQ(t->describe(), "NullTokenizer (--vocab-size 100, legacy: 101 ids, end of document 100)");
+  EXPECT_EQ(t->describe(), "NullTokenizer (--vocab-size 100, --legacy-tokenizer)");
 }
 
 TEST(NullTokenizerTest, Options) {
