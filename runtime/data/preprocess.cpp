@@ -15,7 +15,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -241,6 +243,7 @@ struct RawDoc {
   uint32_t file = 0;   // index into the input list
   uint64_t line = 0;   // 1-based; 0 for --document-per-file
   std::string bytes;   // the line (without '\n') or the whole file
+  bool newline = false; // the line ended with '\n'
 };
 
 struct Batch {
@@ -315,6 +318,7 @@ private:
         size_t nl = buf_.find('\n', pos_);
         if (nl != std::string::npos) {
           doc.bytes.assign(buf_, pos_, nl - pos_);
+          doc.newline = true;
           bytes_read_ += nl - pos_ + 1;
           pos_ = nl + 1;
           break;
@@ -322,6 +326,7 @@ private:
         if (eof_) {
           if (pos_ < buf_.size()) { // last line without '\n'
             doc.bytes.assign(buf_, pos_, std::string::npos);
+            doc.newline = false;
             bytes_read_ += buf_.size() - pos_;
             pos_ = buf_.size();
             break;
@@ -378,6 +383,9 @@ struct EncodedDoc {
   std::string error;                          // non-empty: a bad document
   uint32_t file = 0;
   uint64_t line = 0;
+  // Megatron's bytes_processed: len(json_line), the characters of the line
+  // with its '\n' (UTF-8 code points, not bytes).
+  uint64_t chars = 0;
 };
 
 struct EncodedBatch {
@@ -398,6 +406,9 @@ public:
       EncodedDoc &doc = out.docs[i];
       doc.file = raw.file;
       doc.line = raw.line;
+      doc.chars = raw.newline;
+      for (char c : raw.bytes)
+        doc.chars += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
       out.input_bytes += raw.bytes.size() + 1;
       if (o_.input_format == "text")
         encode_text(raw.bytes, doc);
@@ -498,15 +509,19 @@ public:
       : o_(o), total_bytes_(total_bytes), bar_(!o.quiet && ::isatty(STDOUT_FILENO)),
         start_(std::chrono::steady_clock::now()) {}
 
-  void document_done(uint64_t docs, uint64_t bytes) {
+  // `chars`: Megatron's total_bytes_processed so far (characters of the
+  // lines read, this document's included); `bytes`: input bytes, for the bar.
+  void document_done(uint64_t docs, uint64_t chars, uint64_t bytes) {
     if (o_.quiet)
       return;
     if (docs % static_cast<uint64_t>(o_.log_interval) == 0) {
       double s = elapsed();
-      // Megatron's line, field for field (MB = 2^20 bytes).
-      std::fprintf(stderr, "Processed %llu documents (%g docs/s, %g MB/s).\n",
-                   static_cast<unsigned long long>(docs), docs / s,
-                   bytes / s / 1024.0 / 1024.0);
+      // Megatron's print_processing_stats, character for character: the
+      // rates as Python prints floats, "MB" = 2^20 characters.
+      std::fprintf(stderr, "Processed %llu documents (%s docs/s, %s MB/s).\n",
+                   static_cast<unsigned long long>(docs),
+                   python_float_repr(static_cast<double>(docs) / s).c_str(),
+                   python_float_repr(static_cast<double>(chars) / s / 1024 / 1024).c_str());
     }
     if (bar_ && (docs & 255) == 0)
       draw(bytes, false);
@@ -574,7 +589,7 @@ public:
     // The reader runs on its own thread; this thread writes in order.
     std::thread reader([&] { read(max_inflight); });
 
-    uint64_t next = 0, docs_done = 0, bytes_done = 0, skipped = 0;
+    uint64_t next = 0, docs_done = 0, bytes_done = 0, chars_done = 0, skipped = 0;
     std::string first_skip, error;
     while (true) {
       EncodedBatch batch;
@@ -596,6 +611,7 @@ public:
       }
       cv_.notify_all(); // a slot freed for the reader
       for (EncodedDoc &doc : batch.docs) {
+        chars_done += doc.chars;
         if (!doc.error.empty()) {
           std::string where = files_[doc.file] + ":" + std::to_string(doc.line);
           if (!o_.skip_bad_documents) {
@@ -613,7 +629,7 @@ public:
         if (!error.empty())
           break;
         ++docs_done;
-        progress.document_done(docs_done, bytes_done);
+        progress.document_done(docs_done, chars_done, bytes_done);
       }
       bytes_done += batch.input_bytes;
       if (!error.empty())
@@ -738,6 +754,48 @@ private:
 };
 
 } // namespace
+
+std::string python_float_repr(double v) {
+  if (std::isnan(v))
+    return "nan";
+  if (std::isinf(v))
+    return v < 0 ? "-inf" : "inf";
+  if (v == 0)
+    return std::signbit(v) ? "-0.0" : "0.0";
+  // The shortest round-trip digits, from the scientific form d.ddde[+-]X.
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
+  std::string sci(buf, r.ptr);
+  std::string sign;
+  if (sci[0] == '-') {
+    sign = "-";
+    sci.erase(0, 1);
+  }
+  size_t e = sci.find('e');
+  int exp = std::atoi(sci.c_str() + e + 1);
+  std::string digits = sci.substr(0, e);
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  std::string out;
+  if (exp >= -4 && exp < 16) {
+    if (exp >= 0) {
+      if (digits.size() <= static_cast<size_t>(exp) + 1)
+        out = digits + std::string(static_cast<size_t>(exp) + 1 - digits.size(), '0') + ".0";
+      else
+        out = digits.substr(0, static_cast<size_t>(exp) + 1) + "." +
+              digits.substr(static_cast<size_t>(exp) + 1);
+    } else {
+      out = "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+    }
+  } else {
+    out = digits.substr(0, 1);
+    if (digits.size() > 1)
+      out += "." + digits.substr(1);
+    char ex[16];
+    std::snprintf(ex, sizeof ex, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+    out += ex;
+  }
+  return sign + out;
+}
 
 int run_mt_preprocess(const std::vector<std::string> &args) {
   Options o;

@@ -219,3 +219,32 @@ TEST_F(PreprocessTest, UsageErrors) {
 }
 
 } // namespace
+
+// Megatron prints its progress rates with Python's float repr; each string
+// below is what `repr(v)` gives in CPython 3.11.
+TEST(PythonFloatRepr, MatchesCPython) {
+  const std::pair<double, const char *> cases[] = {
+      {1.0, "1.0"},
+      {0.5, "0.5"},
+      {1234.5678901234567, "1234.5678901234567"},
+      {1e16, "1e+16"},
+      {1.5e16, "1.5e+16"},
+      {123456789012345.6, "123456789012345.6"},
+      {1e-4, "0.0001"},
+      {1.2345e-5, "1.2345e-05"},
+      {0.0001234, "0.0001234"},
+      {3.0e-300, "3e-300"},
+      {2.5e+300, "2.5e+300"},
+      {100.0, "100.0"},
+      {1e15, "1000000000000000.0"},
+      {9999999999999998.0, "9999999999999998.0"},
+      {0.1, "0.1"},
+      {1.0 / 3, "0.3333333333333333"},
+      {2.0 / 3 * 1e-4, "6.666666666666667e-05"},
+      {76543.21, "76543.21"},
+      {-2.5, "-2.5"},
+      {0.0, "0.0"},
+  };
+  for (const auto &[v, want] : cases)
+    EXPECT_EQ(mt::rt::python_float_repr(v), want) << v;
+}
