@@ -867,8 +867,8 @@ absl::Status Translator::vocabulary() {
   const std::string by = otherTokenizer_ ? "by mt for --tokenizer-type " + tokenizerType_->first
                                          : "by --tokenizer-type " + type;
   for (const auto &[k, used] : std::vector<std::pair<std::string, bool>>{
-           {"data.vocab_file", !otherTokenizer_ && (gpt2 || hf)},
-           {"data.merge_file", !otherTokenizer_ && (gpt2 || hf)},
+           {"data.vocab_file", !otherTokenizer_ && gpt2},
+           {"data.merge_file", !otherTokenizer_ && gpt2},
            {"data.tokenizer_model", !otherTokenizer_ && !gpt2 && !null},
            {"data.tokenizer_special_tokens", !otherTokenizer_ && (hf || sp || tik)},
            {"data.tiktoken_pattern", !otherTokenizer_ && tik},

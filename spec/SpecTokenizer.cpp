@@ -54,8 +54,8 @@ void Parser::resolveTokenizer(Spec &spec) {
                " (it belongs to " + owner + ")",
            "remove it, or set tokenizer_type to the tokenizer it belongs to");
   };
-  onlyFor("vocab_file", gpt2 || hf, "GPT2BPETokenizer and HuggingFaceTokenizer");
-  onlyFor("merge_file", gpt2 || hf, "GPT2BPETokenizer and HuggingFaceTokenizer");
+  onlyFor("vocab_file", gpt2, "GPT2BPETokenizer; HuggingFaceTokenizer reads tokenizer.json");
+  onlyFor("merge_file", gpt2, "GPT2BPETokenizer; HuggingFaceTokenizer reads tokenizer.json");
   onlyFor("tokenizer_model", !gpt2 && !null,
           "HuggingFaceTokenizer, the SentencePiece types and TikTokenizer");
   onlyFor("tiktoken_pattern", tik, "TikTokenizer");
@@ -135,9 +135,9 @@ void Parser::resolveTokenizer(Spec &spec) {
   }
   if (!bad.empty())
     fail(at("data", "tokenizer_type"),
-         "tokenizer_type = " + quote(type) + " is incomplete: " + bad +
-             " (Megatron's flag names; docs/spec.md gives their [data] keys)",
-         "add the missing [data] key");
+         "tokenizer_type = " + quote(type) + " with these [data] keys: " + bad +
+             " (in Megatron's flag names; docs/spec.md gives their keys)",
+         "change the [data] keys it names");
   std::string error;
   std::shared_ptr<const rt::Tokenizer> tok = rt::load_tokenizer(o, &error);
   if (!tok)
