@@ -778,8 +778,11 @@ LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, bool sgd, int64_t 
   for (ParamOp p : params) {
     int64_t e = flat.lookup(p.getSymName());
     p->setAttr("mt.flat_offset", b.getI64IntegerAttr(e));
-    p->setAttr("mt.weight_offset", b.getI64IntegerAttr(weightBase + e * bytesOf(p.getType()) /
-                                                                       p.getNumElements()));
+    // e * bytes / elements, in 128 bits: the product passes 2^63 on large
+    // models (e ~ 1e10 elements, a weight of ~1e9 bytes).
+    const int64_t at = int64_t(static_cast<__int128>(e) * bytesOf(p.getType()) /
+                               p.getNumElements());
+    p->setAttr("mt.weight_offset", b.getI64IntegerAttr(weightBase + at));
     p->setAttr("mt.grad_offset", b.getI64IntegerAttr(gradBase + e * 4));
   }
   SmallVector<Attribute> rewritten;

@@ -55,7 +55,7 @@ std::vector<KeyInfo> buildTable() {
   std::vector<KeyInfo> t;
   // [model]
   t.push_back(key("model", "num_layers", I, true, "", "layers", "--num-layers",
-                  "Number of transformer layers.", atLeast(1)));
+                  "Number of transformer layers.", {1, 10000, false, false}));
   t.push_back(key("model", "hidden_size", I, true, "", "", "--hidden-size",
                   "Width of the residual stream.", atLeast(1)));
   t.push_back(key("model", "ffn_hidden_size", I, false,
@@ -451,7 +451,7 @@ std::vector<KeyInfo> buildTable() {
                   "",
                   "Memory of one GPU: a preset (\"H100-80GB\", \"H200-141GB\", "
                   "\"A100-80GB\", \"A100-40GB\", \"RTX5080-16GB\") or a number of GiB.",
-                  above(0)));
+                  {0, 1048576, true, false}));
   t.push_back(key("cluster", "gpus_per_node", I, false, "tp * pp * dp / nodes", "GPUs", "",
                   "GPUs per node (torchrun --nproc-per-node); nodes * gpus_per_node must "
                   "equal tp * pp * dp.",
@@ -565,6 +565,11 @@ std::string formatNumber(double v) {
   if (std::isinf(v))
     return v > 0 ? "inf" : "-inf";
   char buf[64];
+  // Whole numbers below 2^53 in full: a range [1, 10000], not [1, 1e+04].
+  if (v == std::floor(v) && std::fabs(v) < 9007199254740992.0 && std::fabs(v) >= 1e4) {
+    std::snprintf(buf, sizeof(buf), "%.0f", v);
+    return buf;
+  }
   for (int prec = 1; prec <= 17; ++prec) {
     std::snprintf(buf, sizeof(buf), "%.*g", prec, v);
     if (std::strtod(buf, nullptr) == v)

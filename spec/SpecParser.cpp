@@ -298,8 +298,18 @@ void Parser::checkValue(const Entry &e) {
   case KeyType::Int: {
     if (!v.is_integer()) {
       std::string hint = "write a whole number without quotes";
-      if (auto d = v.value_exact<double>(); d && std::floor(*d) == *d && std::isfinite(*d))
-        hint = "write " + formatNumber(*d) + " without the decimal point";
+      // A whole float in range: the same number as an integer. One outside
+      // (1e300) has no integer form to suggest.
+      if (auto d = v.value_exact<double>(); d && std::floor(*d) == *d && std::isfinite(*d)) {
+        const bool low = *d < k.min || (k.minExclusive && *d == k.min);
+        const bool high = *d > k.max || (k.maxExclusive && *d == k.max) || *d > double(kMaxInt);
+        const std::string range =
+            std::isfinite(k.max) ? rangeText(k)
+            : std::isfinite(k.min) ? rangeText(k) + " and <= " + std::to_string(kMaxInt)
+                                   : "<= " + std::to_string(kMaxInt);
+        hint = low || high ? "use a whole number " + range
+                           : "write " + formatNumber(*d) + " without the decimal point";
+      }
       fail(e.valueLoc, name + " must be an integer, got " + got(v), hint);
     }
     checkRange(e, name, static_cast<double>(*v.value_exact<int64_t>()));
@@ -515,8 +525,8 @@ void Parser::readDeviceMemory(const Entry &e, ClusterConfig *out) {
          "cluster.device_memory must be a preset name or a size in GiB, got " + got(v),
          "write e.g. device_memory = \"H100-80GB\" or device_memory = 80");
   double gib = *v.value<double>();
-  if (!(gib > 0) || !(gib < 1e9))
-    fail(e.valueLoc, "cluster.device_memory must be > 0 GiB, got " + got(v),
+  if (!(gib > 0) || !(gib <= 1048576))
+    fail(e.valueLoc, "cluster.device_memory must be in (0, 1048576] GiB, got " + got(v),
          "give the memory of one GPU in GiB, e.g. device_memory = 80");
   if (out) {
     out->device = "custom";

@@ -71,6 +71,19 @@ void Parser::resolveModel(Spec &spec) {
                ", ...), or set kv_channels");
     m.kv_channels = m.hidden_size / m.num_attention_heads;
   }
+  if (m.position_embedding_type == PositionEmbedding::Rope && m.kv_channels % 2 != 0)
+    fail(given("model", "kv_channels") ? at("model", "kv_channels")
+                                       : at("model", "num_attention_heads"),
+         "rope rotates each head's channels in pairs, but the head dim " +
+             (given("model", "kv_channels")
+                  ? ref("model", "kv_channels", m.kv_channels)
+                  : "hidden_size / num_attention_heads = " + std::to_string(m.hidden_size) +
+                        " / " + std::to_string(m.num_attention_heads) + " = " +
+                        std::to_string(m.kv_channels)) +
+             " is odd",
+         given("model", "kv_channels") ? std::string("set an even kv_channels")
+                                       : "choose num_attention_heads so that each head gets an "
+                                         "even number of channels, or set an even kv_channels");
   if (!given("model", "num_query_groups"))
     m.num_query_groups = m.num_attention_heads;
   if (m.num_query_groups > m.num_attention_heads)
@@ -397,6 +410,17 @@ void Parser::resolveTraining(Spec &spec) {
   TrainingConfig &t = spec.training;
   const int64_t dp = spec.parallel.data_parallel_size;
   const int64_t step = t.micro_batch_size * dp;
+  // A micro-batch's tokens are indexed with 32-bit integers in the kernels
+  // (and a CUDA grid's rows): both keys are below 2^31, so the product fits.
+  if (t.micro_batch_size * spec.model.seq_length > kMaxInt)
+    fail(at("training", "micro_batch_size"),
+         "a micro-batch of " + ref("training", "micro_batch_size", t.micro_batch_size) +
+             " samples of " + ref("model", "seq_length", spec.model.seq_length) + " tokens is " +
+             std::to_string(t.micro_batch_size * spec.model.seq_length) +
+             " tokens, more than the " + std::to_string(kMaxInt) +
+             " that mt's kernels index",
+         "lower micro_batch_size or seq_length so that their product is at most " +
+             std::to_string(kMaxInt));
   if (!given("training", "global_batch_size"))
     t.global_batch_size = step;
   if (t.global_batch_size % step != 0)

@@ -125,11 +125,18 @@ void suggestFixes(MemoryPlan &plan, const spec::Spec &spec,
   int64_t fixed = heavy.weights + heavy.grads + heavy.master + heavy.moments +
                   heavy.workspace + heavy.reserve;
   if (fixed > plan.deviceBytes) {
+    // Sharding the optimizer helps only where it is not sharded already.
+    const bool sharded = spec.parallel.use_distributed_optimizer &&
+                         spec.parallel.data_parallel_size > 1;
     plan.suggestions.push_back(
         "weights, gradients and optimizer state alone need " + gib(fixed) +
         " per GPU: split the model with tensor_model_parallel_size or "
-        "pipeline_model_parallel_size, or shard the optimizer with "
-        "use_distributed_optimizer = true and data_parallel_size > 1");
+        "pipeline_model_parallel_size" +
+        (sharded ? std::string(" (the optimizer state is already sharded over the " +
+                               std::to_string(spec.parallel.data_parallel_size) +
+                               " data-parallel ranks)")
+                 : std::string(", or shard the optimizer with use_distributed_optimizer = true "
+                               "and data_parallel_size > 1")));
     return;
   }
   // Smaller micro-batches (same global batch: more accumulation steps).

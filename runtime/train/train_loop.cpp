@@ -1839,8 +1839,10 @@ int mtrun_main(int argc, char **argv) {
       if (r < 0 || o.launch.rendezvous_dir.empty())
         return usage("--rendezvous-dir needs a directory every rank can reach");
     } else if ((r = value("--timeout", &v))) {
-      if (!positive(&o.timeout_s))
-        return usage("--timeout needs seconds > 0, got '" + v + "'");
+      // At most a week: beyond it a wait is a hang, and the deadline's
+      // arithmetic stays exact.
+      if (!positive(&o.timeout_s) || o.timeout_s > 604800)
+        return usage("--timeout needs seconds in (0, 604800] (a week at most), got '" + v + "'");
     } else if (!a.empty() && a[0] == '-') {
       return usage("unknown option '" + a + "'");
     } else if (o.plan_path.empty()) {
