@@ -7,6 +7,7 @@
 #include "runtime/data/tokenizers/sentencepiece_tokenizer.h"
 #include "runtime/data/tokenizers/tiktoken_tokenizer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -61,8 +62,9 @@ private:
 
 } // namespace
 
-bool parse_tokenizer_flag(const std::vector<std::string> &args, size_t &i,
-                          TokenizerOptions &o, std::string *error) {
+namespace {
+bool parse_one_tokenizer_flag(const std::vector<std::string> &args, size_t &i,
+                              TokenizerOptions &o, std::string *error) {
   error->clear();
   std::string a = args[i], inline_value;
   bool has_inline = false;
@@ -151,6 +153,8 @@ bool parse_tokenizer_flag(const std::vector<std::string> &args, size_t &i,
   return false;
 }
 
+} // namespace
+
 const char *tokenizer_flags_usage() {
   return R"(tokenizer (Megatron's flags):
   --tokenizer-type TYPE     GPT2BPETokenizer (default), NullTokenizer,
@@ -167,7 +171,41 @@ const char *tokenizer_flags_usage() {
 )";
 }
 
-std::string check_tokenizer_options(const TokenizerOptions &o) {
+bool parse_tokenizer_flag(const std::vector<std::string> &args, size_t &i,
+                          TokenizerOptions &o, std::string *error) {
+  const std::string a = args[i].substr(0, args[i].find('='));
+  if (!parse_one_tokenizer_flag(args, i, o, error))
+    return false;
+  o.given.push_back(a == "--vocab" ? "--vocab-file" : a);
+  return true;
+}
+
+namespace {
+// The flags a type reads beyond --tokenizer-type, --legacy-tokenizer,
+// --vocab-size and Megatron's spelled-out defaults; null for a type mt lacks.
+const std::vector<std::string> *flags_of(const std::string &type) {
+  static const std::vector<std::string> gpt2 = {"--vocab-file", "--merge-file"}, none = {},
+      sp = {"--tokenizer-model", "--tokenizer-sentencepiece-legacy",
+            "--tokenizer-special-tokens"},
+      hf = {"--tokenizer-model", "--tokenizer-special-tokens",
+            "--tokenizer-hf-no-include-special-tokens"},
+      tik = {"--tokenizer-model", "--tiktoken-pattern", "--tiktoken-num-special-tokens",
+             "--tiktoken-special-tokens", "--tokenizer-special-tokens"};
+  if (type == "GPT2BPETokenizer")
+    return &gpt2;
+  if (type == "NullTokenizer")
+    return &none;
+  if (is_sentencepiece_type(type))
+    return &sp;
+  if (type == "HuggingFaceTokenizer")
+    return &hf;
+  if (type == "TikTokenizer")
+    return &tik;
+  return nullptr;
+}
+
+// Each type's own checks (its required flags, its own refusals).
+std::string check_type_options(const TokenizerOptions &o) {
   if (o.type == "GPT2BPETokenizer") {
     if (o.vocab_file.empty() || o.merge_file.empty())
       return "GPT2BPETokenizer needs --vocab-file and --merge-file";
@@ -203,6 +241,24 @@ std::string check_tokenizer_options(const TokenizerOptions &o) {
   return "--tokenizer-type " + o.type + " is not supported; mt has GPT2BPETokenizer, "
          "NullTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, "
          "HuggingFaceTokenizer, TikTokenizer";
+}
+
+} // namespace
+
+std::string check_tokenizer_options(const TokenizerOptions &o) {
+  if (std::string bad = check_type_options(o); !bad.empty())
+    return bad;
+  // A flag the type does not read would be dropped without a word.
+  if (const std::vector<std::string> *used = flags_of(o.type))
+    for (const std::string &flag : o.given) {
+      static const std::vector<std::string> always = {
+          "--tokenizer-type", "--legacy-tokenizer", "--vocab-size", "--tokenizer-hf-use-fast",
+          "--tokenizer-hf-include-special-tokens"};
+      if (std::find(always.begin(), always.end(), flag) == always.end() &&
+          std::find(used->begin(), used->end(), flag) == used->end())
+        return flag + " has no effect with --tokenizer-type " + o.type + "; drop it";
+    }
+  return "";
 }
 
 std::shared_ptr<const Tokenizer> load_tokenizer(const TokenizerOptions &o,

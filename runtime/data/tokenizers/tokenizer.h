@@ -33,6 +33,9 @@ struct TokenizerOptions {
   bool sentencepiece_legacy = false;         // --tokenizer-sentencepiece-legacy
   bool hf_include_special_tokens = true;     // --tokenizer-hf-no-include-special-tokens
   bool legacy = false;                       // --legacy-tokenizer
+  // The flags parse_tokenizer_flag read, as named (--vocab for --vocab-file
+  // too): check_tokenizer_options refuses one that `type` does not use.
+  std::vector<std::string> given;
 };
 
 // Reads one tokenizer flag at args[i] (with its values, or its `=value`) into
