@@ -58,6 +58,14 @@ CpuExecutor::Impl::Impl(const pl::Plan &p, const pl::Rank &r)
       arena(r.arena_bytes() * arena_scale, "activation arena"),
       state(r.state_bytes() * state_scale, "parameter state"),
       scratch(max_scratch(p) * arena_scale, "kernel scratch") {
+  for (const Buffer *b : {&arena, &state, &scratch})
+    if (b->failed()) {
+      load_error = rank_name + ": cannot allocate the " + b->what() + " (" +
+                   std::to_string(b->size()) + " bytes) on the CPU: " +
+                   "the machine does not have that much memory; compile a smaller model, "
+                   "micro-batch or sequence, or run on more ranks";
+      return;
+    }
   load_error = rank_programs.load(r);
   programs.reserve(rank_programs.all().size() + 1);
   for (const pl::Program *prog : rank_programs.all())

@@ -34,21 +34,23 @@ inline bool is_half(pl::DType d) { return d == pl::DType::BF16 || d == pl::DType
 // Bytes per element in the CPU layout: every float type is held as f32.
 inline size_t cpu_element_bytes(pl::DType d) { return is_float_dtype(d) ? 4 : element_bytes(d); }
 
-// A 64-byte-aligned, zero-filled allocation.
+// A 64-byte-aligned, zero-filled allocation. One the machine cannot give is
+// not fatal: failed() says so and the executor reports it (load_error).
 class Buffer {
 public:
-  explicit Buffer(uint64_t bytes, const char *what) : size_(bytes) {
+  explicit Buffer(uint64_t bytes, const char *what) : size_(bytes), what_(what) {
     if (bytes == 0)
+      return;
+    // The plan reader caps every buffer far below this; the rounding cannot wrap.
+    if (bytes > (uint64_t(1) << 62))
       return;
     uint64_t rounded = (bytes + 63) / 64 * 64;
     data_ = static_cast<uint8_t *>(std::aligned_alloc(64, rounded));
-    if (!data_) {
-      std::fprintf(stderr, "mtrun: error: cannot allocate the %s (%llu bytes) on the CPU\n", what,
-                   static_cast<unsigned long long>(bytes));
-      std::abort();
-    }
-    std::memset(data_, 0, rounded);
+    if (data_)
+      std::memset(data_, 0, rounded);
   }
+  bool failed() const { return size_ > 0 && !data_; }
+  const char *what() const { return what_; }
   ~Buffer() { std::free(data_); }
   Buffer(const Buffer &) = delete;
   Buffer &operator=(const Buffer &) = delete;
@@ -58,6 +60,7 @@ public:
 private:
   uint8_t *data_ = nullptr;
   uint64_t size_ = 0;
+  const char *what_;
 };
 
 // Values of one instruction stream and where their bytes are on the CPU.

@@ -145,6 +145,8 @@ public:
   std::string check() {
     if (vsize(plan_.ranks()) == 0)
       return "the plan has no ranks";
+    if (std::string e = detail::verify_training(plan_); !e.empty())
+      return e;
     if (std::string e = check_training(); !e.empty())
       return e;
     std::set<int> seen;
@@ -154,7 +156,7 @@ public:
       if (std::string e = check_rank(*rank); !e.empty())
         return e;
     }
-    return "";
+    return detail::verify_loop_io(plan_);
   }
 
 private:

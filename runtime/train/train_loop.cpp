@@ -28,6 +28,7 @@
 #include <ctime>
 #include <fstream>
 #include <memory>
+#include <new>
 #include <optional>
 #include <vector>
 
@@ -1168,12 +1169,26 @@ private:
       counts[0] = trainSamples;
     trainIndexSamples = counts[0];
     std::string err;
-    train = GptDataset::build(cfg, DataSplit::Train, counts[0], &err);
+    // The sample counts follow from train_iters, eval_iters and the global
+    // batch: an index too large for this machine is an error, not an abort.
+    auto build = [&](DataSplit split, int64_t samples) -> std::unique_ptr<GptDataset> {
+      try {
+        return GptDataset::build(cfg, split, samples, &err);
+      } catch (const std::bad_alloc &) {
+        const char *name = split == DataSplit::Train ? "training"
+                           : split == DataSplit::Valid ? "validation" : "test";
+        err = "data: the " + std::string(name) + " index of " + std::to_string(samples) +
+              " samples (from train_iters, eval_interval, eval_iters and global_batch_size) "
+              "needs more memory than this machine has; lower them and recompile";
+        return nullptr;
+      }
+    };
+    train = build(DataSplit::Train, counts[0]);
     if (!train)
       return err;
     say(train->describe());
     if (t->eval_iters() > 0 && t->eval_interval() > 0 && counts[1] > 0) {
-      valid = GptDataset::build(cfg, DataSplit::Valid, counts[1], &err);
+      valid = build(DataSplit::Valid, counts[1]);
       if (!valid)
         return err;
     }
@@ -1187,7 +1202,7 @@ private:
       if (docs == 0) {
         testNote = "no evaluation on the test set: [data] split '" + cfg.split +
                    "' leaves it no documents";
-      } else if (!(test = GptDataset::build(cfg, DataSplit::Test, counts[2], &err))) {
+      } else if (!(test = build(DataSplit::Test, counts[2]))) {
         return err;
       }
     }

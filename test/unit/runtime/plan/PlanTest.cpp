@@ -239,9 +239,15 @@ std::string payload(const PlanDesc &d) {
       pl::CreateRankDirect(b, 0, 0, d.pp_rank, 0, &params, d.state_bytes, d.arena_bytes, &progs)};
   flatbuffers::Offset<pl::Training> training;
   if (d.num_micro_batches > 0)
-    training = pl::CreateTraining(b, 1, 1, d.num_micro_batches, d.num_micro_batches);
-  auto plan = pl::CreatePlanDirect(b, "mtc test", "", "", 1, 1, d.pipeline_parallel, 1, training,
-                                   &kernels, &ranks);
+    // Micro-batches of 2 sequences of 3 tokens, as the pipeline tests' tokens.
+    training = pl::CreateTrainingDirect(b, /*train_iters=*/1, /*micro_batch_size=*/2,
+                                        2 * d.num_micro_batches, d.num_micro_batches,
+                                        /*seq_length=*/3, /*vocab_size=*/1,
+                                        /*padded_vocab_size=*/1, /*seed=*/0, /*log_interval=*/1,
+                                        /*eval_interval=*/0, /*eval_iters=*/0,
+                                        /*save_interval=*/0, nullptr, nullptr, "fp32");
+  auto plan = pl::CreatePlanDirect(b, "mtc test", "", "", d.pipeline_parallel, 1,
+                                   d.pipeline_parallel, 1, training, &kernels, &ranks);
   pl::FinishPlanBuffer(b, plan);
   return std::string(reinterpret_cast<const char *>(b.GetBufferPointer()), b.GetSize());
 }
