@@ -10,6 +10,7 @@
 
 #include "runtime/plan/plan_reader.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
@@ -184,6 +185,8 @@ std::string check_training_scalars(const pl::Training &t) {
       {"rampup_increment", t.rampup_increment(), 0, kMaxInt},
       {"rampup_samples", t.rampup_samples(), 0, kMaxSamples},
       {"power_log_interval_ms", t.power_log_interval_ms(), 0, kMaxInt},
+      // -1: none (mock data then ends documents with vocab_size - 1).
+      {"eod_id", t.eod_id(), -1, std::max<int64_t>(t.padded_vocab_size(), 1) - 1},
   };
   for (const Range &r : ranges)
     if (r.v < r.lo || r.v > r.hi)

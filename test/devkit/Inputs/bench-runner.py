@@ -19,7 +19,9 @@ def kill_kit():
         kit.append(pid)
         with open(f"/proc/{pid}/stat") as f:
             pid = int(f.read().rsplit(")", 1)[1].split()[1])
-    for p in kit:
+    # Outermost first: a shell whose child died first could print and move
+    # on before its own kill arrives (a race a loaded machine loses).
+    for p in reversed(kit):
         os.kill(p, signal.SIGKILL)
 
 
