@@ -306,7 +306,7 @@ step_profile() {
   local d
   d=$(mktemp -d)
   mtc compile models/gpt-125m.toml --set training.train_iters=2 --set training.eval_iters=0 \
-      --set training.global_batch_size=4 -o "$d/p.plan" > /dev/null
+      --set training.global_batch_size=4 --set training.lr_warmup_iters=0 -o "$d/p.plan" > /dev/null
   # Eager steps: each kernel is its own launch for ncu.
   ncu --metrics gpu__time_duration.sum --print-summary per-kernel --csv \
       mtrun "$d/p.plan" --device cuda --no-cuda-graph > "$LOGS/ncu-gpt-125m.csv"
