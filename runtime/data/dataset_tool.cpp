@@ -570,7 +570,10 @@ int run_samples(const std::vector<std::string> &args) {
   std::vector<int32_t> tokens(static_cast<size_t>(ds->seq_length() + 1));
   std::string line;
   for (int64_t i = 0; i < show; ++i) {
-    ds->sample(i, tokens.data());
+    if (std::string e = ds->sample(i, tokens.data()); !e.empty()) {
+      std::fprintf(stderr, "%s\n", e.c_str());
+      return 1;
+    }
     line.clear();
     for (size_t k = 0; k < tokens.size(); ++k) {
       if (k)

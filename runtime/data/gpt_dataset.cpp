@@ -43,6 +43,7 @@ struct Blend {
   std::vector<int16_t> own_index;
   std::vector<int64_t> own_sample_index;
   std::string cache_path, cache_note;
+  std::string replaced; // why the index file at cache_path was unusable, when it was
   bool from_cache = false;
   double seconds = 0;
 };
@@ -202,10 +203,26 @@ std::unique_ptr<GptDataset> GptDataset::build(const GptDataConfig &config, DataS
     if (blend->map) {
       blend->dataset_index = static_cast<const int16_t *>(arrays[0]);
       blend->dataset_sample_index = static_cast<const int64_t *>(arrays[1]);
-      blend->from_cache = cached = true;
-    } else if (!why.empty()) {
-      blend->cache_note = "rebuilt (the cached file was unusable: " + why + ")";
+      // Every entry within its dataset's samples, or the file is rebuilt.
+      for (int64_t s = 0; s < blend->size && why.empty(); ++s) {
+        const int16_t d = blend->dataset_index[s];
+        const int64_t j = blend->dataset_sample_index[s];
+        if (d < 0 || static_cast<size_t>(d) >= blend->parts.size() || j < 0 ||
+            j >= blend->parts[size_t(d)]->size())
+          why = "its indices are inconsistent: entry " + std::to_string(s) + " names sample " +
+                std::to_string(j) + " of dataset " + std::to_string(d) + ", which the blend "
+                "does not have";
+      }
+      if (why.empty()) {
+        blend->from_cache = cached = true;
+      } else {
+        blend->map.reset();
+        blend->dataset_index = nullptr;
+        blend->dataset_sample_index = nullptr;
+      }
     }
+    if (!cached)
+      blend->replaced = why;
   }
   if (!cached) {
     blend->own_index.resize(static_cast<size_t>(blend->size));
@@ -219,6 +236,12 @@ std::unique_ptr<GptDataset> GptDataset::build(const GptDataConfig &config, DataS
       if (werr.empty())
         werr = write_cache(blend->cache_path, shape, description,
                            {blend->dataset_index, blend->dataset_sample_index});
+      if (!werr.empty() && !blend->replaced.empty()) {
+        *error = "data: the index cache " + blend->cache_path + " is unusable (" +
+                 blend->replaced + ") and cannot be replaced (" + werr +
+                 "); delete it, or make its folder writable";
+        return nullptr;
+      }
       if (!werr.empty())
         blend->cache_note = "not cached: " + werr;
     } else {
@@ -229,10 +252,6 @@ std::unique_ptr<GptDataset> GptDataset::build(const GptDataConfig &config, DataS
   std::vector<int64_t> needed(blend->parts.size(), 0);
   for (int64_t s = 0; s < blend->size; ++s) {
     const int16_t d = blend->dataset_index[s];
-    if (d < 0 || static_cast<size_t>(d) >= blend->parts.size()) {
-      *error = "data: the blend index " + blend->cache_path + " is corrupt; delete it";
-      return nullptr;
-    }
     needed[d] = std::max(needed[d], blend->dataset_sample_index[s] + 1);
   }
   for (size_t d = 0; d < blend->parts.size(); ++d)
@@ -256,28 +275,15 @@ int64_t GptDataset::size() const {
 
 int64_t GptDataset::seq_length() const { return impl_->seq_length; }
 
-void GptDataset::sample(int64_t i, int32_t *tokens) const {
-  if (i < 0 || i >= size()) {
-    std::fprintf(stderr, "data: internal error: sample %lld of a %s split of %lld samples\n",
-                 static_cast<long long>(i), data_split_name(impl_->which),
-                 static_cast<long long>(size()));
-    std::abort();
-  }
-  if (impl_->single) {
-    impl_->single->sample(i, tokens);
-    return;
-  }
+std::string GptDataset::sample(int64_t i, int32_t *tokens) const {
+  if (i < 0 || i >= size())
+    return "data: error: sample " + std::to_string(i) + " asked of a " +
+           data_split_name(impl_->which) + " split of " + std::to_string(size()) + " samples";
+  if (impl_->single)
+    return impl_->single->sample(i, tokens);
+  // The blend's entries were checked when built or loaded.
   const Blend &b = *impl_->blend;
-  const int16_t d = b.dataset_index[i];
-  const int64_t j = b.dataset_sample_index[i];
-  if (d < 0 || static_cast<size_t>(d) >= b.parts.size() || j < 0 || j >= b.parts[d]->size()) {
-    std::fprintf(stderr,
-                 "data: error: the blend index %s is inconsistent at sample %lld; delete it and "
-                 "run again\n",
-                 b.cache_path.c_str(), static_cast<long long>(i));
-    std::abort();
-  }
-  b.parts[d]->sample(j, tokens);
+  return b.parts[size_t(b.dataset_index[i])]->sample(b.dataset_sample_index[i], tokens);
 }
 
 uint64_t GptDataset::order_hash(uint64_t state, int64_t begin, int64_t end) const {
@@ -310,6 +316,8 @@ std::string GptDataset::describe() const {
   else
     s += "built in " + fmt_seconds(b.seconds) +
          (b.cache_note.empty() ? ", cached in " + b.cache_path : ", " + b.cache_note);
+  if (!b.from_cache && !b.replaced.empty())
+    s += "; rebuilt because the index file there was unusable: " + b.replaced;
   for (size_t d = 0; d < b.parts.size(); ++d)
     s += "\n  weight " + fmt_double(b.given[d]) + ", " + commas(b.requests[d]) +
          " samples asked: " + b.parts[d]->describe();

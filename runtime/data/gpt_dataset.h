@@ -25,14 +25,18 @@
 // default, `PREFIX/cache/GPTDataset_indices/` (a folder named like the
 // prefix); blends and mock data are cached only with an explicit cache_dir,
 // as in Megatron. Files are written to a temporary, fsynced and renamed into
-// place, then mmapped. A file whose header, description or size does not
-// match is rebuilt, never trusted.
+// place, then mmapped. A file whose header, description, size or checksums do
+// not match, or whose entries are not indices sample() can use, is rebuilt
+// (describe() says so), never trusted; one that cannot be rewritten is an
+// error naming it.
 //
-// .mtidx layout (little-endian): 8-byte magic "MTGPTIDX", u32 version 1, u32
+// .mtidx layout (little-endian): 8-byte magic "MTGPTIDX", u32 version 2, u32
 // kind (1 GPT, 2 blend), u64 description bytes, u64 count0, u64 count1, u64
-// count2, u8 width1, u8 width2, 6 zero bytes, i64 min token id, i64 max token
-// id, u64 FNV-1a hash of the preceding 72 bytes and the description; the
-// description, zero-padded to 8 bytes; then the arrays, each zero-padded to 8
+// count2, u8 width1, u8 width2, 2 zero bytes, u32 CRC-32C of every byte after
+// the padded description (the arrays and their padding), i64 min token id,
+// i64 max token id, u64 FNV-1a hash of the preceding 72 bytes and the
+// description; the description, zero-padded to 8 bytes; then the arrays,
+// each zero-padded to 8
 // bytes. GPT: count0 int32 document index entries, count1 sample index rows
 // of two width1-byte ints (document index position, offset), count2 shuffle
 // index entries of width2 bytes (uint32 or int64). Blend: count0 int16
@@ -83,9 +87,11 @@ public:
 
   int64_t size() const; // >= the num_samples requested
   int64_t seq_length() const;
-  // Writes the seq_length + 1 token ids of sample i (0 <= i < size()). Safe
-  // to call from several threads at once.
-  void sample(int64_t i, int32_t *tokens) const;
+  // Writes the seq_length + 1 token ids of sample i (0 <= i < size()) and
+  // returns "", or returns one error line (i out of range; the indices are
+  // checked when built or loaded, so nothing else fails). Safe to call from
+  // several threads at once.
+  std::string sample(int64_t i, int32_t *tokens) const;
   // Which files, split ranges, epochs and samples, and where the indices came
   // from; several lines for a blend.
   std::string describe() const;

@@ -168,6 +168,7 @@ struct GptPart {
   std::vector<uint32_t> own_shuffle32;
 
   std::string cache_path, cache_note;
+  std::string replaced; // why the index file at cache_path was unusable, when it was
   bool from_cache = false;
   double seconds = 0;
 
@@ -182,11 +183,18 @@ struct GptPart {
                               : static_cast<const int64_t *>(shuffle)[i];
   }
 
-  [[noreturn]] void corrupt(int64_t i, const char *what) const;
+  // The error for sample i: the split, the dataset, the index file.
+  std::string corrupt(int64_t i, const std::string &what) const;
+  // Sample index rows j and j + 1 checked (as sample i), and with out
+  // non-null their tokens read; lengths, when given, are the source's.
+  std::string span(int64_t j, int64_t i, int32_t *out, const std::vector<int32_t> *lengths) const;
 
   // _query_document_sample_shuffle_indices: the pieces of the documents
-  // between two consecutive sample index rows, concatenated.
-  void sample(int64_t i, int32_t *out) const;
+  // between two consecutive sample index rows, concatenated. "" or an error.
+  std::string sample(int64_t i, int32_t *out) const;
+  // "" when every entry of the three indices is what sample() can use; else
+  // what is wrong (an index file that holds something else is rebuilt).
+  std::string check_indices() const;
   // `h` advanced over what sample i holds (GptDataset::order_hash).
   uint64_t hash_sample(uint64_t h, int64_t i) const;
 

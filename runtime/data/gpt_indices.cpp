@@ -16,6 +16,7 @@
 
 #include "runtime/base/atomic_file.h"
 #include "runtime/base/byte_order.h"
+#include "runtime/base/crc32c.h"
 #include "runtime/data/numpy_random.h"
 
 #include <fcntl.h>
@@ -45,9 +46,12 @@ namespace {
 constexpr uint64_t kMaxDocumentIndex = uint64_t(1) << 32;
 
 constexpr char kCacheMagic[8] = {'M', 'T', 'G', 'P', 'T', 'I', 'D', 'X'};
-constexpr uint32_t kCacheVersion = 1;
+// Version 2 added the arrays' CRC-32C (version 1 checked only the header, so
+// damage to the arrays that stayed in range went unnoticed).
+constexpr uint32_t kCacheVersion = 2;
 constexpr size_t kCacheFixed = 80; // header bytes before the description
 constexpr size_t kChecksummed = 72;
+constexpr size_t kArraysCrc = 52; // u32 CRC-32C of everything after the description
 
 } // namespace
 
@@ -160,7 +164,7 @@ std::vector<size_t> cache_arrays(const CacheShape &s) {
   return {s.count[0] * 2, s.count[0] * 8};
 }
 
-std::string cache_header(const CacheShape &s, const std::string &description) {
+std::string cache_header(const CacheShape &s, const std::string &description, uint32_t arrays_crc) {
   std::string h(kCacheMagic, sizeof(kCacheMagic));
   put_le<uint32_t>(h, kCacheVersion);
   put_le<uint32_t>(h, s.kind);
@@ -169,7 +173,8 @@ std::string cache_header(const CacheShape &s, const std::string &description) {
     put_le<uint64_t>(h, c);
   put_le<uint8_t>(h, s.width[0]);
   put_le<uint8_t>(h, s.width[1]);
-  h.append(6, '\0');
+  h.append(2, '\0');
+  put_le<uint32_t>(h, arrays_crc);
   put_le<int64_t>(h, s.min_token);
   put_le<int64_t>(h, s.max_token);
   put_le<uint64_t>(h, fnv1a(description.data(), description.size(), fnv1a(h.data(), h.size())));
@@ -183,13 +188,17 @@ std::string cache_header(const CacheShape &s, const std::string &description) {
 std::string write_cache(const std::string &path, const CacheShape &s, const std::string &description,
                         const std::vector<const void *> &arrays) {
   static const char zeros[8] = {};
-  std::string header = cache_header(s, description);
   std::vector<size_t> sizes = cache_arrays(s);
-  std::vector<std::string_view> pieces{header};
+  std::vector<std::string_view> pieces{std::string_view()};
+  uint32_t crc = 0;
   for (size_t i = 0; i < sizes.size(); ++i) {
     pieces.emplace_back(static_cast<const char *>(arrays[i]), sizes[i]);
     pieces.emplace_back(zeros, pad8(sizes[i]) - sizes[i]);
+    crc = crc32c(pieces[pieces.size() - 2].data(), sizes[i], crc);
+    crc = crc32c(zeros, pad8(sizes[i]) - sizes[i], crc);
   }
+  const std::string header = cache_header(s, description, crc);
+  pieces[0] = header;
   return write_pieces_atomically(path, pieces);
 }
 
@@ -240,6 +249,13 @@ std::unique_ptr<Mapping> load_cache(const std::string &path, const std::string &
            commas(static_cast<int64_t>(total)) + " (truncated or overwritten)";
     return nullptr;
   }
+  // The arrays: a flipped bit that keeps every entry in range would still
+  // change which samples train.
+  if (crc32c(p + kCacheFixed + pad8(dlen), m->size - kCacheFixed - pad8(dlen)) !=
+      get_le<uint32_t>(p + kArraysCrc)) {
+    *why = "its arrays do not match their checksum (damaged after it was written)";
+    return nullptr;
+  }
   expect->min_token = get_le<int64_t>(p + 56);
   expect->max_token = get_le<int64_t>(p + 64);
   arrays->clear();
@@ -254,51 +270,78 @@ std::unique_ptr<Mapping> load_cache(const std::string &path, const std::string &
 // Megatron's GPTDataset: one split of one source.
 // ---------------------------------------------------------------------------
 
-void GptPart::corrupt(int64_t i, const char *what) const {
-  std::fprintf(stderr,
-               "data: error: the %s indices of %s are inconsistent at sample %lld (%s)%s%s; "
-               "delete that file and run again\n",
-               data_split_name(set.which), src->name.c_str(), static_cast<long long>(i), what,
-               cache_path.empty() ? "" : ": ", cache_path.c_str());
-  std::abort();
+std::string GptPart::corrupt(int64_t i, const std::string &what) const {
+  return "data: error: the " + std::string(data_split_name(set.which)) + " indices of " +
+         src->name + " are inconsistent at sample " + std::to_string(i) + " (" + what + ")" +
+         (cache_path.empty() ? std::string() : ": " + cache_path) + "; delete that file and run again";
 }
 
-// _query_document_sample_shuffle_indices: the pieces of the documents
-// between two consecutive sample index rows, concatenated.
-void GptPart::sample(int64_t i, int32_t *out) const {
+// The pieces of the documents between sample index rows j and j + 1: each
+// checked, then read into out (nothing is read with out null).
+std::string GptPart::span(int64_t j, int64_t i, int32_t *out, const std::vector<int32_t> *lengths) const {
   const int64_t want = set.seq_length + 1;
-  const int64_t j = shuffle_entry(i);
-  if (j < 0 || j >= size())
-    corrupt(i, "shuffle index out of range");
   const int64_t d0 = sample_entry(j, 0), o0 = sample_entry(j, 1);
   const int64_t d1 = sample_entry(j + 1, 0), o1 = sample_entry(j + 1, 1);
   if (d0 < 0 || d1 < d0 || d1 >= doc_count || o0 < 0 || o1 < 0)
-    corrupt(i, "sample index out of range");
+    return corrupt(i, "sample index out of range");
   int64_t n = 0;
   for (int64_t k = d0; k <= d1; ++k) {
     const int64_t seq = doc[k];
     if (seq < beg || seq >= end)
-      corrupt(i, "document index out of range");
-    const int64_t len = src->length(seq);
+      return corrupt(i, "document index out of range");
+    const int64_t len = lengths ? (*lengths)[size_t(seq)] : src->length(seq);
     const int64_t offset = k == d0 ? o0 : 0;
     const int64_t take = k < d1 ? len - offset : o1 + 1 - offset;
-    if (take < 0 || offset + take > len || n + take > want)
-      corrupt(i, "offsets out of range");
-    src->read(seq, offset, take, out + n);
+    if (take < 0 || offset > len || take > len - offset || take > want - n)
+      return corrupt(i, "offsets out of range");
+    if (out)
+      src->read(seq, offset, take, out + n);
     n += take;
   }
   if (n != want)
-    corrupt(i, "sample shorter than seq_length + 1");
+    return corrupt(i, "sample shorter than seq_length + 1");
+  return "";
+}
+
+// _query_document_sample_shuffle_indices: the pieces of the documents
+// between two consecutive sample index rows, concatenated.
+std::string GptPart::sample(int64_t i, int32_t *out) const {
+  if (i < 0 || i >= size())
+    return corrupt(i, "sample outside [0, " + std::to_string(size()) + ")");
+  const int64_t j = shuffle_entry(i);
+  if (j < 0 || j >= size())
+    return corrupt(i, "shuffle index out of range");
+  return span(j, i, out, nullptr);
+}
+
+// Everything sample() and hash_sample() rely on, over the whole index, so
+// that an index file whose checksums hold but whose entries do not (written
+// by something else, or crafted) is rebuilt instead of read out of bounds.
+// Consecutive rows never go back (span checks d1 >= d0), so the walk visits
+// each document index entry at most twice: O(documents + samples).
+std::string GptPart::check_indices() const {
+  for (int64_t k = 0; k < doc_count; ++k)
+    if (doc[k] < beg || doc[k] >= end)
+      return "document index entry " + std::to_string(k) + " is " + std::to_string(doc[k]) +
+             ", outside the split's documents [" + std::to_string(beg) + ", " +
+             std::to_string(end) + ")";
+  const std::vector<int32_t> lengths = src->all_lengths();
+  for (int64_t j = 0; j < size(); ++j)
+    if (!span(j, j, nullptr, &lengths).empty())
+      return "sample index rows " + std::to_string(j) + " and " + std::to_string(j + 1) +
+             " do not cut " + std::to_string(set.seq_length + 1) + " tokens from the documents";
+  for (int64_t i = 0; i < size(); ++i)
+    if (shuffle_entry(i) < 0 || shuffle_entry(i) >= size())
+      return "shuffle index entry " + std::to_string(i) + " is " +
+             std::to_string(shuffle_entry(i)) + ", outside [0, " + std::to_string(size()) + ")";
+  return "";
 }
 
 uint64_t GptPart::hash_sample(uint64_t h, int64_t i) const {
+  // The indices were checked when built or loaded (check_indices).
   const int64_t j = shuffle_entry(i);
-  if (j < 0 || j >= size())
-    corrupt(i, "shuffle index out of range");
   const int64_t d0 = sample_entry(j, 0), o0 = sample_entry(j, 1);
   const int64_t d1 = sample_entry(j + 1, 0), o1 = sample_entry(j + 1, 1);
-  if (d0 < 0 || d1 < d0 || d1 >= doc_count)
-    corrupt(i, "sample index out of range");
   h = order_hash_step(h, uint64_t(o0));
   h = order_hash_step(h, uint64_t(o1));
   h = order_hash_step(h, uint64_t(d1 - d0));
@@ -322,6 +365,8 @@ std::string GptPart::describe() const {
   else
     s += "built in " + fmt_seconds(seconds) +
          (cache_note.empty() ? ", cached in " + cache_path : ", " + cache_note);
+  if (!from_cache && !replaced.empty())
+    s += "; rebuilt because the index file there was unusable: " + replaced;
   return s;
 }
 
@@ -475,10 +520,17 @@ std::unique_ptr<GptPart> build_part(std::shared_ptr<const Source> src, const Set
       part->shuffle = arrays[2];
       part->min_token = shape.min_token;
       part->max_token = shape.max_token;
-      part->from_cache = cached = true;
-    } else if (!why.empty()) {
-      part->cache_note = "rebuilt (the cached file was unusable: " + why + ")";
+      if (std::string bad = part->check_indices(); !bad.empty()) {
+        why = "its indices are inconsistent: " + bad;
+        part->map.reset();
+        part->doc = nullptr;
+        part->sample_idx = part->shuffle = nullptr;
+      } else {
+        part->from_cache = cached = true;
+      }
     }
+    if (!cached)
+      part->replaced = why;
   }
 
   if (!cached) {
@@ -536,6 +588,13 @@ std::unique_ptr<GptPart> build_part(std::shared_ptr<const Source> src, const Set
       if (err.empty())
         err = write_cache(part->cache_path, shape, description,
                           {part->doc, part->sample_idx, part->shuffle});
+      if (!err.empty() && !part->replaced.empty()) {
+        // Never train past an index file known to be bad without saying
+        // so once and for all: the next run would meet it again.
+        *error = "data: the index cache " + part->cache_path + " is unusable (" + part->replaced +
+                 ") and cannot be replaced (" + err + "); delete it, or make its folder writable";
+        return nullptr;
+      }
       if (!err.empty()) {
         part->cache_note = "not cached: " + err;
       } else {

@@ -1213,21 +1213,25 @@ private:
   // starting at sample `first`.
   // A pipeline plan's unrolled step has an input per micro-batch ("tokens.3"),
   // and a stage only those it reads (tokens on the first, labels on the last).
-  void fillBatch(const ProgramIO &io, const GptDataset &data, int64_t first,
-                 const std::string &suffix = "") {
+  std::string fillBatch(const ProgramIO &io, const GptDataset &data, int64_t first,
+                        const std::string &suffix = "") {
     uint32_t t = io.input(("tokens" + suffix).c_str()), l = io.input(("labels" + suffix).c_str());
     auto *tokens = t == UINT32_MAX ? nullptr : static_cast<int32_t *>(exec->value_data(*io.program, t));
     auto *labels = l == UINT32_MAX ? nullptr : static_cast<int32_t *>(exec->value_data(*io.program, l));
     if (!tokens && !labels)
-      return;
+      return "";
+    if (data.size() <= 0)
+      return "data: error: the dataset's index holds no samples to fill a batch with";
     std::vector<int32_t> sample(size_t(seq + 1));
     for (int64_t b = 0; b < mbs; ++b) {
-      data.sample((first + b) % data.size(), sample.data());
+      if (std::string e = data.sample((first + b) % data.size(), sample.data()); !e.empty())
+        return e;
       if (tokens)
         std::memcpy(tokens + b * seq, sample.data(), size_t(seq) * 4);
       if (labels)
         std::memcpy(labels + b * seq, sample.data() + 1, size_t(seq) * 4);
     }
+    return "";
   }
 
   // A pipeline stage's train_step is the whole iteration's schedule in one
@@ -1241,7 +1245,9 @@ private:
     std::vector<uint64_t> offsets;
     const auto batchStart = std::chrono::steady_clock::now();
     for (int64_t m = 0; m < micro; ++m) {
-      fillBatch(io, data, sampleOf(consumed, m), "." + std::to_string(m));
+      if (std::string e = fillBatch(io, data, sampleOf(consumed, m), "." + std::to_string(m));
+          !e.empty())
+        return e;
       offsets.push_back(rngOffset(m, false));
     }
     timers[kBatchGenerator] += msSince(batchStart);
@@ -1350,7 +1356,8 @@ private:
       if (m + 1 == curMicro && lastStep.program)
         powerMark(iteration + 1, "grad-reduce");
       const auto batchStart = std::chrono::steady_clock::now();
-      fillBatch(io, *train, sampleOf(consumedTrain, m));
+      if (std::string e = fillBatch(io, *train, sampleOf(consumedTrain, m)); !e.empty())
+        return e;
       timers[kBatchGenerator] += msSince(batchStart);
       float loss = 0;
       if (std::string err = runScalar(io, "loss", rngOffset(m, false), &loss); !err.empty())
@@ -1428,7 +1435,8 @@ private:
     const uint32_t lossOut = evalStep.output("loss");
     for (int64_t it = 0; it < t->eval_iters(); ++it) {
       for (int64_t m = 0; m < microBatches; ++m) {
-        fillBatch(evalStep, data, sampleOf(*consumed, m));
+        if (std::string e = fillBatch(evalStep, data, sampleOf(*consumed, m)); !e.empty())
+          return e;
         if (std::string err = exec->run(*evalStep.program, rngOffset(m, true)); !err.empty())
           return err;
         if (lossOut != UINT32_MAX)

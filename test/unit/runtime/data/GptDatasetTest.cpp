@@ -286,7 +286,7 @@ protected:
     std::vector<std::vector<int32_t>> out;
     for (int64_t i = 0; i < ds.size(); ++i) {
       std::vector<int32_t> t(ds.seq_length() + 1);
-      ds.sample(i, t.data());
+      EXPECT_EQ(ds.sample(i, t.data()), "");
       out.push_back(t);
     }
     return out;
@@ -460,7 +460,10 @@ TEST_F(GptDatasetTest, CacheIsReusedAndCorruptionRebuilt) {
   auto third = GptDataset::build(c, DataSplit::Train, 4, &err);
   ASSERT_NE(third, nullptr) << err;
   EXPECT_FALSE(third->loaded_from_cache());
-  EXPECT_TRUE(contains(third->describe(), "the cached file was unusable"));
+  EXPECT_TRUE(contains(third->describe(), "cached in " + files[0] +
+                                              "; rebuilt because the index file there was "
+                                              "unusable: it has"))
+      << third->describe();
   EXPECT_EQ(all(*third), expected);
   struct stat st3 {};
   ASSERT_EQ(::stat(files[0].c_str(), &st3), 0);
@@ -477,6 +480,26 @@ TEST_F(GptDatasetTest, CacheIsReusedAndCorruptionRebuilt) {
   EXPECT_FALSE(fourth->loaded_from_cache());
   EXPECT_EQ(all(*fourth), expected);
   EXPECT_TRUE(GptDataset::build(c, DataSplit::Train, 4, &err)->loaded_from_cache());
+
+  // One byte of the last array (the shuffle index) changed so that every
+  // entry stays in range: the arrays' checksum catches it.
+  {
+    std::fstream f(files[0], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    const std::streamoff end = f.tellg();
+    // The shuffle index (uint32 entries) ends the file: a byte of one entry
+    // becomes the byte of the next, a sample number the index has.
+    f.seekg(end - 16 + 4);
+    const char other = static_cast<char>(f.get());
+    f.seekp(end - 16);
+    f.put(other);
+  }
+  auto fifth = GptDataset::build(c, DataSplit::Train, 4, &err);
+  ASSERT_NE(fifth, nullptr) << err;
+  EXPECT_FALSE(fifth->loaded_from_cache());
+  EXPECT_TRUE(contains(fifth->describe(), "its arrays do not match their checksum"))
+      << fifth->describe();
+  EXPECT_EQ(all(*fifth), expected);
 
   // Another seed or sample count is another file.
   c.seed = 7;
@@ -542,7 +565,7 @@ TEST_F(GptDatasetTest, MockDataLooksLikeMegatrons) {
   // Mock documents are 1, 2, ..., n - 1 and then EOD (vocab - 1).
   std::vector<int32_t> s(65);
   for (int64_t i = 0; i < 2000; ++i) {
-    ds->sample(i, s.data());
+    ASSERT_EQ(ds->sample(i, s.data()), "");
     for (size_t k = 0; k + 1 < s.size(); ++k) {
       if (s[k] == 50256)
         EXPECT_TRUE(s[k + 1] == 1 || s[k + 1] == 50256);
