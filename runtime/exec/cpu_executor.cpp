@@ -58,12 +58,19 @@ CpuExecutor::Impl::Impl(const pl::Plan &p, const pl::Rank &r)
       arena(r.arena_bytes() * arena_scale, "activation arena"),
       state(r.state_bytes() * state_scale, "parameter state"),
       scratch(max_scratch(p) * arena_scale, "kernel scratch") {
-  for (const Buffer *b : {&arena, &state, &scratch})
-    if (b->failed()) {
-      load_error = rank_name + ": cannot allocate the " + b->what() + " (" +
-                   std::to_string(b->size()) + " bytes) on the CPU: " +
-                   "the machine does not have that much memory; compile a smaller model, "
-                   "micro-batch or sequence, or run on more ranks";
+  // The plan field each buffer's size comes from, for the error.
+  const char *widened = " x2 (the CPU holds 16-bit floats as f32)";
+  const std::string fields[] = {
+      "arena_bytes of rank " + std::to_string(r.rank()) + (arena_scale > 1 ? widened : ""),
+      "state_bytes of rank " + std::to_string(r.rank()) + (state_scale > 1 ? widened : ""),
+      "largest kernel cpu_scratch_bytes" + std::string(arena_scale > 1 ? widened : "")};
+  const Buffer *buffers[] = {&arena, &state, &scratch};
+  for (int i = 0; i < 3; ++i)
+    if (buffers[i]->failed()) {
+      load_error = rank_name + ": cannot allocate the " + buffers[i]->what() + " (" +
+                   std::to_string(buffers[i]->size()) + " bytes, from the plan's " + fields[i] +
+                   ") on the CPU: the machine does not have that much memory; compile a "
+                   "smaller model, micro-batch or sequence, or run on more ranks";
       return;
     }
   load_error = rank_programs.load(r);

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <new>
 #include <set>
 #include <utility>
 
@@ -112,6 +113,22 @@ GpuExecutor::GpuExecutor(const pl::Plan &plan, int rank, std::unique_ptr<GpuDevi
     : plan_(plan), rank_(*find_rank(plan, rank)), device_(std::move(device)),
       host_(std::make_unique<HostState>()) {
   load_error_ = programs_.load(rank_);
+  // The host copies of the state (checkpoints, initial values): one the
+  // machine cannot hold is reported (load_error), not thrown.
+  try {
+    allocate_host_state();
+  } catch (const std::bad_alloc &) {
+    host_->params.clear();
+    host_->shard_master = host_->shard_exp_avg = host_->shard_exp_avg_sq = {};
+    load_error_ = "rank " + std::to_string(rank_.rank()) +
+                  ": cannot allocate the host copy of the parameter state (from the plan's "
+                  "state_bytes of rank " + std::to_string(rank_.rank()) + ", " +
+                  std::to_string(rank_.state_bytes()) +
+                  " bytes) in the machine's memory; compile a smaller model or run on more ranks";
+  }
+}
+
+void GpuExecutor::allocate_host_state() {
   host_->params.resize(rank_.params() ? rank_.params()->size() : 0);
   for (uint32_t i = 0; i < host_->params.size(); ++i) {
     const pl::Param &p = *rank_.params()->Get(i);
@@ -156,7 +173,10 @@ std::string GpuExecutor::open() {
   const uint64_t work = align_up(rank_.kernel_workspace_bytes());
   allocated_ = state + arena + work + gpu_scalar_bytes(rank_);
   if (std::string e = device_->allocate(allocated_, &base_); !e.empty())
-    return who + ": " + e;
+    return who + ": " + e + " (the plan's state_bytes " + std::to_string(rank_.state_bytes()) +
+           " + arena_bytes " + std::to_string(rank_.arena_bytes()) +
+           " + kernel_workspace_bytes " + std::to_string(rank_.kernel_workspace_bytes()) +
+           " of rank " + std::to_string(rank_.rank()) + ")";
   workspace_ = base_ + state + arena;
   loss_scale_at_ = workspace_ + work;
   for (const pl::Param *p : *rank_.params())

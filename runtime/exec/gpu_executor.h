@@ -254,6 +254,7 @@ private:
   const mt::plan::Rank &rank_;
   RankPrograms programs_; // the programs that run (a pipelined step expanded)
   std::string load_error_;
+  void allocate_host_state(); // may throw std::bad_alloc
   std::unique_ptr<GpuDevice> device_;
   const ParallelGroups *groups_ = nullptr;
   uint64_t base_ = 0, workspace_ = 0, loss_scale_at_ = 0, seed_at_ = 0;

@@ -7,6 +7,7 @@
 #include "runtime/comm/collectives.h"
 #include "runtime/comm/comm_order.h"
 #include "runtime/exec/cpu_executor.h"
+#include "runtime/exec/cuda/kernel_cache.h"
 #include "runtime/exec/cuda_gpu_device.h"
 #include "runtime/exec/gpu_executor.h"
 #include "runtime/exec/log_stats.h"
@@ -26,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <new>
@@ -120,6 +122,7 @@ public:
     seq = t->seq_length();
     save = !opts.save.empty() ? opts.save : str(t->save());
     load = !opts.load.empty() ? opts.load : str(t->load());
+    sayPaths();
 
     tpRank = myRank->tp_rank();
     if (opts.device == "cuda") {
@@ -130,7 +133,7 @@ public:
       auto gpu = std::make_unique<GpuExecutor>(plan, rank, std::move(device));
       gpu->set_groups(&groups); // open() connects each group's GPUs (NCCL)
       if (std::string e = gpu->open(); !e.empty())
-        return fail("--device cuda: " + e);
+        return fail("--device cuda: " + opts.plan_path + ": " + e);
       gpu->set_cuda_graphs(opts.cuda_graphs);
       exec = std::move(gpu);
     } else {
@@ -578,6 +581,56 @@ private:
       scalar("mem-max-allocated-bytes", double(m.max_allocated), iteration);
       scalar("mem-allocated-count", double(m.allocations), iteration);
     }
+  }
+
+  // Every path the run reads or writes, resolved against the working
+  // directory, printed once before anything is written, as Megatron prints
+  // its arguments: a plan whose paths lead somewhere unexpected shows it
+  // here. Files are written only under these (checkpoints in save's
+  // iter_NNNNNNN folders, index files in each data_cache_path).
+  void sayPaths() {
+    if (!printer)
+      return;
+    const pl::Training *t = plan.training();
+    auto resolve = [](const std::string &p) -> std::string {
+      if (p.empty())
+        return "None";
+      std::error_code ec;
+      std::filesystem::path a = std::filesystem::absolute(p, ec);
+      return ec ? p : a.lexically_normal().string();
+    };
+    std::string data, caches;
+    for (size_t i = 0; !t->mock_data() && i < (t->data_paths() ? t->data_paths()->size() : 0u);
+         ++i) {
+      const std::string prefix = t->data_paths()->Get(uint32_t(i))->str();
+      data += (data.empty() ? "" : " ") + resolve(prefix);
+      caches += (caches.empty() ? "" : " ") + resolve(prefix + "/cache/GPTDataset_indices");
+    }
+    const std::string power =
+        !opts.power_log.empty() ? opts.power_log
+        : t->power_log() && t->power_log()->size() ? str(t->power_log())
+                                                   : std::string();
+    const int world = int(plan.world_size());
+    std::vector<std::pair<std::string, std::string>> rows = {
+        {"data_cache_path", caches.empty() ? "None" : caches},
+        {"data_path", data.empty() ? "None" : data},
+        {"load", resolve(load)},
+        {"log_file", resolve(opts.log_file)},
+        {"power_log", power.empty() ? "None"
+                      : world > 1   ? resolve(power_log_path(power, rank, world)) +
+                                        " (and one for each other rank)"
+                                    : resolve(power)},
+        {"save", resolve(save)},
+        {"tensorboard_dir", resolve(opts.tensorboard_dir)},
+    };
+    if (opts.device == "cuda") {
+      const std::string kernels = default_kernel_cache_dir();
+      rows.insert(rows.begin() + 2, {"kernel_cache", kernels.empty() ? "None" : resolve(kernels)});
+    }
+    say("------------------------ paths ------------------------");
+    for (const auto &[name, value] : rows)
+      say("  " + name + " " + std::string(48 - name.size(), '.') + " " + value);
+    say("-------------------- end of paths ---------------------");
   }
 
   void say(const std::string &line) {

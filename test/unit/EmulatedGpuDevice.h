@@ -270,6 +270,7 @@ public:
   }
   std::vector<EmulatedComm *> comms;
   uint64_t allocated = 0; // bytes asked of allocate()
+  uint64_t memory_limit = UINT64_MAX; // a larger allocate() fails, as on a full GPU
 
   // The side stream at its slowest: its collectives run only when the
   // compute stream joins it, so a kernel that reads or overwrites their
@@ -328,6 +329,9 @@ public:
   std::string allocate(uint64_t bytes, uint64_t *base) override {
     if (capturing_)
       return "allocate while capturing a graph";
+    if (bytes > memory_limit)
+      return "cannot allocate " + std::to_string(bytes) + " bytes on the emulated GPU (" +
+             std::to_string(memory_limit) + " bytes): out of memory";
     allocated += bytes;
     blocks_.emplace_back(bytes + 256, 0xFF); // poisoned: NaN floats until written
     uint64_t p = reinterpret_cast<uint64_t>(blocks_.back().data());

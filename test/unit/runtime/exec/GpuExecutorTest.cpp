@@ -165,6 +165,28 @@ void compareSteps(DeviceFactory make, const std::vector<mt::spec::Override> &ext
   }
 }
 
+// A plan larger than the GPU: open() says so in one line naming the size,
+// the device and the plan fields it comes from.
+TEST(GpuExecutor, AllocationFailureNamesSizeDeviceAndPlanFields) {
+  auto file = compilePlan({});
+  ASSERT_TRUE(file);
+  const pl::Plan &plan = *file->plan();
+  auto d = std::make_unique<EmulatedDevice>();
+  d->memory_limit = 4096;
+  mt::rt::GpuExecutor gpu(plan, 0, std::move(d));
+  ASSERT_EQ(gpu.load_error(), "");
+  const pl::Rank &rank = *plan.ranks()->Get(0);
+  const std::string e = gpu.open();
+  EXPECT_NE(e.find("rank 0: cannot allocate "), std::string::npos) << e;
+  EXPECT_NE(e.find("bytes on the emulated GPU (4096 bytes): out of memory"), std::string::npos) << e;
+  EXPECT_NE(e.find("(the plan's state_bytes " + std::to_string(rank.state_bytes()) +
+                   " + arena_bytes " + std::to_string(rank.arena_bytes()) +
+                   " + kernel_workspace_bytes " + std::to_string(rank.kernel_workspace_bytes()) +
+                   " of rank 0)"),
+            std::string::npos)
+      << e;
+}
+
 TEST(GpuExecutor, TrainingStepsMatchTheCpuF32) { compareSteps(emulatedDevice, {}, 1e-5, 1e-4, 1e-5); }
 TEST_F(GpuExecutorOnGpu, TrainingStepsMatchTheCpuF32) { compareSteps(realGpu, {}, 1e-5, 1e-4, 1e-5); }
 
