@@ -33,8 +33,14 @@
 #               the same for gpt-125m at the micro-batch that fills the GPU
 #   bench-1.3b  the same for gpt-1.3b
 #   bench       bench-125m bench-125m-fill bench-1.3b
+#   bench-flash bench/flash_compare.py --record: mt's flash attention
+#               (mt-flash-bench) against PyTorch's FlashAttention-2, forward
+#               and backward, head dim 64 and 128, seq 1024 to 8192, causal,
+#               with and without dropout (about 3 minutes); its rows go to
+#               the logs' gpu-flash-attention.md as each finishes
 #   profile     Nsight Compute over two steps of gpt-125m: time per kernel
-#   all         probe unit lit bench-125m bench-125m-fill bench-1.3b profile
+#   all         probe unit lit bench-125m bench-125m-fill bench-1.3b bench-flash
+#               profile
 #
 # The kit holds mtc, mtrun, the GPU test binaries, lit with FileCheck, not
 # and count, and every shared library they need other than glibc's, each
@@ -49,7 +55,8 @@ die() { echo "device-kit: error: $*" >&2; exit 1; }
 
 BINARIES=(build/bin/mtc build/bin/mtrun
           build/test/unit/mt-cuda-tests build/test/unit/mt-gpu-executor-tests
-          build/test/unit/mt-flash-tests build/test/unit/mt-opkernel-tests)
+          build/test/unit/mt-flash-tests build/test/unit/mt-opkernel-tests
+          build/bin/mt-flash-bench)
 LLVM_TOOLS=(FileCheck not count)
 LLVM_BIN=/usr/lib/llvm-19/bin
 LIT_DIR=/usr/lib/llvm-19/build/utils/lit
@@ -66,7 +73,8 @@ pack() {
   [ -d build ] || die "no build/ here; run ./setup.sh first"
   export CCACHE_BASEDIR="$ROOT"
   cmake -S . -B build -DMT_STATIC_LLVM=ON > /dev/null
-  ninja -C build mtc mtrun mt-cuda-tests mt-gpu-executor-tests mt-flash-tests mt-opkernel-tests
+  ninja -C build mtc mtrun mt-cuda-tests mt-gpu-executor-tests mt-flash-tests mt-opkernel-tests \
+    mt-flash-bench
   for b in "${BINARIES[@]}"; do [ -x "$b" ] || die "$b was not built"; done
 
   STAGE=$(mktemp -d)
@@ -122,7 +130,7 @@ EOF
 }
 
 # --- run (on the GPU machine) ------------------------------------------------
-STEPS=(probe unit lit bench-125m bench-125m-fill bench-1.3b profile)
+STEPS=(probe unit lit bench-125m bench-125m-fill bench-1.3b bench-flash profile)
 KIT=""
 LOGS=""
 
@@ -301,6 +309,16 @@ step_bench() {
       --budget "$BENCH_BUDGET_S" --mtc "$KIT/bin/mtc" --mtrun "$KIT/bin/mtrun"
 }
 
+# mt's flash attention against PyTorch's, recorded like step_bench's rows.
+step_bench_flash() {
+  local results=$LOGS/gpu-flash-attention.md
+  if [ ! -f "$results" ] && [ -f bench/results/gpu-flash-attention.md ]; then
+    cp bench/results/gpu-flash-attention.md "$results"
+  fi
+  PYTHONUNBUFFERED=1 python3 bench/flash_compare.py --mt-bench "$KIT/bin/mt-flash-bench" --record \
+      --results "$results"
+}
+
 step_profile() {
   command -v ncu > /dev/null || { echo "ncu is not on PATH"; return 1; }
   local d
@@ -324,6 +342,7 @@ EOF
 
 run_step() {
   case $1 in
+    bench-flash) step_bench_flash ;;
     bench-*) step_bench "gpt-${1#bench-}" ;;
     *) "step_$1" ;;
   esac

@@ -7,6 +7,8 @@
 #include "runtime/exec/cuda/cuda_device.h"
 #include "runtime/exec/cuda/kernel_cache.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -48,6 +50,24 @@ public:
       params.push_back(&a);
     const unsigned g[3] = {grid[0], grid[1], grid[2]}, b[3] = {block[0], block[1], block[2]};
     return slot->launch(g, b, sharedBytes, params.data());
+  }
+  std::string time(const std::vector<Launch> &launches, int repeats, double *ms) override {
+    // The host runs each launch to its end: the same sequence, host speed.
+    auto run = [&] {
+      for (const Launch &l : launches)
+        if (std::string e = launch(l.source, l.entry, l.grid, l.block, l.sharedBytes, l.args); !e.empty())
+          return e;
+      return std::string();
+    };
+    if (std::string e = run(); !e.empty())
+      return e;
+    const auto start = std::chrono::steady_clock::now();
+    for (int r = 0; r < repeats; ++r)
+      if (std::string e = run(); !e.empty())
+        return e;
+    *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+          std::max(repeats, 1);
+    return "";
   }
 
 private:
@@ -128,6 +148,46 @@ public:
         !e.empty())
       return e;
     return check(dev_.driver->cuCtxSynchronize(), "cuCtxSynchronize after '" + entry + "'");
+  }
+
+  std::string time(const std::vector<Launch> &launches, int repeats, double *ms) override {
+    std::vector<cu::CUfunction> functions;
+    for (const Launch &l : launches) {
+      cu::CUfunction f = nullptr;
+      if (std::string e = function(l.source, l.entry, &f); !e.empty())
+        return e;
+      functions.push_back(f);
+    }
+    // Launched without a wait in between; a fault shows at the synchronisation.
+    auto run = [&] {
+      for (size_t i = 0; i < launches.size(); ++i) {
+        const Launch &l = launches[i];
+        std::vector<uint64_t> args = l.args;
+        std::vector<void *> params;
+        for (uint64_t &a : args)
+          params.push_back(&a);
+        if (std::string e = check(dev_.driver->cuLaunchKernel(functions[i], l.grid[0], l.grid[1], l.grid[2],
+                                                              l.block[0], l.block[1], l.block[2], l.sharedBytes,
+                                                              nullptr, params.data(), nullptr),
+                                  "cuLaunchKernel '" + l.entry + "'");
+            !e.empty())
+          return e;
+      }
+      return std::string();
+    };
+    if (std::string e = run(); !e.empty())
+      return e;
+    if (std::string e = check(dev_.driver->cuCtxSynchronize(), "cuCtxSynchronize after the warm-up run"); !e.empty())
+      return e;
+    const auto start = std::chrono::steady_clock::now();
+    for (int r = 0; r < repeats; ++r)
+      if (std::string e = run(); !e.empty())
+        return e;
+    if (std::string e = check(dev_.driver->cuCtxSynchronize(), "cuCtxSynchronize after the timed runs"); !e.empty())
+      return e;
+    *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+          std::max(repeats, 1);
+    return "";
   }
 
 private:

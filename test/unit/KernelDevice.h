@@ -30,6 +30,21 @@ public:
   virtual std::string launch(const std::string &source, const std::string &entry,
                              const uint32_t grid[3], const uint32_t block[3],
                              uint32_t sharedBytes, std::vector<uint64_t> args) = 0;
+
+  // One kernel launch of a sequence that time() runs.
+  struct Launch {
+    std::string source, entry;
+    uint32_t grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
+    uint32_t sharedBytes = 0;
+    std::vector<uint64_t> args;
+  };
+  // Runs `launches` in order once (compiling them, warming the GPU), then
+  // `repeats` more times back to back without waiting between launches,
+  // and sets *ms to the wall-clock milliseconds of one run of the
+  // sequence, averaged, from the first of those launches until the device
+  // has finished the last. The launch overhead is hidden behind kernels
+  // that run longer than it (tens of microseconds).
+  virtual std::string time(const std::vector<Launch> &launches, int repeats, double *ms) = 0;
 };
 
 // The host emulation, one per process (its compiled kernels are kept for

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs tools/device-kit.sh as on a GPU machine, for device-kit.test, with
 # stand-ins: nvidia-smi and ldconfig (bin/) first on PATH, a kit
-# (MT_KIT_UNPACKED) whose GoogleTest binaries are fake-gtest, and a copy of
-# the checkout's bench scripts whose two runners are bench-runner.py.
+# (MT_KIT_UNPACKED) whose GoogleTest binaries are fake-gtest and whose
+# mt-flash-bench prints fixed rows, and a copy of the checkout's bench
+# scripts whose two runners are bench-runner.py.
 #   fake-gpu.sh SRC_ROOT WORK ARGS...    ARGS: the kit's, e.g. `run unit`
 set -euo pipefail
 src=$1 work=$2
@@ -31,6 +32,16 @@ for a; do case $a in training.micro_batch_size=*) mb=${a#*=} ;; esac; done
 [ -n "${mb:-}" ] || exit 0
 if [ "$mb" -le 64 ]; then echo "verdict: fits"; else echo "verdict: does NOT fit"; fi
 EOF
+  # mt-flash-bench: one configuration's JSON line per --seq value.
+  cat > "$kit/bin/mt-flash-bench" << 'FLASH'
+#!/bin/sh
+seqs=1024
+while [ $# -gt 0 ]; do case $1 in --seq) seqs=$2; shift ;; esac; shift; done
+for s in $(echo "$seqs" | tr ',' ' '); do
+  echo "{\"seq\": $s, \"head_dim\": 64, \"batch\": 16, \"heads\": 32, \"causal\": true, \"dropout\": 0, \"dtype\": \"bf16\", \"fwd_ms\": 1.0, \"bwd_ms\": 2.5, \"fwd_tflops\": 300.0, \"bwd_tflops\": 250.0, \"device\": \"gpu\"}"
+done
+FLASH
+  chmod +x "$kit/bin/mt-flash-bench"
   echo stand-in > "$kit/COMMIT"
 fi
 export PATH="$inputs/bin:$PATH" MT_KIT_UNPACKED=$kit OUT=$work/logs TMPDIR=$work/tmp
