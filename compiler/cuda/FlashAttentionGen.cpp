@@ -261,9 +261,64 @@ __device__ __forceinline__ void mt_keep2(mt_u64 e, mt_u64 seed, mt_u64 stream, m
 )mtcuda";
 
 // The forward kernel.
-constexpr const char *kForwardCode = R"mtcuda(// ---- Forward: one CTA per (query block, head, batch); each warp owns 16
-// query rows and walks the key/value tiles with an online softmax in log2
-// units (x = scale * log2(e) * q . k).
+constexpr const char *kForwardCode = R"mtcuda(// ---- Forward: one CTA per (query block, head, batch); each warp owns
+// kSlabs slabs of 16 query rows (slab sl of warp w: rows (sl * kW + w) * 16
+// of the block) and walks the key/value tiles with an online softmax in
+// log2 units (x = scale * log2(e) * q . k). With two slabs every K and V
+// fragment read from shared memory serves two tensor-core products.
+
+#if MT_FLASH_MMA
+// acc[sl] += A_sl B^T for the warp's slabs, A's fragments in registers.
+template <int S, int NT, int K>
+__device__ __forceinline__ void mt_gemm_nt_slabs(float (&acc)[S][NT][4], const unsigned (&areg)[S][K / 16][4],
+                                                 const mt_t *B, int ldb) {
+  const int lane = threadIdx.x & 31;
+  static_assert(NT % 2 == 0 && K % 16 == 0, "tiles of n16 x k16");
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk)
+#pragma unroll
+    for (int t = 0; t < NT; t += 2) {
+      unsigned b[4];
+      mt_ldsm4<false>(b, B + (8 * t + (lane & 7) + ((lane >> 4) << 3)) * ldb + kk * 16 + (((lane >> 3) & 1) << 3));
+#pragma unroll
+      for (int sl = 0; sl < S; ++sl) {
+        mt_mma(acc[sl][t], areg[sl][kk], b[0], b[1]);
+        mt_mma(acc[sl][t + 1], areg[sl][kk], b[2], b[3]);
+      }
+    }
+}
+
+// acc[sl] += P_sl B for the warp's slabs: P accumulator tiles in registers,
+// B row-major in shared memory.
+template <int S, int NT, int KP>
+__device__ __forceinline__ void mt_gemm_rn_slabs(float (&acc)[S][NT][4], const float (&p)[S][KP][4], const mt_t *B,
+                                                 int ldb) {
+  const int lane = threadIdx.x & 31;
+  static_assert(NT % 2 == 0 && KP % 2 == 0, "tiles of n16 x k16");
+#pragma unroll
+  for (int kk = 0; kk < KP / 2; ++kk) {
+    unsigned a[S][4];
+#pragma unroll
+    for (int sl = 0; sl < S; ++sl) {
+      a[sl][0] = mt_pack(p[sl][2 * kk][0], p[sl][2 * kk][1]);
+      a[sl][1] = mt_pack(p[sl][2 * kk][2], p[sl][2 * kk][3]);
+      a[sl][2] = mt_pack(p[sl][2 * kk + 1][0], p[sl][2 * kk + 1][1]);
+      a[sl][3] = mt_pack(p[sl][2 * kk + 1][2], p[sl][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t += 2) {
+      unsigned b[4];
+      mt_ldsm4<true>(b, B + (kk * 16 + (lane & 15)) * ldb + 8 * t + ((lane >> 4) << 3));
+#pragma unroll
+      for (int sl = 0; sl < S; ++sl) {
+        mt_mma(acc[sl][t], a[sl], b[0], b[1]);
+        mt_mma(acc[sl][t + 1], a[sl], b[2], b[3]);
+      }
+    }
+  }
+}
+#endif
+
 __device__ __forceinline__ void mt_flash_fwd(const mt_t *q, const mt_t *k, const mt_t *v, mt_t *out, float *lse,
                                              mt_u64 seed, mt_u64 offset, mt_u64 stream, mt_u64 head0, mt_t *smem) {
   const float inf = __uint_as_float(0x7F800000u);
@@ -276,31 +331,40 @@ __device__ __forceinline__ void mt_flash_fwd(const mt_t *q, const mt_t *k, const
   const mt_t *kb = k + kvOff, *vb = v + kvOff;
   mt_t *sK = smem, *sV = smem + kBc * kLd;
 #if MT_FLASH_MMA
+  static_assert(kBr <= 2 * kBc, "Q's staging fits the K and V tiles");
   mt_t *sQ = smem; // staged through the K/V buffers, then held as A fragments
 #else
+  static_assert(kSlabs == 1, "the fp32 kernel has one slab a warp");
   mt_t *sQ = smem + 2 * kBc * kLd;
 #endif
   mt_load_tile<kBr>(sQ, qb, kQStride, m0);
 #if MT_FLASH_MMA
   mt_cp_wait();
   __syncthreads();
-  unsigned qa[kD / 16][4];
+  unsigned qa[kSlabs][kD / 16][4];
 #pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) mt_afrag(qa[kk], sQ + warp * 16 * kLd, kLd, kk * 16);
+  for (int sl = 0; sl < kSlabs; ++sl)
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) mt_afrag(qa[sl][kk], sQ + (sl * kW + warp) * 16 * kLd, kLd, kk * 16);
   __syncthreads(); // every warp has its Q before K overwrites the staging
-#else
-  const unsigned (*qa)[4] = nullptr;
 #endif
   const long long nEnd = kCausal && m0 + kBr < kSeq ? m0 + kBr : kSeq;
   const int nTiles = (int)((nEnd + kBc - 1) / kBc);
   mt_load_tile<kBc>(sK, kb, kKStride, 0);
 
-  float o[kD / 8][4];
-  float s[kBc / 8][4];
+  float o[kSlabs][kD / 8][4];
+  float s[kSlabs][kBc / 8][4];
+  float mx[kSlabs][2], l[kSlabs][2];
+  long long first[kSlabs], row0[kSlabs]; // a slab's first row; this lane's rows: row0, row0 + 8
 #pragma unroll
-  for (int t = 0; t < kD / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
-  float mx[2] = {-inf, -inf}, l[2] = {0.0f, 0.0f};
-  const long long row0 = m0 + warp * 16 + g; // this lane's rows: row0, row0 + 8
+  for (int sl = 0; sl < kSlabs; ++sl) {
+#pragma unroll
+    for (int t = 0; t < kD / 8; ++t) o[sl][t][0] = o[sl][t][1] = o[sl][t][2] = o[sl][t][3] = 0.0f;
+    mx[sl][0] = mx[sl][1] = -inf;
+    l[sl][0] = l[sl][1] = 0.0f;
+    first[sl] = m0 + (sl * kW + warp) * 16;
+    row0[sl] = first[sl] + g;
+  }
   const mt_u64 maskHead = (b * kTotalHeads + head0 + h) * kSeq;
   for (int tile = 0; tile < nTiles; ++tile) {
     const long long n0 = (long long)tile * kBc;
@@ -310,107 +374,128 @@ __device__ __forceinline__ void mt_flash_fwd(const mt_t *q, const mt_t *k, const
     __syncthreads(); // K tile `tile` is in; every warp is done with the last V tile
     mt_load_tile<kBc>(sV, vb, kKStride, n0);
 #pragma unroll
-    for (int t = 0; t < kBc / 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
-    mt_gemm_nt<kBc / 8, kD, kMMA>(s, qa, sQ + warp * 16 * kLd, kLd, sK, kLd);
+    for (int sl = 0; sl < kSlabs; ++sl)
+#pragma unroll
+      for (int t = 0; t < kBc / 8; ++t) s[sl][t][0] = s[sl][t][1] = s[sl][t][2] = s[sl][t][3] = 0.0f;
+#if MT_FLASH_MMA
+    mt_gemm_nt_slabs<kSlabs, kBc / 8, kD>(s, qa, sK, kLd);
+#else
+    mt_gemm_nt<kBc / 8, kD, false>(s[0], nullptr, sQ + warp * 16 * kLd, kLd, sK, kLd);
+#endif
 
-    // Scale, mask (causal and past seq), and the rows' running maxima.
-    float tmax[2] = {-inf, -inf};
 #pragma unroll
-    for (int t = 0; t < kBc / 8; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const long long i = row0 + 8 * (e >> 1), j = n0 + 8 * t + 2 * c + (e & 1);
-        const float x = (j >= kSeq || (kCausal && j > i)) ? -inf : s[t][e] * kScaleLog2;
-        s[t][e] = x;
-        tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
-      }
-    float base[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xFFFFFFFFu, tmax[r], 1));
-      tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xFFFFFFFFu, tmax[r], 2));
-      const float mnew = fmaxf(mx[r], tmax[r]);
-      base[r] = mnew == -inf ? 0.0f : mnew; // a row with nothing unmasked yet stays at 0
-      const float alpha = exp2f(mx[r] - base[r]);
-      mx[r] = mnew;
-      l[r] *= alpha;
-#pragma unroll
-      for (int t = 0; t < kD / 8; ++t) {
-        o[t][2 * r] *= alpha;
-        o[t][2 * r + 1] *= alpha;
-      }
-    }
-    // The softmax's sums take the probabilities before dropout.
-#pragma unroll
-    for (int t = 0; t < kBc / 8; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[t][e] - base[e >> 1]);
-        l[e >> 1] += p;
-        s[t][e] = p;
-      }
-    if constexpr (kDropout && kSeq % 4 == 0) {
-      // Every Philox block is four columns of one row, held by lanes c and
-      // c ^ 1 for rows row0 and row0 + 8: the even lane draws row0's
-      // block, the odd one row0 + 8's, and each passes the other the two
-      // words it needs. One call per four elements, every word used.
-      const int odd = c & 1;
-#pragma unroll
-      for (int t = 0; t < kBc / 8; ++t) {
-        const long long jb = n0 + 8 * t + 4 * (c >> 1), j = n0 + 8 * t + 2 * c;
-        unsigned w[4];
-        mt_philox(((maskHead + (mt_u64)(row0 + 8 * odd)) * kSeq + (mt_u64)jb) >> 2, seed, stream, offset, w);
-        const unsigned y0 = __shfl_xor_sync(0xFFFFFFFFu, odd ? w[0] : w[2], 1);
-        const unsigned y1 = __shfl_xor_sync(0xFFFFFFFFu, odd ? w[1] : w[3], 1);
-        const unsigned a0 = odd ? y0 : w[0], a1 = odd ? y1 : w[1]; // row0
-        const unsigned b0 = odd ? w[2] : y0, b1 = odd ? w[3] : y1; // row0 + 8
-        if (j < kSeq) {
-          if (row0 < kSeq) {
-            s[t][0] *= (a0 >> 8) >= kThreshold ? kKeepScale : 0.0f;
-            s[t][1] *= (a1 >> 8) >= kThreshold ? kKeepScale : 0.0f;
-          }
-          if (row0 + 8 < kSeq) {
-            s[t][2] *= (b0 >> 8) >= kThreshold ? kKeepScale : 0.0f;
-            s[t][3] *= (b1 >> 8) >= kThreshold ? kKeepScale : 0.0f;
-          }
-        }
-      }
-    } else if constexpr (kDropout) { // rows not 4-aligned in the mask: a block may straddle two
+    for (int sl = 0; sl < kSlabs; ++sl) {
+      // Scale; mask (causal and past seq) only in a tile that reaches past
+      // the slab's first row or the end of seq: the same for the whole warp.
+      const bool edge = n0 + kBc > kSeq || (kCausal && n0 + kBc - 1 > first[sl]);
+      float tmax[2] = {-inf, -inf};
 #pragma unroll
       for (int t = 0; t < kBc / 8; ++t)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const long long i = row0 + 8 * r, j = n0 + 8 * t + 2 * c;
-          if (i < kSeq && j < kSeq) {
-            float f0, f1;
-            mt_keep2((maskHead + (mt_u64)i) * kSeq + (mt_u64)j, seed, stream, offset, f0, f1);
-            s[t][2 * r] *= f0;
-            s[t][2 * r + 1] *= f1;
+        for (int e = 0; e < 4; ++e) {
+          float x = s[sl][t][e] * kScaleLog2;
+          if (edge) {
+            const long long i = row0[sl] + 8 * (e >> 1), j = n0 + 8 * t + 2 * c + (e & 1);
+            if (j >= kSeq || (kCausal && j > i)) x = -inf;
+          }
+          s[sl][t][e] = x;
+          tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
+        }
+      float base[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xFFFFFFFFu, tmax[r], 1));
+        tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xFFFFFFFFu, tmax[r], 2));
+        const float mnew = fmaxf(mx[sl][r], tmax[r]);
+        base[r] = mnew == -inf ? 0.0f : mnew; // a row with nothing unmasked yet stays at 0
+        const float alpha = exp2f(mx[sl][r] - base[r]);
+        mx[sl][r] = mnew;
+        l[sl][r] *= alpha;
+#pragma unroll
+        for (int t = 0; t < kD / 8; ++t) {
+          o[sl][t][2 * r] *= alpha;
+          o[sl][t][2 * r + 1] *= alpha;
+        }
+      }
+      // The softmax's sums take the probabilities before dropout.
+#pragma unroll
+      for (int t = 0; t < kBc / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float p = exp2f(s[sl][t][e] - base[e >> 1]);
+          l[sl][e >> 1] += p;
+          s[sl][t][e] = p;
+        }
+      const long long rw = row0[sl];
+      if constexpr (kDropout && kSeq % 4 == 0) {
+        // Every Philox block is four columns of one row, held by lanes c and
+        // c ^ 1 for rows rw and rw + 8: the even lane draws rw's block, the
+        // odd one rw + 8's, and each passes the other the two words it
+        // needs. One call per four elements, every word used.
+        const int odd = c & 1;
+#pragma unroll
+        for (int t = 0; t < kBc / 8; ++t) {
+          const long long jb = n0 + 8 * t + 4 * (c >> 1), j = n0 + 8 * t + 2 * c;
+          unsigned w[4];
+          mt_philox(((maskHead + (mt_u64)(rw + 8 * odd)) * kSeq + (mt_u64)jb) >> 2, seed, stream, offset, w);
+          const unsigned y0 = __shfl_xor_sync(0xFFFFFFFFu, odd ? w[0] : w[2], 1);
+          const unsigned y1 = __shfl_xor_sync(0xFFFFFFFFu, odd ? w[1] : w[3], 1);
+          const unsigned a0 = odd ? y0 : w[0], a1 = odd ? y1 : w[1]; // row rw
+          const unsigned b0 = odd ? w[2] : y0, b1 = odd ? w[3] : y1; // row rw + 8
+          if (j < kSeq) {
+            if (rw < kSeq) {
+              s[sl][t][0] *= (a0 >> 8) >= kThreshold ? kKeepScale : 0.0f;
+              s[sl][t][1] *= (a1 >> 8) >= kThreshold ? kKeepScale : 0.0f;
+            }
+            if (rw + 8 < kSeq) {
+              s[sl][t][2] *= (b0 >> 8) >= kThreshold ? kKeepScale : 0.0f;
+              s[sl][t][3] *= (b1 >> 8) >= kThreshold ? kKeepScale : 0.0f;
+            }
           }
         }
+      } else if constexpr (kDropout) { // rows not 4-aligned in the mask: a block may straddle two
+#pragma unroll
+        for (int t = 0; t < kBc / 8; ++t)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const long long i = rw + 8 * r, j = n0 + 8 * t + 2 * c;
+            if (i < kSeq && j < kSeq) {
+              float f0, f1;
+              mt_keep2((maskHead + (mt_u64)i) * kSeq + (mt_u64)j, seed, stream, offset, f0, f1);
+              s[sl][t][2 * r] *= f0;
+              s[sl][t][2 * r + 1] *= f1;
+            }
+          }
+      }
     }
 #if MT_FLASH_MMA
     mt_cp_wait();
 #endif
     __syncthreads(); // V tile `tile` is in; every warp is done with this K tile
     if (tile + 1 < nTiles) mt_load_tile<kBc>(sK, kb, kKStride, n0 + kBc);
-    mt_gemm_rn<kD / 8, kBc / 8>(o, s, sV, kLd);
+#if MT_FLASH_MMA
+    mt_gemm_rn_slabs<kSlabs, kD / 8, kBc / 8>(o, s, sV, kLd);
+#else
+    mt_gemm_rn<kD / 8, kBc / 8>(o[0], s[0], sV, kLd);
+#endif
   }
 
   // out = o / l; lse in natural log.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xFFFFFFFFu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xFFFFFFFFu, l[r], 2);
-    const long long i = row0 + 8 * r;
-    if (i < kSeq) {
-      const float inv = 1.0f / l[r];
-      mt_t *orow = out + (b * kSeq + (mt_u64)i) * kQStride + h * kD + 2 * c;
+  for (int sl = 0; sl < kSlabs; ++sl)
 #pragma unroll
-      for (int t = 0; t < kD / 8; ++t) mt_store2(orow + 8 * t, o[t][2 * r] * inv, o[t][2 * r + 1] * inv);
-      if (c == 0) lse[(b * kHeads + h) * kSeq + (mt_u64)i] = (mx[r] + log2f(l[r])) * kLn2;
+    for (int r = 0; r < 2; ++r) {
+      l[sl][r] += __shfl_xor_sync(0xFFFFFFFFu, l[sl][r], 1);
+      l[sl][r] += __shfl_xor_sync(0xFFFFFFFFu, l[sl][r], 2);
+      const long long i = row0[sl] + 8 * r;
+      if (i < kSeq) {
+        const float inv = 1.0f / l[sl][r];
+        mt_t *orow = out + (b * kSeq + (mt_u64)i) * kQStride + h * kD + 2 * c;
+#pragma unroll
+        for (int t = 0; t < kD / 8; ++t) mt_store2(orow + 8 * t, o[sl][t][2 * r] * inv, o[sl][t][2 * r + 1] * inv);
+        if (c == 0) lse[(b * kHeads + h) * kSeq + (mt_u64)i] = (mx[sl][r] + log2f(l[sl][r])) * kLn2;
+      }
     }
-  }
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads)
@@ -499,9 +584,9 @@ __device__ __forceinline__ void mt_flash_bwd(const mt_t *dout, const mt_t *q, co
   float s[kBr / 8][4], pd[kBr / 8][4], dp[kBr / 8][4];
   const long long j0 = n0 + warp * 16 + g; // this lane's key rows: j0, j0 + 8
   const long long mStart = kCausal ? n0 / kBr * kBr : 0;
-  constexpr int kSlabs = kBr / 16, kChunk = kD / (kW / kSlabs); // dQ: 16-row slab x kChunk columns a warp
-  static_assert(kW % kSlabs == 0, "warps split dQ's rows evenly");
-  const int slab = warp % kSlabs, chunk = warp / kSlabs;
+  constexpr int kDqSlabs = kBr / 16, kChunk = kD / (kW / kDqSlabs); // dQ: 16-row slab x kChunk columns a warp
+  static_assert(kW % kDqSlabs == 0, "warps split dQ's rows evenly");
+  const int slab = warp % kDqSlabs, chunk = warp / kDqSlabs;
   for (int hh = 0; hh < kHeadsPerGroup; ++hh) {
     const mt_u64 h = (mt_u64)grp * kHeadsPerGroup + hh;
     const mt_u64 qOff = (b * kSeq * kHeads + h) * kD;
@@ -521,6 +606,9 @@ __device__ __forceinline__ void mt_flash_bwd(const mt_t *dout, const mt_t *q, co
 #endif
       __syncthreads();
 
+      // Only a block that reaches past seq or, causal, has a query before
+      // one of this warp's keys masks anything: the same for the whole warp.
+      const bool edge = m0 + kBr > kSeq || n0 + warp * 16 + 16 > kSeq || (kCausal && n0 + warp * 16 + 15 > m0);
       // S^T = K Q^T: rows are this warp's keys, columns the block's queries.
 #pragma unroll
       for (int t = 0; t < kBr / 8; ++t)
@@ -555,7 +643,7 @@ __device__ __forceinline__ void mt_flash_bwd(const mt_t *dout, const mt_t *q, co
         for (int e = 0; e < 4; ++e) {
           const int il = 8 * t + 2 * c + (e & 1);
           const long long i = m0 + il, j = j0 + 8 * (e >> 1);
-          const bool valid = i < kSeq && j < kSeq && (!kCausal || j <= i);
+          const bool valid = !edge || (i < kSeq && j < kSeq && (!kCausal || j <= i));
           const float p = valid ? exp2f(s[t][e] * kScaleLog2 - sLse[il]) : 0.0f;
           s[t][e] = p;
           pd[t][e] = p;
@@ -650,6 +738,7 @@ using DType = FlashAttentionConfig::DType;
 struct Tiles {
   bool mma = false;
   int warps = 4;
+  int slabs = 1;        // 16-row slabs a warp owns (forward)
   int br = 64, bc = 64; // query rows, key rows per tile
   int ld = 0, lds = 0;  // shared row strides in elements: Q/K/V/dO tiles, dS
   uint32_t sharedBytes = 0;
@@ -665,7 +754,10 @@ Tiles forwardTiles(const FlashAttentionConfig &c) {
   const int d = int(c.headDim);
   if (c.dtype != DType::F32) {
     t.mma = true;
-    t.warps = 4, t.br = 64, t.bc = 64, t.ld = d + 8;
+    // Head dim 64: two slabs a warp, 128 query rows a CTA (each K and V
+    // fragment serves two products). Head dim 128 keeps one: two would need
+    // more than 255 registers for the output and Q fragments.
+    t.warps = 4, t.slabs = d == 64 ? 2 : 1, t.br = 16 * t.warps * t.slabs, t.bc = 64, t.ld = d + 8;
     t.sharedBytes = uint32_t(2 * t.bc * t.ld * 2); // K and V; Q is staged in them
   } else {
     t.warps = d == 64 ? 4 : 2;
@@ -742,7 +834,7 @@ std::string constants(const FlashAttentionConfig &c, const Tiles &t) {
   s += "constexpr int kD = " + std::to_string(c.headDim) + ", kW = " + std::to_string(t.warps) +
        ", kThreads = " + std::to_string(32 * t.warps) + ", kBr = " + std::to_string(t.br) +
        ", kBc = " + std::to_string(t.bc) + ", kLd = " + std::to_string(t.ld) +
-       ", kLdS = " + std::to_string(t.lds) + ";\n";
+       ", kLdS = " + std::to_string(t.lds) + ", kSlabs = " + std::to_string(t.slabs) + ";\n";
   s += "constexpr long long kBatch = " + ll(c.batch) + ", kSeq = " + ll(c.seq) + ", kHeads = " + ll(c.heads) +
        ", kGroups = " + ll(c.groups) + ", kHeadsPerGroup = " + ll(c.heads / c.groups) +
        ", kTotalHeads = " + ll(c.heads * c.tensorParallel) + ";\n";

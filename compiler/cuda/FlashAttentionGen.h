@@ -38,9 +38,15 @@
 // accumulation, ldmatrix, cp.async; sm_80 and later); f32 runs the same
 // algorithm with fp32 FMAs (no TF32), so an f32 model's attention matches the
 // CPU to fp32 rounding.
-//   forward, 16-bit: 4 warps x 16 query rows, key/value tiles of 64 rows,
-//                    Q in registers, K and V tiles in shared memory with V's
+//   forward, 16-bit: 4 warps, each with two 16-row slabs of query rows at
+//                    head dim 64 (128 rows a CTA; every K and V fragment
+//                    read from shared memory serves both slabs' products)
+//                    and one at head dim 128 (64 rows: two would not fit
+//                    255 registers); key/value tiles of 64 rows, Q in
+//                    registers, K and V tiles in shared memory with V's
 //                    copy overlapping Q K^T.
+//   Masking (causal, past seq) is computed only in the tiles that a
+//   warp's rows cross the diagonal or the end of seq in; the others skip it.
 //   backward, 16-bit: 4 warps x 16 key rows (dK, dV in registers for all
 //                    query blocks and all heads of a GQA group, so no atomics
 //                    on them), query tiles of 64 (d 64) or 32 (d 128) rows;
@@ -50,8 +56,9 @@
 // past seq read zeros and are never stored.
 //
 // What would make it faster on H100: wgmma with TMA loads and a
-// producer/consumer warp split (FlashAttention-3) on sm_90; 128 query rows
-// per CTA with 8 warps for the forward; double-buffered K/V and Q/dO tiles;
+// producer/consumer warp split (FlashAttention-3) on sm_90; larger backward
+// tiles (FlashAttention-2's 128 x 128 with 8 warps); double-buffered K/V and
+// Q/dO tiles (over 48 KiB: the launch needs the shared-memory attribute);
 // swizzled instead of padded shared memory; stores through shared memory
 // for coalescing; the backward's Philox words shared between lanes (each
 // block of 4 words now serves one element there); red.global.add.v2.f32 for

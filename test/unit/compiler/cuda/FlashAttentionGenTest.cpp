@@ -114,6 +114,21 @@ TEST(FlashAttentionGen, LaunchShapesAndArguments) {
     EXPECT_EQ(k->scalarArgs, f->kernel.scalarArgs);
   }
 
+  // Head dim 64 in 16 bits: two 16-row slabs a warp, 128 query rows a CTA;
+  // f32 keeps one (and its fp32 tiles).
+  FlashAttentionConfig d64 = c;
+  d64.headDim = 64;
+  f = mt::generateFlashAttentionForward(d64, &error);
+  ASSERT_TRUE(f) << error;
+  EXPECT_EQ(f->kernel.grid[0], 2u);
+  EXPECT_EQ(f->kernel.block[0], 128u);
+  EXPECT_TRUE(contains(f->kernel.source, ", kBr = 128, kBc = 64,"));
+  EXPECT_TRUE(contains(f->kernel.source, ", kSlabs = 2;"));
+  d64.dtype = DType::F32;
+  f = mt::generateFlashAttentionForward(d64, &error);
+  ASSERT_TRUE(f) << error;
+  EXPECT_TRUE(contains(f->kernel.source, ", kSlabs = 1;"));
+
   // Without dropout there are no scalar arguments; f32 uses no tensor cores.
   c.dropoutRate = 0, c.dtype = DType::F32;
   f = mt::generateFlashAttentionForward(c, &error);
@@ -421,6 +436,10 @@ MT_KERNEL_TEST(FlashAttention, F32MatchesCpu) {
 MT_KERNEL_TEST(FlashAttention, Bf16MatchesCpu) {
   checkNumerics(device, smallConfig(DType::BF16, 64, true, true, 0.1, 100, 2), Rng{}, 4);
   checkNumerics(device, smallConfig(DType::BF16, 128, false, false, 0.0, 64, 1), Rng{}, 5);
+  // Head dim 64's two slabs a warp over three query blocks of 128, the last
+  // partial, and five key tiles: tiles each slab masks, tiles it does not,
+  // and a tile past the diagonal for the first slabs.
+  checkNumerics(device, smallConfig(DType::BF16, 64, false, true, 0.0, 300, 1), Rng{}, 11);
 }
 
 MT_KERNEL_TEST(FlashAttention, F16MatchesCpu) {
