@@ -575,6 +575,24 @@ TEST_F(GptDatasetTest, MockDataLooksLikeMegatrons) {
   }
 }
 
+// A sample outside the index is an error line, never an abort (a negative
+// one came from a damaged consumed_train_samples before the checkpoint's
+// numbers were range-checked).
+TEST_F(GptDatasetTest, SampleOutsideTheIndexIsAnError) {
+  std::string err;
+  auto ds = GptDataset::build(config(small(), 4), DataSplit::Train, 3, &err);
+  ASSERT_NE(ds, nullptr) << err;
+  std::vector<int32_t> t(5);
+  const std::string n = std::to_string(ds->size());
+  EXPECT_EQ(ds->sample(-506, t.data()),
+            "data: error: sample -506 asked of a train split of " + n + " samples");
+  EXPECT_EQ(ds->sample(ds->size(), t.data()),
+            "data: error: sample " + n + " asked of a train split of " + n + " samples");
+  EXPECT_EQ(ds->sample(INT64_MIN, t.data()).rfind("data: error: sample -9223372036854775808", 0),
+            0u);
+  EXPECT_EQ(ds->sample(0, t.data()), "");
+}
+
 TEST_F(GptDatasetTest, Errors) {
   std::string prefix = small();
   std::string err;
