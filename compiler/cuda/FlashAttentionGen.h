@@ -50,7 +50,8 @@
 //   backward, 16-bit: 4 warps x 16 key rows (dK, dV in registers for all
 //                    query blocks and all heads of a GQA group, so no atomics
 //                    on them), query tiles of 64 (d 64) or 32 (d 128) rows;
-//                    dQ through an fp32 workspace with atomicAdd.
+//                    dQ through an fp32 workspace with atomic adds (pairs
+//                    of floats in one red.global.add.v2.f32 on sm_90).
 //   f32: the same with fewer warps and smaller tiles to stay within 48 KiB.
 // A seq that no tile size divides is handled by masking: rows and columns
 // past seq read zeros and are never stored.
@@ -60,9 +61,8 @@
 // tiles (FlashAttention-2's 128 x 128 with 8 warps); double-buffered K/V and
 // Q/dO tiles (over 48 KiB: the launch needs the shared-memory attribute);
 // swizzled instead of padded shared memory; stores through shared memory
-// for coalescing; the backward's Philox words shared between lanes (each
-// block of 4 words now serves one element there); red.global.add.v2.f32 for
-// dQ.
+// for coalescing; larger key blocks in the backward, for fewer dQ atomics
+// per product.
 #ifndef MT_COMPILER_FLASHATTENTIONGEN_H
 #define MT_COMPILER_FLASHATTENTIONGEN_H
 

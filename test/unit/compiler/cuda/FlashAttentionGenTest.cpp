@@ -106,6 +106,8 @@ TEST(FlashAttentionGen, LaunchShapesAndArguments) {
   EXPECT_EQ(b->main.grid[1], 2u); // one per group: a group's heads accumulate in registers
   EXPECT_EQ(b->dot.grid[0], (3u * 200 * 8 + 3) / 4);
   EXPECT_EQ(b->dq.grid[0], (3u * 200 * 8 * 128 / 4 + 255) / 256);
+  // dQ's atomic adds, in pairs on sm_90.
+  EXPECT_TRUE(contains(b->main.source, "red.global.add.v2.f32"));
   EXPECT_EQ(b->dot.source, b->main.source);
   EXPECT_EQ(b->dq.source, b->main.source);
   for (const mt::CudaKernel *k : {&b->dot, &b->main, &b->dq}) {
