@@ -185,9 +185,8 @@ struct GptPart {
 
   // The error for sample i: the split, the dataset, the index file.
   std::string corrupt(int64_t i, const std::string &what) const;
-  // Sample index rows j and j + 1 checked (as sample i), and with out
-  // non-null their tokens read; lengths, when given, are the source's.
-  std::string span(int64_t j, int64_t i, int32_t *out, const std::vector<int32_t> *lengths) const;
+  // The tokens between sample index rows j and j + 1 (sample i), checked.
+  std::string span(int64_t j, int64_t i, int32_t *out) const;
 
   // _query_document_sample_shuffle_indices: the pieces of the documents
   // between two consecutive sample index rows, concatenated. "" or an error.

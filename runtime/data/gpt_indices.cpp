@@ -276,9 +276,9 @@ std::string GptPart::corrupt(int64_t i, const std::string &what) const {
          (cache_path.empty() ? std::string() : ": " + cache_path) + "; delete that file and run again";
 }
 
-// The pieces of the documents between sample index rows j and j + 1: each
-// checked, then read into out (nothing is read with out null).
-std::string GptPart::span(int64_t j, int64_t i, int32_t *out, const std::vector<int32_t> *lengths) const {
+// The pieces of the documents between sample index rows j and j + 1, each
+// checked, then read into out.
+std::string GptPart::span(int64_t j, int64_t i, int32_t *out) const {
   const int64_t want = set.seq_length + 1;
   const int64_t d0 = sample_entry(j, 0), o0 = sample_entry(j, 1);
   const int64_t d1 = sample_entry(j + 1, 0), o1 = sample_entry(j + 1, 1);
@@ -289,12 +289,12 @@ std::string GptPart::span(int64_t j, int64_t i, int32_t *out, const std::vector<
     const int64_t seq = doc[k];
     if (seq < beg || seq >= end)
       return corrupt(i, "document index out of range");
-    const int64_t len = lengths ? (*lengths)[size_t(seq)] : src->length(seq);
+    const int64_t len = src->length(seq);
     const int64_t offset = k == d0 ? o0 : 0;
     const int64_t take = k < d1 ? len - offset : o1 + 1 - offset;
     if (take < 0 || offset > len || take > len - offset || take > want - n)
       return corrupt(i, "offsets out of range");
-    if (out)
+    if (out) // null: only checked
       src->read(seq, offset, take, out + n);
     n += take;
   }
@@ -311,25 +311,47 @@ std::string GptPart::sample(int64_t i, int32_t *out) const {
   const int64_t j = shuffle_entry(i);
   if (j < 0 || j >= size())
     return corrupt(i, "shuffle index out of range");
-  return span(j, i, out, nullptr);
+  return span(j, i, out);
 }
 
 // Everything sample() and hash_sample() rely on, over the whole index, so
 // that an index file whose checksums hold but whose entries do not (written
 // by something else, or crafted) is rebuilt instead of read out of bounds.
-// Consecutive rows never go back (span checks d1 >= d0), so the walk visits
-// each document index entry at most twice: O(documents + samples).
+// O(documents + samples).
 std::string GptPart::check_indices() const {
   for (int64_t k = 0; k < doc_count; ++k)
     if (doc[k] < beg || doc[k] >= end)
       return "document index entry " + std::to_string(k) + " is " + std::to_string(doc[k]) +
              ", outside the split's documents [" + std::to_string(beg) + ", " +
              std::to_string(end) + ")";
+  // Row j is a position in the documents laid end to end: P_j = the tokens
+  // of document index entries [0, d_j), plus o_j. Sample j is tokens
+  // [P_j, P_j+1], so consecutive positions lie seq_length apart, an offset
+  // lies within its document (a sample may start at a document's end, as row
+  // 0 does at an empty one, but not end there), and rows never go back. This
+  // is what span() checks sample by sample, in one pass over both arrays.
   const std::vector<int32_t> lengths = src->all_lengths();
-  for (int64_t j = 0; j < size(); ++j)
-    if (!span(j, j, nullptr, &lengths).empty())
-      return "sample index rows " + std::to_string(j) + " and " + std::to_string(j + 1) +
-             " do not cut " + std::to_string(set.seq_length + 1) + " tokens from the documents";
+  int64_t k = 0, before = 0; // the tokens of entries [0, k)
+  int64_t prev = 0;
+  for (int64_t j = 0; j < sample_rows; ++j) {
+    const int64_t d = sample_entry(j, 0), o = sample_entry(j, 1);
+    bool ok = d >= k && d < doc_count;
+    if (ok) {
+      for (; k < d; ++k)
+        before += lengths[size_t(doc[k])];
+      const int64_t len = lengths[size_t(doc[d])];
+      ok = o >= 0 && (j == 0 ? o <= len : o < len) &&
+           (j == 0 || before + o - prev == set.seq_length);
+      if (ok)
+        prev = before + o;
+    }
+    if (!ok)
+      return j == 0 ? "sample index row 0 is (" + std::to_string(d) + ", " + std::to_string(o) +
+                          "), outside the document index"
+                    : "sample index rows " + std::to_string(j - 1) + " and " + std::to_string(j) +
+                          " do not cut " + std::to_string(set.seq_length + 1) +
+                          " tokens from the documents";
+  }
   for (int64_t i = 0; i < size(); ++i)
     if (shuffle_entry(i) < 0 || shuffle_entry(i) >= size())
       return "shuffle index entry " + std::to_string(i) + " is " +

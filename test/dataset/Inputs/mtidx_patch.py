@@ -5,7 +5,8 @@ gives the layout), to test that damage is noticed.
 
 ARRAY is doc, sample or shuffle (a GPT index) or dataset, dataset_sample (a
 blend's); ENTRY counts elements of that array (a sample index row is two);
-VALUE is a number, or @K for the value of the array's entry K.
+VALUE is a number, @K for the value of the array's entry K, or +D for the
+entry's own value plus D.
 Without --fix-checksums only the entry's bytes change, as damage would; with
 it the arrays' CRC-32C and the header's FNV-1a are recomputed, as a crafted
 file would be, so only the checks of the entries themselves can catch it.
@@ -58,9 +59,13 @@ def main():
     for name, n, fmt, width in arrays:
         if name == array:
             assert 0 <= entry < n, f"{array} has {n} entries"
+            own = struct.unpack_from("<" + fmt, data, at + entry * width)[0]
             if value.startswith("@"):
                 value = struct.unpack_from("<" + fmt, data, at + int(value[1:]) * width)[0]
-            value = int(value)
+            elif value.startswith("+"):
+                value = own + int(value[1:])
+            else:
+                value = int(value)
             struct.pack_into("<" + fmt, data, at + entry * width, value)
             break
         at += pad8(n * width)
