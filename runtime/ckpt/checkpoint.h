@@ -175,6 +175,9 @@ public:
   bool has(const std::string &name) const;
   // The tensor's shape (empty when there is no such tensor).
   std::vector<int64_t> shape(const std::string &name) const;
+  // Its dtype ("f32", ...) and size in bytes ("" and 0 when there is none).
+  std::string dtype(const std::string &name) const;
+  uint64_t bytes(const std::string &name) const;
   // The metadata value KEY (meta().values) as a decimal integer in [lo, hi],
   // or dflt when the file has none. Returns "" or one error line naming the
   // file and the field.

@@ -44,11 +44,47 @@ const DtypeInfo *dtype_by_code(uint8_t code) {
   return nullptr;
 }
 
+// A JSON string literal of s (UTF-8 passed through, controls escaped).
+void json_string(std::string &out, const std::string &s) {
+  out += '"';
+  for (unsigned char ch : s) {
+    switch (ch) {
+    case '"': out += "\\\""; break;
+    case '\\': out += "\\\\"; break;
+    case '\n': out += "\\n"; break;
+    case '\r': out += "\\r"; break;
+    case '\t': out += "\\t"; break;
+    default:
+      if (ch < 0x20) {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\u%04x", ch);
+        out += buf;
+      } else {
+        out += static_cast<char>(ch);
+      }
+    }
+  }
+  out += '"';
+}
+
 std::string shape_str(const std::vector<int64_t> &shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i)
     s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
+}
+
+std::string size_text(uint64_t bytes) {
+  char buf[32];
+  if (bytes < 10000)
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  else if (bytes < 10000000)
+    std::snprintf(buf, sizeof buf, "%.1f KB", double(bytes) / 1e3);
+  else if (bytes < 10000000000ull)
+    std::snprintf(buf, sizeof buf, "%.1f MB", double(bytes) / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f GB", double(bytes) / 1e9);
+  return buf;
 }
 
 bool shape_bytes(const std::vector<int64_t> &shape, size_t elem, uint64_t *out) {

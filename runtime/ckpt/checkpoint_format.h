@@ -34,6 +34,11 @@ const DtypeInfo *dtype_by_code(uint8_t code);
 inline constexpr const char *kDtypeList = "f32, bf16, f16, i32, i64, u64 or u8";
 
 std::string shape_str(const std::vector<int64_t> &shape);
+// "512 B", "48.0 KB", "1.2 MB", "3.4 GB" (decimal units).
+std::string size_text(uint64_t bytes);
+
+// Appends s to out as a JSON string literal (UTF-8 passed through, controls escaped).
+void json_string(std::string &out, const std::string &s);
 
 // Bytes of a tensor of this shape and element size; false on a negative
 // dimension or overflow.

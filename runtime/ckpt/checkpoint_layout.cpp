@@ -744,4 +744,98 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
   return "";
 }
 
+// ---------------------------------------------------------------------------
+// Whole weights (mt-checkpoint's export)
+// ---------------------------------------------------------------------------
+
+std::string read_whole_weights(const std::string &load_dir, int64_t iteration,
+                               CheckpointMeta *meta, std::map<std::string, WholeWeight> *out) {
+  std::string err;
+  auto first = CheckpointReader::open_first(load_dir, iteration, &err);
+  if (!first)
+    return err;
+  *meta = first->meta();
+  iteration = meta->iteration;
+  const int tp = int_value(*meta, "tensor_parallel", 1), pp = first->pp_size();
+  if (tp < 1)
+    return first->path() + ": error: the metadata value 'tensor_parallel' is not an integer in "
+                           "[1, 65536]; the file is damaged: use an earlier iteration instead";
+  std::map<std::string, std::vector<bool>> have; // tensor-parallel shards that arrived
+  std::map<std::string, std::string> from;
+  std::map<std::string, bool> sharded;
+  for (int s = 0; s < pp; ++s)
+    for (int r = 0; r < tp; ++r) {
+      auto reader = CheckpointReader::open(load_dir, iteration, r, s, pp, &err);
+      if (!reader)
+        return err;
+      const CheckpointMeta &m = reader->meta();
+      const std::string &path = reader->path();
+      if (m.model_fingerprint != meta->model_fingerprint ||
+          int_value(m, "tensor_parallel", 1) != tp)
+        return path + ": error: belongs to another save than " + first->path() +
+               " (another model or layout); the iteration directory mixes files of several "
+               "runs: use another iteration";
+      std::vector<SavedParam> params;
+      auto pl_it = m.values.find("param_layout");
+      if (pl_it != m.values.end()) {
+        if (!parse_param_layout(pl_it->second, &params))
+          return path + ": error: the metadata's param_layout is malformed; the file is "
+                        "damaged: use an earlier iteration";
+      } else if (tp == 1 && !m.values.count("distributed_optimizer")) {
+        for (const std::string &n : reader->tensor_names()) // one rank, whole tensors
+          if (n.find(".exp_avg") == std::string::npos &&
+              n.find(".momentum_buffer") == std::string::npos &&
+              !(n.size() > 7 && n.compare(n.size() - 7, 7, ".master") == 0))
+            params.push_back({n, -1, 1, -1, reader->shape(n)});
+      } else {
+        return path + ": error: the metadata lacks param_layout, so its tensor-parallel shards "
+                      "cannot be told apart; use a checkpoint saved by this mt";
+      }
+      for (const SavedParam &p : params) {
+        if (!reader->has(p.name) || reader->shape(p.name) != p.shape)
+          return path + ": error: the metadata's param_layout gives " + p.name + " as " +
+                 shape_text(p.shape) + " but the file holds " +
+                 (reader->has(p.name) ? shape_text(reader->shape(p.name)) : "no such tensor") +
+                 "; the file is damaged: use an earlier iteration";
+        std::vector<int64_t> whole = p.shape;
+        if (p.tp_dim >= 0)
+          whole[size_t(p.tp_dim)] =
+              whole[size_t(p.tp_dim)] > INT64_MAX / tp ? -1 : whole[size_t(p.tp_dim)] * tp;
+        uint64_t whole_bytes = 0;
+        if (!ckpt_detail::shape_bytes(whole, 4, &whole_bytes))
+          return path + ": error: the metadata's param_layout makes " + p.name +
+                 " too large to assemble; the file is damaged: use an earlier iteration";
+        WholeWeight &w = (*out)[p.name];
+        std::vector<bool> &got = have[p.name];
+        if (got.empty()) {
+          w.shape = whole;
+          w.data.assign(size_t(numel(whole)), 0.0f);
+          got.assign(size_t(tp), false);
+          from[p.name] = path;
+          sharded[p.name] = p.tp_dim >= 0;
+        } else if (w.shape != whole) {
+          return path + ": error: holds " + p.name + " as a shard of " + shape_text(whole) +
+                 " but " + from[p.name] + " of " + shape_text(w.shape) +
+                 "; the files are of different models: use another iteration";
+        }
+        const int slot = p.tp_dim >= 0 ? r : 0;
+        if (got[size_t(slot)])
+          continue; // a tensor-parallel replica, or the pipeline's tied copy
+        got[size_t(slot)] = true;
+        std::vector<float> buf(size_t(numel(p.shape)));
+        if (std::string e = reader->read(p.name, "f32", p.shape, buf.data(), buf.size() * 4);
+            !e.empty())
+          return e;
+        copy_shard(w.data.data(), buf.data(), p.shape, p.tp_dim, p.tp_blocks, tp, r, false);
+      }
+    }
+  for (const auto &[name, got] : have)
+    for (size_t r = 0; r < got.size(); ++r)
+      if (!got[r] && (r == 0 || sharded[name]))
+        return load_dir + ": error: no rank file holds tensor-parallel shard " +
+               std::to_string(r) + " of " + name +
+               "; the checkpoint is incomplete: use another iteration";
+  return "";
+}
+
 } // namespace mt::rt

@@ -19,6 +19,7 @@
 #include "runtime/comm/collectives.h"
 #include "runtime/plan/plan_reader.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,21 @@ std::string save_checkpoint_collective(Communicator *world, int world_rank,
 std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
                                const mt::plan::Plan &plan, const std::string &plan_path,
                                const std::string &save_dir, std::string *summary);
+
+// A parameter of a checkpoint, whole: its tensor-parallel shards joined.
+struct WholeWeight {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// Every parameter (the weights, no optimizer state) of the checkpoint in
+// load_dir (the tracker's iteration, or `iteration` when >= 0), whole, as
+// reshard_checkpoint assembles them: each rank file's param_layout says
+// how its shards join, every pipeline stage's file is read, the pipeline's
+// tied copy of the embedding once. *meta gets the first rank file's
+// metadata (iteration, spec, layout). Returns "" or one error line.
+std::string read_whole_weights(const std::string &load_dir, int64_t iteration,
+                               CheckpointMeta *meta, std::map<std::string, WholeWeight> *out);
 
 } // namespace mt::rt
 

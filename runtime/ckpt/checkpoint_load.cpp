@@ -532,6 +532,16 @@ std::vector<int64_t> CheckpointReader::shape(const std::string &name) const {
   return it == impl_->index.end() ? std::vector<int64_t>() : impl_->entries[it->second].shape;
 }
 
+std::string CheckpointReader::dtype(const std::string &name) const {
+  auto it = impl_->index.find(name);
+  return it == impl_->index.end() ? "" : impl_->entries[it->second].dtype->name;
+}
+
+uint64_t CheckpointReader::bytes(const std::string &name) const {
+  auto it = impl_->index.find(name);
+  return it == impl_->index.end() ? 0 : impl_->entries[it->second].bytes;
+}
+
 std::string CheckpointReader::int_value(const std::string &key, int64_t lo, int64_t hi,
                                         int64_t dflt, int64_t *out) const {
   auto it = impl_->meta.values.find(key);

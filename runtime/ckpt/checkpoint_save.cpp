@@ -48,28 +48,6 @@ void step(const char *name) {
 
 bool valid_utf8(const std::string &s) { return simdjson::validate_utf8(s.data(), s.size()); }
 
-void json_string(std::string &out, const std::string &s) {
-  out += '"';
-  for (unsigned char ch : s) {
-    switch (ch) {
-    case '"': out += "\\\""; break;
-    case '\\': out += "\\\\"; break;
-    case '\n': out += "\\n"; break;
-    case '\r': out += "\\r"; break;
-    case '\t': out += "\\t"; break;
-    default:
-      if (ch < 0x20) {
-        char buf[8];
-        std::snprintf(buf, sizeof buf, "\\u%04x", ch);
-        out += buf;
-      } else {
-        out += static_cast<char>(ch);
-      }
-    }
-  }
-  out += '"';
-}
-
 // Shortest text that reads back as the same double.
 std::string json_double(double v) {
   char buf[64];

@@ -1,0 +1,105 @@
+// A checkpoint as a Hugging Face transformers model folder
+// (`mt-checkpoint to-hf`, docs/checkpoints.md): config.json,
+// generation_config.json and model.safetensors (or shards with
+// model.safetensors.index.json), written into a staging directory beside
+// the target and renamed into place, so nothing half written is left.
+//
+// The model's architecture comes from the spec (the tool reads it; this
+// room reads no TOML). A GPT-2-style model (learned absolute positions,
+// LayerNorm, tanh GeLU) becomes GPT2LMHeadModel, a Llama-style one (RoPE,
+// RMSNorm, SwiGLU) LlamaForCausalLM; what neither class can express is
+// refused with the spec key named. The weights change layout as follows
+// (mt keeps Megatron-LM's):
+//   linear_qkv   per query group g: its heads/groups query heads, one key
+//                head, one value head (each kv_channels rows); Llama:
+//                q_proj, k_proj, v_proj (heads in order); GPT-2: c_attn,
+//                [q | k | v] columns of a Conv1D ([in, out], transposed)
+//   linear_fc1   SwiGLU: rows [0, ffn) the gate (SiLU'd), [ffn, 2 ffn) the
+//                up projection: gate_proj, up_proj; GPT-2: c_fc transposed
+//   linear_proj, linear_fc2   o_proj, down_proj; GPT-2: c_proj transposed
+//   norms        apply_layernorm_1p's w is stored as 1 + w
+//   embeddings   the padded vocabulary rows are cut to the tokenizer's
+//                vocabulary unless kept
+// RoPE needs no permutation: mt rotates (x[j], x[j + d/2]) pairs, the
+// rotate_half form of HF's Llama.
+#ifndef MT_RUNTIME_HF_EXPORT_H
+#define MT_RUNTIME_HF_EXPORT_H
+
+#include "runtime/ckpt/checkpoint_layout.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mt::rt {
+
+// The architecture, from the spec's [model] (names as its keys).
+struct HfModelSpec {
+  int64_t num_layers = 0, hidden_size = 0, ffn_hidden_size = 0;
+  int64_t num_attention_heads = 0, num_query_groups = 0, kv_channels = 0;
+  int64_t max_position_embeddings = 0;
+  int64_t vocab_size = 0;        // the tokenizer's
+  int64_t padded_vocab_size = 0; // the embedding's rows
+  bool rope = false;             // position_embedding_type = "rope"
+  int64_t rotary_base = 10000;
+  bool use_rope_scaling = false;
+  double rope_scaling_factor = 8.0;
+  bool rmsnorm = false; // normalization = "RMSNorm"
+  double norm_epsilon = 1e-5;
+  bool apply_layernorm_1p = false;
+  bool swiglu = false;
+  bool untie_embeddings_and_output_weights = false;
+  bool add_bias_linear = true;
+  double hidden_dropout = 0.0, attention_dropout = 0.0;
+  double init_method_std = 0.02;
+  int64_t eod_id = -1; // the tokenizer's end of document: bos and eos
+};
+
+struct HfExportOptions {
+  std::string dtype = "fp32";      // fp32, bf16 or fp16
+  bool keep_padded_vocab = false;  // keep the embedding's padded rows
+  uint64_t max_shard_bytes = 5000000000; // above it, model-0000N-of-0000M.safetensors
+};
+
+// "gpt2" or "llama" for `m`, or "" with *error naming the spec key that no
+// Hugging Face class here can express.
+std::string hf_architecture(const HfModelSpec &m, std::string *error);
+
+// The tensors of the Hugging Face model, in its names and layouts, from
+// mt's whole weights; f32. Returns "" or one error line (a missing tensor
+// or a shape that is not the spec's, named).
+struct HfTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+std::string hf_tensors(const HfModelSpec &m, const std::string &arch,
+                       const std::map<std::string, WholeWeight> &weights, bool keep_padded_vocab,
+                       std::vector<HfTensor> *out);
+
+// config.json and generation_config.json's text.
+std::string hf_config_json(const HfModelSpec &m, const std::string &arch,
+                           const HfExportOptions &o);
+std::string hf_generation_config_json(const HfModelSpec &m);
+
+// "5GB", "500MB", "10KiB", "1000": bytes (decimal units as transformers
+// reads them, KiB/MiB/GiB binary); false when it is none of those or 0.
+bool parse_shard_size(const std::string &text, uint64_t *bytes);
+
+// The whole export: reads the checkpoint in load_dir (its iteration, or
+// `iteration` when >= 0), converts, writes out_dir atomically (out_dir must
+// not exist, or be an empty directory). Returns "" or one error line;
+// *summary gets one line on what was written.
+std::string export_hf(const std::string &load_dir, int64_t iteration, const HfModelSpec &m,
+                      const HfExportOptions &o, const std::string &out_dir,
+                      std::string *summary);
+
+// f32 to bf16 / f16 bits, rounding to nearest even (NaN stays NaN; fp16
+// overflow gives infinity).
+uint16_t f32_to_bf16(float x);
+uint16_t f32_to_f16(float x);
+
+} // namespace mt::rt
+
+#endif // MT_RUNTIME_HF_EXPORT_H

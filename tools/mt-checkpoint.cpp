@@ -1,0 +1,49 @@
+// mt-checkpoint: look into training checkpoints and export them to Hugging
+// Face transformers (runtime/ckpt/checkpoint_tool.h). The spec's parser
+// (spec/, no MLIR or LLVM) reads the model a checkpoint records.
+#include "runtime/ckpt/checkpoint_tool.h"
+#include "spec/Spec.h"
+
+#include <string>
+#include <vector>
+
+namespace {
+
+std::string read_model(const std::string &toml, const std::string &source,
+                       mt::rt::HfModelSpec *out) {
+  absl::StatusOr<mt::spec::Spec> spec = mt::spec::parseSpecString(toml, source);
+  if (!spec.ok())
+    return std::string(spec.status().message());
+  const mt::spec::ModelConfig &m = spec->model;
+  mt::rt::HfModelSpec &h = *out;
+  h.num_layers = m.num_layers;
+  h.hidden_size = m.hidden_size;
+  h.ffn_hidden_size = m.ffn_hidden_size;
+  h.num_attention_heads = m.num_attention_heads;
+  h.num_query_groups = m.num_query_groups;
+  h.kv_channels = m.kv_channels;
+  h.max_position_embeddings = m.max_position_embeddings;
+  h.vocab_size = m.vocab_size;
+  h.padded_vocab_size = spec->paddedVocabSize();
+  h.rope = m.position_embedding_type == mt::spec::PositionEmbedding::Rope;
+  h.rotary_base = m.rotary_base;
+  h.use_rope_scaling = m.use_rope_scaling;
+  h.rope_scaling_factor = m.rope_scaling_factor;
+  h.rmsnorm = m.normalization == mt::spec::Normalization::RMSNorm;
+  h.norm_epsilon = m.norm_epsilon;
+  h.apply_layernorm_1p = m.apply_layernorm_1p;
+  h.swiglu = m.swiglu;
+  h.untie_embeddings_and_output_weights = m.untie_embeddings_and_output_weights;
+  h.add_bias_linear = m.add_bias_linear;
+  h.hidden_dropout = m.hidden_dropout;
+  h.attention_dropout = m.attention_dropout;
+  h.init_method_std = m.init_method_std;
+  h.eod_id = spec->data.eod_id;
+  return "";
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  return mt::rt::run_mt_checkpoint(std::vector<std::string>(argv + 1, argv + argc), read_model);
+}
