@@ -39,6 +39,10 @@ std::string read_model(const std::string &toml, const std::string &source,
   h.attention_dropout = m.attention_dropout;
   h.init_method_std = m.init_method_std;
   h.eod_id = spec->data.eod_id;
+  h.tokenizer_type = spec->data.tokenizer_type;
+  h.vocab_file = spec->data.vocab_file;
+  h.merge_file = spec->data.merge_file;
+  h.tokenizer_model = spec->data.tokenizer_model;
   return "";
 }
 

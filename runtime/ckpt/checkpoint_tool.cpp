@@ -22,7 +22,9 @@ commands:
         [--max-shard-size SIZE] [--iteration N]
       writes a Hugging Face transformers folder (config.json,
       generation_config.json, model.safetensors or shards with
-      model.safetensors.index.json) that AutoModelForCausalLM loads:
+      model.safetensors.index.json, the tokenizer's files when the spec
+      names GPT-2 BPE or tokenizer.json ones) that AutoModelForCausalLM
+      and AutoTokenizer load:
       GPT2LMHeadModel for GPT-2-style specs, LlamaForCausalLM for
       Llama-style ones; every tensor-, pipeline- and data-parallel shard
       merged; the vocabulary cut to the tokenizer's unless

@@ -15,6 +15,8 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <simdjson.h>
+#include <string_view>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -336,6 +338,139 @@ std::string hf_tensors(const HfModelSpec &m, const std::string &arch,
 }
 
 // ---------------------------------------------------------------------------
+// The tokenizer
+// ---------------------------------------------------------------------------
+
+namespace {
+
+std::string parent_of(const std::string &path);
+
+// 1: read, 0: not here, -1: here but unreadable (*error set).
+int read_whole_file(const std::string &path, std::string *bytes, std::string *error) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return 0;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || !S_ISREG(st.st_mode)) {
+    *error = path + ": error: cannot read the tokenizer file: " +
+             (fd < 0 ? std::strerror(errno) : "not a regular file");
+    if (fd >= 0)
+      ::close(fd);
+    return -1;
+  }
+  bytes->resize(size_t(st.st_size));
+  size_t got = 0;
+  while (got < bytes->size()) {
+    ssize_t n = ::read(fd, bytes->data() + got, bytes->size() - got);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      *error = path + ": error: cannot read the tokenizer file: " +
+               (n < 0 ? std::strerror(errno) : "it shrank while being read");
+      ::close(fd);
+      return -1;
+    }
+    got += size_t(n);
+  }
+  ::close(fd);
+  return 1;
+}
+
+// The content of tokenizer.json's added token `id`, or "".
+std::string added_token(const std::string &json, int64_t id) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element root;
+  simdjson::dom::array added;
+  if (parser.parse(json).get(root) != simdjson::SUCCESS ||
+      root["added_tokens"].get_array().get(added) != simdjson::SUCCESS)
+    return "";
+  for (auto t : added) {
+    int64_t tid = -1;
+    std::string_view content;
+    if (t["id"].get_int64().get(tid) == simdjson::SUCCESS && tid == id &&
+        t["content"].get_string().get(content) == simdjson::SUCCESS)
+      return std::string(content);
+  }
+  return "";
+}
+
+} // namespace
+
+std::string hf_tokenizer_files(const HfModelSpec &m, std::map<std::string, std::string> *files,
+                               std::string *why) {
+  files->clear();
+  std::string error;
+  const std::string max_len = std::to_string(m.max_position_embeddings);
+  if (m.tokenizer_type == "GPT2BPETokenizer") {
+    if (m.vocab_file.empty() || m.merge_file.empty()) {
+      *why = "the spec names no data.vocab_file and data.merge_file";
+      return "";
+    }
+    std::string vocab, merges;
+    int a = read_whole_file(m.vocab_file, &vocab, &error);
+    int b = a < 0 ? 0 : read_whole_file(m.merge_file, &merges, &error);
+    if (a < 0 || b < 0)
+      return error;
+    if (a == 0 || b == 0) {
+      *why = "data." + std::string(a == 0 ? "vocab_file " + quoted(m.vocab_file)
+                                          : "merge_file " + quoted(m.merge_file)) +
+             " is not here";
+      return "";
+    }
+    (*files)["vocab.json"] = vocab;
+    (*files)["merges.txt"] = merges;
+    // GPT-2's tokenizer: <|endoftext|> is its end of document, beginning and
+    // unknown token, and no space is added before the text.
+    (*files)["tokenizer_config.json"] =
+        "{\n  \"tokenizer_class\": \"GPT2Tokenizer\",\n  \"model_max_length\": " + max_len +
+        ",\n  \"bos_token\": \"<|endoftext|>\",\n  \"eos_token\": \"<|endoftext|>\",\n"
+        "  \"unk_token\": \"<|endoftext|>\",\n  \"add_prefix_space\": false,\n"
+        "  \"errors\": \"replace\"\n}\n";
+    return "";
+  }
+  if (m.tokenizer_type == "HuggingFaceTokenizer") {
+    if (m.tokenizer_model.empty()) {
+      *why = "the spec names no data.tokenizer_model";
+      return "";
+    }
+    // A file's tokenizer_config.json is the one beside it, as mt reads it.
+    const bool dir = ckpt_detail::is_dir(m.tokenizer_model);
+    const std::string json_path = dir ? m.tokenizer_model + "/tokenizer.json" : m.tokenizer_model;
+    const std::string config_dir = dir ? m.tokenizer_model : parent_of(m.tokenizer_model);
+    std::string json;
+    int a = read_whole_file(json_path, &json, &error);
+    if (a < 0)
+      return error;
+    if (a == 0) {
+      *why = "data.tokenizer_model " + quoted(m.tokenizer_model) +
+             (dir ? " has no tokenizer.json" : " is not here");
+      return "";
+    }
+    (*files)["tokenizer.json"] = json;
+    for (const char *extra : {"tokenizer_config.json", "special_tokens_map.json"}) {
+      std::string bytes;
+      int r = read_whole_file(config_dir + "/" + extra, &bytes, &error);
+      if (r < 0)
+        return error;
+      if (r > 0)
+        (*files)[extra] = bytes;
+    }
+    if (!files->count("tokenizer_config.json")) {
+      const std::string eos = added_token(json, m.eod_id);
+      (*files)["tokenizer_config.json"] =
+          "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n  \"model_max_length\": " +
+          max_len + (eos.empty() ? "" : ",\n  \"eos_token\": " + quoted(eos)) + "\n}\n";
+    }
+    return "";
+  }
+  *why = m.tokenizer_type == "NullTokenizer"
+             ? "NullTokenizer has no files"
+             : m.tokenizer_type + "'s files are not exported yet (GPT2BPETokenizer's and "
+                                  "HuggingFaceTokenizer's are)";
+  return "";
+}
+
+// ---------------------------------------------------------------------------
 // Configuration files
 // ---------------------------------------------------------------------------
 
@@ -497,6 +632,10 @@ std::string export_hf(const std::string &load_dir, int64_t iteration, const HfMo
   std::map<std::string, WholeWeight> weights;
   if (std::string e = read_whole_weights(load_dir, iteration, &meta, &weights); !e.empty())
     return e;
+  std::map<std::string, std::string> tokenizer;
+  std::string no_tokenizer;
+  if (std::string e = hf_tokenizer_files(m, &tokenizer, &no_tokenizer); !e.empty())
+    return e + " (nothing was written)";
   std::vector<HfTensor> tensors;
   if (std::string e = hf_tensors(m, arch, weights, o.keep_padded_vocab, &tensors); !e.empty())
     return load_dir + ": error: " + e + " (nothing was written)";
@@ -587,6 +726,9 @@ std::string export_hf(const std::string &load_dir, int64_t iteration, const HfMo
                                             hf_generation_config_json(m));
       !e.empty())
     return fail(e);
+  for (const auto &[name, bytes] : tokenizer)
+    if (std::string e = write_file_atomically(staging + "/" + name, bytes); !e.empty())
+      return fail(e);
   if (!fsync_path(staging, O_RDONLY | O_DIRECTORY))
     return fail(staging + ": error: cannot sync: " + std::strerror(errno));
   // rename(2) replaces an empty directory and refuses a non-empty one.
@@ -604,6 +746,10 @@ std::string export_hf(const std::string &load_dir, int64_t iteration, const HfMo
                   : " (padded " + std::to_string(m.padded_vocab_size) + ")") +
              ", " + ckpt_detail::size_text(total) + " in " + std::to_string(shards.size()) + " safetensors file" +
              (shards.size() == 1 ? "" : "s");
+  std::string names;
+  for (const auto &[name, bytes] : tokenizer)
+    names += (names.empty() ? "" : ", ") + name;
+  *summary += "; tokenizer: " + (names.empty() ? "none (" + no_tokenizer + ")" : names);
   return "";
 }
 

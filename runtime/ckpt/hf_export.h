@@ -1,7 +1,7 @@
 // A checkpoint as a Hugging Face transformers model folder
 // (`mt-checkpoint to-hf`, docs/checkpoints.md): config.json,
-// generation_config.json and model.safetensors (or shards with
-// model.safetensors.index.json), written into a staging directory beside
+// generation_config.json, model.safetensors (or shards with
+// model.safetensors.index.json) and the tokenizer's files, written into a staging directory beside
 // the target and renamed into place, so nothing half written is left.
 //
 // The model's architecture comes from the spec (the tool reads it; this
@@ -54,6 +54,9 @@ struct HfModelSpec {
   double hidden_dropout = 0.0, attention_dropout = 0.0;
   double init_method_std = 0.02;
   int64_t eod_id = -1; // the tokenizer's end of document: bos and eos
+  // The tokenizer, as the spec's [data] names it (paths as written there).
+  std::string tokenizer_type;  // "GPT2BPETokenizer", "HuggingFaceTokenizer", ...
+  std::string vocab_file, merge_file, tokenizer_model;
 };
 
 struct HfExportOptions {
@@ -77,6 +80,17 @@ struct HfTensor {
 std::string hf_tensors(const HfModelSpec &m, const std::string &arch,
                        const std::map<std::string, WholeWeight> &weights, bool keep_padded_vocab,
                        std::vector<HfTensor> *out);
+
+// The tokenizer's files for the folder (name -> bytes), so that
+// AutoTokenizer.from_pretrained loads it too: GPT2BPETokenizer's vocab.json
+// and merges.txt, HuggingFaceTokenizer's tokenizer.json (and, from a
+// directory, its tokenizer_config.json and special_tokens_map.json), each
+// with a tokenizer_config.json when the source has none. Files the spec
+// names that are not here, and the tokenizer types not exported, leave
+// *files empty with *why saying so (the export goes on without them).
+// Returns "" or one error line (a file that is here but cannot be read).
+std::string hf_tokenizer_files(const HfModelSpec &m, std::map<std::string, std::string> *files,
+                               std::string *why);
 
 // config.json and generation_config.json's text.
 std::string hf_config_json(const HfModelSpec &m, const std::string &arch,

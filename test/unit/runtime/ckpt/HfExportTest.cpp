@@ -292,3 +292,28 @@ TEST(HfExport, CheckpointAndSpecMustAgree) {
                        "holds decoder.layers.1.mlp.linear_fc2.weight [8, 3], which the spec's "
                        "model does not have"));
 }
+
+TEST(HfExport, TokenizerFilesThatAreNotExported) {
+  HfModelSpec m = gpt2();
+  std::map<std::string, std::string> files;
+  std::string why;
+  m.tokenizer_type = "GPT2BPETokenizer";
+  EXPECT_EQ(mt::rt::hf_tokenizer_files(m, &files, &why), "");
+  EXPECT_TRUE(files.empty());
+  EXPECT_EQ(why, "the spec names no data.vocab_file and data.merge_file");
+  m.vocab_file = "/nonexistent/vocab.json";
+  m.merge_file = "/nonexistent/merges.txt";
+  EXPECT_EQ(mt::rt::hf_tokenizer_files(m, &files, &why), "");
+  EXPECT_EQ(why, "data.vocab_file \"/nonexistent/vocab.json\" is not here");
+  m.tokenizer_type = "HuggingFaceTokenizer";
+  m.tokenizer_model = "/nonexistent/tokenizer.json";
+  EXPECT_EQ(mt::rt::hf_tokenizer_files(m, &files, &why), "");
+  EXPECT_EQ(why, "data.tokenizer_model \"/nonexistent/tokenizer.json\" is not here");
+  m.tokenizer_type = "NullTokenizer";
+  EXPECT_EQ(mt::rt::hf_tokenizer_files(m, &files, &why), "");
+  EXPECT_EQ(why, "NullTokenizer has no files");
+  m.tokenizer_type = "TikTokenizer";
+  EXPECT_EQ(mt::rt::hf_tokenizer_files(m, &files, &why), "");
+  EXPECT_TRUE(contains(why, "TikTokenizer's files are not exported yet"));
+  EXPECT_TRUE(files.empty());
+}
