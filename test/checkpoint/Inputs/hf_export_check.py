@@ -5,8 +5,9 @@ same batch (fp32, relative error < 1e-5).
 
 usage: hf_export_check.py WORKDIR SRC_ROOT MODEL...
 
-MODEL is gpt or llama, optionally with a layout: llama:2x2 trains on tensor
-2 x pipeline 2 ranks (Gloo on the CPU). For each, mtrun trains a tiny model
+MODEL is gpt, llama or llama31 (llama with Llama 3.1's RoPE scaling),
+optionally with a layout: llama:2x2 trains on tensor 2 x pipeline 2 ranks
+(Gloo on the CPU). For each, mtrun trains a tiny model
 3 iterations and saves; a second run loads that checkpoint and trains
 iteration 4, whose logged lm loss is the checkpoint's loss on batch 4 (mean
 cross-entropy over the padded vocabulary, as Megatron computes it). The
@@ -46,7 +47,8 @@ add_bias_linear = false
 """
 
 
-def spec(work, llama, tp, pp):
+def spec(work, llama, tp, pp, scaling):
+    scaled = "use_rope_scaling = true\nrope_scaling_factor = 8.0" if scaling else ""
     return f"""
 [model]
 num_layers = {LAYERS}
@@ -58,6 +60,7 @@ make_vocab_size_divisible_by = {PADDED // tp}
 hidden_dropout = 0.0
 attention_dropout = 0.0
 {LLAMA_KEYS if llama else ""}
+{scaled}
 [parallel]
 tensor_model_parallel_size = {tp}
 pipeline_model_parallel_size = {pp}
@@ -90,7 +93,7 @@ def run(*cmd):
 
 def check(model):
     kind, _, layout = model.partition(":")
-    llama = kind == "llama"
+    llama = kind in ("llama", "llama31")
     tp, pp = (int(n) for n in layout.split("x")) if layout else (1, 1)
     work = os.path.join(WORK, model.replace(":", "-"))
     os.makedirs(work)
@@ -98,7 +101,7 @@ def check(model):
     docs = [[torch.randint(0, VOCAB, (int(torch.randint(5, 60, (1,), generator=rng)),),
                            generator=rng).tolist()] for _ in range(40)]
     make_dataset.write(os.path.join(work, "data"), "uint16", docs)
-    open(os.path.join(work, "spec.toml"), "w").write(spec(work, llama, tp, pp))
+    open(os.path.join(work, "spec.toml"), "w").write(spec(work, llama, tp, pp, kind == "llama31"))
     plan, ckpt = os.path.join(work, "plan"), os.path.join(work, "ckpt")
     nproc = ["--nproc", str(tp * pp)] if tp * pp > 1 else []
     run("mtc", "compile", os.path.join(work, "spec.toml"), "-o", plan)
@@ -141,6 +144,8 @@ def check(model):
         failures.append("trimmed vocabulary")
     if llama and (config["num_key_value_heads"] != 2 or config["tie_word_embeddings"]):
         failures.append("config")
+    if (config.get("rope_scaling") or {}).get("rope_type") != ("llama3" if kind == "llama31" else None):
+        failures.append("rope scaling")
 
     half = export("hf-bf16", "--dtype", "bf16", "--max-shard-size", "20KB")
     shards = sorted(f for f in os.listdir(half) if f.endswith(".safetensors"))
