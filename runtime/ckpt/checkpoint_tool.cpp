@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <sys/stat.h>
 
 namespace mt::rt {
 
@@ -31,7 +32,8 @@ commands:
       --keep-padded-vocab; shards above SIZE (default 5GB; KB, MB, GB and
       KiB, MiB, GiB); DIR is written whole or not at all
 
-CKPT is a --save directory (its latest iteration, or --iteration N).
+CKPT is a --save directory (its latest iteration, or --iteration N), an
+iter_XXXXXXX directory in one, or a rank file (*.mtckpt) in that.
 )";
 
 int usage_error(const std::string &msg) {
@@ -91,6 +93,45 @@ std::string parse_args(const std::string &cmd, const std::vector<std::string> &a
     return "mt-checkpoint " + cmd + " needs the checkpoint (a --save directory)";
   if (to_hf && a->out.empty())
     return "mt-checkpoint to-hf needs -o DIR, the folder to write";
+  return "";
+}
+
+// CKPT may also be an iteration directory (SAVE/iter_0000100) or a rank
+// file in one, as tools/mt_checkpoint.py takes them: they name SAVE and the
+// iteration. Returns "" or one error line.
+std::string resolve_checkpoint(Args *a) {
+  std::string path = a->ckpt;
+  while (path.size() > 1 && path.back() == '/')
+    path.pop_back();
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return "mt-checkpoint: error: no checkpoint at " + path +
+           " (no such file or directory); give mtrun's --save directory";
+  auto split = [](const std::string &p, std::string *dir, std::string *base) {
+    size_t slash = p.find_last_of('/');
+    *dir = slash == std::string::npos ? "." : p.substr(0, slash);
+    *base = slash == std::string::npos ? p : p.substr(slash + 1);
+  };
+  std::string dir, base;
+  if (S_ISREG(st.st_mode)) {
+    std::string name = path;
+    split(name, &path, &base);
+    if (base.size() < 7 || base.compare(base.size() - 7, 7, ".mtckpt") != 0)
+      return name + ": error: not a checkpoint; give mtrun's --save directory, an "
+                    "iter_XXXXXXX directory in it, or a rank file (*.mtckpt)";
+  }
+  split(path, &dir, &base);
+  int64_t it = -1;
+  if (!ckpt_detail::exists(path + "/" + ckpt_detail::kTracker) && base.size() == 12 &&
+      base.compare(0, 5, "iter_") == 0 &&
+      ckpt_detail::parse_int(base.substr(5), 0, kMaxCheckpointCount, &it)) {
+    if (a->iteration >= 0 && a->iteration != it)
+      return "mt-checkpoint: error: " + a->ckpt + " is iteration " + std::to_string(it) +
+             " but --iteration says " + std::to_string(a->iteration) + "; give one of them";
+    a->iteration = it;
+    path = dir;
+  }
+  a->ckpt = path;
   return "";
 }
 
@@ -222,6 +263,8 @@ int run_mt_checkpoint(const std::vector<std::string> &args, const SpecModelReade
   if (std::string e = parse_args(cmd, std::vector<std::string>(args.begin() + 1, args.end()), &a);
       !e.empty())
     return usage_error(e);
+  if (std::string e = resolve_checkpoint(&a); !e.empty())
+    return fail(e);
   return cmd == "info" ? run_info(a, read_spec) : run_to_hf(a, read_spec);
 }
 
