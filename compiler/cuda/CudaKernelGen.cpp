@@ -9,6 +9,7 @@
 #include "compiler/cuda/CudaKernelGen.h"
 
 #include "dialects/mt/MtOps.h"
+#include "runtime/exec/cuda/launch_limits.h"
 
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -687,6 +688,11 @@ std::optional<CudaKernel> generateCudaKernel(Operation *op, const CudaKernelOpti
   src.replace(at, 7, entry);
   k.entry = entry;
   k.source = std::move(src);
+  // Every GPU mt runs on launches it (launch_limits.h).
+  if (std::string e = cu::check_launch(k.entry, k.grid, k.block, k.sharedBytes); !e.empty()) {
+    *error = "cannot generate CUDA: " + e;
+    return std::nullopt;
+  }
   return k;
 }
 

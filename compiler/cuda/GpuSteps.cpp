@@ -2,6 +2,7 @@
 #include "compiler/cuda/GpuSteps.h"
 
 #include "compiler/cuda/FlashAttentionGen.h"
+#include "runtime/exec/cuda/launch_limits.h"
 #include "runtime/plan/grad_buckets.h"
 
 #include <algorithm>
@@ -175,11 +176,19 @@ GpuLowering fromOpKernels(const OpKernels &k, const GpuInstruction &inst) {
   return l;
 }
 
+// No GPU form, only why.
+GpuLowering refused(const GpuLowering &l) {
+  GpuLowering r;
+  r.missing = l.missing;
+  return r;
+}
+
 // ATTENTION (in q, k, v; out o, lse) and ATTENTION_GRAD (in dout, q, k, v,
 // o, lse; out dq, dk, dv) as generated flash attention
 // (compiler/cuda/FlashAttentionGen.h). The backward reads the forward's output and
 // log-sum-exp from the plan, so it runs only its three kernels; its
 // workspace holds dQ's f32 accumulator and the rows' dout . o.
+
 GpuLowering lowerAttention(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
                            int64_t tensorParallel) {
   GpuLowering l;
@@ -205,6 +214,10 @@ GpuLowering lowerAttention(const GpuInstruction &inst, const std::vector<GpuValu
                                         : FlashAttentionConfig::DType::F32;
   std::string error;
   auto launch = [&](const CudaKernel &kern, std::vector<GpuArgSpec> args) {
+    // Every GPU mt runs on launches it (launch_limits.h), else no GPU form.
+    if (std::string e = cu::check_launch(kern.entry, kern.grid, kern.block, kern.sharedBytes);
+        !e.empty() && l.missing.empty())
+      l.missing = "flash attention: " + e;
     l.kernels.push_back(kern);
     GpuStepSpec s;
     s.kind = pl::GpuStepKind::KERNEL;
@@ -223,7 +236,7 @@ GpuLowering lowerAttention(const GpuInstruction &inst, const std::vector<GpuValu
     // (q, k, v, out, lse)
     launch(fwd->kernel, {value(inst.in[0]), value(inst.in[1]), value(inst.in[2]),
                          value(inst.out[0]), value(inst.out[1])});
-    return l;
+    return l.missing.empty() ? l : refused(l);
   }
   std::optional<FlashAttentionBackward> bwd = generateFlashAttentionBackward(c, &error);
   if (!bwd) {
@@ -240,7 +253,7 @@ GpuLowering lowerAttention(const GpuInstruction &inst, const std::vector<GpuValu
       value(inst.out[2]), ws(accAt),          ws(deltaAt)};
   for (const CudaKernel *kern : {&bwd->dot, &bwd->main, &bwd->dq})
     launch(*kern, args);
-  return l;
+  return l.missing.empty() ? l : refused(l);
 }
 
 GpuLowering nativeStep() {

@@ -3,6 +3,8 @@
 // and the Builder that names, hashes and collects the launches.
 #include "compiler/cuda/OpKernelBuilder.h"
 
+#include "runtime/exec/cuda/launch_limits.h"
+
 #include <algorithm>
 #include <cstdio>
 
@@ -215,6 +217,10 @@ void Builder::launch(const std::string &name, const std::string &body, uint64_t 
   l.kernel.sharedBytes = shared;
   l.kernel.scalarArgs = std::move(scalars);
   l.kernel.streams = std::move(streams);
+  // Every GPU mt runs on launches it (launch_limits.h), else no GPU form.
+  if (std::string e = cu::check_launch(l.kernel.entry, l.kernel.grid, l.kernel.block, shared);
+      !e.empty() && error.empty())
+    error = what + ": " + e;
   l.args = std::move(args);
   OpStep s;
   s.kind = OpStep::Launch;

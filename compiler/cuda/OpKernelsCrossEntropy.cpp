@@ -7,16 +7,21 @@
 // times. Vocabulary-parallel, where the row statistics are all-reduced
 // between kernels, three times, not five.
 #include "compiler/cuda/OpKernelBuilder.h"
+#include "runtime/exec/cuda/launch_limits.h"
 
 #include <algorithm>
 #include <map>
 
 namespace mt::opk {
 
-// The gradient's row cache with the reductions' 256 bytes: two CTAs fit an
-// H100 SM (228 KiB, 1 KiB reserved a CTA), one an A100's; a bf16 row of
-// 57,216 logits (GPT-2's padded 50,304) fits whole, an f32 one 57% of it.
-constexpr int64_t kRowCacheBytes = 112 * 1024 - 256;
+// The gradient's row cache with the reductions' 256 bytes: the most dynamic
+// shared memory a block may opt in to on every GPU mt runs on (99 KiB:
+// sm_86, sm_89 and sm_120 allow no more; launch_limits.h), whatever the
+// vocabulary. Two CTAs fit an H100 SM (228 KiB, 1 KiB reserved a CTA), one
+// an A100's; a bf16 row of 50,560 logits (GPT-2's padded 50,304) fits
+// whole, an f32 one half of it; a longer row reads the rest twice.
+constexpr int64_t kRowCacheBytes = cu::kPortableMaxDynamicSharedBytes - 256;
+static_assert(256 + kRowCacheBytes <= cu::kPortableMaxDynamicSharedBytes);
 
 // Each thread's online (max, sum of exp) over its lanes, then the block's.
 constexpr const char *kLseScan = R"(  float m = MT_NEG_INF, s = 0.0f;

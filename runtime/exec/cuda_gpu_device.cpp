@@ -276,21 +276,25 @@ public:
     return allow_shared(f, kernel);
   }
 
-  // More than 48 KiB of dynamic shared memory takes an opt-in per function
-  // (cuda.h, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), else the
-  // launch fails. Entries that share a function get the largest they ask.
+  // The kernel's launch checked against this GPU's limits (a plan from
+  // another mtc, or a GPU below the limits mtc generates for, is refused
+  // naming the kernel), and more than 48 KiB of dynamic shared memory opted
+  // in to per function (cuda_device.h, prepare_launch). Entries that share
+  // a function get the largest they ask.
   std::string allow_shared(cu::CUfunction f, const pl::Kernel &kernel) {
-    const uint32_t bytes = kernel.shared_bytes();
-    if (bytes <= cu::kDefaultMaxDynamicSharedBytes || bytes <= shared_allowed_[f])
-      return "";
-    if (std::string e = drv(dev_.driver->cuFuncSetAttribute(
-                                f, cu::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(bytes)),
-                            "allowing kernel '" + kernel.entry()->str() + "' " +
-                                std::to_string(bytes) + " bytes of shared memory");
-        !e.empty())
-      return e;
-    shared_allowed_[f] = bytes;
-    return "";
+    uint32_t grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
+    for (uint32_t i = 0; i < 3; ++i) {
+      if (kernel.grid() && i < kernel.grid()->size())
+        grid[i] = kernel.grid()->Get(i);
+      if (kernel.block() && i < kernel.block()->size())
+        block[i] = kernel.block()->Get(i);
+    }
+    const std::string entry = kernel.entry()->str();
+    const std::string name =
+        kernel.name() && kernel.name()->str() != entry ? kernel.name()->str() + " (" + entry + ")"
+                                                       : entry;
+    return rt::prepare_launch(dev_, f, name, grid, block, kernel.shared_bytes(),
+                              &shared_allowed_[f]);
   }
 
   std::string launch(uint32_t index, const pl::Kernel &k, void **params, uint32_t) override {
@@ -611,7 +615,7 @@ private:
   std::set<cu::CUgraphExec> graphs_;
   std::map<uint32_t, cu::CUfunction> functions_;
   std::map<std::pair<std::string, std::string>, cu::CUfunction> by_source_;
-  std::map<cu::CUfunction, uint32_t> shared_allowed_; // beyond the default 48 KiB
+  std::map<cu::CUfunction, uint32_t> shared_allowed_; // opted in to, beyond the default 48 KiB
   CommSet comms_ = std::make_shared<std::set<NcclComm *>>();
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, int, int,
                       int, bool, int, int>,

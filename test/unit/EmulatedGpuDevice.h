@@ -16,6 +16,7 @@
 #include "dialects/mt/MtOps.h"
 #include "passes/Passes.h"
 #include "runtime/exec/cpu_kernels.h"
+#include "runtime/exec/cuda/launch_limits.h"
 #include "runtime/exec/executor.h"
 #include "runtime/exec/gpu_executor.h"
 #include "runtime/plan/plan_reader.h"
@@ -373,6 +374,13 @@ public:
     std::lock_guard<std::mutex> lock(emulationMutex());
     if (capturing_)
       return "a kernel load while capturing a graph";
+    // The launch limits of every GPU mt runs on (launch_limits.h), as the
+    // CUDA executor checks its own GPU's at load.
+    const unsigned kg[3] = {k.grid()->Get(0), k.grid()->Get(1), k.grid()->Get(2)};
+    const unsigned kb[3] = {k.block()->Get(0), k.block()->Get(1), k.block()->Get(2)};
+    if (std::string e = mt::cu::check_launch(k.entry()->str(), kg, kb, k.shared_bytes());
+        !e.empty())
+      return e;
     const std::string key = k.entry()->str() + '\n' + k.cuda_source()->str();
     auto it = compiled_.find(key);
     if (it == compiled_.end()) {

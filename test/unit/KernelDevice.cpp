@@ -6,6 +6,7 @@
 #include "runtime/exec/cuda/cuda_api.h"
 #include "runtime/exec/cuda/cuda_device.h"
 #include "runtime/exec/cuda/kernel_cache.h"
+#include "runtime/exec/cuda/launch_limits.h"
 
 #include <algorithm>
 #include <chrono>
@@ -38,6 +39,10 @@ public:
   std::string launch(const std::string &source, const std::string &entry, const uint32_t grid[3],
                      const uint32_t block[3], uint32_t sharedBytes,
                      std::vector<uint64_t> args) override {
+    // The limits every GPU mt runs on has (launch_limits.h), so a kernel
+    // the GPU would refuse fails here too, on the CPU.
+    if (std::string e = mt::cu::check_launch(entry, grid, block, sharedBytes); !e.empty())
+      return e;
     auto &slot = kernels_[{entry, source}];
     if (!slot) {
       std::string error;
@@ -77,11 +82,10 @@ private:
 
 // GPU 0 through the driver API on the legacy default stream: synchronous
 // copies, and a context synchronisation after each launch so a fault is
-// reported by the launch that caused it. Launches are plain cuLaunchKernel
-// calls, as runtime/exec/cuda_gpu_device.cpp makes them: the generators keep
-// dynamic shared memory within the default 48 KiB (FlashAttentionGen
-// refuses more), and cuLaunchKernel's error check would report a kernel
-// that asked for more.
+// reported by the launch that caused it. Each function is readied as
+// runtime/exec/cuda_gpu_device.cpp readies it (cuda_device.h,
+// prepare_launch: this GPU's limits checked, more than 48 KiB of dynamic
+// shared memory opted in to), then launched with cuLaunchKernel.
 class GpuKernelDevice : public KernelDevice {
 public:
   ~GpuKernelDevice() override {
@@ -137,6 +141,10 @@ public:
                      std::vector<uint64_t> args) override {
     cu::CUfunction f = nullptr;
     if (std::string e = function(source, entry, &f); !e.empty())
+      return e;
+    if (std::string e = mt::rt::prepare_launch(dev_, f, entry, grid, block, sharedBytes,
+                                               &sharedAllowed_[f]);
+        !e.empty())
       return e;
     std::vector<void *> params;
     for (uint64_t &a : args)
@@ -225,6 +233,7 @@ private:
   std::vector<cu::CUdeviceptr> live_;
   std::vector<cu::CUmodule> modules_;
   std::map<std::pair<std::string, std::string>, cu::CUfunction> functions_;
+  std::map<cu::CUfunction, uint32_t> sharedAllowed_; // opted in to, beyond the default 48 KiB
 };
 
 } // namespace

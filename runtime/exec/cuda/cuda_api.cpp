@@ -206,6 +206,7 @@ const Driver *load_driver(std::string *error) {
         MT_SYM(t, cuModuleLoadData),
         MT_SYM(t, cuModuleUnload),
         MT_SYM(t, cuModuleGetFunction),
+        MT_SYM(t, cuFuncGetAttribute),
         MT_SYM(t, cuFuncSetAttribute),
         MT_SYM(t, cuLaunchKernel),
         MT_SYM(t, cuStreamCreate),

@@ -67,6 +67,10 @@ std::string open_cuda_device(int local_rank, CudaDevice *out) {
   d->cuDeviceGetAttribute(&minor, cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, out->device);
   out->arch = 10 * major + minor;
   d->cuDeviceTotalMem(&out->total_memory, out->device);
+  d->cuDeviceGetAttribute(&out->max_threads_per_block,
+                          cu::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, out->device);
+  d->cuDeviceGetAttribute(&out->max_shared_optin,
+                          cu::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, out->device);
   if (out->arch < kMinComputeCapability)
     return describe(*out) + " has compute capability " + std::to_string(major) + "." +
            std::to_string(minor) + "; mt needs " + std::to_string(kMinComputeCapability / 10) +
@@ -90,6 +94,39 @@ void close_cuda_device(CudaDevice *device) {
     device->driver->cuDevicePrimaryCtxRelease(device->device);
     device->context = nullptr;
   }
+}
+
+std::string prepare_launch(const CudaDevice &device, cu::CUfunction f, const std::string &kernel,
+                           const uint32_t grid[3], const uint32_t block[3], uint32_t sharedBytes,
+                           uint32_t *allowed) {
+  const cu::Driver &d = *device.driver;
+  int staticShared = 0, maxThreads = 0;
+  d.cuFuncGetAttribute(&staticShared, cu::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f);
+  d.cuFuncGetAttribute(&maxThreads, cu::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, f);
+  // An attribute the driver did not report (0) leaves the portable limit.
+  const uint32_t optin = device.max_shared_optin > staticShared
+                             ? uint32_t(device.max_shared_optin - staticShared)
+                             : cu::kPortableMaxDynamicSharedBytes;
+  if (std::string e = cu::check_launch(kernel, grid, block, sharedBytes, optin); !e.empty())
+    return e + " on " + describe(device) +
+           (staticShared ? " (after its " + std::to_string(staticShared) +
+                               " bytes of static shared memory)"
+                         : "");
+  const uint64_t threads = uint64_t(block[0]) * block[1] * block[2];
+  if (maxThreads > 0 && threads > uint64_t(maxThreads))
+    return "kernel '" + kernel + "' cannot launch: " + std::to_string(threads) +
+           " threads a block, but its registers allow " + std::to_string(maxThreads) + " on " +
+           describe(device);
+  if (sharedBytes <= cu::kDefaultMaxDynamicSharedBytes || sharedBytes <= *allowed)
+    return "";
+  if (cu::CUresult r = d.cuFuncSetAttribute(f, cu::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                            int(sharedBytes));
+      r != cu::CUDA_SUCCESS)
+    return "allowing kernel '" + kernel + "' " + std::to_string(sharedBytes) +
+           " bytes of dynamic shared memory failed on " + describe(device) + ": " +
+           cu::result_name(device.driver, r);
+  *allowed = sharedBytes;
+  return "";
 }
 
 std::string check_driver_runs_nvrtc(const CudaDevice &device, const cu::Nvrtc &nvrtc) {

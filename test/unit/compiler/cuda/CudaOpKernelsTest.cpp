@@ -9,6 +9,7 @@
 #include "runtime/exec/cpu_kernels.h"
 #include "runtime/exec/cuda/cuda_api.h"
 #include "runtime/exec/cuda/kernel_cache.h"
+#include "runtime/exec/cuda/launch_limits.h"
 
 #include <gtest/gtest.h>
 
@@ -455,6 +456,135 @@ TEST(CudaOpKernels, EveryOpcodeCompilesWithNvrtc) {
   EXPECT_GT(seen.size(), 60u);
 }
 
+// The launch limits (runtime/exec/cuda/launch_limits.h) refuse a launch
+// that a GPU mt runs on would refuse, naming the kernel and the limit.
+TEST(CudaOpKernels, LaunchLimitsNameTheKernel) {
+  const uint32_t grid[3] = {100, 1, 1}, block[3] = {256, 1, 1};
+  EXPECT_EQ(mt::cu::check_launch("k", grid, block, 99 * 1024), "");
+  EXPECT_EQ(mt::cu::check_launch("mt_ce_grad_1", grid, block, 99 * 1024 + 1),
+            "kernel 'mt_ce_grad_1' cannot launch: 101377 bytes of dynamic shared memory, over "
+            "the 101376 a block may opt in to on every GPU mt runs on (sm_86, sm_89 and sm_120 "
+            "allow no more)");
+  EXPECT_EQ(mt::cu::check_launch("k", grid, block, 200 * 1024, 227 * 1024), "");
+  const uint32_t wide[3] = {2048, 1, 1}, square[3] = {64, 32, 1}, deep[3] = {1, 1, 65};
+  EXPECT_EQ(mt::cu::check_launch("k", grid, wide, 0),
+            "kernel 'k' cannot launch: block dimension x is 2048, over the limit of 1024");
+  EXPECT_EQ(mt::cu::check_launch("k", grid, square, 0),
+            "kernel 'k' cannot launch: 2048 threads a block, over the limit of 1024");
+  EXPECT_TRUE(contains(mt::cu::check_launch("k", grid, deep, 0), "block dimension z is 65"));
+  const uint32_t tall[3] = {1, 65536, 1}, none[3] = {0, 1, 1};
+  EXPECT_EQ(mt::cu::check_launch("k", tall, block, 0),
+            "kernel 'k' cannot launch: grid dimension y is 65536, over the limit of 65535");
+  EXPECT_EQ(mt::cu::check_launch("k", none, block, 0),
+            "kernel 'k' cannot launch: grid dimension x is 0");
+  // The emulation refuses what a GPU would, before running anything.
+  const uint32_t one[3] = {1, 1, 1};
+  EXPECT_EQ(mt::test::emulatedKernelDevice().launch(
+                "extern \"C\" __global__ void mt_big() {}", "mt_big", one, one, 100 * 1024, {}),
+            "kernel 'mt_big' cannot launch: 102400 bytes of dynamic shared memory, over the "
+            "101376 a block may opt in to on every GPU mt runs on (sm_86, sm_89 and sm_120 "
+            "allow no more)");
+}
+
+// Every generated op kernel launches on every GPU mt runs on, at the test
+// shapes and at real ones: the cross-entropy over every vocabulary from
+// the tests' to Llama-3's 128,256 (and 8- and 64-way vocab-parallel shards
+// of it) and beyond, rows up to a micro-batch of 64 sequences of 8192,
+// norms and embeddings at a hidden size of 16,384. The gradient's row
+// cache is the one kernel over 48 KiB of shared memory (the launchers opt
+// in); it stays within the portable limit whatever the vocabulary.
+TEST(CudaOpKernels, EveryLaunchIsWithinTheLimitsOfEveryGpu) {
+  auto check = [](const OpInstruction &ins, const std::string &what) {
+    std::string error;
+    std::optional<OpKernels> k = mt::generateOpKernels(ins, &error);
+    ASSERT_TRUE(k) << what << ": " << error;
+    for (const mt::OpLaunch &l : k->launches)
+      EXPECT_EQ(mt::cu::check_launch(l.kernel.entry, l.kernel.grid, l.kernel.block,
+                                     l.kernel.sharedBytes),
+                "")
+          << what;
+  };
+  size_t count = 0;
+  for (DType d : kFloatTypes)
+    for (const OpInstruction &ins : everyOpcode(d)) {
+      check(ins, std::string(mt::plan::EnumNameOpcode(ins.op)) + " " + mt::plan::EnumNameDType(d));
+      ++count;
+    }
+  EXPECT_GT(count, 150u);
+  uint32_t widest = 0;
+  for (DType d : kFloatTypes)
+    for (int64_t rows : {int64_t(3), int64_t(4096), int64_t(64) * 8192})
+      for (int64_t vocab : {int64_t(1), int64_t(1000), int64_t(30001), int64_t(50257),
+                            int64_t(50304), int64_t(50560), int64_t(50561), int64_t(128256),
+                            int64_t(128256 / 8), int64_t(128256 / 64), int64_t(262144),
+                            int64_t(1) << 24}) {
+        const std::string what = std::string(mt::plan::EnumNameDType(d)) + " rows " +
+                                 std::to_string(rows) + " vocab " + std::to_string(vocab);
+        OpTensor logits = tensor(d, {rows, vocab}), labels = tensor(DType::I32, {rows});
+        OpTensor scalar = tensor(DType::F32, {});
+        for (int64_t vp : {0, 1}) {
+          OpInstruction ce;
+          ce.op = Opcode::CROSS_ENTROPY;
+          ce.in = {logits, labels};
+          ce.out = {scalar};
+          ce.ints = {vp};
+          ce.tensorParallel = vp ? 8 : 1;
+          check(ce, "CROSS_ENTROPY " + what);
+          ce.op = Opcode::CROSS_ENTROPY_GRAD;
+          ce.in = {logits, labels, scalar};
+          ce.out = {logits};
+          check(ce, "CROSS_ENTROPY_GRAD " + what);
+          const OpKernels k = generate(ce);
+          for (const mt::OpLaunch &l : k.launches)
+            widest = std::max(widest, l.kernel.sharedBytes);
+        }
+      }
+  EXPECT_GT(widest, mt::cu::kDefaultMaxDynamicSharedBytes); // the opt-in is exercised
+  EXPECT_LE(widest, mt::cu::kPortableMaxDynamicSharedBytes);
+  // A bf16 row of GPT-2's padded vocabulary is cached whole: one read.
+  {
+    OpInstruction ce;
+    ce.op = Opcode::CROSS_ENTROPY_GRAD;
+    ce.in = {tensor(DType::BF16, {8, 50304}), tensor(DType::I32, {8}), tensor(DType::F32, {})};
+    ce.out = {ce.in[0]};
+    ce.ints = {0};
+    const OpKernels k = generate(ce);
+    ASSERT_EQ(k.launches.size(), 1u);
+    EXPECT_EQ(k.launches[0].kernel.sharedBytes, 256u + 50304 * 2);
+  }
+  // Rows of 16,384 for the norms and their gradients, the embeddings.
+  for (DType d : kFloatTypes) {
+    OpTensor x = tensor(d, {4, 2048, 16384}), h = tensor(d, {16384});
+    OpTensor ids = tensor(DType::I32, {4, 2048});
+    OpParam w;
+    w.shape = {16384};
+    w.dtype = d;
+    OpParam table;
+    table.shape = {128256, 16384};
+    table.dtype = d;
+    auto op = [&](Opcode o, std::vector<OpTensor> in, std::vector<OpTensor> out,
+                  std::vector<int64_t> ints, std::vector<double> floats,
+                  std::vector<OpParam> params) {
+      OpInstruction i;
+      i.op = o;
+      i.in = std::move(in);
+      i.out = std::move(out);
+      i.ints = std::move(ints);
+      i.floats = std::move(floats);
+      i.params = std::move(params);
+      check(i, std::string(mt::plan::EnumNameOpcode(o)) + " hidden 16384 " +
+                   mt::plan::EnumNameDType(d));
+    };
+    op(Opcode::LAYER_NORM, {x, h, h}, {x}, {}, {1e-5, 0.0}, {});
+    op(Opcode::RMS_NORM, {x, h}, {x}, {}, {1e-5, 0.0}, {});
+    op(Opcode::LAYER_NORM_GRAD, {x, x, h}, {x}, {}, {1e-5, 0.0}, {w, w});
+    op(Opcode::RMS_NORM_GRAD, {x, x, h}, {x}, {}, {1e-5, 0.0}, {w});
+    op(Opcode::BIAS_GRAD, {x}, {}, {}, {}, {w});
+    op(Opcode::EMBEDDING, {tensor(d, {128256, 16384}), ids}, {x}, {0}, {}, {});
+    op(Opcode::EMBEDDING_GRAD, {x, ids}, {}, {0}, {}, {table});
+  }
+}
+
 TEST(CudaOpKernels, FeaturesAndSequences) {
   std::map<std::string, std::vector<OpKernels>> byOp;
   for (const OpInstruction &ins : everyOpcode(DType::BF16))
@@ -550,7 +680,8 @@ TEST(CudaOpKernels, FeaturesAndSequences) {
 
 // Cross-entropy and its gradient (in place over the logits), rows whose
 // length takes 8, 4 or 1 lanes; rows longer than the gradient's shared
-// memory holds (f32 30001: the last 1393 logits are read twice; bf16 60000).
+// memory holds (f32 30001: the last 4721 logits are read twice; bf16 60000:
+// the last 9440), whose launches opt in to more than 48 KiB of it.
 MT_KERNEL_TEST(CudaOpKernels, CrossEntropy) {
   for (DType d : kFloatTypes)
     for (int64_t vocab : {int64_t(1000), int64_t(1001), int64_t(30001), int64_t(60000)}) {

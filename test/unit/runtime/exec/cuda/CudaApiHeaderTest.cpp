@@ -24,7 +24,7 @@ namespace mine {
   X(Driver, cuMemAlloc) X(Driver, cuMemFree) X(Driver, cuMemcpyHtoD) X(Driver, cuMemcpyDtoH)     \
   X(Driver, cuMemcpyHtoDAsync) X(Driver, cuMemcpyDtoHAsync) X(Driver, cuMemsetD8Async)           \
   X(Driver, cuModuleLoadData) X(Driver, cuModuleUnload) X(Driver, cuModuleGetFunction)           \
-  X(Driver, cuFuncSetAttribute)                                                                  \
+  X(Driver, cuFuncGetAttribute) X(Driver, cuFuncSetAttribute)                                   \
   X(Driver, cuLaunchKernel) X(Driver, cuStreamCreate) X(Driver, cuStreamDestroy)                 \
   X(Driver, cuStreamSynchronize) X(Driver, cuStreamQuery) X(Driver, cuStreamWaitEvent)          \
   X(Driver, cuEventCreate) X(Driver, cuEventDestroy) X(Driver, cuEventRecord)                    \
@@ -132,6 +132,13 @@ static_assert(cu::CU_EVENT_DISABLE_TIMING == ::CU_EVENT_DISABLE_TIMING);
 static_assert(cu::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL == ::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
 static_assert(cu::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES ==
               ::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
+static_assert(cu::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ==
+              ::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+static_assert(cu::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES == ::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES);
+static_assert(cu::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK ==
+              ::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+static_assert(cu::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN ==
+              ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
 static_assert(cu::NVRTC_SUCCESS == ::NVRTC_SUCCESS);
 static_assert(cu::NVRTC_ERROR_COMPILATION == ::NVRTC_ERROR_COMPILATION);
 static_assert(cu::CUBLAS_COMPUTE_32F == ::CUBLAS_COMPUTE_32F);
