@@ -25,7 +25,11 @@
 #   unit        the GoogleTest suites that run on a real GPU (mt-cuda-tests,
 #               and every *OnGpu* test: kernels and whole training steps
 #               against the CPU); a skip fails it, but for NoGpu* tests
-#   lit         the lit tests that need a GPU (test/mtrun/cuda*.test)
+#   lit         the lit tests that need a GPU (test/mtrun/cuda*.test), but
+#               for cuda-gpt25m.test
+#   lit-gpt25m  test/mtrun/cuda-gpt25m.test alone: gpt-25m in bf16 on the
+#               GPU against its fp32 CPU run of 60 iterations, most of the
+#               step (about 600 CPU-seconds: a minute or two on 16 cores)
 #   bench-125m  bench/gpu_compare.py --record --only gpt-125m (mt against
 #               PyTorch) in at most 7.5 minutes; the rows go to the logs'
 #               gpu-train-speed.md after each run, so a time-out keeps them
@@ -38,9 +42,11 @@
 #               and backward, head dim 64 and 128, seq 1024 to 8192, causal,
 #               with and without dropout (about 3 minutes); its rows go to
 #               the logs' gpu-flash-attention.md as each finishes
-#   profile     Nsight Compute over two steps of gpt-125m: time per kernel
-#   all         probe unit lit bench-125m bench-125m-fill bench-1.3b bench-flash
-#               profile
+#   profile     Nsight Compute over two steps of gpt-125m: ncu's CSV (its
+#               --log-file, apart from mtrun's output) and the kernels by
+#               total time (tools/ncu_summary.py)
+#   all         probe unit lit lit-gpt25m bench-125m bench-125m-fill bench-1.3b
+#               bench-flash profile
 #
 # The kit holds mtc, mtrun, the GPU test binaries, lit with FileCheck, not
 # and count, and every shared library they need other than glibc's, each
@@ -130,7 +136,7 @@ EOF
 }
 
 # --- run (on the GPU machine) ------------------------------------------------
-STEPS=(probe unit lit bench-125m bench-125m-fill bench-1.3b bench-flash profile)
+STEPS=(probe unit lit lit-gpt25m bench-125m bench-125m-fill bench-1.3b bench-flash profile)
 KIT=""
 LOGS=""
 
@@ -203,7 +209,7 @@ find_cuda_libraries() {
 
 # lit's site configuration for this checkout and the kit's tools.
 lit_site() {
-  local obj=/tmp/mt-obj
+  local obj=${TMPDIR:-/tmp}/mt-obj
   rm -rf "$obj" && mkdir -p "$obj/test"
   # %mt_obj_root/bin: the programs themselves (cuda.test runs ldd on mtrun).
   ln -s "$KIT/libexec" "$obj/bin"
@@ -271,22 +277,40 @@ step_unit() {
   return $rc
 }
 
-step_lit() {
+# The GPU lit tests whose CPU reference trains for a minute or more on the
+# GPU machine's cores: each runs in a step of its own (lit-gpt25m), so that
+# `lit` stays short and each has the device tool's 10 minutes to itself
+# (and lit's other workers do not share the cores with its CPU run).
+LONG_LIT_TESTS=(test/mtrun/cuda-gpt25m.test)
+
+# lit over the given tests. On a GPU machine only the no-driver test, and
+# the two-GPU test where there is one GPU, may be unsupported.
+run_lit() {
   local obj
   obj=$(lit_site)
   local tests=()
-  for t in test/mtrun/cuda*.test; do tests+=("$obj/$t"); done
+  for t in "$@"; do tests+=("$obj/$t"); done
   local log rc=0
   log=$(mktemp)
   python3 "$KIT/lit/lit.py" -v "${tests[@]}" 2>&1 | tee "$log" || rc=1
-  # On a GPU machine only these two may be unsupported: the no-driver test,
-  # and the two-GPU test where there is one GPU.
   if grep '^UNSUPPORTED:' "$log" | grep -v -E 'cuda-no-driver|cuda-parallel'; then
     echo "these need a GPU and were unsupported here: lit found no usable libcuda.so.1"
     rc=1
   fi
   rm -f "$log"
   return $rc
+}
+
+step_lit() {
+  local tests=()
+  for t in test/mtrun/cuda*.test; do
+    [[ " ${LONG_LIT_TESTS[*]} " == *" $t "* ]] || tests+=("$t")
+  done
+  run_lit "${tests[@]}"
+}
+
+step_lit-gpt25m() {
+  run_lit test/mtrun/cuda-gpt25m.test
 }
 
 # Both cases of bench/gpu_compare.py in one step came close to the device
@@ -319,25 +343,23 @@ step_bench_flash() {
       --results "$results"
 }
 
+# Nsight Compute's per-kernel summary of two eager steps of gpt-125m.
+# --log-file keeps ncu's CSV apart from mtrun's own output (which has
+# commas of its own: "[0, 33,333)"), which goes to this step's log; the
+# header is the row with a "Kernel Name" column, whatever ncu writes before
+# it. The summary: each kernel's (name, block and grid) total time, mean x
+# invocations, largest first, with its share of all kernel time.
 step_profile() {
   command -v ncu > /dev/null || { echo "ncu is not on PATH"; return 1; }
-  local d
+  local d csv=$LOGS/ncu-gpt-125m.csv
   d=$(mktemp -d)
   mtc compile models/gpt-125m.toml --set training.train_iters=2 --set training.eval_iters=0 \
       --set training.global_batch_size=4 --set training.lr_warmup_iters=0 -o "$d/p.plan" > /dev/null
   # Eager steps: each kernel is its own launch for ncu.
-  ncu --metrics gpu__time_duration.sum --print-summary per-kernel --csv \
-      mtrun "$d/p.plan" --device cuda --no-cuda-graph > "$LOGS/ncu-gpt-125m.csv"
-  python3 - "$LOGS/ncu-gpt-125m.csv" << 'EOF'
-import csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
-if not rows:
-    sys.exit("ncu wrote no per-kernel summary")
-head, data = rows[0], rows[1:]
-print(f"{len(data)} summary rows; header: {', '.join(head)}")
-for r in data[:60]:
-    print(" | ".join(r))
-EOF
+  rm -f "$csv"
+  ncu --metrics gpu__time_duration.sum --print-summary per-kernel --csv --log-file "$csv" \
+      mtrun "$d/p.plan" --device cuda --no-cuda-graph
+  python3 "$ROOT/tools/ncu_summary.py" "$csv"
 }
 
 run_step() {

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs tools/device-kit.sh as on a GPU machine, for device-kit.test, with
-# stand-ins: nvidia-smi and ldconfig (bin/) first on PATH, a kit
-# (MT_KIT_UNPACKED) whose GoogleTest binaries are fake-gtest and whose
-# mt-flash-bench prints fixed rows, and a copy of the checkout's bench
-# scripts whose two runners are bench-runner.py.
+# stand-ins: nvidia-smi, ldconfig and ncu (bin/) first on PATH, a kit
+# (MT_KIT_UNPACKED) whose GoogleTest binaries are fake-gtest, whose
+# mt-flash-bench prints fixed rows and whose lit is fake-lit.py, and a copy
+# of the checkout's bench scripts whose two runners are bench-runner.py.
 #   fake-gpu.sh SRC_ROOT WORK ARGS...    ARGS: the kit's, e.g. `run unit`
 set -euo pipefail
 src=$1 work=$2
@@ -12,7 +12,7 @@ inputs=$(cd "$(dirname "$0")" && pwd)
 root=$work/root kit=$work/kit
 if [ ! -d "$root" ]; then
   mkdir -p "$root/tools" "$root/bench/results" "$kit/bin" "$kit/libexec" "$work/tmp"
-  cp "$src/tools/device-kit.sh" "$root/tools/"
+  cp "$src/tools/device-kit.sh" "$src/tools/ncu_summary.py" "$root/tools/"
   cp "$src"/bench/*.py "$root/bench/"
   cp "$inputs/bench-runner.py" "$root/bench/gpu_train_speed.py"
   cp "$inputs/bench-runner.py" "$root/bench/pytorch_gpt_reference.py"
@@ -26,6 +26,12 @@ if [ ! -d "$root" ]; then
     chmod +x "$kit/libexec/$b"
     ln -s "../libexec/$b" "$kit/bin/$b"
   done
+  # mtrun's first lines of a run, commas and all (the profile step's CSV
+  # must not take them for its header).
+  cat >> "$kit/libexec/mtrun" << 'EOF2'
+echo "mock data (end of document 50256): train documents [0, 33,333) of 100,000 (split '1,1,1')"
+echo "training: 2 iterations, global batch 4 (1 micro-batch of 4), sequence 1024"
+EOF2
   # mtc's verdict for gpu_compare.py's fill search: fits up to micro-batch 64.
   cat >> "$kit/libexec/mtc" << 'EOF'
 for a; do case $a in training.micro_batch_size=*) mb=${a#*=} ;; esac; done
@@ -43,6 +49,11 @@ done
 FLASH
   chmod +x "$kit/bin/mt-flash-bench"
   echo stand-in > "$kit/COMMIT"
+  # lit, which passes every test it is given, and the GPU lit tests' names.
+  mkdir -p "$kit/lit" "$root/test/mtrun"
+  cp "$inputs/fake-lit.py" "$kit/lit/lit.py"
+  touch "$root/test/mtrun/cuda.test" "$root/test/mtrun/cuda-gpt25m.test" \
+        "$root/test/mtrun/cuda-train.test"
 fi
 export PATH="$inputs/bin:$PATH" MT_KIT_UNPACKED=$kit OUT=$work/logs TMPDIR=$work/tmp
 # Not exec'd: bench-runner.py kills the kit as a time-out would, and this
