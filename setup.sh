@@ -23,7 +23,8 @@ packages=(cmake ninja-build g++ ccache python3
           llvm-19-dev llvm-19-tools libmlir-19-dev mlir-19-tools
           libtomlplusplus-dev libabsl-dev libflatbuffers-dev flatbuffers-compiler
           libgtest-dev libpcre2-dev libsentencepiece-dev libsimdjson-dev libicu-dev libopenblas-dev python3-numpy python3-venv
-          libgloo-dev slurmd slurmctld slurm-client munge)
+          libgloo-dev slurmd slurmctld slurm-client munge
+          clang-19 libclang-rt-19-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -23,6 +23,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -119,7 +120,17 @@ std::string parse_tracker(const std::string &text, int64_t *iteration) {
   auto r = std::from_chars(t.data(), t.data() + t.size(), v);
   if (t.empty() || r.ec != std::errc() || r.ptr != t.data() + t.size() || v < 0 ||
       v > kMaxCheckpointCount) {
-    std::string shown = t.size() > 40 ? t.substr(0, 40) + "..." : t;
+    // What it holds, on the error's one line: bytes other than printable
+    // ASCII (line breaks, binary damage) shown as \xHH.
+    std::string shown;
+    for (size_t i = 0; i < t.size() && i < 40; ++i) {
+      const unsigned char c = static_cast<unsigned char>(t[i]);
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      shown += c >= 0x20 && c < 0x7f ? std::string(1, char(c)) : std::string(hex);
+    }
+    if (t.size() > 40)
+      shown += "...";
     return "expected an iteration number, found '" + shown +
            "'; the file is damaged: write the number of a complete iter_XXXXXXX directory "
            "into it";
@@ -146,6 +157,22 @@ bool read_small_file(const std::string &path, std::string *out) {
   }
   ::close(fd);
   return true;
+}
+
+// "" when s has no control byte (below 0x20, or 0x7f); otherwise where the
+// first is, as "the control byte \x0a at byte 5". mt writes tensor names
+// and the model fingerprint without them, and the errors that quote them
+// stay one line; so do the values mt reads (the others are free-form text).
+std::string control_byte(std::string_view s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "the control byte \\x%02x at byte %zu", c, i);
+      return buf;
+    }
+  }
+  return "";
 }
 
 // Why an iteration directory has no rank file of ours, as a reason and advice.
@@ -241,6 +268,15 @@ std::string CheckpointReader::Impl::parse_meta(const unsigned char *p, size_t n)
       std::string_view v;
       if (field.value.get_string().get(v) != simdjson::SUCCESS)
         return "the metadata value '" + std::string(field.key) + "' is not a string";
+      // The values mt itself reads (and quotes in errors) are mt's text.
+      static const char *const kRead[] = {
+          "data_parallel",       "distributed_optimizer", "lr_scheduler_samples",
+          "optimizer",           "optimizer_steps",       "param_layout",
+          "pipeline_parallel",   "skipped_iterations",    "tensor_parallel",
+          "train_index_samples", "train_order_hash",      "weights_dtype_in_plan"};
+      if (std::find(std::begin(kRead), std::end(kRead), field.key) != std::end(kRead))
+        if (std::string c = control_byte(v); !c.empty())
+          return "the metadata value '" + std::string(field.key) + "' holds " + c;
       meta.values.emplace(std::string(field.key), std::string(v));
     }
   }
@@ -248,6 +284,8 @@ std::string CheckpointReader::Impl::parse_meta(const unsigned char *p, size_t n)
     return "the metadata's " + wrong + " is not an integer in [-2^63, 2^63)";
   if (!missing.empty())
     return "the metadata lacks '" + missing + "' (or it has the wrong type)";
+  if (std::string c = control_byte(meta.model_fingerprint); !c.empty())
+    return "the metadata's model_fingerprint holds " + c;
   // Every number in its range, before any of them sizes or indexes anything.
   struct Range {
     const char *key;
@@ -357,6 +395,8 @@ std::string CheckpointReader::Impl::parse() {
       return bad(i, "runs past the table");
     e.name.assign(reinterpret_cast<const char *>(t), name_size);
     t += name_size;
+    if (std::string c = control_byte(e.name); !c.empty())
+      return bad(i, "has a name that holds " + c + " (names are printable text)");
     if (unsafe_name(e.name))
       return bad(i, "has the name '" + e.name.substr(0, 80) +
                         "', which starts with '/' or contains '..' (refused: names are never "
