@@ -42,11 +42,16 @@ std::string build_and_sample(const GptDataConfig &config, DataSplit split, int64
   }
   if (!ds)
     return err.empty() ? "(empty error)" : err;
-  (void)ds->describe();
+  // MT_FUZZ_VERBOSE=1 shows where the indices came from (cache or rebuilt),
+  // to see how deep a corpus reaches.
+  const std::string described = ds->describe();
+  if (std::getenv("MT_FUZZ_VERBOSE"))
+    std::fprintf(stderr, "%s\n", described.c_str());
   std::vector<int32_t> tokens(size_t(ds->seq_length()) + 1);
   const int64_t n = std::min<int64_t>(ds->size(), 4 * samples);
   for (int64_t i = 0; i < n; ++i)
-    ds->sample(i, tokens.data());
+    if (std::string e = ds->sample(i, tokens.data()); !e.empty())
+      return e;
   (void)ds->order_hash(GptDataset::kOrderHashStart, 0, n);
   return "";
 }
