@@ -42,12 +42,21 @@ for tool in clang-19 clang++-19; do
 done
 out=$root/build-fuzz
 export CCACHE_BASEDIR=$root
+# The fuzz build has debug info (-g), for which ccache also hashes the build
+# folder's path unless told not to; without it a clean clone elsewhere (CI's)
+# would recompile everything.
+export CCACHE_NOHASHDIR=true
 start=$(date +%s)
 if [ ! -f "$out/build.ninja" ]; then
   cmake -G Ninja -S . -B "$out" -DMT_FUZZ=ON -DCMAKE_C_COMPILER=clang-19 \
     -DCMAKE_CXX_COMPILER=clang++-19 > /dev/null
 fi
-ninja -C "$out" mt-fuzz-targets | grep -v '^\[' || true
+mkdir -p "$out/logs"
+if ! ninja -C "$out" mt-fuzz-targets > "$out/logs/build.log" 2>&1; then
+  tail -30 "$out/logs/build.log" >&2
+  echo "fuzz.sh: error: the fuzz build failed; its log is $out/logs/build.log" >&2
+  exit 1
+fi
 built=$(date +%s)
 echo "fuzz.sh: fuzz targets built in $((built - start)) s"
 fuzz/make_seeds.sh "$out/seeds" "$root/build"
@@ -63,7 +72,6 @@ for t in "${targets[@]}"; do
   mkdir -p "$corpus" "$findings" "$tmp"
   rm -rf "${tmp:?}"/*
   log=$out/logs/$t.log
-  mkdir -p "$out/logs"
   set +e
   TMPDIR=$tmp "$out/bin/fuzz_$t" "$corpus" "$MT_FUZZ_SEEDS/corpus/$t" "${limit[@]}" \
     -timeout="$timeout" -rss_limit_mb=4096 -print_final_stats=1 \
