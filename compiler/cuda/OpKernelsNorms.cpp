@@ -142,17 +142,32 @@ void genColSums(Builder &b, uint64_t wsAt_, int64_t blocks, int64_t h, int array
     b.out.launches.back().kernel.grid[1] = 2;
 }
 
-// LAYER_NORM_GRAD and RMS_NORM_GRAD: blocks take rows blockIdx, blockIdx +
-// gridDim, ...; each writes dx per row and keeps its dw (and db) column
-// partials in registers, stored to the workspace at the end; col_sums adds
-// them into the gradients.
+// LAYER_NORM_GRAD and RMS_NORM_GRAD. Each row's reductions run over a
+// "row group" of threads: a warp per row where a row fits 32 lanes with at
+// most four vectors each (hidden <= 1024 in 16 bits), so a row needs no
+// barrier and a block holds kRowWarps rows at once; else the whole block.
+// Blocks take rows blockIdx, blockIdx + gridDim, ... (times kRowWarps for
+// warps); each thread keeps its dw (and db) column partials in registers,
+// and the block stores their sum per column to its workspace row at the
+// end; col_sums adds the blocks' rows into the gradients.
+constexpr int kRowWarps = 8;
+
 void genNormGrad(const OpInstruction &ins, Builder &b, bool layer) {
   const OpTensor &dy = ins.in[0], &x = ins.in[1], &w = ins.in[2], &dx = ins.out[0];
   const int64_t h = x.shape.back(), rows = h ? x.elements() / h : 0;
-  const RowShape r = rowShape(h, lanesFor({dy.dtype, x.dtype, w.dtype, dx.dtype}, {h}), 2, 512);
-  const int64_t blocks = partialBlocks(rows);
+  const int v = lanesFor({dy.dtype, x.dtype, w.dtype, dx.dtype}, {h});
+  const bool warpRows = h <= int64_t(32) * v * 4;
+  RowShape r = rowShape(h, v, 2, 512);
+  if (warpRows)
+    r = RowShape{v, uint32_t(32 * kRowWarps), int((h + 32 * v - 1) / (32 * v))};
+  // The workspace is sized for partialBlocks() rows either way (the plan's
+  // memory does not depend on the mode); a warp per row needs only enough
+  // blocks for kRowWarps rows each.
+  const int64_t wsBlocks = partialBlocks(rows);
+  const int64_t blocks = warpRows ? std::max<int64_t>(1, std::min<int64_t>(wsBlocks, (rows + kRowWarps - 1) / kRowWarps))
+                                  : wsBlocks;
   const int arrays = layer ? 2 : 1;
-  const uint64_t ws = b.alloc(uint64_t(arrays * blocks * h) * 4);
+  const uint64_t ws = b.alloc(uint64_t(arrays * wsBlocks * h) * 4);
   auto s = rowSubs(r, h, ins.floats.at(0));
   s["TDY"] = storage(dy.dtype);
   s["TX"] = storage(x.dtype);
@@ -160,12 +175,30 @@ void genNormGrad(const OpInstruction &ins, Builder &b, bool layer) {
   s["TDX"] = storage(dx.dtype);
   s["N"] = num(rows);
   s["G"] = num(blocks);
-  s["ROW"] = layer ? R"(    const float mean = mt_block_sum(s, mt_shared) / ${HF};
+  s["RW"] = std::to_string(kRowWarps);
+  // The row group: its size, this thread's place in it, the first row and
+  // the step between a group's rows, and its sums.
+  if (warpRows) {
+    s["NT"] = "32u";
+    s["TID"] = "(threadIdx.x & 31u)";
+    s["ROW0"] = "(mt_u64)blockIdx.x * ${RW} + (threadIdx.x >> 5)";
+    s["STEP"] = "(mt_u64)gridDim.x * ${RW}";
+    s["SUM"] = "mt_warp_sum";
+    s["SUM2"] = "mt_warp_sum2";
+  } else {
+    s["NT"] = "blockDim.x";
+    s["TID"] = "threadIdx.x";
+    s["ROW0"] = "(mt_u64)blockIdx.x";
+    s["STEP"] = "(mt_u64)gridDim.x";
+    s["SUM"] = "mt_block_sum";
+    s["SUM2"] = "mt_block_sum2";
+  }
+  s["ROW"] = layer ? R"(    const float mean = ${SUM}(s, mt_shared) / ${HF};
     float q = 0.0f;
     for (int k = 0; k < ${K}; ++k)
-      if (((mt_u64)k * blockDim.x + threadIdx.x) * ${V} < ${H})
+      if (((mt_u64)k * nt + tid) * ${V} < ${H})
         for (int l = 0; l < ${V}; ++l) { const float e = a[k][l] - mean; q += e * e; }
-    const float rstd = 1.0f / sqrtf(mt_block_sum(q, mt_shared) / ${HF} + ${EPS});
+    const float rstd = 1.0f / sqrtf(${SUM}(q, mt_shared) / ${HF} + ${EPS});
     // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w.
     float sg = 0.0f, sgx = 0.0f;
     for (int k = 0; k < ${K}; ++k)
@@ -175,7 +208,7 @@ void genNormGrad(const OpInstruction &ins, Builder &b, bool layer) {
         sg += gw;
         sgx += gw * a[k][l];
       }
-    mt_block_sum2(sg, sgx, mt_shared);
+    ${SUM2}(sg, sgx, mt_shared);
     const float mg = sg / ${HF}, mgx = sgx / ${HF};
     for (int k = 0; k < ${K}; ++k)
       for (int l = 0; l < ${V}; ++l) {
@@ -184,12 +217,12 @@ void genNormGrad(const OpInstruction &ins, Builder &b, bool layer) {
         a[k][l] = rstd * (g[k][l] * wv[k][l] - mg - a[k][l] * mgx);
       }
 )"
-                    : R"(    const float rstd = 1.0f / sqrtf(mt_block_sum(s, mt_shared) / ${HF} + ${EPS});
+                    : R"(    const float rstd = 1.0f / sqrtf(${SUM}(s, mt_shared) / ${HF} + ${EPS});
     // dx = rstd (g - x rstd^2 mean(g x)), g = dy w.
     float sgx = 0.0f;
     for (int k = 0; k < ${K}; ++k)
       for (int l = 0; l < ${V}; ++l) sgx += g[k][l] * wv[k][l] * a[k][l];
-    const float mgx = mt_block_sum(sgx, mt_shared) / ${HF};
+    const float mgx = ${SUM}(sgx, mt_shared) / ${HF};
     for (int k = 0; k < ${K}; ++k)
       for (int l = 0; l < ${V}; ++l) {
         pw[k][l] += g[k][l] * a[k][l] * rstd;
@@ -197,24 +230,61 @@ void genNormGrad(const OpInstruction &ins, Builder &b, bool layer) {
       }
 )";
   s["ACC"] = layer ? "s += a[k][l]" : "s += a[k][l] * a[k][l]";
-  s["PB"] = layer ? "mt_store<${V}>(ws + (${G} + blockIdx.x) * ${H}, c, pb[k]);" : "";
+  // The block's partials to its workspace rows: each thread's own where
+  // the block is one row group; summed over the warps through shared
+  // memory where each warp is one.
+  if (warpRows) {
+    std::string store = R"(  __shared__ float mt_part[${RW} * ${H}];
+  const unsigned warp = threadIdx.x >> 5;
+)";
+    for (int i = 0; i < arrays; ++i) {
+      const std::string arr = i == 0 ? "pw" : "pb", row = i == 0 ? "blockIdx.x" : "(${G} + blockIdx.x)";
+      store += "  __syncthreads();\n#pragma unroll\n  for (int k = 0; k < ${K}; ++k) {\n"
+               "    const mt_u64 c = ((mt_u64)k * nt + tid) * ${V};\n"
+               "    if (c < ${H}) for (int l = 0; l < ${V}; ++l) mt_part[warp * ${H} + c + l] = " + arr + "[k][l];\n  }\n"
+               "  __syncthreads();\n"
+               "  for (unsigned c = threadIdx.x; c < ${H}; c += blockDim.x) {\n"
+               "    float t = 0.0f;\n    for (int u = 0; u < ${RW}; ++u) t += mt_part[u * ${H} + c];\n"
+               "    ws[(mt_u64)" + row + " * ${H} + c] = t;\n  }\n";
+    }
+    s["STORE"] = store;
+  } else {
+    s["STORE"] = std::string(R"(#pragma unroll
+  for (int k = 0; k < ${K}; ++k) {
+    const mt_u64 c = ((mt_u64)k * nt + tid) * ${V};
+    if (c >= ${H}) continue;
+    mt_store<${V}>(ws + (mt_u64)blockIdx.x * ${H}, c, pw[k]);
+)") + (layer ? "    mt_store<${V}>(ws + (${G} + blockIdx.x) * ${H}, c, pb[k]);\n" : "") + "  }\n";
+  }
   s["WOFF"] = weightOffset(ins, "wv[k][l]");
-  std::string t = R"(extern "C" __global__ void __launch_bounds__(${B}) @ENTRY@(const ${TDY} *dy, const ${TX} *x, const ${TW} *w, ${TDX} *dx, float *ws) {
+  // A warp's sums (the block sums' signature; no shared memory, no barrier).
+  std::string t = warpRows ? R"(__device__ __forceinline__ float mt_warp_sum(float v, float *) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  return v;
+}
+__device__ __forceinline__ void mt_warp_sum2(float &a, float &b, float *) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) { a += __shfl_xor_sync(0xFFFFFFFFu, a, o); b += __shfl_xor_sync(0xFFFFFFFFu, b, o); }
+}
+)" : "";
+  t += R"(extern "C" __global__ void __launch_bounds__(${B}) @ENTRY@(const ${TDY} *dy, const ${TX} *x, const ${TW} *w, ${TDX} *dx, float *ws) {
   extern __shared__ float mt_shared[];
+  const unsigned nt = ${NT}, tid = ${TID};
   float wv[${K}][${V}], pw[${K}][${V}], pb[${K}][${V}];
 #pragma unroll
   for (int k = 0; k < ${K}; ++k) {
-    const mt_u64 c = ((mt_u64)k * blockDim.x + threadIdx.x) * ${V};
+    const mt_u64 c = ((mt_u64)k * nt + tid) * ${V};
     for (int l = 0; l < ${V}; ++l) { pw[k][l] = 0.0f; pb[k][l] = 0.0f; wv[k][l] = 0.0f; }
     if (c < ${H}) { mt_load<${V}>(w, c, wv[k]); ${WOFF} }
   }
-  for (mt_u64 row = blockIdx.x; row < ${N}; row += gridDim.x) {
+  for (mt_u64 row = ${ROW0}; row < ${N}; row += ${STEP}) {
     const mt_u64 at = row * ${H};
     float a[${K}][${V}], g[${K}][${V}];
     float s = 0.0f;
 #pragma unroll
     for (int k = 0; k < ${K}; ++k) {
-      const mt_u64 c = ((mt_u64)k * blockDim.x + threadIdx.x) * ${V};
+      const mt_u64 c = ((mt_u64)k * nt + tid) * ${V};
       if (c < ${H}) {
         mt_load<${V}>(x, at + c, a[k]);
         mt_load<${V}>(dy, at + c, g[k]);
@@ -225,20 +295,13 @@ void genNormGrad(const OpInstruction &ins, Builder &b, bool layer) {
     }
 ${ROW}#pragma unroll
     for (int k = 0; k < ${K}; ++k) {
-      const mt_u64 c = ((mt_u64)k * blockDim.x + threadIdx.x) * ${V};
+      const mt_u64 c = ((mt_u64)k * nt + tid) * ${V};
       if (c < ${H}) mt_store<${V}>(dx, at + c, a[k]);
     }
   }
-#pragma unroll
-  for (int k = 0; k < ${K}; ++k) {
-    const mt_u64 c = ((mt_u64)k * blockDim.x + threadIdx.x) * ${V};
-    if (c >= ${H}) continue;
-    mt_store<${V}>(ws + (mt_u64)blockIdx.x * ${H}, c, pw[k]);
-    ${PB}
-  }
-}
+${STORE}}
 )";
-  std::string src = fill(fill(t, s), s);
+  std::string src = fill(fill(fill(t, s), s), s);
   b.launch(layer ? "layer_norm_grad" : "rms_norm_grad", src, uint64_t(blocks), r.block, 256,
            {in(0), in(1), in(2), outp(0), wsAt(ws)});
   genColSums(b, ws, blocks, h, arrays);

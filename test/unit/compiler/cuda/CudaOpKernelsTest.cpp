@@ -645,10 +645,13 @@ TEST(CudaOpKernels, FeaturesAndSequences) {
   ASSERT_EQ(lng.launches.size(), 2u);
   EXPECT_EQ(lng.launches[1].args.size(), 3u);
   EXPECT_EQ(lng.launches[1].args[2].kind, OpArg::ParamGrad);
-  EXPECT_EQ(lng.workspaceBytes, 2u * 16 * 256 * 4);
-  // The second stage: 32 columns x 4 slices of the 16 partial rows a CTA,
+  EXPECT_EQ(lng.workspaceBytes, 2u * 16 * 256 * 4); // sized for a partial row per row either way
+  // Rows of 256: a warp a row, eight rows a block, so 2 blocks and 2 partial rows.
+  EXPECT_EQ(lng.launches[0].kernel.grid[0], 2u);
+  EXPECT_EQ(lng.launches[0].kernel.block[0], 256u);
+  // The second stage: 32 columns x 1 slice of the 2 partial rows a CTA,
   // both gradients in one launch (grid.y).
-  EXPECT_EQ(lng.launches[1].kernel.block[0], 128u);
+  EXPECT_EQ(lng.launches[1].kernel.block[0], 32u);
   EXPECT_EQ(lng.launches[1].kernel.grid[0], 8u);
   EXPECT_EQ(lng.launches[1].kernel.grid[1], 2u);
   // --apply-layernorm-1p adds 1 to the loaded weights; RoPE scaling scales
@@ -1298,10 +1301,12 @@ MT_KERNEL_TEST(CudaOpKernels, Embeddings) {
 // Norms and their gradients (dw, db added into f32 gradients), bias
 // gradients; rows of 96 (8 lanes) and 50 (2 lanes), 37 rows; and 600 rows
 // of 40, more than the 528 partial rows of the first stage (so blocks take
-// several rows and the second stage has all 32 slices).
+// several rows and the second stage has all 32 slices). The norm gradients
+// take a warp a row up to 1024 (16-bit) or 512 (f32) columns; rows of 1100
+// take the block-a-row kernel.
 MT_KERNEL_TEST(CudaOpKernels, NormsAndColumnSums) {
   for (DType d : kFloatTypes)
-    for (auto [h, n] : {std::pair<int64_t, int64_t>{96, 37}, {50, 37}, {40, 600}}) {
+    for (auto [h, n] : {std::pair<int64_t, int64_t>{96, 37}, {50, 37}, {40, 600}, {1100, 9}}) {
       SCOPED_TRACE(std::string(mt::plan::EnumNameDType(d)) + " h " + std::to_string(h) +
                    " rows " + std::to_string(n));
       std::vector<float> x = randomValues(size_t(n * h), 70, 1.0f, d);
