@@ -226,6 +226,7 @@ std::vector<MegatronFlag> explicitRows() {
            "mt keeps master weights in fp32; remove it"),
 
       //===--- mtrun's flags ---===//
+      mtrun("--distributed-timeout-minutes", V, "--distributed-timeout-minutes"),
       mtrun("--exit-interval", V, "--exit-interval"),
       mtrun("--exit-duration-in-mins", V, "--exit-duration-in-mins"),
       mtrun("--skip-train", S, "--skip-train"),
@@ -738,12 +739,9 @@ std::vector<MegatronFlag> explicitRows() {
       na("--disable-symmetric-registration", S, kComm),
       na("--disable-gloo-process-groups", S, kComm),
       na("--distributed-backend", V, "mt picks NCCL (GPUs) or Gloo (CPU) itself"),
-      na("--distributed-timeout-minutes", V,
-         "a timeout of PyTorch's process groups; mtrun's collectives have none (its "
-         "--timeout bounds the wait for the other ranks at start)"),
       na("--distributed-timeout-seconds-after-init", V,
-         "a timeout of PyTorch's process groups; mtrun's collectives have none (its "
-         "--timeout bounds the wait for the other ranks at start)"),
+         "mtrun has one timeout for the start and every collective after it "
+         "(--distributed-timeout-minutes or --timeout)"),
       na("--local-rank", V, "set by PyTorch's launcher; mtrun finds its rank itself"),
       na("--cuda-graph-impl", V, kCudaGraph),
       na("--cuda-graph-scope", VS, kCudaGraph),

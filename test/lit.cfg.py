@@ -66,6 +66,11 @@ if os.path.isfile(os.path.join(shared, "vocab.json")):
     config.available_features.add("gpt2-data")
     config.substitutions.append(("%gpt2_data", shared))
 
+# MT_TEST_HOOKS (CMake option, on by default): the environment variables
+# that put a rank in a known state (MT_TEST_STALL_AT_COLLECTIVE) work.
+if getattr(config, "mt_test_hooks", "") in ("ON", "1", "TRUE", "YES", "on", "true"):
+    config.available_features.add("test-hooks")
+
 # srun tests start a private one-node SLURM (test/slurm/start-slurm.sh),
 # which needs root and the SLURM and munge daemons installed (the script
 # installs them with apt-get when run by hand). Only a look at PATH here.

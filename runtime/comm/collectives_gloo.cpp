@@ -4,9 +4,13 @@
 // Gloo reports failures as exceptions; each is turned here into one error
 // line. Gloo's messages name socket addresses, not ranks, so every rank
 // also leaves its process id and host in the store: after a failure, a peer
-// on this host whose process is gone is named as the cause.
+// on this host whose process is gone is named as the cause. Every operation
+// is written to the rank's collective record (collective_record.h): after a
+// timeout, the members that never entered the collective are named from
+// theirs, with their host and their last collective.
 #include "runtime/comm/collectives.h"
 #include "runtime/base/atomic_file.h"
+#include "runtime/comm/collective_record.h"
 #include "runtime/comm/collectives_common.h"
 
 #include <gloo/allgather.h>
@@ -26,6 +30,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <fstream>
 #include <map>
@@ -104,6 +109,8 @@ struct Shared {
   bool marked_failed = false;
   std::vector<long> pids;         // by world rank
   std::vector<std::string> hosts; // by world rank
+  std::string record_dir;         // every rank's collective record and blame file
+  RecordWriter record;            // this rank's
 };
 
 class GlooCommunicator final : public Communicator {
@@ -122,6 +129,8 @@ public:
   // Meets the other members in the store, then connects every pair. A member
   // that never comes is named by the marks the others left.
   std::string connect(const std::string &key) {
+    group_key_ = group_key_of(key);
+    shared_->record.join(group_key_);
     auto store = std::make_unique<gloo::rendezvous::PrefixStore>(key, *shared_->store);
     std::string what = "connect";
     try {
@@ -156,7 +165,7 @@ public:
   std::string all_reduce(float *data, size_t count, ReduceOp op) override {
     if (count == 0)
       return "";
-    return guarded("all_reduce", [&] {
+    return collective("all_reduce", count * sizeof(float), [&] {
       gloo::AllreduceOptions opts(context_);
       opts.setOutput(data, count);
       opts.setReduceFunction(op == ReduceOp::Sum ? static_cast<ReduceFn>(&gloo::sum<float>)
@@ -170,7 +179,7 @@ public:
   std::string all_gather(const float *in, size_t count, float *out) override {
     if (count == 0)
       return "";
-    return guarded("all_gather", [&] {
+    return collective("all_gather", count * sizeof(float), [&] {
       gloo::AllgatherOptions opts(context_);
       opts.setInput(const_cast<float *>(in), count);
       opts.setOutput(out, count * size());
@@ -186,7 +195,7 @@ public:
     if (count == 0)
       return "";
     std::vector<float> all(in, in + count * size());
-    return guarded("reduce_scatter", [&] {
+    return collective("reduce_scatter", all.size() * sizeof(float), [&] {
       gloo::AllreduceOptions opts(context_);
       opts.setOutput(all.data(), all.size());
       opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<float>));
@@ -203,7 +212,7 @@ public:
              " is not a rank of the group; use 0.." + std::to_string(size() - 1);
     if (count == 0)
       return "";
-    return guarded("broadcast", [&] {
+    return collective("broadcast", count * sizeof(float), [&] {
       gloo::BroadcastOptions opts(context_);
       opts.setOutput(data, count);
       opts.setRoot(root);
@@ -216,7 +225,7 @@ public:
   std::string barrier() override {
     if (std::string err = finish_sends(pending_.size()); !err.empty())
       return err;
-    return guarded("barrier", [&] {
+    return collective("barrier", 0, [&] {
       gloo::BarrierOptions opts(context_);
       opts.setTag(next_tag());
       opts.setTimeout(shared_->timeout);
@@ -237,7 +246,9 @@ public:
     if (pending_.size() >= kMaxPendingSends)
       if (std::string err = finish_sends(1); !err.empty())
         return err;
-    return guarded(what, [&] {
+    CollectiveOp op = point_to_point("send", bytes, peer);
+    shared_->record.begin(op);
+    std::string err = guarded(what, [&] {
       PendingSend p;
       p.what = what;
       p.bytes.reset(new char[bytes]);
@@ -246,6 +257,8 @@ public:
       p.buffer->send(peer, slot(tag));
       pending_.push_back(std::move(p));
     });
+    shared_->record.end(op, err.empty());
+    return err;
   }
 
   std::string recv(void *data, size_t bytes, int peer, int tag) override {
@@ -255,12 +268,19 @@ public:
       return err;
     if (bytes == 0)
       return "";
-    return guarded(what, [&] {
-      auto buffer = context_->createUnboundBuffer(data, bytes);
-      buffer->recv(peer, slot(tag));
-      if (!buffer->waitRecv(shared_->timeout))
-        throw gloo::IoException("timed out waiting for the message");
-    });
+    CollectiveOp op = point_to_point("recv", bytes, peer);
+    shared_->record.begin(op);
+    std::string err = guarded(
+        what,
+        [&] {
+          auto buffer = context_->createUnboundBuffer(data, bytes);
+          buffer->recv(peer, slot(tag));
+          if (!buffer->waitRecv(shared_->timeout))
+            throw gloo::IoException("timed out waiting for the message");
+        },
+        &op);
+    shared_->record.end(op, err.empty());
+    return err;
   }
 
   std::unique_ptr<Communicator> split(const std::vector<int> &ranks, const std::string &name,
@@ -344,7 +364,8 @@ private:
   uint32_t next_tag() { return tag_++; }
   static uint64_t slot(int tag) { return kSendSlotBase | static_cast<uint32_t>(tag); }
 
-  template <class F> std::string guarded(const std::string &what, F &&f) {
+  template <class F>
+  std::string guarded(const std::string &what, F &&f, const CollectiveOp *op = nullptr) {
     if (broken_)
       return prefix(what) + ": an earlier operation failed (" + broken_message_ +
              "); the group cannot be used again";
@@ -352,13 +373,64 @@ private:
       f();
       return "";
     } catch (const std::exception &e) { // gloo::Exception, gloo::EnforceNotMet
-      return failure(what, e.what());
+      return failure(what, e.what(), op);
     }
+  }
+
+  // A collective of the group: numbered (the same number on every member),
+  // recorded as it starts and ends, and run guarded.
+  template <class F> std::string collective(const char *name, size_t bytes, F &&f) {
+    CollectiveOp op;
+    op.op = name;
+    op.group = name_;
+    op.group_key = group_key_;
+    op.group_size = size();
+    op.group_seq = ++group_seq_;
+    op.bytes = bytes;
+    shared_->record.begin(op);
+    std::string err = guarded(name, std::forward<F>(f), &op);
+    shared_->record.end(op, err.empty());
+    return err;
+  }
+
+  CollectiveOp point_to_point(const char *name, size_t bytes, int peer) const {
+    CollectiveOp op;
+    op.op = name;
+    op.group = name_;
+    op.group_key = group_key_;
+    op.group_size = size();
+    op.peer = peer_world(peer);
+    op.bytes = bytes;
+    return op;
+  }
+
+  // After a timeout in `op`: the members whose records show they never
+  // entered it (for a recv, the peer), each with its host and its last
+  // collective; also left in this rank's blame file for the launcher.
+  std::vector<Suspect> suspects_of(const CollectiveOp &op) {
+    if (!shared_->record.is_open())
+      return {};
+    WaitPoint w;
+    w.world_rank = shared_->world_rank;
+    w.host = shared_->host;
+    w.op = op;
+    w.members = op.group_seq ? world_ranks_ : std::vector<int>{op.peer};
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    w.now_ns = int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+    std::vector<CollectiveRecord> records(w.members.size());
+    for (size_t i = 0; i < w.members.size(); ++i) {
+      std::string ignored; // a rank without a record is not judged
+      if (w.members[i] != w.world_rank &&
+          !read_record(shared_->record_dir, w.members[i], &records[i], &ignored))
+        records[i].rank = -1;
+    }
+    return find_suspects(w, records);
   }
 
   // One line for a Gloo failure, naming the member whose process is gone
   // when there is one.
-  std::string failure(const std::string &what, const char *raw) {
+  std::string failure(const std::string &what, const char *raw, const CollectiveOp *op = nullptr) {
     std::string message = gloo_message(raw);
     broken_ = true;
     broken_message_ = message;
@@ -383,10 +455,29 @@ private:
                   std::to_string(shared_->pids[w]);
       }
     }
-    if (!gone.empty())
+    if (!gone.empty()) {
+      std::vector<Suspect> blame;
+      for (int w : gone)
+        blame.push_back({w, "rank " + std::to_string(w) + " (host " + shared_->host +
+                                ", process " + std::to_string(shared_->pids[w]) + ") exited during " +
+                                what + " on group '" + name_ + "'"});
+      write_blame(shared_->record_dir, shared_->world_rank, blame);
       return prefix(what) + " failed: " + ranks_phrase(gone) + " exited (" + detail + " on " +
              shared_->host + "); see " + (gone.size() > 1 ? "their logs" : "its log") +
              " (gloo: " + message + ")";
+    }
+    if (is_timeout(message) && op) {
+      std::vector<Suspect> suspects = suspects_of(*op);
+      if (!suspects.empty()) {
+        write_blame(shared_->record_dir, shared_->world_rank, suspects);
+        std::string why;
+        for (const Suspect &s : suspects)
+          why += (why.empty() ? "" : "; and ") + s.line;
+        return "rank " + std::to_string(shared_->world_rank) + ": " + describe_op(*op) +
+               " timed out after " + format_duration(shared_->timeout) + ": " + why + "; see " +
+               (suspects.size() > 1 ? "their logs" : "its log");
+      }
+    }
     if (is_timeout(message))
       return prefix(what) + " timed out after " + format_duration(shared_->timeout) +
              ": a peer never arrived (died, stuck, or on a failed host); see the other ranks' "
@@ -400,6 +491,8 @@ private:
   std::vector<int> world_ranks_;
   int rank_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
+  uint64_t group_key_ = 0;
+  uint64_t group_seq_ = 0; // collectives started on this group
   uint32_t tag_ = 0;
   std::map<std::string, int> splits_;
   struct PendingSend {
@@ -446,6 +539,12 @@ std::unique_ptr<Communicator> connect_gloo(const GlooOptions &options, std::stri
   std::vector<int> world(options.world);
   for (int r = 0; r < options.world; ++r)
     world[r] = r;
+  shared->record_dir = record_dir(shared->dir);
+  if (std::string err = shared->record.open(shared->record_dir, options.rank, shared->host);
+      !err.empty()) {
+    *error = head + ": " + err;
+    return nullptr;
+  }
   auto comm = std::make_unique<GlooCommunicator>(shared, "world", world, options.rank);
   try {
     shared->store = std::make_shared<gloo::rendezvous::FileStore>(shared->dir);

@@ -3,6 +3,7 @@
 #include "runtime/comm/launch.h"
 
 #include "runtime/base/atomic_file.h"
+#include "runtime/comm/collective_record.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <ftw.h>
+#include <map>
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -540,6 +542,19 @@ int run_local_ranks(int nproc, const std::vector<std::string> &argv, const Local
 
   int failed_rank = -1;
   int failed_status = 0;
+  // The ranks that failed ranks named as the cause (a rank that never
+  // entered the collective they timed out in, a rank that exited under
+  // them), from their blame files: the first failure to exit is often not
+  // the cause (a survivor of a hung rank exits at its timeout while the
+  // hung rank never exits; a peer that notices a crash can be reaped in
+  // the same sweep as the crashed rank).
+  const std::string records = record_dir(base + "/" + job);
+  std::map<int, Suspect> blamed;
+  std::map<int, int> blamed_by;
+  // Hung ranks are stopped at once (SIGTERM, SIGKILL 2 s later: a stopped
+  // process leaves SIGTERM pending); the others keep their grace period.
+  std::vector<int> hung_ranks;
+  Clock::time_point hung_kill_at = Clock::time_point::max();
   Clock::time_point term_at = Clock::time_point::max(), kill_at;
   bool term_sent = false, kill_sent = false;
   std::vector<int> stopped;
@@ -597,35 +612,68 @@ int run_local_ranks(int nproc, const std::vector<std::string> &argv, const Local
       ::usleep(50 * 1000);
     }
 
+    // Every rank that ended is reaped before any is judged: a rank that a
+    // failed one names as the cause may have ended in the same sweep.
+    std::vector<int> ended;
     for (int r = 0; r < started; ++r) {
       Child &c = children[r];
       if (!c.running)
         continue;
       int status = 0;
-      pid_t got = ::waitpid(c.pid, &status, WNOHANG);
-      if (got != c.pid)
+      if (::waitpid(c.pid, &status, WNOHANG) != c.pid)
         continue;
       c.running = false;
       c.status = status;
-      if (status != 0 && failed_rank < 0 && start_error.empty() &&
-          std::find(stopped.begin(), stopped.end(), r) == stopped.end()) {
+      ended.push_back(r);
+    }
+    for (int r : ended) {
+      const int status = children[r].status;
+      if (status == 0 || !start_error.empty() ||
+          std::find(stopped.begin(), stopped.end(), r) != stopped.end())
+        continue;
+      std::string hung; // ranks it names that are still running
+      for (Suspect &s : read_blame(records, r))
+        if (s.rank != r && s.rank >= 0 && s.rank < started && !blamed.count(s.rank)) {
+          blamed_by[s.rank] = r;
+          if (children[s.rank].running) {
+            hung += (hung.empty() ? "" : ", ") + std::to_string(s.rank);
+            ::kill(children[s.rank].pid, SIGTERM);
+            stopped.push_back(s.rank);
+            hung_ranks.push_back(s.rank);
+            hung_kill_at = Clock::now() + std::chrono::seconds(2);
+          }
+          blamed.emplace(s.rank, std::move(s));
+        }
+      if (!hung.empty())
+        // Waiting for a rank its peers saw hang would only add the grace period.
+        std::fprintf(stderr, "%s: rank %d %s after naming rank(s) %s as hung; stopping %s\n",
+                     tool, r, describe(status).c_str(), hung.c_str(),
+                     hung.find(',') == std::string::npos ? "it" : "them");
+      if (failed_rank < 0) {
         failed_rank = r;
         failed_status = status;
         term_at = Clock::now() + options.grace;
-        if (any_running())
+        if (any_running() && hung.empty())
           std::fprintf(stderr, "%s: rank %d %s; waiting up to %.1f s for the other ranks to stop\n",
                        tool, r, describe(status).c_str(), options.grace.count() / 1000.0);
       }
     }
 
     Clock::time_point now = Clock::now();
+    if (now >= hung_kill_at) {
+      for (int r : hung_ranks)
+        if (children[r].running)
+          ::kill(children[r].pid, SIGKILL);
+      hung_kill_at = Clock::time_point::max();
+    }
     if (now >= term_at && !term_sent) {
+      term_sent = true; // once: ranks blamed later are stopped with the rest
       for (int r = 0; r < started; ++r)
-        if (children[r].running) {
+        if (children[r].running &&
+            std::find(hung_ranks.begin(), hung_ranks.end(), r) == hung_ranks.end()) {
           ::kill(children[r].pid, SIGTERM);
           stopped.push_back(r);
         }
-      term_sent = true;
       kill_at = now + std::chrono::seconds(2);
     }
     if (term_sent && !kill_sent && now >= kill_at) {
@@ -650,10 +698,34 @@ int run_local_ranks(int nproc, const std::vector<std::string> &argv, const Local
   std::string stopped_list;
   for (int r : stopped)
     stopped_list += (stopped_list.empty() ? "" : ", ") + std::to_string(r);
-  std::fprintf(stderr, "%s: rank %d of %d failed: it %s%s; see its output above\n", tool,
-               failed_rank, nproc, describe(failed_status).c_str(),
-               stopped_list.empty() ? "" : ("; stopped rank(s) " + stopped_list + " that were still running").c_str());
-  return exit_code(failed_status);
+  const std::string stopped_phrase =
+      stopped_list.empty() ? "" : "; stopped rank(s) " + stopped_list + " that were still running";
+  if (blamed.empty()) {
+    std::fprintf(stderr, "%s: rank %d of %d failed: it %s%s; see its output above\n", tool,
+                 failed_rank, nproc, describe(failed_status).c_str(), stopped_phrase.c_str());
+    return exit_code(failed_status);
+  }
+  // One line per rank named as the cause, with what its peers saw.
+  int code = exit_code(failed_status);
+  for (const auto &[b, suspect] : blamed) {
+    const Child &c = children[b];
+    const int by = blamed_by[b];
+    const bool was_stopped = std::find(stopped.begin(), stopped.end(), b) != stopped.end();
+    const std::string named = "named by rank " + std::to_string(by) + ", which " +
+                              describe(children[by].status);
+    if (was_stopped) {
+      std::fprintf(stderr, "%s: rank %d of %d hung: %s; %s%s\n", tool, b, nproc,
+                   suspect.line.c_str(), named.c_str(), stopped_phrase.c_str());
+    } else if (c.status != 0) {
+      std::fprintf(stderr, "%s: rank %d of %d failed: it %s; %s; %s\n", tool, b, nproc,
+                   describe(c.status).c_str(), suspect.line.c_str(), named.c_str());
+      code = exit_code(c.status);
+    } else {
+      std::fprintf(stderr, "%s: rank %d of %d exited with status 0 before the others were "
+                   "done: %s; %s\n", tool, b, nproc, suspect.line.c_str(), named.c_str());
+    }
+  }
+  return code;
 }
 
 } // namespace mt::rt

@@ -1,6 +1,7 @@
 // mtrun: load and verify the plan, then train as Megatron-LM's train() does.
 #include "runtime/train/train_loop.h"
 
+#include "runtime/base/activity.h"
 #include "runtime/base/batch_rampup.h"
 #include "runtime/ckpt/checkpoint.h"
 #include "runtime/ckpt/checkpoint_layout.h"
@@ -125,6 +126,9 @@ public:
     sayPaths();
 
     tpRank = myRank->tp_rank();
+    set_activity("setting up rank " + std::to_string(rank) + "'s executor for " + opts.plan_path,
+                 myRank->state_bytes() + myRank->arena_bytes(),
+                 "the plan's state_bytes + arena_bytes of rank " + std::to_string(rank));
     if (opts.device == "cuda") {
       std::string err;
       std::unique_ptr<GpuDevice> device = open_cuda_gpu_device(localRank, "", &err);
@@ -207,6 +211,7 @@ public:
 
     // Every rank loads its own file; all agree on the outcome, so a rank
     // whose file is missing or refused stops the others at once.
+    set_activity(load.empty() ? "initialising the weights" : "loading the checkpoint in " + load);
     std::string loadErr = restoreOrInit();
     float loadFailed = loadErr.empty() ? 0.0f : float(rank + 1);
     if (groups.world)
@@ -217,6 +222,7 @@ public:
     if (loadFailed > 0)
       return fail("rank " + std::to_string(int(loadFailed) - 1) + " could not load the checkpoint "
                   "in " + load + " (its error says why); fix that, or start without --load");
+    set_activity("building the data indices");
     if (std::string err = buildData(); !err.empty())
       return fail(err);
     if (std::string err = checkResumePosition(); !err.empty())
@@ -252,6 +258,7 @@ public:
     if (opts.skip_train)
       say("skipping training (--skip-train is on) ...");
     while (!opts.skip_train && iteration < trainIters) {
+      set_activity("training iteration " + std::to_string(iteration + 1));
       if (std::string err = rampBatch(); !err.empty())
         return fail(err);
       const auto stepStart = std::chrono::steady_clock::now();
@@ -1109,6 +1116,8 @@ private:
   }
 
   std::string saveCheckpoint() {
+    ActivityScope saving("saving the checkpoint of iteration " + std::to_string(iteration) +
+                         " to " + save);
     powerMark(iteration, "checkpoint");
     if (std::string e = gatherWeights(); !e.empty())
       return e;
@@ -1691,8 +1700,11 @@ options:
                         name and a directory every rank can reach, when
                         starting ranks by hand (or MT_RANK, MT_WORLD_SIZE,
                         MT_JOB, MT_RENDEZVOUS_DIR; see docs/launch.md)
-  --timeout S           seconds a rank waits for the others before it fails
-                        naming the missing rank (default 300)
+  --timeout S           seconds a rank waits for the others in a collective
+                        before it fails naming the rank that never entered
+                        it, its host and its last collective (default 300)
+  --distributed-timeout-minutes M
+                        the same in minutes, as Megatron-LM's flag
   --help, -h            this text
 )";
 
@@ -1701,6 +1713,7 @@ options:
 
 int run_training(const RunOptions &opts) {
   g_start = std::chrono::steady_clock::now();
+  set_activity("reading the plan " + opts.plan_path);
   // From the start: a SIGTERM during set-up also ends the run cleanly.
   std::signal(SIGTERM, on_sigterm);
   // A write past the file size limit (ulimit -f) fails with EFBIG, which
@@ -1740,6 +1753,8 @@ int run_training(const RunOptions &opts) {
                   "; recompile the spec with this mtc");
   std::unique_ptr<Communicator> comm;
   if (world > 1) {
+    set_activity_speaker("rank " + std::to_string(launch.rank) + ": ");
+    set_activity("connecting to the other " + std::to_string(world - 1) + " ranks");
     if (std::string e = prepare_rendezvous_dir(launch); !e.empty())
       return fail(e);
     GlooOptions g;
@@ -1919,6 +1934,11 @@ int mtrun_main(int argc, char **argv) {
       // arithmetic stays exact.
       if (!positive(&o.timeout_s) || o.timeout_s > 604800)
         return usage("--timeout needs seconds in (0, 604800] (a week at most), got '" + v + "'");
+    } else if ((r = value("--distributed-timeout-minutes", &v))) {
+      if (!positive(&o.timeout_s) || o.timeout_s > 10080)
+        return usage("--distributed-timeout-minutes needs minutes in (0, 10080] (a week at "
+                     "most), got '" + v + "'");
+      o.timeout_s *= 60;
     } else if (!a.empty() && a[0] == '-') {
       return usage("unknown option '" + a + "'");
     } else if (o.plan_path.empty()) {

@@ -313,6 +313,56 @@ TEST(LocalRanks, FirstFailureIsReportedAndOthersStopped) {
       << err;
 }
 
+// The rank a failed rank names in its blame file (collective_record.h) is
+// the cause, not the failed rank itself: rank 1 fails, rank 0 names it and
+// exits 20 ms later, often reaped in the same sweep (where rank 0, the
+// lower rank, used to be named).
+const char *kBlameRank1 =
+    "d=\"$MT_RENDEZVOUS_DIR/$MT_JOB/collectives\"; mkdir -p \"$d\"; "
+    "printf '1\\trank 1 (host h, process 9) never entered all_reduce #3 on group dp\\n' "
+    "> \"$d/blame_0\"; exit 1";
+
+TEST(LocalRanks, TheBlamedRankIsNamedNotTheFirstToExit) {
+  mt::rt::LocalRunOptions options;
+  options.grace = std::chrono::milliseconds(5000);
+  ::testing::internal::CaptureStderr();
+  int rc = mt::rt::run_local_ranks(
+      2, {"sh", "-c", std::string("if [ $MT_RANK = 0 ]; then sleep 0.02; ") + kBlameRank1 +
+                          "; fi; exit 9"},
+      options);
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(rc, 9);
+  EXPECT_NE(err.find("mt-launch: rank 1 of 2 failed: it exited with status 9; rank 1 (host h, "
+                     "process 9) never entered all_reduce #3 on group dp; named by rank 0, "
+                     "which exited with status 1\n"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("rank 0 of 2 failed"), std::string::npos) << err;
+}
+
+TEST(LocalRanks, AHungRankIsStoppedAtOnceAndNamed) {
+  mt::rt::LocalRunOptions options;
+  options.grace = std::chrono::milliseconds(60000); // never waited for
+  auto start = std::chrono::steady_clock::now();
+  ::testing::internal::CaptureStderr();
+  int rc = mt::rt::run_local_ranks(
+      2, {"sh", "-c", std::string("if [ $MT_RANK = 0 ]; then sleep 0.2; ") + kBlameRank1 +
+                          "; fi; kill -STOP $$"},
+      options);
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(err.find("mt-launch: rank 0 exited with status 1 after naming rank(s) 1 as hung; "
+                     "stopping it\n"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("mt-launch: rank 1 of 2 hung: rank 1 (host h, process 9) never entered "
+                     "all_reduce #3 on group dp; named by rank 0, which exited with status 1; "
+                     "stopped rank(s) 1 that were still running\n"),
+            std::string::npos)
+      << err;
+}
+
 TEST(LocalRanks, MissingProgram) {
   ::testing::internal::CaptureStderr();
   int rc = mt::rt::run_local_ranks(1, {"/nonexistent/mt-program"});
