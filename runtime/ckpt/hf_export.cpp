@@ -25,44 +25,6 @@ namespace mt::rt {
 using ckpt_detail::json_string;
 using ckpt_detail::shape_str;
 
-// ---------------------------------------------------------------------------
-// Numbers
-// ---------------------------------------------------------------------------
-
-uint16_t f32_to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) // NaN: keep it one, quiet
-    return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
-uint16_t f32_to_f16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
-  const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u)
-    return sign | 0x7e00u; // NaN
-  if (abs >= 0x477ff000u)  // rounds to 65520 or more: infinity
-    return sign | 0x7c00u;
-  const int exp = int(abs >> 23) - 127;
-  uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-  if (exp < -25) // below half the smallest subnormal
-    return sign;
-  // Shift the 24-bit significand to the 10 bits (plus the implicit one) of a
-  // normal half, or fewer for a subnormal; round to nearest even.
-  const int shift = exp >= -14 ? 13 : 13 + (-14 - exp);
-  const uint32_t rest = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
-  uint32_t m = mant >> shift;
-  if (rest > halfway || (rest == halfway && (m & 1u)))
-    ++m;
-  if (exp >= -14) // normal: the carry of m into bit 11 bumps the exponent
-    return uint16_t(sign | ((uint32_t(exp + 15) << 10) + (m - 0x400u)));
-  return uint16_t(sign | m); // subnormal (m may round up into the smallest normal)
-}
-
 namespace {
 
 std::string num(double v) {
@@ -80,255 +42,47 @@ std::string quoted(const std::string &s) {
   return out;
 }
 
-// ---------------------------------------------------------------------------
-// Architecture
-// ---------------------------------------------------------------------------
-
-std::string refuse(const std::string &key, const std::string &why, const std::string &cls) {
-  return "model." + key + " = " + why + ", which " + cls +
-         " cannot express; this checkpoint cannot be exported to Hugging Face";
-}
 
 } // namespace
-
-std::string hf_architecture(const HfModelSpec &m, std::string *error) {
-  if (m.rope) {
-    const char *cls = "LlamaForCausalLM (the class for RoPE models)";
-    if (!m.rmsnorm)
-      *error = refuse("normalization", "\"LayerNorm\" with RoPE", cls);
-    else if (!m.swiglu)
-      *error = refuse("swiglu", "false (a GeLU MLP) with RoPE", cls);
-    else if (m.kv_channels % 2 != 0)
-      *error = refuse("kv_channels", std::to_string(m.kv_channels) +
-                                         ", odd (RoPE leaves the last element unrotated)",
-                      cls);
-    else if (m.num_attention_heads % m.num_query_groups != 0)
-      *error = refuse("num_query_groups", std::to_string(m.num_query_groups) +
-                                              ", not a divisor of num_attention_heads",
-                      cls);
-    return error->empty() ? "llama" : "";
-  }
-  const char *cls = "GPT2LMHeadModel (the class for learned absolute positions)";
-  if (m.rmsnorm)
-    *error = refuse("normalization", "\"RMSNorm\" with learned_absolute positions", cls);
-  else if (m.swiglu)
-    *error = refuse("swiglu", "true with learned_absolute positions", cls);
-  else if (m.num_query_groups != m.num_attention_heads)
-    *error = refuse("num_query_groups",
-                    std::to_string(m.num_query_groups) + " (grouped-query attention) with "
-                                                         "learned_absolute positions",
-                    cls);
-  else if (m.kv_channels * m.num_attention_heads != m.hidden_size)
-    *error = refuse("kv_channels",
-                    std::to_string(m.kv_channels) + " (heads x kv_channels != hidden_size) with "
-                                                    "learned_absolute positions",
-                    cls);
-  return error->empty() ? "gpt2" : "";
-}
 
 // ---------------------------------------------------------------------------
 // Tensors
 // ---------------------------------------------------------------------------
 
-namespace {
-
-struct Converter {
-  const HfModelSpec &m;
-  const std::map<std::string, WholeWeight> &w;
-  std::vector<HfTensor> *out;
-  std::string error;
-
-  const WholeWeight *get(const std::string &name, const std::vector<int64_t> &shape) {
-    if (!error.empty())
-      return nullptr;
-    auto it = w.find(name);
-    if (it == w.end()) {
-      error = "the checkpoint has no tensor " + name + ", which the spec's model has";
-      return nullptr;
-    }
-    if (it->second.shape != shape) {
-      error = "the checkpoint's " + name + " is " + shape_str(it->second.shape) +
-              " but the spec's model makes it " + shape_str(shape) +
-              "; the checkpoint was saved from another model";
-      return nullptr;
-    }
-    return &it->second;
-  }
-  void put(const std::string &name, std::vector<int64_t> shape, std::vector<float> data) {
-    out->push_back({name, std::move(shape), std::move(data)});
-  }
-  // A [rows, cols] matrix, its first `keep` rows, optionally transposed.
-  void matrix(const std::string &to, const WholeWeight *t, int64_t keep, bool transpose) {
-    const int64_t cols = t->shape[1];
-    std::vector<float> d(size_t(keep * cols));
-    for (int64_t r = 0; r < keep; ++r)
-      for (int64_t c = 0; c < cols; ++c)
-        d[size_t(transpose ? c * keep + r : r * cols + c)] = t->data[size_t(r * cols + c)];
-    put(to, transpose ? std::vector<int64_t>{cols, keep} : std::vector<int64_t>{keep, cols},
-        std::move(d));
-  }
-  void copy(const std::string &from, const std::string &to, const std::vector<int64_t> &shape,
-            bool transpose = false) {
-    if (const WholeWeight *t = get(from, shape))
-      shape.size() == 2 ? matrix(to, t, shape[0], transpose) : put(to, shape, t->data);
-  }
-  void norm(const std::string &from, const std::string &to, bool bias) {
-    const int64_t h = m.hidden_size;
-    if (const WholeWeight *t = get(from + "weight", {h})) {
-      std::vector<float> d = t->data;
-      if (m.apply_layernorm_1p)
-        for (float &x : d)
-          x += 1.0f;
-      put(to + "weight", {h}, std::move(d));
-    }
-    if (bias)
-      copy(from + "bias", to + "bias", {h});
-  }
-  // Rows [begin, end) of each of the fused QKV's parts, as Megatron lays it
-  // out: per query group, heads/groups query heads, then a key and a value
-  // head. part 0: the query heads, 1: the keys, 2: the values.
-  std::vector<int64_t> qkv_rows(int part) const {
-    const int64_t d = m.kv_channels, g = m.num_query_groups, per = m.num_attention_heads / g;
-    std::vector<int64_t> rows;
-    for (int64_t k = 0; k < g; ++k) {
-      const int64_t base = k * (per + 2) * d;
-      const int64_t from = part == 0 ? 0 : part == 1 ? per : per + 1;
-      const int64_t n = part == 0 ? per : 1;
-      for (int64_t r = 0; r < n * d; ++r)
-        rows.push_back(base + from * d + r);
-    }
-    return rows;
-  }
-};
-
-std::vector<float> gather_rows(const WholeWeight &t, const std::vector<int64_t> &rows) {
-  const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
-  std::vector<float> d(rows.size() * size_t(cols));
-  for (size_t i = 0; i < rows.size(); ++i)
-    std::memcpy(&d[i * size_t(cols)], &t.data[size_t(rows[i] * cols)], size_t(cols) * 4);
-  return d;
-}
-
-std::vector<float> transposed(const std::vector<float> &d, int64_t rows, int64_t cols) {
-  std::vector<float> t(d.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c)
-      t[size_t(c * rows + r)] = d[size_t(r * cols + c)];
-  return t;
-}
-
-} // namespace
-
 std::string hf_tensors(const HfModelSpec &m, const std::string &arch,
                        const std::map<std::string, WholeWeight> &weights, bool keep_padded_vocab,
                        std::vector<HfTensor> *out) {
-  Converter c{m, weights, out, ""};
-  const int64_t h = m.hidden_size, f = m.ffn_hidden_size, d = m.kv_channels;
-  const int64_t heads = m.num_attention_heads, groups = m.num_query_groups;
-  const int64_t qkv = (heads + 2 * groups) * d, vp = m.padded_vocab_size;
-  const int64_t vocab = keep_padded_vocab ? vp : m.vocab_size;
-  const bool gpt2 = arch == "gpt2", bias = m.add_bias_linear;
+  const int64_t vp = m.padded_vocab_size;
   if (m.vocab_size < 1 || m.vocab_size > vp)
     return "the spec's vocab_size " + std::to_string(m.vocab_size) +
            " is not in [1, the padded vocabulary " + std::to_string(vp) + "]";
   std::map<std::string, bool> used;
-  auto use = [&](const std::string &n) { used[n] = true; };
-
-  const std::string emb = "embedding.word_embeddings.weight";
-  use(emb);
-  if (const WholeWeight *t = c.get(emb, {vp, h}))
-    c.matrix(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", t, vocab, false);
-  if (gpt2) {
-    use("embedding.position_embeddings.weight");
-    c.copy("embedding.position_embeddings.weight", "transformer.wpe.weight",
-           {m.max_position_embeddings, h});
-  }
-  for (int64_t i = 0; i < m.num_layers && c.error.empty(); ++i) {
-    const std::string p = "decoder.layers." + std::to_string(i) + ".";
-    const std::string q = gpt2 ? "transformer.h." + std::to_string(i) + "."
-                               : "model.layers." + std::to_string(i) + ".";
-    for (const char *n : {"input_layernorm.weight", "input_layernorm.bias",
-                          "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias",
-                          "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
-                          "self_attention.linear_proj.weight", "self_attention.linear_proj.bias",
-                          "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight",
-                          "mlp.linear_fc2.bias"})
-      use(p + n);
-    c.norm(p + "input_layernorm.", q + (gpt2 ? "ln_1." : "input_layernorm."), !m.rmsnorm);
-    c.norm(p + "pre_mlp_layernorm.", q + (gpt2 ? "ln_2." : "post_attention_layernorm."),
-           !m.rmsnorm);
-    const WholeWeight *wqkv = c.get(p + "self_attention.linear_qkv.weight", {qkv, h});
-    const WholeWeight *bqkv = bias ? c.get(p + "self_attention.linear_qkv.bias", {qkv}) : nullptr;
-    if (!c.error.empty())
-      break;
-    if (gpt2) {
-      // c_attn: Conv1D [in, out] with out = [q | k | v].
-      std::vector<int64_t> rows;
-      for (int part = 0; part < 3; ++part)
-        for (int64_t r : c.qkv_rows(part))
-          rows.push_back(r);
-      c.put(q + "attn.c_attn.weight", {h, 3 * h},
-            transposed(gather_rows(*wqkv, rows), 3 * h, h));
-      c.put(q + "attn.c_attn.bias", {3 * h},
-            bias ? gather_rows(*bqkv, rows) : std::vector<float>(size_t(3 * h), 0.0f));
-      if (const WholeWeight *t = c.get(p + "self_attention.linear_proj.weight", {h, heads * d}))
-        c.put(q + "attn.c_proj.weight", {h, h}, transposed(t->data, h, h));
-      if (bias)
-        c.copy(p + "self_attention.linear_proj.bias", q + "attn.c_proj.bias", {h});
-      else
-        c.put(q + "attn.c_proj.bias", {h}, std::vector<float>(size_t(h), 0.0f));
-      if (const WholeWeight *t = c.get(p + "mlp.linear_fc1.weight", {f, h}))
-        c.put(q + "mlp.c_fc.weight", {h, f}, transposed(t->data, f, h));
-      if (bias)
-        c.copy(p + "mlp.linear_fc1.bias", q + "mlp.c_fc.bias", {f});
-      else
-        c.put(q + "mlp.c_fc.bias", {f}, std::vector<float>(size_t(f), 0.0f));
-      if (const WholeWeight *t = c.get(p + "mlp.linear_fc2.weight", {h, f}))
-        c.put(q + "mlp.c_proj.weight", {f, h}, transposed(t->data, h, f));
-      if (bias)
-        c.copy(p + "mlp.linear_fc2.bias", q + "mlp.c_proj.bias", {h});
-      else
-        c.put(q + "mlp.c_proj.bias", {h}, std::vector<float>(size_t(h), 0.0f));
-      continue;
+  for (const HfMapEntry &e : hf_mapping(m, arch, keep_padded_vocab ? vp : m.vocab_size)) {
+    const WholeWeight *t = nullptr;
+    if (!e.mt_name.empty()) {
+      auto it = weights.find(e.mt_name);
+      if (it == weights.end())
+        return "the checkpoint has no tensor " + e.mt_name + ", which the spec's model has";
+      if (it->second.shape != e.mt_shape)
+        return "the checkpoint's " + e.mt_name + " is " + shape_str(it->second.shape) +
+               " but the spec's model makes it " + shape_str(e.mt_shape) +
+               "; the checkpoint was saved from another model";
+      t = &it->second;
+      used[e.mt_name] = true;
     }
-    const char *proj[3] = {"self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj."};
-    for (int part = 0; part < 3; ++part) {
-      std::vector<int64_t> rows = c.qkv_rows(part);
-      c.put(q + proj[part] + "weight", {int64_t(rows.size()), h}, gather_rows(*wqkv, rows));
-      if (bias)
-        c.put(q + proj[part] + "bias", {int64_t(rows.size())}, gather_rows(*bqkv, rows));
+    const int64_t cols = e.mt_shape.size() == 2 ? e.mt_shape[1] : 1;
+    for (const HfPiece &p : e.pieces) {
+      const int64_t n = p.row_count();
+      std::vector<float> d(size_t(n * cols), 0.0f);
+      int64_t at = 0; // rows placed
+      for (const auto &[b, end] : t ? p.rows : std::vector<std::pair<int64_t, int64_t>>{})
+        for (int64_t r = b; r < end; ++r, ++at)
+          for (int64_t k = 0; k < cols; ++k)
+            d[size_t(p.transpose ? k * n + at : at * cols + k)] =
+                t->data[size_t(r * cols + k)] + (e.one_plus ? 1.0f : 0.0f);
+      out->push_back({p.name, p.shape, std::move(d)});
     }
-    c.copy(p + "self_attention.linear_proj.weight", q + "self_attn.o_proj.weight",
-           {h, heads * d});
-    if (bias)
-      c.copy(p + "self_attention.linear_proj.bias", q + "self_attn.o_proj.bias", {h});
-    // SwiGLU's fc1: rows [0, ffn) are the gate, [ffn, 2 ffn) the up projection.
-    if (const WholeWeight *t = c.get(p + "mlp.linear_fc1.weight", {2 * f, h})) {
-      c.put(q + "mlp.gate_proj.weight", {f, h},
-            std::vector<float>(t->data.begin(), t->data.begin() + f * h));
-      c.put(q + "mlp.up_proj.weight", {f, h},
-            std::vector<float>(t->data.begin() + f * h, t->data.end()));
-    }
-    if (bias)
-      if (const WholeWeight *t = c.get(p + "mlp.linear_fc1.bias", {2 * f})) {
-        c.put(q + "mlp.gate_proj.bias", {f},
-              std::vector<float>(t->data.begin(), t->data.begin() + f));
-        c.put(q + "mlp.up_proj.bias", {f}, std::vector<float>(t->data.begin() + f, t->data.end()));
-      }
-    c.copy(p + "mlp.linear_fc2.weight", q + "mlp.down_proj.weight", {h, f});
-    if (bias)
-      c.copy(p + "mlp.linear_fc2.bias", q + "mlp.down_proj.bias", {h});
   }
-  use("decoder.final_layernorm.weight");
-  use("decoder.final_layernorm.bias");
-  c.norm("decoder.final_layernorm.", gpt2 ? "transformer.ln_f." : "model.norm.", !m.rmsnorm);
-  if (m.untie_embeddings_and_output_weights) {
-    use("output_layer.weight");
-    if (const WholeWeight *t = c.get("output_layer.weight", {vp, h}))
-      c.matrix("lm_head.weight", t, vocab, false);
-  }
-  if (!c.error.empty())
-    return c.error;
   for (const auto &[name, t] : weights)
     if (!used.count(name))
       return "the checkpoint holds " + name + " " + shape_str(t.shape) +
@@ -626,7 +380,8 @@ std::string export_hf(const std::string &load_dir, int64_t iteration, const HfMo
   std::string error;
   const std::string arch = hf_architecture(m, &error);
   if (arch.empty())
-    return load_dir + ": error: the spec's " + error;
+    return load_dir + ": error: the spec's " + error +
+           "; this checkpoint cannot be exported to Hugging Face";
 
   CheckpointMeta meta;
   std::map<std::string, WholeWeight> weights;

@@ -26,6 +26,7 @@
 #define MT_RUNTIME_HF_EXPORT_H
 
 #include "runtime/ckpt/checkpoint_layout.h"
+#include "runtime/ckpt/hf_mapping.h"
 
 #include <cstdint>
 #include <map>
@@ -34,40 +35,11 @@
 
 namespace mt::rt {
 
-// The architecture, from the spec's [model] (names as its keys).
-struct HfModelSpec {
-  int64_t num_layers = 0, hidden_size = 0, ffn_hidden_size = 0;
-  int64_t num_attention_heads = 0, num_query_groups = 0, kv_channels = 0;
-  int64_t max_position_embeddings = 0;
-  int64_t vocab_size = 0;        // the tokenizer's
-  int64_t padded_vocab_size = 0; // the embedding's rows
-  bool rope = false;             // position_embedding_type = "rope"
-  int64_t rotary_base = 10000;
-  bool use_rope_scaling = false;
-  double rope_scaling_factor = 8.0;
-  bool rmsnorm = false; // normalization = "RMSNorm"
-  double norm_epsilon = 1e-5;
-  bool apply_layernorm_1p = false;
-  bool swiglu = false;
-  bool untie_embeddings_and_output_weights = false;
-  bool add_bias_linear = true;
-  double hidden_dropout = 0.0, attention_dropout = 0.0;
-  double init_method_std = 0.02;
-  int64_t eod_id = -1; // the tokenizer's end of document: bos and eos
-  // The tokenizer, as the spec's [data] names it (paths as written there).
-  std::string tokenizer_type;  // "GPT2BPETokenizer", "HuggingFaceTokenizer", ...
-  std::string vocab_file, merge_file, tokenizer_model;
-};
-
 struct HfExportOptions {
   std::string dtype = "fp32";      // fp32, bf16 or fp16
   bool keep_padded_vocab = false;  // keep the embedding's padded rows
   uint64_t max_shard_bytes = 5000000000; // above it, model-0000N-of-0000M.safetensors
 };
-
-// "gpt2" or "llama" for `m`, or "" with *error naming the spec key that no
-// Hugging Face class here can express.
-std::string hf_architecture(const HfModelSpec &m, std::string *error);
 
 // The tensors of the Hugging Face model, in its names and layouts, from
 // mt's whole weights; f32. Returns "" or one error line (a missing tensor
@@ -108,11 +80,6 @@ bool parse_shard_size(const std::string &text, uint64_t *bytes);
 std::string export_hf(const std::string &load_dir, int64_t iteration, const HfModelSpec &m,
                       const HfExportOptions &o, const std::string &out_dir,
                       std::string *summary);
-
-// f32 to bf16 / f16 bits, rounding to nearest even (NaN stays NaN; fp16
-// overflow gives infinity).
-uint16_t f32_to_bf16(float x);
-uint16_t f32_to_f16(float x);
 
 } // namespace mt::rt
 
