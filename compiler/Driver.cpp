@@ -18,6 +18,7 @@
 #include "runtime/plan/plan_reader.h"
 #include "spec/MegatronFlags.h"
 #include "spec/MegatronImport.h"
+#include "spec/HfImport.h"
 #include "spec/Spec.h"
 #include "spec/SpecKeys.h"
 
@@ -57,6 +58,8 @@ commands:
                           print the model summary (see 'mtc compile --help')
   import-megatron ARGS    turn a Megatron-LM pretrain_gpt.py command line into a
                           spec (see 'mtc import-megatron --help')
+  import-hf DIR           write the spec of a Hugging Face model folder's
+                          config.json (see 'mtc import-hf --help')
   reshard --load SRC --plan PLAN --save DST
                           convert a checkpoint to the parallel layout of PLAN
                           (see 'mtc reshard --help')
@@ -700,6 +703,8 @@ int runMtc(int argc, char **argv) {
     return runCompile(rest);
   if (cmd == "import-megatron")
     return spec::runImportMegatronCommand(rest);
+  if (cmd == "import-hf")
+    return spec::runImportHfCommand(rest);
   if (cmd == "reshard")
     return runReshard(rest);
   if (cmd == "spec-keys") {
@@ -716,7 +721,8 @@ int runMtc(int argc, char **argv) {
     return 0;
   }
   std::string hint = spec::didYouMean(
-      cmd, {"compile", "import-megatron", "reshard", "spec-keys", "megatron-flags", "help"});
+      cmd, {"compile", "import-megatron", "import-hf", "reshard", "spec-keys", "megatron-flags",
+             "help"});
   llvm::errs() << "mtc: error: unknown command '" << cmd << "'"
                << (hint.empty() ? "" : "; did you mean '" + hint + "'?")
                << "; run 'mtc --help' for the list\n";

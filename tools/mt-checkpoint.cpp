@@ -1,8 +1,13 @@
-// mt-checkpoint: look into training checkpoints and export them to Hugging
-// Face transformers (runtime/ckpt/checkpoint_tool.h). The spec's parser
-// (spec/, no MLIR or LLVM) reads the model a checkpoint records.
+// mt-checkpoint: look into training checkpoints, export them to Hugging
+// Face transformers and start them from it (runtime/ckpt/checkpoint_tool.h).
+// The spec's parser (spec/, no MLIR or LLVM) reads the model a checkpoint
+// or plan records, and its Hugging Face import reads config.json.
 #include "runtime/ckpt/checkpoint_tool.h"
+#include "spec/HfImport.h"
 #include "spec/Spec.h"
+
+#include <fstream>
+#include <sstream>
 
 #include <string>
 #include <vector>
@@ -46,8 +51,23 @@ std::string read_model(const std::string &toml, const std::string &source,
   return "";
 }
 
+// config.json through `mtc import-hf`'s reader, then the spec's parser.
+std::string read_config(const std::string &dir, mt::rt::HfModelSpec *out) {
+  const std::string path = dir + "/config.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return path + ": error: cannot read it; a Hugging Face model folder holds config.json";
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<mt::spec::HfImportResult> r = mt::spec::importHfConfig(text.str(), path, dir);
+  if (!r.ok())
+    return std::string(r.status().message());
+  return read_model(r->toml, path + " (imported)", out);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
-  return mt::rt::run_mt_checkpoint(std::vector<std::string>(argv + 1, argv + argc), read_model);
+  return mt::rt::run_mt_checkpoint(std::vector<std::string>(argv + 1, argv + argc), read_model,
+                                   read_config);
 }

@@ -2,6 +2,7 @@
 #include "runtime/ckpt/checkpoint_layout.h"
 
 #include "runtime/ckpt/checkpoint_format.h"
+#include "runtime/ckpt/hf_mapping.h"
 
 #include <algorithm>
 #include <charconv>
@@ -398,7 +399,172 @@ struct Whole {
   int tp_dim = -1;
   std::vector<bool> have; // which tensor-parallel shards arrived
   std::string from;       // the first rank file that held it
+  // A fresh start (from-hf): the weight is the f32 value, the master copy
+  // (where the plan keeps one) is it, the weight is rounded to the plan's
+  // dtype, the optimizer state is zero.
+  bool fresh = false;
 };
+
+// bf16 and f16 weights are kept as f32 holding values of that precision.
+void round_to_dtype(float *x, int64_t n, pl::DType dtype) {
+  if (dtype != pl::DType::BF16 && dtype != pl::DType::F16)
+    return;
+  for (int64_t i = 0; i < n; ++i)
+    x[i] = dtype == pl::DType::BF16 ? bf16_to_f32(f32_to_bf16(x[i]))
+                                    : f16_to_f32(f32_to_f16(x[i]));
+}
+
+// Saves whole tensors in the layout of `plan` into save_dir at `iteration`:
+// every model-parallel rank's slice of each, with its optimizer state (the
+// distributed optimizer's as dp shards), m0's counters, the plan's spec and
+// layout. `source_kind` ("checkpoint") and `source` ("the checkpoint DIR") name
+// where the tensors came from in errors. *files
+// gets the number of rank files written.
+std::string save_in_layout(const std::map<std::string, Whole> &wholes,
+                           const std::vector<std::string> &kinds, const std::string &src_dtype,
+                           const CheckpointMeta &m0, const pl::Plan &plan,
+                           const std::string &plan_path, const std::string &source_kind,
+                           const std::string &source, const std::string &save_dir,
+                           int64_t iteration, size_t *files) {
+  // The target: every parameter of every model-parallel rank, sliced.
+  const int tp = std::max(1, plan.tensor_parallel()), pp = std::max(1, plan.pipeline_parallel());
+  const int dp = std::max(1, plan.data_parallel());
+  std::map<std::string, bool> used;
+  struct Out {
+    const pl::Rank *rank;
+    std::vector<std::vector<float>> data; // owns the tensors' bytes
+    std::vector<CheckpointTensor> tensors, distrib;
+    CheckpointMeta meta;
+  };
+  std::vector<std::unique_ptr<Out>> outs;
+  const std::string other_model = "; compile the target plan from the same model as the " +
+                                  source_kind + " (only [parallel] may differ)";
+  for (uint32_t i = 0; i < plan.ranks()->size(); ++i) {
+    const pl::Rank *rank = plan.ranks()->Get(i);
+    if (rank->dp_rank() != 0)
+      continue;
+    auto out = std::make_unique<Out>();
+    out->rank = rank;
+    out->data.reserve(rank->params()->size() * 4 + 3 * size_t(dp));
+    const bool distopt = rank->distributed_optimizer() && rank->shard_elements() > 0;
+    std::map<std::string, std::vector<float>> flat;
+    if (distopt) {
+      for (const std::string &k : kinds)
+        flat[k].assign(size_t(rank->flat_elements()), 0.0f);
+      if (rank->shard_master_offset() >= 0)
+        flat["master"].assign(size_t(rank->flat_elements()), 0.0f);
+    }
+    for (uint32_t k = 0; k < rank->params()->size(); ++k) {
+      const pl::Param *p = rank->params()->Get(k);
+      const std::string name = str(p->name());
+      std::vector<int64_t> shard = shape_of(p), whole = shard;
+      if (p->tp_dim() >= 0)
+        whole[size_t(p->tp_dim())] *= tp;
+      auto it = wholes.find(name);
+      if (it == wholes.end())
+        return plan_path + ": error: parameter " + name + " is not in " + source + other_model;
+      const Whole &w = it->second;
+      if (w.shape != whole)
+        return plan_path + ": error: parameter " + name + " is " + shape_text(whole) +
+               " but the " + source_kind + "'s is " + shape_text(w.shape) + other_model;
+      if (!src_dtype.empty() && src_dtype != dtype_label(p->dtype()))
+        return plan_path + ": error: trains " + dtype_label(p->dtype()) +
+               " weights but the checkpoint was saved from " + src_dtype +
+               " ones; compile the target plan with the checkpoint's training.precision";
+      const bool want_master = distopt ? rank->shard_master_offset() >= 0 : p->master_offset() >= 0;
+      if (want_master != w.has_master && !w.fresh)
+        return plan_path + ": error: " +
+               (want_master ? "keeps f32 master copies but the checkpoint has none"
+                            : "keeps no master copies but the checkpoint has them") +
+               " (for " + name + "); compile the target plan with the checkpoint's "
+                                  "training.precision";
+      used[name] = true;
+      const int64_t n = numel(shard);
+      auto slice = [&](const std::vector<float> &src) {
+        out->data.emplace_back(size_t(n));
+        copy_shard(const_cast<float *>(src.data()), out->data.back().data(), shard, p->tp_dim(),
+                   p->tp_blocks(), tp, rank->tp_rank(), true);
+        return out->data.back().data();
+      };
+      float *weight = slice(w.weight);
+      if (w.fresh) // the master is the value; the weight, what the forward computes with
+        round_to_dtype(weight, n, p->dtype());
+      out->tensors.push_back({name, "f32", shard, weight, size_t(n) * 4});
+      struct Part {
+        std::string suffix, kind;
+        const std::vector<float> *src;
+      };
+      std::vector<Part> parts;
+      if (want_master)
+        parts.push_back({".master", "master", w.fresh ? &w.weight : &w.master});
+      for (const std::string &k : kinds)
+        parts.push_back({"." + k, k, &w.state.at(k)});
+      for (const Part &part : parts) {
+        float *s = slice(*part.src);
+        if (distopt) {
+          std::memcpy(flat[part.kind].data() + p->flat_offset(), s, size_t(n) * 4);
+          out->data.pop_back();
+        } else {
+          out->tensors.push_back({name + part.suffix, "f32", shard, s, size_t(n) * 4});
+        }
+      }
+    }
+    if (distopt) {
+      std::vector<Bucket> buckets;
+      for (uint32_t k = 0; k < rank->buckets()->size(); ++k)
+        buckets.push_back({rank->buckets()->Get(k)->begin(), rank->buckets()->Get(k)->end()});
+      const int64_t shard_n = rank->shard_elements();
+      std::vector<std::string> shard_kinds = {"master"};
+      shard_kinds.insert(shard_kinds.end(), kinds.begin(), kinds.end());
+      for (const std::string &kind : shard_kinds) {
+        if (!flat.count(kind))
+          continue;
+        std::vector<float *> ptrs;
+        size_t at = out->data.size();
+        for (int d = 0; d < dp; ++d)
+          out->data.emplace_back(size_t(shard_n), 0.0f);
+        for (int d = 0; d < dp; ++d)
+          ptrs.push_back(out->data[at + size_t(d)].data());
+        flat_to_shards(buckets, dp, flat[kind].data(), ptrs);
+        for (int d = 0; d < dp; ++d)
+          out->distrib.push_back(
+              {dp_shard_name(d, kind), "f32", {shard_n}, ptrs[size_t(d)], size_t(shard_n) * 4});
+      }
+    }
+    CheckpointMeta &m = out->meta;
+    m = m0;
+    m.spec_toml = str(plan.spec_toml());
+    m.model_fingerprint = str(plan.model_fingerprint());
+    if (rank->params()->size() > 0)
+      m.values["weights_dtype_in_plan"] = dtype_label(rank->params()->Get(0)->dtype());
+    add_layout_values(plan, *rank, &m);
+    outs.push_back(std::move(out));
+  }
+  for (const auto &[name, w] : wholes)
+    if (!used.count(name))
+      return plan_path + ": error: has no parameter " + name + ", which " + source + " holds" +
+             other_model;
+
+  std::string staging;
+  if (std::string e = begin_checkpoint_save(save_dir, iteration, &staging); !e.empty())
+    return e;
+  for (const auto &out : outs) {
+    const bool distopt = !out->distrib.empty();
+    if (std::string e = write_checkpoint_files(staging, out->meta, out->tensors,
+                                               out->rank->tp_rank(), out->rank->pp_rank(), pp,
+                                               distopt ? &out->distrib : nullptr);
+        !e.empty()) {
+      abort_checkpoint_save(staging);
+      return e;
+    }
+  }
+  if (std::string e = commit_checkpoint_save(save_dir, iteration, staging,
+                                             checkpoint_files_of(plan));
+      !e.empty())
+    return e;
+  *files = outs.size();
+  return "";
+}
 
 } // namespace
 
@@ -602,146 +768,57 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
                std::to_string(r) + " of " + name +
                "; the checkpoint is incomplete: convert another iteration";
 
-  // The target: every parameter of every model-parallel rank, sliced.
-  const int tp = std::max(1, plan.tensor_parallel()), pp = std::max(1, plan.pipeline_parallel());
-  const int dp = std::max(1, plan.data_parallel());
-  std::map<std::string, bool> used;
-  struct Out {
-    const pl::Rank *rank;
-    std::vector<std::vector<float>> data; // owns the tensors' bytes
-    std::vector<CheckpointTensor> tensors, distrib;
-    CheckpointMeta meta;
-  };
-  std::vector<std::unique_ptr<Out>> outs;
-  const std::string other_model = "; compile the target plan from the same model as the "
-                                  "checkpoint (only [parallel] may differ)";
-  for (uint32_t i = 0; i < plan.ranks()->size(); ++i) {
-    const pl::Rank *rank = plan.ranks()->Get(i);
-    if (rank->dp_rank() != 0)
-      continue;
-    auto out = std::make_unique<Out>();
-    out->rank = rank;
-    out->data.reserve(rank->params()->size() * 4 + 3 * size_t(dp));
-    const bool distopt = rank->distributed_optimizer() && rank->shard_elements() > 0;
-    std::map<std::string, std::vector<float>> flat;
-    if (distopt) {
-      for (const std::string &k : kinds)
-        flat[k].assign(size_t(rank->flat_elements()), 0.0f);
-      if (rank->shard_master_offset() >= 0)
-        flat["master"].assign(size_t(rank->flat_elements()), 0.0f);
-    }
-    for (uint32_t k = 0; k < rank->params()->size(); ++k) {
-      const pl::Param *p = rank->params()->Get(k);
-      const std::string name = str(p->name());
-      std::vector<int64_t> shard = shape_of(p), whole = shard;
-      if (p->tp_dim() >= 0)
-        whole[size_t(p->tp_dim())] *= tp;
-      auto it = wholes.find(name);
-      if (it == wholes.end())
-        return plan_path + ": error: parameter " + name + " is not in the checkpoint " +
-               load_dir + other_model;
-      const Whole &w = it->second;
-      if (w.shape != whole)
-        return plan_path + ": error: parameter " + name + " is " + shape_text(whole) +
-               " but the checkpoint's is " + shape_text(w.shape) + other_model;
-      if (!src_dtype.empty() && src_dtype != dtype_label(p->dtype()))
-        return plan_path + ": error: trains " + dtype_label(p->dtype()) +
-               " weights but the checkpoint was saved from " + src_dtype +
-               " ones; compile the target plan with the checkpoint's training.precision";
-      const bool want_master = distopt ? rank->shard_master_offset() >= 0 : p->master_offset() >= 0;
-      if (want_master != w.has_master)
-        return plan_path + ": error: " +
-               (want_master ? "keeps f32 master copies but the checkpoint has none"
-                            : "keeps no master copies but the checkpoint has them") +
-               " (for " + name + "); compile the target plan with the checkpoint's "
-                                  "training.precision";
-      used[name] = true;
-      const int64_t n = numel(shard);
-      auto slice = [&](const std::vector<float> &src) {
-        out->data.emplace_back(size_t(n));
-        copy_shard(const_cast<float *>(src.data()), out->data.back().data(), shard, p->tp_dim(),
-                   p->tp_blocks(), tp, rank->tp_rank(), true);
-        return out->data.back().data();
-      };
-      out->tensors.push_back({name, "f32", shard, slice(w.weight), size_t(n) * 4});
-      struct Part {
-        std::string suffix, kind;
-        const std::vector<float> *src;
-      };
-      std::vector<Part> parts;
-      if (want_master)
-        parts.push_back({".master", "master", &w.master});
-      for (const std::string &k : kinds)
-        parts.push_back({"." + k, k, &w.state.at(k)});
-      for (const Part &part : parts) {
-        float *s = slice(*part.src);
-        if (distopt) {
-          std::memcpy(flat[part.kind].data() + p->flat_offset(), s, size_t(n) * 4);
-          out->data.pop_back();
-        } else {
-          out->tensors.push_back({name + part.suffix, "f32", shard, s, size_t(n) * 4});
-        }
-      }
-    }
-    if (distopt) {
-      std::vector<Bucket> buckets;
-      for (uint32_t k = 0; k < rank->buckets()->size(); ++k)
-        buckets.push_back({rank->buckets()->Get(k)->begin(), rank->buckets()->Get(k)->end()});
-      const int64_t shard_n = rank->shard_elements();
-      std::vector<std::string> shard_kinds = {"master"};
-      shard_kinds.insert(shard_kinds.end(), kinds.begin(), kinds.end());
-      for (const std::string &kind : shard_kinds) {
-        if (!flat.count(kind))
-          continue;
-        std::vector<float *> ptrs;
-        size_t at = out->data.size();
-        for (int d = 0; d < dp; ++d)
-          out->data.emplace_back(size_t(shard_n), 0.0f);
-        for (int d = 0; d < dp; ++d)
-          ptrs.push_back(out->data[at + size_t(d)].data());
-        flat_to_shards(buckets, dp, flat[kind].data(), ptrs);
-        for (int d = 0; d < dp; ++d)
-          out->distrib.push_back(
-              {dp_shard_name(d, kind), "f32", {shard_n}, ptrs[size_t(d)], size_t(shard_n) * 4});
-      }
-    }
-    CheckpointMeta &m = out->meta;
-    m = m0;
-    m.spec_toml = str(plan.spec_toml());
-    m.model_fingerprint = str(plan.model_fingerprint());
-    if (rank->params()->size() > 0)
-      m.values["weights_dtype_in_plan"] = dtype_label(rank->params()->Get(0)->dtype());
-    add_layout_values(plan, *rank, &m);
-    outs.push_back(std::move(out));
-  }
-  for (const auto &[name, w] : wholes)
-    if (!used.count(name))
-      return plan_path + ": error: has no parameter " + name + ", which the checkpoint " +
-             load_dir + " holds" + other_model;
-
-  std::string staging;
-  if (std::string e = begin_checkpoint_save(save_dir, iteration, &staging); !e.empty())
-    return e;
-  for (const auto &out : outs) {
-    const bool distopt = !out->distrib.empty();
-    if (std::string e = write_checkpoint_files(staging, out->meta, out->tensors,
-                                               out->rank->tp_rank(), out->rank->pp_rank(), pp,
-                                               distopt ? &out->distrib : nullptr);
-        !e.empty()) {
-      abort_checkpoint_save(staging);
-      return e;
-    }
-  }
-  if (std::string e = commit_checkpoint_save(save_dir, iteration, staging,
-                                             checkpoint_files_of(plan));
+  size_t written = 0;
+  if (std::string e = save_in_layout(wholes, kinds, src_dtype, m0, plan, plan_path, "checkpoint",
+                                     "the checkpoint " + load_dir, save_dir, iteration, &written);
       !e.empty())
     return e;
+  const int tp = std::max(1, plan.tensor_parallel()), pp = std::max(1, plan.pipeline_parallel());
+  const int dp = std::max(1, plan.data_parallel());
   *summary = "resharded iteration " + std::to_string(iteration) + " of " + load_dir + " (" +
              layout_text(src_tp, src_pp, int_value(m0, "data_parallel", 1)) + ", " +
              std::to_string(wholes.size()) + " tensors) to " + save_dir + " (" +
-             layout_text(tp, pp, dp) + ", " + std::to_string(outs.size()) + " rank file" +
-             (outs.size() == 1 ? "" : "s") + ")";
+             layout_text(tp, pp, dp) + ", " + std::to_string(written) + " rank file" +
+             (written == 1 ? "" : "s") + ")";
   return "";
+}
+
+// ---------------------------------------------------------------------------
+// A fresh start from whole weights (mt-checkpoint from-hf)
+// ---------------------------------------------------------------------------
+
+std::string save_initial_checkpoint(const std::map<std::string, WholeWeight> &weights,
+                                    const pl::Plan &plan, const std::string &plan_path,
+                                    const std::string &source,
+                                    const std::map<std::string, std::string> &values,
+                                    const std::string &save_dir, size_t *files) {
+  const pl::Training *t = plan.training();
+  const std::string optimizer =
+      t && t->optimizer() && t->optimizer()->size() ? t->optimizer()->str() : "adam";
+  const std::vector<std::string> kinds =
+      optimizer == "sgd" ? std::vector<std::string>{"momentum_buffer"}
+                         : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+  std::map<std::string, Whole> wholes;
+  for (const auto &[name, w] : weights) {
+    Whole &x = wholes[name];
+    x.shape = w.shape;
+    x.weight = w.data;
+    for (const std::string &k : kinds)
+      x.state[k].assign(w.data.size(), 0.0f);
+    x.fresh = true;
+  }
+  // Iteration 0, nothing consumed, no step taken: what mtrun's own start
+  // holds, with these weights.
+  CheckpointMeta m0;
+  const bool fp16 = t && t->precision() && t->precision()->str() == "fp16";
+  m0.loss_scale = fp16 ? t->initial_loss_scale() : 1.0;
+  m0.loss_scale_hysteresis_tracker = t ? t->hysteresis() : 0;
+  m0.values = values;
+  m0.values["optimizer"] = optimizer;
+  m0.values["optimizer_steps"] = "0";
+  m0.values["skipped_iterations"] = "0";
+  return save_in_layout(wholes, kinds, "", m0, plan, plan_path, "folder", source, save_dir, 0,
+                        files);
 }
 
 // ---------------------------------------------------------------------------

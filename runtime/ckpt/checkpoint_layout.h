@@ -61,6 +61,29 @@ std::string save_checkpoint_collective(Communicator *world, int world_rank,
                                        int pp_rank, int pp_size,
                                        const std::vector<CheckpointTensor> *distrib_optim);
 
+// A parameter of a checkpoint, whole: its tensor-parallel shards joined.
+struct WholeWeight {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// mt-checkpoint from-hf: a checkpoint in the layout of `plan` at iteration
+// 0 that starts training from `weights` (every parameter of the plan,
+// whole, f32): each rank's slices of the weights (rounded to the plan's
+// dtype), their f32 master copies where the plan keeps them, the
+// optimizer's state zero (Adam's moments or SGD's momentum; the distributed
+// optimizer's as its dp shards), 0 optimizer steps, the plan's initial loss
+// scale, so `mtrun PLAN --load` starts from them as from its own
+// initialisation. `values` go into every rank file's metadata; `source`
+// names the weights' origin in errors. save_dir is written as a save is
+// (staged, then renamed, then the tracker). Returns "" or one error line;
+// *files gets the number of rank files.
+std::string save_initial_checkpoint(const std::map<std::string, WholeWeight> &weights,
+                                    const mt::plan::Plan &plan, const std::string &plan_path,
+                                    const std::string &source,
+                                    const std::map<std::string, std::string> &values,
+                                    const std::string &save_dir, size_t *files);
+
 // mtc reshard: reads the checkpoint in load_dir (the tracker's iteration, or
 // `iteration` when >= 0), reassembles every whole tensor (weights, master
 // copies, Adam moments, the distributed optimizer's shards included) and
@@ -72,11 +95,6 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
                                const mt::plan::Plan &plan, const std::string &plan_path,
                                const std::string &save_dir, std::string *summary);
 
-// A parameter of a checkpoint, whole: its tensor-parallel shards joined.
-struct WholeWeight {
-  std::vector<int64_t> shape;
-  std::vector<float> data;
-};
 
 // Every parameter (the weights, no optimizer state) of the checkpoint in
 // load_dir (the tracker's iteration, or `iteration` when >= 0), whole, as

@@ -2,10 +2,19 @@
 #include "runtime/ckpt/checkpoint_tool.h"
 
 #include "runtime/ckpt/checkpoint_format.h"
+#include "runtime/ckpt/hf_import.h"
+#include "runtime/plan/plan_reader.h"
 
+#include <cerrno>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
 #include <memory>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace mt::rt {
 
@@ -13,7 +22,8 @@ namespace {
 
 const char *kMainHelp = R"(usage: mt-checkpoint COMMAND [options]
 
-Looks into mt training checkpoints and exports them (docs/checkpoints.md).
+Looks into mt training checkpoints, exports them to Hugging Face
+transformers and starts them from it (docs/checkpoints.md).
 
 commands:
   info CKPT [--iteration N]
@@ -31,6 +41,16 @@ commands:
       merged; the vocabulary cut to the tokenizer's unless
       --keep-padded-vocab; shards above SIZE (default 5GB; KB, MB, GB and
       KiB, MiB, GiB); DIR is written whole or not at all
+  from-hf DIR (--spec SPEC | --plan PLAN) -o CKPT
+      writes a checkpoint that starts training from the Hugging Face model
+      in DIR (config.json, model.safetensors or shards with
+      model.safetensors.index.json; F32, BF16 or F16): SPEC is the spec
+      'mtc import-hf DIR' writes (edited to any parallel layout), compiled
+      here by the mtc beside this program as 'mtc compile SPEC' does, or
+      PLAN the plan compiled from it; every tensor is checked against the
+      spec, the vocabulary padded to its padded size; iteration 0, a fresh
+      optimizer state, in the plan's layout, so that 'mtrun PLAN --load
+      CKPT' starts from it; CKPT is written whole or not at all
 
 CKPT is a --save directory (its latest iteration, or --iteration N), an
 iter_XXXXXXX directory in one, or a rank file (*.mtckpt) in that.
@@ -48,14 +68,14 @@ int fail(const std::string &msg) {
 }
 
 struct Args {
-  std::string ckpt, out, dtype = "fp32", shard_size;
+  std::string ckpt, out, dtype = "fp32", shard_size, plan, spec;
   int64_t iteration = -1;
   bool keep_padded = false;
 };
 
 // Parses the options of `cmd`; "" or the usage error's text.
 std::string parse_args(const std::string &cmd, const std::vector<std::string> &args, Args *a) {
-  const bool to_hf = cmd == "to-hf";
+  const bool to_hf = cmd == "to-hf", from_hf = cmd == "from-hf";
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string &s = args[i];
     auto value = [&](std::string *v) {
@@ -65,7 +85,16 @@ std::string parse_args(const std::string &cmd, const std::vector<std::string> &a
       return true;
     };
     std::string v;
-    if (s == "--iteration") {
+    if (from_hf && (s == "-o" || s == "--output")) {
+      if (!value(&a->out))
+        return s + " needs the checkpoint directory to write";
+    } else if (from_hf && s == "--plan") {
+      if (!value(&a->plan))
+        return "--plan needs the compiled plan (mtc compile SPEC -o PLAN)";
+    } else if (from_hf && s == "--spec") {
+      if (!value(&a->spec))
+        return "--spec needs the spec (mtc import-hf DIR -o SPEC)";
+    } else if (!from_hf && s == "--iteration") {
       if (!value(&v) || !ckpt_detail::parse_int(v, 0, kMaxCheckpointCount, &a->iteration))
         return "--iteration needs an iteration number";
     } else if (to_hf && (s == "-o" || s == "--output")) {
@@ -85,9 +114,20 @@ std::string parse_args(const std::string &cmd, const std::vector<std::string> &a
     } else if (a->ckpt.empty()) {
       a->ckpt = s;
     } else {
-      return "mt-checkpoint " + cmd + " takes one checkpoint, got '" + a->ckpt + "' and '" + s +
-             "'";
+      return "mt-checkpoint " + cmd + " takes one " + (from_hf ? "folder" : "checkpoint") +
+             ", got '" + a->ckpt + "' and '" + s + "'";
     }
+  }
+  if (from_hf) {
+    if (a->ckpt.empty())
+      return "mt-checkpoint from-hf needs the Hugging Face model folder";
+    if (a->plan.empty() == a->spec.empty())
+      return "mt-checkpoint from-hf needs " +
+             std::string(a->plan.empty() ? "--spec SPEC or --plan PLAN" : "one of --spec and --plan") +
+             ": the spec to train (from 'mtc import-hf'), or the plan compiled from it";
+    if (a->out.empty())
+      return "mt-checkpoint from-hf needs -o CKPT, the checkpoint directory to write";
+    return "";
   }
   if (a->ckpt.empty())
     return "mt-checkpoint " + cmd + " needs the checkpoint (a --save directory)";
@@ -245,9 +285,106 @@ int run_to_hf(const Args &a, const SpecModelReader &read_spec) {
   return 0;
 }
 
+// --spec: the spec compiled by the mtc beside this binary into a temporary
+// directory (*tmp/plan.bin), as 'mtc compile SPEC -o PLAN' compiles it; this
+// tool links no compiler. Returns "" or one error line (with mtc's own).
+std::string compile_spec(const std::string &spec, std::string *tmp) {
+  char self[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  std::string mtc = n > 0 ? std::string(self, size_t(n)) : "";
+  mtc = mtc.substr(0, mtc.find_last_of('/') + 1) + "mtc";
+  if (n <= 0 || ::access(mtc.c_str(), X_OK) != 0)
+    return "mt-checkpoint: error: --spec needs mtc beside this program (" + mtc +
+           ") to compile " + spec + "; compile it yourself ('mtc compile " + spec +
+           " -o PLAN') and give --plan PLAN";
+  const char *base = std::getenv("TMPDIR");
+  std::string dir = std::string(base && *base ? base : "/tmp") + "/mt-checkpoint.XXXXXX";
+  if (!::mkdtemp(dir.data()))
+    return "mt-checkpoint: error: cannot create a temporary directory for the plan: " +
+           std::string(std::strerror(errno));
+  const std::string plan = dir + "/plan.bin", log = dir + "/mtc.log";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    const char *argv[] = {mtc.c_str(), "compile", spec.c_str(), "-o", plan.c_str(), nullptr};
+    ::execv(mtc.c_str(), const_cast<char *const *>(argv));
+    ::_exit(127);
+  }
+  int status = 0;
+  while (pid > 0 && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  std::string out;
+  if (FILE *f = std::fopen(log.c_str(), "r")) {
+    char buf[4096];
+    size_t got;
+    while ((got = std::fread(buf, 1, sizeof buf, f)) > 0)
+      out.append(buf, got);
+    std::fclose(f);
+  }
+  ::unlink(log.c_str());
+  if (pid <= 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    ::unlink(plan.c_str());
+    ::rmdir(dir.c_str());
+    // mtc's errors are its last lines; the summary before them is not needed.
+    size_t at = out.find(": error: ");
+    at = at == std::string::npos ? 0 : out.rfind('\n', at);
+    std::string why = out.substr(at == std::string::npos ? 0 : at + 1);
+    while (!why.empty() && why.back() == '\n')
+      why.pop_back();
+    return why.empty() ? "mt-checkpoint: error: 'mtc compile " + spec + "' failed" : why;
+  }
+  *tmp = dir;
+  return "";
+}
+
+int run_from_hf(const Args &a, const SpecModelReader &read_spec,
+                const HfConfigReader &read_config) {
+  std::string dir = a.ckpt;
+  while (dir.size() > 1 && dir.back() == '/')
+    dir.pop_back();
+  if (!ckpt_detail::is_dir(dir))
+    return fail(dir + ": error: not a directory; give the Hugging Face model folder (the one "
+                      "holding config.json and model.safetensors)");
+  std::string err, tmp;
+  std::string plan_path = a.plan;
+  if (!a.spec.empty()) {
+    if (std::string e = compile_spec(a.spec, &tmp); !e.empty())
+      return fail(e + " (nothing was written)");
+    plan_path = tmp + "/plan.bin";
+  }
+  std::unique_ptr<PlanFile> plan = PlanFile::open(plan_path, &err);
+  if (!tmp.empty()) { // mapped or not, the file is no longer needed by name
+    ::unlink(plan_path.c_str());
+    ::rmdir(tmp.c_str());
+  }
+  if (!plan)
+    return fail("mt-checkpoint: " + err);
+  const std::string label = a.spec.empty() ? a.plan : a.spec;
+  HfModelSpec model, config;
+  if (std::string e = read_spec(plan->plan()->spec_toml() ? plan->plan()->spec_toml()->str() : "",
+                                label + (a.spec.empty() ? " (its spec)" : ""), &model);
+      !e.empty())
+    return fail(e);
+  if (std::string e = read_config(dir, &config); !e.empty())
+    return fail(e + " (nothing was written)");
+  std::string summary;
+  if (std::string e = import_hf(dir, model, &config, *plan->plan(), label, a.out, &summary);
+      !e.empty())
+    return fail(e);
+  std::printf("%s; train it with 'mtrun %s --load %s'%s\n", summary.c_str(),
+              a.spec.empty() ? a.plan.c_str() : "PLAN", a.out.c_str(),
+              a.spec.empty() ? "" : (", PLAN compiled from " + a.spec + " as it is").c_str());
+  return 0;
+}
+
 } // namespace
 
-int run_mt_checkpoint(const std::vector<std::string> &args, const SpecModelReader &read_spec) {
+int run_mt_checkpoint(const std::vector<std::string> &args, const SpecModelReader &read_spec,
+                      const HfConfigReader &read_config) {
   if (args.empty()) {
     std::fputs(kMainHelp, stderr);
     return 2;
@@ -257,12 +394,14 @@ int run_mt_checkpoint(const std::vector<std::string> &args, const SpecModelReade
     std::fputs(kMainHelp, stdout);
     return 0;
   }
-  if (cmd != "info" && cmd != "to-hf")
-    return usage_error("unknown command '" + cmd + "' (commands: info, to-hf)");
+  if (cmd != "info" && cmd != "to-hf" && cmd != "from-hf")
+    return usage_error("unknown command '" + cmd + "' (commands: info, to-hf, from-hf)");
   Args a;
   if (std::string e = parse_args(cmd, std::vector<std::string>(args.begin() + 1, args.end()), &a);
       !e.empty())
     return usage_error(e);
+  if (cmd == "from-hf")
+    return run_from_hf(a, read_spec, read_config);
   if (std::string e = resolve_checkpoint(&a); !e.empty())
     return fail(e);
   return cmd == "info" ? run_info(a, read_spec) : run_to_hf(a, read_spec);

@@ -1,5 +1,6 @@
-// `mt-checkpoint`: look into a training checkpoint (`info`) and export it as
-// a Hugging Face transformers folder (`to-hf`); docs/checkpoints.md.
+// `mt-checkpoint`: look into a training checkpoint (`info`), export it as a
+// Hugging Face transformers folder (`to-hf`), or start one from such a
+// folder (`from-hf`); docs/checkpoints.md.
 #ifndef MT_RUNTIME_CHECKPOINT_TOOL_H
 #define MT_RUNTIME_CHECKPOINT_TOOL_H
 
@@ -17,8 +18,15 @@ namespace mt::rt {
 using SpecModelReader = std::function<std::string(
     const std::string &toml, const std::string &source, HfModelSpec *model)>;
 
+// Reads a Hugging Face folder's config.json into the model it describes
+// (through the spec's import, `mtc import-hf`). Returns "" or one error line
+// naming the file and the key (an unsupported architecture, a key mt cannot
+// honour).
+using HfConfigReader = std::function<std::string(const std::string &dir, HfModelSpec *model)>;
+
 // args: everything after the program name. Returns the exit status.
-int run_mt_checkpoint(const std::vector<std::string> &args, const SpecModelReader &read_spec);
+int run_mt_checkpoint(const std::vector<std::string> &args, const SpecModelReader &read_spec,
+                      const HfConfigReader &read_config);
 
 } // namespace mt::rt
 

@@ -8,20 +8,10 @@
 // room reads no TOML). A GPT-2-style model (learned absolute positions,
 // LayerNorm, tanh GeLU) becomes GPT2LMHeadModel, a Llama-style one (RoPE,
 // RMSNorm, SwiGLU) LlamaForCausalLM; what neither class can express is
-// refused with the spec key named. The weights change layout as follows
-// (mt keeps Megatron-LM's):
-//   linear_qkv   per query group g: its heads/groups query heads, one key
-//                head, one value head (each kv_channels rows); Llama:
-//                q_proj, k_proj, v_proj (heads in order); GPT-2: c_attn,
-//                [q | k | v] columns of a Conv1D ([in, out], transposed)
-//   linear_fc1   SwiGLU: rows [0, ffn) the gate (SiLU'd), [ffn, 2 ffn) the
-//                up projection: gate_proj, up_proj; GPT-2: c_fc transposed
-//   linear_proj, linear_fc2   o_proj, down_proj; GPT-2: c_proj transposed
-//   norms        apply_layernorm_1p's w is stored as 1 + w
-//   embeddings   the padded vocabulary rows are cut to the tokenizer's
-//                vocabulary unless kept
-// RoPE needs no permutation: mt rotates (x[j], x[j + d/2]) pairs, the
-// rotate_half form of HF's Llama.
+// refused with the spec key named. The weights change names and layouts
+// by the table of hf_mapping.h (mt keeps Megatron-LM's), which the import
+// reads the other way; the padded vocabulary rows are cut to the
+// tokenizer's vocabulary unless kept.
 #ifndef MT_RUNTIME_HF_EXPORT_H
 #define MT_RUNTIME_HF_EXPORT_H
 

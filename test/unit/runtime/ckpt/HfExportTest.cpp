@@ -5,12 +5,16 @@
 // the vocabulary cut, 1 + w norms) on tensors whose every element is its
 // own index, so each move is visible.
 #include "runtime/ckpt/hf_export.h"
+#include "runtime/ckpt/hf_import.h"
+#include "runtime/ckpt/safetensors.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
+#include <unistd.h>
 #include <limits>
 #include <map>
 #include <string>
@@ -316,4 +320,67 @@ TEST(HfExport, TokenizerFilesThatAreNotExported) {
   EXPECT_EQ(mt::rt::hf_tokenizer_files(m, &files, &why), "");
   EXPECT_TRUE(contains(why, "TikTokenizer's files are not exported yet"));
   EXPECT_TRUE(files.empty());
+}
+
+// The import reads the export's table the other way: every tensor the
+// export writes comes back to the same mt tensor, and a vocabulary cut to
+// the tokenizer's is padded again with its last row (as Megatron pads).
+TEST(HfImport, ReadsBackWhatTheExportWrites) {
+  for (bool gpt : {false, true}) {
+    HfModelSpec m = gpt ? gpt2() : llama();
+    m.apply_layernorm_1p = gpt;
+    const std::string arch = gpt ? "gpt2" : "llama";
+    const std::map<std::string, WholeWeight> w = weights_of(m);
+    for (bool keep : {true, false}) {
+      std::vector<HfTensor> t;
+      ASSERT_EQ(mt::rt::hf_tensors(m, arch, w, keep, &t), "");
+      char tmpl[] = "/tmp/hf-import-test.XXXXXX";
+      ASSERT_NE(::mkdtemp(tmpl), nullptr);
+      const std::string dir = tmpl;
+      std::vector<mt::rt::SafetensorsTensor> st;
+      for (const HfTensor &x : t)
+        st.push_back({x.name, "F32", x.shape, x.data.data(), x.data.size() * 4});
+      ASSERT_EQ(mt::rt::write_safetensors(dir + "/model.safetensors", st, {}), "");
+      std::map<std::string, WholeWeight> back;
+      int64_t rows = 0;
+      ASSERT_EQ(mt::rt::read_hf_weights(dir, m, arch, &back, &rows), "");
+      ::unlink((dir + "/model.safetensors").c_str());
+      ::rmdir(dir.c_str());
+      EXPECT_EQ(rows, keep ? m.padded_vocab_size : m.vocab_size);
+      ASSERT_EQ(back.size(), w.size());
+      for (const auto &[name, want] : w) {
+        const WholeWeight &got = back.at(name);
+        ASSERT_EQ(got.shape, want.shape) << name;
+        const bool vocab = name == "embedding.word_embeddings.weight" ||
+                           name == "output_layer.weight";
+        const int64_t cols = want.shape.size() == 2 ? want.shape[1] : 1;
+        for (size_t i = 0; i < want.data.size(); ++i) {
+          const int64_t row = int64_t(i) / cols;
+          const float expect = vocab && !keep && row >= m.vocab_size
+                                   ? want.data[size_t((m.vocab_size - 1) * cols) + i % size_t(cols)]
+                                   : want.data[i];
+          ASSERT_EQ(got.data[i], expect) << name << " element " << i;
+        }
+      }
+    }
+  }
+}
+
+// bf16 and f16 to f32 and back give every bit pattern but NaN's again.
+TEST(HfImport, HalfPrecisionIsExactInF32) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const uint16_t h = uint16_t(b);
+    if ((h & 0x7f80u) != 0x7f80u || (h & 0x7fu) == 0) {
+      ASSERT_EQ(mt::rt::f32_to_bf16(mt::rt::bf16_to_f32(h)), h) << b;
+    }
+    if ((h & 0x7c00u) != 0x7c00u || (h & 0x3ffu) == 0) {
+      ASSERT_EQ(mt::rt::f32_to_f16(mt::rt::f16_to_f32(h)), h) << b;
+    }
+  }
+  EXPECT_EQ(mt::rt::f16_to_f32(0x3c00), 1.0f);
+  EXPECT_EQ(mt::rt::f16_to_f32(0x7bff), 65504.0f);
+  EXPECT_EQ(mt::rt::f16_to_f32(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(mt::rt::f16_to_f32(0x8400), -std::ldexp(1.0f, -14));
+  EXPECT_EQ(mt::rt::bf16_to_f32(0x3f80), 1.0f);
+  EXPECT_TRUE(std::isinf(mt::rt::f16_to_f32(0xfc00)));
 }
