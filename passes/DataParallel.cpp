@@ -7,6 +7,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/SymbolTable.h"
 
 #include "llvm/ADT/DenseSet.h"
 
@@ -256,8 +257,9 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
       return y && cast<SgdOp>(a).getMomentumAttr() == y.getMomentumAttr();
     };
     // --decoupled-lr: the parameters mt-optimizer marked take the second rate.
+    SymbolTable symbols(module); // hashed: a module lookup scans every op
     auto decoupled = [&](Operation *u) {
-      auto p = module.lookupSymbol<ParamOp>(paramOf(u));
+      auto p = symbols.lookup<ParamOp>(paramOf(u).getAttr());
       return p && p->hasAttr("mt.decoupled_lr");
     };
     Operation *first = updates.front();
@@ -284,7 +286,7 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
         return failure();
       }
       // Which elements decay: the plan records it per parameter.
-      if (auto p = module.lookupSymbol<ParamOp>(paramOf(u)))
+      if (auto p = symbols.lookup<ParamOp>(paramOf(u).getAttr()))
         p->setAttr("mt.weight_decay", b.getBoolAttr(wd != 0.0));
     }
     OpBuilder ob(first);

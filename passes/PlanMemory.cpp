@@ -8,6 +8,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/SymbolTable.h"
 
 #include <limits>
 #include <map>
@@ -744,6 +745,7 @@ LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, bool sgd, int64_t 
   auto roundUp = [](int64_t v, int64_t m) { return (v + m - 1) / m * m; };
 
   DenseMap<StringRef, int64_t> flat;
+  SymbolTable symbols(module); // hashed: a module lookup scans every op
   SmallVector<std::pair<int64_t, int64_t>> ranges(buckets.size());
   int64_t elements = 0;
   for (int64_t i = int64_t(buckets.size()) - 1; i >= 0; --i) {
@@ -755,7 +757,7 @@ LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, bool sgd, int64_t 
     const int64_t begin = elements;
     for (Attribute a : llvm::reverse(names)) {
       auto ref = dyn_cast<FlatSymbolRefAttr>(a);
-      auto p = ref ? module.lookupSymbol<ParamOp>(ref) : ParamOp();
+      auto p = ref ? symbols.lookup<ParamOp>(ref.getAttr()) : ParamOp();
       if (!p || flat.count(p.getSymName()))
         return module.emitError("mt-plan-memory: mt.grad_buckets[")
                << i << "] names " << a << ", which is not a parameter or is in another bucket";

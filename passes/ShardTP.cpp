@@ -7,6 +7,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/SymbolTable.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -48,7 +49,7 @@ RankedTensorType withShape(Type t, ArrayRef<int64_t> shape) {
 class Sharder {
 public:
   Sharder(ModuleOp module, func::FuncOp f, int64_t tp, bool sp)
-      : module(module), f(f), tp(tp), sp(sp), b(module.getContext()) {}
+      : module(module), symbols(module), f(f), tp(tp), sp(sp), b(module.getContext()) {}
 
   LogicalResult run() {
     if (failed(shardParams()))
@@ -62,7 +63,7 @@ public:
     // Parameters read on sequence shards get a partial gradient per rank;
     // mt-optimizer sums them over the tensor-parallel group.
     for (StringRef name : partialGrad)
-      if (auto p = module.lookupSymbol<ParamOp>(name))
+      if (auto p = symbols.lookup<ParamOp>(name))
         p->setAttr("mt.tp_partial_grad", UnitAttr::get(module.getContext()));
     return success();
   }
@@ -99,7 +100,7 @@ private:
     }
     // Reads take the parameter's new type.
     WalkResult r = f.walk([&](ParamRefOp ref) {
-      auto p = module.lookupSymbol<ParamOp>(ref.getNameAttr());
+      auto p = symbols.lookup<ParamOp>(ref.getNameAttr().getAttr());
       if (!p) {
         ref.emitError("mt-shard-tp: reads an undeclared parameter");
         return WalkResult::interrupt();
@@ -138,7 +139,7 @@ private:
   }
   int64_t paramSplitDim(Value v) {
     auto ref = v.getDefiningOp<ParamRefOp>();
-    auto p = module.lookupSymbol<ParamOp>(ref.getNameAttr());
+    auto p = symbols.lookup<ParamOp>(ref.getNameAttr().getAttr());
     return *p.getTpDim();
   }
 
@@ -370,6 +371,9 @@ private:
   }
 
   ModuleOp module;
+  // The parameters by name, hashed once: a lookup on the module scans its
+  // ops, which made the pass quadratic in layers.
+  SymbolTable symbols;
   func::FuncOp f;
   int64_t tp;
   bool sp;
