@@ -48,6 +48,7 @@ import warnings
 
 import numpy as np
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mt_checkpoint  # noqa: E402  (the mt format's CRC32C and names)
 
@@ -134,7 +135,16 @@ def _safe_pickle_module():
     return mod
 
 
+def need_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        fail("error: needs PyTorch to read Megatron's files (PyTorch pickles and distributed "
+             "checkpoints); install it with 'pip install torch'")
+
+
 def torch_load(path):
+    need_torch()
     import torch
     try:
         return torch.load(path, map_location="cpu", pickle_module=_safe_pickle_module(),
@@ -190,6 +200,7 @@ class Source:
         self.optimizer_steps = None
         self.no_optim = ""      # why the optimizer state is not carried over
         self.where = {}         # name -> the file it came from
+        self.grad_scaler = None  # Megatron's DynamicGradScaler.state_dict(), fp16
 
 
 def layer_split(name):
@@ -199,6 +210,7 @@ def layer_split(name):
 
 
 def read_torch_dist(d, src, want_optim):
+    need_torch()
     import torch
     try:
         from torch.distributed.checkpoint import FileSystemReader, load as dcp_load
@@ -248,10 +260,16 @@ def read_torch_dist(d, src, want_optim):
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
             warnings.simplefilter("ignore")
             dcp_load(want, storage_reader=FileSystemReader(d), no_dist=True)
-    except Exception as e:
-        fail("%s: error: its tensors cannot be read (%s: %s); the save was cut short or a "
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # torch's CheckpointException is a BaseException
+        inner = next(iter(getattr(e, "failures", {}).values()), e)
+        if isinstance(inner, tuple):  # (exception, traceback) in some versions
+            inner = inner[0]
+        text = str(inner).strip().splitlines()
+        fail("%s: error: its tensors cannot be read (%s%s); the save was cut short or a "
              ".distcp file is missing: load another iteration"
-             % (d, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else ""))
+             % (d, type(inner).__name__, ": " + text[0][:200] if text else ""))
 
     def unstack(key, t, out):
         rest = layer_split(key)
@@ -270,6 +288,8 @@ def read_torch_dist(d, src, want_optim):
             for n in names:
                 unstack(n, want["optimizer.state.%s.%s" % (kind, n)], got)
             src.state[kind] = got
+        if isinstance(optim, dict):
+            src.grad_scaler = optim.get("grad_scaler")
         step = optim.get("state", {}).get("common_step") if isinstance(optim, dict) else None
         src.optimizer_steps = int(step) if step is not None else None
 
@@ -442,6 +462,8 @@ def read_legacy(d, src, want_optim):
                     break
                 names = [n for n in legacy_order(sd["model"]) if tp_axis(n, gated) is not None]
                 sh = {n: tuple(sd["model"][n].shape) for n in names}
+                if isinstance(opt, dict) and isinstance(opt.get("grad_scaler"), dict):
+                    src.grad_scaler = opt["grad_scaler"]
                 got = legacy_optimizer(opt, names, sh, path)
                 if isinstance(got, str):
                     src.no_optim = got
@@ -656,6 +678,13 @@ def round_bf16(a):
 
 
 def convert(args):
+    out = os.path.abspath(args.output)
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        fail("%s: error: exists and is not an empty directory; pass a new directory to -o"
+             % args.output)
+    parent = os.path.dirname(out)
+    if not os.path.isdir(parent):
+        fail("%s: error: no such directory (the parent of -o)" % parent)
     spec = plan_spec(args.plan)
     d = iteration_dir(args.megatron, args.iteration)
     src = Source()
@@ -748,21 +777,26 @@ def convert(args):
         values["lr_scheduler_samples"] = str(int(sched["num_steps"]))
     if not optim_ok:
         values["skipped_iterations"] = "0"
+    # The loss scaler (fp16): Megatron's DynamicGradScaler state where the
+    # optimizer kept it, else the plan's initial scale.
+    scale, growth, hysteresis = 1.0, 0, 0
+    if precision == "fp16":
+        t = spec.get("training", {})
+        scale = float(t.get("initial_loss_scale", 2.0 ** 32))
+        hysteresis = int(t.get("hysteresis", 2))
+        gs = src.grad_scaler if optim_ok else None
+        if isinstance(gs, dict) and "scale" in gs:
+            scale = float(gs["scale"])
+            growth = int(gs.get("growth_tracker", 0))
+            hysteresis = int(gs.get("hysteresis_tracker", hysteresis))
     meta = {"format": "mt-checkpoint", "iteration": iteration,
             "consumed_train_samples": consumed,
             "consumed_valid_samples": int(arg(src.args, "consumed_valid_samples", 0) or 0),
             "model_fingerprint": "imported from Megatron-Core", "spec_toml": "",
-            "rng_state": [], "loss_scale": 1.0, "loss_scale_growth_tracker": 0,
-            "loss_scale_hysteresis_tracker": 0, "tp_rank": 0, "pp_rank": 0, "pp_size": 1,
+            "rng_state": [], "loss_scale": scale, "loss_scale_growth_tracker": growth,
+            "loss_scale_hysteresis_tracker": hysteresis, "tp_rank": 0, "pp_rank": 0, "pp_size": 1,
             "values": values}
 
-    out = os.path.abspath(args.output)
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        fail("%s: error: exists and is not an empty directory; pass a new directory to -o"
-             % args.output)
-    parent = os.path.dirname(out)
-    if not os.path.isdir(parent):
-        fail("%s: error: no such directory (the parent of -o)" % parent)
     whole = tempfile.mkdtemp(prefix=".tmp.megatron.", dir=parent)
     staging = whole + ".out"
     try:
@@ -820,12 +854,6 @@ def main(argv):
     p.add_argument("--mtc", default=default_mtc(), help="the mtc that lays out the checkpoint "
                    "for the plan (default: mtc on PATH, else build/bin/mtc)")
     args = p.parse_args(argv)
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        print("%s: error: needs PyTorch to read Megatron's files (pip install torch)" % PROG,
-              file=sys.stderr)
-        return 1
     try:
         convert(args)
     except ImportError_ as e:

@@ -16,9 +16,12 @@ megatron.core.dist_checkpointing.save with the model's and the optimizer's
 sharded state dicts, and torch as iter_XXXXXXX/mp_rank_00/model_optim_rng.pt.
 Each is converted for a plan of the same model, and
   (a) every weight and Adam moment of the mt checkpoint equals Megatron's exactly;
-  (b) mtrun --load trains iteration ITERS+1, whose logged loss is the loaded
-      weights' loss on that batch (read with `mt-dataset samples`): it equals
-      megatron-core's forward on the same tokens (fp32, relative error < 1e-5).
+  (b) mtrun --load trains iterations ITERS+1 and ITERS+2; the first's logged
+      loss is the loaded weights' loss on its batch (read with `mt-dataset
+      samples`) and equals megatron-core's forward on the same tokens, and the
+      second's equals Megatron's after it too trained iteration ITERS+1 from its
+      state (AdamW's moments and step count, the scheduler's position): fp32,
+      relative error < 1e-5.
 
 megatron-core's CPU path needs four shims, none of which touches the numbers:
 torch.cuda.current_device returns "cpu" (RoPE moves its frequencies there),
@@ -39,6 +42,7 @@ import numpy as np
 import torch
 
 WORK, SRC = sys.argv[1], sys.argv[2]
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(SRC, "test", "dataset", "Inputs"))
 sys.path.insert(0, os.path.join(SRC, "tools"))
 import make_dataset  # noqa: E402
@@ -79,7 +83,9 @@ attention_dropout = 0.0
 [training]
 micro_batch_size = {MBS}
 global_batch_size = {GBS}
-train_iters = {ITERS + 1}
+train_iters = {ITERS + 2}
+clip_grad = 0.0
+weight_decay = 0.01
 lr = {LR}
 lr_decay_style = "constant"
 seed = {SEED}
@@ -157,8 +163,8 @@ def check(kind):
     plan = os.path.join(work, "plan")
     run("mtc", "compile", os.path.join(work, "spec.toml"), "-o", plan)
     samples = run("mt-dataset", "samples", os.path.join(work, "data"), "--seq-length", str(SEQ),
-                  "--num-samples", str(GBS * (ITERS + 1)), "--split", "100,0,0", "--seed",
-                  str(SEED), "--show", str(GBS * (ITERS + 1)))
+                  "--num-samples", str(GBS * (ITERS + 2)), "--split", "100,0,0", "--seed",
+                  str(SEED), "--show", str(GBS * (ITERS + 2)))
     rows = torch.tensor([[int(t) for t in l.split()] for l in samples.splitlines()])
 
     # Megatron trains ITERS iterations on mt's first batches.
@@ -168,19 +174,24 @@ def check(kind):
     opt = FP32Optimizer.__new__(FP32Optimizer)
     opt.optimizer, opt.config, opt.is_stub_optimizer = adam, ocfg, False
     sched = OptimizerParamScheduler(
-        opt, init_lr=LR, max_lr=LR, min_lr=0.0, lr_warmup_steps=0, lr_decay_steps=GBS * ITERS,
-        lr_decay_style="constant", start_wd=0.01, end_wd=0.01, wd_incr_steps=GBS * ITERS,
+        opt, init_lr=LR, max_lr=LR, min_lr=0.0, lr_warmup_steps=0, lr_decay_steps=GBS * (ITERS + 2),
+        lr_decay_style="constant", start_wd=0.01, end_wd=0.01, wd_incr_steps=GBS * (ITERS + 2),
         wd_incr_style="constant")
-    for it in range(ITERS):
+    def train(it):
         adam.zero_grad()
         for mb in range(GBS // MBS):
             b = rows[it * GBS + mb * MBS: it * GBS + (mb + 1) * MBS]
             (loss_of(model, b) / (GBS // MBS)).backward()
         adam.step()
         sched.step(GBS)
-    model.eval()
-    with torch.no_grad():
-        want = loss_of(model, rows[ITERS * GBS:]).item()
+
+    def loss_on(it):
+        with torch.no_grad():
+            return loss_of(model, rows[it * GBS:(it + 1) * GBS]).item()
+
+    for it in range(ITERS):
+        train(it)
+    want = loss_on(ITERS)
     args = megatron_args(llama, ITERS * GBS)
     base = {"args": args, "checkpoint_version": 3.0, "iteration": ITERS,
             "opt_param_scheduler": sched.state_dict(),
@@ -204,11 +215,16 @@ def check(kind):
     saves["torch"] = d
 
     names = {id(p): n for n, p in model.named_parameters()}
-    ref = {n: p.detach().numpy() for n, p in model.named_parameters()}
-    moments = {(names[id(p)], k): v.numpy() for p, st in adam.state.items()
+    ref = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+    moments = {(names[id(p)], k): v.numpy().copy() for p, st in adam.state.items()
                for k, v in st.items() if k != "step"}
+    # Megatron goes on: iteration ITERS + 1 from the saved state, then the loss
+    # of the batch after it.
+    train(ITERS)
+    want_next = loss_on(ITERS + 1)
     failures = []
-    print(f"{kind}: megatron-core loss on batch {ITERS + 1}: {want:.7g}")
+    print(f"{kind}: megatron-core loss on batch {ITERS + 1}: {want:.7g}, after training "
+          f"it, on batch {ITERS + 2}: {want_next:.7g}")
     for fmt, d in saves.items():
         out = os.path.join(work, "mt-" + fmt)
         log = run(sys.executable, os.path.join(SRC, "tools", "mt_import_megatron_ckpt.py"), d,
@@ -224,11 +240,12 @@ def check(kind):
               f"differing: {diff or 'none'}, unexpected: {extra or 'none'}")
         failures += [f"{fmt} tensors"] if diff or extra else []
         mt = run("mtrun", plan, "--load", out)
-        line = next(l for l in mt.splitlines() if re.search(rf"iteration +{ITERS + 1}/", l))
-        got = float(re.search(r"lm loss: ([0-9.E+-]+)", line).group(1))
-        rel = abs(got - want) / abs(want)
-        print(f"{fmt}: mtrun loss {got:.7g}, rel {rel:.1e}")
-        failures += [f"{fmt} loss"] if rel > 1e-5 else []
+        for it, w in ((ITERS + 1, want), (ITERS + 2, want_next)):
+            line = next(l for l in mt.splitlines() if re.search(rf"iteration +{it}/", l))
+            got = float(re.search(r"lm loss: ([0-9.E+-]+)", line).group(1))
+            rel = abs(got - w) / abs(w)
+            print(f"{fmt}: mtrun loss at iteration {it} {got:.7g}, rel {rel:.1e}")
+            failures += [f"{fmt} loss {it}"] if rel > 1e-5 else []
     print(f"{kind}: " + ("all match" if not failures else "FAILED: " + ", ".join(failures)))
     return not failures
 
