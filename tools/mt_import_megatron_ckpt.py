@@ -820,12 +820,13 @@ def convert(args):
         shutil.rmtree(whole, ignore_errors=True)
         shutil.rmtree(staging, ignore_errors=True)
 
-    print("%s: Megatron-Core %s checkpoint (tensor %d x pipeline %d), iteration %d, %d "
-          "consumed samples" % (d, src.format, getattr(src, "tp", 1), getattr(src, "pp", 1),
-                                iteration, consumed))
+    tp = getattr(src, "tp", None) or arg(src.args, "tensor_model_parallel_size", 1)
+    pp = getattr(src, "pp", None) or arg(src.args, "pipeline_model_parallel_size", 1)
+    print("%s: Megatron-Core %s checkpoint (saved by tensor %s x pipeline %s), iteration %d, "
+          "%d consumed samples" % (d, src.format, tp, pp, iteration, consumed))
     print("weights: %d tensors" % len(weights))
     if optim_ok:
-        print("optimizer: Adam's exp_avg and exp_avg_sq%s, %d steps" % (
+        print("optimizer: Adam's exp_avg and exp_avg_sq%s, step count %d" % (
             ", fp32 main parameters" if precision != "fp32" and state.get("fp32_param") else "",
             steps))
     else:

@@ -154,7 +154,8 @@ def main():
     loaded = dist_checkpointing.load(model.sharded_state_dict(), os.path.join(
         work, "megatron-torch_dist", "iter_%07d" % ITER))
     torch.load = load
-    model.load_state_dict(loaded)
+    keys = set(model.state_dict())  # the common state (args, ...) comes back too
+    model.load_state_dict({k: v for k, v in loaded.items() if k in keys})
     model.eval()
     with torch.no_grad():
         want = base.loss_of(model, rows[ITER * base.GBS:]).item()
