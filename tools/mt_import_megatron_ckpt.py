@@ -745,6 +745,8 @@ def convert(args):
     tensors = []
     for n in sorted(weights):
         w = weights[n].astype(np.float32)
+        if precision == "fp32" and optim_ok and n in state.get("fp32_param", {}):
+            w = state["fp32_param"][n].astype(np.float32)  # a bf16/fp16 run's main params
         master = None
         if precision != "fp32":
             master = state.get("fp32_param", {}).get(n) if optim_ok else None
