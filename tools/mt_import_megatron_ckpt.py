@@ -199,7 +199,6 @@ class Source:
         self.state = {}         # kind (exp_avg, exp_avg_sq, fp32_param) -> {name: array}
         self.optimizer_steps = None
         self.no_optim = ""      # why the optimizer state is not carried over
-        self.where = {}         # name -> the file it came from
         self.grad_scaler = None  # Megatron's DynamicGradScaler.state_dict(), fp16
 
 
@@ -281,7 +280,6 @@ def read_torch_dist(d, src, want_optim):
 
     for k in model_keys:
         unstack(k, want[k], src.weights)
-        src.where[k] = d
     if not src.no_optim:
         for kind, names in kinds.items():
             got = {}
@@ -349,7 +347,7 @@ def legacy_optimizer(opt, names, shapes, path):
     wd = [n for n in names if n not in no_wd]
     order, group_names = [], []
     for g in groups:
-        if set(g.keys()) & {"params"} != {"params"}:
+        if "params" not in g:
             return "%s: a parameter group without 'params'" % path
         gn = no_wd if float(g.get("wd_mult", 1.0)) == 0.0 else wd
         if len(gn) != len(g["params"]) or gn in group_names:
@@ -359,7 +357,7 @@ def legacy_optimizer(opt, names, shapes, path):
         group_names.append(gn)
         order += list(zip(g["params"], gn))
     out, steps = {}, None
-    for gi, (idx, name) in enumerate(order):
+    for idx, name in order:
         st = opt["state"].get(idx)
         if st is None:
             return "%s has no optimizer state for %s (the run had taken no step)" % (path, name)
@@ -448,7 +446,6 @@ def read_legacy(d, src, want_optim):
             if gname == "embedding.word_embeddings.weight" and gname in src.weights:
                 continue  # the last stage's tied copy
             src.weights[gname] = whole
-            src.where[gname] = stage[0][0]
         if want_optim and not src.no_optim:
             for t, (path, sd) in enumerate(stage):
                 opt = sd.get("optimizer")
