@@ -18,15 +18,6 @@ std::mutex g_mutex;
 Activity g_activity{"starting", 0, ""};
 std::string g_speaker;
 
-std::string bytes_text(uint64_t n) {
-  char buf[64];
-  if (n >= (uint64_t(1) << 30))
-    std::snprintf(buf, sizeof buf, "%.1f GiB", double(n) / double(uint64_t(1) << 30));
-  else
-    std::snprintf(buf, sizeof buf, "%.1f MiB", double(n) / double(1 << 20));
-  return buf;
-}
-
 // A "Name:   N kB" line of a /proc file, in bytes; 0 when absent.
 uint64_t proc_kb(const char *file, const std::string &name) {
   std::ifstream in(file);
@@ -37,6 +28,30 @@ uint64_t proc_kb(const char *file, const std::string &name) {
   return 0;
 }
 } // namespace
+
+std::string bytes_text(uint64_t n) {
+  char buf[64];
+  if (n >= (uint64_t(1) << 30))
+    std::snprintf(buf, sizeof buf, "%.1f GiB", double(n) / double(uint64_t(1) << 30));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(n) / double(1 << 20));
+  return buf;
+}
+
+std::string host_memory_limits(bool *limited) {
+  std::string text;
+  rlimit limit{};
+  const bool capped = getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
+  if (capped)
+    text = "this process may map at most " + bytes_text(limit.rlim_cur) + " (ulimit -v) and maps " +
+           bytes_text(proc_kb("/proc/self/status", "VmSize"));
+  if (uint64_t avail = proc_kb("/proc/meminfo", "MemAvailable"))
+    text += (text.empty() ? "" : "; ") + std::string("the machine has ") + bytes_text(avail) +
+            " available";
+  if (limited)
+    *limited = capped;
+  return text;
+}
 
 void set_activity_speaker(const std::string &speaker) {
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -89,13 +104,9 @@ std::string describe_escaped_exception() {
     if (a.bytes > 0)
       line += "; this step needs at least " + std::to_string(a.bytes) + " bytes (" + bytes_text(a.bytes) +
               (a.source.empty() ? "" : ", " + a.source) + ")";
-    rlimit limit{};
-    const bool limited = getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
-    if (limited)
-      line += "; this process may map at most " + bytes_text(limit.rlim_cur) +
-              " (ulimit -v) and maps " + bytes_text(proc_kb("/proc/self/status", "VmSize"));
-    if (uint64_t avail = proc_kb("/proc/meminfo", "MemAvailable"))
-      line += "; the machine has " + bytes_text(avail) + " available";
+    bool limited = false;
+    if (std::string limits = host_memory_limits(&limited); !limits.empty())
+      line += "; " + limits;
     return line + (limited ? "; raise the limit" : "; free memory on this machine") +
            ", or compile a smaller model or one for more ranks";
   } catch (const std::exception &e) {

@@ -45,6 +45,15 @@ private:
   Activity saved_;
 };
 
+// This process's host memory limits, for errors about a failed
+// allocation: "this process may map at most 300.0 MiB (ulimit -v) and maps
+// 210.3 MiB; the machine has 20.1 GiB available" (the parts that apply; ""
+// when none does). `limited` tells whether an address-space limit is set.
+std::string host_memory_limits(bool *limited = nullptr);
+
+// Bytes as "1.5 GiB" or "300.0 MiB".
+std::string bytes_text(uint64_t n);
+
 // The line for an exception that escaped to a top-level handler, without
 // the tool's prefix: for std::bad_alloc, "out of memory while WHAT: ..."
 // with the known need and this process's limits (ulimit -v, the machine's

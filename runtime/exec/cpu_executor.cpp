@@ -4,6 +4,9 @@
 #include "runtime/exec/log_stats.h"
 #include "runtime/exec/cpu_executor_impl.h"
 
+#include "runtime/base/activity.h"
+#include "runtime/exec/cpu_blas.h"
+
 #include "runtime/exec/cpu_kernels.h"
 #include "runtime/plan/grad_buckets.h"
 #include "runtime/plan/plan_reader.h"
@@ -67,10 +70,15 @@ CpuExecutor::Impl::Impl(const pl::Plan &p, const pl::Rank &r)
   const Buffer *buffers[] = {&arena, &state, &scratch};
   for (int i = 0; i < 3; ++i)
     if (buffers[i]->failed()) {
+      bool limited = false;
+      const std::string limits = host_memory_limits(&limited);
       load_error = rank_name + ": cannot allocate the " + buffers[i]->what() + " (" +
                    std::to_string(buffers[i]->size()) + " bytes, from the plan's " + fields[i] +
-                   ") on the CPU: the machine does not have that much memory; compile a "
-                   "smaller model, micro-batch or sequence, or run on more ranks";
+                   ") on the CPU: " +
+                   (limited ? limits + "; raise the limit (ulimit -v), or compile"
+                            : "the machine does not have that much memory" +
+                                  (limits.empty() ? "" : " (" + limits + ")") + "; compile") +
+                   " a smaller model, micro-batch or sequence, or run on more ranks";
       return;
     }
   load_error = rank_programs.load(r);
@@ -201,7 +209,12 @@ CpuExecutor::CpuExecutor(const pl::Plan &plan, int rank) {
                          "world size\n", rank);
     std::abort();
   }
+  // OpenBLAS's buffers before the plan's, so that a limit too small for
+  // both fails on the plan's with their own error (cpu_blas.h).
+  const std::string blas = prepare_blas("rank " + std::to_string(rank) + ": ");
   impl_ = std::make_unique<Impl>(plan, *r);
+  if (!blas.empty()) // the first to fail
+    impl_->load_error = blas;
 }
 
 CpuExecutor::~CpuExecutor() = default;
