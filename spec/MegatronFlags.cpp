@@ -137,8 +137,9 @@ constexpr char kNonPersistent[] =
     "--save-interval write mt's checkpoints)";
 constexpr char kResume[] =
     "mtrun resumes everything a checkpoint holds (weights, optimizer, scheduler, random "
-    "state, data position); this changes what Megatron loads or saves, which mt does "
-    "not implement: remove it";
+    "state, data position), or what mtrun --finetune, --no-load-optim and --no-load-rng "
+    "leave of it; this changes what Megatron loads in another way, which mt does not "
+    "implement: remove it";
 constexpr char kNoLogOutput[] =
     "mt does not produce this output; remove it (mtrun writes Megatron's iteration lines "
     "and, with --tensorboard-dir, its TensorBoard scalars)";
@@ -230,6 +231,12 @@ std::vector<MegatronFlag> explicitRows() {
       mtrun("--exit-interval", V, "--exit-interval"),
       mtrun("--exit-duration-in-mins", V, "--exit-duration-in-mins"),
       mtrun("--skip-train", S, "--skip-train"),
+      mtrun("--finetune", S, "--finetune"),
+      mtrun("--no-load-optim", S, "--no-load-optim"),
+      mtrun("--no-load-rng", S, "--no-load-rng"),
+      mtrun("--no-save-optim", S, "--no-save-optim"),
+      mtrun("--no-save-rng", S, "--no-save-rng"),
+      mtrun("--ckpt-step", V, "--ckpt-step"),
       mtrun("--tensorboard-dir", V, "--tensorboard-dir"),
       mtrun("--tensorboard-log-interval", V, "--tensorboard-log-interval"),
       mtrun("--log-timers-to-tensorboard", S, "--log-timers-to-tensorboard"),
@@ -587,11 +594,6 @@ std::vector<MegatronFlag> explicitRows() {
       refuse("--onnx-safe", V, "mt does not export to ONNX; remove it"),
 
       //===--- Checkpoints ---===//
-      refuse("--no-load-optim", S, kResume),
-      refuse("--no-load-rng", S, kResume),
-      refuse("--no-save-optim", S, kResume),
-      refuse("--no-save-rng", S, kResume),
-      refuse("--finetune", S, kResume),
       refuse("--pretrained-checkpoint", V, kResume),
       refuse("--load-main-params-from-ckpt", S, kResume),
       refuse("--use-checkpoint-args", S,
@@ -607,8 +609,6 @@ std::vector<MegatronFlag> explicitRows() {
       refuse("--exit-on-missing-checkpoint", S,
              "mtrun starts from scratch when --load holds no checkpoint, as Megatron's "
              "default; remove it"),
-      refuse("--ckpt-step", V,
-             "mtrun resumes from the latest checkpoint in --load; remove it"),
       refuse("--save-retain-interval", V,
              "mt keeps every checkpoint it saves; remove it"),
       refuse("--save-wgrads-interval", V, "mt does not save gradients; remove it"),

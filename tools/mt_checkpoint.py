@@ -286,7 +286,13 @@ def inspect(args):
     out.append("loss_scale: %r (growth tracker %d, hysteresis tracker %d)"
                % (float(meta["loss_scale"]), meta["loss_scale_growth_tracker"],
                   meta["loss_scale_hysteresis_tracker"]))
-    out.append("rng_state: %d words" % len(meta["rng_state"]))
+    # mtrun --no-save-optim / --no-save-rng record what they left out.
+    values = meta["values"]
+    out.append("rng_state: %d words%s" % (
+        len(meta["rng_state"]),
+        " (not saved: --no-save-rng)" if values.get("no_save_rng") == "true" else ""))
+    if values.get("no_save_optim") == "true":
+        out.append("optimizer state: not saved (--no-save-optim): the weights alone")
     out.append("spec_toml: %d bytes" % len(meta["spec_toml"].encode("utf-8")))
     for k, v in sorted(meta["values"].items()):
         out.append("value %s = %s" % (json.dumps(k), json.dumps(v)))

@@ -233,14 +233,15 @@ void add_layout_values(const pl::Plan &plan, const pl::Rank &rank, CheckpointMet
   meta->values["tensor_parallel"] = std::to_string(std::max(1, plan.tensor_parallel()));
   meta->values["pipeline_parallel"] = std::to_string(std::max(1, plan.pipeline_parallel()));
   meta->values["data_parallel"] = std::to_string(std::max(1, plan.data_parallel()));
-  if (rank.distributed_optimizer() && rank.shard_elements() > 0)
+  if (rank.distributed_optimizer() && rank.shard_elements() > 0 &&
+      !meta->values.count("no_save_optim"))
     meta->values["distributed_optimizer"] = shard_layout(plan, rank);
   else
     meta->values.erase("distributed_optimizer");
   meta->values["param_layout"] = param_layout(rank);
 }
 
-std::vector<std::string> checkpoint_files_of(const pl::Plan &plan) {
+std::vector<std::string> checkpoint_files_of(const pl::Plan &plan, bool with_optimizer) {
   std::vector<std::string> files;
   const int pp = std::max(1, plan.pipeline_parallel());
   for (uint32_t i = 0; plan.ranks() && i < plan.ranks()->size(); ++i) {
@@ -248,7 +249,7 @@ std::vector<std::string> checkpoint_files_of(const pl::Plan &plan) {
     if (r->dp_rank() != 0)
       continue;
     files.push_back(checkpoint_file_name(r->tp_rank(), r->pp_rank(), pp, false));
-    if (r->distributed_optimizer() && r->shard_elements() > 0)
+    if (with_optimizer && r->distributed_optimizer() && r->shard_elements() > 0)
       files.push_back(checkpoint_file_name(r->tp_rank(), r->pp_rank(), pp, true));
   }
   std::sort(files.begin(), files.end());
@@ -426,6 +427,9 @@ std::string save_in_layout(const std::map<std::string, Whole> &wholes,
                            const std::string &plan_path, const std::string &source_kind,
                            const std::string &source, const std::string &save_dir,
                            int64_t iteration, size_t *files) {
+  // A checkpoint saved without the optimizer's state stays so: the weights
+  // alone (`kinds` is then empty).
+  const bool with_optimizer = !m0.values.count("no_save_optim");
   // The target: every parameter of every model-parallel rank, sliced.
   const int tp = std::max(1, plan.tensor_parallel()), pp = std::max(1, plan.pipeline_parallel());
   const int dp = std::max(1, plan.data_parallel());
@@ -446,7 +450,8 @@ std::string save_in_layout(const std::map<std::string, Whole> &wholes,
     auto out = std::make_unique<Out>();
     out->rank = rank;
     out->data.reserve(rank->params()->size() * 4 + 3 * size_t(dp));
-    const bool distopt = rank->distributed_optimizer() && rank->shard_elements() > 0;
+    const bool distopt =
+        with_optimizer && rank->distributed_optimizer() && rank->shard_elements() > 0;
     std::map<std::string, std::vector<float>> flat;
     if (distopt) {
       for (const std::string &k : kinds)
@@ -471,7 +476,9 @@ std::string save_in_layout(const std::map<std::string, Whole> &wholes,
         return plan_path + ": error: trains " + dtype_label(p->dtype()) +
                " weights but the checkpoint was saved from " + src_dtype +
                " ones; compile the target plan with the checkpoint's training.precision";
-      const bool want_master = distopt ? rank->shard_master_offset() >= 0 : p->master_offset() >= 0;
+      const bool want_master = !with_optimizer ? false
+                               : distopt       ? rank->shard_master_offset() >= 0
+                                               : p->master_offset() >= 0;
       if (want_master != w.has_master && !w.fresh)
         return plan_path + ": error: " +
                (want_master ? "keeps f32 master copies but the checkpoint has none"
@@ -559,7 +566,7 @@ std::string save_in_layout(const std::map<std::string, Whole> &wholes,
     }
   }
   if (std::string e = commit_checkpoint_save(save_dir, iteration, staging,
-                                             checkpoint_files_of(plan));
+                                             checkpoint_files_of(plan, with_optimizer));
       !e.empty())
     return e;
   *files = outs.size();
@@ -585,18 +592,21 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
   const int src_tp = int_value(m0, "tensor_parallel", 1), src_pp = first->pp_size();
   // The optimizer's state kinds (torch's names): Adam's two moments or SGD's
   // momentum buffer. Checkpoints without the record predate SGD.
+  // A checkpoint saved without the optimizer's state has the weights alone.
+  const bool with_optimizer = !m0.values.count("no_save_optim");
   const std::string optimizer = value_of(m0, "optimizer", "adam");
   const std::string target_optimizer =
       plan.training() && plan.training()->optimizer() && plan.training()->optimizer()->size()
           ? plan.training()->optimizer()->str()
           : "adam";
-  if (optimizer != target_optimizer)
+  if (with_optimizer && optimizer != target_optimizer)
     return plan_path + ": error: trains with " + target_optimizer +
            " but the checkpoint holds the optimizer state of " + optimizer +
            "; compile the target plan with the checkpoint's training.optimizer";
   const std::vector<std::string> kinds =
-      optimizer == "sgd" ? std::vector<std::string>{"momentum_buffer"}
-                         : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+      !with_optimizer      ? std::vector<std::string>{}
+      : optimizer == "sgd" ? std::vector<std::string>{"momentum_buffer"}
+                           : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
   if (src_tp < 1)
     return first->path() + ": error: the metadata value 'tensor_parallel' is not an integer in "
                            "[1, 65536]; the file is damaged: convert an earlier iteration instead";
@@ -620,7 +630,8 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
       const CheckpointMeta &m = reader->meta();
       const std::string &path = reader->path();
       if (m.model_fingerprint != m0.model_fingerprint ||
-          int_value(m, "tensor_parallel", 1) != src_tp)
+          int_value(m, "tensor_parallel", 1) != src_tp ||
+          m.values.count("no_save_optim") != m0.values.count("no_save_optim"))
         return path + ": error: belongs to another save than " + first->path() +
                " (another model or layout); the iteration directory mixes files of several "
                "runs: convert another iteration";
@@ -716,7 +727,9 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
           w.weight.resize(n);
           for (const std::string &k : kinds)
             w.state[k].resize(n);
-          w.has_master = distopt ? flat.count("master") > 0 : reader->has(p.name + ".master");
+          w.has_master = !with_optimizer ? false
+                         : distopt         ? flat.count("master") > 0
+                                           : reader->has(p.name + ".master");
           if (w.has_master)
             w.master.resize(n);
         } else if (w.shape != whole_shape) {
@@ -779,7 +792,8 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
              layout_text(src_tp, src_pp, int_value(m0, "data_parallel", 1)) + ", " +
              std::to_string(wholes.size()) + " tensors) to " + save_dir + " (" +
              layout_text(tp, pp, dp) + ", " + std::to_string(written) + " rank file" +
-             (written == 1 ? "" : "s") + ")";
+             (written == 1 ? "" : "s") + ")" +
+             (with_optimizer ? "" : "; the checkpoint has no optimizer state (no_save_optim)");
   return "";
 }
 

@@ -29,12 +29,15 @@ namespace mt::rt {
 std::string shard_layout(const mt::plan::Plan &plan, const mt::plan::Rank &rank);
 // "NAME TP_DIM TP_BLOCKS FLAT_OFFSET SHAPE;..." of `rank`'s parameters.
 std::string param_layout(const mt::plan::Rank &rank);
-// Adds the layout values of `rank` of `plan` to meta->values.
+// Adds the layout values of `rank` of `plan` to meta->values (without the
+// distributed optimizer's when meta->values says "no_save_optim").
 void add_layout_values(const mt::plan::Plan &plan, const mt::plan::Rank &rank,
                        CheckpointMeta *meta);
 // Every file a checkpoint of `plan` holds: one per model-parallel rank, and
-// the distributed optimizer's beside each when the plan uses it.
-std::vector<std::string> checkpoint_files_of(const mt::plan::Plan &plan);
+// the distributed optimizer's beside each when the plan uses it and the
+// optimizer's state is saved.
+std::vector<std::string> checkpoint_files_of(const mt::plan::Plan &plan,
+                                             bool with_optimizer = true);
 
 // "" when the checkpoint whose first rank file is `first` was saved by the
 // tensor and pipeline layout of `plan`; else one line naming the file and
@@ -88,8 +91,9 @@ std::string save_initial_checkpoint(const std::map<std::string, WholeWeight> &we
 // `iteration` when >= 0), reassembles every whole tensor (weights, master
 // copies, Adam moments, the distributed optimizer's shards included) and
 // saves it in the layout of `plan` into save_dir, atomically, with the
-// iteration, data position, optimizer step count and loss-scale state
-// carried over. Returns "" or one error line; *summary gets one line on
+// iteration, data position, random state, optimizer step count and
+// loss-scale state carried over. A checkpoint saved without its optimizer
+// state ("no_save_optim") is converted as the weights alone, and stays so. Returns "" or one error line; *summary gets one line on
 // what was done.
 std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
                                const mt::plan::Plan &plan, const std::string &plan_path,

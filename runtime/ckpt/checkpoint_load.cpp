@@ -271,9 +271,10 @@ std::string CheckpointReader::Impl::parse_meta(const unsigned char *p, size_t n)
       // The values mt itself reads (and quotes in errors) are mt's text.
       static const char *const kRead[] = {
           "data_parallel",       "distributed_optimizer", "lr_scheduler_samples",
-          "optimizer",           "optimizer_steps",       "param_layout",
-          "pipeline_parallel",   "skipped_iterations",    "tensor_parallel",
-          "train_index_samples", "train_order_hash",      "weights_dtype_in_plan"};
+          "no_save_optim",       "no_save_rng",           "optimizer",
+          "optimizer_steps",     "param_layout",          "pipeline_parallel",
+          "skipped_iterations",  "tensor_parallel",       "train_index_samples",
+          "train_order_hash",    "weights_dtype_in_plan"};
       if (std::find(std::begin(kRead), std::end(kRead), field.key) != std::end(kRead))
         if (std::string c = control_byte(v); !c.empty())
           return "the metadata value '" + std::string(field.key) + "' holds " + c;
@@ -486,7 +487,8 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(const std::string &load
                   "); restore that directory, or write the number of a complete one into the "
                   "tracker");
     return fail("no checkpoint for iteration " + std::to_string(iteration) + " in " + load_dir +
-                " (" + iter_name(iteration) + " does not exist; " + here + ")");
+                " (" + iter_name(iteration) + " does not exist; " + here + ")" +
+                (its.empty() ? "; check the directory" : "; name one of those iterations"));
   }
   // The first rank's file, whatever the pipeline size (tp_rank -1).
   std::string file;

@@ -27,8 +27,9 @@ transformers and starts them from it (docs/checkpoints.md).
 
 commands:
   info CKPT [--iteration N]
-      the iteration, the data position, the parallel layout, every rank
-      file's tensors with dtype, shape and size; verifies every checksum
+      the iteration, the data position, the parallel layout, the optimizer
+      and random state (or that they were not saved), every rank file's
+      tensors with dtype, shape and size; verifies every checksum
   to-hf CKPT -o DIR [--dtype fp32|bf16|fp16] [--keep-padded-vocab]
         [--max-shard-size SIZE] [--iteration N]
       writes a Hugging Face transformers folder (config.json,
@@ -222,10 +223,24 @@ int run_info(const Args &a, const SpecModelReader &read_spec) {
   std::printf("layout: tensor %lld x pipeline %d x data %lld, distributed optimizer: %s\n",
               static_cast<long long>(tp), pp, static_cast<long long>(dp),
               distopt ? value_or(m, "distributed_optimizer", "").c_str() : "no");
-  std::printf("optimizer: %s, %s steps, weights trained in %s\n",
-              value_or(m, "optimizer", "adam").c_str(),
-              value_or(m, "optimizer_steps", "?").c_str(),
-              value_or(m, "weights_dtype_in_plan", "f32").c_str());
+  if (m.values.count("no_save_optim"))
+    std::printf("optimizer: not saved (--no-save-optim: load with --no-load-optim or "
+                "--finetune), weights trained in %s\n",
+                value_or(m, "weights_dtype_in_plan", "f32").c_str());
+  else
+    std::printf("optimizer: %s, %s steps, weights trained in %s\n",
+                value_or(m, "optimizer", "adam").c_str(),
+                value_or(m, "optimizer_steps", "?").c_str(),
+                value_or(m, "weights_dtype_in_plan", "f32").c_str());
+  if (m.values.count("no_save_rng"))
+    std::printf("random state: not saved (--no-save-rng: load with --no-load-rng or "
+                "--finetune)\n");
+  else if (m.rng_state.size() == 2)
+    std::printf("random state: seed %llu, dropout drawn for %llu iterations since seeded\n",
+                static_cast<unsigned long long>(m.rng_state[0]),
+                static_cast<unsigned long long>(m.rng_state[1]));
+  else
+    std::printf("random state: the seed's, drawn since iteration 0 (not recorded)\n");
   HfModelSpec model;
   if (std::string e = read_spec(m.spec_toml, first->path() + " (its spec)", &model); !e.empty()) {
     std::printf("model: the checkpoint's spec does not read: %s\n", e.c_str());
@@ -249,7 +264,7 @@ int run_info(const Args &a, const SpecModelReader &read_spec) {
   for (int s = 0; s < pp; ++s)
     for (int r = 0; r < int(tp); ++r)
       for (bool optim : {false, true}) {
-        if (optim && !distopt)
+        if (optim && (!distopt || m.values.count("no_save_optim")))
           continue;
         auto reader = CheckpointReader::open(a.ckpt, iteration, r, s, pp, &err, optim);
         if (!reader)

@@ -264,14 +264,20 @@ void initial_weights(const pl::Param &p, int64_t tp_size, int64_t tp_rank, uint6
 
 std::string CpuExecutor::init_params(uint64_t seed) {
   Impl &s = *impl_;
+  for (uint32_t i = 0; i < vsize(s.rank.params()); ++i)
+    if (float *w = s.state_floats(s.param(i).weight_offset()))
+      initial_weights(s.param(i), s.tp_size(), s.tp_rank(), seed, w);
+  return reset_optimizer_state();
+}
+
+std::string CpuExecutor::reset_optimizer_state() {
+  Impl &s = *impl_;
   for (uint32_t i = 0; i < vsize(s.rank.params()); ++i) {
     const pl::Param &p = s.param(i);
     const int64_t count = element_count(p.shape());
-    if (float *w = s.state_floats(p.weight_offset())) {
-      initial_weights(p, s.tp_size(), s.tp_rank(), seed, w);
+    if (float *w = s.state_floats(p.weight_offset()))
       if (float *m = s.state_floats(p.master_offset()))
         std::copy(w, w + count, m);
-    }
     for (float *b : {s.state_floats(p.grad_offset()), s.state_floats(p.exp_avg_offset()),
                      s.state_floats(p.exp_avg_sq_offset())})
       if (b)

@@ -81,6 +81,7 @@ public:
   // to the parameter's dtype; copies them to the master copies; zeroes
   // gradients and Adam moments.
   std::string init_params(uint64_t seed) override;
+  std::string reset_optimizer_state() override;
 
   // A parameter's buffers, as floats; null when the rank does not hold it.
   float *weight(int param) override;

@@ -27,6 +27,13 @@ public:
   // Weights from each Param's init (cpu_executor.h), master copies, zero
   // gradients and moments. "" or one error line.
   virtual std::string init_params(uint64_t seed) = 0;
+  // A fresh optimizer for the weights the host views hold (a checkpoint
+  // loaded without its optimizer state: Megatron's reload_model_params):
+  // the master copies, the distributed optimizer's owned shards included,
+  // copied from the weights; gradients and moments zero. Host views only:
+  // the caller moves them to the device (state_to_device). "" or one error
+  // line.
+  virtual std::string reset_optimizer_state() = 0;
 
   // Host views of a parameter's buffers (null when the rank does not hold
   // that buffer) and of the distributed optimizer's shard state. exp_avg is

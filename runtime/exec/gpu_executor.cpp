@@ -215,14 +215,18 @@ std::string GpuExecutor::open() {
 
 std::string GpuExecutor::init_params(uint64_t seed) {
   const int64_t tp = plan_.tensor_parallel();
-  for (uint32_t i = 0; i < host_->params.size(); ++i) {
-    const pl::Param &p = *rank_.params()->Get(i);
-    HostState::Param &h = host_->params[i];
-    if (!h.weight.empty()) {
-      initial_weights(p, tp, rank_.tp_rank(), seed, h.weight.data());
-      if (!h.master.empty())
-        h.master = h.weight;
-    }
+  for (uint32_t i = 0; i < host_->params.size(); ++i)
+    if (HostState::Param &h = host_->params[i]; !h.weight.empty())
+      initial_weights(*rank_.params()->Get(i), tp, rank_.tp_rank(), seed, h.weight.data());
+  if (std::string e = reset_optimizer_state(); !e.empty())
+    return e;
+  return state_to_device();
+}
+
+std::string GpuExecutor::reset_optimizer_state() {
+  for (HostState::Param &h : host_->params) {
+    if (!h.weight.empty() && !h.master.empty())
+      h.master = h.weight;
     for (std::vector<float> *b : {&h.grad, &h.exp_avg, &h.exp_avg_sq})
       std::fill(b->begin(), b->end(), 0.0f);
   }
@@ -247,7 +251,7 @@ std::string GpuExecutor::init_params(uint64_t seed) {
       }
     }
   }
-  return state_to_device();
+  return "";
 }
 
 namespace {

@@ -180,6 +180,7 @@ public:
   std::string open();
 
   std::string init_params(uint64_t seed) override;
+  std::string reset_optimizer_state() override;
   float *weight(int param) override;
   float *master(int param) override;
   float *exp_avg(int param) override;

@@ -171,7 +171,8 @@ public:
     lossScale = fp16 ? t->initial_loss_scale() : 1.0;
     hysteresisTracker = t->hysteresis();
     exec->set_loss_scale(float(lossScale));
-    exec->set_seed(uint64_t(t->seed()));
+    rngSeed = uint64_t(t->seed());
+    exec->set_seed(rngSeed);
     exec->set_check_memory_plan(opts.check_memory_plan);
     trainStep.program = exec->program("train_step");
     lastStep.program = exec->program("train_step_last");
@@ -928,11 +929,23 @@ private:
   }
 
   std::string restoreOrInit() {
+    const bool finetune = opts.finetune;
+    // What the load takes besides the weights (Megatron's load_checkpoint:
+    // --finetune implies neither).
+    const bool loadOptim = !finetune && !opts.no_load_optim;
+    const bool loadRng = !finetune && !opts.no_load_rng;
+    const char *flagName = finetune ? "--finetune" : opts.no_load_optim ? "--no-load-optim"
+                           : opts.no_load_rng ? "--no-load-rng"
+                                              : "--ckpt-step";
+    if (load.empty() && (finetune || opts.no_load_optim || opts.no_load_rng || opts.ckpt_step >= 0))
+      return std::string(flagName) + " changes what a checkpoint load takes, but there is no "
+             "checkpoint directory to load: give --load DIR (or [training] load)";
     // As Megatron's load_checkpoint: without the tracker, a directory that
     // holds no checkpoint starts from random with a warning; one that holds
     // checkpoints is refused, naming them (training over them from scratch
-    // would be a silent wrong start).
-    if (!load.empty() && !checkpoint_exists(load)) {
+    // would be a silent wrong start). --ckpt-step names its iteration
+    // itself, and --finetune needs weights to fine-tune.
+    if (!load.empty() && !checkpoint_exists(load) && opts.ckpt_step < 0) {
       const std::string tracker = load + "/latest_checkpointed_iteration.txt";
       std::vector<std::string> held = checkpoint_contents(load);
       if (!held.empty()) {
@@ -943,19 +956,25 @@ private:
           names += ", ... (" + std::to_string(held.size()) + " in all)";
         return "--load " + load + ": error: " + tracker + " is missing but the directory " +
                "holds checkpoints (" + names + "); write the iteration to resume into the "
-               "tracker (a directory holding *.mtckpt files is one iteration's: load its "
-               "parent), or load an empty directory to start from scratch";
+               "tracker or name it with --ckpt-step (a directory holding *.mtckpt files is "
+               "one iteration's: load its parent), or load an empty directory to start from "
+               "scratch";
       }
+      if (finetune)
+        return "--finetune: --load " + load + " holds no checkpoint (" + tracker +
+               " is missing) to fine-tune from; load the pretrained model's checkpoint "
+               "directory, or drop --finetune to train from scratch";
       say("WARNING: could not find the metadata file " + tracker);
       say("    will not load any checkpoints and will start from random");
     }
-    if (load.empty() || !checkpoint_exists(load))
+    if (load.empty() || (!checkpoint_exists(load) && opts.ckpt_step < 0))
       return exec->init_params(uint64_t(plan.training()->seed()));
     std::string err;
     // The layout first: the first rank's file records it.
-    auto first = CheckpointReader::open_first(load, -1, &err);
+    auto first = CheckpointReader::open_first(load, opts.ckpt_step, &err);
     if (!first)
-      return err;
+      return opts.ckpt_step >= 0 ? "--ckpt-step " + std::to_string(opts.ckpt_step) + ": " + err
+                                 : err;
     if (std::string e = check_saved_layout(*first, load, plan, opts.plan_path); !e.empty())
       return e;
     auto reader = CheckpointReader::open(load, first->meta().iteration, tpRank, ppRank, pp, &err);
@@ -970,10 +989,28 @@ private:
              "); load a checkpoint of this model or start without --load";
     if (std::string e = check_rank_params(*reader, *myRank, load, opts.plan_path); !e.empty())
       return e;
-    // Adam's moments and SGD's momentum buffer are different state: a
-    // checkpoint of one does not resume the other (one without the record
-    // predates SGD: Adam).
-    {
+    // A checkpoint saved without a part cannot give it: the load says which
+    // and how to go without it (Megatron's "Specify --no-load-optim or
+    // --finetune ...").
+    if (loadOptim && m.values.count("no_save_optim"))
+      return "checkpoint " + reader->path() + " was saved without its optimizer state "
+             "(mtrun --no-save-optim): it holds no master weights, Adam moments, step count, "
+             "learning-rate schedule position or loss scale; load it with --no-load-optim "
+             "(a fresh optimizer, keeping the iteration and data position) or --finetune "
+             "(the weights only, from iteration 0)";
+    if (loadRng && m.values.count("no_save_rng"))
+      return "checkpoint " + reader->path() + " was saved without its random state "
+             "(mtrun --no-save-rng); load it with --no-load-rng (dropout draws afresh from "
+             "the seed) or --finetune (the weights only, from iteration 0)";
+    for (const char *key : {"no_save_optim", "no_save_rng"})
+      if (auto it = m.values.find(key); it != m.values.end() && it->second != "true")
+        return reader->path() + ": error: the metadata value '" + key + "' is '" +
+               it->second.substr(0, 40) + "', not \"true\"; the file is damaged: load an "
+               "earlier iteration instead, or start from scratch";
+    if (loadOptim) {
+      // Adam's moments and SGD's momentum buffer are different state: a
+      // checkpoint of one does not resume the other (one without the record
+      // predates SGD: Adam).
       auto saved = m.values.find("optimizer");
       const std::string have = saved == m.values.end() ? "adam" : saved->second;
       const std::string want = planOptimizer();
@@ -981,32 +1018,34 @@ private:
         return "checkpoint " + reader->path() + " holds the optimizer state of " +
                optimizerName(have) + ", but this plan trains with " + optimizerName(want) +
                " (training.optimizer = \"" + want + "\"); load it with a plan of the same "
-               "optimizer, or start without --load";
-    }
-    // A distributed-optimizer checkpoint fits only the same shard layout,
-    // and a plain one only a plan without it.
-    const int64_t shard = exec->shard_elements();
-    auto saved = m.values.find("distributed_optimizer");
-    std::string have = saved == m.values.end() ? "" : saved->second;
-    std::string want_layout = shard > 0 ? shard_layout(plan, *myRank) : "";
-    if (have != want_layout)
-      return "checkpoint " + reader->path() + " holds optimizer state " +
-             (have.empty() ? std::string("without the distributed optimizer")
-                           : "sharded by the distributed optimizer (" + have + ")") +
-             ", but this plan " +
-             (want_layout.empty() ? std::string("does not use the distributed optimizer")
-                                  : "shards it as " + want_layout) +
-             "; load it with a plan of the same data_parallel_size, buckets and "
-             "use_distributed_optimizer, or start without --load";
-    if (shard > 0) {
-      auto optim = CheckpointReader::open(load, m.iteration, tpRank, ppRank, pp, &err, true);
-      if (!optim)
-        return err;
-      char name[64];
-      for (auto &[kind, data] : shardKinds()) {
-        std::snprintf(name, sizeof name, "dp_rank_%02d.%s", dpRank, kind.c_str());
-        if (std::string e = optim->read(name, "f32", {shard}, data, size_t(shard) * 4); !e.empty())
-          return e;
+               "optimizer, load it with --no-load-optim, or start without --load";
+      // A distributed-optimizer checkpoint fits only the same shard layout,
+      // and a plain one only a plan without it.
+      const int64_t shard = exec->shard_elements();
+      auto savedLayout = m.values.find("distributed_optimizer");
+      std::string haveLayout = savedLayout == m.values.end() ? "" : savedLayout->second;
+      std::string wantLayout = shard > 0 ? shard_layout(plan, *myRank) : "";
+      if (haveLayout != wantLayout)
+        return "checkpoint " + reader->path() + " holds optimizer state " +
+               (haveLayout.empty() ? std::string("without the distributed optimizer")
+                                   : "sharded by the distributed optimizer (" + haveLayout + ")") +
+               ", but this plan " +
+               (wantLayout.empty() ? std::string("does not use the distributed optimizer")
+                                   : "shards it as " + wantLayout) +
+               "; load it with a plan of the same data_parallel_size, buckets and "
+               "use_distributed_optimizer, load it with --no-load-optim, or start without "
+               "--load";
+      if (shard > 0) {
+        auto optim = CheckpointReader::open(load, m.iteration, tpRank, ppRank, pp, &err, true);
+        if (!optim)
+          return err;
+        char name[64];
+        for (auto &[kind, data] : shardKinds()) {
+          std::snprintf(name, sizeof name, "dp_rank_%02d.%s", dpRank, kind.c_str());
+          if (std::string e = optim->read(name, "f32", {shard}, data, size_t(shard) * 4);
+              !e.empty())
+            return e;
+        }
       }
     }
     const pl::Rank *rank = myRank;
@@ -1017,10 +1056,12 @@ private:
       size_t bytes = size_t(exec->param_elements(int(i))) * 4;
       struct Part { std::string suffix; float *dst; };
       std::vector<Part> parts = {{"", exec->weight(int(i))}};
-      for (auto &[suffix, data] : stateParts(int(i)))
-        parts.push_back({"." + suffix, data});
-      if (exec->master(int(i)))
-        parts.push_back({".master", exec->master(int(i))});
+      if (loadOptim) {
+        for (auto &[suffix, data] : stateParts(int(i)))
+          parts.push_back({"." + suffix, data});
+        if (exec->master(int(i)))
+          parts.push_back({".master", exec->master(int(i))});
+      }
       for (const Part &part : parts) {
         if (!part.dst)
           continue;
@@ -1029,50 +1070,94 @@ private:
           return e;
       }
     }
+    // Without the optimizer's state: masters from the loaded weights,
+    // moments zero (Megatron's reload_model_params).
+    if (!loadOptim)
+      if (std::string e = exec->reset_optimizer_state(); !e.empty())
+        return e;
     if (std::string e = exec->state_to_device(); !e.empty())
       return e;
     exec->zero_grads();
-    iteration = m.iteration;
-    consumedTrain = m.consumed_train_samples;
-    consumedValid = m.consumed_valid_samples;
-    lossScale = m.loss_scale;
-    growthTracker = m.loss_scale_growth_tracker;
-    hysteresisTracker = m.loss_scale_hysteresis_tracker;
-    exec->set_loss_scale(float(lossScale));
-    // Every number the metadata holds, checked: the file and field are named.
-    if (std::string e = reader->int_value("optimizer_steps", 0, iteration, 0,
-                                          &stepsTaken);
-        !e.empty())
-      return e;
-    // Megatron's scheduler counts samples; an iteration-based run's are its
-    // steps times the global batch.
-    if (std::string e = reader->int_value("lr_scheduler_samples", 0, kMaxCheckpointCount,
-                                          stepsTaken <= kMaxCheckpointCount / std::max<int64_t>(1, gbs)
-                                              ? stepsTaken * gbs
-                                              : kMaxCheckpointCount,
-                                          &lrSamples);
-        !e.empty())
-      return e;
-    if (std::string e = reader->int_value("skipped_iterations", 0, iteration, 0, &skipped);
-        !e.empty())
-      return e;
-    if (auto it = m.values.find("train_order_hash"); it != m.values.end()) {
-      uint64_t h = 0;
-      const std::string &x = it->second;
-      auto r = std::from_chars(x.data(), x.data() + x.size(), h, 16);
-      if (x.size() != 16 || r.ec != std::errc() || r.ptr != x.data() + x.size())
-        return reader->path() + ": error: the metadata value 'train_order_hash' is not 16 hex "
-                                "digits; the file is damaged: load an earlier iteration "
-                                "instead, or start from scratch";
-      loadedOrderHash = h;
-      if (std::string e = reader->int_value("train_index_samples", 0, kMaxCheckpointCount, 0,
-                                            &loadedIndexSamples);
+    const int64_t savedAt = m.iteration;
+    iteration = finetune ? 0 : m.iteration;
+    if (!finetune) {
+      consumedTrain = m.consumed_train_samples;
+      consumedValid = m.consumed_valid_samples;
+      if (std::string e = reader->int_value("skipped_iterations", 0, iteration, 0, &skipped);
           !e.empty())
         return e;
     }
-    savedIteration = iteration;
+    if (loadOptim) {
+      lossScale = m.loss_scale;
+      growthTracker = m.loss_scale_growth_tracker;
+      hysteresisTracker = m.loss_scale_hysteresis_tracker;
+      exec->set_loss_scale(float(lossScale));
+      // Every number the metadata holds, checked: the file and field are named.
+      if (std::string e = reader->int_value("optimizer_steps", 0, iteration, 0, &stepsTaken);
+          !e.empty())
+        return e;
+      // Megatron's scheduler counts samples; an iteration-based run's are its
+      // steps times the global batch.
+      if (std::string e = reader->int_value(
+              "lr_scheduler_samples", 0, kMaxCheckpointCount,
+              stepsTaken <= kMaxCheckpointCount / std::max<int64_t>(1, gbs) ? stepsTaken * gbs
+                                                                             : kMaxCheckpointCount,
+              &lrSamples);
+          !e.empty())
+        return e;
+    }
+    // The random state: the seed and how far the dropout counter has run
+    // since it was seeded. Checkpoints from before the record ran it from
+    // iteration 0 with the plan's seed. Not loaded, it starts afresh from
+    // the plan's seed here, as Megatron's generators keep their seeding.
+    rngBase = iteration;
+    if (loadRng) {
+      if (m.rng_state.size() == 2 && m.rng_state[1] <= uint64_t(iteration)) {
+        rngSeed = m.rng_state[0];
+        exec->set_seed(rngSeed);
+        rngBase = iteration - int64_t(m.rng_state[1]);
+      } else if (m.rng_state.empty()) {
+        rngBase = 0;
+      } else {
+        return reader->path() + ": error: the metadata's rng_state is not [seed, draws] with "
+               "draws <= the iteration " + std::to_string(iteration) + "; the file is "
+               "damaged: load an earlier iteration instead, load it with --no-load-rng, or "
+               "start from scratch";
+      }
+    }
+    if (!finetune)
+      if (auto it = m.values.find("train_order_hash"); it != m.values.end()) {
+        uint64_t h = 0;
+        const std::string &x = it->second;
+        auto r = std::from_chars(x.data(), x.data() + x.size(), h, 16);
+        if (x.size() != 16 || r.ec != std::errc() || r.ptr != x.data() + x.size())
+          return reader->path() + ": error: the metadata value 'train_order_hash' is not 16 "
+                                  "hex digits; the file is damaged: load an earlier iteration "
+                                  "instead, or start from scratch";
+        loadedOrderHash = h;
+        if (std::string e = reader->int_value("train_index_samples", 0, kMaxCheckpointCount, 0,
+                                              &loadedIndexSamples);
+            !e.empty())
+          return e;
+      }
+    // A fine-tuning run's iteration 0 is not the checkpoint's: a save there
+    // writes the fine-tuning run's own.
+    savedIteration = finetune ? -1 : iteration;
     loadedPath = reader->path();
-    say("loaded checkpoint " + reader->path() + " at iteration " + std::to_string(iteration));
+    if (finetune) {
+      say("loaded checkpoint " + reader->path() + " at iteration 0 (--finetune: the weights "
+          "of iteration " + std::to_string(savedAt) + " only)");
+      say("    fine-tuning from iteration 0: the consumed samples, optimizer state, "
+          "learning-rate schedule, loss scale and random state start fresh");
+    } else {
+      say("loaded checkpoint " + reader->path() + " at iteration " + std::to_string(iteration));
+      if (!loadOptim)
+        say("    --no-load-optim: the optimizer state (master weights from the loaded "
+            "weights, zero moments), learning-rate schedule and loss scale start fresh");
+      if (!loadRng)
+        say("    --no-load-rng: the random state starts afresh from the seed " +
+            std::to_string(plan.training()->seed()));
+    }
     return "";
   }
 
@@ -1123,8 +1208,12 @@ private:
       return e;
     if (std::string e = exec->state_to_host(); !e.empty())
       return e;
+    // --no-save-optim leaves the optimizer's state (master weights, moments,
+    // the distributed optimizer's file, the step count and schedule
+    // position) out, as Megatron's.
+    const bool saveOptim = !opts.no_save_optim;
     // Distributed optimizer: every rank's shards gathered to dp rank 0.
-    const int64_t shard = exec->shard_elements();
+    const int64_t shard = saveOptim ? exec->shard_elements() : 0;
     std::vector<std::vector<float>> gathered;
     if (shard > 0)
       for (auto &[kind, data] : shardKinds()) {
@@ -1149,7 +1238,7 @@ private:
       size_t bytes = size_t(exec->param_elements(int(i))) * 4;
       // The CPU executor keeps every float tensor as f32.
       tensors.push_back({name, "f32", shape, exec->weight(int(i)), bytes});
-      if (shard > 0)
+      if (shard > 0 || !saveOptim)
         continue;
       if (exec->master(int(i)))
         tensors.push_back({name + ".master", "f32", shape, exec->master(int(i)), bytes});
@@ -1176,10 +1265,20 @@ private:
     m.loss_scale = lossScale;
     m.loss_scale_growth_tracker = growthTracker;
     m.loss_scale_hysteresis_tracker = hysteresisTracker;
-    m.values["optimizer_steps"] = std::to_string(stepsTaken);
-    m.values["optimizer"] = planOptimizer();
-    if (bySamples)
-      m.values["lr_scheduler_samples"] = std::to_string(lrSamples);
+    if (saveOptim) {
+      m.values["optimizer_steps"] = std::to_string(stepsTaken);
+      m.values["optimizer"] = planOptimizer();
+      if (bySamples)
+        m.values["lr_scheduler_samples"] = std::to_string(lrSamples);
+    } else {
+      m.values["no_save_optim"] = "true";
+    }
+    // The random state: the seed and the dropout counter's run since it
+    // was seeded (restoreOrInit); --no-save-rng leaves it out.
+    if (opts.no_save_rng)
+      m.values["no_save_rng"] = "true";
+    else
+      m.rng_state = {uint64_t(rngSeed), uint64_t(iteration - rngBase)};
     m.values["skipped_iterations"] = std::to_string(skipped);
     if (orderKnown && train) {
       orderHash = train->order_hash(orderHash, orderHashed, consumedTrain);
@@ -1193,7 +1292,8 @@ private:
       m.values["weights_dtype_in_plan"] = dtype_label(rank->params()->Get(0)->dtype());
     add_layout_values(plan, *rank, &m);
     if (std::string err = save_checkpoint_collective(
-            groups.world, this->rank, save, m, checkpoint_files_of(plan), writes, tensors, tpRank,
+            groups.world, this->rank, save, m, checkpoint_files_of(plan, saveOptim), writes,
+            tensors, tpRank,
             ppRank, pp, shard > 0 ? &distrib : nullptr);
         !err.empty())
       return err;
@@ -1377,7 +1477,7 @@ private:
   uint64_t rngOffset(int64_t micro, bool eval) const {
     // Data-parallel ranks see different samples: they draw their own masks.
     uint64_t m = uint64_t(micro) * uint64_t(dp) + uint64_t(dpRank);
-    return ((uint64_t(iteration) << 20) + m) * 2 + (eval ? 1 : 0);
+    return ((uint64_t(iteration - rngBase) << 20) + m) * 2 + (eval ? 1 : 0);
   }
 
   std::string forwardBackward(double *meanLoss) {
@@ -1603,6 +1703,10 @@ private:
   BatchRampup ramp;
   int64_t iteration = 0, consumedTrain = 0, consumedValid = 0, stepsTaken = 0, skipped = 0;
   int64_t savedIteration = -1;
+  // The iteration at which the dropout counter was seeded: 0, or where a
+  // load that left the random state out (or a checkpoint) put it.
+  int64_t rngBase = 0;
+  uint64_t rngSeed = 0; // the dropout masks' seed: the plan's, or a loaded checkpoint's
   int64_t trainIndexSamples = 0; // the samples the training index is built for
   // The order hash (GptDataset::order_hash) of training samples [0, orderHashed),
   // carried through checkpoints; unknown after a checkpoint without one.
@@ -1645,6 +1749,19 @@ options:
                         and timing comparisons; the results are the same bits)
   --save DIR            save checkpoints to DIR (overrides [training] save)
   --load DIR            resume from the latest checkpoint in DIR (overrides [training] load)
+  --ckpt-step N         load iteration N of --load instead of the tracker's latest
+  --finetune            load the weights only: start at iteration 0 from the first
+                        sample, with a fresh optimizer, learning-rate schedule,
+                        loss scale and random state (Megatron's --finetune)
+  --no-load-optim       load without the optimizer state: masters from the loaded
+                        weights, zero moments, a fresh learning-rate schedule and
+                        loss scale; the iteration and data position are kept
+  --no-load-rng         load without the random state: dropout draws afresh from
+                        the seed
+  --no-save-optim, --no-save-rng
+                        leave the optimizer state / the random state out of every
+                        checkpoint saved (smaller files; such a checkpoint loads
+                        with --no-load-optim / --no-load-rng or --finetune)
   --train-iters N       stop after iteration N (overrides [training] train_iters)
   --train-samples N     a sample-based plan's samples to train (overrides
                         [training] train_samples; the iterations follow as
@@ -1818,6 +1935,11 @@ constexpr Switch kSwitches[] = {
     {"--log-params-norm", &RunOptions::log_params_norm, true},
     {"--log-num-zeros-in-grad", &RunOptions::log_num_zeros_in_grad, true},
     {"--log-memory-to-tensorboard", &RunOptions::log_memory_to_tensorboard, true},
+    {"--finetune", &RunOptions::finetune, true},
+    {"--no-load-optim", &RunOptions::no_load_optim, true},
+    {"--no-load-rng", &RunOptions::no_load_rng, true},
+    {"--no-save-optim", &RunOptions::no_save_optim, true},
+    {"--no-save-rng", &RunOptions::no_save_rng, true},
 };
 
 int mtrun_main(int argc, char **argv) {
@@ -1904,6 +2026,10 @@ int mtrun_main(int argc, char **argv) {
       if (r < 0 || o.save.empty()) return usage("--save needs a directory");
     } else if ((r = value("--load", &o.load))) {
       if (r < 0 || o.load.empty()) return usage("--load needs a directory");
+    } else if ((r = value("--ckpt-step", &v))) {
+      if (!integer(0, mt::rt::kMaxCheckpointCount, &n))
+        return usage("--ckpt-step needs an iteration >= 0, got '" + v + "'");
+      o.ckpt_step = n;
     } else if ((r = value("--log-file", &o.log_file))) {
       if (r < 0 || o.log_file.empty()) return usage("--log-file needs a file name");
     } else if ((r = value("--train-iters", &v))) {

@@ -16,6 +16,19 @@ struct RunOptions {
   std::string device = "cpu";
   std::string save;          // overrides the plan's [training] save
   std::string load;          // overrides the plan's [training] load
+  // Megatron-LM's fine-tuning and checkpoint-content flags of the same
+  // names: --finetune loads the weights only and starts at iteration 0;
+  // --no-load-optim / --no-load-rng leave the optimizer state (with the
+  // learning-rate schedule and the loss scale) / the random state out of
+  // the load, --no-save-optim / --no-save-rng out of every save;
+  // --ckpt-step loads that iteration instead of the tracker's (-1: the
+  // tracker's).
+  bool finetune = false;
+  bool no_load_optim = false;
+  bool no_load_rng = false;
+  bool no_save_optim = false;
+  bool no_save_rng = false;
+  int64_t ckpt_step = -1;
   int64_t train_iters = -1;  // overrides the plan's train_iters when >= 0
   int64_t train_samples = -1; // overrides a sample-based plan's train_samples when >= 1
   std::string log_file;      // iteration lines are also appended here
