@@ -137,9 +137,9 @@ constexpr char kNonPersistent[] =
     "--save-interval write mt's checkpoints)";
 constexpr char kResume[] =
     "mtrun resumes everything a checkpoint holds (weights, optimizer, scheduler, random "
-    "state, data position), or what mtrun --finetune, --no-load-optim and --no-load-rng "
-    "leave of it; this changes what Megatron loads in another way, which mt does not "
-    "implement: remove it";
+    "state, data position), or what training.finetune, load_optim and load_rng "
+    "(--finetune, --no-load-optim, --no-load-rng) leave of it; this changes what Megatron "
+    "loads in another way, which mt does not implement: remove it";
 constexpr char kNoLogOutput[] =
     "mt does not produce this output; remove it (mtrun writes Megatron's iteration lines "
     "and, with --tensorboard-dir, its TensorBoard scalars)";
@@ -231,12 +231,6 @@ std::vector<MegatronFlag> explicitRows() {
       mtrun("--exit-interval", V, "--exit-interval"),
       mtrun("--exit-duration-in-mins", V, "--exit-duration-in-mins"),
       mtrun("--skip-train", S, "--skip-train"),
-      mtrun("--finetune", S, "--finetune"),
-      mtrun("--no-load-optim", S, "--no-load-optim"),
-      mtrun("--no-load-rng", S, "--no-load-rng"),
-      mtrun("--no-save-optim", S, "--no-save-optim"),
-      mtrun("--no-save-rng", S, "--no-save-rng"),
-      mtrun("--ckpt-step", V, "--ckpt-step"),
       mtrun("--tensorboard-dir", V, "--tensorboard-dir"),
       mtrun("--tensorboard-log-interval", V, "--tensorboard-log-interval"),
       mtrun("--log-timers-to-tensorboard", S, "--log-timers-to-tensorboard"),

@@ -401,6 +401,19 @@ absl::Status Translator::parseFlags(size_t begin) {
       set(k.section, k.name, std::to_string(iv), flag + " " + value);
       continue;
     }
+    if (dashed == "--ckpt-step") {
+      // Megatron's loader tests the value for truth: 0 loads the tracker's
+      // iteration, as no flag does.
+      if (absl::Status st = takeInt(iv, value); !st.ok())
+        return st;
+      if (iv == 0)
+        ignore(flag + " " + value,
+               "Megatron's loader treats 0 as not given and loads the tracker's iteration, as "
+               "mt does without training.ckpt_step");
+      else
+        set("training", "ckpt_step", std::to_string(iv), flag + " " + value);
+      continue;
+    }
     if (dashed == "--no-position-embedding") {
       // Megatron's Llama recipes pair it with rope; finish() checks that.
       if (absl::Status st = noValue(); !st.ok())

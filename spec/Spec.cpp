@@ -438,6 +438,15 @@ std::string toToml(const Spec &spec) {
     w.string("load", t.load);
   else
     w.unset("load", "not set");
+  if (t.ckpt_step >= 0)
+    w.integer("ckpt_step", t.ckpt_step);
+  else
+    w.unset("ckpt_step", "not set");
+  w.boolean("finetune", t.finetune);
+  w.boolean("load_optim", t.load_optim);
+  w.boolean("load_rng", t.load_rng);
+  w.boolean("save_optim", t.save_optim);
+  w.boolean("save_rng", t.save_rng);
 
   const DataConfig &d = spec.data;
   w.section("data");

@@ -137,6 +137,15 @@ struct TrainingConfig {
   int64_t save_interval = 0;         // 0 = only at the end (when `save` is set)
   std::string save;
   std::string load;
+  // What a load takes and a save writes, as Megatron's --ckpt-step,
+  // --finetune, --no-load-optim, --no-load-rng, --no-save-optim and
+  // --no-save-rng (mtrun's flags of those names override them).
+  int64_t ckpt_step = -1; // -1: the tracker's iteration
+  bool finetune = false;
+  bool load_optim = true;
+  bool load_rng = true;
+  bool save_optim = true;
+  bool save_rng = true;
 };
 
 // [data]: where tokens come from.

@@ -393,6 +393,27 @@ std::vector<KeyInfo> buildTable() {
                   "Checkpoint directory to write."));
   t.push_back(key("training", "load", S, false, "not set", "path", "--load",
                   "Checkpoint directory to resume from."));
+  t.push_back(key("training", "ckpt_step", I, false, "not set", "iterations", "--ckpt-step",
+                  "Load this iteration of load instead of the latest its tracker names "
+                  "(mtrun --ckpt-step overrides it).",
+                  atLeast(0)));
+  t.push_back(key("training", "finetune", B, false, "false", "", "--finetune",
+                  "Load only the weights of load: train from iteration 0 and the first "
+                  "sample, with a fresh optimizer, learning-rate schedule, loss scale and "
+                  "random state (mtrun --finetune)."));
+  t.push_back(key("training", "load_optim", B, false, "true", "", "--no-load-optim",
+                  "Resume the optimizer state (master weights, moments, step count), the "
+                  "learning-rate schedule and the loss scale from load; false starts them "
+                  "fresh and keeps the iteration and data position (mtrun --no-load-optim)."));
+  t.push_back(key("training", "load_rng", B, false, "true", "", "--no-load-rng",
+                  "Resume the random state (dropout's seed and draws) from load; false draws "
+                  "afresh from seed (mtrun --no-load-rng)."));
+  t.push_back(key("training", "save_optim", B, false, "true", "", "--no-save-optim",
+                  "Save the optimizer state in checkpoints; false saves the weights alone, "
+                  "which load with load_optim = false or finetune (mtrun --no-save-optim)."));
+  t.push_back(key("training", "save_rng", B, false, "true", "", "--no-save-rng",
+                  "Save the random state in checkpoints; false leaves it out, and such "
+                  "checkpoints load with load_rng = false or finetune (mtrun --no-save-rng)."));
 
   // [data]
   t.push_back(key("data", "data_path", KeyType::DataPath, false, "not set", "path", "--data-path",

@@ -695,6 +695,12 @@ void Parser::readValues(Spec &spec) {
   getInt("training", "save_interval", t.save_interval);
   getString("training", "save", t.save);
   getString("training", "load", t.load);
+  getInt("training", "ckpt_step", t.ckpt_step);
+  getBool("training", "finetune", t.finetune);
+  getBool("training", "load_optim", t.load_optim);
+  getBool("training", "load_rng", t.load_rng);
+  getBool("training", "save_optim", t.save_optim);
+  getBool("training", "save_rng", t.save_rng);
 
   DataConfig &d = spec.data;
   if (const Entry *e = given("data", "data_path"))

@@ -319,7 +319,8 @@ public:
         t.log_memory_to_tensorboard, t.check_for_nan_in_loss_and_grad,
         spec.flopsPerIteration(), t.clip_grad, t.train_samples, ramp(0), ramp(1), ramp(2),
         fbb.CreateString(spec::toString(t.optimizer)), fbb.CreateString(t.power_log),
-        t.power_log_interval_ms, spec.data.eod_id);
+        t.power_log_interval_ms, spec.data.eod_id, t.ckpt_step, t.finetune, t.load_optim,
+        t.load_rng, t.save_optim, t.save_rng);
 
     auto plan = pl::CreatePlan(
         fbb, fbb.CreateString(kProducer), fbb.CreateString(modelFingerprint(module)),

@@ -84,14 +84,19 @@ struct CheckpointMeta {
   int64_t consumed_valid_samples = 0;
   std::string spec_toml;           // the spec the run was compiled from, verbatim
   std::string model_fingerprint;   // the caller's identity of the model's shapes
-  std::vector<uint64_t> rng_state; // opaque to the checkpoint
+  // Opaque to the checkpoint; mtrun writes [seed, iterations of dropout
+  // drawn since seeding], or none with --no-save-rng.
+  std::vector<uint64_t> rng_state;
   // Dynamic loss scaling, as Megatron's DynamicGradScaler keeps it.
   double loss_scale = 1.0;
   int64_t loss_scale_growth_tracker = 0;
   int64_t loss_scale_hysteresis_tracker = 0;
   // Anything else, free-form; mtrun writes optimizer_steps,
   // skipped_iterations, and train_order_hash (16 hex digits: the sample
-  // order it trained in, GptDataset::order_hash) with train_index_samples.
+  // order it trained in, GptDataset::order_hash) with train_index_samples;
+  // "no_save_optim" and "no_save_rng" ("true") when --no-save-optim left the
+  // optimizer's state out (its tensors, optimizer_steps, the distrib_optim
+  // file) or --no-save-rng the random state, as Megatron's checkpoint args.
   std::map<std::string, std::string> values;
 };
 

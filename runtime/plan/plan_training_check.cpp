@@ -185,6 +185,7 @@ std::string check_training_scalars(const pl::Training &t) {
       {"rampup_increment", t.rampup_increment(), 0, kMaxInt},
       {"rampup_samples", t.rampup_samples(), 0, kMaxSamples},
       {"power_log_interval_ms", t.power_log_interval_ms(), 0, kMaxInt},
+      {"ckpt_step", t.ckpt_step(), -1, kMaxSamples},
       // -1: none (mock data then ends documents with vocab_size - 1).
       {"eod_id", t.eod_id(), -1, std::max<int64_t>(t.padded_vocab_size(), 1) - 1},
   };

@@ -123,6 +123,14 @@ public:
     seq = t->seq_length();
     save = !opts.save.empty() ? opts.save : str(t->save());
     load = !opts.load.empty() ? opts.load : str(t->load());
+    // What a load takes and a save writes: the plan's keys, or mtrun's
+    // flags of Megatron's names.
+    finetune = opts.finetune || t->finetune();
+    noLoadOptim = opts.no_load_optim || !t->load_optim();
+    noLoadRng = opts.no_load_rng || !t->load_rng();
+    noSaveOptim = opts.no_save_optim || !t->save_optim();
+    noSaveRng = opts.no_save_rng || !t->save_rng();
+    ckptStep = opts.ckpt_step >= 0 ? opts.ckpt_step : t->ckpt_step();
     sayPaths();
 
     tpRank = myRank->tp_rank();
@@ -929,23 +937,30 @@ private:
   }
 
   std::string restoreOrInit() {
-    const bool finetune = opts.finetune;
     // What the load takes besides the weights (Megatron's load_checkpoint:
     // --finetune implies neither).
-    const bool loadOptim = !finetune && !opts.no_load_optim;
-    const bool loadRng = !finetune && !opts.no_load_rng;
-    const char *flagName = finetune ? "--finetune" : opts.no_load_optim ? "--no-load-optim"
-                           : opts.no_load_rng ? "--no-load-rng"
-                                              : "--ckpt-step";
-    if (load.empty() && (finetune || opts.no_load_optim || opts.no_load_rng || opts.ckpt_step >= 0))
-      return std::string(flagName) + " changes what a checkpoint load takes, but there is no "
-             "checkpoint directory to load: give --load DIR (or [training] load)";
+    const bool loadOptim = !finetune && !noLoadOptim;
+    const bool loadRng = !finetune && !noLoadRng;
+    // Each setting as the user gave it: mtrun's flag, or the plan's key.
+    const std::string finetuneName = opts.finetune ? "--finetune" : "training.finetune = true";
+    const std::string noOptimName =
+        opts.no_load_optim ? "--no-load-optim" : "training.load_optim = false";
+    const std::string noRngName = opts.no_load_rng ? "--no-load-rng" : "training.load_rng = false";
+    const std::string stepName =
+        (opts.ckpt_step >= 0 ? "--ckpt-step " : "training.ckpt_step = ") + std::to_string(ckptStep);
+    if (load.empty() && (finetune || noLoadOptim || noLoadRng || ckptStep >= 0))
+      return (finetune      ? finetuneName
+              : noLoadOptim ? noOptimName
+              : noLoadRng   ? noRngName
+                            : stepName) +
+             " changes what a checkpoint load takes, but there is no checkpoint directory to "
+             "load: give --load DIR (or [training] load)";
     // As Megatron's load_checkpoint: without the tracker, a directory that
     // holds no checkpoint starts from random with a warning; one that holds
     // checkpoints is refused, naming them (training over them from scratch
     // would be a silent wrong start). --ckpt-step names its iteration
     // itself, and --finetune needs weights to fine-tune.
-    if (!load.empty() && !checkpoint_exists(load) && opts.ckpt_step < 0) {
+    if (!load.empty() && !checkpoint_exists(load) && ckptStep < 0) {
       const std::string tracker = load + "/latest_checkpointed_iteration.txt";
       std::vector<std::string> held = checkpoint_contents(load);
       if (!held.empty()) {
@@ -961,20 +976,19 @@ private:
                "scratch";
       }
       if (finetune)
-        return "--finetune: --load " + load + " holds no checkpoint (" + tracker +
+        return finetuneName + ": --load " + load + " holds no checkpoint (" + tracker +
                " is missing) to fine-tune from; load the pretrained model's checkpoint "
                "directory, or drop --finetune to train from scratch";
       say("WARNING: could not find the metadata file " + tracker);
       say("    will not load any checkpoints and will start from random");
     }
-    if (load.empty() || (!checkpoint_exists(load) && opts.ckpt_step < 0))
+    if (load.empty() || (!checkpoint_exists(load) && ckptStep < 0))
       return exec->init_params(uint64_t(plan.training()->seed()));
     std::string err;
     // The layout first: the first rank's file records it.
-    auto first = CheckpointReader::open_first(load, opts.ckpt_step, &err);
+    auto first = CheckpointReader::open_first(load, ckptStep, &err);
     if (!first)
-      return opts.ckpt_step >= 0 ? "--ckpt-step " + std::to_string(opts.ckpt_step) + ": " + err
-                                 : err;
+      return ckptStep >= 0 ? stepName + ": " + err : err;
     if (std::string e = check_saved_layout(*first, load, plan, opts.plan_path); !e.empty())
       return e;
     auto reader = CheckpointReader::open(load, first->meta().iteration, tpRank, ppRank, pp, &err);
@@ -1145,17 +1159,17 @@ private:
     savedIteration = finetune ? -1 : iteration;
     loadedPath = reader->path();
     if (finetune) {
-      say("loaded checkpoint " + reader->path() + " at iteration 0 (--finetune: the weights "
-          "of iteration " + std::to_string(savedAt) + " only)");
+      say("loaded checkpoint " + reader->path() + " at iteration 0 (" + finetuneName +
+          ": the weights of iteration " + std::to_string(savedAt) + " only)");
       say("    fine-tuning from iteration 0: the consumed samples, optimizer state, "
           "learning-rate schedule, loss scale and random state start fresh");
     } else {
       say("loaded checkpoint " + reader->path() + " at iteration " + std::to_string(iteration));
       if (!loadOptim)
-        say("    --no-load-optim: the optimizer state (master weights from the loaded "
+        say("    " + noOptimName + ": the optimizer state (master weights from the loaded "
             "weights, zero moments), learning-rate schedule and loss scale start fresh");
       if (!loadRng)
-        say("    --no-load-rng: the random state starts afresh from the seed " +
+        say("    " + noRngName + ": the random state starts afresh from the seed " +
             std::to_string(plan.training()->seed()));
     }
     return "";
@@ -1211,7 +1225,7 @@ private:
     // --no-save-optim leaves the optimizer's state (master weights, moments,
     // the distributed optimizer's file, the step count and schedule
     // position) out, as Megatron's.
-    const bool saveOptim = !opts.no_save_optim;
+    const bool saveOptim = !noSaveOptim;
     // Distributed optimizer: every rank's shards gathered to dp rank 0.
     const int64_t shard = saveOptim ? exec->shard_elements() : 0;
     std::vector<std::vector<float>> gathered;
@@ -1275,7 +1289,7 @@ private:
     }
     // The random state: the seed and the dropout counter's run since it
     // was seeded (restoreOrInit); --no-save-rng leaves it out.
-    if (opts.no_save_rng)
+    if (noSaveRng)
       m.values["no_save_rng"] = "true";
     else
       m.rng_state = {uint64_t(rngSeed), uint64_t(iteration - rngBase)};
@@ -1706,6 +1720,10 @@ private:
   // The iteration at which the dropout counter was seeded: 0, or where a
   // load that left the random state out (or a checkpoint) put it.
   int64_t rngBase = 0;
+  // The plan's checkpoint keys with mtrun's flags over them.
+  bool finetune = false, noLoadOptim = false, noLoadRng = false, noSaveOptim = false,
+       noSaveRng = false;
+  int64_t ckptStep = -1;
   uint64_t rngSeed = 0; // the dropout masks' seed: the plan's, or a loaded checkpoint's
   int64_t trainIndexSamples = 0; // the samples the training index is built for
   // The order hash (GptDataset::order_hash) of training samples [0, orderHashed),

@@ -111,6 +111,12 @@ void expectSameSpec(const Spec &a, const Spec &b) {
   SAME(training.save_interval);
   SAME(training.save);
   SAME(training.load);
+  SAME(training.ckpt_step);
+  SAME(training.finetune);
+  SAME(training.load_optim);
+  SAME(training.load_rng);
+  SAME(training.save_optim);
+  SAME(training.save_rng);
   SAME(data.data_path);
   SAME(data.split);
   SAME(data.tokenizer_type);

@@ -275,7 +275,8 @@ TEST_F(CheckpointTest, TrackerPointsToLatestAndIterationsLoad) {
   EXPECT_EQ(ten->meta().iteration, 10);
 
   EXPECT_EQ(openError(25), "no checkpoint for iteration 25 in " + save +
-                               " (iter_0000025 does not exist; there are 10, 20, 30)");
+                               " (iter_0000025 does not exist; there are 10, 20, 30); name one "
+                               "of those iterations");
 }
 
 TEST_F(CheckpointTest, SavingAnIterationAgainReplacesIt) {

@@ -384,6 +384,51 @@ void stateRoundTrips(DeviceFactory make) {
 TEST(GpuExecutor, StateRoundTripsThroughTheHost) { stateRoundTrips(emulatedDevice); }
 TEST_F(GpuExecutorOnGpu, StateRoundTripsThroughTheHost) { stateRoundTrips(realGpu); }
 
+// A fresh optimizer for loaded weights (mtrun --no-load-optim, --finetune):
+// the master copies become the weights, the moments zero, on the GPU as on
+// the CPU, and the weights stay as loaded.
+void freshOptimizerKeepsTheWeights(DeviceFactory make) {
+  auto file = compilePlan({{"training.precision=\"bf16\""}});
+  ASSERT_TRUE(file);
+  Device device = make();
+  ASSERT_TRUE(device.owned);
+  mt::rt::GpuExecutor gpu(*file->plan(), 0, std::move(device.owned));
+  ASSERT_EQ(gpu.open(), "");
+  mt::rt::CpuExecutor cpu(*file->plan(), 0);
+  const uint32_t params = mt::rt::find_rank(*file->plan(), 0)->params()->size();
+  for (mt::rt::Executor *ex : {static_cast<mt::rt::Executor *>(&gpu),
+                               static_cast<mt::rt::Executor *>(&cpu)}) {
+    ASSERT_EQ(ex->init_params(5), "");
+    for (uint32_t i = 0; i < params; ++i) {
+      const int64_t n = ex->param_elements(int(i));
+      ASSERT_NE(ex->master(int(i)), nullptr) << "bf16 weights keep f32 masters";
+      for (int64_t k = 0; k < n; ++k) {
+        // A loaded checkpoint's weights (bf16 values), and stale state.
+        ex->weight(int(i))[k] = float(int(k % 61) - 30) * 0.25f;
+        ex->master(int(i))[k] = 7.0f;
+        ex->exp_avg(int(i))[k] = 1.0f + float(k);
+        ex->exp_avg_sq(int(i))[k] = 2.0f;
+      }
+    }
+    ASSERT_EQ(ex->reset_optimizer_state(), "");
+    ASSERT_EQ(ex->state_to_device(), "");
+    ASSERT_EQ(ex->state_to_host(), "");
+    for (uint32_t i = 0; i < params; ++i)
+      for (int64_t k = 0; k < ex->param_elements(int(i)); ++k) {
+        const float w = float(int(k % 61) - 30) * 0.25f;
+        ASSERT_EQ(ex->weight(int(i))[k], w) << i << " " << k;
+        ASSERT_EQ(ex->master(int(i))[k], w) << i << " " << k;
+        ASSERT_EQ(ex->exp_avg(int(i))[k], 0.0f) << i << " " << k;
+        ASSERT_EQ(ex->exp_avg_sq(int(i))[k], 0.0f) << i << " " << k;
+      }
+  }
+}
+
+TEST(GpuExecutor, FreshOptimizerKeepsTheWeights) { freshOptimizerKeepsTheWeights(emulatedDevice); }
+TEST_F(GpuExecutorOnGpu, FreshOptimizerKeepsTheWeights) {
+  freshOptimizerKeepsTheWeights(realGpu);
+}
+
 // Bit for bit when `tolerance` is 0, else within `tolerance` of the
 // array's largest magnitude.
 ::testing::AssertionResult agree(const float *a, const float *b, int64_t n, double tolerance) {
