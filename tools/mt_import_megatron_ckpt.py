@@ -97,6 +97,13 @@ _ALLOWED = {
 }
 
 
+def _rebuild_without_attributes(func, _type, args, _state):
+    """torch._tensor._rebuild_from_type_v2, keeping neither the subclass nor the
+    attributes; func is what the unpickler below resolved (a tensor rebuild or a
+    placeholder)."""
+    return func(*args)
+
+
 def _safe_pickle_module():
     """A pickle module for torch.load whose Unpickler builds only safe types."""
     import torch
@@ -117,6 +124,10 @@ def _safe_pickle_module():
                                                      "_rebuild_parameter",
                                                      "_rebuild_parameter_with_state"):
                 return super().find_class(module, name)
+            if module in ("torch._tensor", "torch._utils") and name == "_rebuild_from_type_v2":
+                # A tensor with Python attributes (Megatron's fp32 main params carry
+                # tensor_model_parallel, partition_dim...): the tensor, without them.
+                return _rebuild_without_attributes
             if module == "torch.storage" and name == "UntypedStorage":
                 return torch.UntypedStorage
             if module == "torch.serialization" and name == "_get_layout":
@@ -288,6 +299,12 @@ def read_torch_dist(d, src, want_optim):
             src.state[kind] = got
         if isinstance(optim, dict):
             src.grad_scaler = optim.get("grad_scaler")
+        # FP32Optimizer's state is torch's optimizer state dict itself;
+        # Float16OptimizerWithFloat16Params nests it under "optimizer", beside
+        # "grad_scaler" and "fp32_from_fp16_params".
+        inner = optim.get("optimizer") if isinstance(optim, dict) else None
+        if isinstance(inner, dict) and "state" in inner:
+            optim = inner
         step = optim.get("state", {}).get("common_step") if isinstance(optim, dict) else None
         src.optimizer_steps = int(step) if step is not None else None
 
@@ -376,7 +393,12 @@ def legacy_optimizer(opt, names, shapes, path):
             return "%s: fp32_from_fp16_params has %d tensors for %d parameters" % (
                 path, len(flat), len(order))
         for (_, name), t in zip(order, flat):
-            out.setdefault("fp32_param", {})[name] = to_numpy(t)
+            a = to_numpy(t)
+            if a is None or tuple(a.shape) != tuple(shapes[name]):
+                return "%s: fp32_from_fp16_params holds %s for %s, which is %s" % (
+                    path, "no tensor" if a is None else list(a.shape), name,
+                    list(shapes[name]))
+            out.setdefault("fp32_param", {})[name] = a
     return out, steps
 
 

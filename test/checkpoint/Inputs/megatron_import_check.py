@@ -23,11 +23,12 @@ Each is converted for a plan of the same model, and
       state (AdamW's moments and step count, the scheduler's position): fp32,
       relative error < 1e-5.
 
-megatron-core's CPU path needs four shims, none of which touches the numbers:
+megatron-core's CPU path needs three shims, none of which touches the numbers:
 torch.cuda.current_device returns "cpu" (RoPE moves its frequencies there),
-torch.cuda.synchronize does nothing, the model-parallel RNG tracker's fork is a
-no-op (dropout is 0), and psutil's memory probe in the torch_dist writer
-returns 0 (psutil is not a dependency of megatron-core's wheel). FP32Optimizer
+torch.cuda.synchronize does nothing, and the model-parallel RNG tracker's fork
+is a no-op (dropout is 0). (The torch_dist writer's memory probe needs psutil,
+which megatron-core's wheel does not require: test/reference-packages.txt pins
+it.) FP32Optimizer
 is built without its __init__, which allocates a CUDA tensor for its loss
 scale; its state_dict and sharded_state_dict are megatron-core's own.
 """
@@ -121,7 +122,9 @@ def megatron_args(llama, consumed):
         attention_backend=AttnBackend.auto)
 
 
-def build(llama):
+def build(llama, precision="fp32"):
+    """The model; in bf16 or fp16 as Megatron-LM's --bf16 / --fp16 build it
+    (params_dtype, then Float16Module, which casts the inputs and the loss)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
@@ -133,7 +136,9 @@ def build(llama):
         layernorm_epsilon=1e-5, gated_linear_unit=llama,
         activation_func=torch.nn.functional.silu if llama else torch.nn.functional.gelu,
         bias_activation_fusion=not llama, add_bias_linear=not llama,
-        hidden_dropout=0.0, attention_dropout=0.0, init_method_std=0.02)
+        hidden_dropout=0.0, attention_dropout=0.0, init_method_std=0.02,
+        bf16=precision == "bf16", fp16=precision == "fp16",
+        params_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32))
     return GPTModel(cfg, get_gpt_layer_local_spec(normalization=cfg.normalization),
                     vocab_size=VOCAB, max_sequence_length=SEQ,
                     position_embedding_type="rope" if llama else "learned_absolute",
@@ -251,10 +256,8 @@ def check(kind):
 
 
 def main():
-    import megatron.core.dist_checkpointing.strategies.filesystem_async as fa
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *a: None
-    fa._process_memory = lambda: 0
     torch.distributed.init_process_group(
         "gloo", init_method="file://" + os.path.join(WORK, "rendezvous"), rank=0, world_size=1)
     from megatron.core import parallel_state, tensor_parallel
