@@ -201,9 +201,13 @@ BiasGradOp soleBiasGrad(Value v, const DenseSet<Operation *> &taken) {
 //    16-bit gradients the bias gradient comes from the weight-gradient GEMM
 //    instead (below), which sums the stored values the CPU sums.
 //  - an mt.matmul_weight_grad and the one mt.bias_grad of its output gradient
-//    become one GEMM with the BGRADB epilogue (the column sums of dy).
+//    become one GEMM with the BGRADB epilogue (the column sums of dy). Not
+//    with bf16 gradients (grad_reduce_in_bf16): cuBLASLt's bias gradient
+//    takes D's type, bf16, and would be rounded before it is added; the
+//    bias_grad kernel adds its f32 sums with one rounding, as the CPU does.
 // Ops move to the group's last op only where canSink allows.
-SmallVector<SmallVector<Operation *>> gemmGradGroups(Block &body, DenseSet<Operation *> &taken) {
+SmallVector<SmallVector<Operation *>> gemmGradGroups(Block &body, DenseSet<Operation *> &taken,
+                                                     bool bf16Grads) {
   SmallVector<SmallVector<Operation *>> groups;
   auto add = [&](SmallVector<Operation *> group) {
     if (!canOutline(group))
@@ -226,7 +230,7 @@ SmallVector<SmallVector<Operation *>> gemmGradGroups(Block &body, DenseSet<Opera
     add({mig, gelu});
   }
   for (MatmulWeightGradOp wg : body.getOps<MatmulWeightGradOp>())
-    if (BiasGradOp bias = soleBiasGrad(wg.getGrad(), taken))
+    if (BiasGradOp bias = bf16Grads ? BiasGradOp() : soleBiasGrad(wg.getGrad(), taken))
       add({wg, bias});
   return groups;
 }
@@ -367,6 +371,8 @@ struct MtFusePass : impl::MtFusePassBase<MtFusePass> {
   }
 
   void runOnStage(ModuleOp module) {
+    auto training = moduleAttr(module, "mt.training");
+    const bool bf16Grads = training && training.get("grad_reduce_in_bf16");
     for (auto f : module.getOps<func::FuncOp>()) {
       if (f.isExternal())
         continue;
@@ -374,7 +380,7 @@ struct MtFusePass : impl::MtFusePassBase<MtFusePass> {
       ropeIntoSplit(body);
       DenseSet<Operation *> taken;
       SmallVector<SmallVector<Operation *>> chains = gemmGroups(body, taken);
-      chains.append(gemmGradGroups(body, taken));
+      chains.append(gemmGradGroups(body, taken, bf16Grads));
       // Chains are found first and outlined after, so the walk sees the
       // block as it was.
       for (Operation &op : body) {

@@ -539,7 +539,12 @@ def MtPlanMemoryPass : Pass<"mt-plan-memory", "mlir::ModuleOp"> {
     gradient, f32 master copy (reduced-precision models only) and the two
     f32 Adam moments (`mt.weight_offset`, `mt.grad_offset`,
     `mt.master_offset`, `mt.exp_avg_offset`, `mt.exp_avg_sq_offset`), each
-    region 256-byte aligned; the module gets `mt.state_bytes`.
+    region 256-byte aligned; the module gets `mt.state_bytes`. With
+    `grad_reduce_in_bf16` in `mt.training` (Megatron's
+    `--grad-reduce-in-bf16`) the gradients take the parameters' bf16
+    instead, 2 bytes an element, and each parameter says so with
+    `mt.grad_dtype = bf16`: the executors accumulate and reduce them in
+    bf16.
 
     Data-parallel plans (`mt.grad_buckets`): weights and gradients are flat
     buffers indexed alike by element (`mt.flat_offset` per parameter), each

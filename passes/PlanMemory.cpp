@@ -717,7 +717,7 @@ FailureOr<int64_t> planScheduled(func::FuncOp f, DictionaryAttr schedule, ArrayA
 // by element, so a bucket is one contiguous range of both (the range its
 // gradients are reduced over and its weights gathered over). Each tensor
 // starts at a multiple of `align` elements (256 bytes of the weights' type;
-// the f32 gradients are then 256-byte aligned too), and each bucket is
+// the gradients, f32 or bf16, are then 256-byte aligned too), and each bucket is
 // padded to a multiple of dp * align elements, so it splits into dp equal,
 // aligned shards. Buckets are laid out from the last (the first parameters)
 // to bucket 0 (the last parameters, reduced first), parameters in module
@@ -725,8 +725,9 @@ FailureOr<int64_t> planScheduled(func::FuncOp f, DictionaryAttr schedule, ArrayA
 // precision only) and Adam moments (SGD's momentum buffer alone: `sgd`)
 // exist for one shard of every bucket: flat_elements / dp elements each,
 // bucket b's shard at begin_b / dp.
-LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, bool sgd, int64_t &cursor,
-                          int64_t &weights, int64_t &grads, int64_t &masters, int64_t &moments) {
+LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, bool sgd, int64_t gradBytes,
+                          int64_t &cursor, int64_t &weights, int64_t &grads, int64_t &masters,
+                          int64_t &moments) {
   OpBuilder b(module.getContext());
   auto dpAttr = module->getAttrOfType<IntegerAttr>("mt.data_parallel");
   if (!dpAttr || dpAttr.getInt() < 1)
@@ -775,7 +776,7 @@ LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, bool sgd, int64_t 
   const int64_t weightBase = cursor;
   weights = alignUp(elements * elemBytes);
   const int64_t gradBase = weightBase + weights;
-  grads = alignUp(elements * 4);
+  grads = alignUp(elements * gradBytes);
   cursor = gradBase + grads;
   for (ParamOp p : params) {
     int64_t e = flat.lookup(p.getSymName());
@@ -785,7 +786,7 @@ LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, bool sgd, int64_t 
     const int64_t at = int64_t(static_cast<__int128>(e) * bytesOf(p.getType()) /
                                p.getNumElements());
     p->setAttr("mt.weight_offset", b.getI64IntegerAttr(weightBase + at));
-    p->setAttr("mt.grad_offset", b.getI64IntegerAttr(gradBase + e * 4));
+    p->setAttr("mt.grad_offset", b.getI64IntegerAttr(gradBase + e * gradBytes));
   }
   SmallVector<Attribute> rewritten;
   for (auto [i, a] : llvm::enumerate(buckets)) {
@@ -846,6 +847,22 @@ struct MtPlanMemoryPass : impl::MtPlanMemoryPassBase<MtPlanMemoryPass> {
       if (isa<SgdOp, ShardedSgdOp>(op))
         sgd = true;
     });
+    // The gradients' type: f32, or with grad_reduce_in_bf16 the parameters'
+    // own bf16 (Megatron's DDP: grad_dtype = param.dtype without
+    // grad_reduce_in_fp32), marked on each parameter as mt.grad_dtype.
+    int64_t gradBytes = 4;
+    if (auto t = moduleAttr(module, "mt.training"); t && t.get("grad_reduce_in_bf16")) {
+      for (ParamOp p : params)
+        if (!p.getTensorType().getElementType().isBF16()) {
+          p.emitError("mt-plan-memory: mt.training.grad_reduce_in_bf16 needs bf16 "
+                      "parameters, but this one is ")
+              << p.getTensorType().getElementType();
+          return signalPassFailure();
+        }
+      gradBytes = 2;
+      for (ParamOp p : params)
+        p->setAttr("mt.grad_dtype", TypeAttr::get(b.getBF16Type()));
+    }
     auto region = [&](StringRef attr, bool f32, bool present, int64_t &total) {
       for (ParamOp p : params) {
         if (!present || (attr == "mt.master_offset" &&
@@ -853,14 +870,17 @@ struct MtPlanMemoryPass : impl::MtPlanMemoryPassBase<MtPlanMemoryPass> {
           p->setAttr(attr, b.getI64IntegerAttr(-1));
           continue;
         }
-        int64_t bytes = f32 ? p.getNumElements() * 4 : bytesOf(p.getType());
+        int64_t bytes = attr == "mt.grad_offset" ? p.getNumElements() * gradBytes
+                        : f32                    ? p.getNumElements() * 4
+                                                 : bytesOf(p.getType());
         p->setAttr(attr, b.getI64IntegerAttr(cursor));
         cursor += alignUp(bytes);
         total += alignUp(bytes);
       }
     };
     if (auto buckets = module->getAttrOfType<ArrayAttr>("mt.grad_buckets")) {
-      if (failed(planBuckets(module, buckets, sgd, cursor, weights, grads, masters, moments)))
+      if (failed(planBuckets(module, buckets, sgd, gradBytes, cursor, weights, grads, masters,
+                             moments)))
         return signalPassFailure();
       // Without the distributed optimizer every rank keeps whole masters
       // and moments, per parameter as below.

@@ -241,11 +241,6 @@ std::vector<MegatronFlag> explicitRows() {
             "--no-log-loss-scale-to-tensorboard"),
 
       //===--- Refused until implemented (issue 22) ---===//
-      refuse("--grad-reduce-in-bf16", S,
-             "bf16 gradient buffers (accumulated and reduced over data parallelism in "
-             "bf16) are not implemented in mt yet; remove it: mt accumulates and reduces "
-             "gradients in fp32, Megatron's default with --bf16, and plans 4 bytes a "
-             "parameter for them"),
       refuse("--no-barrier-with-level-1-timing", S, kNotYet),
 
       //===--- fp8, fp4 and quantization ---===//
@@ -689,7 +684,8 @@ std::vector<MegatronFlag> explicitRows() {
       na("--attention-softmax-in-fp32", S,
          "mt computes the attention softmax in fp32 always"),
       na("--accumulate-allreduce-grads-in-fp32", S,
-         "mt keeps and reduces gradients in fp32 always (Megatron's behaviour with --bf16)"),
+         "mt keeps and reduces gradients in fp32 (Megatron's behaviour with --bf16) unless "
+         "--grad-reduce-in-bf16 is given, which overrides this flag in Megatron too"),
       na("--ddp-reduce-scatter-with-fp32-accumulation", S,
          "mt keeps and reduces gradients in fp32 always"),
       na("--ddp-average-in-collective", S, kComm),

@@ -402,6 +402,10 @@ std::string toToml(const Spec &spec) {
   w.real("clip_grad", t.clip_grad);
   w.boolean("calculate_per_token_loss", t.calculate_per_token_loss);
   w.string("precision", toString(t.precision));
+  if (t.precision == Precision::BF16)
+    w.boolean("grad_reduce_in_bf16", t.grad_reduce_in_bf16);
+  else
+    w.unset("grad_reduce_in_bf16", "only with precision = \"bf16\"");
   if (fp16) {
     w.real("initial_loss_scale", t.initial_loss_scale);
     w.real("min_loss_scale", t.min_loss_scale);

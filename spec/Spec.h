@@ -114,6 +114,10 @@ struct TrainingConfig {
   // mask, so every micro-batch holds the same tokens and the two agree.
   bool calculate_per_token_loss = false;
   Precision precision = Precision::FP32;
+  // Megatron's --grad-reduce-in-bf16: bf16 models keep their gradient
+  // buffers in bf16 (accumulated over micro-batches and reduced over data
+  // parallelism in bf16) instead of fp32; the optimizer widens them to fp32.
+  bool grad_reduce_in_bf16 = false;
   double initial_loss_scale = 4294967296.0; // 2^32
   double min_loss_scale = 1.0;
   int64_t loss_scale_window = 1000;

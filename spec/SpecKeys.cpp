@@ -325,6 +325,13 @@ std::vector<KeyInfo> buildTable() {
                   "Parameter and compute precision; Megatron's --fp16 and --bf16 flags "
                   "select the two half formats.",
                   none(), {"fp32", "fp16", "bf16"}));
+  t.push_back(key("training", "grad_reduce_in_bf16", B, false, "false", "",
+                  "--grad-reduce-in-bf16",
+                  "Keep the gradients in bf16 instead of fp32: accumulated over micro-batches "
+                  "and reduced (all-reduce or reduce-scatter) over data parallelism in bf16, "
+                  "rounded to nearest even after each addition, then widened to fp32 by the "
+                  "optimizer. Halves the gradient buffer (2 bytes a parameter instead of 4); "
+                  "only with precision = \"bf16\", as Megatron's flag."));
   t.push_back(key("training", "initial_loss_scale", F, false, "4294967296 (2^32)", "",
                   "--initial-loss-scale",
                   "Starting dynamic loss scale; only with precision = \"fp16\".", above(0)));

@@ -674,6 +674,7 @@ void Parser::readValues(Spec &spec) {
   getFloat("training", "sgd_momentum", t.sgd_momentum);
   getEnum("training", "precision", t.precision,
           {Precision::FP32, Precision::FP16, Precision::BF16});
+  getBool("training", "grad_reduce_in_bf16", t.grad_reduce_in_bf16);
   getFloat("training", "initial_loss_scale", t.initial_loss_scale);
   getFloat("training", "min_loss_scale", t.min_loss_scale);
   getInt("training", "loss_scale_window", t.loss_scale_window);

@@ -534,6 +534,15 @@ void Parser::resolveTraining(Spec &spec) {
                  "scaling), but " +
                  ref("training", "precision", quote(toString(t.precision))),
              std::string("remove ") + k + ", or set precision = \"fp16\"");
+  // Megatron reads --grad-reduce-in-bf16 only with --bf16 (the gradient
+  // buffer takes the parameters' type); with fp32 or fp16 parameters it
+  // would silently do nothing, so the key is refused there.
+  if (t.grad_reduce_in_bf16 && t.precision != Precision::BF16)
+    fail(at("training", "grad_reduce_in_bf16"),
+         "grad_reduce_in_bf16 = true only applies with precision = \"bf16\" (bf16 gradient "
+         "buffers for bf16 parameters), but " +
+             ref("training", "precision", quote(toString(t.precision))),
+         "remove grad_reduce_in_bf16, or set precision = \"bf16\"");
   // Megatron turns the NaN check off under dynamic loss scaling: there a
   // NaN or Inf is the scaler's signal to skip the step and lower the scale.
   if (t.precision == Precision::FP16) {

@@ -73,6 +73,7 @@ StateTensor adamTensor(const OpParam &p, double weightDecay) {
   t.m = p.expAvgOffset;
   t.v = p.expAvgSqOffset;
   t.dtype = p.dtype;
+  t.gradDtype = p.gradDtype;
   t.weightDecay = weightDecay;
   t.count = 1;
   for (int64_t d : p.shape)
@@ -100,7 +101,7 @@ std::vector<std::vector<StateTensor>> shardTensors(const OpInstruction &ins, dou
       t.decoupledLr = p.decoupledLr && !normOnly;
       t.count = g.count;
       t.weight = p.weightOffset + g.paramBegin * bytesOf(p.dtype);
-      t.grad = p.gradOffset + g.paramBegin * 4;
+      t.grad = p.gradOffset + g.paramBegin * bytesOf(p.gradDtype);
       t.master = ins.shardMasterOffset >= 0 ? ins.shardMasterOffset + g.stateIndex * 4 : -1;
       t.m = ins.shardExpAvgOffset + g.stateIndex * 4;
       t.v = ins.shardExpAvgSqOffset >= 0 ? ins.shardExpAvgSqOffset + g.stateIndex * 4 : -1;
@@ -226,14 +227,15 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
   return b.finish(error);
 }
 
-std::optional<OpKernels> generateGradAccumulate(int64_t count, std::string *error) {
+std::optional<OpKernels> generateGradAccumulate(int64_t count, plan::DType grad,
+                                                std::string *error) {
   if (count < 1) {
     *error = "a gradient accumulation of " + std::to_string(count) + " values";
     return std::nullopt;
   }
   Builder b("GRAD_ACCUMULATE");
   const uint64_t ws = b.alloc(uint64_t(count) * 4);
-  genColSums(b, ws, 1, count, 1);
+  genColSums(b, ws, 1, count, 1, grad);
   return b.finish(error);
 }
 

@@ -130,6 +130,7 @@ struct OpTensor {
 struct OpParam {
   std::vector<int64_t> shape;
   plan::DType dtype = plan::DType::F32; // the model copy's type
+  plan::DType gradDtype = plan::DType::F32; // the gradient's: F32, or BF16 (--grad-reduce-in-bf16)
   bool weightDecay = true;
   bool decoupledLr = false; // SHARDED_ADAMW's in[3], SHARDED_SGD's in[2] (--decoupled-lr)
   // Counts in the gradient norm: in_grad_norm (a pipeline stage's tied copy
@@ -212,7 +213,9 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
 // the gradient of parameter 0 (OpArg::ParamGrad 0): cuBLASLt's bias-gradient
 // epilogues overwrite their output, while gradients accumulate over
 // micro-batches, so they write the workspace and this adds it in.
-std::optional<OpKernels> generateGradAccumulate(int64_t count, std::string *error);
+// `grad`: the gradient's type (bf16 with --grad-reduce-in-bf16).
+std::optional<OpKernels> generateGradAccumulate(int64_t count, plan::DType grad,
+                                                std::string *error);
 
 // Multi-tensor AdamW: one launch for consecutive ADAMW instructions that
 // share their lr, clip_coeff and step values, beta1, beta2 and eps (the caller

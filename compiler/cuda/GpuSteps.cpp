@@ -64,8 +64,9 @@ GemmSpec inputGradGemm(const GpuValueInfo &dy, const GpuValueInfo &w, const GpuV
   return g;
 }
 
-// grad W[out, in] += dy[n, out]^T x[n, in].
-GemmSpec weightGradGemm(const GpuValueInfo &dy, const GpuValueInfo &x) {
+// grad W[out, in] += dy[n, out]^T x[n, in], into the gradient's type (a bf16
+// D with --grad-reduce-in-bf16: cuBLASLt adds in f32 and rounds once).
+GemmSpec weightGradGemm(const GpuValueInfo &dy, const GpuValueInfo &x, pl::DType grad) {
   GemmSpec g;
   g.m = lastDim(x);
   g.n = lastDim(dy);
@@ -76,7 +77,7 @@ GemmSpec weightGradGemm(const GpuValueInfo &dy, const GpuValueInfo &x) {
   g.ldd = g.m;
   g.aType = x.dtype;
   g.bType = dy.dtype;
-  g.dType = pl::DType::F32;
+  g.dType = grad;
   g.accumulate = true;
   return g;
 }
@@ -311,7 +312,7 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
                                {value(inst.in[1]), value(inst.in[0]), value(inst.out[0])}));
     return l;
   case pl::Opcode::MATMUL_WEIGHT_GRAD:
-    l.steps.push_back(gemmStep(weightGradGemm(in(0), in(1)),
+    l.steps.push_back(gemmStep(weightGradGemm(in(0), in(1), params.at(inst.params[0]).gradDtype),
                                {value(inst.in[1]), value(inst.in[0]),
                                 {pl::GpuArgKind::GRAD, inst.params[0]}}));
     return l;
@@ -437,7 +438,7 @@ GpuLowering lowerGemmGradKernel(const GemmGradKernelShape &shape,
   std::vector<GpuArgSpec> args;
   int64_t biasCount = 0;
   if (shape.weightGrad) {
-    g = weightGradGemm(values[shape.dy], values[shape.operand]);
+    g = weightGradGemm(values[shape.dy], values[shape.operand], shape.gradDtype);
     g.epilogue = pl::GemmEpilogue::BGRADB;
     args = {value(shape.operand), value(shape.dy), {pl::GpuArgKind::GRAD, shape.weightParam},
             biasOut};
@@ -463,7 +464,7 @@ GpuLowering lowerGemmGradKernel(const GemmGradKernelShape &shape,
   if (!biasCount)
     return l;
   std::string error;
-  std::optional<OpKernels> k = generateGradAccumulate(biasCount, &error);
+  std::optional<OpKernels> k = generateGradAccumulate(biasCount, shape.gradDtype, &error);
   if (!k) {
     l.missing = error;
     return l;

@@ -128,6 +128,9 @@ struct GemmGradKernelShape {
   uint32_t pre = 0;        // input gradient: the GeLU's pre-activation (aux)
   uint32_t out = 0;        // input gradient: the GeLU's input gradient (D)
   uint32_t weightParam = 0, biasParam = 0;
+  // The parameters' gradients (bf16 with --grad-reduce-in-bf16): the weight
+  // gradient GEMM's D and the bias gradient's accumulation.
+  plan::DType gradDtype = plan::DType::F32;
 };
 
 // The steps of an instruction that is not FUSED. `values` and `params` are

@@ -100,6 +100,11 @@ inline OpArg grad(uint64_t k) { return {OpArg::ParamGrad, k}; }
 inline OpArg wsAt(uint64_t o) { return {OpArg::Workspace, o}; }
 inline OpArg state() { return {OpArg::State, 0}; }
 
+// The type of the gradients an instruction adds into (its first parameter's).
+inline DType gradType(const OpInstruction &ins) {
+  return ins.params.empty() ? DType::F32 : ins.params[0].gradDtype;
+}
+
 // The elementwise kernel: mt_body<V>(params..., i) for lanes i .. i + V - 1,
 // a scalar tail when V does not divide the count.
 void elementwise(Builder &b, const std::string &name, const std::string &params,
@@ -115,6 +120,7 @@ struct StateTensor {
   double weightDecay = 0;
   bool decoupledLr = false; // AdamW's second rate (the launch's fourth input)
   DType dtype = DType::F32;
+  DType gradDtype = DType::F32; // the gradient's (bf16 with --grad-reduce-in-bf16)
   bool replicated = false; // the norm counts it on tp rank 0 only
 };
 
@@ -130,8 +136,10 @@ void genSplitQkvRope(const OpInstruction &ins, Builder &b, bool grad);
 void genNorm(const OpInstruction &ins, Builder &b, bool layer);
 void genNormGrad(const OpInstruction &ins, Builder &b, bool layer);
 void genBiasGrad(const OpInstruction &ins, Builder &b);
-// Also GRAD_ACCUMULATE's kernel.
-void genColSums(Builder &b, uint64_t wsAt_, int64_t blocks, int64_t h, int arrays);
+// Also GRAD_ACCUMULATE's kernel. `grad`: the gradients' type (f32, or bf16
+// with --grad-reduce-in-bf16: the sum rounded once to nearest even).
+void genColSums(Builder &b, uint64_t wsAt_, int64_t blocks, int64_t h, int arrays,
+                DType grad = DType::F32);
 
 // OpKernelsEmbedding.cpp.
 void genEmbedding(const OpInstruction &ins, Builder &b);

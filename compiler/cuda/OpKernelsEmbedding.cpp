@@ -124,15 +124,16 @@ void genEmbeddingGrad(const OpInstruction &ins, Builder &b) {
     cur = 1 - cur;
   }
 
-  const int v = lanesFor({dy.dtype, DType::F32}, {h});
+  const int v = lanesFor({dy.dtype, gradType(ins)}, {h});
   const int64_t perRow = h / v, threads = n * perRow;
   const uint32_t block = uint32_t(std::min<int64_t>(256, roundWarps(threads)));
   s["TDY"] = storage(dy.dtype);
+  s["TG"] = storage(gradType(ins)); // bf16: the row's sum rounded once
   s["V"] = std::to_string(v);
   s["PER"] = num(perRow);
   s["THREADS"] = num(threads);
   s["B"] = std::to_string(block);
-  std::string accum = fill(R"(extern "C" __global__ void __launch_bounds__(${B}) @ENTRY@(const ${TDY} *dy, float *grad, const mt_u64 *keys) {
+  std::string accum = fill(R"(extern "C" __global__ void __launch_bounds__(${B}) @ENTRY@(const ${TDY} *dy, ${TG} *grad, const mt_u64 *keys) {
   const mt_u64 t = (mt_u64)blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= ${THREADS}) return;
   const mt_u64 p = t / ${PER}, c = (t % ${PER}) * ${V};

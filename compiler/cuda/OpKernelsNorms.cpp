@@ -96,13 +96,14 @@ ${STATS}#pragma unroll
 // per warp): slice r sums partial rows r, r + R, ... in order, then the R
 // slice sums are added pairwise in a fixed tree, so every run adds in the
 // same order. One partial row (GRAD_ACCUMULATE) is an elementwise add.
-void genColSums(Builder &b, uint64_t wsAt_, int64_t blocks, int64_t h, int arrays) {
-  std::vector<OpArg> args = {wsAt(wsAt_), grad(0)};
+void genColSums(Builder &b, uint64_t wsAt_, int64_t blocks, int64_t h, int arrays, DType grad) {
+  std::vector<OpArg> args = {wsAt(wsAt_), opk::grad(0)};
   if (arrays == 2)
-    args.push_back(grad(1));
+    args.push_back(opk::grad(1));
+  const std::string tg = storage(grad);
   if (blocks == 1 && arrays == 1) {
     const int v = lanesFor({DType::F32}, {h});
-    elementwise(b, "grad_add", "const float *ws, float *g0", "ws, g0",
+    elementwise(b, "grad_add", "const float *ws, " + tg + " *g0", "ws, g0",
                 "  float p[V], a[V];\n  mt_load<V>(ws, i, p);\n  mt_load<V>(g0, i, a);\n"
                 "  for (int l = 0; l < V; ++l) a[l] = (float)((double)a[l] + (double)p[l]);\n"
                 "  mt_store<V>(g0, i, a);\n",
@@ -116,9 +117,10 @@ void genColSums(Builder &b, uint64_t wsAt_, int64_t blocks, int64_t h, int array
   std::map<std::string, std::string> s = {{"G", num(blocks)}, {"H", num(h)},
                                           {"R", std::to_string(slices)},
                                           {"T", std::to_string(32 * slices)}};
-  std::string src = fill(R"(extern "C" __global__ void __launch_bounds__(${T}) @ENTRY@(const float *ws, float *g0)", s);
+  s["TG"] = tg;
+  std::string src = fill(R"(extern "C" __global__ void __launch_bounds__(${T}) @ENTRY@(const float *ws, ${TG} *g0)", s);
   if (arrays == 2)
-    src += ", float *g1";
+    src += ", " + tg + " *g1";
   src += fill(R"() {
   __shared__ double mt_part[${R}][32];
   const unsigned c = threadIdx.x & 31u, r = threadIdx.x >> 5;
@@ -134,9 +136,11 @@ void genColSums(Builder &b, uint64_t wsAt_, int64_t blocks, int64_t h, int array
     if (r < half) mt_part[r][c] += mt_part[r + half][c];
   }
   if (r != 0 || j >= ${H}) return;
-  float *g = )", s);
+  ${TG} *g = )", s);
   src += arrays == 2 ? "blockIdx.y ? g1 : g0;\n" : "g0;\n";
-  src += "  g[j] = (float)((double)g[j] + mt_part[0][c]);\n}\n";
+  src += grad == DType::F32 ? "  g[j] = (float)((double)g[j] + mt_part[0][c]);\n}\n"
+                            : "  const float sum[1] = {(float)((double)mt_get(g, j) + mt_part[0][c])};\n"
+                              "  mt_store<1>(g, j, sum);\n}\n";
   b.launch("col_sums", src, uint64_t((h + 31) / 32), uint32_t(32 * slices), 0, args);
   if (arrays == 2)
     b.out.launches.back().kernel.grid[1] = 2;
@@ -304,7 +308,7 @@ ${STORE}}
   std::string src = fill(fill(fill(t, s), s), s);
   b.launch(layer ? "layer_norm_grad" : "rms_norm_grad", src, uint64_t(blocks), r.block, 256,
            {in(0), in(1), in(2), outp(0), wsAt(ws)});
-  genColSums(b, ws, blocks, h, arrays);
+  genColSums(b, ws, blocks, h, arrays, gradType(ins));
 }
 
 // BIAS_GRAD: column partials of dy per block of rows, then col_sums.
@@ -338,7 +342,7 @@ void genBiasGrad(const OpInstruction &ins, Builder &b) {
 )",
                          s);
   b.launch("bias_partials", src, uint64_t(blocks), r.block, 0, {in(0), wsAt(ws)});
-  genColSums(b, ws, blocks, h, 1);
+  genColSums(b, ws, blocks, h, 1, gradType(ins));
 }
 
 } // namespace mt::opk

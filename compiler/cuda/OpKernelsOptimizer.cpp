@@ -21,6 +21,15 @@ constexpr const char *kFindTensor = R"(  int lo = ${LO}, hi = ${HI};
 
 namespace {
 
+// The storage type of the tensors' gradients: a rank's gradients share one
+// (f32, or bf16 with --grad-reduce-in-bf16, widened to f32 as they are read).
+std::string gradStorage(const std::vector<std::vector<StateTensor>> &byRank) {
+  for (const std::vector<StateTensor> &tensors : byRank)
+    for (const StateTensor &t : tensors)
+      return storage(t.gradDtype);
+  return storage(DType::F32);
+}
+
 // The distributed optimizer: every data-parallel rank's tensors in one
 // table, rank r's entries from mt_rank_entry[r], its chunks counted from 0
 // (mt_rank_chunks[r]); the kernel takes dp_rank, so one source serves every
@@ -99,6 +108,7 @@ void genAdamW(const std::vector<std::vector<StateTensor>> &byRank,
       {"B1", dbl(floats.at(0))}, {"B2", dbl(floats.at(1))}, {"EPS", dbl(floats.at(2))}};
   ranks.fill(s);
   s["FIND"] = fill(kFindTensor, s);
+  s["TG"] = gradStorage(byRank); // bf16 with --grad-reduce-in-bf16, read as f32
   s["LR2_FIELD"] = twoRates ? ", lr2" : "";
   s["LR2_ARG"] = twoRates ? ", const float *lr2_in" : "";
   s["LR"] = twoRates ? "(double)(t.lr2 ? lr2_in[0] : lr_in[0])" : "(double)lr_in[0]";
@@ -116,7 +126,7 @@ template <int V, class TW>
 __device__ __forceinline__ void mt_adam(unsigned char *state, const mt_adam_tensor &t, mt_u64 i, double lr, float clip, double c1, double c2) {
   float g[V], p[V], m[V], v[V];
   float *target = (float *)(state + (t.master != ~0ull ? t.master : t.weight));
-  mt_load<V>((const float *)(state + t.grad), i, g);
+  mt_load<V>((const ${TG} *)(state + t.grad), i, g);
   mt_load<V>(target, i, p);
   mt_load<V>((const float *)(state + t.m), i, m);
   mt_load<V>((const float *)(state + t.v), i, v);
@@ -203,6 +213,7 @@ void genSgd(const std::vector<std::vector<StateTensor>> &byRank,
       {"MOM", dbl(floats.at(0))}};
   ranks.fill(s);
   s["FIND"] = fill(kFindTensor, s);
+  s["TG"] = gradStorage(byRank); // bf16 with --grad-reduce-in-bf16, read as f32
   s["LR2_FIELD"] = twoRates ? ", lr2" : "";
   s["LR2_ARG"] = twoRates ? ", const float *lr2_in" : "";
   s["LR"] = twoRates ? "(double)(t.lr2 ? lr2_in[0] : lr_in[0])" : "(double)lr_in[0]";
@@ -220,7 +231,7 @@ template <int V, class TW>
 __device__ __forceinline__ void mt_sgd(unsigned char *state, const mt_sgd_tensor &t, mt_u64 i, double lr, float clip) {
   float g[V], p[V], m[V];
   float *target = (float *)(state + (t.master != ~0ull ? t.master : t.weight));
-  mt_load<V>((const float *)(state + t.grad), i, g);
+  mt_load<V>((const ${TG} *)(state + t.grad), i, g);
   mt_load<V>(target, i, p);
   mt_load<V>((const float *)(state + t.buf), i, m);
 #pragma unroll
@@ -294,6 +305,7 @@ void genNorm2(const std::vector<std::vector<StateTensor>> &byRank,
   s["NT"] = std::to_string(std::count(table.begin(), table.end(), '\n'));
   ranks.fill(s);
   s["FIND"] = fill(kFindTensor, s);
+  s["TG"] = gradStorage(byRank);
   s["TP"] = anyReplicated ? ", mt_u64 tp_rank" : "";
   s["NOT_FIRST"] = anyReplicated ? "tp_rank != 0" : "0";
   if (blocks > 0)
@@ -307,7 +319,7 @@ extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const unsigned char *s
   for (mt_u64 chunk = blockIdx.x; chunk < ${RANK_CHUNKS}; chunk += gridDim.x) {
 ${FIND}    const mt_norm_tensor t = mt_tensors[lo];
     if (t.replicated && ${NOT_FIRST}) continue; // counted on tp rank 0
-    const float *g = (const float *)(state + t.grad);
+    const ${TG} *g = (const ${TG} *)(state + t.grad);
     const mt_u64 begin = (chunk - t.first) * ${CHUNK};
     const mt_u64 end = begin + ${CHUNK} < t.count ? begin + ${CHUNK} : t.count;
     for (mt_u64 i = begin + threadIdx.x * 4; i < end; i += blockDim.x * 4) {
@@ -316,7 +328,7 @@ ${FIND}    const mt_norm_tensor t = mt_tensors[lo];
         mt_load<4>(g, i, a);
         for (int l = 0; l < 4; ++l) acc += (double)a[l] * a[l];
       } else {
-        for (mt_u64 e = i; e < end && e < i + 4; ++e) acc += (double)g[e] * g[e];
+        for (mt_u64 e = i; e < end && e < i + 4; ++e) acc += (double)mt_get(g, e) * mt_get(g, e);
       }
     }
   }

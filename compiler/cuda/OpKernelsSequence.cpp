@@ -87,10 +87,18 @@ void genTiedGrad(const OpInstruction &ins, Builder &b) {
     n *= d;
   const uint64_t ws = b.alloc(uint64_t(n) * 4);
   b.native({grad(0), wsAt(ws)});
-  std::map<std::string, std::string> s = {{"N", u64(n)}};
-  b.launch("tied_add", fill(R"(extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const float *peer, float *grad) {
+  // bf16 gradients (--grad-reduce-in-bf16) travel as bf16; the sum is
+  // rounded once.
+  const DType g = gradType(ins);
+  std::map<std::string, std::string> s = {
+      {"N", u64(n)},
+      {"TG", storage(g)},
+      {"ADD", g == DType::F32 ? "grad[i] += peer[i];"
+                              : "{ const float sum[1] = {mt_get(grad, i) + mt_get(peer, i)}; "
+                                "mt_store<1>(grad, i, sum); }"}};
+  b.launch("tied_add", fill(R"(extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const ${TG} *peer, ${TG} *grad) {
   const mt_u64 i = (mt_u64)blockIdx.x * 256 + threadIdx.x;
-  if (i < ${N}) grad[i] += peer[i];
+  if (i < ${N}) ${ADD}
 }
 )", s), (uint64_t(n) + 255) / 256, 256, 0, {wsAt(ws), grad(0)});
 }

@@ -88,6 +88,9 @@ public:
       all.push_back(b.getNamedAttr("loss_tokens_per_micro_batch", i64(t.micro_batch_size * seq)));
       all.push_back(b.getNamedAttr("loss_tokens_per_iteration", i64(t.global_batch_size * seq)));
     }
+    // --grad-reduce-in-bf16: mt-plan-memory types the gradient buffers bf16.
+    if (t.grad_reduce_in_bf16)
+      all.push_back(b.getNamedAttr("grad_reduce_in_bf16", b.getUnitAttr()));
     // Sample-based training: mt-optimizer counts the schedule in samples.
     if (t.sampleBased()) {
       all.push_back(b.getNamedAttr("train_samples", i64(t.train_samples)));

@@ -172,6 +172,9 @@ public:
       info.replicated = !p.getTpDim().has_value();
       info.weightOffset = attr("mt.weight_offset");
       info.gradOffset = attr("mt.grad_offset");
+      // mt-plan-memory's gradient type (bf16 with grad_reduce_in_bf16).
+      if (auto g = p->getAttrOfType<TypeAttr>("mt.grad_dtype"))
+        info.gradDtype = dtypeOf(g.getValue());
       info.masterOffset = attr("mt.master_offset");
       info.expAvgOffset = attr("mt.exp_avg_offset");
       info.expAvgSqOffset = attr("mt.exp_avg_sq_offset");
@@ -189,7 +192,7 @@ public:
           fnv1a(p.getSymName()), int32_t(p.getTpDim() ? *p.getTpDim() : -1),
           int32_t(p.getTpBlocks().value_or(1)), attr("mt.flat_offset"),
           int32_t(attr("mt.tied_peer")), !p->hasAttr("mt.tied_copy"),
-          p->hasAttr("mt.decoupled_lr")));
+          p->hasAttr("mt.decoupled_lr"), info.gradDtype));
     }
 
     // The distributed optimizer's layout, for its GPU kernels.
@@ -643,12 +646,14 @@ private:
     for (BiasGradOp b : body.getOps<BiasGradOp>()) {
       shape.biasGrad = true;
       shape.biasParam = param(b.getParamAttr());
+      shape.gradDtype = paramInfo.at(shape.biasParam).gradDtype;
     }
     if (auto wg = dyn_cast<MatmulWeightGradOp>(body.front())) {
       shape.weightGrad = true;
       shape.dy = in(wg.getGrad());
       shape.operand = in(wg.getInput());
       shape.weightParam = param(wg.getParamAttr());
+      shape.gradDtype = paramInfo.at(shape.weightParam).gradDtype;
     } else {
       auto mig = cast<MatmulInputGradOp>(body.front());
       auto gelu = cast<GeluGradOp>(*std::next(body.begin()));

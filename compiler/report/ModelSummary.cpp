@@ -245,7 +245,10 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
     os << ", sequence parallel";
   if (p.use_distributed_optimizer)
     os << ", distributed optimizer";
-  os << "\n  precision " << spec::toString(t.precision) << ", recompute "
+  os << "\n  precision " << spec::toString(t.precision);
+  if (t.grad_reduce_in_bf16)
+    os << " with bf16 gradients (accumulated and reduced in bf16)";
+  os << ", recompute "
      << spec::toString(p.recompute_granularity);
   if (t.optimizer == spec::Optimizer::SGD)
     os << ", SGD with momentum " << num(t.sgd_momentum);

@@ -162,6 +162,11 @@ struct CpuExecutor::Impl {
   int64_t tp_rank() const { return rank.tp_rank(); }
 
   const pl::Param &param(uint32_t i) const { return *rank.params()->Get(i); }
+  // --grad-reduce-in-bf16: the rank's gradients are bf16 (the verifier
+  // gives every parameter of a rank one gradient type).
+  bool bf16_grads() const {
+    return rank.params() && rank.params()->size() && param(0).grad_dtype() == pl::DType::BF16;
+  }
 
   float *state_floats(int64_t offset) const {
     return offset < 0 ? nullptr
@@ -223,6 +228,7 @@ struct CpuExecutor::Impl {
   void unpack(const std::vector<FlatSegment> &segs, bool weights, int64_t base,
               const float *in);
   std::string reduce_grads(const pl::Instruction &ins);
+  std::string sum_in_bf16(Communicator *c, float *data, int64_t n, float scale);
   std::string all_gather_params(const pl::Instruction &ins);
   bool counts_in_norm(uint32_t p) const;
   std::string grad_norm(float *out);

@@ -408,6 +408,11 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
       const uint32_t p = vsize(ins.params()) ? pid(k) : k;
       float *g = state_floats(param(p).grad_offset());
       const int64_t count = element_count(param(p).shape());
+      if (param(p).grad_dtype() == pl::DType::BF16) {
+        if (std::string e = sum_in_bf16(dp, g, count, scale); !e.empty())
+          return e;
+        continue;
+      }
       if (std::string e = dp->all_reduce(g, size_t(count), ReduceOp::Sum); !e.empty())
         return e;
       cpu::scale(g, count, scale);
@@ -489,6 +494,24 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
   }
   case pl::Opcode::GROUP_GRAD_NORM:
     return grad_norm(fout(0));
+  }
+  // bf16 gradients (--grad-reduce-in-bf16): an instruction adds its
+  // contribution, computed in f32, and the sum is rounded to bf16 once, as
+  // a GEMM accumulating into a bf16 buffer rounds (Megatron's gradient-
+  // accumulation fusion). Untouched elements are bf16 already.
+  switch (ins.op()) {
+  case pl::Opcode::EMBEDDING_GRAD:
+  case pl::Opcode::MATMUL_WEIGHT_GRAD:
+  case pl::Opcode::BIAS_GRAD:
+  case pl::Opcode::LAYER_NORM_GRAD:
+  case pl::Opcode::RMS_NORM_GRAD:
+  case pl::Opcode::ALL_REDUCE_TIED_GRAD:
+    for (size_t k = 0; k < vsize(ins.params()); ++k)
+      if (param(pid(k)).grad_dtype() == pl::DType::BF16)
+        cpu::round_to_bf16(pgrad(k), element_count(param(pid(k)).shape()));
+    break;
+  default:
+    break;
   }
   // Reduced-precision results: computed in f32, then rounded to their type.
   for (size_t k = 0; k < vsize(ins.out()); ++k) {

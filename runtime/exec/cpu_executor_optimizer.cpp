@@ -102,6 +102,36 @@ void CpuExecutor::Impl::unpack(const std::vector<FlatSegment> &segs, bool weight
   }
 }
 
+// A bf16 gradient buffer's reduction, as Megatron's DDP runs it with
+// --grad-reduce-in-bf16: each rank's values scaled first (its
+// gradient_scaling_factor, 1/dp, applied to the bf16 buffer), then summed
+// over the group in bf16. The sum runs in rank order, rounded to bf16 (to
+// nearest even) after every addition, so every rank gets the same bits; a
+// bf16 NCCL ring rounds after each of its additions too, in ring order.
+// The ranks' buffers are gathered (the collectives carry floats; each
+// holds a bf16 value) and summed here.
+std::string CpuExecutor::Impl::sum_in_bf16(Communicator *c, float *data, int64_t n,
+                                           float scale) {
+  if (scale != 1.0f)
+    cpu::scale(data, n, scale);
+  cpu::round_to_bf16(data, n);
+  if (!c || c->size() == 1)
+    return "";
+  const int64_t ranks = c->size();
+  exchange.resize(size_t(n * ranks));
+  if (std::string e = c->all_gather(data, size_t(n), exchange.data()); !e.empty())
+    return e;
+  for (int64_t i = 0; i < n; ++i) {
+    float acc = exchange[size_t(i)];
+    for (int64_t r = 1; r < ranks; ++r) {
+      acc += exchange[size_t(r * n + i)];
+      cpu::round_to_bf16(&acc, 1);
+    }
+    data[i] = acc;
+  }
+  return "";
+}
+
 std::string CpuExecutor::Impl::reduce_grads(const pl::Instruction &ins) {
   std::string err;
   Communicator *c = group(ins.ints()->Get(0), &err);
@@ -112,6 +142,16 @@ std::string CpuExecutor::Impl::reduce_grads(const pl::Instruction &ins) {
   const float scale = float(ins.floats()->Get(0));
   const int64_t n = b.end - b.begin, shard = n / dp;
   pack(b.all, false, b.begin, packed, n);
+  if (bf16_grads()) {
+    // The whole bucket is summed; a reduce-scatter keeps this rank's shard.
+    if (std::string e = sum_in_bf16(c, packed.data(), n, scale); !e.empty())
+      return e;
+    if (!scatter)
+      unpack(b.all, false, b.begin, packed.data());
+    else
+      unpack(b.own, false, b.shard.begin, packed.data() + (b.shard.begin - b.begin));
+    return "";
+  }
   if (!scatter) {
     if (c)
       if (std::string e = c->all_reduce(packed.data(), size_t(n), ReduceOp::Sum); !e.empty())

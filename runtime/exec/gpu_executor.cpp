@@ -98,7 +98,8 @@ template <class H, class F> void for_each_f32(H &h, const pl::Rank &r, F f) {
   };
   for (uint32_t i = 0; i < h.params.size(); ++i) {
     const pl::Param &p = *r.params()->Get(i);
-    each(h.params[i].grad, p.grad_offset());
+    if (p.grad_dtype() == pl::DType::F32) // bf16 ones convert beside the weights
+      each(h.params[i].grad, p.grad_offset());
     each(h.params[i].master, p.master_offset());
     each(h.params[i].exp_avg, p.exp_avg_offset());
     each(h.params[i].exp_avg_sq, p.exp_avg_sq_offset());
@@ -179,12 +180,17 @@ std::string GpuExecutor::open() {
            " of rank " + std::to_string(rank_.rank()) + ")";
   workspace_ = base_ + state + arena;
   loss_scale_at_ = workspace_ + work;
+  if (rank_.params() && rank_.params()->size()) {
+    const pl::DType g = rank_.params()->Get(0)->grad_dtype(); // one a rank (plan_verifier)
+    grad_bytes_ = g == pl::DType::F32 ? 4 : 2;
+    grad_element_ = element_of(g);
+  }
   for (const pl::Param *p : *rank_.params())
     if (p->flat_offset() >= 0) {
       const bool half = p->dtype() == pl::DType::BF16 || p->dtype() == pl::DType::F16;
       weight_bytes_ = half ? 2 : 4;
       weight_element_ = element_of(p->dtype());
-      grad_base_ = base_ + uint64_t(p->grad_offset() - p->flat_offset() * 4);
+      grad_base_ = base_ + uint64_t(p->grad_offset() - p->flat_offset() * int64_t(grad_bytes_));
       weight_base_ = base_ + uint64_t(p->weight_offset() - p->flat_offset() * int64_t(weight_bytes_));
       break;
     }
@@ -291,6 +297,14 @@ std::string GpuExecutor::state_to_host() {
     } else if (n) {
       std::memcpy(h.weight.data(), image.data() + p.weight_offset(), n * 4);
     }
+    if (!h.grad.empty() && p.grad_dtype() != pl::DType::F32) {
+      const uint8_t *src = image.data() + p.grad_offset();
+      for (size_t k = 0; k < h.grad.size(); ++k) {
+        uint16_t b;
+        std::memcpy(&b, src + 2 * k, 2);
+        h.grad[k] = from_half_bits(b, p.grad_dtype());
+      }
+    }
   }
   for_each_f32(*host_, rank_, [&](std::vector<float> &v, int64_t off) {
     std::memcpy(v.data(), image.data() + off, v.size() * 4);
@@ -312,6 +326,13 @@ std::string GpuExecutor::state_to_device() {
       }
     } else if (n) {
       std::memcpy(image.data() + p.weight_offset(), h.weight.data(), n * 4);
+    }
+    if (!h.grad.empty() && p.grad_dtype() != pl::DType::F32) {
+      uint8_t *dst = image.data() + p.grad_offset();
+      for (size_t k = 0; k < h.grad.size(); ++k) {
+        const uint16_t b = to_half_bits(h.grad[k], p.grad_dtype());
+        std::memcpy(dst + 2 * k, &b, 2);
+      }
     }
   }
   for_each_f32(*host_, rank_, [&](std::vector<float> &v, int64_t off) {
@@ -366,8 +387,9 @@ std::string GpuExecutor::grad_stats(float unscale, float clip, GradStats *out) {
   *out = GradStats{};
   for (const CountedRun &r : counted_runs(plan_, rank_)) {
     const pl::Param &p = *rank_.params()->Get(r.param);
-    if (std::string e = download_floats(base_ + uint64_t(p.grad_offset()) + uint64_t(r.begin) * 4,
-                                        pl::DType::F32, r.count, &g);
+    if (std::string e = download_floats(base_ + uint64_t(p.grad_offset()) +
+                                            uint64_t(r.begin) * element_bytes(p.grad_dtype()),
+                                        p.grad_dtype(), r.count, &g);
         !e.empty())
       return e;
     add_grad_stats(g.data(), r.count, unscale, clip, out);
@@ -442,7 +464,8 @@ void GpuExecutor::zero_grads() {
   for (const pl::Param *p : *rank_.params())
     if (p->grad_offset() >= 0)
       if (std::string e = device_->fill(base_ + uint64_t(p->grad_offset()), 0,
-                                        uint64_t(element_count(p->shape())) * 4);
+                                        uint64_t(element_count(p->shape())) *
+                                            element_bytes(p->grad_dtype()));
           !e.empty())
         pending_error_ = e;
 }
@@ -614,7 +637,7 @@ std::string GpuExecutor::native(const pl::Program &program, const pl::Instructio
         continue;
       const uint64_t at = base_ + uint64_t(param.grad_offset());
       if (std::string e = c->all_reduce(at, at, uint64_t(element_count(param.shape())),
-                                        CommElement::F32, ReduceOp::Sum, scale);
+                                        element_of(param.grad_dtype()), ReduceOp::Sum, scale);
           !e.empty())
         return e;
     }
@@ -632,11 +655,11 @@ std::string GpuExecutor::native(const pl::Program &program, const pl::Instructio
       return c->all_gather(weight_base_ + mine * weight_bytes_,
                            weight_base_ + uint64_t(b.begin()) * weight_bytes_, shard,
                            weight_element_);
-    const uint64_t at = grad_base_ + uint64_t(b.begin()) * 4;
+    const uint64_t at = grad_base_ + uint64_t(b.begin()) * grad_bytes_;
     const double scale = ins.floats()->Get(0);
     if (ints(2) == 0)
-      return c->all_reduce(at, at, n, CommElement::F32, ReduceOp::Sum, scale);
-    return c->reduce_scatter(at, grad_base_ + mine * 4, shard, CommElement::F32, scale);
+      return c->all_reduce(at, at, n, grad_element_, ReduceOp::Sum, scale);
+    return c->reduce_scatter(at, grad_base_ + mine * grad_bytes_, shard, grad_element_, scale);
   }
   case pl::Opcode::ALL_REDUCE_TIED_GRAD: {
     // Mine to the peer, the peer's into the workspace; the next step adds it.
@@ -650,10 +673,10 @@ std::string GpuExecutor::native(const pl::Program &program, const pl::Instructio
     const int peer = int(ints(0));
     if (std::string e = pp->group_start(); !e.empty())
       return e;
-    if (std::string e = pp->send(address(program, *s.args()->Get(0)), n, CommElement::F32, peer);
-        !e.empty())
+    const CommElement t = element_of(param.grad_dtype());
+    if (std::string e = pp->send(address(program, *s.args()->Get(0)), n, t, peer); !e.empty())
       return e;
-    if (std::string e = pp->recv(address(program, *s.args()->Get(1)), n, CommElement::F32, peer);
+    if (std::string e = pp->recv(address(program, *s.args()->Get(1)), n, t, peer);
         !e.empty())
       return e;
     return pp->group_end();
@@ -701,7 +724,8 @@ void GpuExecutor::spans_of(const pl::Program &program, const pl::Instruction &in
   auto grad_span = [&](const pl::Param &p) {
     if (p.grad_offset() >= 0)
       out->push_back({base_ + uint64_t(p.grad_offset()),
-                      base_ + uint64_t(p.grad_offset()) + f32_bytes(p)});
+                      base_ + uint64_t(p.grad_offset()) +
+                          uint64_t(element_count(p.shape())) * element_bytes(p.grad_dtype())});
   };
   auto value_span = [&](uint32_t v) {
     const pl::Value &value = *program.values()->Get(v);
@@ -738,7 +762,7 @@ void GpuExecutor::spans_of(const pl::Program &program, const pl::Instruction &in
     out->push_back({base + uint64_t(b.begin()) * bytes, base + uint64_t(b.end()) * bytes});
   };
   switch (ins.op()) {
-  case pl::Opcode::REDUCE_GRADS: bucket_range(grad_base_, 4); return;
+  case pl::Opcode::REDUCE_GRADS: bucket_range(grad_base_, grad_bytes_); return;
   case pl::Opcode::ALL_GATHER_PARAMS: bucket_range(weight_base_, weight_bytes_); return;
   case pl::Opcode::ALL_REDUCE_GRADS:
     if (ins.params() && ins.params()->size())

@@ -261,9 +261,11 @@ private:
   uint64_t base_ = 0, workspace_ = 0, loss_scale_at_ = 0, seed_at_ = 0;
   uint64_t allocated_ = 0; // bytes of that one allocation
   // The flat buffers of data-parallel plans: element e's gradient at
-  // grad_base_ + 4 e, its weight at weight_base_ + weight_bytes_ e.
-  uint64_t grad_base_ = 0, weight_base_ = 0, weight_bytes_ = 4;
-  CommElement weight_element_ = CommElement::F32;
+  // grad_base_ + grad_bytes_ e, its weight at weight_base_ + weight_bytes_ e.
+  // The gradients are f32, or bf16 with --grad-reduce-in-bf16 (reduced as
+  // bf16 over NCCL).
+  uint64_t grad_base_ = 0, weight_base_ = 0, weight_bytes_ = 4, grad_bytes_ = 4;
+  CommElement weight_element_ = CommElement::F32, grad_element_ = CommElement::F32;
   std::unique_ptr<DeviceComm> comms_[4]; // by plan group number: dp, tp, pp, mp
   uint64_t seed_ = 0;
   std::vector<uint64_t> micro_offsets_;

@@ -252,6 +252,15 @@ private:
         return who + ": shape " + e;
       if (!is_float_dtype(p.dtype()))
         return who + " has dtype " + dtype_label(p.dtype()) + "; parameters are f32, bf16 or f16";
+      if (p.grad_dtype() != pl::DType::F32 &&
+          !(p.grad_dtype() == pl::DType::BF16 && p.dtype() == pl::DType::BF16))
+        return who + " has grad_dtype " + dtype_label(p.grad_dtype()) +
+               "; gradients are f32, or bf16 for a bf16 parameter (--grad-reduce-in-bf16)";
+      // One gradient type a rank: its buckets and norms are reduced in it.
+      if (p.grad_dtype() != rank.params()->Get(0)->grad_dtype())
+        return who + " has grad_dtype " + dtype_label(p.grad_dtype()) + ", but parameter 0 has " +
+               dtype_label(rank.params()->Get(0)->grad_dtype()) +
+               "; a rank's gradients share one type";
       if (p.init() > pl::Init::MAX)
         return who + " has unknown init code " + std::to_string(int(p.init()));
       if (!(p.init_std() >= 0) || !std::isfinite(p.init_std()))
@@ -270,7 +279,7 @@ private:
       const uint64_t n = param_numel(p);
       const std::pair<const char *, std::pair<int64_t, uint64_t>> slots[] = {
           {"weight", {p.weight_offset(), n * element_bytes(p.dtype())}},
-          {"grad", {p.grad_offset(), n * 4}},
+          {"grad", {p.grad_offset(), n * element_bytes(p.grad_dtype())}},
           {"master", {p.master_offset(), n * 4}},
           {"exp_avg", {p.exp_avg_offset(), n * 4}},
           {"exp_avg_sq", {p.exp_avg_sq_offset(), n * 4}},
@@ -433,7 +442,7 @@ private:
       if (shape_text(v->shape()) != shape_text(p.shape()))
         return who + " has shape " + shape_text(v->shape()) + ", but " + pname + " has " +
                shape_text(p.shape());
-      pl::DType want = weight ? p.dtype() : pl::DType::F32;
+      pl::DType want = weight ? p.dtype() : p.grad_dtype();
       if (v->dtype() != want)
         return who + " has dtype " + dtype_label(v->dtype()) + ", but the " +
                (weight ? "weights" : "gradient") + " of " + pname + " are " + dtype_label(want);

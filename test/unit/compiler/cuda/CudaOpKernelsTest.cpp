@@ -1555,7 +1555,7 @@ MT_KERNEL_TEST(CudaOpKernels, ElementwiseSplitRope) {
 MT_KERNEL_TEST(CudaOpKernels, GradAccumulate) {
   for (int64_t count : {int64_t(5003), int64_t(64)}) {
     std::string error;
-    std::optional<OpKernels> k = mt::generateGradAccumulate(count, &error);
+    std::optional<OpKernels> k = mt::generateGradAccumulate(count, mt::plan::DType::F32, &error);
     ASSERT_TRUE(k) << error;
     std::vector<float> g = randomValues(size_t(count), 90), add = randomValues(size_t(count), 91);
     std::vector<float> want(g.size());

@@ -290,6 +290,31 @@ TEST(GpuExecutorParallel, DistributedOptimizerMatchesTheCpu) {
                 4, 2e-2, 0.1, 0.2);
 }
 
+// bf16 gradients (--grad-reduce-in-bf16) in overlapped buckets: the
+// buckets reduce-scattered as bf16 (NCCL's bf16 average; the CPU scales in
+// bf16 and sums in bf16), the sharded norm and AdamW reading them as f32.
+// The distributed optimizer's bounds above.
+TEST(GpuExecutorParallel, Bf16GradientBucketsMatchTheCpu) {
+  compareLayout({{"parallel.data_parallel_size=2"},
+                 {"parallel.use_distributed_optimizer=true"},
+                 {"parallel.overlap_grad_reduce=true"},
+                 {"parallel.ddp_bucket_size=40000"},
+                 {"training.precision=\"bf16\""},
+                 {"training.grad_reduce_in_bf16=true"},
+                 {"training.global_batch_size=4"}},
+                4, 2e-2, 0.1, 0.2);
+}
+
+// Tied embeddings over two stages with bf16 gradients: the copies'
+// exchange moves bf16.
+TEST(GpuExecutorParallel, Bf16GradientPipelineStagesMatchTheCpu) {
+  compareLayout({{"parallel.pipeline_model_parallel_size=2"},
+                 {"training.precision=\"bf16\""},
+                 {"training.grad_reduce_in_bf16=true"},
+                 {"training.global_batch_size=6"}},
+                16, 2e-2, 0.1, 0.2);
+}
+
 // overlap_param_gather: step 2's first micro-batch opens with the
 // gathers of step 1's updated weights, on the side stream, which the
 // emulation runs only when the compute stream joins it (one micro-batch:

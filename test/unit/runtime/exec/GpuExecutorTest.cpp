@@ -336,6 +336,17 @@ TEST_F(GpuExecutorOnGpu, TrainingStepsMatchTheCpuBf16) {
   compareSteps(realGpu, {{"training.precision=\"bf16\""}}, 1e-2, 0.1, 0.1);
 }
 
+// bf16 gradients (--grad-reduce-in-bf16): the weight-gradient GEMMs
+// accumulate into bf16, the norm, bias and embedding gradient kernels add
+// into it with one rounding, the optimizer reads it as f32; the same bounds
+// as bf16 with f32 gradients. (On the emulated GPU GpuExecutorParallelTest's
+// Bf16Gradient* layouts run every one of those kernels.)
+TEST_F(GpuExecutorOnGpu, TrainingStepsMatchTheCpuBf16Gradients) {
+  compareSteps(realGpu,
+               {{"training.precision=\"bf16\""}, {"training.grad_reduce_in_bf16=true"}}, 1e-2,
+               0.1, 0.1);
+}
+
 // fp16 with a loss scale: the gradient seed reads the scale from the
 // device (set_loss_scale), gradients are scaled alike on both, and the
 // optimizer takes them back with grad_scale.

@@ -81,6 +81,7 @@ struct Par {
   pl::Init init = pl::Init::NORMAL;
   double init_std = 0.02;
   int64_t weight = -1, grad = -1, master = -1, exp_avg = -1, exp_avg_sq = -1;
+  DType grad_dtype = DType::F32;
 };
 
 struct Kern {
@@ -226,7 +227,8 @@ std::string payload(const PlanDesc &d) {
     // Distinct init streams, as the compiler chooses them (one per name).
     params.push_back(pl::CreateParamDirect(b, p.name.c_str(), &p.shape, p.dtype, p.init,
                                            p.init_std, true, p.weight, p.grad, p.master,
-                                           p.exp_avg, p.exp_avg_sq, 1000 + i));
+                                           p.exp_avg, p.exp_avg_sq, 1000 + i, -1, 1, -1, -1,
+                                           true, false, p.grad_dtype));
   }
   std::vector<flatbuffers::Offset<pl::Kernel>> kernels;
   for (const Kern &k : d.kernels) {
@@ -871,6 +873,20 @@ TEST(PlanReader, SemanticErrors) {
     t.d.programs[1].unrolled_micro_batches = unrolled;
     t.d.programs[1].code[2].micro_batch = microBatch;
     EXPECT_CONTAINS(semantic_error(t.d), message);
+  }
+  {
+    Tiny t; // bf16 gradients of an f32 parameter (--grad-reduce-in-bf16 needs bf16 ones)
+    t.d.params[size_t(t.w1)].grad_dtype = DType::BF16;
+    EXPECT_CONTAINS(semantic_error(t.d),
+                    "rank 0: parameter 3 (decoder.mlp.linear_fc1.weight) has grad_dtype bf16; "
+                    "gradients are f32, or bf16 for a bf16 parameter (--grad-reduce-in-bf16)");
+  }
+  {
+    Tiny t(false, DType::BF16); // one bf16 gradient among f32 ones
+    t.d.params[size_t(t.w1)].grad_dtype = DType::BF16;
+    EXPECT_CONTAINS(semantic_error(t.d),
+                    "rank 0: parameter 3 (decoder.mlp.linear_fc1.weight) has grad_dtype bf16, but "
+                    "parameter 0 has f32; a rank's gradients share one type");
   }
   {
     Tiny t; // an unknown opcode
