@@ -368,7 +368,15 @@ int64_t planFunction(func::FuncOp f) {
 // periods to hold every value's lifetime and the same cool-down (its
 // micro-batch count equal modulo that shift): the arena is the same, and
 // the planning time no longer grows with the micro-batch count.
-FailureOr<int64_t> planScheduled(func::FuncOp f, DictionaryAttr schedule, ArrayAttr segmentList) {
+//
+// A batch ramp-up runs steps of fewer micro-batches inside this plan (each
+// value's first slots). That holds when the shorter step runs the planned
+// step's segments for its micro-batches in the same order: two values then
+// live at once in it only if they do in the planned step. Megatron's
+// schedules have that property for every count they accept; it is checked
+// for each count in `rampCounts`.
+FailureOr<int64_t> planScheduled(func::FuncOp f, DictionaryAttr schedule, ArrayAttr segmentList,
+                                 ArrayRef<int64_t> rampCounts) {
   auto get = [&](StringRef n) {
     auto a = schedule.getAs<IntegerAttr>(n);
     return a ? a.getInt() : int64_t(-1);
@@ -398,6 +406,20 @@ FailureOr<int64_t> planScheduled(func::FuncOp f, DictionaryAttr schedule, ArrayA
   if (full.empty()) {
     f.emitError() << "mt-plan-memory: " << error;
     return failure();
+  }
+  for (int64_t count : rampCounts) {
+    std::vector<rt::ScheduledSegment> fewer;
+    if (count < m)
+      fewer = rt::expand_pipeline(pp, vp, rank, count, keys, &error);
+    if (error.empty())
+      error = count < m ? rt::check_restriction(full, fewer, count)
+                        : "the step plans only " + std::to_string(m) + " micro-batches";
+    if (!error.empty()) {
+      f.emitError() << "mt-plan-memory: the batch ramp-up's step of " << count
+                    << " micro-batches cannot run in the memory planned for " << m << ": "
+                    << error;
+      return failure();
+    }
   }
 
   // Each op's segment and index inside it; the order of one micro-batch's
@@ -828,11 +850,16 @@ LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, bool sgd, int64_t 
 
 struct MtPlanMemoryPass : impl::MtPlanMemoryPassBase<MtPlanMemoryPass> {
   void runOnOperation() override {
+    // A batch ramp-up's smaller micro-batch counts (mt.training).
+    SmallVector<int64_t> rampCounts;
+    if (auto t = getOperation()->getAttrOfType<DictionaryAttr>("mt.training"))
+      if (auto a = t.getAs<DenseI64ArrayAttr>("ramp_micro_batches"))
+        rampCounts.assign(a.asArrayRef().begin(), a.asArrayRef().end());
     for (ModuleOp stage : stageModules(getOperation()))
-      runOnStage(stage);
+      runOnStage(stage, rampCounts);
   }
 
-  void runOnStage(ModuleOp module) {
+  void runOnStage(ModuleOp module, ArrayRef<int64_t> rampCounts) {
     OpBuilder b(module.getContext());
 
     // Persistent state, grouped by kind so each kind is one contiguous
@@ -906,7 +933,7 @@ struct MtPlanMemoryPass : impl::MtPlanMemoryPassBase<MtPlanMemoryPass> {
       auto schedule = f->getAttrOfType<DictionaryAttr>("mt.pipeline_schedule");
       auto segments = f->getAttrOfType<ArrayAttr>("mt.segments");
       if (schedule && segments) {
-        FailureOr<int64_t> bytes = planScheduled(f, schedule, segments);
+        FailureOr<int64_t> bytes = planScheduled(f, schedule, segments, rampCounts);
         if (failed(bytes))
           return signalPassFailure();
         arenaBytes = std::max(arenaBytes, *bytes);

@@ -370,17 +370,6 @@ void Parser::resolveLength(Spec &spec) {
                ")",
            "use an increment dividing " + std::to_string(gbs - start) + " (" +
                divisorList(gbs - start) + ", ...)");
-    // A 1F1B stage's smaller steps fit the planned one's arena (mtrun
-    // expands them); the interleaved schedule's slots are planned for one
-    // micro-batch count.
-    const int64_t vp = spec.parallel.virtual_pipeline_model_parallel_size;
-    if (spec.parallel.pipeline_model_parallel_size > 1 && vp > 1)
-      fail(rampAt,
-           "rampup_batch_size with " +
-               ref("parallel", "virtual_pipeline_model_parallel_size", vp) +
-               ": the interleaved schedule's memory is planned for one micro-batch count",
-           "remove rampup_batch_size, or virtual_pipeline_model_parallel_size (1F1B ramps "
-           "up)");
     r.start = start;
     r.increment = incr;
     r.samples = t.rampup_batch_size[2];
@@ -404,6 +393,26 @@ void Parser::resolveLength(Spec &spec) {
                std::to_string(spec.parallel.data_parallel_size) + " = " +
                std::to_string(step),
            "use a start and an increment that are multiples of " + std::to_string(step));
+  // The interleaved schedule runs micro-batch counts in groups of
+  // pipeline_model_parallel_size (Megatron-Core raises at the first
+  // iteration whose count is not a multiple); each smaller step runs inside
+  // the full batch's memory plan (mt-plan-memory checks it).
+  const int64_t pp = spec.parallel.pipeline_model_parallel_size,
+                vp = spec.parallel.virtual_pipeline_model_parallel_size;
+  if (r.on() && pp > 1 && vp > 1)
+    for (const rt::BatchChange &c : changes)
+      if (c.batch < gbs && (c.batch / step) % pp != 0)
+        fail(at("training", "rampup_batch_size"),
+             "the batch-size ramp-up reaches a global batch of " + std::to_string(c.batch) +
+                 " at iteration " + std::to_string(c.iteration + 1) + ", " +
+                 std::to_string(c.batch / step) +
+                 " micro-batches, which the interleaved schedule (" +
+                 ref("parallel", "virtual_pipeline_model_parallel_size", vp) +
+                 ") cannot run: it takes multiples of " +
+                 ref("parallel", "pipeline_model_parallel_size", pp) + " micro-batches",
+             "use a start and an increment that are multiples of micro_batch_size * "
+             "data_parallel_size * pipeline_model_parallel_size = " +
+                 std::to_string(step * pp));
 }
 
 void Parser::resolveTraining(Spec &spec) {

@@ -3,6 +3,7 @@
 #include "compiler/import/ImportSpec.h"
 
 #include "dialects/mt/MtOps.h"
+#include "runtime/base/batch_rampup.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -97,6 +98,21 @@ public:
       all.push_back(b.getNamedAttr("lr_warmup_samples", i64(t.lr_warmup_samples)));
       all.push_back(b.getNamedAttr("lr_decay_samples", i64(t.lr_decay_samples)));
       all.push_back(b.getNamedAttr("lr_wsd_decay_samples", i64(t.lr_wsd_decay_samples)));
+    }
+    // A batch ramp-up's smaller micro-batch counts, each once, in the order
+    // the run reaches them: mt-plan-memory checks that each runs inside the
+    // full batch's plan of a pipelined step.
+    if (t.rampup_batch_size.size() == 3) {
+      std::vector<rt::BatchChange> changes;
+      rt::rampup_train_iters({t.rampup_batch_size[0], t.rampup_batch_size[1],
+                              t.rampup_batch_size[2], t.global_batch_size},
+                             t.train_samples, &changes);
+      const int64_t step = t.micro_batch_size * p.data_parallel_size;
+      SmallVector<int64_t> counts;
+      for (const rt::BatchChange &c : changes)
+        if (c.batch < t.global_batch_size && !llvm::is_contained(counts, c.batch / step))
+          counts.push_back(c.batch / step);
+      all.push_back(b.getNamedAttr("ramp_micro_batches", b.getDenseI64ArrayAttr(counts)));
     }
     return b.getDictionaryAttr(all);
   }

@@ -123,6 +123,32 @@ std::vector<ScheduledSegment> expand_pipeline(int64_t pp, int64_t vp, int64_t ra
   return out;
 }
 
+std::string check_restriction(const std::vector<ScheduledSegment> &full,
+                              const std::vector<ScheduledSegment> &fewer, int64_t micro_batches) {
+  size_t i = 0;
+  for (size_t k = 0; k < full.size(); ++k) {
+    const ScheduledSegment &s = full[k];
+    if (s.micro_batch >= micro_batches)
+      continue;
+    if (i == fewer.size())
+      return "the step of " + std::to_string(micro_batches) + " micro-batches ends after " +
+             std::to_string(i) + " segments, before the longer step's segment " +
+             std::to_string(s.segment) + " of micro-batch " + std::to_string(s.micro_batch);
+    if (fewer[i].segment != s.segment || fewer[i].micro_batch != s.micro_batch)
+      return "the step of " + std::to_string(micro_batches) + " micro-batches runs segment " +
+             std::to_string(fewer[i].segment) + " of micro-batch " +
+             std::to_string(fewer[i].micro_batch) + " at its position " + std::to_string(i) +
+             ", where the longer step runs segment " + std::to_string(s.segment) +
+             " of micro-batch " + std::to_string(s.micro_batch);
+    ++i;
+  }
+  if (i != fewer.size())
+    return "the step of " + std::to_string(micro_batches) + " micro-batches runs " +
+           std::to_string(fewer.size()) + " segments, the longer step " + std::to_string(i) +
+           " for its micro-batches";
+  return "";
+}
+
 int64_t micro_batches_in_flight(const std::vector<PipelineStep> &order, int64_t chunk) {
   int64_t inFlight = 0, most = 0;
   for (const PipelineStep &s : order)

@@ -56,6 +56,19 @@ std::vector<ScheduledSegment> expand_pipeline(int64_t pp, int64_t vp, int64_t ra
                                               const std::vector<SegmentKey> &segments,
                                               std::string *error);
 
+// Whether `fewer`, the step of `micro_batches` micro-batches, runs exactly
+// the segments that `full` (a step of more) runs for micro-batches below
+// `micro_batches`, in the same order. Then every two values that live at
+// once in the shorter step live at once in the longer one, so a memory
+// plan of the longer step (its slots restricted to the first micro-batches)
+// holds the shorter one: a batch ramp-up's smaller steps run inside the
+// arena planned for the full batch. Megatron's 1F1B and interleaved
+// schedules have this property for every count they accept; the compiler
+// checks it for each count a ramp-up reaches and mtrun before it runs one.
+// Returns "" or one line naming the first step where they differ.
+std::string check_restriction(const std::vector<ScheduledSegment> &full,
+                              const std::vector<ScheduledSegment> &fewer, int64_t micro_batches);
+
 // The most micro-batches of chunk `chunk` whose forward has run and whose
 // backward has not, over the step (what the memory report states).
 int64_t micro_batches_in_flight(const std::vector<PipelineStep> &order, int64_t chunk);

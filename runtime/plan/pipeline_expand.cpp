@@ -431,18 +431,21 @@ fb::DetachedBuffer expand_pipeline_program(const pl::Program &compact, std::stri
   const pl::PipelineSchedule *s = compact.pipeline();
   int64_t m = s ? s->micro_batches() : 0;
   if (e.empty() && micro_batches > 0 && micro_batches != m) {
-    // A ramp-up's smaller step (1F1B only): every value a micro-batch holds
-    // at a point of the shorter step is held at the matching point of the
-    // planned one, in the same slot, so the arena holds it as planned.
-    if (s->chunks() > 1)
-      e = "a step of " + std::to_string(micro_batches) + " micro-batches from an interleaved "
-          "schedule planned for " + std::to_string(m) + "; only 1F1B steps shrink";
-    else if (micro_batches > m)
+    // A ramp-up's smaller step: it runs the planned step's segments for its
+    // micro-batches in the planned order (checked), so every value it holds
+    // at once is held at once in the planned step, in the same slot, and
+    // the arena holds it as planned (pipeline_order.h, check_restriction).
+    if (micro_batches > m) {
       e = "a step of " + std::to_string(micro_batches) + " micro-batches from a schedule "
           "planned for " + std::to_string(m) + "; the arena holds at most those";
-    else
-      order = expand_pipeline(s->stages(), s->chunks(), s->rank(), micro_batches,
-                              segment_keys(*s), &e);
+    } else {
+      std::vector<ScheduledSegment> fewer = expand_pipeline(
+          s->stages(), s->chunks(), s->rank(), micro_batches, segment_keys(*s), &e);
+      if (e.empty())
+        e = check_restriction(order, fewer, micro_batches);
+      if (e.empty())
+        order = std::move(fewer);
+    }
     m = micro_batches;
   }
   fb::DetachedBuffer out;

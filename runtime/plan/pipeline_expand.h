@@ -49,8 +49,10 @@ std::string check_pipeline_schedule(const mt::plan::Program &program,
 // them, for slots 1 to S - 1. Returns an empty buffer and sets *error to one
 // line starting "program NAME: " when `compact` is inconsistent.
 // `micro_batches` > 0 expands a step of that many micro-batches instead of
-// the schedule's own (a batch-size ramp-up's smaller steps): 1F1B only, and
-// at most the planned count, whose arena and slots hold any shorter step.
+// the schedule's own (a batch-size ramp-up's smaller steps): at most the
+// planned count, one the schedule accepts (interleaved: a multiple of the
+// stages), whose order is the planned one's restricted to its micro-batches
+// (check_restriction), so that the planned arena and slots hold it.
 flatbuffers::DetachedBuffer expand_pipeline_program(const mt::plan::Program &compact,
                                                     std::string *error,
                                                     int64_t micro_batches = 0);

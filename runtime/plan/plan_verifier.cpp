@@ -4,6 +4,7 @@
 // after the FlatBuffers verifier).
 #include "runtime/plan/plan_verifier.h"
 
+#include "runtime/base/batch_rampup.h"
 #include "runtime/plan/pipeline_expand.h"
 #include "runtime/plan/plan_reader.h"
 
@@ -179,24 +180,37 @@ private:
       return "";
     const int64_t start = t->rampup_start(), incr = t->rampup_increment();
     if (t->train_samples() == 0 || start < 1 || incr < 1 || t->rampup_samples() < 1 ||
-        start >= gbs || (gbs - start) % incr != 0 || interleaved())
+        start >= gbs || (gbs - start) % incr != 0)
       return "training: the batch ramp-up [" + std::to_string(start) + ", " +
              std::to_string(incr) + ", " + std::to_string(t->rampup_samples()) +
              "] does not ramp up to global batch " + std::to_string(gbs) +
-             " (it needs sample-based training, and no interleaved pipeline schedule)";
+             " (it needs sample-based training)";
+    // The interleaved schedule takes micro-batch counts that are multiples
+    // of the stages (Megatron's groups of pipeline_model_parallel_size).
+    if (const int64_t stages = interleavedStages(); stages > 0) {
+      std::vector<BatchChange> changes;
+      rampup_train_iters({start, incr, t->rampup_samples(), gbs}, t->train_samples(), &changes);
+      for (const BatchChange &c : changes)
+        if (c.batch % step == 0 && (c.batch / step) % stages != 0)
+          return "training: the batch ramp-up reaches a global batch of " +
+                 std::to_string(c.batch) + " (" + std::to_string(c.batch / step) +
+                 " micro-batches), which the interleaved schedule of " +
+                 std::to_string(stages) + " stages cannot run (it needs a multiple of " +
+                 std::to_string(stages) + ")";
+    }
     return "";
   }
 
-  // Whether a rank runs the interleaved schedule, whose memory is planned
-  // for one micro-batch count (a 1F1B step shrinks for a ramp-up).
-  bool interleaved() const {
+  // The stages of the interleaved schedule a rank runs, or 0 (1F1B, or no
+  // pipeline).
+  int64_t interleavedStages() const {
     if (!plan_.ranks())
-      return false;
+      return 0;
     for (const pl::Rank *rank : *plan_.ranks())
       for (size_t p = 0; p < vsize(rank->programs()); ++p)
         if (const auto *ps = rank->programs()->Get(uint32_t(p))->pipeline(); ps && ps->chunks() > 1)
-          return true;
-    return false;
+          return ps->stages();
+    return 0;
   }
 
   // Where the instructions being checked live and what their values mean.

@@ -484,11 +484,30 @@ private:
              "; recompile with a rampup_batch_size whose start and increment are multiples "
              "of " + std::to_string(step) + ", or train fewer samples";
     const int64_t micro = batch / step;
+    // Megatron's interleaved schedule raises when the count is no multiple
+    // of its micro-batch groups (pipeline_model_parallel_size).
+    if (const int64_t stages = interleavedStages(); stages > 0 && micro % stages != 0)
+      return "iteration " + std::to_string(iteration + 1) + ": the batch ramp-up's global batch " +
+             std::to_string(batch) + " is " + std::to_string(micro) + " micro-batches, not a "
+             "multiple of pipeline_model_parallel_size = " + std::to_string(stages) +
+             " as the interleaved schedule needs; recompile with a rampup_batch_size whose "
+             "start and increment are multiples of micro_batch_size x data_parallel_size x "
+             "pipeline_model_parallel_size = " + std::to_string(step * stages) +
+             ", or train fewer samples";
     if (micro != curMicro && iteration != 0 && !save.empty() && savedIteration != iteration)
       if (std::string err = saveCheckpoint(); !err.empty())
         return err;
     curMicro = micro;
     return "";
+  }
+
+  // The stages of this rank's interleaved schedule, or 0 (none, or 1F1B).
+  int64_t interleavedStages() const {
+    if (myRank->programs())
+      for (const pl::Program *p : *myRank->programs())
+        if (const pl::PipelineSchedule *ps = p->pipeline(); ps && ps->chunks() > 1)
+          return ps->stages();
+    return 0;
   }
 
   // The compiled backward scales each micro-batch's gradients by 1 / (the

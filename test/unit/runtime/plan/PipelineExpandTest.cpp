@@ -145,6 +145,63 @@ TEST(PipelineOrder, Errors) {
             "error: segments 0 and 1 are the same part of the same step");
 }
 
+// A batch ramp-up runs steps of fewer micro-batches inside the memory planned
+// for the full count, which holds when the shorter step is the full one
+// with the later micro-batches' segments left out, order kept. Megatron's
+// schedules have that property for every count they accept (interleaved:
+// multiples of pp): checked over every rank of small layouts, with the
+// interleaved exchange segments.
+TEST(PipelineOrder, ShorterStepsAreTheFullStepRestricted) {
+  std::vector<SegmentKey> exchanges;
+  for (int64_t c = 0; c < 3; ++c)
+    for (bool f : {true, false})
+      for (SegmentPart p : {SegmentPart::Recv, SegmentPart::Compute, SegmentPart::Send})
+        exchanges.push_back({f, c, p});
+  int checked = 0;
+  for (int64_t pp = 2; pp <= 5; ++pp)
+    for (int64_t vp = 1; vp <= 3; ++vp) {
+      std::vector<SegmentKey> keys;
+      if (vp == 1)
+        keys = whole_steps();
+      else
+        for (const SegmentKey &k : exchanges)
+          if (k.chunk < vp)
+            keys.push_back(k);
+      const int64_t unit = vp > 1 ? pp : 1;
+      for (int64_t rank = 0; rank < pp; ++rank)
+        for (int64_t m = unit; m <= 5 * unit; m += unit) {
+          std::string error;
+          const auto full = mt::rt::expand_pipeline(pp, vp, rank, m, keys, &error);
+          ASSERT_EQ(error, "");
+          for (int64_t fewer = unit; fewer < m; fewer += unit) {
+            const auto part = mt::rt::expand_pipeline(pp, vp, rank, fewer, keys, &error);
+            ASSERT_EQ(error, "");
+            EXPECT_EQ(mt::rt::check_restriction(full, part, fewer), "")
+                << "pp " << pp << " vp " << vp << " rank " << rank << " m " << m << " fewer "
+                << fewer;
+            ++checked;
+          }
+        }
+    }
+  // Per layout and rank, 0 + 1 + 2 + 3 + 4 shorter counts.
+  EXPECT_EQ(checked, 10 * (2 + 3 + 4 + 5) * 3);
+}
+
+TEST(PipelineOrder, RestrictionMismatchesAreNamed) {
+  using S = ScheduledSegment;
+  const std::vector<S> full = {{0, 0}, {0, 1}, {1, 0}, {0, 2}, {1, 1}, {1, 2}};
+  EXPECT_EQ(mt::rt::check_restriction(full, {{0, 0}, {0, 1}, {1, 0}, {1, 1}}, 2), "");
+  EXPECT_EQ(mt::rt::check_restriction(full, {{0, 0}, {1, 0}, {0, 1}, {1, 1}}, 2),
+            "the step of 2 micro-batches runs segment 1 of micro-batch 0 at its position 1, "
+            "where the longer step runs segment 0 of micro-batch 1");
+  EXPECT_EQ(mt::rt::check_restriction(full, {{0, 0}, {0, 1}, {1, 0}}, 2),
+            "the step of 2 micro-batches ends after 3 segments, before the longer step's "
+            "segment 1 of micro-batch 1");
+  EXPECT_EQ(mt::rt::check_restriction(full, {{0, 0}, {0, 1}, {1, 0}, {1, 1}, {1, 1}}, 2),
+            "the step of 2 micro-batches runs 5 segments, the longer step 4 for its "
+            "micro-batches");
+}
+
 // ---------------------------------------------------------------------------
 // Compact programs built here.
 
@@ -499,6 +556,59 @@ TEST(PipelineExpand, InterleavedStage) {
   }
   EXPECT_EQ(p.values()->Get(11)->name()->str(), "h@2");
   EXPECT_EQ(p.values()->Get(11)->offset(), 192u);
+}
+
+// A batch ramp-up's smaller step: 2 of the 4 planned micro-batches run in
+// the planned order restricted to them (InterleavedStage's listing without
+// micro-batches 2 and 3), in the planned slots and tags; the gradient
+// reduction runs after the last micro-batch of the two.
+TEST(PipelineExpand, InterleavedStageForFewerMicroBatches) {
+  Built b = built(interleaved());
+  std::string error;
+  fb::DetachedBuffer buf = mt::rt::expand_pipeline_program(b.program(), &error, 2);
+  ASSERT_EQ(error, "");
+  fb::Verifier verifier(buf.data(), buf.size());
+  EXPECT_TRUE(verifier.VerifyBuffer<pl::Program>(nullptr));
+  const pl::Program &p = *fb::GetRoot<pl::Program>(buf.data());
+  EXPECT_EQ(p.unrolled_micro_batches(), 2);
+  EXPECT_EQ(listing(p), split("rF0/0 out 0 tag 1\n"
+                              "gather/0\n"
+                              "cF0/0 in 0,0 out 1\n"
+                              "sF0/0 in 1 tag 2\n"
+                              "rF0/1 out 0 tag 11\n"
+                              "cF0/1 in 0,0 out 10\n"
+                              "sF0/1 in 10 tag 12\n"
+                              "rF1/0 out 2 tag 3\n"
+                              "cF1/0 in 2,2 out 3\n"
+                              "cB1/0 out 4\n"
+                              "sB1/0 in 4 tag 4\n"
+                              "rF1/1 out 2 tag 13\n"
+                              "cF1/1 in 2,2 out 12\n"
+                              "cB1/1 out 4\n"
+                              "sB1/1 in 4 tag 14\n"
+                              "rB0/0 out 5 tag 5\n"
+                              "cB0/0 in 5,1 out 6 v5 v6\n"
+                              "sB0/0 in 6 tag 6\n"
+                              "rB0/1 out 5 tag 15\n"
+                              "cB0/1 in 5,10 out 6 v5 v6\n"
+                              "reduce/1\n"
+                              "sB0/1 in 6 tag 16"));
+  ASSERT_EQ(p.outputs()->size(), 2u);
+  EXPECT_EQ(p.outputs()->Get(0), 3u);
+  EXPECT_EQ(p.outputs()->Get(1), 12u);
+  EXPECT_EQ(p.output_names()->Get(1)->str(), "loss.1");
+  EXPECT_EQ(p.values()->Get(12)->offset(), 384u);
+
+  // Counts the schedule does not take, or the plan does not hold.
+  auto refused = [&](int64_t m) {
+    std::string e;
+    EXPECT_EQ(mt::rt::expand_pipeline_program(b.program(), &e, m).size(), 0u);
+    return e;
+  };
+  EXPECT_EQ(refused(3), "program train_step: the interleaved schedule needs the micro-batch "
+                        "count (3) to be a multiple of the stage count (2)");
+  EXPECT_EQ(refused(6), "program train_step: a step of 6 micro-batches from a schedule planned "
+                        "for 4; the arena holds at most those");
 }
 
 std::string expand_error(const Compact &c) {
