@@ -599,6 +599,15 @@ def MtPlanMemoryPass : Pass<"mt-plan-memory", "mlir::ModuleOp"> {
     micro-batch when coloured; empty for one place), the function
     `mt.planned_micro_batches`.
 
+    A batch ramp-up (`mt.training.ramp_micro_batches`: the smaller
+    micro-batch counts the run reaches) runs each smaller step inside this
+    plan, on each value's slots of its first micro-batches. That holds
+    because the shorter step is the planned one with the later
+    micro-batches' segments left out, order kept, so two values live at
+    once in it only if they do in the planned step; the pass checks it for
+    every count (`check_restriction`) and names a count the schedule does
+    not take (interleaved: a multiple of the stages).
+
     ```mlir
     %5 = mt.add %1, %4 {mt.offsets = array<i64: 1048576>} : tensor<4x128x64xf32>
     ```

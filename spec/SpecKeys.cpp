@@ -232,7 +232,8 @@ std::vector<KeyInfo> buildTable() {
                     "batch starts at start and grows by increment in (global_batch_size - "
                     "start) / increment equal shares of the ramp-up samples, reaching "
                     "global_batch_size after them. Needs train_samples; every batch the run "
-                    "reaches must be a multiple of micro_batch_size * data_parallel_size.",
+                    "reaches must be a multiple of micro_batch_size * data_parallel_size "
+                    "(with the interleaved schedule, * pipeline_model_parallel_size).",
                     atLeast(1));
     k.listLength = 3;
     t.push_back(std::move(k));
