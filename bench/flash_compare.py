@@ -3,7 +3,8 @@
 
 Usage: bench/flash_compare.py [--mt-bench build/bin/mt-flash-bench] [--seq 1024,2048,4096,8192]
          [--head-dim 64,128] [--dropout 0,0.1] [--causal 1|0|both] [--tokens 16384]
-         [--hidden 2048] [--repeats 20] [--record [--results FILE]] [--emulate]
+         [--hidden 2048] [--backward kv64,kv128] [--repeats 20] [--record [--results FILE]]
+         [--emulate]
 
 For each configuration (FlashAttention-2's benchmark shapes: batch * seq =
 --tokens, heads * head dim = --hidden, bf16), times mt's generated kernels
@@ -19,6 +20,13 @@ FLOPs are FlashAttention-2's count: forward 4 * batch * heads * seq^2 *
 head dim (half when causal), backward 2.5 times that. PyTorch's backward
 time is its forward-and-backward time less its forward time.
 
+mt's backward is timed for each variant of --backward (default both: kv64,
+the default kernel, and kv128; `mtc compile --flash-backward`), each in
+its own column; the ratio and the target take the faster, named in the
+target's line, and with both variants a last line says which was faster
+in how many configurations and by how much (kv128's time over kv64's,
+geometric mean and range), the figure that decides the default.
+
 --record appends a dated section to bench/results/gpu-flash-attention.md
 (or --results FILE), rewritten after each configuration so that a
 time-out keeps the rows that finished. --emulate runs mt's kernels on the
@@ -27,6 +35,7 @@ to check this script without a GPU; its numbers mean nothing.
 """
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -103,6 +112,8 @@ def main():
     ap.add_argument("--causal", default="1", choices=["1", "0", "both"])
     ap.add_argument("--tokens", default="16384")
     ap.add_argument("--hidden", default="2048")
+    ap.add_argument("--backward", default="kv64,kv128",
+                    help="mt's backward variants to time (mt-flash-bench --backward)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--record", action="store_true")
     ap.add_argument("--results", default=RESULTS)
@@ -116,7 +127,8 @@ def main():
                  "this script without one)")
     cmd = [args.mt_bench, "--seq", args.seq, "--head-dim", args.head_dim, "--dropout", args.dropout,
            "--causal", args.causal, "--tokens", args.tokens, "--hidden", args.hidden,
-           "--repeats", str(args.repeats)] + (["--emulate"] if args.emulate else [])
+           "--backward", args.backward, "--repeats", str(args.repeats)] + (["--emulate"] if args.emulate else [])
+    variants = [v for v in dict.fromkeys(args.backward.split(",")) if v]
     try:
         import torch  # noqa: F401
         have_torch = True
@@ -132,14 +144,32 @@ def main():
         except FileNotFoundError:
             earlier = HEADER
     rows, targets, failed = [], [], False
+    variant_ms = []  # per row: {variant: backward ms}
+
+    def variants_line():
+        """Which backward variant was faster, over the rows that timed both."""
+        if len(variants) != 2:
+            return []
+        a, b = variants
+        pairs = [(t[a], t[b]) for t in variant_ms if a in t and b in t]
+        if not pairs:
+            return []
+        ratios = [tb / ta for ta, tb in pairs]
+        mean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        faster = sum(1 for x in ratios if x < 1)
+        return [f"- backward {b} against {a}: {b}'s time / {a}'s {mean:.2f}x geometric mean "
+                f"({min(ratios):.2f}x to {max(ratios):.2f}x); {b} faster in {faster} of "
+                f"{len(ratios)} configurations"]
 
     def save():
         if not args.record:
             return
+        bwd_heads = "".join(f"mt bwd {v} TFLOP/s | " for v in variants)
         body = ("| seq | head dim | batch x heads | causal | dropout | mt fwd TFLOP/s | FA2 fwd "
-                "TFLOP/s | fwd ratio | mt bwd TFLOP/s | FA2 bwd TFLOP/s | bwd ratio |\n"
-                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
-                + "".join(rows) + "".join(f"\n{t}" for t in targets) + "\n")
+                f"TFLOP/s | fwd ratio | {bwd_heads}FA2 bwd TFLOP/s | bwd ratio |\n"
+                "| --- | --- | --- | --- | --- | --- | --- | --- | " + "--- | " * len(variants)
+                + "--- | --- |\n"
+                + "".join(rows) + "".join(f"\n{t}" for t in targets + variants_line()) + "\n")
         write_results(earlier + section("mt's flash attention against FlashAttention-2", body,
                                         gpu[0], gpu[1], [" ".join(cmd)]), args.results)
 
@@ -159,25 +189,28 @@ def main():
         cell = lambda x: f"{x:.1f}" if x is not None else "-"
         ratio_f = r["fwd_tflops"] / pt_fwd_tf if pt_fwd_tf else None
         ratio_b = r["bwd_tflops"] / pt_bwd_tf if pt_bwd_tf else None
+        variant_ms.append({v: r[f"bwd_{v}_ms"] for v in variants if f"bwd_{v}_ms" in r})
+        bwd_cells = "".join(f"{cell(r.get(f'bwd_{v}_tflops'))} | " for v in variants)
         rows.append(f"| {r['seq']} | {r['head_dim']} | {r['batch']} x {r['heads']} | "
                     f"{'yes' if r['causal'] else 'no'} | {r['dropout']} | {cell(r['fwd_tflops'])} | "
                     f"{cell(pt_fwd_tf)} | {cell(ratio_f) if ratio_f is None else f'{ratio_f:.2f}x'} | "
-                    f"{cell(r['bwd_tflops'])} | {cell(pt_bwd_tf)} | "
+                    f"{bwd_cells}{cell(pt_bwd_tf)} | "
                     f"{cell(ratio_b) if ratio_b is None else f'{ratio_b:.2f}x'} |"
                     + (f" PyTorch failed: {why}" if why else "") + "\n")
         if r["causal"] and ratio_f is not None:
             name = f"seq {r['seq']}, head dim {r['head_dim']}, dropout {r['dropout']}"
-            for what, ratio in (("forward", ratio_f), ("backward", ratio_b)):
+            best = f" ({r['bwd_best']})" if "bwd_best" in r else ""
+            for what, ratio, which in (("forward", ratio_f, ""), ("backward", ratio_b, best)):
                 ok = ratio >= TARGET_RATIO
                 targets.append(f"- {'met' if ok else 'MISSED'}: {what} within 15% of "
-                               f"FlashAttention-2 ({name}): {ratio:.2f}x")
+                               f"FlashAttention-2 ({name}): {ratio:.2f}x{which}")
         print(rows[-1], end="", flush=True)
         save()
     if proc.wait() != 0:
         failed = True
         targets.append(f"- mt-flash-bench failed (exit {proc.returncode}); the rows above finished")
         save()
-    for t in targets:
+    for t in targets + variants_line():
         print(t)
     if args.record:
         print(f"recorded in {args.results}")

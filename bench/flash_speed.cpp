@@ -8,11 +8,17 @@
 // forward 4 * batch * heads * seq^2 * head dim, halved when causal;
 // backward 2.5 times the forward.
 //
+// Each backward variant of --backward (default both: kv64, the default
+// kernel, and kv128; FlashAttentionGen.h) is timed on the same inputs in the
+// same run: "bwd_kv64_ms", "bwd_kv128_ms" and their TFLOP/s, and
+// "bwd_ms" / "bwd_tflops" / "bwd_best" for the fastest of them.
+//
 // --emulate runs the same kernels on the host CUDA emulation (tiny shapes
 // only: it checks this program, not the speed).
 #include "KernelDevice.h"
 #include "compiler/cuda/FlashAttentionGen.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -30,7 +36,7 @@ using DType = FlashAttentionConfig::DType;
 const char *kUsage =
     "usage: mt-flash-bench [--seq 1024,2048,4096,8192] [--head-dim 64,128] [--dropout 0,0.1]\n"
     "                      [--causal 1|0|both] [--tokens 16384] [--hidden 2048]\n"
-    "                      [--repeats 20] [--emulate]\n";
+    "                      [--backward kv64,kv128] [--repeats 20] [--emulate]\n";
 
 [[noreturn]] void fail(const std::string &message) {
   std::fprintf(stderr, "mt-flash-bench: error: %s\n", message.c_str());
@@ -120,6 +126,7 @@ mt::test::KernelDevice::Launch launchOf(const mt::CudaKernel &k, std::vector<uin
 int main(int argc, char **argv) {
   std::vector<std::string> seqs = {"1024", "2048", "4096", "8192"}, dims = {"64", "128"}, rates = {"0", "0.1"};
   std::string causalArg = "1";
+  std::vector<mt::FlashBackward> variants = {mt::FlashBackward::Kv64, mt::FlashBackward::Kv128};
   long long tokens = 16384, hidden = 2048, repeats = 20;
   bool emulate = false;
   for (int i = 1; i < argc; ++i) {
@@ -133,6 +140,18 @@ int main(int argc, char **argv) {
     else if (a == "--head-dim") dims = split(value());
     else if (a == "--dropout") rates = split(value());
     else if (a == "--causal") causalArg = value();
+    else if (a == "--backward") {
+      variants.clear();
+      for (const std::string &name : split(value())) {
+        const std::optional<mt::FlashBackward> b = mt::parseFlashBackward(name);
+        if (!b)
+          fail("--backward '" + name + "' is not kv64 or kv128");
+        if (std::find(variants.begin(), variants.end(), *b) == variants.end())
+          variants.push_back(*b);
+      }
+      if (variants.empty())
+        fail("--backward needs kv64, kv128 or both");
+    }
     else if (a == "--tokens") tokens = parseInt(a, value(), 1, 1ll << 30);
     else if (a == "--hidden") hidden = parseInt(a, value(), 64, 65536);
     else if (a == "--repeats") repeats = parseInt(a, value(), 1, 100000);
@@ -173,9 +192,18 @@ int main(int argc, char **argv) {
           c.causal = causal, c.scale = 1.0 / std::sqrt(double(c.headDim)), c.dtype = dtype, c.stream = 1;
           std::string error;
           auto fwd = mt::generateFlashAttentionForward(c, &error);
-          auto bwd = fwd ? mt::generateFlashAttentionBackward(c, &error) : std::nullopt;
-          if (!fwd || !bwd)
+          if (!fwd)
             fail(error);
+          std::vector<mt::FlashAttentionBackward> bwds;
+          for (mt::FlashBackward variant : variants) {
+            FlashAttentionConfig cv = c;
+            cv.backward = variant;
+            auto bwd = mt::generateFlashAttentionBackward(cv, &error);
+            if (!bwd)
+              fail(error);
+            bwds.push_back(*bwd);
+          }
+          const mt::FlashAttentionBackward *bwd = &bwds[0]; // the workspace is the same for every variant
 
           Buffers buf(*device);
           const size_t n = size_t(c.batch * c.seq * c.heads * c.headDim);
@@ -189,25 +217,40 @@ int main(int argc, char **argv) {
 
           const std::vector<uint64_t> fwdArgs = {q, k, v, out, lse};
           const std::vector<uint64_t> bwdArgs = {dout, q, k, v, out, lse, dq, dk, dv, dqAccum, delta};
-          double fwdMs = 0, bwdMs = 0;
+          double fwdMs = 0;
           if (std::string e = device->time({launchOf(fwd->kernel, withScalars(fwdArgs, fwd->kernel, seed, offset))},
                                            int(repeats), &fwdMs);
               !e.empty())
             fail(e);
-          std::vector<mt::test::KernelDevice::Launch> back;
-          for (const mt::CudaKernel *kk : {&bwd->dot, &bwd->main, &bwd->dq})
-            back.push_back(launchOf(*kk, withScalars(bwdArgs, *kk, seed, offset)));
-          if (std::string e = device->time(back, int(repeats), &bwdMs); !e.empty())
-            fail(e);
+          // Each variant's three kernels, timed together as a training step
+          // runs them.
+          std::vector<double> bwdMs(bwds.size());
+          for (size_t vi = 0; vi < bwds.size(); ++vi) {
+            std::vector<mt::test::KernelDevice::Launch> back;
+            for (const mt::CudaKernel *kk : {&bwds[vi].dot, &bwds[vi].main, &bwds[vi].dq})
+              back.push_back(launchOf(*kk, withScalars(bwdArgs, *kk, seed, offset)));
+            if (std::string e = device->time(back, int(repeats), &bwdMs[vi]); !e.empty())
+              fail(std::string(mt::flashBackwardName(variants[vi])) + ": " + e);
+          }
+          const size_t best = size_t(std::min_element(bwdMs.begin(), bwdMs.end()) - bwdMs.begin());
 
           const double flops = 4.0 * double(c.batch) * double(c.heads) * double(c.seq) * double(c.seq) *
                                double(c.headDim) / (causal ? 2.0 : 1.0);
+          std::string perVariant;
+          for (size_t vi = 0; vi < bwds.size(); ++vi) {
+            char field[160];
+            const char *name = mt::flashBackwardName(variants[vi]);
+            std::snprintf(field, sizeof field, "\"bwd_%s_ms\": %.5f, \"bwd_%s_tflops\": %.2f, ", name, bwdMs[vi], name,
+                          2.5 * flops / (bwdMs[vi] * 1e9));
+            perVariant += field;
+          }
           std::printf("{\"seq\": %lld, \"head_dim\": %lld, \"batch\": %lld, \"heads\": %lld, \"causal\": %s, "
                       "\"dropout\": %s, \"dtype\": \"bf16\", \"fwd_ms\": %.5f, \"bwd_ms\": %.5f, "
-                      "\"fwd_tflops\": %.2f, \"bwd_tflops\": %.2f, \"device\": \"%s\"}\n",
+                      "\"fwd_tflops\": %.2f, \"bwd_tflops\": %.2f, \"bwd_best\": \"%s\", %s\"device\": \"%s\"}\n",
                       (long long)c.seq, (long long)c.headDim, (long long)c.batch, (long long)c.heads,
-                      causal ? "true" : "false", rateText.c_str(), fwdMs, bwdMs,
-                      flops / (fwdMs * 1e9), 2.5 * flops / (bwdMs * 1e9), emulate ? "emulation" : "gpu");
+                      causal ? "true" : "false", rateText.c_str(), fwdMs, bwdMs[best],
+                      flops / (fwdMs * 1e9), 2.5 * flops / (bwdMs[best] * 1e9),
+                      mt::flashBackwardName(variants[best]), perVariant.c_str(), emulate ? "emulation" : "gpu");
           std::fflush(stdout);
         }
   return 0;

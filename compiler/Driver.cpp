@@ -103,6 +103,12 @@ options:
   --kernel-archs=LIST      architectures --check-kernels compiles for
                            (default sm_80,sm_90; sm_80 or newer, among
                            those the NVRTC found lists)
+  --flash-backward=kv64|kv128
+                           the flash attention backward's main kernel: kv64
+                           (default; 64 key rows a block) or kv128 (128 key
+                           rows a block in 8 warps, the query tiles
+                           double-buffered in over 48 KiB of shared memory);
+                           both compute the same gradients
   --report=text|json       format of the summary and memory plan (default text)
   --no-fuse                skip mt-fuse: every op runs as its own kernel (to
                            compare against the fused plan, which trains the
@@ -202,6 +208,7 @@ struct CompileOptions {
   PipelineOptions pipeline;
   bool checkKernels = false;
   std::vector<std::string> kernelArchs = {"sm_80", "sm_90"};
+  GpuKernelOptions kernels;
 };
 
 int usageError(const std::string &msg) {
@@ -398,7 +405,7 @@ int runCompile(const std::vector<std::string> &args) {
   CompileOptions opts;
   static const std::vector<std::string> known = {
       "--output", "--set", "--emit", "--report", "--no-fuse", "--help", "--check-kernels",
-      "--kernel-archs",
+      "--kernel-archs", "--flash-backward",
       "--mlir-print-ir-after-all", "--mlir-print-ir-after"};
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string &a = args[i];
@@ -438,6 +445,13 @@ int runCompile(const std::vector<std::string> &args) {
       opts.pipeline.fuse = false;
     } else if (a == "--check-kernels") {
       opts.checkKernels = true;
+    } else if (takeValue(args, i, "--flash-backward", value, missing)) {
+      if (missing)
+        return usageError("--flash-backward needs 'kv64' or 'kv128'");
+      std::optional<FlashBackward> b = parseFlashBackward(value);
+      if (!b)
+        return usageError("--flash-backward must be 'kv64' or 'kv128', got '" + value + "'");
+      opts.kernels.flashBackward = *b;
     } else if (takeValue(args, i, "--kernel-archs", value, missing)) {
       llvm::SmallVector<llvm::StringRef> archs;
       llvm::StringRef(value).split(archs, ',', -1, false);
@@ -492,7 +506,7 @@ int runCompile(const std::vector<std::string> &args) {
   // memory plan states beside cuBLASLt's.
   std::string payload;
   {
-    FailureOr<std::string> p = buildPlanPayload(*module, spec);
+    FailureOr<std::string> p = buildPlanPayload(*module, spec, opts.kernels);
     if (failed(p)) {
       llvm::errs() << "mtc: internal error: could not lower '" << opts.specPath
                    << "' to a plan (diagnostics above); please report this with the spec\n";
@@ -517,7 +531,7 @@ int runCompile(const std::vector<std::string> &args) {
     if (!m)
       return std::nullopt;
     MemoryPlan p = memoryPlanOf(*m, variant);
-    FailureOr<std::string> payload = buildPlanPayload(*m, variant);
+    FailureOr<std::string> payload = buildPlanPayload(*m, variant, opts.kernels);
     if (failed(payload))
       return std::nullopt;
     addKernelWorkspace(p, *plan::GetPlan(reinterpret_cast<const uint8_t *>(payload->data())));

@@ -3,6 +3,8 @@
 // variants (selected by MT_FLASH_MMA), on top of CudaKernelGen's prelude.
 #include "compiler/cuda/FlashAttentionGen.h"
 
+#include "runtime/exec/cuda/launch_limits.h"
+
 #include <cmath>
 #include <cstdio>
 
@@ -516,8 +518,10 @@ extern "C" __global__ void __launch_bounds__(kThreads)
 }
 )mtcuda";
 
-// The three backward kernels.
-constexpr const char *kBackwardCode = R"mtcuda(// ---- Backward, 1: delta = rowsum(dout * out) per (b, i, h), one warp a
+// The backward: its first kernel (delta), the kv64 main kernel and the last
+// kernel (dq), kept as three pieces so that the kv128 variant shares the
+// first and the last; the kv64 source is the three in this order.
+constexpr const char *kBackwardDotCode = R"mtcuda(// ---- Backward, 1: delta = rowsum(dout * out) per (b, i, h), one warp a
 // row, and dq_accum's row cleared.
 extern "C" __global__ void __launch_bounds__(128)
 @ENTRY_DOT@(const mt_t *dout, const mt_t *q, const mt_t *k, const mt_t *v, const mt_t *out, const float *lse,
@@ -544,7 +548,10 @@ extern "C" __global__ void __launch_bounds__(128)
   }
 }
 
-// ---- Backward, 2: one CTA per (key block, group, batch); each warp owns 16
+)mtcuda";
+
+// The backward's main kernel, kv64 (the default).
+constexpr const char *kBackwardMainCode = R"mtcuda(// ---- Backward, 2: one CTA per (key block, group, batch); each warp owns 16
 // key rows and keeps their dK and dV in registers over every query block of
 // every head of the group. P is recomputed from q, k and lse (log2 units);
 // dS goes through shared memory for dQ = dS K, added to dq_accum.
@@ -725,7 +732,10 @@ extern "C" __global__ void __launch_bounds__(kThreads)
   mt_flash_bwd(dout, q, k, v, lse, dk, dv, dq_accum, delta, @RNG@, reinterpret_cast<mt_t *>(mt_smem));
 }
 
-// ---- Backward, 3: dq = scale * dq_accum in the storage type.
+)mtcuda";
+
+// The backward's last kernel.
+constexpr const char *kBackwardDqCode = R"mtcuda(// ---- Backward, 3: dq = scale * dq_accum in the storage type.
 extern "C" __global__ void __launch_bounds__(256)
 @ENTRY_DQ@(const mt_t *dout, const mt_t *q, const mt_t *k, const mt_t *v, const mt_t *out, const float *lse,
            mt_t *dq, mt_t *dk, mt_t *dv, float *dq_accum, float *delta@SCALARS@) {
@@ -737,6 +747,241 @@ extern "C" __global__ void __launch_bounds__(256)
   for (int l = 0; l < 4; ++l) x[l] *= kScale;
   mt_store<4>(dq, i, x);
 }
+)mtcuda";
+
+// The backward's main kernel, kv128: twice kv64's key rows a CTA and the
+// next query tile copied while this one is computed.
+constexpr const char *kBackwardMainKv128Code = R"mtcuda(// ---- Backward, 2 (kv128): one CTA per (key block, group, batch), each
+// warp with 16 key rows whose dK and dV stay in registers over every query
+// tile of every head of the group, as kv64, but with kBc = 16 kW = 128 key
+// rows a CTA in 16 bits (8 warps): each Q and dO tile taken into shared
+// memory serves twice the keys, and dq_accum gets half the atomic adds.
+// The query tiles (Q, dO, lse, delta) are double-buffered: tile it + 1 is
+// copied (cp.async) into the other stage while tile it is computed, so the
+// copies overlap the products (two stages are over 48 KiB of shared memory:
+// the launch opts in). K stays in shared memory for dQ = dS K and, at head
+// dim 64, also as this warp's A fragments for S^T = K Q^T. A warp whose keys
+// all follow every query of a tile (causal) or lie past seq skips the
+// tile's products: its P and dS are zero, and so are its columns of dS.
+
+// A float copied into shared memory: cp.async on the GPU (waited for with
+// the tiles), a plain copy on the host and in the fp32 kernel.
+__device__ __forceinline__ void mt_cp4(float *dst, const float *src) {
+#if MT_FLASH_MMA && defined(__CUDA_ARCH__)
+  asm volatile("{\n .reg .u64 a;\n .reg .u32 s;\n cvta.to.shared.u64 a, %0;\n cvt.u32.u64 s, a;\n"
+               " cp.async.ca.shared.global [s], [%1], 4;\n}\n" ::"l"(dst), "l"(src) : "memory");
+#else
+  *dst = *src;
+#endif
+}
+
+__device__ __forceinline__ void mt_flash_bwd(const mt_t *dout, const mt_t *q, const mt_t *k, const mt_t *v,
+                                             const float *lse, mt_t *dk, mt_t *dv, float *dq_accum,
+                                             const float *delta, mt_u64 seed, mt_u64 offset, mt_u64 stream,
+                                             mt_u64 head0, mt_t *smem) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const long long n0 = (long long)blockIdx.x * kBc;
+  const int grp = blockIdx.y;
+  const mt_u64 b = blockIdx.z;
+  const mt_u64 kvOff = (b * kSeq * kGroups + grp) * kD;
+  // Shared: K; (fp32: V); two stages of [Q; dO]; dS [query][key]; two
+  // stages of [lse; delta] (lse in natural log, as the forward wrote it).
+  mt_t *sK = smem;
+#if MT_FLASH_MMA
+  mt_t *sStage = sK + kBc * kLd;
+#else
+  mt_t *sV = sK + kBc * kLd;
+  mt_t *sStage = sV + kBc * kLd;
+#endif
+  mt_t *sdS = sStage + 4 * kBr * kLd;
+  float *sRows = reinterpret_cast<float *>(sdS + kBr * kLdS);
+
+  const long long kw = n0 + warp * 16; // this warp's first key
+  const long long j0 = kw + g;         // this lane's key rows: j0, j0 + 8
+  const long long mStart = kCausal ? n0 / kBr * kBr : 0;
+  const int nTiles = (int)((kSeq - mStart + kBr - 1) / kBr); // query tiles a head
+  const int total = (int)kHeadsPerGroup * nTiles;
+
+#if MT_FLASH_MMA
+  // V's 16 rows of this warp (and K's at head dim 64) as A fragments, V
+  // staged through the two stages before the first query tile is copied.
+  static_assert(kBc <= 4 * kBr, "V's staging fits the two stages");
+  constexpr bool kKReg = kD == 64;
+  mt_load_tile<kBc>(sStage, v + kvOff, kKStride, n0);
+  mt_load_tile<kBc>(sK, k + kvOff, kKStride, n0);
+  mt_cp_wait();
+  __syncthreads();
+  unsigned va[kD / 16][4], ka[kD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    mt_afrag(va[kk], sStage + warp * 16 * kLd, kLd, kk * 16);
+    if constexpr (kKReg) mt_afrag(ka[kk], sK + warp * 16 * kLd, kLd, kk * 16);
+  }
+  const mt_t *sVw = nullptr;
+  __syncthreads(); // every warp has its V before the stages take query tiles
+#else
+  constexpr bool kKReg = false;
+  mt_load_tile<kBc>(sV, v + kvOff, kKStride, n0);
+  mt_load_tile<kBc>(sK, k + kvOff, kKStride, n0);
+  const unsigned (*va)[4] = nullptr, (*ka)[4] = nullptr;
+  const mt_t *sVw = sV + warp * 16 * kLd;
+#endif
+
+  // Query tile `it` (head it / nTiles of the group) into stage it % 2.
+  auto fetch = [&](int it) {
+    const int hh = it / nTiles;
+    const long long m0 = mStart + (long long)(it - hh * nTiles) * kBr;
+    const mt_u64 h = (mt_u64)grp * kHeadsPerGroup + hh;
+    const mt_u64 qOff = (b * kSeq * kHeads + h) * kD, rowOff = (b * kHeads + h) * kSeq;
+    mt_t *st = sStage + (it & 1) * 2 * kBr * kLd;
+    mt_load_tile<kBr>(st, q + qOff, kQStride, m0);
+    mt_load_tile<kBr>(st + kBr * kLd, dout + qOff, kQStride, m0);
+    float *rows = sRows + (it & 1) * 2 * kBr;
+    for (int r = threadIdx.x; r < kBr; r += kThreads) {
+      const long long i = m0 + r;
+      if (i < kSeq) {
+        mt_cp4(rows + r, lse + rowOff + (mt_u64)i);
+        mt_cp4(rows + kBr + r, delta + rowOff + (mt_u64)i);
+      } else { // never used unmasked; finite, so that 0 * delta stays 0
+        rows[r] = 0.0f;
+        rows[kBr + r] = 0.0f;
+      }
+    }
+  };
+
+  float dK[kD / 8][4], dV[kD / 8][4];
+#pragma unroll
+  for (int t = 0; t < kD / 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dK[t][e] = dV[t][e] = 0.0f;
+  float s[kBr / 8][4], pd[kBr / 8][4], dp[kBr / 8][4];
+  constexpr int kDqSlabs = kBr / 16, kChunk = kD / (kW / kDqSlabs); // dQ: 16-row slab x kChunk columns a warp
+  static_assert(kW % kDqSlabs == 0, "warps split dQ's rows evenly");
+  const int slab = warp % kDqSlabs, chunk = warp / kDqSlabs;
+  fetch(0);
+  for (int it = 0; it < total; ++it) {
+    const int hh = it / nTiles;
+    const long long m0 = mStart + (long long)(it - hh * nTiles) * kBr;
+    const mt_u64 h = (mt_u64)grp * kHeadsPerGroup + hh;
+    const mt_u64 qOff = (b * kSeq * kHeads + h) * kD;
+    const mt_u64 maskHead = (b * kTotalHeads + head0 + h) * kSeq;
+#if MT_FLASH_MMA
+    mt_cp_wait();
+#endif
+    __syncthreads(); // tile `it` is in; every warp is done with the last tile's stage and dS
+    if (it + 1 < total) fetch(it + 1);
+    const mt_t *sQ = sStage + (it & 1) * 2 * kBr * kLd, *sdO = sQ + kBr * kLd;
+    const float *sLse = sRows + (it & 1) * 2 * kBr, *sDelta = sLse + kBr;
+
+    if (kw >= kSeq || (kCausal && m0 + kBr - 1 < kw)) {
+      // Every (query, key) of this warp is masked: dS's columns are zeros.
+      for (int e = lane; e < kBr * 16; e += 32) mt_store1(sdS + (e >> 4) * kLdS + warp * 16 + (e & 15), 0.0f);
+    } else {
+      // Only a tile that reaches past seq or, causal, has a query before one
+      // of this warp's keys masks anything: the same for the whole warp.
+      const bool edge = m0 + kBr > kSeq || kw + 16 > kSeq || (kCausal && kw + 15 > m0);
+      // S^T = K Q^T: rows are this warp's keys, columns the tile's queries.
+#pragma unroll
+      for (int t = 0; t < kBr / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[t][e] = dp[t][e] = 0.0f;
+      mt_gemm_nt<kBr / 8, kD, kKReg>(s, ka, sK + warp * 16 * kLd, kLd, sQ, kLd);
+#pragma unroll
+      for (int t = 0; t < kBr / 8; ++t) {
+        // The dropout factors of this lane's four elements, drawn as kv64
+        // draws them (four lanes trade one Philox block's words).
+        float f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        if constexpr (kDropout && kSeq % 4 == 0) {
+          const int kq = g & 3;
+          unsigned w[4];
+          mt_philox(((maskHead + (mt_u64)(m0 + 8 * t + 2 * c + (kq & 1))) * kSeq +
+                     (mt_u64)(j0 - kq + 8 * (kq >> 1))) >> 2, seed, stream, offset, w);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int from = (kq + r) & 3; // the slot whose word this lane gets
+            const unsigned got = __shfl_sync(0xFFFFFFFFu, mt_word(w, (mt_u64)((kq - r) & 3)),
+                                             (lane & ~12) | (from << 2));
+            const float keep = (got >> 8) >= kThreshold ? kKeepScale : 0.0f;
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (e == from) f[e] = keep;
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int il = 8 * t + 2 * c + (e & 1);
+          const long long i = m0 + il, j = j0 + 8 * (e >> 1);
+          const bool valid = !edge || (i < kSeq && j < kSeq && (!kCausal || j <= i));
+          const float p = valid ? exp2f(s[t][e] * kScaleLog2 - sLse[il] * kLog2e) : 0.0f;
+          s[t][e] = p;
+          pd[t][e] = p;
+          if constexpr (kDropout && kSeq % 4 == 0) {
+            pd[t][e] = p * f[e];
+          } else if constexpr (kDropout) {
+            if (valid) pd[t][e] = p * mt_keep1((maskHead + (mt_u64)i) * kSeq + (mt_u64)j, seed, stream, offset);
+          }
+        }
+      }
+      // dV += Pd^T dO (Pd: the probabilities after dropout).
+      mt_gemm_rn<kD / 8, kBr / 8>(dV, pd, sdO, kLd);
+      // dPd^T = V dO^T; dS = P * (dPd * mask - delta), where P * mask = Pd.
+      mt_gemm_nt<kBr / 8, kD, kMMA>(dp, va, sVw, kLd, sdO, kLd);
+#pragma unroll
+      for (int t = 0; t < kBr / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float d = sDelta[8 * t + 2 * c + (e & 1)];
+          if constexpr (kDropout)
+            s[t][e] = pd[t][e] * dp[t][e] - s[t][e] * d;
+          else
+            s[t][e] = s[t][e] * (dp[t][e] - d);
+        }
+      // dK += dS^T Q (times scale at the end).
+      mt_gemm_rn<kD / 8, kBr / 8>(dK, s, sQ, kLd);
+#pragma unroll
+      for (int t = 0; t < kBr / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          mt_store1(sdS + (8 * t + 2 * c + (e & 1)) * kLdS + warp * 16 + g + 8 * (e >> 1), s[t][e]);
+    }
+    __syncthreads(); // dS is whole
+    // dQ += dS K over this key block: each warp one slab x chunk of it.
+    float dqa[kChunk / 8][4];
+#pragma unroll
+    for (int t = 0; t < kChunk / 8; ++t) dqa[t][0] = dqa[t][1] = dqa[t][2] = dqa[t][3] = 0.0f;
+    mt_gemm_nn<kChunk / 8, kBc>(dqa, sdS + slab * 16 * kLdS, kLdS, sK + chunk * kChunk, kLd);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const long long i = m0 + slab * 16 + g + 8 * r;
+      if (i < kSeq) {
+        float *row = dq_accum + qOff + (mt_u64)i * kQStride + chunk * kChunk + 2 * c;
+#pragma unroll
+        for (int t = 0; t < kChunk / 8; ++t) mt_red2(row + 8 * t, dqa[t][2 * r], dqa[t][2 * r + 1]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const long long j = j0 + 8 * r;
+    if (j < kSeq) {
+      const mt_u64 at = kvOff + (mt_u64)j * kKStride + 2 * c;
+#pragma unroll
+      for (int t = 0; t < kD / 8; ++t) {
+        mt_store2(dk + at + 8 * t, dK[t][2 * r] * kScale, dK[t][2 * r + 1] * kScale);
+        mt_store2(dv + at + 8 * t, dV[t][2 * r], dV[t][2 * r + 1]);
+      }
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads)
+@ENTRY_MAIN@(const mt_t *dout, const mt_t *q, const mt_t *k, const mt_t *v, const mt_t *out, const float *lse,
+             mt_t *dq, mt_t *dk, mt_t *dv, float *dq_accum, float *delta@SCALARS@) {
+  extern __shared__ mt_w4 mt_smem[];
+  mt_flash_bwd(dout, q, k, v, lse, dk, dv, dq_accum, delta, @RNG@, reinterpret_cast<mt_t *>(mt_smem));
+}
+
 )mtcuda";
 
 using DType = FlashAttentionConfig::DType;
@@ -752,7 +997,11 @@ struct Tiles {
   uint32_t sharedBytes = 0;
 };
 
-constexpr uint32_t kMaxShared = 48 * 1024; // the default limit: no attribute needed
+// The most shared memory a generated kernel may use: what every GPU mt runs
+// on lets a block opt in to (over 48 KiB the launchers set the attribute).
+// kv64's and the forward's tiles stay within the default 48 KiB; kv128's
+// two stages need more.
+constexpr uint32_t kMaxShared = cu::kPortableMaxDynamicSharedBytes;
 
 // 16-bit tiles are padded by 16 bytes a row, so ldmatrix's eight row
 // addresses fall in distinct bank groups; fp32 tiles by one float, so the
@@ -787,6 +1036,26 @@ Tiles backwardTiles(const FlashAttentionConfig &c) {
     t.warps = d == 64 ? 2 : 1;
     t.bc = 16 * t.warps, t.br = t.bc, t.ld = d + 1, t.lds = t.bc + 1;
     t.sharedBytes = uint32_t((2 * t.bc * t.ld + 2 * t.br * t.ld + t.br * t.lds) * 4 + 2 * t.br * 4);
+  }
+  return t;
+}
+
+// kv128: 128 key rows a CTA in 8 warps (16 bits), query tiles of 64 rows at
+// head dim 64 and 32 at 128, and two stages of Q, dO, lse and delta. fp32,
+// whose tiles take twice the bytes, doubles kv64's warps and halves the
+// query tile instead (64 x 32 at head dim 64, 32 x 16 at 128).
+Tiles backwardTilesKv128(const FlashAttentionConfig &c) {
+  Tiles t;
+  const int d = int(c.headDim);
+  if (c.dtype != DType::F32) {
+    t.mma = true;
+    t.warps = 8, t.bc = 128, t.br = d == 64 ? 64 : 32, t.ld = d + 8, t.lds = t.bc + 8;
+    // K; two stages of Q and dO (V staged in them); dS; two of lse and delta.
+    t.sharedBytes = uint32_t((t.bc * t.ld + 4 * t.br * t.ld + t.br * t.lds) * 2 + 4 * t.br * 4);
+  } else {
+    t.warps = d == 64 ? 4 : 2;
+    t.bc = 16 * t.warps, t.br = t.bc / 2, t.ld = d + 1, t.lds = t.bc + 1;
+    t.sharedBytes = uint32_t((2 * t.bc * t.ld + 4 * t.br * t.ld + t.br * t.lds) * 4 + 4 * t.br * 4);
   }
   return t;
 }
@@ -892,6 +1161,16 @@ uint32_t blocks(int64_t n, int64_t per) { return uint32_t((n + per - 1) / per); 
 
 } // namespace
 
+const char *flashBackwardName(FlashBackward b) { return b == FlashBackward::Kv128 ? "kv128" : "kv64"; }
+
+std::optional<FlashBackward> parseFlashBackward(const std::string &name) {
+  if (name == "kv64")
+    return FlashBackward::Kv64;
+  if (name == "kv128")
+    return FlashBackward::Kv128;
+  return std::nullopt;
+}
+
 std::optional<FlashAttentionForward> generateFlashAttentionForward(const FlashAttentionConfig &c,
                                                                    std::string *error) {
   if (std::string e = checkConfig(c); !e.empty()) {
@@ -926,7 +1205,8 @@ std::optional<FlashAttentionBackward> generateFlashAttentionBackward(const Flash
     *error = e;
     return std::nullopt;
   }
-  const Tiles t = backwardTiles(c);
+  const bool kv128 = c.backward == FlashBackward::Kv128;
+  const Tiles t = kv128 ? backwardTilesKv128(c) : backwardTiles(c);
   if (t.sharedBytes > kMaxShared) {
     *error = "cannot generate flash attention: the backward's tiles need " + std::to_string(t.sharedBytes) +
              " bytes of shared memory";
@@ -934,7 +1214,8 @@ std::optional<FlashAttentionBackward> generateFlashAttentionBackward(const Flash
   }
   FlashAttentionBackward bw;
   CudaKernel base;
-  std::string src = std::string(cudaKernelPrelude()) + constants(c, t) + tileCode(c) + kBackwardCode;
+  std::string src = std::string(cudaKernelPrelude()) + constants(c, t) + tileCode(c) + kBackwardDotCode +
+                    (kv128 ? kBackwardMainKv128Code : kBackwardMainCode) + kBackwardDqCode;
   scalars(c, src, base);
   const std::string hash = hashName(src);
   bw.dot = bw.main = bw.dq = base;

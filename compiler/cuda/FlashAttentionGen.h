@@ -30,8 +30,10 @@
 // u64s, read once at entry, so a captured CUDA graph sees each step's). The mask is the CPU's bit for bit: element
 // ((b * heads * tensorParallel + tp_rank * heads + h) * seq + i) * seq + j
 // of Philox4x32-10 with key {seed, stream} and counter {index / 4, rng_offset}.
-// No launch needs more than 48 KiB of shared memory, so none needs an
-// attribute set before it.
+// No launch of the forward or of the kv64 backward needs more than 48 KiB
+// of shared memory; kv128's main kernel needs up to 77 KiB, within the
+// 99 KiB every GPU mt runs on allows (runtime/exec/cuda/launch_limits.h), and
+// its launchers opt in (prepare_launch).
 //
 // Blocking. Warps own 16-row slabs in the m16n8 accumulator layout of
 // mma.sync. bf16/f16 use tensor cores (mma.sync m16n8k16 with fp32
@@ -53,16 +55,24 @@
 //                    dQ through an fp32 workspace with atomic adds (pairs
 //                    of floats in one red.global.add.v2.f32 on sm_90).
 //   f32: the same with fewer warps and smaller tiles to stay within 48 KiB.
+//   backward, kv128 (FlashBackward::Kv128, `mtc compile --flash-backward=
+//                    kv128`; kv64 above is the default): 8 warps x 16 key
+//                    rows (128 a CTA, as FlashAttention-2's backward), query
+//                    tiles of 64 (d 64) or 32 (d 128) rows double-buffered
+//                    with cp.async (the next tile's copy overlaps this
+//                    one's products), K's A fragments in registers at d 64,
+//                    and warps whose keys a whole tile masks skip it; half
+//                    kv64's dQ atomic adds and Q/dO tile copies per key.
+//                    f32: 4 (d 64) or 2 (d 128) warps, double-buffered.
 // A seq that no tile size divides is handled by masking: rows and columns
 // past seq read zeros and are never stored.
 //
 // What would make it faster on H100: wgmma with TMA loads and a
-// producer/consumer warp split (FlashAttention-3) on sm_90; larger backward
-// tiles (FlashAttention-2's 128 x 128 with 8 warps); double-buffered K/V and
-// Q/dO tiles (over 48 KiB: the launch needs the shared-memory attribute);
+// producer/consumer warp split (FlashAttention-3) on sm_90; kv128's larger
+// tiles and double-buffering for the default once a GPU has timed it
+// (mt-flash-bench times both); double-buffered K/V tiles in the forward;
 // swizzled instead of padded shared memory; stores through shared memory
-// for coalescing; larger key blocks in the backward, for fewer dQ atomics
-// per product.
+// for coalescing.
 #ifndef MT_COMPILER_FLASHATTENTIONGEN_H
 #define MT_COMPILER_FLASHATTENTIONGEN_H
 
@@ -73,6 +83,17 @@
 #include <string>
 
 namespace mt {
+
+// Which main kernel the backward runs (see Blocking above): kv64, 64 key
+// rows a CTA, the default; kv128, 128 key rows a CTA with double-buffered
+// query tiles. Both compute the same values (dQ's atomic adds are summed in
+// another order).
+enum class FlashBackward { Kv64, Kv128 };
+
+// "kv64" or "kv128", as mtc's --flash-backward and mt-flash-bench name them.
+const char *flashBackwardName(FlashBackward b);
+// The variant of that name, or nothing.
+std::optional<FlashBackward> parseFlashBackward(const std::string &name);
 
 struct FlashAttentionConfig {
   enum class DType { F32, BF16, F16 };
@@ -86,6 +107,7 @@ struct FlashAttentionConfig {
   uint64_t stream = 0;       // the instruction's dropout stream
   DType dtype = DType::BF16;
   int64_t tensorParallel = 1; // the model has heads * tensorParallel heads
+  FlashBackward backward = FlashBackward::Kv64; // the backward's main kernel (the forward ignores it)
 };
 
 struct FlashAttentionForward {

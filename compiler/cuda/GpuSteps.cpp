@@ -191,7 +191,7 @@ GpuLowering refused(const GpuLowering &l) {
 // workspace holds dQ's f32 accumulator and the rows' dout . o.
 
 GpuLowering lowerAttention(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
-                           int64_t tensorParallel) {
+                           int64_t tensorParallel, FlashBackward backward) {
   GpuLowering l;
   const bool grad = inst.op == pl::Opcode::ATTENTION_GRAD;
   const GpuValueInfo &q = values[inst.in[grad ? 1 : 0]], &k = values[inst.in[grad ? 2 : 1]];
@@ -210,6 +210,7 @@ GpuLowering lowerAttention(const GpuInstruction &inst, const std::vector<GpuValu
   c.tensorParallel = inst.ints.at(2) == 2 ? tensorParallel : 1; // a shard of the heads
   c.scale = inst.floats.at(0);
   c.dropoutRate = inst.floats.at(1);
+  c.backward = backward;
   c.dtype = q.dtype == pl::DType::BF16  ? FlashAttentionConfig::DType::BF16
             : q.dtype == pl::DType::F16 ? FlashAttentionConfig::DType::F16
                                         : FlashAttentionConfig::DType::F32;
@@ -298,7 +299,7 @@ static std::vector<std::vector<OpSegment>> rankSegments(const GpuShardLayout &la
 
 GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
                              const std::vector<GpuParamInfo> &params, int64_t tensorParallel,
-                             const GpuShardLayout *shards) {
+                             const GpuShardLayout *shards, const GpuKernelOptions &options) {
   GpuLowering l;
   auto in = [&](size_t i) -> const GpuValueInfo & { return values[inst.in[i]]; };
   auto out = [&](size_t i) -> const GpuValueInfo & { return values[inst.out[i]]; };
@@ -335,7 +336,7 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
     return nativeStep();
   case pl::Opcode::ATTENTION:
   case pl::Opcode::ATTENTION_GRAD:
-    return lowerAttention(inst, values, tensorParallel);
+    return lowerAttention(inst, values, tensorParallel, options.flashBackward);
   case pl::Opcode::SHARDED_GRAD_NORM:
   case pl::Opcode::SHARDED_ADAMW:
   case pl::Opcode::SHARDED_SGD: {

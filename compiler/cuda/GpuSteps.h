@@ -35,6 +35,7 @@
 
 #include "compiler/cuda/CudaKernelGen.h"
 #include "compiler/cuda/CudaOpKernels.h"
+#include "compiler/cuda/FlashAttentionGen.h"
 #include "plan_generated.h"
 
 #include <cstdint>
@@ -133,13 +134,19 @@ struct GemmGradKernelShape {
   plan::DType gradDtype = plan::DType::F32;
 };
 
+// The choices among generated kernels that the spec leaves open (mtc
+// compile's options; docs/architecture.md).
+struct GpuKernelOptions {
+  FlashBackward flashBackward = FlashBackward::Kv64; // ATTENTION_GRAD's main kernel (--flash-backward)
+};
+
 // The steps of an instruction that is not FUSED. `values` and `params` are
 // the program's values and the rank's parameters, indexed as in plan.bin;
 // `shards` the layout SHARDED_* instructions need (null without the
 // distributed optimizer).
 GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
                              const std::vector<GpuParamInfo> &params, int64_t tensorParallel,
-                             const GpuShardLayout *shards = nullptr);
+                             const GpuShardLayout *shards = nullptr, const GpuKernelOptions &options = {});
 
 // One launch for a run of consecutive ADAMW (or SGD) instructions that read
 // the same lr, clipping coefficient and step (compiler/cuda/CudaOpKernels.h).

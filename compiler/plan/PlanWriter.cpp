@@ -73,7 +73,8 @@ std::string layerOf(StringRef param) {
 
 class Writer {
 public:
-  Writer(ModuleOp module, const spec::Spec &spec) : module(module), spec(spec) {}
+  Writer(ModuleOp module, const spec::Spec &spec, const GpuKernelOptions &kernels)
+      : module(module), spec(spec), kernelOptions(kernels) {}
 
   // One stage's part of the plan: what every rank of that stage shares.
   struct StageEntry {
@@ -556,7 +557,7 @@ private:
     if (auto sgd = dyn_cast<SgdOp>(op))
       return sgdSteps(sgd);
     return lowerInstruction(gi, valueInfo, paramInfo, spec.parallel.tensor_model_parallel_size,
-                            shardLayout ? &*shardLayout : nullptr);
+                            shardLayout ? &*shardLayout : nullptr, kernelOptions);
   }
 
   // Lowering an instruction generates its kernels' sources, and a pipeline
@@ -1188,6 +1189,7 @@ private:
 
   ModuleOp module;
   const spec::Spec &spec;
+  GpuKernelOptions kernelOptions;
   fb::FlatBufferBuilder fbb{1 << 16};
   std::map<std::string, fb::Offset<fb::String>> strings;
   llvm::StringMap<fb::uoffset_t> objects; // sharedObject
@@ -1233,8 +1235,9 @@ std::string modelFingerprint(ModuleOp module) {
   return buf;
 }
 
-FailureOr<std::string> buildPlanPayload(ModuleOp module, const spec::Spec &spec) {
-  return Writer(module, spec).run();
+FailureOr<std::string> buildPlanPayload(ModuleOp module, const spec::Spec &spec,
+                                        const GpuKernelOptions &kernels) {
+  return Writer(module, spec, kernels).run();
 }
 
 } // namespace mt

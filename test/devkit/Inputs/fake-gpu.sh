@@ -38,13 +38,20 @@ for a; do case $a in training.micro_batch_size=*) mb=${a#*=} ;; esac; done
 [ -n "${mb:-}" ] || exit 0
 if [ "$mb" -le 64 ]; then echo "verdict: fits"; else echo "verdict: does NOT fit"; fi
 EOF
-  # mt-flash-bench: one configuration's JSON line per --seq value.
+  # mt-flash-bench: one configuration's JSON line per --seq value, with a
+  # backward time for each variant of --backward (kv64 2.5 ms, kv128 2 ms;
+  # none without the flag).
   cat > "$kit/bin/mt-flash-bench" << 'FLASH'
 #!/bin/sh
-seqs=1024
-while [ $# -gt 0 ]; do case $1 in --seq) seqs=$2; shift ;; esac; shift; done
+seqs=1024 variants=
+while [ $# -gt 0 ]; do case $1 in --seq) seqs=$2; shift ;; --backward) variants=$2; shift ;; esac; shift; done
 for s in $(echo "$seqs" | tr ',' ' '); do
-  echo "{\"seq\": $s, \"head_dim\": 64, \"batch\": 16, \"heads\": 32, \"causal\": true, \"dropout\": 0, \"dtype\": \"bf16\", \"fwd_ms\": 1.0, \"bwd_ms\": 2.5, \"fwd_tflops\": 300.0, \"bwd_tflops\": 250.0, \"device\": \"gpu\"}"
+  fields= best=kv64 ms=2.5 tf=250.0
+  for v in $(echo "$variants" | tr ',' ' '); do
+    case $v in kv64) vms=2.5 vtf=250.0 ;; kv128) vms=2.0 vtf=312.5 best=kv128 ms=2.0 tf=312.5 ;; esac
+    fields="$fields\"bwd_${v}_ms\": $vms, \"bwd_${v}_tflops\": $vtf, "
+  done
+  echo "{\"seq\": $s, \"head_dim\": 64, \"batch\": 16, \"heads\": 32, \"causal\": true, \"dropout\": 0, \"dtype\": \"bf16\", \"fwd_ms\": 1.0, \"bwd_ms\": $ms, \"fwd_tflops\": 300.0, \"bwd_tflops\": $tf, \"bwd_best\": \"$best\", $fields\"device\": \"gpu\"}"
 done
 FLASH
   chmod +x "$kit/bin/mt-flash-bench"

@@ -3,12 +3,14 @@
 // tensor-parallel shard) compiled with NVRTC for sm_80 and sm_90 when the
 // library is present; and the kernels run on the host CUDA emulation
 // against runtime/exec/cpu_kernels' attention_fwd/attention_bwd, and where there
-// is a GPU on it too (FlashAttentionOnGpu), the whole matrix included.
+// is a GPU on it too (FlashAttentionOnGpu), the whole matrix included. Both
+// backward variants (kv64, the default, and kv128) are checked alike.
 #include "KernelDevice.h"
 #include "compiler/cuda/FlashAttentionGen.h"
 #include "runtime/exec/cpu_kernels.h"
 #include "runtime/exec/cuda/cuda_api.h"
 #include "runtime/exec/cuda/kernel_cache.h"
+#include "runtime/exec/cuda/launch_limits.h"
 
 #include <gtest/gtest.h>
 
@@ -57,7 +59,13 @@ std::vector<FlashAttentionConfig> matrix() {
 std::string describe(const FlashAttentionConfig &c) {
   return "d" + std::to_string(c.headDim) + " heads " + std::to_string(c.heads) + "/" +
          std::to_string(c.groups) + (c.causal ? " causal" : "") + " dropout " + std::to_string(c.dropoutRate) +
-         " dtype " + std::to_string(int(c.dtype)) + " tp " + std::to_string(c.tensorParallel);
+         " dtype " + std::to_string(int(c.dtype)) + " tp " + std::to_string(c.tensorParallel) + " " +
+         mt::flashBackwardName(c.backward);
+}
+
+FlashAttentionConfig withBackward(FlashAttentionConfig c, mt::FlashBackward b) {
+  c.backward = b;
+  return c;
 }
 
 TEST(FlashAttentionGen, RefusesWhatItCannotGenerate) {
@@ -116,6 +124,34 @@ TEST(FlashAttentionGen, LaunchShapesAndArguments) {
     EXPECT_EQ(k->scalarArgs, f->kernel.scalarArgs);
   }
 
+  // kv128: 128 key rows a CTA in 8 warps, two stages of query tiles in
+  // over 48 KiB of shared memory (the launchers opt in), within the 99 KiB
+  // every GPU mt runs on allows; the first and last kernels are kv64's.
+  auto b128 = mt::generateFlashAttentionBackward(withBackward(c, mt::FlashBackward::Kv128), &error);
+  ASSERT_TRUE(b128) << error;
+  EXPECT_EQ(b128->main.grid[0], 2u);
+  EXPECT_EQ(b128->main.grid[1], 2u);
+  EXPECT_EQ(b128->main.grid[2], 3u);
+  EXPECT_EQ(b128->main.block[0], 256u);
+  EXPECT_EQ(b128->main.sharedBytes, (128u * 136 + 4 * 32 * 136 + 32 * 136) * 2 + 4 * 32 * 4); // d 128: tiles of 32 queries
+  EXPECT_EQ(mt::cu::check_launch(b128->main.entry, b128->main.grid, b128->main.block, b128->main.sharedBytes), "");
+  EXPECT_TRUE(contains(b128->main.source, "kW = 8, kThreads = 256, kBr = 32, kBc = 128,"));
+  EXPECT_TRUE(contains(b128->main.source, "cp.async.ca.shared.global"));
+  EXPECT_FALSE(contains(b->main.source, "cp.async.ca.shared.global")); // kv64 is left as it was
+  EXPECT_NE(b128->main.entry, b->main.entry);
+  EXPECT_EQ(b128->dqAccumBytes, b->dqAccumBytes);
+  EXPECT_EQ(b128->workspaceBytes, b->workspaceBytes);
+  for (const mt::CudaKernel *k : {&b128->dot, &b128->dq}) {
+    EXPECT_EQ(k->source, b128->main.source);
+    EXPECT_EQ(k->scalarArgs, b->main.scalarArgs);
+  }
+  EXPECT_EQ(b128->dot.grid[0], b->dot.grid[0]);
+  EXPECT_EQ(b128->dq.grid[0], b->dq.grid[0]);
+  EXPECT_STREQ(mt::flashBackwardName(mt::FlashBackward::Kv128), "kv128");
+  EXPECT_EQ(mt::parseFlashBackward("kv64"), mt::FlashBackward::Kv64);
+  EXPECT_EQ(mt::parseFlashBackward("kv128"), mt::FlashBackward::Kv128);
+  EXPECT_FALSE(mt::parseFlashBackward("kv256"));
+
   // Head dim 64 in 16 bits: two 16-row slabs a warp, 128 query rows a CTA;
   // f32 keeps one (and its fp32 tiles).
   FlashAttentionConfig d64 = c;
@@ -145,10 +181,18 @@ TEST(FlashAttentionGen, EveryConfigurationFitsAndIsDeterministic) {
     std::string error;
     auto f1 = mt::generateFlashAttentionForward(c, &error), f2 = mt::generateFlashAttentionForward(c, &error);
     auto b1 = mt::generateFlashAttentionBackward(c, &error);
-    ASSERT_TRUE(f1 && f2 && b1) << describe(c) << ": " << error;
+    auto w1 = mt::generateFlashAttentionBackward(withBackward(c, mt::FlashBackward::Kv128), &error);
+    auto w2 = mt::generateFlashAttentionBackward(withBackward(c, mt::FlashBackward::Kv128), &error);
+    ASSERT_TRUE(f1 && f2 && b1 && w1 && w2) << describe(c) << ": " << error;
     EXPECT_EQ(f1->kernel.source, f2->kernel.source);
+    EXPECT_EQ(w1->main.source, w2->main.source);
+    // The forward and kv64 need no shared-memory opt-in; kv128 needs it
+    // and stays within what every GPU mt runs on allows.
     EXPECT_LE(f1->kernel.sharedBytes, 48u * 1024) << describe(c);
     EXPECT_LE(b1->main.sharedBytes, 48u * 1024) << describe(c);
+    EXPECT_GT(w1->main.sharedBytes, 48u * 1024) << describe(c);
+    EXPECT_EQ(mt::cu::check_launch(w1->main.entry, w1->main.grid, w1->main.block, w1->main.sharedBytes), "")
+        << describe(c);
   }
 }
 
@@ -174,9 +218,10 @@ TEST(FlashAttentionGen, CompilesWithNvrtc) {
   };
   // A covering subset of the matrix for NVRTC: every head dim and dtype
   // with causal dropout (the most code), the plain form once per head dim,
-  // and the tensor-parallel shards. The other combinations only change
+  // and the tensor-parallel shards; kv128's backward for every head dim and
+  // dtype with causal dropout. The other combinations only change
   // constants and branches these compile; every preset's attention also
-  // goes through NVRTC in test/mtc/check-kernels-presets.test.
+  // goes through NVRTC in test/mtc/presets.test.
   std::vector<FlashAttentionConfig> subset;
   for (const FlashAttentionConfig &c : matrix())
     if ((c.causal && c.dropoutRate > 0) || c.tensorParallel > 1 ||
@@ -186,10 +231,14 @@ TEST(FlashAttentionGen, CompilesWithNvrtc) {
   for (const FlashAttentionConfig &c : subset) {
     auto f = mt::generateFlashAttentionForward(c, &error);
     auto b = mt::generateFlashAttentionBackward(c, &error);
-    ASSERT_TRUE(f && b) << error;
+    auto w = mt::generateFlashAttentionBackward(withBackward(c, mt::FlashBackward::Kv128), &error);
+    ASSERT_TRUE(f && b && w) << error;
     for (int arch : {80, 90}) {
       jobs.push_back({describe(c) + " forward sm_" + std::to_string(arch), f->kernel, arch, ""});
       jobs.push_back({describe(c) + " backward sm_" + std::to_string(arch), b->main, arch, ""});
+      if (c.causal && c.dropoutRate > 0 && c.tensorParallel == 1)
+        jobs.push_back({describe(withBackward(c, mt::FlashBackward::Kv128)) + " backward sm_" + std::to_string(arch),
+                        w->main, arch, ""});
     }
   }
   auto work = [&](size_t first) {
@@ -449,6 +498,28 @@ MT_KERNEL_TEST(FlashAttention, F16MatchesCpu) {
   checkNumerics(device, smallConfig(DType::F16, 128, true, true, 0.1, 72, 1), Rng{}, 7);
 }
 
+// The kv128 backward against the CPU: every dtype at both head dims, causal
+// or not, dropout on or off (with seqs that are and are not multiples of 4:
+// the lanes' shared Philox blocks and the per-element draws), GQA (two
+// heads a group: the double-buffered query tiles run on from one head into
+// the next) and MHA, and seqs no tile divides: a last key block whose last
+// warps hold only keys past seq, partial last query tiles, and (causal)
+// warps whose keys follow every query of a tile and skip it.
+MT_KERNEL_TEST(FlashAttention, Kv128MatchesCpu) {
+  const mt::FlashBackward w = mt::FlashBackward::Kv128;
+  checkNumerics(device, withBackward(smallConfig(DType::F32, 64, true, true, 0.1, 150, 1), w), Rng{}, 21);
+  checkNumerics(device, withBackward(smallConfig(DType::F32, 128, false, false, 0.0, 70, 1), w), Rng{}, 22);
+  checkNumerics(device, withBackward(smallConfig(DType::BF16, 64, true, true, 0.1, 200, 2), w), Rng{}, 23);
+  checkNumerics(device, withBackward(smallConfig(DType::BF16, 128, false, false, 0.0, 97, 1), w), Rng{}, 24);
+  checkNumerics(device, withBackward(smallConfig(DType::BF16, 128, true, true, 0.0, 161, 1), w), Rng{}, 25);
+  checkNumerics(device, withBackward(smallConfig(DType::F16, 64, false, false, 0.1, 130, 1), w), Rng{}, 26);
+  checkNumerics(device, withBackward(smallConfig(DType::F16, 128, true, true, 0.0, 161, 1), w), Rng{}, 27);
+  checkNumerics(device, withBackward(smallConfig(DType::F16, 64, false, true, 0.0, 300, 1), w), Rng{}, 28);
+  FlashAttentionConfig tp = withBackward(smallConfig(DType::BF16, 64, true, true, 0.1, 64, 1), w);
+  tp.tensorParallel = 2;
+  checkNumerics(device, tp, Rng{99, 5, 1}, 29);
+}
+
 // A tensor-parallel shard: rank 1 of 2 draws the second half of the whole
 // model's mask.
 MT_KERNEL_TEST(FlashAttention, TensorParallelShardMatchesCpu) {
@@ -512,5 +583,6 @@ TEST(FlashAttentionOnGpu, EveryConfigurationMatchesCpu) {
   MT_GPU_OR_SKIP(gpu);
   uint32_t seed = 100;
   for (const FlashAttentionConfig &c : matrix())
-    checkNumerics(*gpu, c, Rng{1234, 77, uint64_t(c.tensorParallel - 1)}, seed++);
+    for (mt::FlashBackward b : {mt::FlashBackward::Kv64, mt::FlashBackward::Kv128})
+      checkNumerics(*gpu, withBackward(c, b), Rng{1234, 77, uint64_t(c.tensorParallel - 1)}, seed++);
 }
