@@ -556,7 +556,9 @@ private:
 
 // A small GPT whose heads are 64 wide (flash attention's smallest), with
 // every feature of a Megatron GPT layer: biases, GeLU, dropout everywhere.
-inline std::unique_ptr<mt::rt::PlanFile> compilePlan(const std::vector<mt::spec::Override> &extra) {
+// `kernels`: mtc compile's kernel choices (--flash-backward).
+inline std::unique_ptr<mt::rt::PlanFile> compilePlan(const std::vector<mt::spec::Override> &extra,
+                                                     const mt::GpuKernelOptions &kernels = {}) {
   std::vector<mt::spec::Override> overrides = {
       {"model.num_layers=2"},       {"model.hidden_size=128"},
       {"model.num_attention_heads=2"}, {"model.seq_length=64"},
@@ -574,7 +576,7 @@ inline std::unique_ptr<mt::rt::PlanFile> compilePlan(const std::vector<mt::spec:
   mlir::PassManager pm(&context);
   mt::buildTrainPipeline(pm);
   EXPECT_TRUE(mlir::succeeded(pm.run(*module)));
-  mlir::FailureOr<std::string> payload = mt::buildPlanPayload(*module, *spec);
+  mlir::FailureOr<std::string> payload = mt::buildPlanPayload(*module, *spec, kernels);
   EXPECT_TRUE(mlir::succeeded(payload));
   if (mlir::failed(payload))
     return nullptr;

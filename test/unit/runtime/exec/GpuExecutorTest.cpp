@@ -125,8 +125,9 @@ double adamBound(const AdamStep &a, int64_t t, double mA, double mB, double vA, 
 // to weightTol relative to the largest, like the 16-bit weights (the
 // master's rounding) under AdamW.
 void compareSteps(DeviceFactory make, const std::vector<mt::spec::Override> &extra,
-                  double lossTol, double gradTol, double weightTol, float lossScale = 1.0f) {
-  auto file = compilePlan(extra);
+                  double lossTol, double gradTol, double weightTol, float lossScale = 1.0f,
+                  const mt::GpuKernelOptions &kernels = {}) {
+  auto file = compilePlan(extra, kernels);
   ASSERT_TRUE(file);
   const pl::Plan &plan = *file->plan();
   Device device = make();
@@ -345,6 +346,31 @@ TEST_F(GpuExecutorOnGpu, TrainingStepsMatchTheCpuBf16Gradients) {
   compareSteps(realGpu,
                {{"training.precision=\"bf16\""}, {"training.grad_reduce_in_bf16=true"}}, 1e-2,
                0.1, 0.1);
+}
+
+// The same with flash attention's kv128 backward (mtc compile
+// --flash-backward=kv128): the plan's attention gradient runs its 8-warp
+// main kernel, whose 73,728 bytes of shared memory the executor opts in to
+// at load on a GPU.
+TEST(GpuExecutor, TrainingStepsMatchTheCpuBf16FlashKv128) {
+  auto file = compilePlan({{"training.precision=\"bf16\""}}, {mt::FlashBackward::Kv128});
+  ASSERT_TRUE(file);
+  int mains = 0;
+  for (const pl::Kernel *k : *file->plan()->kernels()) {
+    const std::string entry = k->entry() ? k->entry()->str() : "";
+    if (entry.rfind("mt_flash_bwd_", 0) == 0 && entry.find("_dot_") == std::string::npos &&
+        entry.find("_dq_") == std::string::npos) {
+      ++mains;
+      EXPECT_EQ(k->block()->Get(0), 256u) << entry;
+      EXPECT_EQ(k->shared_bytes(), 73728u) << entry;
+    }
+  }
+  EXPECT_GT(mains, 0);
+  compareSteps(emulatedDevice, {{"training.precision=\"bf16\""}}, 1e-2, 0.1, 0.1, 1.0f,
+               {mt::FlashBackward::Kv128});
+}
+TEST_F(GpuExecutorOnGpu, TrainingStepsMatchTheCpuBf16FlashKv128) {
+  compareSteps(realGpu, {{"training.precision=\"bf16\""}}, 1e-2, 0.1, 0.1, 1.0f, {mt::FlashBackward::Kv128});
 }
 
 // fp16 with a loss scale: the gradient seed reads the scale from the
