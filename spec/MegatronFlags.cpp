@@ -687,7 +687,9 @@ std::vector<MegatronFlag> explicitRows() {
          "mt keeps and reduces gradients in fp32 (Megatron's behaviour with --bf16) unless "
          "--grad-reduce-in-bf16 is given, which overrides this flag in Megatron too"),
       na("--ddp-reduce-scatter-with-fp32-accumulation", S,
-         "mt keeps and reduces gradients in fp32 always"),
+         "mt keeps and reduces gradients in fp32 unless --grad-reduce-in-bf16 is given; "
+         "with it and --use-distributed-optimizer, the import refuses this flag (mt adds "
+         "bf16 gradients in bf16)"),
       na("--ddp-average-in-collective", S, kComm),
       na("--ddp-pad-buckets-for-high-nccl-busbw", S, kComm),
       na("--no-align-grad-reduce", S, kComm),

@@ -690,6 +690,23 @@ absl::Status Translator::finish() {
     settings_.erase(sp);
   }
 
+  // Megatron's --ddp-reduce-scatter-with-fp32-accumulation sums the
+  // distributed optimizer's reduce-scatter in fp32, also when the gradients
+  // are bf16 (--grad-reduce-in-bf16); mt sums bf16 gradients in bf16.
+  auto isTrue = [&](const char *key) {
+    auto it = settings_.find(key);
+    return it != settings_.end() && it->second.value == "true";
+  };
+  if (isTrue("training.grad_reduce_in_bf16") && isTrue("parallel.use_distributed_optimizer") &&
+      std::find(args_.begin() + flagsBegin_, args_.end(),
+                "--ddp-reduce-scatter-with-fp32-accumulation") != args_.end())
+    return absl::InvalidArgumentError(
+        "--ddp-reduce-scatter-with-fp32-accumulation with --grad-reduce-in-bf16 and "
+        "--use-distributed-optimizer: Megatron then adds the ranks' bf16 gradients in fp32 "
+        "in its reduce-scatter, which mt does not (it adds them in bf16); remove "
+        "--ddp-reduce-scatter-with-fp32-accumulation, or --grad-reduce-in-bf16 to reduce "
+        "in fp32");
+
   // Megatron reads the numbers out of --split (re.findall("[.0-9]+")), so
   // quotes a script leaves in the value, as in --split "'99,1,0'", do not count.
   if (auto split = rawFlag("--split")) {
