@@ -591,7 +591,9 @@ def MtPlanMemoryPass : Pass<"mt-plan-memory", "mlir::ModuleOp"> {
     the arena holds the most ever in flight together, not each chunk's
     most. The step's inputs and outputs get one copy per micro-batch. Each
     slot is one buffer over all its spans, placed offline by size like any
-    program's. The 1F1B schedule repeats in its steady phase, so a long step
+    program's; a value used only inside its segment is searched once over
+    its segment's ops, against what the slots take there in some run. The
+    1F1B schedule repeats in its steady phase, so a long step
     is planned over a shorter one with the same warm-up and cool-down and
     enough steady steps: the arena is the same and planning does not grow
     with the micro-batch count. Results and arguments get

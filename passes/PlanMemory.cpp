@@ -94,17 +94,29 @@ bool inArena(Value v) {
 // the gradient written over them. Live over op indices [begin, end],
 // inclusive (-1: a program argument, live before the first op); in a
 // pipelined step's expansion, over several such spans, in order (one per
-// run of its segment, or per micro-batch sharing its slot).
+// micro-batch sharing its slot). A value used only inside its segment of a
+// pipelined step has no spans: `segment` is that segment, and the value is
+// live over its ops [local.first, local.second] in every run of it.
 struct Buffer {
   int64_t size;
   SmallVector<std::pair<int64_t, int64_t>, 1> spans;
+  int64_t segment = -1;
+  std::pair<int64_t, int64_t> local{0, -1};
   int64_t begin() const { return spans.front().first; }
   int64_t end() const { return spans.back().second; }
-  int64_t length() const {
-    int64_t n = 0;
-    for (auto [b, e] : spans)
-      n += e - b + 1;
-    return n;
+};
+
+// A pipelined step expanded: event e runs segment `segment[e]` over op
+// indices [base[e], base[e + 1]).
+struct Timeline {
+  SmallVector<int64_t> segment, base;
+  SmallVector<int64_t> ops; // per segment
+  // Calls f(segment, first, last) for each run that [b, e] meets, with the
+  // ops of that run it meets.
+  template <typename F> void forEachRun(int64_t b, int64_t e, F f) const {
+    int64_t i = std::upper_bound(base.begin(), base.end(), b) - base.begin() - 1;
+    for (i = std::max<int64_t>(i, 0); i + 1 < int64_t(base.size()) && base[i] <= e; ++i)
+      f(segment[i], std::max(b, base[i]) - base[i], std::min(e, base[i + 1] - 1) - base[i]);
   }
 };
 
@@ -127,93 +139,281 @@ int64_t placeBestFit(ArrayRef<Buffer> buffers, int64_t end, MutableArrayRef<int6
   return arena.peak();
 }
 
+// Sorted disjoint [begin, end) byte ranges.
+using Ranges = SmallVector<std::pair<int64_t, int64_t>, 0>;
+
+// Adds [from, to) to `r`, merged with the ranges it overlaps or touches.
+void addRange(Ranges &r, int64_t from, int64_t to) {
+  if (r.empty() || r.back().second < from) { // above all: the usual case
+    r.push_back({from, to});
+    return;
+  }
+  auto lo = llvm::lower_bound(r, from, [](const auto &x, int64_t v) { return x.second < v; });
+  auto hi = lo;
+  for (; hi != r.end() && hi->first <= to; ++hi) {
+    from = std::min(from, hi->first);
+    to = std::max(to, hi->second);
+  }
+  if (lo == hi) {
+    r.insert(lo, {from, to});
+    return;
+  }
+  *lo = {from, to};
+  r.erase(lo + 1, hi);
+}
+
+// The bytes placed buffers take, by op index: a segment tree over op
+// indices (shifted by one, so program arguments start at 0). Down to blocks
+// of 2^K ops (at most 32 blocks: each placed lifetime updates the upper
+// levels along two paths, and 32 was the fastest of 32-1024 on the GPT-3
+// 175B layout), each node keeps the union of the bytes
+// taken anywhere in its range (`full`) and throughout it (`cover`), as
+// merged ranges: over a long range they are nearly one range, which a
+// search passes in one step. A placed lifetime goes into `cover` at the
+// nodes that tile it, reaching the nodes below lazily (`pending`, handed
+// down when a query passes), and into `full` at every node above those.
+// Inside a block that a lifetime meets in part, two finer trees: `live`
+// keeps it at the nodes that tile its part of the block, `starts` at every
+// node from its first op up to the block. What is taken at some op of
+// [b, e] is then the `full` of the upper nodes that tile [b, e] and, in a
+// block it meets in part, the block's `cover`, the `live` nodes on the path
+// of its first op there and the `starts` nodes that tile the rest.
+class Occupancy {
+public:
+  explicit Occupancy(int64_t end) {
+    while ((int64_t(1) << height_) < end + 2)
+      ++height_;
+    leaves_ = int64_t(1) << height_;
+    block_ = std::max<int64_t>(0, height_ - 5);
+    const size_t upper = size_t((2 * leaves_) >> block_);
+    full_.resize(upper);
+    cover_.resize(upper);
+    pending_.resize(upper);
+    if (block_ > 0) {
+      live_.resize(size_t(2 * leaves_));
+      starts_.resize(size_t(2 * leaves_));
+    }
+  }
+
+  // Appends lists whose union is what is taken at some op of [b, e]: the
+  // merged unions of long ranges to `dense`, the rest to `fine`.
+  void query(int64_t b, int64_t e, SmallVectorImpl<const Ranges *> &dense,
+             SmallVectorImpl<const Ranges *> &fine) {
+    query(1, height_, 0, leaves_ - 1, b + 1, e + 1, dense, fine);
+  }
+
+  // Marks [from, to) taken over ops [b, e].
+  void insert(int64_t b, int64_t e, int64_t from, int64_t to) {
+    insert(1, height_, 0, leaves_ - 1, b + 1, e + 1, {from, to});
+    int64_t node = b + 1 + leaves_;
+    for (int64_t level = 0; level < block_; ++level, node /= 2)
+      addRange(starts_[size_t(node)], from, to);
+  }
+
+  // Everything taken, at any op.
+  const Ranges &all() const { return full_[1]; }
+
+private:
+  void query(int64_t n, int64_t level, int64_t lo, int64_t hi, int64_t b, int64_t e,
+             SmallVectorImpl<const Ranges *> &dense, SmallVectorImpl<const Ranges *> &fine) {
+    if (b <= lo && hi <= e) {
+      dense.push_back(&full_[size_t(n)]);
+      return;
+    }
+    if (level == block_) {
+      dense.push_back(&cover_[size_t(n)]);
+      const int64_t first = std::max(b, lo) + leaves_, last = std::min(e, hi) + leaves_;
+      for (int64_t node = first; node > n; node /= 2)
+        fine.push_back(&live_[size_t(node)]);
+      for (int64_t l = first + 1, h = last + 1; l < h; l /= 2, h /= 2) {
+        if (l & 1)
+          fine.push_back(&starts_[size_t(l++)]);
+        if (h & 1)
+          fine.push_back(&starts_[size_t(--h)]);
+      }
+      return;
+    }
+    push(n, level);
+    const int64_t mid = (lo + hi) / 2;
+    if (b <= mid)
+      query(2 * n, level - 1, lo, mid, b, e, dense, fine);
+    if (e > mid)
+      query(2 * n + 1, level - 1, mid + 1, hi, b, e, dense, fine);
+  }
+
+  void insert(int64_t n, int64_t level, int64_t lo, int64_t hi, int64_t b, int64_t e,
+              std::pair<int64_t, int64_t> r) {
+    addRange(full_[size_t(n)], r.first, r.second);
+    if (b <= lo && hi <= e) {
+      addRange(cover_[size_t(n)], r.first, r.second);
+      if (level > block_)
+        addRange(pending_[size_t(n)], r.first, r.second);
+      return;
+    }
+    if (level == block_) {
+      for (int64_t l = std::max(b, lo) + leaves_, h = std::min(e, hi) + leaves_ + 1; l < h;
+           l /= 2, h /= 2) {
+        if (l & 1)
+          addRange(live_[size_t(l++)], r.first, r.second);
+        if (h & 1)
+          addRange(live_[size_t(--h)], r.first, r.second);
+      }
+      return;
+    }
+    const int64_t mid = (lo + hi) / 2;
+    if (b <= mid)
+      insert(2 * n, level - 1, lo, mid, b, e, r);
+    if (e > mid)
+      insert(2 * n + 1, level - 1, mid + 1, hi, b, e, r);
+  }
+
+  // Hands what covers node n down to its children.
+  void push(int64_t n, int64_t level) {
+    Ranges &p = pending_[size_t(n)];
+    if (p.empty())
+      return;
+    for (int64_t c : {2 * n, 2 * n + 1})
+      for (auto [from, to] : p) {
+        addRange(full_[size_t(c)], from, to);
+        addRange(cover_[size_t(c)], from, to);
+        if (level - 1 > block_)
+          addRange(pending_[size_t(c)], from, to);
+      }
+    p.clear();
+  }
+
+  int64_t height_ = 0, leaves_ = 1, block_ = 0;
+  std::vector<Ranges> full_, cover_, pending_, live_, starts_;
+};
+
 // Offline placement, greedy by size: the largest buffers first (then the
 // longest-lived, then the earliest), each at the lowest offset free over
-// its whole lifetime (every span of it). All lifetimes are known before placement, so a large
-// buffer is never stranded above the small ones that best-fit put first.
-// (Pisarchyk and Lee, "Efficient Memory Management for Deep Neural Net
-// Inference", 2020.) Returns the peak, or `limit` as soon as the peak would
-// reach it (best-fit's peak: this layout would not be kept).
+// its whole lifetime (every span of it). All lifetimes are known before
+// placement, so a large buffer is never stranded above the small ones that
+// best-fit put first. (Pisarchyk and Lee, "Efficient Memory Management for
+// Deep Neural Net Inference", 2020.) Returns the peak, or `limit` as soon
+// as the peak would reach it (best-fit's peak: this layout would not be
+// kept).
+//
+// The placed buffers that overlap a new one in time are found in
+// Occupancy. In a pipelined step (`timeline`), a segment's own values are
+// live only during its runs and the same ops in each, so they are kept
+// folded, one per segment over its ops (`own`): a value of that segment
+// searches one span there, and with it `others`, what the spanning buffers
+// (slots) take in some run of the segment at those ops (`everywhere` when
+// a span holds a whole run). A spanning buffer searches the other spanning
+// buffers over its spans and, in each run that they meet, that segment's
+// own values at the ops met. Each buffer thus sees exactly the buffers its
+// lifetime overlaps, as if every run were a span of its own.
 int64_t placeBySize(ArrayRef<Buffer> buffers, int64_t end, int64_t limit,
-                    MutableArrayRef<int64_t> offsets) {
+                    MutableArrayRef<int64_t> offsets, const Timeline *timeline = nullptr) {
+  const int64_t segments = timeline ? int64_t(timeline->ops.size()) : 0;
+  // Per buffer: its ops summed over spans (or runs) and its first op.
+  SmallVector<std::pair<int64_t, int64_t>> key(buffers.size());
+  {
+    SmallVector<int64_t> runs(segments, 0), first(segments, -1);
+    if (timeline)
+      for (auto [i, s] : llvm::enumerate(timeline->segment)) {
+        ++runs[s];
+        if (first[s] < 0)
+          first[s] = timeline->base[i];
+      }
+    for (auto [i, buf] : llvm::enumerate(buffers)) {
+      if (buf.segment >= 0) {
+        key[i] = {runs[buf.segment] * (buf.local.second - buf.local.first + 1),
+                  first[buf.segment] + buf.local.first};
+        continue;
+      }
+      int64_t n = 0;
+      for (auto [b, e] : buf.spans)
+        n += e - b + 1;
+      key[i] = {n, buf.begin()};
+    }
+  }
   SmallVector<int64_t> order(buffers.size());
   for (auto [i, o] : llvm::enumerate(order))
     o = i;
   llvm::sort(order, [&](int64_t a, int64_t b) {
-    const Buffer &x = buffers[a], &y = buffers[b];
-    if (x.size != y.size)
-      return x.size > y.size;
-    if (x.length() != y.length())
-      return x.length() > y.length();
-    return std::make_pair(x.begin(), a) < std::make_pair(y.begin(), b);
+    if (buffers[a].size != buffers[b].size)
+      return buffers[a].size > buffers[b].size;
+    if (key[a].first != key[b].first)
+      return key[a].first > key[b].first;
+    return std::make_pair(key[a].second, a) < std::make_pair(key[b].second, b);
   });
 
-  // The placed buffers that overlap a new one in time are those live at its
-  // first op and those that start later within its lifetime. Two segment
-  // trees over op indices (shifted by one, so program arguments start at 0)
-  // answer both with O(log n) nodes: `live` keeps a buffer at the nodes that
-  // tile its lifetime, so the nodes on a leaf's path to the root hold the
-  // buffers live there; `starts` keeps it at every node above its first op,
-  // so the nodes that tile a range hold the buffers starting in it. A node
-  // keeps only the union of its buffers' bytes, as sorted disjoint
-  // [begin, end) ranges: a tight layout merges them into a few, and the
-  // lowest free offset is found by skipping forward through each node's
-  // ranges instead of sorting every overlapping buffer.
-  using Ranges = SmallVector<std::pair<int64_t, int64_t>, 0>;
-  int64_t leaves = 1;
-  while (leaves < end + 2)
-    leaves *= 2;
-  std::vector<Ranges> live(2 * leaves), starts(2 * leaves);
-  // Adds [from, to) to `r`, merged with the ranges it overlaps or touches.
-  auto add = [](Ranges &r, int64_t from, int64_t to) {
-    auto lo = llvm::lower_bound(r, from, [](const auto &x, int64_t v) { return x.second < v; });
-    auto hi = lo;
-    for (; hi != r.end() && hi->first <= to; ++hi) {
-      from = std::min(from, hi->first);
-      to = std::max(to, hi->second);
-    }
-    if (lo == hi) {
-      r.insert(lo, {from, to});
-      return;
-    }
-    *lo = {from, to};
-    r.erase(lo + 1, hi);
-  };
+  Occupancy spanning(end);
+  std::vector<Occupancy> own, others;
+  std::vector<Ranges> everywhere(segments);
+  for (int64_t s = 0; s < segments; ++s) {
+    own.emplace_back(timeline->ops[s] - 1);
+    others.emplace_back(timeline->ops[s] - 1);
+  }
+  SmallVector<int64_t> seen(segments, -1); // the last buffer that listed a segment's `all`
 
   int64_t peak = 0;
-  // The nodes to search, each with the first of its ranges not yet passed.
-  SmallVector<std::pair<const Ranges *, size_t>> nodes;
+  SmallVector<const Ranges *> dense, fine;
+  SmallVector<int64_t> wholes;
+  SmallVector<std::tuple<int64_t, int64_t, int64_t>> parts;
+  // The lists to search, each with the first of its ranges not yet passed.
+  SmallVector<std::pair<const Ranges *, size_t>> lists;
   for (int64_t id : order) {
     const Buffer &buf = buffers[id];
-    nodes.clear();
-    auto search = [&](const Ranges &r) {
-      if (!r.empty())
-        nodes.push_back({&r, 0});
-    };
-    for (auto [begin, end] : buf.spans) {
-      const int64_t first = begin + 1 + leaves, last = end + 1 + leaves;
-      for (int64_t node = first; node >= 1; node /= 2)
-        search(live[node]);
-      for (int64_t lo = first + 1, hi = last + 1; lo < hi; lo /= 2, hi /= 2) {
-        if (lo & 1)
-          search(starts[lo++]);
-        if (hi & 1)
-          search(starts[--hi]);
-      }
+    dense.clear();
+    fine.clear();
+    if (buf.segment >= 0) {
+      own[buf.segment].query(buf.local.first, buf.local.second, dense, fine);
+      others[buf.segment].query(buf.local.first, buf.local.second, dense, fine);
+      dense.push_back(&everywhere[buf.segment]);
     }
-    // The lowest offset free in every node: move past any range that
+    // The runs its spans meet: the segments met whole, and the parts of
+    // others (every span of a slot meets the same ops of its first and
+    // last segments, so these repeat).
+    wholes.clear();
+    parts.clear();
+    for (auto [begin, end] : buf.spans) {
+      spanning.query(begin, end, dense, fine);
+      if (timeline)
+        timeline->forEachRun(begin, end, [&](int64_t s, int64_t first, int64_t last) {
+          if (first > 0 || last < timeline->ops[s] - 1)
+            parts.push_back({s, first, last});
+          else if (seen[s] != id) {
+            seen[s] = id;
+            wholes.push_back(s);
+          }
+        });
+    }
+    llvm::sort(parts);
+    parts.erase(std::unique(parts.begin(), parts.end()), parts.end());
+    for (int64_t s : wholes)
+      dense.push_back(&own[s].all());
+    for (auto [s, first, last] : parts)
+      own[s].query(first, last, dense, fine);
+    lists.clear();
+    for (const Ranges *r : dense)
+      if (!r->empty())
+        lists.push_back({r, 0});
+    for (const Ranges *r : fine)
+      if (!r->empty())
+        lists.push_back({r, 0});
+
+    // The lowest offset free in every list: move past any range that
     // overlaps [at, at + size) until none does. Each move is to the end of
     // a range that overlaps every offset skipped, so none is missed; `at`
-    // only grows, so each node's position only moves forward (galloping
-    // from where it is). The nodes are visited round the ring until a
-    // whole turn since the last move finds none to make.
+    // only grows, so each list's position only moves forward (galloping
+    // from where it is). The lists are visited round the ring until a
+    // whole turn since the last move finds none to make; the merged unions
+    // come first, so `at` passes most of what lies below in a few moves.
     int64_t at = 0;
-    const size_t count = nodes.size();
+    const size_t count = lists.size();
     for (size_t n = 0, sinceMove = 0; sinceMove < count; n = n + 1 == count ? 0 : n + 1) {
-      auto &[r, i] = nodes[n];
+      auto &[r, i] = lists[n];
       ++sinceMove;
       const size_t size = r->size();
       if (i < size && (*r)[i].second <= at) {
+        if (r->back().second <= at) {
+          i = size;
+          continue;
+        }
         size_t step = 1, lo = i;
         while (lo + step < size && (*r)[lo + step].second <= at) {
           lo += step;
@@ -233,17 +433,15 @@ int64_t placeBySize(ArrayRef<Buffer> buffers, int64_t end, int64_t limit,
     offsets[id] = at;
     peak = std::max(peak, at + buf.size);
 
-    for (auto [begin, end] : buf.spans) {
-      const int64_t first = begin + 1 + leaves, last = end + 1 + leaves;
-      for (int64_t lo = first, hi = last + 1; lo < hi; lo /= 2, hi /= 2) {
-        if (lo & 1)
-          add(live[lo++], at, at + buf.size);
-        if (hi & 1)
-          add(live[--hi], at, at + buf.size);
-      }
-      for (int64_t node = first; node >= 1; node /= 2)
-        add(starts[node], at, at + buf.size);
-    }
+    const int64_t top = at + buf.size;
+    if (buf.segment >= 0)
+      own[buf.segment].insert(buf.local.first, buf.local.second, at, top);
+    for (auto [begin, end] : buf.spans)
+      spanning.insert(begin, end, at, top);
+    for (int64_t s : wholes)
+      addRange(everywhere[s], at, top);
+    for (auto [s, first, last] : parts)
+      others[s].insert(first, last, at, top);
   }
   return peak;
 }
@@ -646,9 +844,8 @@ FailureOr<int64_t> planScheduled(func::FuncOp f, DictionaryAttr schedule, ArrayA
       continue;
     if (it.def.segment == it.end.segment) {
       Buffer b{it.size, {}};
-      for (size_t e = 0; e < events.size(); ++e)
-        if (events[e].segment == it.def.segment)
-          b.spans.push_back({base[e] + it.def.local, base[e] + it.end.local});
+      b.segment = it.def.segment;
+      b.local = {it.def.local, it.end.local};
       buffers.push_back(std::move(b));
       owner.push_back({int64_t(i), 0});
       continue;
@@ -674,9 +871,14 @@ FailureOr<int64_t> planScheduled(func::FuncOp f, DictionaryAttr schedule, ArrayA
       owner.push_back({int64_t(i), s});
     }
   }
+  Timeline timeline;
+  timeline.ops = segmentOps;
+  timeline.base = base;
+  for (const rt::ScheduledSegment &e : events)
+    timeline.segment.push_back(e.segment);
   SmallVector<int64_t> offsets(buffers.size());
   const int64_t peak =
-      placeBySize(buffers, end, std::numeric_limits<int64_t>::max(), offsets);
+      placeBySize(buffers, end, std::numeric_limits<int64_t>::max(), offsets, &timeline);
   for (auto [b, o] : llvm::enumerate(owner)) {
     auto &slots = placed[size_t(o.first)];
     if (int64_t(slots.size()) <= o.second)
