@@ -494,6 +494,17 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
   }
   case pl::Opcode::GROUP_GRAD_NORM:
     return grad_norm(fout(0));
+  case pl::Opcode::MOE_ROUTER:
+  case pl::Opcode::MOE_ROUTER_GRAD:
+  case pl::Opcode::MOE_PERMUTE:
+  case pl::Opcode::MOE_PERMUTE_GRAD:
+  case pl::Opcode::GROUPED_MATMUL:
+  case pl::Opcode::GROUPED_MATMUL_INPUT_GRAD:
+  case pl::Opcode::GROUPED_MATMUL_WEIGHT_GRAD:
+  case pl::Opcode::MOE_UNPERMUTE:
+  case pl::Opcode::MOE_UNPERMUTE_GRAD:
+    return std::string("is a mixture-of-experts instruction, which this mtrun's CPU executor "
+                       "does not run");
   }
   // bf16 gradients (--grad-reduce-in-bf16): an instruction adds its
   // contribution, computed in f32, and the sum is rounded to bf16 once, as

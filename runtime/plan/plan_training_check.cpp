@@ -188,6 +188,7 @@ std::string check_training_scalars(const pl::Training &t) {
       {"ckpt_step", t.ckpt_step(), -1, kMaxSamples},
       // -1: none (mock data then ends documents with vocab_size - 1).
       {"eod_id", t.eod_id(), -1, std::max<int64_t>(t.padded_vocab_size(), 1) - 1},
+      {"moe_layers", t.moe_layers(), 0, kMaxInt},
   };
   for (const Range &r : ranges)
     if (r.v < r.lo || r.v > r.hi)
@@ -205,7 +206,8 @@ std::string check_training_scalars(const pl::Training &t) {
       {"flops_per_iteration", t.flops_per_iteration()},
       {"clip_grad", t.clip_grad()},
       {"min_loss_scale", t.min_loss_scale()},
-      {"initial_loss_scale", t.initial_loss_scale()}};
+      {"initial_loss_scale", t.initial_loss_scale()},
+      {"moe_z_loss_coeff", t.moe_z_loss_coeff()}};
   for (const auto &[name, v] : reals)
     if (!std::isfinite(v) || v < 0)
       return std::string("training.") + name + " is " + std::to_string(v) +
@@ -218,6 +220,14 @@ std::string check_training_scalars(const pl::Training &t) {
   const std::string optimizer = str(t.optimizer());
   if (!optimizer.empty() && optimizer != "adam" && optimizer != "sgd")
     return "training.optimizer is '" + optimizer + "'; it must be adam or sgd";
+  const std::string balancing = str(t.moe_load_balancing_type());
+  if (t.moe_layers() > 0 ? balancing != "aux_loss" && balancing != "seq_aux_loss" &&
+                               balancing != "none"
+                         : !balancing.empty() || t.moe_z_loss_coeff() != 0)
+    return "training.moe_load_balancing_type is '" + balancing + "' with moe_layers " +
+           std::to_string(t.moe_layers()) +
+           (t.moe_layers() > 0 ? "; it must be aux_loss, seq_aux_loss or none"
+                               : "; a dense plan has no router losses");
   const std::string option = str(t.timing_log_option());
   if (!option.empty() && option != "max" && option != "minmax" && option != "all")
     return "training.timing_log_option is '" + option + "'; it must be max, minmax or all";
@@ -319,6 +329,15 @@ std::string check_loop_io(const pl::Plan &plan, const pl::Rank &rank, const pl::
       // A pipeline's first stage reads the tokens, its last the labels.
       in = {{"tokens", pl::DType::I32, true, first}, {"labels", pl::DType::I32, true, last}};
       out = {{"loss", pl::DType::F32, false, last}};
+      // The router losses of this stage's MoE layers (summed over them).
+      for (const char *router_loss : {"load_balancing_loss", "z_loss"}) {
+        out.push_back({router_loss, pl::DType::F32, false, false});
+        if (t.moe_layers() == 0)
+          for (size_t k = 0; k < vsize(prog.output_names()); ++k)
+            if (const std::string o = str(prog.output_names()->Get(uint32_t(k)));
+                o.rfind(router_loss, 0) == 0)
+              return who + " outputs '" + o + "', but training.moe_layers is 0 (a dense model)";
+      }
     } else if (name == "grad_norm") {
       out = {{"grad_norm", pl::DType::F32, false, true}};
     } else if (name == "optimizer_step") {

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -92,6 +93,15 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::SPLIT_QKV_ROPE_GRAD, "fff", "f", 0, 0, 2},
     {pl::Opcode::SGD, "ss", "", 1, 0, 2},
     {pl::Opcode::SHARDED_SGD, "sss", "", 0, 1, 2},
+    {pl::Opcode::MOE_ROUTER, "f", "Fiss", 0, 9, 3},
+    {pl::Opcode::MOE_ROUTER_GRAD, "fFFis", "f", 0, 9, 3},
+    {pl::Opcode::MOE_PERMUTE, "fi", "fii", 0, 2, 0},
+    {pl::Opcode::MOE_PERMUTE_GRAD, "fi", "f", 0, 0, 0},
+    {pl::Opcode::GROUPED_MATMUL, "ffi", "f", 0, 0, 0},
+    {pl::Opcode::GROUPED_MATMUL_INPUT_GRAD, "ffi", "f", 0, 0, 0},
+    {pl::Opcode::GROUPED_MATMUL_WEIGHT_GRAD, "ffi", "", 1, 0, 0},
+    {pl::Opcode::MOE_UNPERMUTE, "fFii", "f", 0, 0, 0},
+    {pl::Opcode::MOE_UNPERMUTE_GRAD, "ffFii", "fF", 0, 0, 0},
 };
 constexpr size_t kNumOpcodes = sizeof(kSignatures) / sizeof(kSignatures[0]);
 static_assert(kNumOpcodes == size_t(pl::Opcode::MAX) + 1,
@@ -1029,6 +1039,48 @@ private:
         return "floats[1] (weight offset) is " + std::to_string(floats(1)) +
                "; it must be 0, or 1 (weights applied as 1 + w)";
       break;
+    case pl::Opcode::MOE_ROUTER:
+    case pl::Opcode::MOE_ROUTER_GRAD: {
+      // plan.fbs: topk, score_function, pre_softmax, load_balancing,
+      // capacity, drop_policy, pad_to_capacity, seq_length, router_dtype.
+      struct Range {
+        const char *name;
+        int64_t lo, hi;
+        const char *meaning;
+      };
+      static constexpr Range kRouterInts[] = {
+          {"topk", 1, kMaxElements, "at least 1"},
+          {"score_function", 0, 1, "0 (softmax) or 1 (sigmoid)"},
+          {"pre_softmax", 0, 1, "0 or 1"},
+          {"load_balancing", 0, 2, "0 (none), 1 (aux_loss) or 2 (seq_aux_loss)"},
+          {"capacity", 0, kMaxElements, "0 (no capacity) or a token count"},
+          {"drop_policy", 0, 1, "0 (probs) or 1 (position)"},
+          {"pad_to_capacity", 0, 1, "0 or 1"},
+          {"seq_length", 1, kMaxElements, "at least 1"},
+          {"router_dtype", 0, 2, "0 (the logits' type), 1 (fp32) or 2 (fp64)"}};
+      for (size_t k = 0; k < std::size(kRouterInts); ++k)
+        if (ints(k) < kRouterInts[k].lo || ints(k) > kRouterInts[k].hi)
+          return "ints[" + std::to_string(k) + "] (" + kRouterInts[k].name + ") is " +
+                 std::to_string(ints(k)) + "; it must be " + kRouterInts[k].meaning;
+      if (ints(6) == 1 && ints(4) == 0)
+        return "ints[6] (pad_to_capacity) is 1 without a capacity (ints[4] is 0)";
+      static constexpr const char *kRouterFloats[] = {"scaling_factor", "aux_loss_coeff",
+                                                      "z_loss_coeff"};
+      for (size_t k = 0; k < 3; ++k)
+        if (floats(k) < 0)
+          return "floats[" + std::to_string(k) + "] (" + kRouterFloats[k] + ") is " +
+                 std::to_string(floats(k)) + "; it must be >= 0 (0: off)";
+      break;
+    }
+    case pl::Opcode::MOE_PERMUTE:
+      if (ints(0) < 0 || ints(0) > kMaxElements)
+        return "ints[0] (capacity) is " + std::to_string(ints(0)) +
+               "; it must be 0 (no capacity) or a token count";
+      if (ints(1) != 0 && ints(1) != 1)
+        return "ints[1] (pad_to_capacity) is " + std::to_string(ints(1)) + "; it must be 0 or 1";
+      if (ints(1) == 1 && ints(0) == 0)
+        return "ints[1] (pad_to_capacity) is 1 without a capacity (ints[0] is 0)";
+      break;
     case pl::Opcode::GROUP_GRAD_NORM:
       if (ints(0) != 3)
         return "ints[0] is group " + std::to_string(ints(0)) +
@@ -1297,6 +1349,120 @@ private:
       if (last(in(1)) != 2 * last(in(0)) || n(in(1)) != 2 * n(in(0)) || n(out(0)) != n(in(1)))
         return bad("dy[..., f], x[..., 2f] -> dx shaped as x");
       break;
+    case pl::Opcode::MOE_ROUTER:
+    case pl::Opcode::MOE_ROUTER_GRAD: {
+      // The logits [T, E] and every [T, E] operand alike; T whole sequences.
+      const bool fwd = ins.op() == pl::Opcode::MOE_ROUTER;
+      const pl::Value &logits = fwd ? in(0) : in(1);
+      const int64_t t = dim(logits.shape(), 0), e = dim(logits.shape(), 1);
+      bool ok = rank(logits.shape()) == 2;
+      auto te = [&](const pl::Value &v) { return same_shape(v, logits); };
+      if (fwd)
+        ok = ok && te(out(0)) && te(out(1));
+      else
+        ok = ok && te(in(0)) && te(in(2)) && te(in(3)) && te(out(0));
+      if (!ok)
+        return bad(fwd ? "logits[T, E] -> probs[T, E], routing_map[T, E], aux_loss, z_loss"
+                       : "dprobs, logits, probs and routing_map [T, E], scale -> dlogits[T, E]");
+      const int64_t topk = ins.ints()->Get(0), capacity = ins.ints()->Get(4),
+                    seq = ins.ints()->Get(7);
+      if (topk > e)
+        return "ints[0] (topk) is " + std::to_string(topk) + ", more than the " +
+               std::to_string(e) + " experts of " + all();
+      if (t % seq != 0)
+        return "ints[7] (seq_length) " + std::to_string(seq) + " does not divide the " +
+               std::to_string(t) + " tokens of " + all();
+      // Megatron pads with capacity-many tokens per expert; more than T
+      // would send every token to every expert and past its buffers.
+      if (ins.ints()->Get(6) == 1 && capacity > t)
+        return "ints[4] (capacity) " + std::to_string(capacity) +
+               " with pad_to_capacity exceeds the " + std::to_string(t) + " tokens of " + all();
+      break;
+    }
+    case pl::Opcode::MOE_PERMUTE: {
+      const int64_t t = dim(in(0).shape(), 0), h = dim(in(0).shape(), 1);
+      const int64_t e = dim(in(1).shape(), 1), rows = dim(out(0).shape(), 0);
+      if (rank(in(0).shape()) != 2 || rank(in(1).shape()) != 2 || dim(in(1).shape(), 0) != t ||
+          rank(out(0).shape()) != 2 || dim(out(0).shape(), 1) != h ||
+          out(0).dtype() != in(0).dtype() || rank(out(1).shape()) != 1 ||
+          dim(out(1).shape(), 0) != rows || rank(out(2).shape()) != 1 ||
+          dim(out(2).shape(), 0) != e)
+        return bad("x[T, H], routing_map[T, E] -> y[N, H] of x's dtype, row_ids[N], "
+                   "tokens_per_expert[E]");
+      const int64_t capacity = ins.ints()->Get(0);
+      if (ins.ints()->Get(1) == 1) {
+        if (capacity > t || rows != e * capacity)
+          return "with pad_to_capacity, needs capacity (ints[0] " + std::to_string(capacity) +
+                 ") at most T and N = E x capacity, got " + all();
+      } else if (capacity > 0) {
+        if (rows > std::min(t * e, e * capacity))
+          return "with capacity " + std::to_string(capacity) +
+                 " (ints[0]), needs N at most min(T x E, E x capacity), got " + all();
+      } else if (rows % t != 0 || rows / t > e) {
+        return "without a capacity, needs N = T x topk (topk at most E), got " + all();
+      }
+      break;
+    }
+    case pl::Opcode::MOE_PERMUTE_GRAD:
+      if (rank(in(0).shape()) != 2 || rank(in(1).shape()) != 1 ||
+          dim(in(1).shape(), 0) != dim(in(0).shape(), 0) || rank(out(0).shape()) != 2 ||
+          dim(out(0).shape(), 1) != dim(in(0).shape(), 1))
+        return bad("dy[N, H], row_ids[N] -> dx[T, H]");
+      break;
+    case pl::Opcode::GROUPED_MATMUL:
+    case pl::Opcode::GROUPED_MATMUL_INPUT_GRAD:
+    case pl::Opcode::GROUPED_MATMUL_WEIGHT_GRAD: {
+      // x[N, K] and y[N, M] about w[E, M, K]; forward: in x, out y; input
+      // grad: in dy, out dx; weight grad: in dy, x, into w.
+      const auto *w = ins.op() == pl::Opcode::GROUPED_MATMUL_WEIGHT_GRAD ? par(0).shape()
+                                                                         : in(1).shape();
+      const pl::Value *x = nullptr, *y = nullptr;
+      const char *rule = nullptr;
+      switch (ins.op()) {
+      case pl::Opcode::GROUPED_MATMUL:
+        x = &in(0), y = &out(0), rule = "x[N, K], w[E, M, K], tokens_per_expert[E] -> y[N, M]";
+        break;
+      case pl::Opcode::GROUPED_MATMUL_INPUT_GRAD:
+        y = &in(0), x = &out(0), rule = "dy[N, M], w[E, M, K], tokens_per_expert[E] -> dx[N, K]";
+        break;
+      default:
+        y = &in(0), x = &in(1), rule = "dy[N, M], x[N, K], tokens_per_expert[E] into w[E, M, K]";
+        break;
+      }
+      const pl::Value &tpe = in(2);
+      if (rank(w) != 3 || rank(x->shape()) != 2 || rank(y->shape()) != 2 ||
+          dim(x->shape(), 0) != dim(y->shape(), 0) || dim(x->shape(), 1) != dim(w, 2) ||
+          dim(y->shape(), 1) != dim(w, 1) || rank(tpe.shape()) != 1 ||
+          dim(tpe.shape(), 0) != dim(w, 0))
+        return bad(rule);
+      break;
+    }
+    case pl::Opcode::MOE_UNPERMUTE:
+    case pl::Opcode::MOE_UNPERMUTE_GRAD: {
+      // y[N, H], probs[T, E], row_ids[N], tokens_per_expert[E], and out or
+      // dout [T, H].
+      const bool fwd = ins.op() == pl::Opcode::MOE_UNPERMUTE;
+      const size_t o = fwd ? 0 : 1; // y's position among the inputs
+      const pl::Value &y = in(o), &probs = in(o + 1), &rows = in(o + 2), &tpe = in(o + 3);
+      const pl::Value &tokens = fwd ? out(0) : in(0);
+      const int64_t n_rows = dim(y.shape(), 0), h = dim(y.shape(), 1);
+      const int64_t t = dim(probs.shape(), 0), e = dim(probs.shape(), 1);
+      bool ok = rank(y.shape()) == 2 && rank(probs.shape()) == 2 && rank(rows.shape()) == 1 &&
+                dim(rows.shape(), 0) == n_rows && rank(tpe.shape()) == 1 &&
+                dim(tpe.shape(), 0) == e && rank(tokens.shape()) == 2 &&
+                dim(tokens.shape(), 0) == t && dim(tokens.shape(), 1) == h;
+      if (fwd)
+        ok = ok && out(0).dtype() == y.dtype();
+      else
+        ok = ok && same_shape(out(0), y) && out(0).dtype() == y.dtype() &&
+             same_shape(out(1), probs);
+      if (!ok)
+        return bad(fwd ? "y[N, H], probs[T, E], row_ids[N], tokens_per_expert[E] -> out[T, H] "
+                         "of y's dtype"
+                       : "dout[T, H], y[N, H], probs[T, E], row_ids[N], tokens_per_expert[E] "
+                         "-> dy[N, H] of y's dtype, dprobs[T, E]");
+      break;
+    }
     default:
       break; // scalars only (checked by kind) or no operands
     }

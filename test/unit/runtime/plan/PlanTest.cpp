@@ -892,7 +892,7 @@ TEST(PlanReader, SemanticErrors) {
     Tiny t; // an unknown opcode
     t.d.programs[0].code[1].op = Opcode(200);
     EXPECT_CONTAINS(semantic_error(t.d), "rank 0, program eval_step #1 (final_layernorm) opcode 200: "
-                                         "unknown opcode; this mtrun knows opcodes 0 to 49");
+                                         "unknown opcode; this mtrun knows opcodes 0 to 58");
   }
   for (auto [group, scale, message] :
        {std::tuple<int64_t, double, const char *>{
@@ -1906,6 +1906,176 @@ TEST(PlanReader, RopeInSplitErrors) {
                     "SPLIT_QKV_ROPE_GRAD: needs dq[b, s, heads, d], dk[b, s, groups, d], "
                     "dv[b, s, groups, d] -> dqkv[b, s, groups * (heads/groups + 2) * d] with "
                     "groups dividing heads and even d");
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Mixture of experts: one layer's router, dispatch, experts and combine, and
+// their backward, as a program of T = 6 tokens (2 sequences of 3), E = 4
+// experts, top-2, H = 8, expert width M = 10.
+
+struct MoeChain {
+  static constexpr int T = 6, E = 4, K = 2, H = 8, M = 10;
+  PlanDesc d;
+  int w;
+  uint32_t logits, x, probs, map, aux, z, y, rows, tpe, h, dh, out, dy, dprobs, dx, dlogits;
+  // topk, score_function, pre_softmax, load_balancing, capacity,
+  // drop_policy, pad_to_capacity, seq_length, router_dtype.
+  std::vector<int64_t> router_ints = {K, 0, 0, 1, 0, 0, 0, 3, 0};
+  std::vector<double> router_floats = {0.0, 0.01, 0.001};
+
+  explicit MoeChain(int64_t rowsN = T * K, std::vector<int64_t> permute_ints = {0, 0}) {
+    w = d.param("decoder.layers.0.mlp.experts.linear_fc1.weight", {E, M, H});
+    Prog &p = d.program("moe");
+    logits = d.input(p, "logits", {T, E});
+    x = d.input(p, "x", {T, H});
+    const uint32_t ww = d.weight(p, w);
+    probs = d.arena(p, "probs", {T, E});
+    map = d.arena(p, "routing_map", {T, E}, DType::I32);
+    aux = d.arena(p, "aux_loss", {});
+    z = d.arena(p, "z_loss", {});
+    y = d.arena(p, "y", {rowsN, H});
+    rows = d.arena(p, "row_ids", {rowsN}, DType::I32);
+    tpe = d.arena(p, "tokens_per_expert", {E}, DType::I32);
+    h = d.arena(p, "h", {rowsN, M});
+    dh = d.arena(p, "dh", {rowsN, H});
+    out = d.arena(p, "out", {T, H});
+    dy = d.arena(p, "dy", {rowsN, H});
+    dprobs = d.arena(p, "dprobs", {T, E});
+    dx = d.arena(p, "dx", {T, H});
+    dlogits = d.arena(p, "dlogits", {T, E});
+    PlanDesc::op(p, Opcode::MOE_ROUTER, {logits}, {probs, map, aux, z}, {}, router_ints,
+                 router_floats, "router");
+    PlanDesc::op(p, Opcode::MOE_PERMUTE, {x, map}, {y, rows, tpe}, {}, permute_ints, {},
+                 "permute");
+    PlanDesc::op(p, Opcode::GROUPED_MATMUL, {y, ww, tpe}, {h}, {}, {}, {}, "experts");
+    PlanDesc::op(p, Opcode::GROUPED_MATMUL_INPUT_GRAD, {h, ww, tpe}, {dh}, {}, {}, {},
+                 "experts dgrad");
+    PlanDesc::op(p, Opcode::GROUPED_MATMUL_WEIGHT_GRAD, {h, y, tpe}, {}, {uint32_t(w)}, {}, {},
+                 "experts wgrad");
+    PlanDesc::op(p, Opcode::MOE_UNPERMUTE, {dh, probs, rows, tpe}, {out}, {}, {}, {},
+                 "unpermute");
+    PlanDesc::op(p, Opcode::MOE_UNPERMUTE_GRAD, {out, dh, probs, rows, tpe}, {dy, dprobs}, {},
+                 {}, {}, "unpermute grad");
+    PlanDesc::op(p, Opcode::MOE_PERMUTE_GRAD, {dy, rows}, {dx}, {}, {}, {}, "permute grad");
+    PlanDesc::op(p, Opcode::MOE_ROUTER_GRAD, {dprobs, logits, probs, map, aux}, {dlogits}, {},
+                 router_ints, router_floats, "router grad");
+  }
+  Prog &prog() { return d.programs[0]; }
+  I &ins(Opcode op) {
+    for (I &i : prog().code)
+      if (i.op == op)
+        return i;
+    ADD_FAILURE() << "no " << pl::EnumNameOpcode(op);
+    return prog().code[0];
+  }
+};
+
+TEST(PlanReader, MoeInstructionsOpen) {
+  EXPECT_NE(open_ok(MoeChain().d), nullptr);
+  // Capacity 2 per expert: padded (N = E x 2), or at most E x 2 rows.
+  MoeChain padded(8, {2, 1});
+  padded.ins(Opcode::MOE_ROUTER).ints[4] = 2;
+  padded.ins(Opcode::MOE_ROUTER).ints[6] = 1;
+  EXPECT_NE(open_ok(padded.d), nullptr);
+  EXPECT_NE(open_ok(MoeChain(7, {2, 0}).d), nullptr);
+}
+
+TEST(PlanReader, MoeInstructionErrors) {
+  for (auto [k, v, message] :
+       {std::tuple<size_t, int64_t, const char *>{
+            0, 5, "(router) MOE_ROUTER: ints[0] (topk) is 5, more than the 4 experts of %logits"},
+        {0, 0, "MOE_ROUTER: ints[0] (topk) is 0; it must be at least 1"},
+        {1, 2, "MOE_ROUTER: ints[1] (score_function) is 2; it must be 0 (softmax) or 1 (sigmoid)"},
+        {3, 3, "MOE_ROUTER: ints[3] (load_balancing) is 3; it must be 0 (none), 1 (aux_loss) or "
+               "2 (seq_aux_loss)"},
+        {4, -1, "MOE_ROUTER: ints[4] (capacity) is -1"},
+        {5, 2, "MOE_ROUTER: ints[5] (drop_policy) is 2; it must be 0 (probs) or 1 (position)"},
+        {6, 1, "MOE_ROUTER: ints[6] (pad_to_capacity) is 1 without a capacity (ints[4] is 0)"},
+        {7, 4, "MOE_ROUTER: ints[7] (seq_length) 4 does not divide the 6 tokens of"},
+        {8, 3, "MOE_ROUTER: ints[8] (router_dtype) is 3; it must be 0 (the logits' type), 1 "
+               "(fp32) or 2 (fp64)"}}) {
+    MoeChain c;
+    c.ins(Opcode::MOE_ROUTER).ints[k] = v;
+    EXPECT_CONTAINS(semantic_error(c.d), message);
+  }
+  {
+    MoeChain c; // a capacity beyond the tokens, padded
+    c.ins(Opcode::MOE_ROUTER).ints[4] = 7;
+    c.ins(Opcode::MOE_ROUTER).ints[6] = 1;
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_ROUTER: ints[4] (capacity) 7 with pad_to_capacity "
+                                         "exceeds the 6 tokens of");
+  }
+  {
+    MoeChain c; // a negative coefficient
+    c.ins(Opcode::MOE_ROUTER_GRAD).floats[1] = -0.5;
+    EXPECT_CONTAINS(semantic_error(c.d), "(router grad) MOE_ROUTER_GRAD: floats[1] "
+                                         "(aux_loss_coeff) is -0.500000; it must be >= 0");
+  }
+  {
+    MoeChain c; // a routing map of floats
+    c.prog().values[c.map].dtype = DType::F32;
+    EXPECT_CONTAINS(semantic_error(c.d),
+                    "MOE_ROUTER: out[1] (%routing_map [6,4] f32) must be an i32 tensor");
+  }
+  {
+    MoeChain c; // probs of another shape
+    c.prog().values[c.probs].shape = {6, 3};
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_ROUTER: needs logits[T, E] -> probs[T, E], "
+                                         "routing_map[T, E], aux_loss, z_loss, got");
+  }
+  // Dispatched rows that do not fit the routing: N = T x topk without a
+  // capacity, E x C padded, at most E x C with a capacity.
+  EXPECT_CONTAINS(semantic_error(MoeChain(10).d),
+                  "MOE_PERMUTE: without a capacity, needs N = T x topk (topk at most E), got "
+                  "%x [6,8] f32, %routing_map [6,4] i32 -> %y [10,8] f32");
+  EXPECT_CONTAINS(semantic_error(MoeChain(12, {2, 1}).d),
+                  "MOE_PERMUTE: with pad_to_capacity, needs capacity (ints[0] 2) at most T and "
+                  "N = E x capacity, got");
+  EXPECT_CONTAINS(semantic_error(MoeChain(9, {2, 0}).d),
+                  "MOE_PERMUTE: with capacity 2 (ints[0]), needs N at most min(T x E, E x "
+                  "capacity), got");
+  {
+    MoeChain c;
+    c.ins(Opcode::MOE_PERMUTE).ints = {0, 2};
+    EXPECT_CONTAINS(semantic_error(c.d),
+                    "MOE_PERMUTE: ints[1] (pad_to_capacity) is 2; it must be 0 or 1");
+  }
+  {
+    MoeChain c; // expert weights of another width than the rows
+    c.d.params[size_t(c.w)].shape = {MoeChain::E, MoeChain::M, 5};
+    c.prog().values[2].shape = {MoeChain::E, MoeChain::M, 5};
+    EXPECT_CONTAINS(semantic_error(c.d), "(experts) GROUPED_MATMUL: needs x[N, K], w[E, M, K], "
+                                         "tokens_per_expert[E] -> y[N, M], got");
+  }
+  {
+    MoeChain c; // tokens_per_expert of another expert count
+    c.prog().values[c.tpe].shape = {3};
+    EXPECT_CONTAINS(semantic_error(c.d), "(permute) MOE_PERMUTE: needs");
+  }
+  {
+    MoeChain c; // the combined output in another dtype than the expert rows
+    c.prog().values[c.out].dtype = DType::BF16;
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_UNPERMUTE: needs y[N, H], probs[T, E], row_ids[N], "
+                                         "tokens_per_expert[E] -> out[T, H] of y's dtype");
+  }
+  {
+    MoeChain c; // dprobs of another shape than probs
+    c.prog().values[c.dprobs].shape = {6, 5};
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_UNPERMUTE_GRAD: needs dout[T, H], y[N, H], "
+                                         "probs[T, E], row_ids[N], tokens_per_expert[E] -> "
+                                         "dy[N, H] of y's dtype, dprobs[T, E]");
+  }
+  {
+    MoeChain c; // row ids of another count than the rows
+    c.prog().values[c.rows].shape = {11};
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_PERMUTE: needs x[T, H], routing_map[T, E] -> "
+                                         "y[N, H] of x's dtype, row_ids[N], tokens_per_expert[E]");
+  }
+  {
+    MoeChain c; // the router gradient without its scale
+    c.ins(Opcode::MOE_ROUTER_GRAD).in.pop_back();
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_ROUTER_GRAD: has 4 inputs, its signature has 5");
   }
 }
 
