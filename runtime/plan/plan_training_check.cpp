@@ -330,7 +330,7 @@ std::string check_loop_io(const pl::Plan &plan, const pl::Rank &rank, const pl::
       in = {{"tokens", pl::DType::I32, true, first}, {"labels", pl::DType::I32, true, last}};
       out = {{"loss", pl::DType::F32, false, last}};
       // The router losses of this stage's MoE layers (summed over them).
-      for (const char *router_loss : {"load_balancing_loss", "z_loss"}) {
+      for (const char *router_loss : {"load_balancing_loss", "seq_load_balancing_loss", "z_loss"}) {
         out.push_back({router_loss, pl::DType::F32, false, false});
         if (t.moe_layers() == 0)
           for (size_t k = 0; k < vsize(prog.output_names()); ++k)
