@@ -3,6 +3,7 @@
 #include "runtime/exec/cpu_executor_impl.h"
 
 #include "runtime/exec/cpu_kernels.h"
+#include "runtime/exec/cpu_kernels_moe.h"
 #include "runtime/plan/plan_reader.h"
 
 #include <algorithm>
@@ -22,6 +23,33 @@ int64_t first_out_of_range(const int32_t *ids, int64_t n, int64_t limit) {
     if (ids[i] < 0 || ids[i] >= limit)
       return i;
   return -1;
+}
+
+// The router's attributes (plan.fbs MOE_ROUTER), for logits [T, E]; with
+// router_dtype 0 the scores and weights are rounded to a bf16 or fp16
+// logits' type as Megatron's type_as does.
+cpu::MoeRouterConfig moe_router_config(const pl::Instruction &ins, const pl::Value &logits) {
+  auto ival = [&](uint32_t k) { return ins.ints()->Get(k); };
+  cpu::MoeRouterConfig c;
+  c.tokens = logits.shape()->Get(0);
+  c.experts = logits.shape()->Get(1);
+  c.topk = ival(0);
+  c.sigmoid = ival(1) == 1;
+  c.pre_softmax = ival(2) == 1;
+  c.load_balancing = int(ival(3));
+  c.capacity = ival(4);
+  c.drop_by_position = ival(5) == 1;
+  c.pad_to_capacity = ival(6) == 1;
+  c.seq_length = ival(7);
+  c.fp64 = ival(8) == 2;
+  if (ival(8) == 0 && logits.dtype() == pl::DType::BF16)
+    c.rounding = cpu::RouterRounding::BF16;
+  else if (ival(8) == 0 && logits.dtype() == pl::DType::F16)
+    c.rounding = cpu::RouterRounding::F16;
+  c.scaling_factor = ins.floats()->Get(0);
+  c.aux_loss_coeff = ins.floats()->Get(1);
+  c.z_loss_coeff = ins.floats()->Get(2);
+  return c;
 }
 
 } // namespace
@@ -88,6 +116,7 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
   auto fin = [&](size_t k) { return reinterpret_cast<const float *>(f.ptr[ins.in()->Get(uint32_t(k))]); };
   auto fout = [&](size_t k) { return reinterpret_cast<float *>(f.ptr[ins.out()->Get(uint32_t(k))]); };
   auto iin = [&](size_t k) { return reinterpret_cast<const int32_t *>(f.ptr[ins.in()->Get(uint32_t(k))]); };
+  auto iout = [&](size_t k) { return reinterpret_cast<int32_t *>(f.ptr[ins.out()->Get(uint32_t(k))]); };
   auto lin = [&](size_t k) { return reinterpret_cast<const int64_t *>(f.ptr[ins.in()->Get(uint32_t(k))]); };
   auto pid = [&](size_t k) { return ins.params()->Get(uint32_t(k)); };
   auto pgrad = [&](size_t k) { return state_floats(param(pid(k)).grad_offset()); };
@@ -494,17 +523,54 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
   }
   case pl::Opcode::GROUP_GRAD_NORM:
     return grad_norm(fout(0));
-  case pl::Opcode::MOE_ROUTER:
+  case pl::Opcode::MOE_ROUTER: {
+    const cpu::MoeRouterConfig c = moe_router_config(ins, vin(0));
+    double aux = 0, z = 0;
+    cpu::moe_router_fwd(fin(0), c, fout(0), iout(1), &aux, &z);
+    fout(2)[0] = float(aux);
+    fout(3)[0] = float(z);
+    break;
+  }
   case pl::Opcode::MOE_ROUTER_GRAD:
+    cpu::moe_router_bwd(fin(0), fin(1), iin(3), moe_router_config(ins, vin(1)), double(*fin(4)),
+                        fout(0));
+    break;
   case pl::Opcode::MOE_PERMUTE:
+    return cpu::moe_permute_fwd(fin(0), iin(1), dim(vin(0), 0), dim(vin(1), 1), dim(vin(0), 1),
+                                dim(vout(0), 0), ival(0), ival(1) != 0, fout(0), iout(1),
+                                iout(2));
   case pl::Opcode::MOE_PERMUTE_GRAD:
-  case pl::Opcode::GROUPED_MATMUL:
-  case pl::Opcode::GROUPED_MATMUL_INPUT_GRAD:
-  case pl::Opcode::GROUPED_MATMUL_WEIGHT_GRAD:
-  case pl::Opcode::MOE_UNPERMUTE:
-  case pl::Opcode::MOE_UNPERMUTE_GRAD:
-    return std::string("is a mixture-of-experts instruction, which this mtrun's CPU executor "
-                       "does not run");
+    return cpu::moe_permute_bwd(fin(0), iin(1), dim(vin(0), 0), dim(vout(0), 0), dim(vin(0), 1),
+                                fout(0));
+  case pl::Opcode::GROUPED_MATMUL: // x[N, K], w[E, M, K]
+    return cpu::grouped_matmul_fwd(fin(0), fin(1), iin(2), dim(vin(1), 0), dim(vin(0), 0),
+                                   dim(vin(1), 2), dim(vin(1), 1), fout(0));
+  case pl::Opcode::GROUPED_MATMUL_INPUT_GRAD: // dy[N, M], w[E, M, K]
+    return cpu::grouped_matmul_bwd_input(fin(0), fin(1), iin(2), dim(vin(1), 0), dim(vin(0), 0),
+                                         dim(vin(1), 2), dim(vin(1), 1), fout(0));
+  case pl::Opcode::GROUPED_MATMUL_WEIGHT_GRAD: { // dy[N, M], x[N, K] into w[E, M, K]
+    const auto *w = param(pid(0)).shape();
+    if (std::string e = cpu::grouped_matmul_bwd_weight(fin(0), fin(1), iin(2), w->Get(0),
+                                                       dim(vin(0), 0), w->Get(2), w->Get(1),
+                                                       pgrad(0));
+        !e.empty())
+      return e;
+    break;
+  }
+  case pl::Opcode::MOE_UNPERMUTE: // y[N, H], probs[T, E]
+    if (std::string e = cpu::moe_unpermute_fwd(fin(0), fin(1), iin(2), iin(3), dim(vin(1), 0),
+                                               dim(vin(1), 1), dim(vin(0), 0), dim(vin(0), 1),
+                                               fout(0));
+        !e.empty())
+      return e;
+    break;
+  case pl::Opcode::MOE_UNPERMUTE_GRAD: // dout[T, H], y[N, H], probs[T, E]
+    if (std::string e = cpu::moe_unpermute_bwd(fin(0), fin(1), fin(2), iin(3), iin(4),
+                                               dim(vin(2), 0), dim(vin(2), 1), dim(vin(1), 0),
+                                               dim(vin(1), 1), fout(0), fout(1));
+        !e.empty())
+      return e;
+    break;
   }
   // bf16 gradients (--grad-reduce-in-bf16): an instruction adds its
   // contribution, computed in f32, and the sum is rounded to bf16 once, as
@@ -513,6 +579,7 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
   switch (ins.op()) {
   case pl::Opcode::EMBEDDING_GRAD:
   case pl::Opcode::MATMUL_WEIGHT_GRAD:
+  case pl::Opcode::GROUPED_MATMUL_WEIGHT_GRAD:
   case pl::Opcode::BIAS_GRAD:
   case pl::Opcode::LAYER_NORM_GRAD:
   case pl::Opcode::RMS_NORM_GRAD:

@@ -2079,6 +2079,145 @@ TEST(PlanReader, MoeInstructionErrors) {
   }
 }
 
+// An MoE block through the executor: embedding, router, top-2 dispatch to
+// four SwiGLU experts, combine, residual, output layer and cross-entropy,
+// with the aux and z losses; its gradients against central differences of
+// the objective Megatron differentiates (loss + coefficients x router
+// losses).
+struct MoeBlock {
+  static constexpr int B = 2, S = 3, T = B * S, Vocab = 11, H = 8, E = 4, K = 2, F = 5,
+                       N = T * K;
+  static constexpr double kAux = 0.5, kZ = 0.1;
+  PlanDesc d;
+  int tok, router, fc1, fc2, out;
+  uint32_t tokens, labels, loss, aux, z;
+  std::vector<int32_t> token_ids = {1, 5, 10, 0, 7, 3};
+  std::vector<int32_t> label_ids = {5, 10, 0, 7, 3, 9};
+
+  MoeBlock() {
+    tok = d.param("embedding.word_embeddings.weight", {Vocab, H});
+    router = d.param("decoder.layers.0.mlp.router.weight", {E, H});
+    fc1 = d.param("decoder.layers.0.mlp.experts.linear_fc1.weight", {E, 2 * F, H});
+    fc2 = d.param("decoder.layers.0.mlp.experts.linear_fc2.weight", {E, H, F});
+    out = d.param("output_layer.weight", {Vocab, H});
+    Prog &p = d.program("train_step");
+    auto W = [&](int param) { return d.weight(p, param); };
+    auto A = [&](const char *name, std::vector<int64_t> shape, DType t = DType::F32) {
+      return d.arena(p, name, shape, t);
+    };
+    auto P = [](int i) { return uint32_t(i); };
+    using O = Opcode;
+    const std::vector<int64_t> ri = {K, 0, 0, 1, 0, 0, 0, S, 0};
+    const std::vector<double> rf = {0.0, kAux, kZ};
+    tokens = d.input(p, "tokens", {B, S}, DType::I32);
+    labels = d.input(p, "labels", {B, S}, DType::I32);
+    uint32_t x0 = A("x0", {B, S, H}), xt = A("xt", {T, H}), logits = A("router_logits", {T, E});
+    uint32_t probs = A("probs", {T, E}), map = A("routing_map", {T, E}, DType::I32);
+    aux = A("aux_loss", {});
+    z = A("z_loss", {});
+    uint32_t xp = A("xp", {N, H}), rows = A("row_ids", {N}, DType::I32);
+    uint32_t tpe = A("tokens_per_expert", {E}, DType::I32);
+    uint32_t u = A("u", {N, 2 * F}), sw = A("sw", {N, F}), y2 = A("y2", {N, H});
+    uint32_t mo = A("moe_out", {T, H}), mo3 = A("moe_out3", {B, S, H}), x1 = A("x1", {B, S, H});
+    uint32_t lg = A("logits", {B, S, Vocab});
+    loss = A("loss", {});
+    PlanDesc::op(p, O::EMBEDDING, {W(tok), tokens}, {x0}, {}, {0});
+    PlanDesc::op(p, O::RESHAPE, {x0}, {xt});
+    PlanDesc::op(p, O::MATMUL, {xt, W(router)}, {logits});
+    PlanDesc::op(p, O::MOE_ROUTER, {logits}, {probs, map, aux, z}, {}, ri, rf, "router");
+    PlanDesc::op(p, O::MOE_PERMUTE, {xt, map}, {xp, rows, tpe}, {}, {0, 0});
+    PlanDesc::op(p, O::GROUPED_MATMUL, {xp, W(fc1), tpe}, {u});
+    PlanDesc::op(p, O::SWIGLU, {u}, {sw});
+    PlanDesc::op(p, O::GROUPED_MATMUL, {sw, W(fc2), tpe}, {y2});
+    PlanDesc::op(p, O::MOE_UNPERMUTE, {y2, probs, rows, tpe}, {mo});
+    PlanDesc::op(p, O::RESHAPE, {mo}, {mo3});
+    PlanDesc::op(p, O::ADD, {x0, mo3}, {x1});
+    PlanDesc::op(p, O::MATMUL, {x1, W(out)}, {lg});
+    PlanDesc::op(p, O::CROSS_ENTROPY, {lg, labels}, {loss}, {}, {0});
+    PlanDesc::output(p, loss, "loss");
+    PlanDesc::output(p, aux, "load_balancing_loss");
+    PlanDesc::output(p, z, "z_loss");
+
+    uint32_t seed = A("dloss", {}), dlg = A("dlogits", {B, S, Vocab}), dx1 = A("dx1", {B, S, H});
+    uint32_t dmo = A("dmoe_out", {T, H}), dy2 = A("dy2", {N, H}), dprobs = A("dprobs", {T, E});
+    uint32_t dsw = A("dsw", {N, F}), du = A("du", {N, 2 * F}), dxp = A("dxp", {N, H});
+    uint32_t dxt = A("dxt", {T, H}), dlog = A("drouter_logits", {T, E}), dxr = A("dxr", {T, H});
+    uint32_t dxa = A("dxa", {T, H}), dxa3 = A("dxa3", {B, S, H}), dx0 = A("dx0", {B, S, H});
+    PlanDesc::op(p, O::GRAD_SEED, {}, {seed}, {}, {}, {1.0});
+    PlanDesc::op(p, O::CROSS_ENTROPY_GRAD, {lg, labels, seed}, {dlg}, {}, {0});
+    PlanDesc::op(p, O::MATMUL_INPUT_GRAD, {dlg, W(out)}, {dx1});
+    PlanDesc::op(p, O::MATMUL_WEIGHT_GRAD, {dlg, x1}, {}, {P(out)});
+    PlanDesc::op(p, O::RESHAPE, {dx1}, {dmo});
+    PlanDesc::op(p, O::MOE_UNPERMUTE_GRAD, {dmo, y2, probs, rows, tpe}, {dy2, dprobs});
+    PlanDesc::op(p, O::GROUPED_MATMUL_INPUT_GRAD, {dy2, W(fc2), tpe}, {dsw});
+    PlanDesc::op(p, O::GROUPED_MATMUL_WEIGHT_GRAD, {dy2, sw, tpe}, {}, {P(fc2)});
+    PlanDesc::op(p, O::SWIGLU_GRAD, {dsw, u}, {du});
+    PlanDesc::op(p, O::GROUPED_MATMUL_INPUT_GRAD, {du, W(fc1), tpe}, {dxp});
+    PlanDesc::op(p, O::GROUPED_MATMUL_WEIGHT_GRAD, {du, xp, tpe}, {}, {P(fc1)});
+    PlanDesc::op(p, O::MOE_PERMUTE_GRAD, {dxp, rows}, {dxt});
+    PlanDesc::op(p, O::MOE_ROUTER_GRAD, {dprobs, logits, probs, map, seed}, {dlog}, {}, ri, rf,
+                 "router grad");
+    PlanDesc::op(p, O::MATMUL_INPUT_GRAD, {dlog, W(router)}, {dxr});
+    PlanDesc::op(p, O::MATMUL_WEIGHT_GRAD, {dlog, xt}, {}, {P(router)});
+    PlanDesc::op(p, O::ADD, {dxt, dxr}, {dxa});
+    PlanDesc::op(p, O::RESHAPE, {dxa}, {dxa3});
+    PlanDesc::op(p, O::ADD, {dx1, dxa3}, {dx0});
+    PlanDesc::op(p, O::EMBEDDING_GRAD, {dx0, tokens}, {}, {P(tok)}, {0});
+  }
+};
+
+TEST(CpuExecutor, MoeBlockGradientsMatchFiniteDifferences) {
+  MoeBlock blk;
+  auto f = open_ok(blk.d);
+  ASSERT_NE(f, nullptr);
+  CpuExecutor ex(*f->plan(), 0);
+  ex.set_check_memory_plan(true);
+  for (int p = 0; p < 5; ++p)
+    fill(ex.weight(p), ex.param_elements(p), uint64_t(300 + p), p == blk.router ? 1.0 : 0.5);
+  ex.zero_grads();
+  const pl::Program &prog = *ex.program("train_step");
+  auto value = [&](uint32_t v) { return double(*static_cast<float *>(ex.value_data(prog, v))); };
+  double aux = 0, z = 0;
+  auto objective = [&]() {
+    write_ids(ex, prog, blk.tokens, blk.token_ids);
+    write_ids(ex, prog, blk.labels, blk.label_ids);
+    EXPECT_EQ(ex.run(prog, 0), "");
+    aux = value(blk.aux);
+    z = value(blk.z);
+    return value(blk.loss) + MoeBlock::kAux * aux + MoeBlock::kZ * z;
+  };
+  objective();
+  EXPECT_GT(aux, 0.5); // E / k x sum f_e P_e: 1 when balanced
+  EXPECT_GT(z, 0.0);
+  std::vector<std::vector<float>> grads;
+  for (int p = 0; p < 5; ++p) {
+    grads.emplace_back(ex.grad(p), ex.grad(p) + ex.param_elements(p));
+    float largest = 0;
+    for (float g : grads.back())
+      largest = std::max(largest, std::abs(g));
+    EXPECT_GT(largest, 1e-3f) << "parameter " << p << " gets a gradient";
+  }
+  const float h = 1e-2f;
+  int checked = 0;
+  for (int p = 0; p < 5; ++p) {
+    float *w = ex.weight(p);
+    for (int64_t i = 0; i < ex.param_elements(p); ++i) {
+      const float keep = w[i];
+      w[i] = keep + h;
+      const double up = objective();
+      w[i] = keep - h;
+      const double down = objective();
+      w[i] = keep;
+      const double fd = (up - down) / (2.0 * double(h));
+      EXPECT_NEAR(grads[size_t(p)][size_t(i)], fd, 2e-3 + 2e-2 * std::abs(fd))
+          << f->plan()->ranks()->Get(0)->params()->Get(uint32_t(p))->name()->str() << "[" << i
+          << "]";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 11 * 8 + 4 * 8 + 4 * 10 * 8 + 4 * 8 * 5 + 11 * 8);
+}
+
 } // namespace
 
 // The distributed optimizer's shard arithmetic (runtime/plan/grad_buckets.h).
