@@ -120,6 +120,10 @@ struct PlanDesc {
   uint64_t state_bytes = 0, arena_bytes = 0;
   int32_t pipeline_parallel = 1, pp_rank = 0;
   int64_t num_micro_batches = 0; // > 0: a training table with that many micro-batches
+  // The training table's mixture-of-experts fields.
+  int64_t moe_layers = 0;
+  std::string moe_load_balancing_type;
+  double moe_z_loss_coeff = 0;
 
   int64_t state_alloc(uint64_t bytes) {
     int64_t o = int64_t(state_bytes);
@@ -240,14 +244,25 @@ std::string payload(const PlanDesc &d) {
   std::vector<flatbuffers::Offset<pl::Rank>> ranks = {
       pl::CreateRankDirect(b, 0, 0, d.pp_rank, 0, &params, d.state_bytes, d.arena_bytes, &progs)};
   flatbuffers::Offset<pl::Training> training;
-  if (d.num_micro_batches > 0)
+  if (d.num_micro_batches > 0) {
     // Micro-batches of 2 sequences of 3 tokens, as the pipeline tests' tokens.
-    training = pl::CreateTrainingDirect(b, /*train_iters=*/1, /*micro_batch_size=*/2,
-                                        2 * d.num_micro_batches, d.num_micro_batches,
-                                        /*seq_length=*/3, /*vocab_size=*/1,
-                                        /*padded_vocab_size=*/1, /*seed=*/0, /*log_interval=*/1,
-                                        /*eval_interval=*/0, /*eval_iters=*/0,
-                                        /*save_interval=*/0, nullptr, nullptr, "fp32");
+    const auto precision = b.CreateString("fp32");
+    const auto balancing = b.CreateString(d.moe_load_balancing_type);
+    pl::TrainingBuilder t(b);
+    t.add_train_iters(1);
+    t.add_micro_batch_size(2);
+    t.add_global_batch_size(2 * d.num_micro_batches);
+    t.add_num_micro_batches(d.num_micro_batches);
+    t.add_seq_length(3);
+    t.add_vocab_size(1);
+    t.add_padded_vocab_size(1);
+    t.add_log_interval(1);
+    t.add_precision(precision);
+    t.add_moe_layers(d.moe_layers);
+    t.add_moe_load_balancing_type(balancing);
+    t.add_moe_z_loss_coeff(d.moe_z_loss_coeff);
+    training = t.Finish();
+  }
   auto plan = pl::CreatePlanDirect(b, "mtc test", "", "", d.pipeline_parallel, 1,
                                    d.pipeline_parallel, 1, training, &kernels, &ranks);
   pl::FinishPlanBuffer(b, plan);
@@ -2219,6 +2234,63 @@ TEST(CpuExecutor, MoeBlockGradientsMatchFiniteDifferences) {
 }
 
 } // namespace
+
+// The training table's router-loss fields and the outputs they govern.
+TEST(PlanReader, RouterLossOutputs) {
+  auto with_output = [](const char *name, std::vector<int64_t> shape) {
+    Tiny t;
+    t.d.num_micro_batches = 1;
+    Prog &train = t.d.programs[1];
+    const uint32_t v = t.d.arena(train, name, shape);
+    if (shape.empty()) {
+      PlanDesc::op(train, Opcode::GRAD_SEED, {}, {v}, {}, {}, {1.0}, "router loss");
+    } else {
+      const uint32_t seed = t.d.arena(train, "seed", {});
+      PlanDesc::op(train, Opcode::GRAD_SEED, {}, {seed}, {}, {}, {1.0}, "seed");
+      PlanDesc::op(train, Opcode::RESHAPE, {seed}, {v}, {}, {}, {}, "router loss");
+    }
+    PlanDesc::output(train, v, name);
+    return t;
+  };
+  {
+    Tiny t = with_output("z_loss", {});
+    t.d.moe_layers = 2;
+    t.d.moe_load_balancing_type = "aux_loss";
+    t.d.moe_z_loss_coeff = 0.001;
+    EXPECT_NE(open_ok(t.d), nullptr);
+  }
+  EXPECT_CONTAINS(semantic_error(with_output("z_loss", {}).d),
+                  "rank 0, program train_step outputs 'z_loss', but training.moe_layers is 0 "
+                  "(a dense model)");
+  {
+    Tiny t = with_output("load_balancing_loss", {1, 1});
+    t.d.moe_layers = 2;
+    t.d.moe_load_balancing_type = "aux_loss";
+    EXPECT_CONTAINS(semantic_error(t.d), "rank 0, program train_step: output "
+                                         "'load_balancing_loss' is [1,1] f32, but the loop reads "
+                                         "[] f32");
+  }
+  {
+    Tiny t = with_output("seq_load_balancing_loss", {});
+    t.d.moe_layers = 2;
+    t.d.moe_load_balancing_type = "sinkhorn";
+    EXPECT_CONTAINS(semantic_error(t.d), "training.moe_load_balancing_type is 'sinkhorn' with "
+                                         "moe_layers 2; it must be aux_loss, seq_aux_loss or none");
+  }
+  {
+    Tiny t;
+    t.d.num_micro_batches = 1;
+    t.d.moe_z_loss_coeff = 0.1;
+    EXPECT_CONTAINS(semantic_error(t.d), "training.moe_load_balancing_type is '' with moe_layers "
+                                         "0; a dense plan has no router losses");
+  }
+  {
+    Tiny t;
+    t.d.num_micro_batches = 1;
+    t.d.moe_layers = -1;
+    EXPECT_CONTAINS(semantic_error(t.d), "training.moe_layers is -1; it must be from 0 to");
+  }
+}
 
 // The distributed optimizer's shard arithmetic (runtime/plan/grad_buckets.h).
 TEST(GradBuckets, ShardsAndSegments) {
