@@ -33,10 +33,29 @@ void removeDropout(func::FuncOp f) {
 LogicalResult buildBackward(func::FuncOp f, double seedScale, bool stage) {
   Block &body = f.getBody().front();
   auto ret = cast<func::ReturnOp>(body.getTerminator());
-  // A pipeline stage without the loss returns nothing: its backward starts
+  // The loss is the one result without `mt.name`. Named results (an MoE
+  // model's load_balancing_loss and z_loss sums) are outputs for the log:
+  // they are not seeded, since mt.moe_router_grad adds the auxiliary
+  // losses' gradients itself, scaled as Megatron scales them.
+  Value loss;
+  for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+    if (f.getResultAttrOfType<StringAttr>(i, "mt.name")) {
+      auto t = dyn_cast<RankedTensorType>(v.getType());
+      if (!t || t.getRank() != 0 || !t.getElementType().isF32())
+        return f.emitError() << "mt-autodiff: @forward's named result #" << i
+                             << " must be an f32 scalar, got " << v.getType();
+      continue;
+    }
+    if (loss)
+      return f.emitError("mt-autodiff: @forward must return exactly one loss (its other "
+                         "results are named with mt.name)");
+    loss = v;
+  }
+  // A pipeline stage without the loss returns no loss: its backward starts
   // at the gradients its mt.send ops receive back.
-  if (ret.getNumOperands() > 1 || (ret.getNumOperands() == 0 && !stage))
-    return f.emitError("mt-autodiff: @forward must return exactly the loss");
+  if (!loss && !stage)
+    return f.emitError("mt-autodiff: @forward must return exactly one loss (its other "
+                       "results are named with mt.name)");
 
   OpBuilder b(ret);
   DenseMap<Value, Value> grads;
@@ -44,8 +63,7 @@ LogicalResult buildBackward(func::FuncOp f, double seedScale, bool stage) {
   // mt-schedule-pp), so a stage without the loss gets one too, unused.
   auto seed = b.create<GradSeedOp>(ret.getLoc(), RankedTensorType::get({}, b.getF32Type()),
                                    b.getF64FloatAttr(seedScale));
-  if (ret.getNumOperands() == 1) {
-    Value loss = ret.getOperand(0);
+  if (loss) {
     grads[loss] = seed;
     if (Operation *def = loss.getDefiningOp())
       if (Attribute chunk = def->getAttr("mt.chunk"))

@@ -42,12 +42,52 @@ def Mt_GeluApproximation : I32EnumAttr<"GeluApproximation",
   let cppNamespace = "::mt";
 }
 
+// Mixture of experts: the router's choices (mt.moe_router, mt.moe_router_grad),
+// named as Megatron-LM's --moe-router-* flags spell them.
+def Mt_MoeScoreFunction : I32EnumAttr<"MoeScoreFunction",
+    "how the router turns logits into expert scores", [
+    I32EnumAttrCase<"Softmax", 0, "softmax">,
+    I32EnumAttrCase<"Sigmoid", 1, "sigmoid">,
+  ]> {
+  let cppNamespace = "::mt";
+}
+
+def Mt_MoeLoadBalancing : I32EnumAttr<"MoeLoadBalancing",
+    "the router's load-balancing loss", [
+    I32EnumAttrCase<"None", 0, "none">,
+    I32EnumAttrCase<"AuxLoss", 1, "aux_loss">,
+    I32EnumAttrCase<"SeqAuxLoss", 2, "seq_aux_loss">,
+  ]> {
+  let cppNamespace = "::mt";
+}
+
+def Mt_MoeDropPolicy : I32EnumAttr<"MoeDropPolicy",
+    "which tokens an expert over its capacity keeps", [
+    I32EnumAttrCase<"Probs", 0, "probs">,
+    I32EnumAttrCase<"Position", 1, "position">,
+  ]> {
+  let cppNamespace = "::mt";
+}
+
+def Mt_MoeRouterDtype : I32EnumAttr<"MoeRouterDtype",
+    "the precision of the router's score computation", [
+    I32EnumAttrCase<"None", 0, "none">,
+    I32EnumAttrCase<"FP32", 1, "fp32">,
+    I32EnumAttrCase<"FP64", 2, "fp64">,
+  ]> {
+  let cppNamespace = "::mt";
+}
+
 // Floating-point tensors with a static shape: every activation and parameter.
 def Mt_FloatTensor : StaticShapeTensorOf<[F32, F16, BF16]>;
 // Token ids, labels and positions.
 def Mt_IndexTensor : StaticShapeTensorOf<[I32, I64]>;
 // The scalar loss.
 def Mt_ScalarF32 : 0DTensorOf<[F32]>;
+// Routing maps, token-to-row maps and per-expert token counts.
+def Mt_I32Tensor : StaticShapeTensorOf<[I32]>;
+// Routing probabilities: f32 whatever the model's type.
+def Mt_F32Tensor : StaticShapeTensorOf<[F32]>;
 
 class Mt_Op<string mnemonic, list<Trait> traits = []>
     : Op<Mt_Dialect, mnemonic, traits>;

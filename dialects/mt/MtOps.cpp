@@ -859,3 +859,235 @@ LogicalResult AllReduceTiedGradOp::verifySymbolUses(SymbolTableCollection &symbo
     return emitOpError() << "'" << getParam() << "' does not name an mt.param";
   return success();
 }
+
+//===----------------------------------------------------------------------===//
+// Mixture of experts
+//===----------------------------------------------------------------------===//
+
+namespace {
+// `what` must have exactly `shape`.
+LogicalResult expectShape(Operation *op, StringRef what, Value v, ArrayRef<int64_t> shape,
+                          StringRef meaning) {
+  RankedTensorType t = tensorOf(v);
+  if (t.getShape() != shape)
+    return op->emitOpError() << what << " must be " << meaning << " " << shapeStr(shape)
+                             << ", got " << shapeStr(t.getShape());
+  return success();
+}
+
+LogicalResult expectSameElementType(Operation *op, StringRef what, Value v, Value like,
+                                    StringRef likeName) {
+  if (tensorOf(v).getElementType() != tensorOf(like).getElementType())
+    return op->emitOpError() << what << " element type " << tensorOf(v).getElementType()
+                             << " differs from the " << likeName << "'s "
+                             << tensorOf(like).getElementType();
+  return success();
+}
+
+LogicalResult verifyNonNegative(Operation *op, StringRef name, double v, StringRef zero) {
+  if (!(v >= 0.0) || !std::isfinite(v))
+    return op->emitOpError() << name << " must be finite and >= 0" << zero << ", got " << v;
+  return success();
+}
+
+LogicalResult verifyCapacity(Operation *op, int64_t capacity, bool pad) {
+  if (capacity < 0)
+    return op->emitOpError() << "capacity must be >= 0 (0: no capacity), got " << capacity;
+  if (pad && capacity == 0)
+    return op->emitOpError("pad_to_capacity needs a capacity");
+  return success();
+}
+
+// The attributes mt.moe_router and mt.moe_router_grad share, against the
+// logits [T, E].
+template <typename RouterOp>
+LogicalResult verifyRouter(RouterOp op) {
+  RankedTensorType logits = tensorOf(op.getLogits());
+  if (logits.getRank() != 2)
+    return op.emitOpError() << "logits must be [tokens, experts], got "
+                            << shapeStr(logits.getShape());
+  // I64Attr's getters are unsigned: read the attributes as signed.
+  const int64_t tokens = logits.getDimSize(0), experts = logits.getDimSize(1),
+                topk = op.getTopkAttr().getInt(), seq = op.getSeqLengthAttr().getInt();
+  if (topk < 1 || topk > experts)
+    return op.emitOpError() << "topk " << topk << " must be between 1 and the " << experts
+                            << " experts";
+  if (failed(verifyNonNegative(op, "scaling_factor", op.getScalingFactor().convertToDouble(),
+                               " (0: none)")) ||
+      failed(verifyNonNegative(op, "aux_loss_coeff", op.getAuxLossCoeff().convertToDouble(),
+                               "")) ||
+      failed(verifyNonNegative(op, "z_loss_coeff", op.getZLossCoeff().convertToDouble(),
+                               " (0: off)")) ||
+      failed(verifyCapacity(op, op.getCapacityAttr().getInt(), op.getPadToCapacity())))
+    return failure();
+  if (seq < 1 || tokens % seq != 0)
+    return op.emitOpError() << "seq_length " << seq << " must divide the " << tokens
+                            << " tokens";
+  return success();
+}
+} // namespace
+
+LogicalResult MoeRouterOp::verify() {
+  if (failed(verifyRouter(*this)))
+    return failure();
+  ArrayRef<int64_t> te = tensorOf(getLogits()).getShape();
+  if (failed(expectShape(*this, "probs", getProbs(), te, "the logits' shape")) ||
+      failed(expectShape(*this, "routing_map", getRoutingMap(), te, "the logits' shape")))
+    return failure();
+  return success();
+}
+
+LogicalResult MoeRouterGradOp::verify() {
+  if (failed(verifyRouter(*this)))
+    return failure();
+  ArrayRef<int64_t> te = tensorOf(getLogits()).getShape();
+  if (failed(expectShape(*this, "gradient", getGrad(), te, "the logits' shape")) ||
+      failed(expectShape(*this, "probs", getProbs(), te, "the logits' shape")) ||
+      failed(expectShape(*this, "routing_map", getRoutingMap(), te, "the logits' shape")))
+    return failure();
+  return success();
+}
+
+LogicalResult MoePermuteOp::verify() {
+  RankedTensorType x = tensorOf(getInput()), map = tensorOf(getRoutingMap()),
+                   y = tensorOf(getResult());
+  if (x.getRank() != 2)
+    return emitOpError() << "input must be [tokens, hidden], got " << shapeStr(x.getShape());
+  if (map.getRank() != 2 || map.getDimSize(0) != x.getDimSize(0))
+    return emitOpError() << "routing_map must be [" << x.getDimSize(0)
+                         << ", experts] for the input's tokens, got "
+                         << shapeStr(map.getShape());
+  const int64_t tokens = x.getDimSize(0), hidden = x.getDimSize(1),
+                experts = map.getDimSize(1);
+  if (y.getRank() != 2 || y.getDimSize(1) != hidden)
+    return emitOpError() << "result must be [rows, " << hidden << "], got "
+                         << shapeStr(y.getShape());
+  if (failed(expectSameElementType(*this, "result", getResult(), getInput(), "input")) ||
+      failed(verifyCapacity(*this, getCapacityAttr().getInt(), getPadToCapacity())))
+    return failure();
+  const int64_t rows = y.getDimSize(0), capacity = getCapacityAttr().getInt();
+  if (getPadToCapacity()) {
+    if (rows != experts * capacity)
+      return emitOpError() << "with pad_to_capacity the result has experts * capacity = "
+                           << experts * capacity << " rows, got " << rows;
+  } else if (capacity > 0) {
+    // min(T * topk, E * C).
+    if (rows != experts * capacity &&
+        (rows % tokens != 0 || rows / tokens > experts || rows > experts * capacity))
+      return emitOpError() << "with capacity " << capacity
+                           << " the result has min(tokens * topk, experts * capacity) rows, got "
+                           << rows;
+  } else if (rows < tokens || rows % tokens != 0 || rows / tokens > experts) {
+    return emitOpError() << "without capacity the result has tokens * topk rows (a multiple of "
+                         << tokens << " up to " << tokens * experts << "), got " << rows;
+  }
+  if (failed(expectShape(*this, "row_ids", getRowIds(), {rows}, "one per result row")) ||
+      failed(expectShape(*this, "tokens_per_expert", getTokensPerExpert(), {experts},
+                         "one per expert")))
+    return failure();
+  return success();
+}
+
+LogicalResult MoePermuteGradOp::verify() {
+  RankedTensorType dy = tensorOf(getGrad()), dx = getType();
+  if (dy.getRank() != 2 || dx.getRank() != 2 || dx.getDimSize(1) != dy.getDimSize(1))
+    return emitOpError() << "gradient [rows, hidden] and result [tokens, hidden] must share "
+                            "hidden, got "
+                         << shapeStr(dy.getShape()) << " and " << shapeStr(dx.getShape());
+  if (failed(expectSameElementType(*this, "result", getResult(), getGrad(), "gradient")) ||
+      failed(expectShape(*this, "row_ids", getRowIds(), {dy.getDimSize(0)},
+                         "one per gradient row")))
+    return failure();
+  return success();
+}
+
+namespace {
+// A grouped matmul's rows `a` [N, K or M] against the stacked weight
+// [E, M, K]; `aDim` is the weight dimension a's columns match (2: the
+// forward's K, 1: the input gradient's M).
+LogicalResult verifyGrouped(Operation *op, Value a, StringRef aName, Value weight,
+                            Value tokensPerExpert, Value result, int64_t aDim) {
+  RankedTensorType x = tensorOf(a), w = tensorOf(weight), y = tensorOf(result);
+  if (x.getRank() != 2)
+    return op->emitOpError() << aName << " must be [rows, features], got "
+                             << shapeStr(x.getShape());
+  if (w.getRank() != 3)
+    return op->emitOpError() << "weight must be [experts, out, in], got "
+                             << shapeStr(w.getShape());
+  if (w.getDimSize(aDim) != x.getDimSize(1))
+    return op->emitOpError() << "weight " << shapeStr(w.getShape()) << " expects "
+                             << w.getDimSize(aDim) << " features but the " << aName
+                             << " has " << x.getDimSize(1);
+  if (failed(expectShape(op, "tokens_per_expert", tokensPerExpert, {w.getDimSize(0)},
+                         "one per expert")) ||
+      failed(expectShape(op, "result", result, {x.getDimSize(0), w.getDimSize(3 - aDim)},
+                         "[rows, features]")))
+    return failure();
+  if (x.getElementType() != w.getElementType() || y.getElementType() != x.getElementType())
+    return op->emitOpError() << aName << ", weight and result must share an element type";
+  return success();
+}
+} // namespace
+
+LogicalResult MoeGroupedMatmulOp::verify() {
+  return verifyGrouped(*this, getInput(), "input", getWeight(), getTokensPerExpert(),
+                       getResult(), 2);
+}
+
+LogicalResult MoeGroupedMatmulInputGradOp::verify() {
+  return verifyGrouped(*this, getGrad(), "gradient", getWeight(), getTokensPerExpert(),
+                       getResult(), 1);
+}
+
+LogicalResult MoeGroupedMatmulWeightGradOp::verify() {
+  RankedTensorType dy = tensorOf(getGrad()), x = tensorOf(getInput());
+  if (dy.getRank() != 2 || x.getRank() != 2 || dy.getDimSize(0) != x.getDimSize(0))
+    return emitOpError() << "gradient " << shapeStr(dy.getShape()) << " and input "
+                         << shapeStr(x.getShape()) << " must be [rows, features] with the "
+                         << "same rows";
+  return expectSameElementType(*this, "input", getInput(), getGrad(), "gradient");
+}
+
+LogicalResult
+MoeGroupedMatmulWeightGradOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
+  RankedTensorType dy = tensorOf(getGrad()), x = tensorOf(getInput());
+  const int64_t experts = tensorOf(getTokensPerExpert()).getNumElements();
+  return verifyParamUse(*this, symbolTable, getParamAttr(),
+                        withShape(dy, {experts, dy.getDimSize(1), x.getDimSize(1)}),
+                        "weight");
+}
+
+namespace {
+// The operands mt.moe_unpermute and its gradient share: rows `y` [N, H],
+// probs [T, E], row_ids [N], tokens_per_expert [E]; `tokens` is T (from
+// the result or the gradient).
+LogicalResult verifyUnpermute(Operation *op, Value y, Value probs, Value rowIds,
+                              Value tokensPerExpert, Value out, StringRef outName) {
+  RankedTensorType rows = tensorOf(y), p = tensorOf(probs), o = tensorOf(out);
+  if (rows.getRank() != 2)
+    return op->emitOpError() << "input must be [rows, hidden], got "
+                             << shapeStr(rows.getShape());
+  if (o.getRank() != 2 || o.getDimSize(1) != rows.getDimSize(1))
+    return op->emitOpError() << outName << " must be [tokens, " << rows.getDimSize(1)
+                             << "], got " << shapeStr(o.getShape());
+  if (p.getRank() != 2 || p.getDimSize(0) != o.getDimSize(0))
+    return op->emitOpError() << "probs must be [" << o.getDimSize(0) << ", experts], got "
+                             << shapeStr(p.getShape());
+  if (failed(expectShape(op, "row_ids", rowIds, {rows.getDimSize(0)}, "one per input row")) ||
+      failed(expectShape(op, "tokens_per_expert", tokensPerExpert, {p.getDimSize(1)},
+                         "one per expert")) ||
+      failed(expectSameElementType(op, outName, out, y, "input")))
+    return failure();
+  return success();
+}
+} // namespace
+
+LogicalResult MoeUnpermuteOp::verify() {
+  return verifyUnpermute(*this, getInput(), getProbs(), getRowIds(), getTokensPerExpert(),
+                         getResult(), "result");
+}
+
+LogicalResult MoeUnpermuteGradOp::verify() {
+  return verifyUnpermute(*this, getInput(), getProbs(), getRowIds(), getTokensPerExpert(),
+                         getGrad(), "gradient");
+}

@@ -370,6 +370,139 @@ def Mt_AttentionOp : Mt_Op<"attention", [DeclareOpInterfaceMethods<Mt_Differenti
 }
 
 //===----------------------------------------------------------------------===//
+// Mixture of experts
+//===----------------------------------------------------------------------===//
+
+// The router's attributes, shared by mt.moe_router and mt.moe_router_grad
+// (whose backward recomputes the forward's choices from them).
+defvar Mt_MoeRouterAttrs = (ins I64Attr:$topk, Mt_MoeScoreFunction:$score_function,
+    UnitAttr:$pre_softmax, F64Attr:$scaling_factor,
+    Mt_MoeLoadBalancing:$load_balancing, F64Attr:$aux_loss_coeff,
+    F64Attr:$z_loss_coeff, I64Attr:$capacity, Mt_MoeDropPolicy:$drop_policy,
+    UnitAttr:$pad_to_capacity, I64Attr:$seq_length, Mt_MoeRouterDtype:$router_dtype);
+
+def Mt_MoeRouterOp : Mt_Op<"moe_router", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure]> {
+  let summary = "top-k expert choice of each token, with the load-balancing and z losses";
+  let description = [{
+    Megatron-Core's `TopKRouter.routing` on the router logits `[T, E]` of one
+    micro-batch's `T = batch * seq_length` tokens, token `t = b * seq_length
+    + s` (mt's `[batch, seq]` order), over `E` experts:
+
+    - **Scores and choice.** `softmax` without `pre_softmax`: the `topk`
+      largest logits of each token are chosen and the routing weights are
+      the softmax over those `topk` logits. With `pre_softmax`: the softmax
+      over all `E` logits, then its `topk` largest. `sigmoid`: the
+      sigmoid of the logits, its `topk` largest, normalised to sum 1 (plus
+      `1e-20`) when `topk > 1`. A positive `scaling_factor` multiplies the
+      weights. Ties go to the lower expert index.
+    - **Capacity.** With `capacity` C > 0 (tokens per expert; 0: no
+      capacity, nothing is dropped) and C below T, each expert keeps C of
+      the tokens routed to it: `probs` policy the C of the largest routing
+      weight, `position` policy the first C in Megatron's token order
+      (`[seq, batch]`: by position `s`, then `b`); the others are dropped
+      for that expert.
+    - **Results.** `probs` (f32 `[T, E]`): the routing weight of each
+      chosen and kept expert, 0 elsewhere; `routing_map` (i32 `[T, E]`): 1
+      where the token goes to the expert. `aux_loss` and `z_loss` (f32
+      scalars) are the values Megatron's tracker records for this layer,
+      without their coefficients, and 0 when off:
+      - `aux_loss` (`load_balancing` `aux_loss` and `aux_loss_coeff` > 0,
+        Switch Transformer's loss): `E / (topk * T^2) * sum_e (sum_t
+        scores[t, e]) * (sum_t top[t, e])`, where `scores` is the softmax
+        (or the normalised sigmoid) over all `E` logits and `top` marks
+        each token's `topk` largest scores, before any capacity drop;
+        `seq_aux_loss`: the same per sequence (T replaced by
+        `seq_length`), averaged over the batch.
+      - `z_loss` (`z_loss_coeff` > 0, ST-MoE): the mean over tokens of
+        `logsumexp(logits[t, :])^2`.
+
+    Both losses reach the gradient through `mt.moe_router_grad`, scaled as
+    Megatron's `MoEAuxLossAutoScaler` scales them, not through the result
+    values, which are for logging. `router_dtype` is Megatron's
+    `--moe-router-dtype`: `none` rounds scores and weights to the logits'
+    element type as Megatron's `type_as` does, `fp32` computes and keeps
+    them in f32, `fp64` computes them in f64 (the weights are stored in
+    f32). `seq_length` divides T.
+
+    ```mlir
+    %probs, %map, %aux, %z = mt.moe_router %logits softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.000000e-02 : f64, capacity = 0 : i64, scaling_factor = 0.000000e+00 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 1.000000e-03 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+    ```
+  }];
+  let arguments = !con((ins Mt_FloatTensor:$logits), Mt_MoeRouterAttrs);
+  let results = (outs Mt_F32Tensor:$probs, Mt_I32Tensor:$routing_map,
+                      Mt_ScalarF32:$aux_loss, Mt_ScalarF32:$z_loss);
+  let assemblyFormat = "$logits $score_function $load_balancing `drop` $drop_policy `dtype` $router_dtype attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Mt_MoePermuteOp : Mt_Op<"moe_permute", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure]> {
+  let summary = "gathers each expert's tokens into consecutive rows";
+  let description = [{
+    From tokens `input` `[T, H]` and `routing_map` `[T, E]`: `result`
+    `[N, H]` holds, expert by expert, the rows of the tokens routed to it,
+    tokens ascending within an expert (Megatron's `permute` by the routing
+    map); `row_ids` `[N]` names each row's source token (-1 for an unused
+    or padding row, which is zero); `tokens_per_expert` `[E]` counts each
+    expert's rows. `N` is static: `T * topk` without capacity;
+    `E * capacity` with `pad_to_capacity` (expert e owns rows
+    `[e * capacity, (e + 1) * capacity)`, its tokens first, then padding,
+    and `tokens_per_expert` is `capacity` for each); `min(T * topk, E *
+    capacity)` with a capacity and no padding, the rows past the last
+    expert's unused.
+
+    ```mlir
+    %y, %rows, %counts = mt.moe_permute %x, %map {capacity = 0 : i64} : (tensor<64x16xf32>, tensor<64x4xi32>) -> (tensor<128x16xf32>, tensor<128xi32>, tensor<4xi32>)
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input, Mt_I32Tensor:$routing_map,
+                       I64Attr:$capacity, UnitAttr:$pad_to_capacity);
+  let results = (outs Mt_FloatTensor:$result, Mt_I32Tensor:$row_ids,
+                      Mt_I32Tensor:$tokens_per_expert);
+  let assemblyFormat = "$input `,` $routing_map attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Mt_MoeGroupedMatmulOp : Mt_Op<"moe_grouped_matmul", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure]> {
+  let summary = "each expert's rows times that expert's weight";
+  let description = [{
+    The rows of `input` `[N, K]` form consecutive segments, expert by
+    expert, of `tokens_per_expert[e]` rows each; segment e is multiplied by
+    the transpose of `weight[e]` (`[E, M, K]`: the experts' `[out, in]`
+    weights stacked on dimension 0), giving `result` `[N, M]`. Rows past
+    the last segment are zero.
+
+    ```mlir
+    %h = mt.moe_grouped_matmul %y, %w1, %counts : (tensor<128x16xf32>, tensor<4x64x16xf32>, tensor<4xi32>) -> tensor<128x64xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input, Mt_FloatTensor:$weight,
+                       Mt_I32Tensor:$tokens_per_expert);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $weight `,` $tokens_per_expert attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Mt_MoeUnpermuteOp : Mt_Op<"moe_unpermute", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure]> {
+  let summary = "combines the experts' rows back into tokens, weighted by the router";
+  let description = [{
+    `result[t] = sum over rows r with row_ids[r] = t of probs[t, e(r)] *
+    input[r]`, where `e(r)` is the expert whose segment (by
+    `tokens_per_expert`) holds row r; accumulated in f32 and rounded once
+    to the input's element type. A token whose experts all dropped it gets
+    zeros.
+
+    ```mlir
+    %out = mt.moe_unpermute %h2, %probs, %rows, %counts : (tensor<128x16xf32>, tensor<64x4xf32>, tensor<128xi32>, tensor<4xi32>) -> tensor<64x16xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input, Mt_F32Tensor:$probs,
+                       Mt_I32Tensor:$row_ids, Mt_I32Tensor:$tokens_per_expert);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $probs `,` $row_ids `,` $tokens_per_expert attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
 // Loss
 //===----------------------------------------------------------------------===//
 

@@ -247,6 +247,124 @@ def Mt_CrossEntropyGradOp : Mt_Op<"cross_entropy_grad", [Pure,
 }
 
 //===----------------------------------------------------------------------===//
+// Mixture of experts (backward)
+//===----------------------------------------------------------------------===//
+
+def Mt_MoeRouterGradOp : Mt_Op<"moe_router_grad", [Pure,
+    AllTypesMatch<["logits", "result"]>]> {
+  let summary = "router backward: the routing weights' gradient plus the auxiliary losses'";
+  let description = [{
+    The gradient of the router logits, with the same attributes as the
+    forward `mt.moe_router` whose `logits`, `probs` and `routing_map` it
+    reads. It is the sum of:
+
+    - the gradient `dprobs` (f32 `[T, E]`) carried back through the
+      routing weights of the chosen and kept experts (the choice and the
+      capacity drops are constants, as in Megatron);
+    - when the load-balancing loss is on, `scale * aux_loss_coeff` times
+      the gradient of `aux_loss` through the scores (the token counts are
+      constants);
+    - when the z-loss is on, `scale * z_loss_coeff` times the gradient of
+      `z_loss`.
+
+    `scale` is the value of the step's `mt.grad_seed`: Megatron's
+    `MoEAuxLossAutoScaler` gives each auxiliary loss (with its coefficient)
+    the gradient `main_loss_backward_scale`, which `forward_step` sets to
+    the loss scale over the micro-batch count, and with
+    `--calculate-per-token-loss` to the loss scale alone with the loss
+    multiplied by the micro-batch's tokens, the whole gradient then
+    divided by the global batch's tokens. Both are the gradient seed's
+    value (mt-autodiff's seed is `1 / num_micro_batches`, or the
+    micro-batch's tokens times dp over the global batch's, times the loss
+    scale), the data-parallel mean being applied to every gradient alike.
+
+    ```mlir
+    %dlogits = mt.moe_router_grad %dprobs, %logits, %probs, %map, %seed softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.000000e-02 : f64, capacity = 0 : i64, scaling_factor = 0.000000e+00 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 1.000000e-03 : f64} : (tensor<64x4xf32>, tensor<64x4xf32>, tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>) -> tensor<64x4xf32>
+    ```
+  }];
+  let arguments = !con((ins Mt_F32Tensor:$grad, Mt_FloatTensor:$logits, Mt_F32Tensor:$probs,
+                            Mt_I32Tensor:$routing_map, Mt_ScalarF32:$scale),
+                       Mt_MoeRouterAttrs);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$grad `,` $logits `,` $probs `,` $routing_map `,` $scale $score_function $load_balancing `drop` $drop_policy `dtype` $router_dtype attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Mt_MoePermuteGradOp : Mt_Op<"moe_permute_grad", [Pure]> {
+  let summary = "adds each permuted row's gradient back onto its token";
+  let description = [{
+    `result[t] = sum over rows r with row_ids[r] = t of grad[r]` (rows
+    with -1 add nothing), accumulated in f32 and rounded once to the
+    gradient's element type: the backward of `mt.moe_permute`.
+
+    ```mlir
+    %dx = mt.moe_permute_grad %dy, %rows : (tensor<128x16xf32>, tensor<128xi32>) -> tensor<64x16xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$grad, Mt_I32Tensor:$row_ids);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$grad `,` $row_ids attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Mt_MoeGroupedMatmulInputGradOp : Mt_Op<"moe_grouped_matmul_input_grad", [Pure]> {
+  let summary = "gradient of a grouped matmul's input: each segment's dy times its expert's weight";
+  let description = [{
+    `result[r, k] = sum_m grad[r, m] * weight[e(r), m, k]` for the rows of
+    each expert's segment (by `tokens_per_expert`); rows past the last
+    segment are zero.
+
+    ```mlir
+    %dy = mt.moe_grouped_matmul_input_grad %dh, %w1, %counts : (tensor<128x64xf32>, tensor<4x64x16xf32>, tensor<4xi32>) -> tensor<128x16xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$weight,
+                       Mt_I32Tensor:$tokens_per_expert);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$grad `,` $weight `,` $tokens_per_expert attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Mt_MoeGroupedMatmulWeightGradOp : Mt_Op<"moe_grouped_matmul_weight_grad", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+    MemoryEffects<[MemWrite<Mt_GradBuffers>]>]> {
+  let summary = "adds each expert's weight gradient into the stacked parameter's gradient";
+  let description = [{
+    `grad(param)[e, m, k] += sum over the rows r of expert e's segment of
+    grad[r, m] * input[r, k]`; an expert with no rows adds nothing.
+
+    ```mlir
+    mt.moe_grouped_matmul_weight_grad %dh, %y, %counts into @decoder.layers.0.mlp.experts.linear_fc1.weight : tensor<128x64xf32>, tensor<128x16xf32>, tensor<4xi32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$input,
+                       Mt_I32Tensor:$tokens_per_expert, FlatSymbolRefAttr:$param);
+  let assemblyFormat = "$grad `,` $input `,` $tokens_per_expert `into` $param attr-dict `:` type($grad) `,` type($input) `,` type($tokens_per_expert)";
+  let hasVerifier = 1;
+}
+
+def Mt_MoeUnpermuteGradOp : Mt_Op<"moe_unpermute_grad", [Pure,
+    AllTypesMatch<["input", "input_grad"]>, AllTypesMatch<["probs", "probs_grad"]>]> {
+  let summary = "unpermute backward: the rows' gradient and the routing weights'";
+  let description = [{
+    The backward of `mt.moe_unpermute` (`input` and `probs` are its
+    operands): `input_grad[r] = probs[t, e(r)] * grad[t]` for each row r
+    of token `t = row_ids[r]` (0 for an unused row), in the input's type;
+    `probs_grad[t, e(r)] = dot(input[r], grad[t])` in f32, 0 where no row
+    goes.
+
+    ```mlir
+    %dh2, %dprobs = mt.moe_unpermute_grad %dout, %h2, %probs, %rows, %counts : (tensor<64x16xf32>, tensor<128x16xf32>, tensor<64x4xf32>, tensor<128xi32>, tensor<4xi32>) -> (tensor<128x16xf32>, tensor<64x4xf32>)
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$input, Mt_F32Tensor:$probs,
+                       Mt_I32Tensor:$row_ids, Mt_I32Tensor:$tokens_per_expert);
+  let results = (outs Mt_FloatTensor:$input_grad, Mt_F32Tensor:$probs_grad);
+  let assemblyFormat = "$grad `,` $input `,` $probs `,` $row_ids `,` $tokens_per_expert attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
 // Optimizer
 //===----------------------------------------------------------------------===//
 

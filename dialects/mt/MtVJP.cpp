@@ -206,3 +206,59 @@ LogicalResult RecvOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
     b.create<SendOp>(getLoc(), grads[0], getPeerAttr(), b.getI64IntegerAttr(getTag() + 1));
   return success();
 }
+
+// Mixture of experts. The router's auxiliary losses get their gradient
+// inside mt.moe_router_grad, scaled by the step's gradient seed (Megatron's
+// MoEAuxLossAutoScaler), so the logged aux_loss and z_loss results need no
+// gradient of their own.
+LogicalResult MoeRouterOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                    SmallVectorImpl<Value> &out) {
+  if (!grads[0])
+    return emitOpError("cannot differentiate: its probs do not reach the loss");
+  GradSeedOp seed;
+  for (Operation &op : *b.getInsertionBlock())
+    if ((seed = dyn_cast<GradSeedOp>(op)))
+      break;
+  if (!seed)
+    return emitOpError("cannot differentiate: the backward has no mt.grad_seed to scale "
+                       "the auxiliary losses by");
+  out.push_back(b.create<MoeRouterGradOp>(
+      getLoc(), getLogits().getType(), grads[0], getLogits(), getProbs(), getRoutingMap(),
+      seed.getResult(), getTopkAttr(), getScoreFunctionAttr(), getPreSoftmaxAttr(),
+      getScalingFactorAttr(), getLoadBalancingAttr(), getAuxLossCoeffAttr(),
+      getZLossCoeffAttr(), getCapacityAttr(), getDropPolicyAttr(), getPadToCapacityAttr(),
+      getSeqLengthAttr(), getRouterDtypeAttr()));
+  return success();
+}
+
+LogicalResult MoePermuteOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                     SmallVectorImpl<Value> &out) {
+  out.push_back(grads[0] ? b.create<MoePermuteGradOp>(getLoc(), getInput().getType(),
+                                                      grads[0], getRowIds())
+                               .getResult()
+                         : Value());
+  out.push_back(Value());
+  return success();
+}
+
+LogicalResult MoeGroupedMatmulOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                           SmallVectorImpl<Value> &out) {
+  FlatSymbolRefAttr w;
+  if (failed(needParam(*this, getWeight(), "weight", w)))
+    return failure();
+  Value dx = b.create<MoeGroupedMatmulInputGradOp>(getLoc(), getInput().getType(), grads[0],
+                                                   getWeight(), getTokensPerExpert());
+  b.create<MoeGroupedMatmulWeightGradOp>(getLoc(), grads[0], getInput(),
+                                         getTokensPerExpert(), w);
+  out.append({dx, Value(), Value()});
+  return success();
+}
+
+LogicalResult MoeUnpermuteOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                       SmallVectorImpl<Value> &out) {
+  auto g = b.create<MoeUnpermuteGradOp>(
+      getLoc(), TypeRange{getInput().getType(), getProbs().getType()}, grads[0], getInput(),
+      getProbs(), getRowIds(), getTokensPerExpert());
+  out.append({g.getInputGrad(), g.getProbsGrad(), Value(), Value()});
+  return success();
+}

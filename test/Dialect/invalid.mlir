@@ -401,3 +401,267 @@ func.func @f(%x: tensor<8xf32>) -> tensor<8xf32> {
   %y = mt.sp_split %x {tp_size = 2 : i64} : (tensor<8xf32>) -> tensor<8xf32>
   return %y : tensor<8xf32>
 }
+
+// -----
+
+func.func @f(%l: tensor<2x32x4xf32>) {
+  // expected-error @+1 {{logits must be [tokens, experts], got [2, 32, 4]}}
+  %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<2x32x4xf32>) -> (tensor<2x32x4xf32>, tensor<2x32x4xi32>, tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @f(%l: tensor<64x4xf32>) {
+  // expected-error @+1 {{topk 5 must be between 1 and the 4 experts}}
+  %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 5 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @f(%l: tensor<64x4xf32>) {
+  // expected-error @+1 {{topk 0 must be between 1 and the 4 experts}}
+  %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 0 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @f(%l: tensor<64x4xf32>) {
+  // expected-error @+1 {{scaling_factor must be finite and >= 0 (0: none), got -1.000000e+00}}
+  %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, scaling_factor = -1.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @f(%l: tensor<64x4xf32>) {
+  // expected-error @+1 {{z_loss_coeff must be finite and >= 0 (0: off), got -1.000000e-03}}
+  %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = -1.0e-03 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @f(%l: tensor<64x4xf32>) {
+  // expected-error @+1 {{capacity must be >= 0 (0: no capacity), got -3}}
+  %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = -3 : i64, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @f(%l: tensor<64x4xf32>) {
+  // expected-error @+1 {{pad_to_capacity needs a capacity}}
+  %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64, pad_to_capacity} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @f(%l: tensor<64x4xf32>) {
+  // expected-error @+1 {{seq_length 24 must divide the 64 tokens}}
+  %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 24 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @f(%l: tensor<64x4xf32>) {
+  // expected-error @+1 {{probs must be the logits' shape [64, 4], got [64, 8]}}
+  %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xf32>) -> (tensor<64x8xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @f(%l: tensor<64x4xf32>) {
+  // expected-error @+1 {{routing_map must be the logits' shape [64, 4], got [4, 64]}}
+  %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<4x64xi32>, tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @f(%l: tensor<64x4xf32>) {
+  // expected-error @+1 {{aux_loss_coeff must be finite and >= 0, got -1.000000e-02}}
+  %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype none {aux_loss_coeff = -1.0e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x32x16xf32>, %m: tensor<64x4xi32>) {
+  // expected-error @+1 {{input must be [tokens, hidden], got [2, 32, 16]}}
+  %y, %r, %n = mt.moe_permute %x, %m {capacity = 0 : i64} : (tensor<2x32x16xf32>, tensor<64x4xi32>) -> (tensor<128x16xf32>, tensor<128xi32>, tensor<4xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<64x16xf32>, %m: tensor<32x4xi32>) {
+  // expected-error @+1 {{routing_map must be [64, experts] for the input's tokens, got [32, 4]}}
+  %y, %r, %n = mt.moe_permute %x, %m {capacity = 0 : i64} : (tensor<64x16xf32>, tensor<32x4xi32>) -> (tensor<128x16xf32>, tensor<128xi32>, tensor<4xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<64x16xf32>, %m: tensor<64x4xi32>) {
+  // expected-error @+1 {{result must be [rows, 16], got [128, 8]}}
+  %y, %r, %n = mt.moe_permute %x, %m {capacity = 0 : i64} : (tensor<64x16xf32>, tensor<64x4xi32>) -> (tensor<128x8xf32>, tensor<128xi32>, tensor<4xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<64x16xf32>, %m: tensor<64x4xi32>) {
+  // expected-error @+1 {{result element type 'bf16' differs from the input's 'f32'}}
+  %y, %r, %n = mt.moe_permute %x, %m {capacity = 0 : i64} : (tensor<64x16xf32>, tensor<64x4xi32>) -> (tensor<128x16xbf16>, tensor<128xi32>, tensor<4xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<64x16xf32>, %m: tensor<64x4xi32>) {
+  // expected-error @+1 {{with pad_to_capacity the result has experts * capacity = 96 rows, got 128}}
+  %y, %r, %n = mt.moe_permute %x, %m {capacity = 24 : i64, pad_to_capacity} : (tensor<64x16xf32>, tensor<64x4xi32>) -> (tensor<128x16xf32>, tensor<128xi32>, tensor<4xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<64x16xf32>, %m: tensor<64x4xi32>) {
+  // expected-error @+1 {{with capacity 20 the result has min(tokens * topk, experts * capacity) rows, got 128}}
+  %y, %r, %n = mt.moe_permute %x, %m {capacity = 20 : i64} : (tensor<64x16xf32>, tensor<64x4xi32>) -> (tensor<128x16xf32>, tensor<128xi32>, tensor<4xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<64x16xf32>, %m: tensor<64x4xi32>) {
+  // expected-error @+1 {{without capacity the result has tokens * topk rows (a multiple of 64 up to 256), got 96}}
+  %y, %r, %n = mt.moe_permute %x, %m {capacity = 0 : i64} : (tensor<64x16xf32>, tensor<64x4xi32>) -> (tensor<96x16xf32>, tensor<96xi32>, tensor<4xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<64x16xf32>, %m: tensor<64x4xi32>) {
+  // expected-error @+1 {{row_ids must be one per result row [128], got [64]}}
+  %y, %r, %n = mt.moe_permute %x, %m {capacity = 0 : i64} : (tensor<64x16xf32>, tensor<64x4xi32>) -> (tensor<128x16xf32>, tensor<64xi32>, tensor<4xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<64x16xf32>, %m: tensor<64x4xi32>) {
+  // expected-error @+1 {{tokens_per_expert must be one per expert [4], got [8]}}
+  %y, %r, %n = mt.moe_permute %x, %m {capacity = 0 : i64} : (tensor<64x16xf32>, tensor<64x4xi32>) -> (tensor<128x16xf32>, tensor<128xi32>, tensor<8xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<64x16xf32>, %m: tensor<64x4xi32>) {
+  // expected-error @+1 {{pad_to_capacity needs a capacity}}
+  %y, %r, %n = mt.moe_permute %x, %m {capacity = 0 : i64, pad_to_capacity} : (tensor<64x16xf32>, tensor<64x4xi32>) -> (tensor<128x16xf32>, tensor<128xi32>, tensor<4xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x64x16xf32>, %w: tensor<4x64x16xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{input must be [rows, features], got [2, 64, 16]}}
+  %h = mt.moe_grouped_matmul %x, %w, %n : (tensor<2x64x16xf32>, tensor<4x64x16xf32>, tensor<4xi32>) -> tensor<2x64x64xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<128x16xf32>, %w: tensor<64x16xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{weight must be [experts, out, in], got [64, 16]}}
+  %h = mt.moe_grouped_matmul %x, %w, %n : (tensor<128x16xf32>, tensor<64x16xf32>, tensor<4xi32>) -> tensor<128x64xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<128x16xf32>, %w: tensor<4x64x32xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{weight [4, 64, 32] expects 32 features but the input has 16}}
+  %h = mt.moe_grouped_matmul %x, %w, %n : (tensor<128x16xf32>, tensor<4x64x32xf32>, tensor<4xi32>) -> tensor<128x64xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<128x16xf32>, %w: tensor<4x64x16xf32>, %n: tensor<2xi32>) {
+  // expected-error @+1 {{tokens_per_expert must be one per expert [4], got [2]}}
+  %h = mt.moe_grouped_matmul %x, %w, %n : (tensor<128x16xf32>, tensor<4x64x16xf32>, tensor<2xi32>) -> tensor<128x64xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<128x16xf32>, %w: tensor<4x64x16xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{result must be [rows, features] [128, 64], got [128, 32]}}
+  %h = mt.moe_grouped_matmul %x, %w, %n : (tensor<128x16xf32>, tensor<4x64x16xf32>, tensor<4xi32>) -> tensor<128x32xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<128x16xf32>, %w: tensor<4x64x16xbf16>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{input, weight and result must share an element type}}
+  %h = mt.moe_grouped_matmul %x, %w, %n : (tensor<128x16xf32>, tensor<4x64x16xbf16>, tensor<4xi32>) -> tensor<128x64xf32>
+  return
+}
+
+// -----
+
+func.func @f(%y: tensor<128xf32>, %p: tensor<64x4xf32>, %r: tensor<128xi32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{input must be [rows, hidden], got [128]}}
+  %o = mt.moe_unpermute %y, %p, %r, %n : (tensor<128xf32>, tensor<64x4xf32>, tensor<128xi32>, tensor<4xi32>) -> tensor<64x16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%y: tensor<128x16xf32>, %p: tensor<64x4xf32>, %r: tensor<128xi32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{result must be [tokens, 16], got [64, 8]}}
+  %o = mt.moe_unpermute %y, %p, %r, %n : (tensor<128x16xf32>, tensor<64x4xf32>, tensor<128xi32>, tensor<4xi32>) -> tensor<64x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%y: tensor<128x16xf32>, %p: tensor<32x4xf32>, %r: tensor<128xi32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{probs must be [64, experts], got [32, 4]}}
+  %o = mt.moe_unpermute %y, %p, %r, %n : (tensor<128x16xf32>, tensor<32x4xf32>, tensor<128xi32>, tensor<4xi32>) -> tensor<64x16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%y: tensor<128x16xf32>, %p: tensor<64x4xf32>, %r: tensor<64xi32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{row_ids must be one per input row [128], got [64]}}
+  %o = mt.moe_unpermute %y, %p, %r, %n : (tensor<128x16xf32>, tensor<64x4xf32>, tensor<64xi32>, tensor<4xi32>) -> tensor<64x16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%y: tensor<128x16xf32>, %p: tensor<64x4xf32>, %r: tensor<128xi32>, %n: tensor<8xi32>) {
+  // expected-error @+1 {{tokens_per_expert must be one per expert [4], got [8]}}
+  %o = mt.moe_unpermute %y, %p, %r, %n : (tensor<128x16xf32>, tensor<64x4xf32>, tensor<128xi32>, tensor<8xi32>) -> tensor<64x16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%y: tensor<128x16xf32>, %p: tensor<64x4xf32>, %r: tensor<128xi32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{result element type 'bf16' differs from the input's 'f32'}}
+  %o = mt.moe_unpermute %y, %p, %r, %n : (tensor<128x16xf32>, tensor<64x4xf32>, tensor<128xi32>, tensor<4xi32>) -> tensor<64x16xbf16>
+  return
+}

@@ -130,3 +130,45 @@ module @tensor_parallel {
     return %l : tensor<f32>
   }
 }
+
+// -----
+
+// Mixture of experts: router, permutation, grouped matmuls with stacked
+// expert weights, and the weighted combination.
+// CHECK-LABEL: module @moe
+module @moe {
+  mt.param @router : tensor<4x16xf32>, normal(2.000000e-02)
+  mt.param @fc1 : tensor<4x64x16xf32>, normal(2.000000e-02)
+  mt.param @fc2 : tensor<4x16x32xf32>, normal(1.000000e-02)
+  func.func @f(%x: tensor<64x16xf32>) -> (tensor<64x16xf32>, tensor<f32>, tensor<f32>) {
+    %wr = mt.param_ref @router : tensor<4x16xf32>
+    %logits = mt.matmul %x, %wr : (tensor<64x16xf32>, tensor<4x16xf32>) -> tensor<64x4xf32>
+    // CHECK: %[[P:.*]], %[[M:.*]], %[[AUX:.*]], %[[Z:.*]] = mt.moe_router %{{.*}} softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.000000e-02 : f64, capacity = 0 : i64, scaling_factor = 0.000000e+00 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 1.000000e-03 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+    %p, %m, %aux, %z = mt.moe_router %logits softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.000000e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 1.000000e-03 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+    // CHECK: %[[Y:.*]], %[[ROWS:.*]], %[[N:.*]] = mt.moe_permute %{{.*}}, %[[M]] {capacity = 0 : i64} : (tensor<64x16xf32>, tensor<64x4xi32>) -> (tensor<128x16xf32>, tensor<128xi32>, tensor<4xi32>)
+    %y, %rows, %n = mt.moe_permute %x, %m {capacity = 0 : i64} : (tensor<64x16xf32>, tensor<64x4xi32>) -> (tensor<128x16xf32>, tensor<128xi32>, tensor<4xi32>)
+    %w1 = mt.param_ref @fc1 : tensor<4x64x16xf32>
+    // CHECK: mt.moe_grouped_matmul %[[Y]], %{{.*}}, %[[N]] : (tensor<128x16xf32>, tensor<4x64x16xf32>, tensor<4xi32>) -> tensor<128x64xf32>
+    %h = mt.moe_grouped_matmul %y, %w1, %n : (tensor<128x16xf32>, tensor<4x64x16xf32>, tensor<4xi32>) -> tensor<128x64xf32>
+    %a = mt.swiglu %h : (tensor<128x64xf32>) -> tensor<128x32xf32>
+    %w2 = mt.param_ref @fc2 : tensor<4x16x32xf32>
+    %h2 = mt.moe_grouped_matmul %a, %w2, %n : (tensor<128x32xf32>, tensor<4x16x32xf32>, tensor<4xi32>) -> tensor<128x16xf32>
+    // CHECK: mt.moe_unpermute %{{.*}}, %[[P]], %[[ROWS]], %[[N]] : (tensor<128x16xf32>, tensor<64x4xf32>, tensor<128xi32>, tensor<4xi32>) -> tensor<64x16xf32>
+    %out = mt.moe_unpermute %h2, %p, %rows, %n : (tensor<128x16xf32>, tensor<64x4xf32>, tensor<128xi32>, tensor<4xi32>) -> tensor<64x16xf32>
+    return %out, %aux, %z : tensor<64x16xf32>, tensor<f32>, tensor<f32>
+  }
+
+  // Sigmoid scores, the sequence-level loss, capacity with padding, and a
+  // 16-bit model.
+  // CHECK-LABEL: func.func @capacity
+  func.func @capacity(%x: tensor<64x16xbf16>, %logits: tensor<64x4xbf16>) -> (tensor<64x4xf32>, tensor<96x16xbf16>, tensor<80x16xbf16>) {
+    // CHECK: mt.moe_router %{{.*}} sigmoid seq_aux_loss drop position dtype fp32 {aux_loss_coeff = 1.000000e-02 : f64, capacity = 24 : i64, pad_to_capacity, pre_softmax, scaling_factor = 2.500000e+00 : f64, seq_length = 16 : i64, topk = 1 : i64, z_loss_coeff = 0.000000e+00 : f64}
+    %p, %m, %aux, %z = mt.moe_router %logits sigmoid seq_aux_loss drop position dtype fp32 {aux_loss_coeff = 1.000000e-02 : f64, capacity = 24 : i64, pad_to_capacity, pre_softmax, scaling_factor = 2.5 : f64, seq_length = 16 : i64, topk = 1 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xbf16>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+    // CHECK: mt.moe_permute %{{.*}}, %{{.*}} {capacity = 24 : i64, pad_to_capacity} : (tensor<64x16xbf16>, tensor<64x4xi32>) -> (tensor<96x16xbf16>, tensor<96xi32>, tensor<4xi32>)
+    %y, %rows, %n = mt.moe_permute %x, %m {capacity = 24 : i64, pad_to_capacity} : (tensor<64x16xbf16>, tensor<64x4xi32>) -> (tensor<96x16xbf16>, tensor<96xi32>, tensor<4xi32>)
+    // min(T * topk, E * C) = min(64 * 2, 4 * 20) rows with a capacity and no padding.
+    // CHECK: mt.moe_permute %{{.*}}, %{{.*}} {capacity = 20 : i64} : (tensor<64x16xbf16>, tensor<64x4xi32>) -> (tensor<80x16xbf16>, tensor<80xi32>, tensor<4xi32>)
+    %y2, %rows2, %n2 = mt.moe_permute %x, %m {capacity = 20 : i64} : (tensor<64x16xbf16>, tensor<64x4xi32>) -> (tensor<80x16xbf16>, tensor<80xi32>, tensor<4xi32>)
+    return %p, %y, %y2 : tensor<64x4xf32>, tensor<96x16xbf16>, tensor<80x16xbf16>
+  }
+}

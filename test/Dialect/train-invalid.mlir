@@ -363,3 +363,86 @@ module {
     return
   }
 }
+
+// -----
+
+func.func @f(%d: tensor<64x8xf32>, %l: tensor<64x4xf32>, %p: tensor<64x4xf32>, %m: tensor<64x4xi32>, %s: tensor<f32>) {
+  // expected-error @+1 {{gradient must be the logits' shape [64, 4], got [64, 8]}}
+  %g = mt.moe_router_grad %d, %l, %p, %m, %s softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x8xf32>, tensor<64x4xf32>, tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>) -> tensor<64x4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%d: tensor<64x4xf32>, %l: tensor<64x4xf32>, %p: tensor<64x4xf32>, %m: tensor<64x4xi32>, %s: tensor<f32>) {
+  // expected-error @+1 {{topk 8 must be between 1 and the 4 experts}}
+  %g = mt.moe_router_grad %d, %l, %p, %m, %s softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 8 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xf32>, tensor<64x4xf32>, tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>) -> tensor<64x4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%d: tensor<128x16xf32>, %r: tensor<128xi32>) {
+  // expected-error @+1 {{gradient [rows, hidden] and result [tokens, hidden] must share hidden, got [128, 16] and [64, 8]}}
+  %x = mt.moe_permute_grad %d, %r : (tensor<128x16xf32>, tensor<128xi32>) -> tensor<64x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%d: tensor<128x16xf32>, %r: tensor<128xi32>) {
+  // expected-error @+1 {{result element type 'bf16' differs from the gradient's 'f32'}}
+  %x = mt.moe_permute_grad %d, %r : (tensor<128x16xf32>, tensor<128xi32>) -> tensor<64x16xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%d: tensor<128x16xf32>, %r: tensor<64xi32>) {
+  // expected-error @+1 {{row_ids must be one per gradient row [128], got [64]}}
+  %x = mt.moe_permute_grad %d, %r : (tensor<128x16xf32>, tensor<64xi32>) -> tensor<64x16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%d: tensor<128x32xf32>, %w: tensor<4x64x16xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{weight [4, 64, 16] expects 64 features but the gradient has 32}}
+  %x = mt.moe_grouped_matmul_input_grad %d, %w, %n : (tensor<128x32xf32>, tensor<4x64x16xf32>, tensor<4xi32>) -> tensor<128x16xf32>
+  return
+}
+
+// -----
+
+mt.param @w : tensor<4x64x16xf32>, normal(2.000000e-02)
+func.func @f(%d: tensor<128x64xf32>, %x: tensor<96x16xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{gradient [128, 64] and input [96, 16] must be [rows, features] with the same rows}}
+  mt.moe_grouped_matmul_weight_grad %d, %x, %n into @w : tensor<128x64xf32>, tensor<96x16xf32>, tensor<4xi32>
+  return
+}
+
+// -----
+
+mt.param @w : tensor<4x64x16xf32>, normal(2.000000e-02)
+func.func @f(%d: tensor<128x64xf32>, %x: tensor<128x16xbf16>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{input element type 'bf16' differs from the gradient's 'f32'}}
+  mt.moe_grouped_matmul_weight_grad %d, %x, %n into @w : tensor<128x64xf32>, tensor<128x16xbf16>, tensor<4xi32>
+  return
+}
+
+// -----
+
+mt.param @w : tensor<8x64x16xf32>, normal(2.000000e-02)
+func.func @f(%d: tensor<128x64xf32>, %x: tensor<128x16xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{weight 'w' has type 'tensor<8x64x16xf32>' but the gradient is for 'tensor<4x64x16xf32>'}}
+  mt.moe_grouped_matmul_weight_grad %d, %x, %n into @w : tensor<128x64xf32>, tensor<128x16xf32>, tensor<4xi32>
+  return
+}
+
+// -----
+
+func.func @f(%g: tensor<64x8xf32>, %y: tensor<128x16xf32>, %p: tensor<64x4xf32>, %r: tensor<128xi32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{gradient must be [tokens, 16], got [64, 8]}}
+  %dy, %dp = mt.moe_unpermute_grad %g, %y, %p, %r, %n : (tensor<64x8xf32>, tensor<128x16xf32>, tensor<64x4xf32>, tensor<128xi32>, tensor<4xi32>) -> (tensor<128x16xf32>, tensor<64x4xf32>)
+  return
+}

@@ -78,3 +78,26 @@ func.func @pipeline(%x: tensor<2x4xf32>) -> tensor<f32> {
   %n = mt.grad_norm {group = "mp"} : tensor<f32>
   return %n : tensor<f32>
 }
+
+// Mixture of experts: the backward ops mt-autodiff builds from the forward's
+// VJP rules.
+mt.param @experts.fc1 : tensor<4x64x16xf32>, normal(2.000000e-02)
+
+// CHECK-LABEL: func.func @moe_backward
+func.func @moe_backward(%dout: tensor<64x16xf32>, %h2: tensor<128x16xf32>, %probs: tensor<64x4xf32>,
+                        %rows: tensor<128xi32>, %n: tensor<4xi32>, %logits: tensor<64x4xf32>,
+                        %map: tensor<64x4xi32>, %w: tensor<4x64x16xf32>, %y: tensor<128x16xf32>,
+                        %dh: tensor<128x64xf32>) -> (tensor<64x4xf32>, tensor<64x16xf32>, tensor<128x16xf32>) {
+  %seed = mt.grad_seed {scale = 0.25 : f64} : tensor<f32>
+  // CHECK: %[[DH2:.*]], %[[DP:.*]] = mt.moe_unpermute_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} : (tensor<64x16xf32>, tensor<128x16xf32>, tensor<64x4xf32>, tensor<128xi32>, tensor<4xi32>) -> (tensor<128x16xf32>, tensor<64x4xf32>)
+  %dh2, %dprobs = mt.moe_unpermute_grad %dout, %h2, %probs, %rows, %n : (tensor<64x16xf32>, tensor<128x16xf32>, tensor<64x4xf32>, tensor<128xi32>, tensor<4xi32>) -> (tensor<128x16xf32>, tensor<64x4xf32>)
+  // CHECK: mt.moe_grouped_matmul_input_grad %{{.*}}, %{{.*}}, %{{.*}} : (tensor<128x64xf32>, tensor<4x64x16xf32>, tensor<4xi32>) -> tensor<128x16xf32>
+  %dy = mt.moe_grouped_matmul_input_grad %dh, %w, %n : (tensor<128x64xf32>, tensor<4x64x16xf32>, tensor<4xi32>) -> tensor<128x16xf32>
+  // CHECK: mt.moe_grouped_matmul_weight_grad %{{.*}}, %{{.*}}, %{{.*}} into @experts.fc1 : tensor<128x64xf32>, tensor<128x16xf32>, tensor<4xi32>
+  mt.moe_grouped_matmul_weight_grad %dh, %y, %n into @experts.fc1 : tensor<128x64xf32>, tensor<128x16xf32>, tensor<4xi32>
+  // CHECK: mt.moe_permute_grad %{{.*}}, %{{.*}} : (tensor<128x16xf32>, tensor<128xi32>) -> tensor<64x16xf32>
+  %dx = mt.moe_permute_grad %dy, %rows : (tensor<128x16xf32>, tensor<128xi32>) -> tensor<64x16xf32>
+  // CHECK: mt.moe_router_grad %[[DP]], %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.000000e-02 : f64, capacity = 0 : i64, scaling_factor = 0.000000e+00 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 1.000000e-03 : f64} : (tensor<64x4xf32>, tensor<64x4xf32>, tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>) -> tensor<64x4xf32>
+  %dl = mt.moe_router_grad %dprobs, %logits, %probs, %map, %seed softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.000000e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 1.000000e-03 : f64} : (tensor<64x4xf32>, tensor<64x4xf32>, tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>) -> tensor<64x4xf32>
+  return %dl, %dx, %dh2 : tensor<64x4xf32>, tensor<64x16xf32>, tensor<128x16xf32>
+}

@@ -45,3 +45,32 @@ module attributes {mt.training = {num_micro_batches = 1 : i64, loss_tokens_per_m
     return %loss : tensor<f32>
   }
 }
+
+// -----
+
+module {
+  // expected-error @below {{mt-autodiff: @forward must return exactly one loss (its other results are named with mt.name)}}
+  func.func @forward(%x: tensor<2x4x8xf32>, %labels: tensor<2x4xi32>) -> (tensor<f32>, tensor<f32>) {
+    %loss = mt.cross_entropy %x, %labels : (tensor<2x4x8xf32>, tensor<2x4xi32>) -> tensor<f32>
+    return %loss, %loss : tensor<f32>, tensor<f32>
+  }
+}
+
+// -----
+
+module {
+  // expected-error @below {{mt-autodiff: @forward's named result #1 must be an f32 scalar, got 'tensor<2x4x8xf32>'}}
+  func.func @forward(%x: tensor<2x4x8xf32>, %labels: tensor<2x4xi32>) -> (tensor<f32>, tensor<2x4x8xf32> {mt.name = "x"}) {
+    %loss = mt.cross_entropy %x, %labels : (tensor<2x4x8xf32>, tensor<2x4xi32>) -> tensor<f32>
+    return %loss, %x : tensor<f32>, tensor<2x4x8xf32>
+  }
+}
+
+// -----
+
+module {
+  // expected-error @below {{mt-autodiff: @forward must return exactly one loss (its other results are named with mt.name)}}
+  func.func @forward(%x: tensor<2x4x8xf32>, %labels: tensor<2x4xi32>) {
+    return
+  }
+}
