@@ -94,6 +94,42 @@ struct MtPartitionPPPass : impl::MtPartitionPPPassBase<MtPartitionPPPass> {
       return top.emitError("mt-partition-pp: the module has no func.func @forward");
     Block &body = forward.getBody().front();
 
+    // @forward's named results (an MoE model's load_balancing_loss and
+    // z_loss) are sums over layers of several stages: each stage returns
+    // the sum of its own terms, and mtrun adds them over the pipeline group.
+    // The ops of those sums are left out here and rebuilt per stage below.
+    func::ReturnOp fret = ret(body);
+    Value loss;
+    SmallVector<std::pair<StringAttr, SmallVector<Value>>> named;
+    DenseSet<Operation *> sumOps;
+    for (auto [i, v] : llvm::enumerate(fret.getOperands())) {
+      auto name = forward.getResultAttrOfType<StringAttr>(i, "mt.name");
+      if (!name) {
+        if (loss)
+          return forward.emitError("mt-partition-pp: @forward must return one loss; its other "
+                                   "results are named with mt.name");
+        loss = v;
+        continue;
+      }
+      SmallVector<Value> terms, stack{v};
+      while (!stack.empty()) {
+        Value t = stack.pop_back_val();
+        auto add = t.getDefiningOp<AddOp>();
+        if (add && !layerOf(add) && llvm::all_of(add->getUsers(), [&](Operation *u) {
+              return u == fret || sumOps.count(u);
+            })) {
+          sumOps.insert(add);
+          stack.append({add.getRhs(), add.getLhs()});
+          continue;
+        }
+        if (!t.getDefiningOp())
+          return forward.emitError() << "mt-partition-pp: @forward's result \"" << name.getValue()
+                                     << "\" must be a sum of values computed in it";
+        terms.push_back(t);
+      }
+      named.push_back({name, terms});
+    }
+
     int64_t layers = 0;
     for (Operation &op : body)
       if (std::optional<int64_t> l = layerOf(&op))
@@ -112,7 +148,7 @@ struct MtPartitionPPPass : impl::MtPartitionPPPassBase<MtPartitionPPPass> {
     DenseMap<Operation *, int64_t> stageOf;
     bool seenLayer = false;
     for (Operation &op : body.without_terminator()) {
-      if (isa<ParamRefOp>(op))
+      if (isa<ParamRefOp>(op) || sumOps.count(&op))
         continue;
       int64_t s;
       if (std::optional<int64_t> l = layerOf(&op)) {
@@ -127,8 +163,6 @@ struct MtPartitionPPPass : impl::MtPartitionPPPassBase<MtPartitionPPPass> {
                               "stage; ops must be in layer order");
       stageOf[&op] = s;
     }
-    auto func = ret(body);
-    Value loss = func.getNumOperands() == 1 ? func.getOperand(0) : Value();
     if (!loss || !loss.getDefiningOp())
       return forward.emitError("mt-partition-pp: @forward must return the loss computed in it");
 
@@ -160,10 +194,23 @@ struct MtPartitionPPPass : impl::MtPartitionPPPassBase<MtPartitionPPPass> {
       for (BlockArgument a : argsOf[r])
         ins.push_back(a.getType());
       SmallVector<Type> outs;
-      if (stageOf.lookup(loss.getDefiningOp()) % pp == r)
+      SmallVector<StringAttr> outNames;
+      if (stageOf.lookup(loss.getDefiningOp()) % pp == r) {
         outs.push_back(loss.getType());
+        outNames.push_back({});
+      }
+      for (auto &[name, terms] : named)
+        if (llvm::any_of(terms, [&](Value t) {
+              return stageOf.lookup(t.getDefiningOp()) % pp == r;
+            })) {
+          outs.push_back(terms.front().getType());
+          outNames.push_back(name);
+        }
       auto f = mb.create<func::FuncOp>(forward.getLoc(), "forward",
                                        mb.getFunctionType(ins, outs));
+      for (auto [i, name] : llvm::enumerate(outNames))
+        if (name)
+          f.setResultAttr(i, "mt.name", name);
       Block *entry = f.addEntryBlock();
       for (auto [i, a] : llvm::enumerate(argsOf[r])) {
         maps[r].map(a, entry->getArgument(i));
@@ -183,7 +230,7 @@ struct MtPartitionPPPass : impl::MtPartitionPPPassBase<MtPartitionPPPass> {
       return ob;
     };
     for (Operation &op : body.without_terminator()) {
-      if (isa<ParamRefOp>(op))
+      if (isa<ParamRefOp>(op) || sumOps.count(&op))
         continue;
       const int64_t s = stageOf.lookup(&op), r = s % pp, chunk = s / pp;
       OpBuilder ob = builderAtEnd(r);
@@ -225,8 +272,26 @@ struct MtPartitionPPPass : impl::MtPartitionPPPassBase<MtPartitionPPPass> {
     for (int64_t r = 0; r < pp; ++r) {
       OpBuilder ob = builderAtEnd(r);
       SmallVector<Value> results;
-      if (funcs[r].getNumResults() == 1)
+      if (stageOf.lookup(loss.getDefiningOp()) % pp == r)
         results.push_back(maps[r].lookup(loss));
+      // Each named sum over this stage's terms, in the model chunk of its
+      // last term.
+      for (auto &[name, terms] : named) {
+        Value sum;
+        int64_t chunk = 0;
+        for (Value t : terms) {
+          const int64_t s = stageOf.lookup(t.getDefiningOp());
+          if (s % pp != r)
+            continue;
+          chunk = std::max(chunk, s / pp);
+          Value mine = maps[r].lookup(t);
+          sum = sum ? ob.create<AddOp>(forward.getLoc(), sum, mine).getResult() : mine;
+          if (auto add = sum.getDefiningOp<AddOp>())
+            add->setAttr("mt.chunk", ob.getI64IntegerAttr(chunk));
+        }
+        if (sum)
+          results.push_back(sum);
+      }
       ob.create<func::ReturnOp>(forward.getLoc(), results);
     }
 

@@ -23,7 +23,11 @@ def MtPartitionPPPass : Pass<"mt-partition-pp", "mlir::ModuleOp"> {
     instruction stream and owns one state buffer. Its `@forward` holds its
     ops in order, each tagged `mt.chunk`, and takes only the inputs it reads
     (tokens on the first stage, labels on the last); only the last stage
-    returns the loss. A value read on another stage leaves through
+    returns the loss. `@forward`'s results named with `mt.name` (an MoE
+    model's auxiliary-loss sums over its layers) are returned per stage:
+    each stage the sum of its own layers' terms under the same name (none
+    when it has no such term), which mtrun adds over the pipeline group as
+    Megatron reduces its tracker over pp. A value read on another stage leaves through
     `mt.send` and arrives through `mt.recv` (even tags, one per boundary);
     their gradient rules send the gradient back (tag + 1). Each stage
     declares the parameters it reads; tied word embeddings, read on the
@@ -80,6 +84,14 @@ def MtAutodiffPass : Pass<"mt-autodiff", "mlir::ModuleOp"> {
     Tensor-parallel communication ops are differentiated by their
     conjugates; `mt.tp_copy`, an identity forward, is removed from both
     programs once its gradient (an all-reduce) is built.
+
+    `@forward` returns the loss and may return f32 scalars named with the
+    result attribute `mt.name` (an MoE model's `load_balancing_loss` or
+    `seq_load_balancing_loss`, and `z_loss`: the sums of its routers'
+    auxiliary losses). Both programs output them under those names; they
+    are not seeded, because `mt.moe_router_grad` adds the auxiliary losses'
+    gradients itself, scaled by its own copy of the gradient seed
+    (Megatron's `MoEAuxLossAutoScaler`).
 
     ```mlir
     // before

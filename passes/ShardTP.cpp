@@ -265,6 +265,12 @@ private:
             c.setVocabParallelAttr(b.getUnitAttr());
           return success();
         })
+        .Case<MoeRouterOp, MoePermuteOp, MoeGroupedMatmulOp, MoeUnpermuteOp>(
+            [&](Operation *o) -> LogicalResult {
+              return o->emitError() << "mt-shard-tp: mixture-of-experts layers do not run "
+                                       "tensor-parallel; use tensor_model_parallel_size = 1 "
+                                       "with num_experts";
+            })
         .Default([&](Operation *o) -> LogicalResult {
           return o->emitError() << "mt-shard-tp: does not know how to shard '" << o->getName()
                                 << "'";

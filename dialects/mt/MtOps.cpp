@@ -890,11 +890,16 @@ LogicalResult verifyNonNegative(Operation *op, StringRef name, double v, StringR
   return success();
 }
 
-LogicalResult verifyCapacity(Operation *op, int64_t capacity, bool pad) {
+// `tokens` is T: padding to a capacity above it would send every token to
+// every expert (Megatron's capacity mask), which mt does not model.
+LogicalResult verifyCapacity(Operation *op, int64_t capacity, bool pad, int64_t tokens) {
   if (capacity < 0)
     return op->emitOpError() << "capacity must be >= 0 (0: no capacity), got " << capacity;
   if (pad && capacity == 0)
     return op->emitOpError("pad_to_capacity needs a capacity");
+  if (pad && capacity > tokens)
+    return op->emitOpError() << "pad_to_capacity needs a capacity of at most the " << tokens
+                             << " tokens, got " << capacity;
   return success();
 }
 
@@ -918,7 +923,7 @@ LogicalResult verifyRouter(RouterOp op) {
                                "")) ||
       failed(verifyNonNegative(op, "z_loss_coeff", op.getZLossCoeff().convertToDouble(),
                                " (0: off)")) ||
-      failed(verifyCapacity(op, op.getCapacityAttr().getInt(), op.getPadToCapacity())))
+      failed(verifyCapacity(op, op.getCapacityAttr().getInt(), op.getPadToCapacity(), tokens)))
     return failure();
   if (seq < 1 || tokens % seq != 0)
     return op.emitOpError() << "seq_length " << seq << " must divide the " << tokens
@@ -963,7 +968,8 @@ LogicalResult MoePermuteOp::verify() {
     return emitOpError() << "result must be [rows, " << hidden << "], got "
                          << shapeStr(y.getShape());
   if (failed(expectSameElementType(*this, "result", getResult(), getInput(), "input")) ||
-      failed(verifyCapacity(*this, getCapacityAttr().getInt(), getPadToCapacity())))
+      failed(verifyCapacity(*this, getCapacityAttr().getInt(), getPadToCapacity(),
+                                x.getDimSize(0))))
     return failure();
   const int64_t rows = y.getDimSize(0), capacity = getCapacityAttr().getInt();
   if (getPadToCapacity()) {

@@ -399,8 +399,9 @@ def Mt_MoeRouterOp : Mt_Op<"moe_router", [DeclareOpInterfaceMethods<Mt_Different
       capacity, nothing is dropped) and C below T, each expert keeps C of
       the tokens routed to it: `probs` policy the C of the largest routing
       weight, `position` policy the first C in Megatron's token order
-      (`[seq, batch]`: by position `s`, then `b`); the others are dropped
-      for that expert.
+      (`[seq, batch]`: by position `s`, then `b`; equal weights are also
+      taken in that order); the others are dropped for that expert. With
+      `pad_to_capacity` C is at most T.
     - **Results.** `probs` (f32 `[T, E]`): the routing weight of each
       chosen and kept expert, 0 elsewhere; `routing_map` (i32 `[T, E]`): 1
       where the token goes to the expert. `aux_loss` and `z_loss` (f32

@@ -222,9 +222,14 @@ LogicalResult MoeRouterOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
   if (!seed)
     return emitOpError("cannot differentiate: the backward has no mt.grad_seed to scale "
                        "the auxiliary losses by");
+  // The router's own copy of the seed: it belongs to this layer's backward
+  // (and pipeline chunk), so a stage without the loss needs no value from
+  // another segment, and the step's first seed still marks where the
+  // backward begins.
+  Value scale = b.create<GradSeedOp>(getLoc(), seed.getType(), seed.getScaleAttr());
   out.push_back(b.create<MoeRouterGradOp>(
       getLoc(), getLogits().getType(), grads[0], getLogits(), getProbs(), getRoutingMap(),
-      seed.getResult(), getTopkAttr(), getScoreFunctionAttr(), getPreSoftmaxAttr(),
+      scale, getTopkAttr(), getScoreFunctionAttr(), getPreSoftmaxAttr(),
       getScalingFactorAttr(), getLoadBalancingAttr(), getAuxLossCoeffAttr(),
       getZLossCoeffAttr(), getCapacityAttr(), getDropPolicyAttr(), getPadToCapacityAttr(),
       getSeqLengthAttr(), getRouterDtypeAttr()));

@@ -665,3 +665,19 @@ func.func @f(%y: tensor<128x16xf32>, %p: tensor<64x4xf32>, %r: tensor<128xi32>, 
   %o = mt.moe_unpermute %y, %p, %r, %n : (tensor<128x16xf32>, tensor<64x4xf32>, tensor<128xi32>, tensor<4xi32>) -> tensor<64x16xbf16>
   return
 }
+
+// -----
+
+func.func @f(%l: tensor<64x4xf32>) {
+  // expected-error @+1 {{pad_to_capacity needs a capacity of at most the 64 tokens, got 80}}
+  %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 80 : i64, pad_to_capacity, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<64x16xf32>, %m: tensor<64x4xi32>) {
+  // expected-error @+1 {{pad_to_capacity needs a capacity of at most the 64 tokens, got 80}}
+  %y, %r, %n = mt.moe_permute %x, %m {capacity = 80 : i64, pad_to_capacity} : (tensor<64x16xf32>, tensor<64x4xi32>) -> (tensor<320x16xf32>, tensor<320xi32>, tensor<4xi32>)
+  return
+}

@@ -52,8 +52,10 @@ module attributes {mt.training = {num_micro_batches = 4 : i64}} {
 // CHECK:   %[[DY:.*]] = mt.moe_grouped_matmul_input_grad %[[DH]], %{{.*}}, %[[N]]
 // CHECK:   mt.moe_grouped_matmul_weight_grad %[[DH]], %[[Y]], %[[N]] into @fc1
 // CHECK:   %[[DXP:.*]] = mt.moe_permute_grad %[[DY]], %[[ROWS]] : (tensor<16x8xf32>, tensor<16xi32>) -> tensor<8x8xf32>
-// The auxiliary losses' gradients are scaled by the seed's value.
-// CHECK:   %[[DL:.*]] = mt.moe_router_grad %[[DP]], %[[LOGITS]], %[[P]], %[[M]], %[[SEED]] softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.000000e-02 : f64, capacity = 0 : i64, scaling_factor = 0.000000e+00 : f64, seq_length = 4 : i64, topk = 2 : i64, z_loss_coeff = 1.000000e-03 : f64}
+// The auxiliary losses' gradients are scaled by the seed's value (the
+// router's own copy, in its layer's backward).
+// CHECK:   %[[SCALE:.*]] = mt.grad_seed {scale = 2.500000e-01 : f64}
+// CHECK:   %[[DL:.*]] = mt.moe_router_grad %[[DP]], %[[LOGITS]], %[[P]], %[[M]], %[[SCALE]] softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.000000e-02 : f64, capacity = 0 : i64, scaling_factor = 0.000000e+00 : f64, seq_length = 4 : i64, topk = 2 : i64, z_loss_coeff = 1.000000e-03 : f64}
 // CHECK:   %[[DXR:.*]] = mt.matmul_input_grad %[[DL]]
 // CHECK:   mt.matmul_weight_grad %[[DL]], %[[XF]] into @router
 // The token rows reach the router and the experts: their gradients add.

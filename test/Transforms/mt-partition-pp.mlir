@@ -94,3 +94,53 @@ module attributes {mt.parallel = {pipeline_model_parallel_size = 1 : i64}} {
     return %x : tensor<f32>
   }
 }
+
+// -----
+
+// An MoE model's auxiliary-loss sum: each stage returns the sum of its own
+// layers' terms under the same name (the first stage two routers', the last
+// one's), and the loss stays on the last stage.
+// CHECK-LABEL: module attributes
+// CHECK: module @stage0
+// CHECK: func.func @forward(%{{.*}}: tensor<2x4xi32> {mt.name = "tokens"}) -> (tensor<f32> {mt.name = "load_balancing_loss"})
+// CHECK:   %{{.*}}, %{{.*}}, %[[A0:.*]], %{{.*}} = mt.moe_router {{.*}}mt.layer = 0 : i64
+// CHECK:   %{{.*}}, %{{.*}}, %[[A1:.*]], %{{.*}} = mt.moe_router {{.*}}mt.layer = 1 : i64
+// CHECK:   mt.send
+// CHECK:   %[[S:.*]] = mt.add %[[A0]], %[[A1]] {mt.chunk = 0 : i64} : tensor<f32>
+// CHECK:   return %[[S]] : tensor<f32>
+// CHECK: module @stage1
+// CHECK: func.func @forward(%{{.*}}: tensor<2x4xi32> {mt.name = "labels"}) -> (tensor<f32>, tensor<f32> {mt.name = "load_balancing_loss"})
+// CHECK:   %{{.*}}, %{{.*}}, %[[A3:.*]], %{{.*}} = mt.moe_router {{.*}}mt.layer = 3 : i64
+// CHECK:   %[[L:.*]] = mt.cross_entropy
+// CHECK-NOT: mt.add
+// CHECK:   return %[[L]], %[[A3]] : tensor<f32>, tensor<f32>
+module attributes {mt.parallel = {pipeline_model_parallel_size = 2 : i64}} {
+  mt.param @emb : tensor<32x8xf32>, normal(2.000000e-02)
+  mt.param @r0 : tensor<4x8xf32>, normal(2.000000e-02)
+  mt.param @r1 : tensor<4x8xf32>, normal(2.000000e-02)
+  mt.param @l2.weight : tensor<8x8xf32>, normal(2.000000e-02)
+  mt.param @r3 : tensor<4x8xf32>, normal(2.000000e-02)
+  func.func @forward(%tokens: tensor<2x4xi32> {mt.name = "tokens"}, %labels: tensor<2x4xi32> {mt.name = "labels"})
+      -> (tensor<f32>, tensor<f32> {mt.name = "load_balancing_loss"}) {
+    %e = mt.param_ref @emb : tensor<32x8xf32>
+    %x = mt.embedding %e, %tokens : (tensor<32x8xf32>, tensor<2x4xi32>) -> tensor<2x4x8xf32>
+    %xf = mt.reshape %x {mt.layer = 0 : i64} : (tensor<2x4x8xf32>) -> tensor<8x8xf32>
+    %w0 = mt.param_ref @r0 : tensor<4x8xf32>
+    %g0 = mt.matmul %xf, %w0 {mt.layer = 0 : i64} : (tensor<8x8xf32>, tensor<4x8xf32>) -> tensor<8x4xf32>
+    %p0, %m0, %a0, %z0 = mt.moe_router %g0 softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, mt.layer = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 4 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<8x4xf32>) -> (tensor<8x4xf32>, tensor<8x4xi32>, tensor<f32>, tensor<f32>)
+    %w1 = mt.param_ref @r1 : tensor<4x8xf32>
+    %g1 = mt.matmul %xf, %w1 {mt.layer = 1 : i64} : (tensor<8x8xf32>, tensor<4x8xf32>) -> tensor<8x4xf32>
+    %p1, %m1, %a1, %z1 = mt.moe_router %g1 softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, mt.layer = 1 : i64, scaling_factor = 0.0 : f64, seq_length = 4 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<8x4xf32>) -> (tensor<8x4xf32>, tensor<8x4xi32>, tensor<f32>, tensor<f32>)
+    %w2 = mt.param_ref @l2.weight : tensor<8x8xf32>
+    %y2 = mt.matmul %x, %w2 {mt.layer = 2 : i64} : (tensor<2x4x8xf32>, tensor<8x8xf32>) -> tensor<2x4x8xf32>
+    %yf = mt.reshape %y2 {mt.layer = 3 : i64} : (tensor<2x4x8xf32>) -> tensor<8x8xf32>
+    %w3 = mt.param_ref @r3 : tensor<4x8xf32>
+    %g3 = mt.matmul %yf, %w3 {mt.layer = 3 : i64} : (tensor<8x8xf32>, tensor<4x8xf32>) -> tensor<8x4xf32>
+    %p3, %m3, %a3, %z3 = mt.moe_router %g3 softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, mt.layer = 3 : i64, scaling_factor = 0.0 : f64, seq_length = 4 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<8x4xf32>) -> (tensor<8x4xf32>, tensor<8x4xi32>, tensor<f32>, tensor<f32>)
+    %logits = mt.matmul %y2, %e : (tensor<2x4x8xf32>, tensor<32x8xf32>) -> tensor<2x4x32xf32>
+    %loss = mt.cross_entropy %logits, %labels : (tensor<2x4x32xf32>, tensor<2x4xi32>) -> tensor<f32>
+    %s01 = mt.add %a0, %a1 : tensor<f32>
+    %s = mt.add %s01, %a3 : tensor<f32>
+    return %loss, %s : tensor<f32>, tensor<f32>
+  }
+}
