@@ -192,6 +192,7 @@ public:
     if (!trainStep.program || !normProg.program || !optStep.program)
       return fail(opts.plan_path + " lacks the train_step, grad_norm or optimizer_step "
                                    "program; recompile it with this mtc");
+    trackRouterLosses(*t);
 
     // The printing rank's logs; every rank learns whether they opened, so
     // a failure stops all of them at once.
@@ -281,6 +282,8 @@ public:
       powerMark(next, "forward-backward");
       if (std::string err = forwardBackward(&loss); !err.empty())
         return fail(err);
+      if (std::string err = reduceRouterLosses(); !err.empty())
+        return fail(err);
       const auto optStart = std::chrono::steady_clock::now();
       powerMark(next, "grad-norm");
       timers[kForwardBackward] += msSince(stepStart, optStart);
@@ -337,6 +340,7 @@ public:
           return fail(err);
       if (board && boardNow)
         boardIteration(loss);
+      addRouterLosses();
       if (power)
         if (std::string err = power->error(); !err.empty())
           return fail(err);
@@ -931,6 +935,12 @@ private:
     const double avg = intervalLoss / double(std::max<int64_t>(1, intervalAdvanced));
     if (avg > 0.0)
       line += field(" lm loss: %.6E |", avg);
+    for (int i : routerLossOrder) {
+      const double v = routerLoss[i].interval / double(std::max<int64_t>(1, intervalAdvanced));
+      if (v > 0.0)
+        line += field(" %s: %.6E |", kRouterLossNames[i], v);
+      routerLoss[i].interval = 0;
+    }
     line += field(" loss scale: %.1f |", lossScale);
     if (!lastSkipped)
       line += field(" grad norm: %.3f |", real(double(lastNorm)));
@@ -1454,8 +1464,102 @@ private:
       uint32_t out = io.output(("loss." + std::to_string(m)).c_str());
       if (out != UINT32_MAX)
         *lossSum += *static_cast<float *>(exec->value_data(*io.program, out));
+      collectRouterLosses(io, "." + std::to_string(m));
     }
     return "";
+  }
+
+  // --- Mixture of experts: Megatron's router-loss tracker (moe_utils.py
+  // track_moe_metrics, called by training_log every iteration). A train
+  // step outputs the sums over its stage's MoE layers of each router loss
+  // (without its coefficient) per micro-batch; the tracker sums them over
+  // micro-batches, over the pipeline group, averages the load-balancing
+  // losses over data parallelism (z_loss has no reduce group in Megatron,
+  // so the printing rank's own is logged), scales by 1 / micro-batches and
+  // divides by the model's MoE layers. training_log adds each iteration's
+  // value to total_loss_dict (skipped iterations too) and prints the
+  // interval's sum over its advanced iterations after the lm loss, when
+  // above 0, in the tracker's order; TensorBoard gets every tracked name
+  // every iteration. Megatron's router computes these only in training, so
+  // the validation lines have none.
+  static constexpr const char *kRouterLossNames[3] = {"load_balancing_loss",
+                                                      "seq_load_balancing_loss", "z_loss"};
+  struct RouterLoss {
+    bool tracked = false;
+    double step = 0;     // this iteration: this rank's sum over micro-batches, then reduced
+    double interval = 0; // the log interval's sum of the iterations' values
+  };
+  RouterLoss routerLoss[3];
+  std::vector<int> routerLossOrder; // tracked names in the tracker's order
+  int64_t moeLayers = 0;
+
+  // The names Megatron's training_log tracks ("aux_loss" and "seq_aux_loss"
+  // are matched as Python's `in` matches a substring: seq_aux_loss tracks a
+  // zero load_balancing_loss too), in the order its tracker holds them on
+  // the printing rank: those its own forward recorded (the router records
+  // z_loss before the load-balancing loss), then the rest as training_log
+  // lists them.
+  void trackRouterLosses(const pl::Training &t) {
+    moeLayers = t.moe_layers();
+    if (moeLayers == 0)
+      return;
+    const std::string type = str(t.moe_load_balancing_type());
+    routerLoss[0].tracked = type.find("aux_loss") != std::string::npos;
+    routerLoss[1].tracked = type.find("seq_aux_loss") != std::string::npos;
+    routerLoss[2].tracked = t.moe_z_loss_coeff() > 0;
+    auto computed = [&](int i) {
+      const std::string name = kRouterLossNames[i];
+      return trainStep.output(name.c_str()) != UINT32_MAX ||
+             trainStep.output((name + ".0").c_str()) != UINT32_MAX;
+    };
+    for (int i : {2, 0, 1})
+      if (routerLoss[i].tracked && computed(i))
+        routerLossOrder.push_back(i);
+    for (int i : {0, 1, 2})
+      if (routerLoss[i].tracked &&
+          std::find(routerLossOrder.begin(), routerLossOrder.end(), i) == routerLossOrder.end())
+        routerLossOrder.push_back(i);
+  }
+
+  // Adds a micro-batch's router losses (outputs NAME + suffix) to the step's.
+  void collectRouterLosses(const ProgramIO &io, const std::string &suffix) {
+    for (int i = 0; i < 3; ++i)
+      if (const uint32_t out = io.output((kRouterLossNames[i] + suffix).c_str());
+          out != UINT32_MAX)
+        routerLoss[i].step += *static_cast<float *>(exec->value_data(*io.program, out));
+  }
+
+  // Every rank, after its forward-backward: the sums over the pipeline
+  // group, the load-balancing losses averaged over data parallelism, then
+  // the iteration's value per name.
+  std::string reduceRouterLosses() {
+    if (moeLayers == 0)
+      return "";
+    float v[3] = {float(routerLoss[0].step), float(routerLoss[1].step),
+                  float(routerLoss[2].step)};
+    if (Communicator *ppGroup = groups.get(Group::PP); ppGroup && pp > 1)
+      if (std::string err = ppGroup->all_reduce(v, 3, ReduceOp::Sum); !err.empty())
+        return err;
+    if (comm && dp > 1) {
+      float sum[3] = {v[0], v[1], v[2]};
+      if (std::string err = comm->all_reduce(sum, 3, ReduceOp::Sum); !err.empty())
+        return err;
+      v[0] = sum[0] / float(dp);
+      v[1] = sum[1] / float(dp);
+    }
+    for (int i = 0; i < 3; ++i)
+      routerLoss[i].step = double(v[i]) / double(curMicro) / double(moeLayers);
+    return "";
+  }
+
+  // After the iteration: its values into the interval and TensorBoard.
+  void addRouterLosses() {
+    for (int i : routerLossOrder) {
+      routerLoss[i].interval += routerLoss[i].step;
+      scalar(kRouterLossNames[i], routerLoss[i].step, iteration);
+    }
+    for (RouterLoss &r : routerLoss)
+      r.step = 0;
   }
 
   std::string runScalar(const ProgramIO &io, const char *output, uint64_t rngOffset,
@@ -1558,6 +1662,7 @@ private:
       if (std::string err = runScalar(io, "loss", rngOffset(m, false), &loss); !err.empty())
         return err;
       sum += loss;
+      collectRouterLosses(io, "");
     }
     localLoss = sum;
     *meanLoss = sum / double(curMicro);
