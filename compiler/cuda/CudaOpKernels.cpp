@@ -61,6 +61,15 @@ std::optional<Signature> signatureOf(Opcode op) {
   case Opcode::SEQ_REDUCE_SCATTER:
   case Opcode::SEQ_SPLIT: return Signature{1, 1, 0, 1, 0};
   case Opcode::ALL_REDUCE_TIED_GRAD: return Signature{0, 0, 1, 2, 0};
+  case Opcode::MOE_ROUTER: return Signature{1, 4, 0, 9, 3};
+  case Opcode::MOE_ROUTER_GRAD: return Signature{5, 1, 0, 9, 3};
+  case Opcode::MOE_PERMUTE: return Signature{2, 3, 0, 2, 0};
+  case Opcode::MOE_PERMUTE_GRAD: return Signature{2, 1, 0, 0, 0};
+  case Opcode::GROUPED_MATMUL:
+  case Opcode::GROUPED_MATMUL_INPUT_GRAD: return Signature{3, 1, 0, 0, 0};
+  case Opcode::GROUPED_MATMUL_WEIGHT_GRAD: return Signature{3, 0, 1, 0, 0};
+  case Opcode::MOE_UNPERMUTE: return Signature{4, 1, 0, 0, 0};
+  case Opcode::MOE_UNPERMUTE_GRAD: return Signature{5, 2, 0, 0, 0};
   default: return std::nullopt;
   }
 }
@@ -179,6 +188,26 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
       return std::nullopt;
     break;
   case Opcode::ALL_REDUCE_TIED_GRAD: genTiedGrad(ins, b); break;
+  case Opcode::MOE_ROUTER:
+  case Opcode::MOE_ROUTER_GRAD:
+  case Opcode::MOE_PERMUTE:
+  case Opcode::MOE_PERMUTE_GRAD:
+  case Opcode::GROUPED_MATMUL:
+  case Opcode::GROUPED_MATMUL_INPUT_GRAD:
+  case Opcode::GROUPED_MATMUL_WEIGHT_GRAD:
+  case Opcode::MOE_UNPERMUTE:
+  case Opcode::MOE_UNPERMUTE_GRAD: {
+    const bool ok = ins.op == Opcode::MOE_ROUTER || ins.op == Opcode::MOE_ROUTER_GRAD
+                        ? genMoeRouter(ins, b, ins.op == Opcode::MOE_ROUTER_GRAD, error)
+                    : ins.op == Opcode::MOE_PERMUTE      ? genMoePermute(ins, b, error)
+                    : ins.op == Opcode::MOE_PERMUTE_GRAD ? genMoePermuteGrad(ins, b, error)
+                    : ins.op == Opcode::MOE_UNPERMUTE    ? genMoeUnpermute(ins, b, error)
+                    : ins.op == Opcode::MOE_UNPERMUTE_GRAD ? genMoeUnpermuteGrad(ins, b, error)
+                                                           : genGroupedMatmul(ins, b, error);
+    if (!ok)
+      return std::nullopt;
+    break;
+  }
   case Opcode::ADAMW:
     return generateAdamWGroup({ins}, error);
   case Opcode::SHARDED_ADAMW: {

@@ -74,6 +74,29 @@
 //   SGD, SHARDED_SGD    (in0 lr, in1 clip_coeff, state) [+ dp_rank: SHARDED_*]
 //   GRAD_NORM & co.     norm_squares (state, ws) [+ tp_rank when a replicated parameter
 //                       counts] ; norm_total (ws) ; norm_sqrt (ws, out0)
+// Mixture of experts (OpKernelsMoe.cpp; T tokens, E experts, N permuted
+// rows; every row map is built on the device, so nothing waits for the host):
+//   MOE_ROUTER          moe_route (in0 logits, out0 probs, out1 map, ws): a warp a
+//                       token, the top-k ; [moe_capacity (out0, out1): a block an
+//                       expert, when 0 < capacity < T] ; [moe_aux_columns (ws): a
+//                       block per (sequence group, expert), when the load-balancing
+//                       loss is on] ; moe_losses (ws, out2 aux, out3 z)
+//   MOE_ROUTER_GRAD     [moe_route_aux (in1, ws) ; moe_aux_columns (ws)] ;
+//                       moe_router_grad (in0 dprobs, in1 logits, in3 map, in4 scale,
+//                       out0, ws)
+//   MOE_PERMUTE         moe_count (in1 map, out2 tokens_per_expert) ; moe_rows (in1,
+//                       out2, out1 row_ids) ; moe_gather (in0 x, out1, out0 y)
+//   MOE_PERMUTE_GRAD    moe_pg_zero, moe_pg_count, moe_pg_scan, moe_pg_place (the rows
+//                       grouped by token in ws) ; moe_pg_sum (in0 dy, ws, ws, out0 dx)
+//   MOE_UNPERMUTE       moe_inv_clear (ws) ; moe_inv_set (in2 row_ids, in3 counts, ws:
+//                       [T, E] rows) ; moe_combine (in0 y, in1 probs, ws, out0)
+//   MOE_UNPERMUTE_GRAD  moe_dprobs_clear (out1) ; moe_unpermute_grad (in0..in4, out0
+//                       dy, out1 dprobs)
+//   GROUPED_MATMUL, GROUPED_MATMUL_INPUT_GRAD  grouped_gemm / grouped_dgrad (in0,
+//                       in1, in2 tokens_per_expert, out0): one launch, grid (row tiles
+//                       of every segment + the zero rows', output column tiles)
+//   GROUPED_MATMUL_WEIGHT_GRAD  grouped_wgrad (in0 dy, in1 x, in2, grad0): grid
+//                       (output tiles, experts), grad += in the gradient's type
 // `out0` of CROSS_ENTROPY_GRAD may be in0's very bytes (in place); no other
 // output overlaps an input.
 //
@@ -99,6 +122,22 @@
 //     are sorted by (row, token), unique keys (emb_sort, emb_merge: O(n log
 //     n)), and one thread per (row, lanes) adds the row's tokens into the
 //     gradient in that order (emb_accum).
+//   - MoE router: runtime/exec/cpu_kernels_moe's semantics. Scores, top-k
+//     and weights in fp32 (fp64 with moe_router_dtype fp64) from the logits
+//     as stored, rounded to a 16-bit logits' type where Megatron's type_as
+//     rounds (moe_router_dtype unset); ties pick the lower expert; the
+//     capacity keeps the largest keys (the f32 weight, or routed-or-not),
+//     ties to the earlier token in Megatron's sequence-major order (a radix
+//     select over the keys' bits, then a scan in that order); with padding
+//     the kept set is the map. The losses sum in double in a fixed order;
+//     the gradient recomputes the routing from the logits. With fp64 the
+//     capacity ranks the f32-rounded weights (the CPU ranks the doubles).
+//   - permute, gather copies: exact; the permute's gradient and unpermute sum
+//     a token's rows in row (expert) order in fp32, rounded once;
+//     dprobs is an fp32 block sum. Deterministic throughout (the only
+//     atomics count, and the places they give are sorted before use).
+//   - grouped GEMM: tensor cores (mma.sync m16n8k16, fp32 accumulation) for
+//     bf16/f16, fp32 FMAs for f32, in k order per 32-wide slice; no atomics.
 // Where the CPU stops with an error (an id or label outside the vocabulary,
 // a step below 1, a negative iteration), the kernels cannot: ids give NaN
 // rows, labels NaN losses, so the step's finite check catches them; AdamW

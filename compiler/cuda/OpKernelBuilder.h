@@ -165,6 +165,15 @@ void genGradSeed(const OpInstruction &ins, Builder &b);
 bool genSequence(const OpInstruction &ins, Builder &b, std::string *error);
 void genTiedGrad(const OpInstruction &ins, Builder &b);
 
+// OpKernelsMoe.cpp: false with `error` set for operands that do not have
+// the shapes the opcode's signature (plan.fbs) describes.
+bool genMoeRouter(const OpInstruction &ins, Builder &b, bool grad, std::string *error);
+bool genMoePermute(const OpInstruction &ins, Builder &b, std::string *error);
+bool genMoePermuteGrad(const OpInstruction &ins, Builder &b, std::string *error);
+bool genMoeUnpermute(const OpInstruction &ins, Builder &b, std::string *error);
+bool genMoeUnpermuteGrad(const OpInstruction &ins, Builder &b, std::string *error);
+bool genGroupedMatmul(const OpInstruction &ins, Builder &b, std::string *error);
+
 } // namespace mt::opk
 
 #endif // MT_COMPILER_OPKERNELBUILDER_H

@@ -428,6 +428,42 @@ std::vector<OpInstruction> everyOpcode(DType d) {
   sharded.floats = {0.9, 0.1};
   sharded.shardExpAvgSqOffset = -1;
   all.push_back(sharded);
+  // Mixture of experts: 24 tokens, 4 experts, top-2, hidden 256, expert
+  // FFN 96 (swiglu's 192); the router with every score function, capacity
+  // policies and losses, the fp64 router; the grouped GEMM in every form.
+  const int64_t T = 24, E = 4, N = 48, H = 256, F = 96;
+  OpTensor logits = tensor(d, {T, E}), probs = tensor(DType::F32, {T, E});
+  OpTensor map = tensor(DType::I32, {T, E}), tpe = tensor(DType::I32, {E});
+  OpTensor rows = tensor(DType::I32, {N});
+  const std::vector<OpTensor> routerOut = {probs, map, scalar, scalar};
+  //         topk sigmoid pre balance capacity position pad seq dtype
+  for (const std::vector<int64_t> &ints :
+       {std::vector<int64_t>{2, 0, 0, 1, 0, 0, 0, 8, 0}, {2, 0, 1, 2, 10, 0, 0, 8, 1},
+        {1, 1, 0, 1, 10, 1, 1, 8, 2}, {3, 1, 0, 0, 0, 0, 0, 8, 0}}) {
+    add(Opcode::MOE_ROUTER, {logits}, routerOut, ints, {1.5, 0.01, 1e-3});
+    add(Opcode::MOE_ROUTER_GRAD, {probs, logits, probs, map, scalar}, {logits}, ints,
+        {0.0, 0.01, 1e-3});
+  }
+  add(Opcode::MOE_PERMUTE, {tensor(d, {T, H}), map},
+      {tensor(d, {N, H}), rows, tpe}, {0, 0});
+  add(Opcode::MOE_PERMUTE, {tensor(d, {T, H}), map},
+      {tensor(d, {40, H}), tensor(DType::I32, {40}), tpe}, {10, 1});
+  add(Opcode::MOE_PERMUTE_GRAD, {tensor(d, {N, H}), rows}, {tensor(d, {T, H})});
+  add(Opcode::MOE_UNPERMUTE, {tensor(d, {N, H}), probs, rows, tpe}, {tensor(d, {T, H})});
+  add(Opcode::MOE_UNPERMUTE_GRAD, {tensor(d, {T, H}), tensor(d, {N, H}), probs, rows, tpe},
+      {tensor(d, {N, H}), probs});
+  add(Opcode::GROUPED_MATMUL, {tensor(d, {N, H}), tensor(d, {E, 2 * F, H}), tpe},
+      {tensor(d, {N, 2 * F})});
+  add(Opcode::GROUPED_MATMUL_INPUT_GRAD, {tensor(d, {N, H}), tensor(d, {E, H, F}), tpe},
+      {tensor(d, {N, F})});
+  OpParam experts;
+  experts.shape = {E, H, F};
+  experts.dtype = d;
+  add(Opcode::GROUPED_MATMUL_WEIGHT_GRAD, {tensor(d, {N, H}), tensor(d, {N, F}), tpe}, {}, {}, {},
+      {experts});
+  experts.gradDtype = DType::BF16; // --grad-reduce-in-bf16
+  add(Opcode::GROUPED_MATMUL_WEIGHT_GRAD, {tensor(d, {N, H}), tensor(d, {N, F}), tpe}, {}, {}, {},
+      {experts});
   return all;
 }
 
