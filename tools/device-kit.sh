@@ -44,11 +44,16 @@
 #               default, and kv128) timed side by side (about 4 minutes);
 #               its rows go to the logs' gpu-flash-attention.md as each
 #               finishes, with the line saying which backward was faster
+#   bench-moe   mt-moe-bench: a Mixtral-sized MoE layer's generated kernels
+#               (router, permute, grouped GEMMs, unpermute; forward and
+#               backward) against a dense SwiGLU MLP of equal active FLOPs,
+#               without and with a capacity factor of 1 (a minute or two);
+#               its JSON rows go to the log
 #   profile     Nsight Compute over two steps of gpt-125m: ncu's CSV (its
 #               --log-file, apart from mtrun's output) and the kernels by
 #               total time (tools/ncu_summary.py)
 #   all         probe unit lit lit-gpt25m bench-125m bench-125m-fill bench-1.3b
-#               bench-flash profile
+#               bench-flash bench-moe profile
 #
 # The kit holds mtc, mtrun, the GPU test binaries, lit with FileCheck, not
 # and count, and every shared library they need other than glibc's, each
@@ -64,7 +69,7 @@ die() { echo "device-kit: error: $*" >&2; exit 1; }
 BINARIES=(build/bin/mtc build/bin/mtrun
           build/test/unit/mt-cuda-tests build/test/unit/mt-gpu-executor-tests
           build/test/unit/mt-flash-tests build/test/unit/mt-opkernel-tests
-          build/bin/mt-flash-bench)
+          build/bin/mt-flash-bench build/bin/mt-moe-bench)
 LLVM_TOOLS=(FileCheck not count)
 LLVM_BIN=/usr/lib/llvm-19/bin
 LIT_DIR=/usr/lib/llvm-19/build/utils/lit
@@ -82,7 +87,7 @@ pack() {
   export CCACHE_BASEDIR="$ROOT"
   cmake -S . -B build -DMT_STATIC_LLVM=ON > /dev/null
   ninja -C build mtc mtrun mt-cuda-tests mt-gpu-executor-tests mt-flash-tests mt-opkernel-tests \
-    mt-flash-bench
+    mt-flash-bench mt-moe-bench
   for b in "${BINARIES[@]}"; do [ -x "$b" ] || die "$b was not built"; done
 
   STAGE=$(mktemp -d)
@@ -138,7 +143,7 @@ EOF
 }
 
 # --- run (on the GPU machine) ------------------------------------------------
-STEPS=(probe unit lit lit-gpt25m bench-125m bench-125m-fill bench-1.3b bench-flash profile)
+STEPS=(probe unit lit lit-gpt25m bench-125m bench-125m-fill bench-1.3b bench-flash bench-moe profile)
 KIT=""
 LOGS=""
 
@@ -346,6 +351,13 @@ step_bench_flash() {
       --backward kv64,kv128 --results "$results"
 }
 
+# The MoE layer against a dense MLP of equal active FLOPs (bench/moe_speed.cpp),
+# Mixtral 8x7B's layer at 8192 tokens: every token kept, then a capacity
+# factor of 1 (tokens dropped, no expert over its capacity).
+step_bench_moe() {
+  "$KIT/bin/mt-moe-bench" && "$KIT/bin/mt-moe-bench" --capacity-factor 1
+}
+
 # Nsight Compute's per-kernel summary of two eager steps of gpt-125m.
 # --log-file keeps ncu's CSV apart from mtrun's own output (which has
 # commas of its own: "[0, 33,333)"), which goes to this step's log; the
@@ -368,6 +380,7 @@ step_profile() {
 run_step() {
   case $1 in
     bench-flash) step_bench_flash ;;
+    bench-moe) step_bench_moe ;;
     bench-*) step_bench "gpt-${1#bench-}" ;;
     *) "step_$1" ;;
   esac

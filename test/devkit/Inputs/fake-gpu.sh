@@ -2,8 +2,9 @@
 # Runs tools/device-kit.sh as on a GPU machine, for device-kit.test, with
 # stand-ins: nvidia-smi, ldconfig and ncu (bin/) first on PATH, a kit
 # (MT_KIT_UNPACKED) whose GoogleTest binaries are fake-gtest, whose
-# mt-flash-bench prints fixed rows and whose lit is fake-lit.py, and a copy
-# of the checkout's bench scripts whose two runners are bench-runner.py.
+# mt-flash-bench and mt-moe-bench print fixed rows and whose lit is
+# fake-lit.py, and a copy of the checkout's bench scripts whose two runners
+# are bench-runner.py.
 #   fake-gpu.sh SRC_ROOT WORK ARGS...    ARGS: the kit's, e.g. `run unit`
 set -euo pipefail
 src=$1 work=$2
@@ -55,6 +56,12 @@ for s in $(echo "$seqs" | tr ',' ' '); do
 done
 FLASH
   chmod +x "$kit/bin/mt-flash-bench"
+  # mt-moe-bench: one JSON line naming its arguments.
+  cat > "$kit/bin/mt-moe-bench" << 'MOE'
+#!/bin/sh
+echo "{\"args\": \"$*\", \"moe_over_dense_time\": 1.25}"
+MOE
+  chmod +x "$kit/bin/mt-moe-bench"
   echo stand-in > "$kit/COMMIT"
   # lit, which passes every test it is given, and the GPU lit tests' names.
   mkdir -p "$kit/lit" "$root/test/mtrun"
