@@ -7,6 +7,9 @@
 #include "compiler/cuda/CudaOpKernels.h"
 #include "runtime/exec/cpu_kernels.h"
 #include "runtime/exec/cpu_kernels_moe.h"
+#include "runtime/exec/cuda/cuda_api.h"
+#include "runtime/exec/cuda/kernel_cache.h"
+#include "runtime/exec/cuda/launch_limits.h"
 
 #include <gtest/gtest.h>
 
@@ -655,6 +658,95 @@ MT_KERNEL_TEST(MoeKernels, GroupedMatmul) {
       if (gc.tpe[e] == 0)
         for (int64_t i = 0; i < M * K; ++i)
           ASSERT_EQ(grad.get()[e * M * K + i], g0[e * M * K + i]);
+  }
+}
+
+// Every MoE launch fits every GPU mt runs on at real sizes: Mixtral 8x7B
+// (8 experts, top-2, hidden 4096, FFN 14336) and a DeepSeek-V3-like layer
+// (256 experts, top-8, hidden 7168, FFN 2048), 8192 tokens and 64 x 8192,
+// with and without a capacity; the grouped GEMM at the 1024-expert limit
+// (its static shared memory is largest there) compiles with NVRTC.
+TEST(MoeKernels, LaunchesFitAtRealSizes) {
+  struct Layer {
+    int64_t e, k, h, f;
+  };
+  size_t launches = 0;
+  for (const Layer &l : {Layer{8, 2, 4096, 14336}, Layer{256, 8, 7168, 2048}})
+    for (int64_t T : {int64_t(8192), int64_t(64) * 8192})
+      for (int64_t C : {int64_t(0), T * l.k / l.e}) {
+        const int64_t N = C ? std::min(T * l.k, l.e * C) : T * l.k;
+        RouterCfg c;
+        c.topk = l.k;
+        c.capacity = C;
+        c.balance = 2;
+        c.auxCoeff = 0.01;
+        c.zCoeff = 0.001;
+        c.seq = 4096;
+        const DType b = DType::BF16;
+        OpTensor tl = tensor(b, {T, l.e}), tp = tensor(DType::F32, {T, l.e}),
+                 tm = tensor(DType::I32, {T, l.e}), ts = tensor(DType::F32, {}),
+                 tc = tensor(DType::I32, {l.e}), tr = tensor(DType::I32, {N}),
+                 tx = tensor(b, {T, l.h}), txp = tensor(b, {N, l.h}), th = tensor(b, {N, 2 * l.f}),
+                 ta = tensor(b, {N, l.f}), tw1 = tensor(b, {l.e, 2 * l.f, l.h}),
+                 tw2 = tensor(b, {l.e, l.h, l.f});
+        std::vector<OpInstruction> all;
+        all.push_back(routerIns(b, T, l.e, c));
+        OpInstruction i;
+        auto add = [&](Opcode op, std::vector<OpTensor> in, std::vector<OpTensor> out,
+                       std::vector<int64_t> ints = {}, std::vector<OpParam> params = {}) {
+          i.op = op;
+          i.in = std::move(in);
+          i.out = std::move(out);
+          i.ints = std::move(ints);
+          i.floats = {};
+          i.params = std::move(params);
+          if (op == Opcode::MOE_ROUTER_GRAD) {
+            i.ints = c.ints();
+            i.floats = c.floats();
+          }
+          all.push_back(i);
+        };
+        OpParam w1;
+        w1.shape = tw1.shape;
+        w1.dtype = b;
+        add(Opcode::MOE_ROUTER_GRAD, {tp, tl, tp, tm, ts}, {tl});
+        add(Opcode::MOE_PERMUTE, {tx, tm}, {txp, tr, tc}, {C, 0});
+        add(Opcode::MOE_PERMUTE_GRAD, {txp, tr}, {tx});
+        add(Opcode::GROUPED_MATMUL, {txp, tw1, tc}, {th});
+        add(Opcode::GROUPED_MATMUL, {ta, tw2, tc}, {txp});
+        add(Opcode::GROUPED_MATMUL_INPUT_GRAD, {th, tw1, tc}, {txp});
+        add(Opcode::GROUPED_MATMUL_WEIGHT_GRAD, {th, txp, tc}, {}, {}, {w1});
+        add(Opcode::MOE_UNPERMUTE, {txp, tp, tr, tc}, {tx});
+        add(Opcode::MOE_UNPERMUTE_GRAD, {tx, txp, tp, tr, tc}, {txp, tp});
+        for (const OpInstruction &ins : all) {
+          std::string error;
+          std::optional<OpKernels> k = mt::generateOpKernels(ins, &error);
+          ASSERT_TRUE(k) << error;
+          for (const mt::OpLaunch &ln : k->launches) {
+            EXPECT_EQ(mt::cu::check_launch(ln.kernel.entry, ln.kernel.grid, ln.kernel.block,
+                                           ln.kernel.sharedBytes),
+                      "")
+                << mt::plan::EnumNameOpcode(ins.op) << " tokens " << T << " experts " << l.e;
+            ++launches;
+          }
+        }
+      }
+  EXPECT_GT(launches, 100u);
+  std::string error;
+  const mt::cu::Nvrtc *nvrtc = mt::cu::load_nvrtc(&error);
+  if (!nvrtc)
+    GTEST_SKIP() << error;
+  for (DType d : {DType::BF16, DType::F32}) {
+    OpInstruction ins;
+    ins.op = Opcode::GROUPED_MATMUL;
+    ins.in = {tensor(d, {4096, 64}), tensor(d, {1024, 64, 64}), tensor(DType::I32, {1024})};
+    ins.out = {tensor(d, {4096, 64})};
+    const OpKernels k = generate(ins);
+    ASSERT_EQ(k.launches.size(), 1u);
+    std::string cubin, e;
+    mt::rt::nvrtc_compile(*nvrtc, k.launches[0].kernel.entry, k.launches[0].kernel.source, 80,
+                          mt::rt::nvrtc_options(80), &cubin, &e);
+    EXPECT_EQ(e, "") << mt::plan::EnumNameDType(d);
   }
 }
 
