@@ -100,9 +100,11 @@ constexpr char kFp4[] = "fp4 training is not implemented in mt; remove the fp4 f
 constexpr char kQuant[] =
     "quantized training (Megatron's kitchen and Transformer Engine precision recipes) is "
     "not implemented in mt; remove it";
-constexpr char kMoe[] =
-    "mixture of experts is not implemented in mt yet; remove the MoE flags (mt trains "
-    "dense models)";
+constexpr char kFlex[] =
+    "the flex token dispatcher (DeepEP, HybridEP) is not implemented in mt; use "
+    "--moe-token-dispatcher-type alltoall or allgather";
+constexpr char kOnlyWithFlex[] =
+    "used only with --moe-token-dispatcher-type flex, which mt refuses";
 constexpr char kFsdp[] =
     "Megatron FSDP and PyTorch FSDP2 are not implemented in mt; use "
     "--use-distributed-optimizer (optimizer state sharded over data parallelism) and "
@@ -111,9 +113,9 @@ constexpr char kCp[] =
     "context parallelism is not implemented in mt; use --context-parallel-size 1";
 constexpr char kOnlyWithCp[] =
     "used only with --context-parallel-size > 1, which mt refuses";
-constexpr char kGptOss[] =
-    "gpt-oss's layers (quick GeGLU with clamp and offset, learnable softmax offsets, "
-    "sliding-window attention) are not implemented in mt; remove it";
+constexpr char kSlidingWindow[] =
+    "sliding-window attention (gpt-oss has it on every other layer) is not implemented in "
+    "mt: its attention is causal over the whole sequence; remove it";
 constexpr char kNotYet[] = "not implemented in mt yet; remove it";
 constexpr char kMla[] = "multi-latent attention is not implemented in mt; remove it";
 constexpr char kOnlyWithMla[] =
@@ -174,12 +176,12 @@ std::vector<MegatronFlag> explicitRows() {
       only("--rotary-percent", "1.0",
            "1.0 is what mt does: rotary embeddings cover the whole head",
            "partial rotary embeddings are not implemented in mt; use --rotary-percent 1.0"),
-      only("--expert-model-parallel-size", "1", "1: no expert parallelism (a dense model)",
-           kMoe),
       only("--softmax-type", "vanilla", "vanilla is mt's softmax",
-           "gpt-oss's softmax variants (off-by-one, learnable offsets) are not "
-           "implemented in mt; remove it"),
-      only("--glu-linear-offset", "0", "0 is mt's gated MLP (no offset)", kGptOss),
+           "attention sinks (the off-by-one softmax, or gpt-oss's learnable offset per "
+           "head) are not implemented in mt; remove it"),
+      only("--glu-linear-offset", "0", "0 is mt's gated MLP (no offset)",
+           "an offset on the linear half of a gated MLP (gpt-oss's act(gate) * (linear + "
+           "1)) is not implemented in mt; remove it"),
       only("--dataloader-type", "single",
            "single is mt's data order (Megatron's default for pretraining)",
            "mt reads samples in Megatron's single-pass order only; use --dataloader-type "
@@ -290,61 +292,77 @@ std::vector<MegatronFlag> explicitRows() {
       na("--hierarchical-context-parallel-sizes", VS, kOnlyWithCp),
 
       //===--- gpt-oss ---===//
-      refuse("--quick-geglu", S, kGptOss),
-      refuse("--window-size", V, kGptOss),
-      refuse("--window-attn-skip-freq", V, kGptOss),
-      refuse("--activation-func-clamp-value", V, kGptOss),
-      post(refuse("--enable-gpt-oss", S, kGptOss)),
+      refuse("--quick-geglu", S,
+             "gpt-oss's activation, quick GeGLU (gate * sigmoid(1.702 * gate) times the "
+             "linear half), is not implemented in mt (its gated MLP is SwiGLU, --swiglu); "
+             "remove it"),
+      refuse("--window-size", V, kSlidingWindow),
+      refuse("--window-attn-skip-freq", V, kSlidingWindow),
+      refuse("--activation-func-clamp-value", V,
+             "clamping the MLP's activations (gpt-oss's clamp at 7) is not implemented in mt; "
+             "remove it"),
+      post(refuse("--enable-gpt-oss", S,
+                  "gpt-oss's YaRN rotary embeddings (scaling factor 32 over 131072 original "
+                  "positions) are not implemented in mt; remove it")),
 
-      //===--- Mixture of experts ---===//
-      refuse("--num-experts", V, kMoe),
-      refuse("--expert-tensor-parallel-size", V, kMoe),
-      refuse("--moe-apply-probs-on-input", S, kMoe),
-      refuse("--moe-aux-loss-coeff", VS, kMoe),
-      refuse("--moe-deepep-num-sms", V, kMoe),
-      refuse("--moe-enable-deepep", S, kMoe),
-      refuse("--moe-enable-routing-replay", S, kMoe),
-      refuse("--moe-expert-capacity-factor", V, kMoe),
-      refuse("--moe-extended-tp", S, kMoe),
-      refuse("--moe-ffn-hidden-size", V, kMoe),
-      refuse("--moe-flex-dispatcher-backend", V, kMoe),
-      refuse("--moe-grouped-gemm", S, kMoe),
-      refuse("--moe-hybridep-num-sms", V, kMoe),
-      refuse("--moe-input-jitter-eps", V, kMoe),
-      refuse("--moe-latent-size", V, kMoe),
-      refuse("--moe-layer-freq", V, kMoe),
-      refuse("--moe-layer-recompute", S, kMoe),
-      refuse("--moe-pad-expert-input-to-capacity", S, kMoe),
-      refuse("--moe-pad-experts-for-cuda-graph-inference", S, kMoe),
-      refuse("--moe-per-layer-logging", S, kMoe),
-      refuse("--moe-permute-fusion", S, kMoe),
-      refuse("--moe-router-bias-update-rate", V, kMoe),
-      refuse("--moe-router-dtype", V, kMoe),
-      refuse("--moe-router-enable-expert-bias", S, kMoe),
-      refuse("--moe-router-force-load-balancing", S, kMoe),
-      refuse("--moe-router-fusion", S, kMoe),
-      refuse("--moe-router-group-topk", V, kMoe),
-      refuse("--moe-router-load-balancing-type", VS, kMoe),
-      refuse("--moe-router-num-groups", V, kMoe),
-      refuse("--moe-router-padding-for-fp8", S, kMoe),
-      refuse("--moe-router-padding-for-quantization", S, kMoe),
-      refuse("--moe-router-pre-softmax", S, kMoe),
-      refuse("--moe-router-score-function", V, kMoe),
-      refuse("--moe-router-topk", V, kMoe),
-      refuse("--moe-router-topk-scaling-factor", V, kMoe),
-      refuse("--moe-shared-expert-gate", S, kMoe),
-      refuse("--moe-shared-expert-intermediate-size", V, kMoe),
-      refuse("--moe-shared-expert-overlap", S, kMoe),
-      refuse("--moe-token-dispatcher-type", V, kMoe),
-      refuse("--moe-token-drop-policy", V, kMoe),
-      refuse("--moe-upcycling-granularity", V, kMoe),
-      refuse("--moe-use-legacy-grouped-gemm", S, kMoe),
-      refuse("--moe-use-upcycling", S, kMoe),
-      refuse("--moe-z-loss-coeff", V, kMoe),
-      refuse("--overlap-moe-expert-parallel-comm", S, kMoe),
-      refuse("--ep-overlap-early-attn-memory-release", S, kMoe),
-      refuse("--use-fused-weighted-squared-relu", S, kMoe),
-      post(refuse("--export-moe-apply-probs-on-input", S, kMoe)),
+      //===--- Mixture of experts (the key table has the ones mt implements) ---===//
+      refuse("--moe-apply-probs-on-input", S,
+             "applying the routing weights to the experts' input instead of their output "
+             "is not implemented in mt; remove it"),
+      post(refuse("--export-moe-apply-probs-on-input", S,
+                  "applying the routing weights to the experts' input instead of their "
+                  "output is not implemented in mt; remove it")),
+      refuse("--moe-enable-deepep", S, kFlex),
+      na("--moe-flex-dispatcher-backend", V, kOnlyWithFlex),
+      na("--moe-deepep-num-sms", V, kOnlyWithFlex),
+      na("--moe-hybridep-num-sms", V, kOnlyWithFlex),
+      refuse("--moe-enable-routing-replay", S,
+             "replaying recorded routing decisions is not implemented in mt; remove it"),
+      na("--moe-extended-tp", S,
+         "Megatron-LM ignores it (deprecated; --expert-tensor-parallel-size replaces it)"),
+      refuse("--moe-input-jitter-eps", V,
+             "jitter noise on the router's input is not implemented in mt; remove it"),
+      refuse("--moe-latent-size", V,
+             "latent projections around the experts are not implemented in mt; remove it"),
+      refuse("--moe-layer-recompute", S,
+             "recomputing mixture-of-experts layers is not implemented in mt (Megatron "
+             "deprecates it for --recompute-modules moe); remove it"),
+      na("--moe-pad-experts-for-cuda-graph-inference", S, kInference),
+      refuse("--moe-per-layer-logging", S,
+             "mt logs load_balancing_loss and z_loss summed over the MoE layers (Megatron's "
+             "default); per-layer logging is not implemented: remove it"),
+      na("--moe-permute-fusion", S, kFusion),
+      na("--moe-router-fusion", S, kFusion),
+      na("--moe-use-legacy-grouped-gemm", S, kKernels),
+      refuse("--moe-router-enable-expert-bias", S,
+             "aux-loss-free load balancing (a per-expert routing bias) is not implemented "
+             "in mt; remove it"),
+      na("--moe-router-bias-update-rate", V,
+         "used only with --moe-router-enable-expert-bias, which mt refuses"),
+      refuse("--moe-router-force-load-balancing", S,
+             "routing on random logits (a benchmarking aid) is not implemented in mt; remove "
+             "it"),
+      refuse("--moe-router-num-groups", V,
+             "group-limited routing (device- or node-limited top-k) is not implemented in "
+             "mt; remove it"),
+      refuse("--moe-router-group-topk", V,
+             "group-limited routing (device- or node-limited top-k) is not implemented in "
+             "mt; remove it"),
+      refuse("--moe-router-padding-for-fp8", S, kFp8),
+      refuse("--moe-router-padding-for-quantization", S,
+             "pads the routing for fp8 or fp4 GEMMs, which mt does not have; remove it"),
+      refuse("--moe-shared-expert-gate", S,
+             "a gated shared expert is not implemented in mt; remove it"),
+      na("--moe-shared-expert-overlap", S, kComm),
+      refuse("--moe-use-upcycling", S,
+             "turning a dense checkpoint into a mixture of experts (upcycling) is not "
+             "implemented in mt; remove it"),
+      na("--moe-upcycling-granularity", V,
+         "used only with --moe-use-upcycling, which mt refuses"),
+      na("--overlap-moe-expert-parallel-comm", S, kComm),
+      na("--ep-overlap-early-attn-memory-release", S, kComm),
+      refuse("--use-fused-weighted-squared-relu", S,
+             "the squared-ReLU MLP is not implemented in mt; remove it"),
 
       //===--- Other architectures and layer variants ---===//
       refuse("--multi-latent-attention", S, kMla),
@@ -1009,6 +1027,10 @@ std::vector<MegatronFlag> buildTable() {
                       k.type == KeyType::StringList
                   ? FlagArity::Values
                   : FlagArity::Value;
+    // argparse's nargs='+' for a key holding one value: the translation
+    // takes one word and refuses more (MegatronImport.cpp).
+    if (f.flag == "--moe-router-load-balancing-type" || f.flag == "--moe-aux-loss-coeff")
+      f.arity = FlagArity::Values;
     f.status = FlagStatus::Implemented;
     f.text = std::string(k.section) + "." + k.name;
     f.fromKeyTable = true;

@@ -104,6 +104,69 @@ const char *toString(RecomputeMethod v) {
   return "";
 }
 
+const char *toString(MoeLoadBalancing v) {
+  switch (v) {
+  case MoeLoadBalancing::AuxLoss:
+    return "aux_loss";
+  case MoeLoadBalancing::SeqAuxLoss:
+    return "seq_aux_loss";
+  case MoeLoadBalancing::None:
+    return "none";
+  }
+  return "";
+}
+
+const char *toString(MoeScoreFunction v) {
+  switch (v) {
+  case MoeScoreFunction::Softmax:
+    return "softmax";
+  case MoeScoreFunction::Sigmoid:
+    return "sigmoid";
+  }
+  return "";
+}
+
+const char *toString(MoeTokenDropPolicy v) {
+  switch (v) {
+  case MoeTokenDropPolicy::Probs:
+    return "probs";
+  case MoeTokenDropPolicy::Position:
+    return "position";
+  }
+  return "";
+}
+
+const char *toString(MoeRouterDtype v) {
+  switch (v) {
+  case MoeRouterDtype::None:
+    return "none";
+  case MoeRouterDtype::FP32:
+    return "fp32";
+  case MoeRouterDtype::FP64:
+    return "fp64";
+  }
+  return "";
+}
+
+const char *toString(MoeTokenDispatcher v) {
+  switch (v) {
+  case MoeTokenDispatcher::AllGather:
+    return "allgather";
+  case MoeTokenDispatcher::AllToAll:
+    return "alltoall";
+  }
+  return "";
+}
+
+int64_t ModelConfig::numMoeLayers() const {
+  if (num_experts == 0)
+    return 0;
+  int64_t n = 0;
+  for (bool b : moe_layers)
+    n += b ? 1 : 0;
+  return n;
+}
+
 double Spec::flopsPerIteration() const {
   // megatron/training/training.py, num_floating_point_operations ->
   // transformer_flops() without MoE, MTP or multi-latent attention: 3 GEMMs
@@ -285,6 +348,73 @@ std::string toToml(const Spec &spec) {
   w.real("hidden_dropout", m.hidden_dropout);
   w.real("attention_dropout", m.attention_dropout);
   w.real("init_method_std", m.init_method_std);
+  if (m.num_experts > 0) {
+    w.integer("num_experts", m.num_experts);
+    w.integer("moe_ffn_hidden_size", m.moe_ffn_hidden_size);
+    w.integer("moe_router_topk", m.moe_router_topk);
+    w.string("moe_router_load_balancing_type", toString(m.moe_router_load_balancing_type));
+    w.real("moe_aux_loss_coeff", m.moe_aux_loss_coeff);
+    if (m.moe_z_loss_coeff > 0)
+      w.real("moe_z_loss_coeff", m.moe_z_loss_coeff);
+    else
+      w.unset("moe_z_loss_coeff", "not set (no z-loss)");
+    w.string("moe_router_score_function", toString(m.moe_router_score_function));
+    if (m.moe_router_score_function == MoeScoreFunction::Softmax)
+      w.boolean("moe_router_pre_softmax", m.moe_router_pre_softmax);
+    else
+      w.unset("moe_router_pre_softmax", "only with moe_router_score_function = \"softmax\"");
+    if (m.moe_router_topk_scaling_factor > 0)
+      w.real("moe_router_topk_scaling_factor", m.moe_router_topk_scaling_factor);
+    else
+      w.unset("moe_router_topk_scaling_factor", "not set (no scaling)");
+    if (m.moe_expert_capacity_factor > 0) {
+      w.real("moe_expert_capacity_factor", m.moe_expert_capacity_factor);
+      w.boolean("moe_pad_expert_input_to_capacity", m.moe_pad_expert_input_to_capacity);
+      w.string("moe_token_drop_policy", toString(m.moe_token_drop_policy));
+    } else {
+      const char *noCapacity = "only with moe_expert_capacity_factor";
+      w.unset("moe_expert_capacity_factor", "not set (no token is dropped)");
+      w.unset("moe_pad_expert_input_to_capacity", noCapacity);
+      w.unset("moe_token_drop_policy", noCapacity);
+    }
+    // The resolved pattern: Megatron's integer form when one gives it.
+    int64_t every = 0;
+    for (int64_t n = 1; n <= m.num_layers && every == 0; ++n) {
+      bool same = true;
+      for (int64_t i = 0; i < m.num_layers && same; ++i)
+        same = m.moe_layers[size_t(i)] == (i % n == 0);
+      if (same)
+        every = n;
+    }
+    if (every > 0) {
+      w.integer("moe_layer_freq", every);
+    } else {
+      std::vector<int64_t> flags;
+      for (bool b : m.moe_layers)
+        flags.push_back(b ? 1 : 0);
+      w.integers("moe_layer_freq", flags);
+    }
+    if (m.moe_shared_expert_intermediate_size > 0)
+      w.integer("moe_shared_expert_intermediate_size", m.moe_shared_expert_intermediate_size);
+    else
+      w.unset("moe_shared_expert_intermediate_size", "not set (no shared expert)");
+    w.boolean("moe_grouped_gemm", m.moe_grouped_gemm);
+    if (m.moe_router_dtype != MoeRouterDtype::None)
+      w.string("moe_router_dtype", toString(m.moe_router_dtype));
+    else
+      w.unset("moe_router_dtype", "not set (the model's precision)");
+  } else {
+    const char *dense = "only with num_experts > 0";
+    w.unset("num_experts", "not set (a dense model)");
+    for (const char *k :
+         {"moe_ffn_hidden_size", "moe_router_topk", "moe_router_load_balancing_type",
+          "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_score_function",
+          "moe_router_pre_softmax", "moe_router_topk_scaling_factor",
+          "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
+          "moe_token_drop_policy", "moe_layer_freq", "moe_shared_expert_intermediate_size",
+          "moe_grouped_gemm", "moe_router_dtype"})
+      w.unset(k, dense);
+  }
 
   const ParallelConfig &p = spec.parallel;
   w.section("parallel");
@@ -320,6 +450,16 @@ std::string toToml(const Spec &spec) {
     w.integer("recompute_num_layers", p.recompute_num_layers);
   else
     w.unset("recompute_num_layers", "not set");
+  if (spec.model.num_experts > 0) {
+    w.integer("expert_model_parallel_size", p.expert_model_parallel_size);
+    w.integer("expert_tensor_parallel_size", p.expert_tensor_parallel_size);
+    w.string("moe_token_dispatcher_type", toString(p.moe_token_dispatcher_type));
+  } else {
+    const char *dense = "only with num_experts > 0";
+    w.unset("expert_model_parallel_size", dense);
+    w.unset("expert_tensor_parallel_size", dense);
+    w.unset("moe_token_dispatcher_type", dense);
+  }
 
   const TrainingConfig &t = spec.training;
   const bool fp16 = t.precision == Precision::FP16;

@@ -24,6 +24,12 @@ enum class RecomputeMethod { None, Uniform, Block };
 // Megatron's --optimizer: Adam (AdamW: decoupled weight decay) or SGD with
 // momentum (torch.optim.SGD: weight decay added to the gradient).
 enum class Optimizer { Adam, SGD };
+// Mixture of experts (Megatron-Core's MoE layer; docs/spec.md).
+enum class MoeLoadBalancing { AuxLoss, SeqAuxLoss, None };
+enum class MoeScoreFunction { Softmax, Sigmoid };
+enum class MoeTokenDropPolicy { Probs, Position };
+enum class MoeRouterDtype { None, FP32, FP64 }; // None: the model's precision
+enum class MoeTokenDispatcher { AllGather, AllToAll };
 
 const char *toString(PositionEmbedding v);
 const char *toString(Normalization v);
@@ -33,6 +39,11 @@ const char *toString(WsdDecayStyle v);
 const char *toString(RecomputeGranularity v);
 const char *toString(RecomputeMethod v);
 const char *toString(Optimizer v);
+const char *toString(MoeLoadBalancing v);
+const char *toString(MoeScoreFunction v);
+const char *toString(MoeTokenDropPolicy v);
+const char *toString(MoeRouterDtype v);
+const char *toString(MoeTokenDispatcher v);
 
 // [model]: the network. Names mirror Megatron-LM's flags.
 struct ModelConfig {
@@ -59,6 +70,34 @@ struct ModelConfig {
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
   double init_method_std = 0.02;
+
+  // Mixture of experts: Megatron's --num-experts and --moe-* flags. The
+  // layers moe_layers marks replace their MLP by a router and num_experts
+  // experts, each token going to moe_router_topk of them.
+  int64_t num_experts = 0;                      // 0: dense model
+  int64_t moe_ffn_hidden_size = 0;              // resolved: ffn_hidden_size when not given
+  int64_t moe_router_topk = 2;
+  MoeLoadBalancing moe_router_load_balancing_type = MoeLoadBalancing::AuxLoss;
+  double moe_aux_loss_coeff = 0.0;
+  double moe_z_loss_coeff = 0.0;                // 0: off (Megatron: None)
+  MoeScoreFunction moe_router_score_function = MoeScoreFunction::Softmax;
+  bool moe_router_pre_softmax = false;
+  double moe_router_topk_scaling_factor = 0.0;  // 0: none
+  double moe_expert_capacity_factor = 0.0;      // 0: no capacity, no token dropped
+  bool moe_pad_expert_input_to_capacity = false;
+  MoeTokenDropPolicy moe_token_drop_policy = MoeTokenDropPolicy::Probs;
+  // Resolved moe_layer_freq: num_layers entries, true = MoE layer; empty
+  // when num_experts == 0.
+  std::vector<bool> moe_layers;
+  int64_t moe_shared_expert_intermediate_size = 0; // 0: no shared expert
+  bool moe_grouped_gemm = false;
+  MoeRouterDtype moe_router_dtype = MoeRouterDtype::None;
+
+  bool isMoeLayer(int64_t layer) const {
+    return num_experts > 0 && layer >= 0 && size_t(layer) < moe_layers.size() &&
+           moe_layers[size_t(layer)];
+  }
+  int64_t numMoeLayers() const;
 };
 
 // [parallel]: how the model is split over GPUs.
@@ -77,6 +116,10 @@ struct ParallelConfig {
   RecomputeGranularity recompute_granularity = RecomputeGranularity::None;
   RecomputeMethod recompute_method = RecomputeMethod::None;
   int64_t recompute_num_layers = 0;
+  // Expert parallelism (only with num_experts > 0).
+  int64_t expert_model_parallel_size = 1;
+  int64_t expert_tensor_parallel_size = 0; // resolved: tensor_model_parallel_size
+  MoeTokenDispatcher moe_token_dispatcher_type = MoeTokenDispatcher::AllGather;
 };
 
 // [training]: batch, optimizer, schedule, precision, logging, checkpoints.
@@ -218,13 +261,22 @@ struct Override {
   std::string text; // as the user typed it, e.g. "model.num_layers=24"
 };
 
+struct ParseOptions {
+  // Refuse what Megatron accepts but mt does not implement yet (expert
+  // parallelism, tensor parallelism with experts). `mtc import-megatron`
+  // translates such command lines anyway and says that compile refuses them.
+  bool refuseUnimplemented = true;
+};
+
 // Parse and validate. On failure the status message is one line:
 //   FILE:LINE:COL: error: what is wrong; what to do
 absl::StatusOr<Spec> parseSpecFile(const std::string &path,
-                                   const std::vector<Override> &overrides = {});
+                                   const std::vector<Override> &overrides = {},
+                                   const ParseOptions &options = {});
 absl::StatusOr<Spec> parseSpecString(const std::string &text,
                                      const std::string &sourceName,
-                                     const std::vector<Override> &overrides = {});
+                                     const std::vector<Override> &overrides = {},
+                                     const ParseOptions &options = {});
 
 // Renders a validated spec back to TOML with every key explicit (the echo
 // stored in plans and checkpoints; parsing it gives the same Spec).

@@ -131,6 +131,91 @@ std::vector<KeyInfo> buildTable() {
                   "Standard deviation of the normal weight init (output projections are "
                   "scaled by 1 / sqrt(2 * num_layers)).",
                   above(0)));
+  // Mixture of experts: megatron/training/arguments.py (_add_moe_args) and
+  // TransformerConfig's moe_* fields, whose flags Megatron generates.
+  t.push_back(key("model", "num_experts", I, false, "0 (dense)", "experts", "--num-experts",
+                  "Experts of each MoE layer; 0 is a dense model (Megatron's None). Each MoE "
+                  "layer's MLP becomes a router (a [num_experts, hidden_size] weight, no bias) "
+                  "and num_experts MLPs of moe_ffn_hidden_size; each token goes to "
+                  "moe_router_topk of them. Needs add_bias_linear = false. The [model] moe_* "
+                  "keys and the [parallel] expert keys only apply with num_experts > 0.",
+                  atLeast(0)));
+  t.push_back(key("model", "moe_ffn_hidden_size", I, false, "ffn_hidden_size", "",
+                  "--moe-ffn-hidden-size",
+                  "Inner width of each expert's MLP (per branch with swiglu).", atLeast(1)));
+  t.push_back(key("model", "moe_router_topk", I, false, "2", "experts", "--moe-router-topk",
+                  "Experts each token is routed to; at most num_experts. With 1 and the "
+                  "softmax score function, moe_router_pre_softmax must be true (Megatron "
+                  "refuses a softmax over one score, whose gradient is zero).",
+                  atLeast(1)));
+  t.push_back(key("model", "moe_router_load_balancing_type", E, false, "\"aux_loss\"", "",
+                  "--moe-router-load-balancing-type",
+                  "The router's load-balancing loss: \"aux_loss\" (GShard / Switch "
+                  "Transformer, over the micro-batch's tokens), \"seq_aux_loss\" (DeepSeek-V2, "
+                  "per sequence) or \"none\". Its weight is moe_aux_loss_coeff.",
+                  none(), {"aux_loss", "seq_aux_loss", "none"}));
+  t.push_back(key("model", "moe_aux_loss_coeff", F, false, "0.0", "", "--moe-aux-loss-coeff",
+                  "Weight of the load-balancing loss in the training loss (1e-2 is "
+                  "Megatron's suggested start); 0 computes and logs it without training on "
+                  "it.",
+                  atLeast(0)));
+  t.push_back(key("model", "moe_z_loss_coeff", F, false, "not set (no z-loss)", "",
+                  "--moe-z-loss-coeff",
+                  "Weight of the router z-loss (ST-MoE: the mean squared logsumexp of the "
+                  "router logits), logged as z_loss; 1e-3 is Megatron's suggested start.",
+                  atLeast(0)));
+  t.push_back(key("model", "moe_router_score_function", E, false, "\"softmax\"", "",
+                  "--moe-router-score-function",
+                  "Routing scores: \"softmax\" over the chosen experts' logits (over all "
+                  "experts with moe_router_pre_softmax), or \"sigmoid\" of each logit, "
+                  "normalized over the chosen experts when moe_router_topk > 1.",
+                  none(), {"softmax", "sigmoid"}));
+  t.push_back(key("model", "moe_router_pre_softmax", B, false, "false", "",
+                  "--moe-router-pre-softmax",
+                  "With the softmax score function, take the softmax over all experts before "
+                  "choosing the top k (the chosen probabilities then sum to at most 1). Only "
+                  "with moe_router_score_function = \"softmax\"."));
+  t.push_back(key("model", "moe_router_topk_scaling_factor", F, false, "not set (1)", "",
+                  "--moe-router-topk-scaling-factor",
+                  "Multiplies the chosen experts' routing weights.", above(0)));
+  t.push_back(key("model", "moe_expert_capacity_factor", F, false, "not set (no dropping)", "",
+                  "--moe-expert-capacity-factor",
+                  "Expert capacity: each expert takes at most ceil(tokens * moe_router_topk / "
+                  "num_experts * factor) tokens of a micro-batch and the rest are dropped as "
+                  "moe_token_drop_policy says. Unset, no token is dropped.",
+                  above(0)));
+  t.push_back(key("model", "moe_pad_expert_input_to_capacity", B, false, "false", "",
+                  "--moe-pad-expert-input-to-capacity",
+                  "Pad each expert's tokens to its full capacity, so that every expert "
+                  "computes the same number of rows. Needs moe_expert_capacity_factor."));
+  t.push_back(key("model", "moe_token_drop_policy", E, false, "\"probs\"", "",
+                  "--moe-token-drop-policy",
+                  "Which tokens an expert over capacity drops: those of the lowest routing "
+                  "probability (\"probs\") or the last in the micro-batch (\"position\"). "
+                  "Only with moe_expert_capacity_factor.",
+                  none(), {"probs", "position"}));
+  t.push_back(key("model", "moe_layer_freq", KeyType::LayerPattern, false, "1 (every layer)",
+                  "", "--moe-layer-freq",
+                  "Which layers are MoE layers, in each of Megatron's forms: an integer N "
+                  "(layers 0, N, 2N, ... are MoE layers), a Python list expression string of "
+                  "0s and 1s such as \"([1]*3+[0]*1)*3\" or \"[0]+[1]*23\", or an array of "
+                  "0/1 (1: MoE layer). A list has one entry per layer (num_layers).",
+                  atLeast(1)));
+  t.push_back(key("model", "moe_shared_expert_intermediate_size", I, false, "not set (none)", "",
+                  "--moe-shared-expert-intermediate-size",
+                  "Inner width of the shared expert, an MLP every token goes through beside "
+                  "the routed experts (several shared experts: the sum of their widths); its "
+                  "output is added to theirs.",
+                  atLeast(1)));
+  t.push_back(key("model", "moe_grouped_gemm", B, false, "false", "", "--moe-grouped-gemm",
+                  "Megatron's grouped GEMM for the local experts. mt always computes the "
+                  "experts with grouped GEMMs, so this gives the same numbers either way; "
+                  "accepted for Megatron's command lines."));
+  t.push_back(key("model", "moe_router_dtype", E, false, "not set (the model's precision)", "",
+                  "--moe-router-dtype",
+                  "Precision of the routing (router logits, scores and top-k) and of the "
+                  "weighted sum of the experts' outputs.",
+                  none(), {"fp32", "fp64"}));
 
   // [parallel]
   t.push_back(key("parallel", "tensor_model_parallel_size", I, false, "1", "GPUs",
@@ -203,6 +288,24 @@ std::vector<KeyInfo> buildTable() {
                   "group size, must divide the chunk; block: layers recomputed, at most "
                   "the chunk.",
                   atLeast(1)));
+  t.push_back(key("parallel", "expert_model_parallel_size", I, false, "1", "GPUs",
+                  "--expert-model-parallel-size",
+                  "Expert parallelism (ep): each MoE layer's experts are split over ep GPUs "
+                  "of the data-parallel group; num_experts must be a multiple of it. mt "
+                  "implements ep = 1 (every rank holds every expert) so far.",
+                  atLeast(1)));
+  t.push_back(key("parallel", "expert_tensor_parallel_size", I, false,
+                  "tensor_model_parallel_size", "GPUs", "--expert-tensor-parallel-size",
+                  "Tensor parallelism inside each expert. mt implements 1 so far (with "
+                  "tensor_model_parallel_size = 1).",
+                  atLeast(1)));
+  t.push_back(key("parallel", "moe_token_dispatcher_type", E, false, "\"allgather\"", "",
+                  "--moe-token-dispatcher-type",
+                  "How tokens reach the ranks that hold their experts: all-gather or "
+                  "all-to-all over the expert-parallel group. With expert_model_parallel_size "
+                  "= 1 and tensor_model_parallel_size = 1 no token leaves its rank and both "
+                  "compute the same; Megatron's \"flex\" (DeepEP, HybridEP) is not implemented.",
+                  none(), {"allgather", "alltoall"}));
 
   // [training]
   t.push_back(key("training", "micro_batch_size", I, true, "", "samples", "--micro-batch-size",
@@ -544,6 +647,8 @@ const char *typeName(KeyType t) {
     return "array of ints";
   case KeyType::StringList:
     return "array of strings";
+  case KeyType::LayerPattern:
+    return "int, string or array";
   }
   return "";
 }

@@ -19,6 +19,8 @@ enum class KeyType {
   DeviceMemory, // preset name (string) or GiB (number)
   IntList,      // TOML array of `listLength` integers, each within the range
   StringList,   // TOML array of strings (at least one)
+  LayerPattern, // integer N (every Nth layer), a Python list expression
+                // string ("([1]*3+[0]*1)*3"), or an array of 0/1 per layer
 };
 
 struct KeyInfo {

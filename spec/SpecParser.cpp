@@ -67,19 +67,6 @@ const char *typeOf(const toml::node &n) {
   }
 }
 
-// "float 12.0", "string \"abc\"", "array": the type, and the value when short.
-std::string got(const toml::node &n) {
-  std::string t = typeOf(n);
-  if (auto v = n.value_exact<int64_t>())
-    return t + " " + std::to_string(*v);
-  if (auto v = n.value_exact<double>())
-    return t + " " + floatText(*v);
-  if (auto v = n.value_exact<bool>())
-    return t + " " + (*v ? "true" : "false");
-  if (auto v = n.value_exact<std::string>())
-    return t + " " + quote(*v);
-  return t;
-}
 
 bool parseNumber(const std::string &s, double &out) {
   if (s.empty())
@@ -147,6 +134,20 @@ std::string keyHint(const std::string &section, const std::string &name) {
 }
 
 } // namespace
+
+// "float 12.0", "string \"abc\"", "array": the type, and the value when short.
+std::string got(const toml::node &n) {
+  std::string t = typeOf(n);
+  if (auto v = n.value_exact<int64_t>())
+    return t + " " + std::to_string(*v);
+  if (auto v = n.value_exact<double>())
+    return t + " " + floatText(*v);
+  if (auto v = n.value_exact<bool>())
+    return t + " " + (*v ? "true" : "false");
+  if (auto v = n.value_exact<std::string>())
+    return t + " " + quote(*v);
+  return t;
+}
 
 Loc Parser::locOf(const toml::source_region &r, const std::string &file) {
   Loc l;
@@ -365,6 +366,9 @@ void Parser::checkValue(const Entry &e) {
              form);
     return;
   }
+  case KeyType::LayerPattern:
+    checkLayerPattern(e);
+    return;
   case KeyType::IntList: {
     // rampup_batch_size = [16, 16, 5859375]: the flag's three numbers.
     const std::string form = "write " + std::to_string(k.listLength) + " whole numbers in "
@@ -621,6 +625,26 @@ void Parser::readValues(Spec &spec) {
   getFloat("model", "hidden_dropout", m.hidden_dropout);
   getFloat("model", "attention_dropout", m.attention_dropout);
   getFloat("model", "init_method_std", m.init_method_std);
+  getInt("model", "num_experts", m.num_experts);
+  getInt("model", "moe_ffn_hidden_size", m.moe_ffn_hidden_size);
+  getInt("model", "moe_router_topk", m.moe_router_topk);
+  getEnum("model", "moe_router_load_balancing_type", m.moe_router_load_balancing_type,
+          {MoeLoadBalancing::AuxLoss, MoeLoadBalancing::SeqAuxLoss, MoeLoadBalancing::None});
+  getFloat("model", "moe_aux_loss_coeff", m.moe_aux_loss_coeff);
+  getFloat("model", "moe_z_loss_coeff", m.moe_z_loss_coeff);
+  getEnum("model", "moe_router_score_function", m.moe_router_score_function,
+          {MoeScoreFunction::Softmax, MoeScoreFunction::Sigmoid});
+  getBool("model", "moe_router_pre_softmax", m.moe_router_pre_softmax);
+  getFloat("model", "moe_router_topk_scaling_factor", m.moe_router_topk_scaling_factor);
+  getFloat("model", "moe_expert_capacity_factor", m.moe_expert_capacity_factor);
+  getBool("model", "moe_pad_expert_input_to_capacity", m.moe_pad_expert_input_to_capacity);
+  getEnum("model", "moe_token_drop_policy", m.moe_token_drop_policy,
+          {MoeTokenDropPolicy::Probs, MoeTokenDropPolicy::Position});
+  getInt("model", "moe_shared_expert_intermediate_size",
+         m.moe_shared_expert_intermediate_size);
+  getBool("model", "moe_grouped_gemm", m.moe_grouped_gemm);
+  getEnum("model", "moe_router_dtype", m.moe_router_dtype,
+          {MoeRouterDtype::FP32, MoeRouterDtype::FP64});
 
   ParallelConfig &p = spec.parallel;
   getInt("parallel", "tensor_model_parallel_size", p.tensor_model_parallel_size);
@@ -640,6 +664,10 @@ void Parser::readValues(Spec &spec) {
   getEnum("parallel", "recompute_method", p.recompute_method,
           {RecomputeMethod::Uniform, RecomputeMethod::Block});
   getInt("parallel", "recompute_num_layers", p.recompute_num_layers);
+  getInt("parallel", "expert_model_parallel_size", p.expert_model_parallel_size);
+  getInt("parallel", "expert_tensor_parallel_size", p.expert_tensor_parallel_size);
+  getEnum("parallel", "moe_token_dispatcher_type", p.moe_token_dispatcher_type,
+          {MoeTokenDispatcher::AllGather, MoeTokenDispatcher::AllToAll});
 
   TrainingConfig &t = spec.training;
   getInt("training", "micro_batch_size", t.micro_batch_size);
@@ -734,16 +762,18 @@ void Parser::readValues(Spec &spec) {
 namespace mt::spec {
 
 absl::StatusOr<Spec> parseSpecString(const std::string &text, const std::string &sourceName,
-                                     const std::vector<Override> &overrides) {
+                                     const std::vector<Override> &overrides,
+                                     const ParseOptions &options) {
   try {
-    return detail::Parser(sourceName).run(text, overrides);
+    return detail::Parser(sourceName, options).run(text, overrides);
   } catch (const detail::SpecError &e) {
     return absl::InvalidArgumentError(e.loc.str() + ": error: " + e.message);
   }
 }
 
 absl::StatusOr<Spec> parseSpecFile(const std::string &path,
-                                   const std::vector<Override> &overrides) {
+                                   const std::vector<Override> &overrides,
+                                   const ParseOptions &options) {
   std::FILE *f = std::fopen(path.c_str(), "rb");
   std::string text;
   int err = 0;
@@ -761,7 +791,7 @@ absl::StatusOr<Spec> parseSpecFile(const std::string &path,
   if (err)
     return absl::NotFoundError(path + ": error: cannot read spec file: " + std::strerror(err) +
                                "; check the path");
-  return parseSpecString(text, path, overrides);
+  return parseSpecString(text, path, overrides, options);
 }
 
 } // namespace mt::spec

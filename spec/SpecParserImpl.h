@@ -53,13 +53,27 @@ struct SectionState {
 };
 
 std::string quote(const std::string &s);
+// "float 12.0", "string \"abc\"", "array": a value's type, and the value when short.
+std::string got(const toml::node &n);
 
 constexpr int64_t kMaxInt = 2147483647; // 2^31 - 1
 constexpr int64_t kMaxSamples = 1000000000000000; // 1e15: the *_samples keys
 
+// Megatron's --moe-layer-freq list expression ("([1]*3+[0]*1)*3", "[0]+[1]*23"):
+// Python integers and lists with +, * and parentheses, as megatron/training/
+// arguments.py evaluates it (SpecMoe.cpp). Returns false with `err` saying
+// what is wrong; an expression of a single integer sets `isInt` and `value`.
+struct LayerPattern {
+  bool isInt = false;
+  int64_t value = 0;
+  std::vector<int64_t> list;
+};
+bool evalLayerPattern(const std::string &text, LayerPattern *out, std::string *err);
+
 class Parser {
 public:
-  explicit Parser(std::string source) : source(std::move(source)) {}
+  Parser(std::string source, const ParseOptions &options)
+      : source(std::move(source)), options(options) {}
 
   Spec run(const std::string &text, const std::vector<Override> &overrides) {
     addDocument(parseDocument(text, source, "fix the TOML syntax"), source, false);
@@ -71,15 +85,20 @@ public:
     readValues(spec);
     resolveTokenizer(spec);
     resolveModel(spec);
+    resolveMoe(spec);
     checkParallel(spec);
+    checkMoeParallel(spec);
     resolveTraining(spec);
     checkData(spec);
     resolveCluster(spec);
+    if (options.refuseUnimplemented)
+      refuseUnimplementedMoe(spec);
     return spec;
   }
 
 private:
   std::string source;
+  ParseOptions options;
   std::vector<std::unique_ptr<toml::table>> docs;
   std::map<std::string, SectionState> sections;
 
@@ -113,6 +132,12 @@ private:
                   const std::string &value) const;
   std::string ref(const std::string &section, const std::string &name, int64_t v) const;
   void resolveModel(Spec &spec);
+  // Mixture of experts (SpecMoe.cpp): moe_layer_freq, Megatron's rules, and
+  // what mt does not implement yet.
+  void checkLayerPattern(const Entry &e);
+  void resolveMoe(Spec &spec);
+  void checkMoeParallel(Spec &spec);
+  void refuseUnimplementedMoe(const Spec &spec);
   void resolveTokenizer(Spec &spec); // SpecTokenizer.cpp
   void checkParallel(Spec &spec);
   void resolveLength(Spec &spec);

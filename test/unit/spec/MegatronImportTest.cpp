@@ -512,13 +512,14 @@ TEST(ImportMegatron, NotApplicableFlagsAreListedWithTheirValues) {
 
 TEST(ImportMegatron, RefusedAndUnknownFlagsAreNamedTogether) {
   std::string err = importError(std::string(kBase) +
-                                "--frobnicate 3 --num-experts 8 --use-mcore-models "
+                                "--frobnicate 3 --moe-router-num-groups 2 --use-mcore-models "
                                 "--fp8-format hybrid --context-parallel-size 2 --num-layer 4");
   EXPECT_EQ(err.rfind("5 flags mt cannot honour:\n", 0), 0u) << err;
   EXPECT_NE(err.find("\n  --frobnicate 3: not a flag of Megatron-LM core_v0.16.1; "),
             std::string::npos)
       << err;
-  EXPECT_NE(err.find("\n  --num-experts 8: mixture of experts"), std::string::npos) << err;
+  EXPECT_NE(err.find("\n  --moe-router-num-groups 2: group-limited routing"), std::string::npos)
+      << err;
   EXPECT_NE(err.find("\n  --fp8-format hybrid: fp8 training"), std::string::npos) << err;
   EXPECT_NE(err.find("\n  --context-parallel-size 2: context parallelism"),
             std::string::npos)
