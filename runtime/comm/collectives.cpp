@@ -23,7 +23,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum class Op { AllReduce, AllGather, ReduceScatter, Broadcast, Barrier };
+enum class Op { AllReduce, AllGather, ReduceScatter, Broadcast, Barrier, ExchangeV };
 
 const char *op_name(Op op) {
   switch (op) {
@@ -37,6 +37,8 @@ const char *op_name(Op op) {
     return "broadcast";
   case Op::Barrier:
     return "barrier";
+  case Op::ExchangeV:
+    return "all_to_all_v";
   }
   return "?";
 }
@@ -57,6 +59,12 @@ using detail::format_duration;
 struct Arrival {
   const float *in = nullptr;
   float *out = nullptr;
+  // ExchangeV: the bytes and the rank's counts and displacements (elements).
+  const void *send = nullptr;
+  void *recv = nullptr;
+  const std::vector<size_t> *send_counts = nullptr, *send_displs = nullptr,
+                            *recv_counts = nullptr, *recv_displs = nullptr;
+  size_t elem_bytes = 0;
 };
 
 struct GroupState {
@@ -71,6 +79,7 @@ struct GroupState {
   uint64_t round = 0;
   int arrived = 0;
   Op op = Op::Barrier;
+  std::string vop; // ExchangeV: the collective's name ("all_to_all_v", ...)
   size_t count = 0;
   int root = 0;
   ReduceOp reduce = ReduceOp::Sum;
@@ -80,6 +89,9 @@ struct GroupState {
   std::vector<bool> came;
   std::vector<Arrival> arrivals;
   std::vector<float> scratch;
+  // Why the last round failed on every member ("" when it did not): an
+  // ExchangeV whose members disagree on their counts.
+  std::string round_error;
 
   // Point-to-point messages, by (source, destination, tag) in group ranks.
   std::map<std::tuple<int, int, int>, std::deque<std::vector<char>>> mail;
@@ -96,6 +108,7 @@ struct GroupState {
   // Computes every rank's output once all have arrived (mu held).
   void complete() {
     int n = size();
+    round_error.clear();
     switch (op) {
     case Op::AllReduce:
     case Op::ReduceScatter: {
@@ -128,12 +141,41 @@ struct GroupState {
       break;
     case Op::Barrier:
       break;
+    case Op::ExchangeV:
+      exchange();
+      break;
     }
     ++round;
     arrived = 0;
     std::fill(present.begin(), present.end(), false);
     std::fill(came.begin(), came.end(), false);
     cv.notify_all();
+  }
+
+  // Every rank's receive blocks from every sender, once the members agree.
+  void exchange() {
+    int n = size();
+    std::vector<std::vector<size_t>> sends(n), recvs(n);
+    std::vector<size_t> elems(n);
+    for (int r = 0; r < n; ++r) {
+      sends[r] = *arrivals[r].send_counts;
+      recvs[r] = *arrivals[r].recv_counts;
+      elems[r] = arrivals[r].elem_bytes;
+    }
+    round_error = detail::check_exchange_counts(world_ranks, sends, recvs, elems);
+    if (!round_error.empty())
+      return;
+    size_t eb = elems[0];
+    for (int r = 0; r < n; ++r)
+      for (int p = 0; p < n; ++p) {
+        size_t bytes = (*arrivals[r].recv_counts)[p] * eb;
+        if (bytes == 0)
+          continue;
+        const char *from =
+            static_cast<const char *>(arrivals[p].send) + (*arrivals[p].send_displs)[r] * eb;
+        char *to = static_cast<char *>(arrivals[r].recv) + (*arrivals[r].recv_displs)[p] * eb;
+        std::memcpy(to, from, bytes);
+      }
   }
 };
 
@@ -165,6 +207,28 @@ public:
     return collective(Op::Barrier, 0, 0, ReduceOp::Sum, nullptr, nullptr);
   }
 
+protected:
+  std::string exchange_v(const char *op, const void *send, const std::vector<size_t> &send_counts,
+                         const std::vector<size_t> &send_displs, void *recv,
+                         const std::vector<size_t> &recv_counts,
+                         const std::vector<size_t> &recv_displs, size_t elem_bytes) override {
+    if (std::string err =
+            detail::check_exchange_v(prefix(op), size(), send, send_counts, send_displs, recv,
+                                     recv_counts, recv_displs, elem_bytes);
+        !err.empty())
+      return err;
+    Arrival a;
+    a.send = send;
+    a.recv = recv;
+    a.send_counts = &send_counts;
+    a.send_displs = &send_displs;
+    a.recv_counts = &recv_counts;
+    a.recv_displs = &recv_displs;
+    a.elem_bytes = elem_bytes;
+    return collective(Op::ExchangeV, elem_bytes, 0, ReduceOp::Sum, nullptr, nullptr, op, &a);
+  }
+
+public:
   std::string send(const void *data, size_t bytes, int peer, int tag) override {
     if (std::string err = check_peer("send", peer); !err.empty())
       return err;
@@ -243,32 +307,49 @@ private:
     return detail::check_split(prefix("split into '" + name + "'"), ranks, rank_, size());
   }
 
+  // "all_reduce of 4 floats", "all_to_all_v of 4-byte elements".
+  static std::string describe(Op op, const std::string &vop, size_t count) {
+    if (op == Op::ExchangeV)
+      return vop + " of " + std::to_string(count) + "-byte elements";
+    return std::string(op_name(op)) + " of " + std::to_string(count) + " floats";
+  }
+
+  // `vop` and `exchange`: an ExchangeV's name and this rank's arguments.
   std::string collective(Op op, size_t count, int root, ReduceOp reduce, const float *in,
-                         float *out) {
+                         float *out, const char *vop = "", const Arrival *exchange = nullptr) {
     GroupState &g = *group_;
+    std::string name = op == Op::ExchangeV ? vop : op_name(op);
     std::unique_lock<std::mutex> lock(g.mu);
-    if (g.arrived > 0 && (g.op != op || g.count != count || g.root != root || g.reduce != reduce)) {
+    if (g.arrived > 0 && (g.op != op || g.count != count || g.root != root || g.reduce != reduce ||
+                          (op == Op::ExchangeV && g.vop != vop))) {
       int first = static_cast<int>(std::find(g.present.begin(), g.present.end(), true) -
                                    g.present.begin());
-      return prefix(op_name(op)) + " of " + std::to_string(count) + " floats meets " +
-             op_name(g.op) + " of " + std::to_string(g.count) + " floats from rank " +
+      return prefix(name) + " " + describe(op, vop, count).substr(name.size() + 1) + " meets " +
+             describe(g.op, g.vop, g.count) + " from rank " +
              std::to_string(g.world_ranks[first]) +
              "; every rank must call the same collectives in the same order";
     }
     g.op = op;
+    g.vop = vop;
     g.count = count;
     g.root = root;
     g.reduce = reduce;
     g.present[rank_] = true;
     g.came[rank_] = true;
-    g.arrivals[rank_] = {in, out};
+    if (exchange)
+      g.arrivals[rank_] = *exchange;
+    else
+      g.arrivals[rank_] = {in, out};
+    auto outcome = [&] {
+      return g.round_error.empty() ? std::string() : prefix(name) + ": " + g.round_error;
+    };
     if (++g.arrived == g.size()) {
       g.complete();
-      return "";
+      return outcome();
     }
     uint64_t round = g.round;
     if (g.cv.wait_until(lock, Clock::now() + g.timeout, [&] { return g.round != round; }))
-      return "";
+      return outcome();
     std::vector<int> missing;
     for (int r = 0; r < g.size(); ++r)
       if (!g.came[r])
@@ -278,7 +359,7 @@ private:
     g.present[rank_] = false;
     if (--g.arrived == 0)
       std::fill(g.came.begin(), g.came.end(), false);
-    return prefix(op_name(op)) + " timed out after " + format_duration(g.timeout) + ": rank" +
+    return prefix(name) + " timed out after " + format_duration(g.timeout) + ": rank" +
            (missing.size() > 1 ? "s " : " ") + join_ranks(missing) + " never arrived" +
            " (died or stuck); see " + (missing.size() > 1 ? "their logs" : "its log");
   }

@@ -47,12 +47,54 @@ public:
   virtual std::string recv(void *data, size_t bytes, int peer, int tag) = 0;
   virtual std::string barrier() = 0;
 
+  // All-to-all with per-peer sizes (MPI_Alltoallv; NCCL: grouped sends and
+  // receives): this rank sends send_counts[p] elements of `elem_bytes` bytes
+  // each, starting send_displs[p] elements into `send`, to group rank p, and
+  // receives recv_counts[p] elements from p at recv_displs[p] elements into
+  // `recv` (its own block is copied). Each vector has size() entries; counts
+  // may be zero; the receive blocks must not overlap each other or `send`.
+  // Rank p's send_counts[r] must equal rank r's recv_counts[p]: a mismatch
+  // anywhere gives every member the same error line naming the pair.
+  std::string all_to_all_v(const void *send, const std::vector<size_t> &send_counts,
+                           const std::vector<size_t> &send_displs, void *recv,
+                           const std::vector<size_t> &recv_counts,
+                           const std::vector<size_t> &recv_displs, size_t elem_bytes) {
+    return exchange_v("all_to_all_v", send, send_counts, send_displs, recv, recv_counts,
+                      recv_displs, elem_bytes);
+  }
+  std::string all_to_all_v(const float *send, const std::vector<size_t> &send_counts,
+                           const std::vector<size_t> &send_displs, float *recv,
+                           const std::vector<size_t> &recv_counts,
+                           const std::vector<size_t> &recv_displs) {
+    return all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                        sizeof(float));
+  }
+  // all_gather with a size per rank (Megatron's gather with
+  // output_split_sizes): `in` holds counts[rank()] floats, `out` the blocks
+  // of every rank in rank order (counts[r] floats each, back to back).
+  std::string all_gather_v(const float *in, const std::vector<size_t> &counts, float *out);
+  // reduce_scatter with a size per rank (Megatron's reduce-scatter with
+  // input_split_sizes): `in` holds the blocks of every rank in rank order
+  // (counts[r] floats each); rank r gets the sum of every rank's block r in
+  // `out`, added in rank order (the same bits on every backend's rank).
+  std::string reduce_scatter_v(const float *in, const std::vector<size_t> &counts, float *out);
+
   // A sub-group of this group's ranks (`ranks` in this group's numbering,
   // ascending, including this rank); every member calls split with the same
   // list and name. Returns null and sets *error on failure.
   virtual std::unique_ptr<Communicator> split(const std::vector<int> &ranks,
                                               const std::string &name,
                                               std::string *error) = 0;
+
+protected:
+  // What the three collectives above are made of: all_to_all_v's contract,
+  // with `op` naming the collective in error lines and in the collective
+  // record.
+  virtual std::string exchange_v(const char *op, const void *send,
+                                 const std::vector<size_t> &send_counts,
+                                 const std::vector<size_t> &send_displs, void *recv,
+                                 const std::vector<size_t> &recv_counts,
+                                 const std::vector<size_t> &recv_displs, size_t elem_bytes) = 0;
 };
 
 // In-process ranks: one ThreadGroup, one communicator per thread.

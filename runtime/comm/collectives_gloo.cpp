@@ -15,6 +15,7 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -233,6 +234,109 @@ public:
     });
   }
 
+protected:
+  // Every member's counts first (one small all_gather), so that a mismatch
+  // is the same error line on every member instead of a hang; then Gloo's
+  // alltoallv, whose blocks lie back to back in rank order: blocks given
+  // elsewhere are packed before and unpacked after.
+  std::string exchange_v(const char *name, const void *send, const std::vector<size_t> &send_counts,
+                         const std::vector<size_t> &send_displs, void *recv,
+                         const std::vector<size_t> &recv_counts,
+                         const std::vector<size_t> &recv_displs, size_t elem_bytes) override {
+    if (std::string err =
+            detail::check_exchange_v(prefix(name), size(), send, send_counts, send_displs, recv,
+                                     recv_counts, recv_displs, elem_bytes);
+        !err.empty())
+      return err;
+    const int n = size();
+    size_t sent = 0, received = 0;
+    for (int p = 0; p < n; ++p) {
+      sent += send_counts[p];
+      received += recv_counts[p];
+    }
+    std::string mismatch;
+    std::string err = collective(name, sent * elem_bytes, [&] {
+      // Row of each member: element size, send counts, receive counts.
+      const size_t row = 1 + 2 * size_t(n);
+      std::vector<uint64_t> mine(row), all(row * n);
+      mine[0] = elem_bytes;
+      for (int p = 0; p < n; ++p) {
+        mine[1 + p] = send_counts[p];
+        mine[1 + n + p] = recv_counts[p];
+      }
+      gloo::AllgatherOptions gather(context_);
+      gather.setInput(mine.data(), row);
+      gather.setOutput(all.data(), all.size());
+      gather.setTag(next_tag());
+      gather.setTimeout(shared_->timeout);
+      gloo::allgather(gather);
+      std::vector<std::vector<size_t>> sends(n), recvs(n);
+      std::vector<size_t> elems(n);
+      for (int r = 0; r < n; ++r) {
+        const uint64_t *at = all.data() + size_t(r) * row;
+        elems[r] = at[0];
+        sends[r].assign(at + 1, at + 1 + n);
+        recvs[r].assign(at + 1 + n, at + 1 + 2 * n);
+      }
+      mismatch = detail::check_exchange_counts(world_ranks_, sends, recvs, elems);
+      if (!mismatch.empty())
+        return;
+      // Contiguous in rank order already, or packed so.
+      auto packed = [&](const std::vector<size_t> &counts, const std::vector<size_t> &displs) {
+        size_t at = 0;
+        for (int p = 0; p < n; ++p) {
+          if (counts[p] && displs[p] != at)
+            return false;
+          at += counts[p];
+        }
+        return true;
+      };
+      const char *in = static_cast<const char *>(send);
+      char *out = static_cast<char *>(recv);
+      std::vector<char> in_buffer, out_buffer;
+      if (!packed(send_counts, send_displs)) {
+        in_buffer.resize(sent * elem_bytes);
+        size_t at = 0;
+        for (int p = 0; p < n; ++p) {
+          std::memcpy(in_buffer.data() + at, in + send_displs[p] * elem_bytes,
+                      send_counts[p] * elem_bytes);
+          at += send_counts[p] * elem_bytes;
+        }
+        in = in_buffer.data();
+      }
+      bool unpack = !packed(recv_counts, recv_displs);
+      if (unpack) {
+        out_buffer.resize(received * elem_bytes);
+        out = out_buffer.data();
+      }
+      // Gloo wants a buffer even when nothing moves.
+      char none[1] = {};
+      std::vector<int64_t> in_bytes(n), out_bytes(n);
+      for (int p = 0; p < n; ++p) {
+        in_bytes[p] = int64_t(send_counts[p] * elem_bytes);
+        out_bytes[p] = int64_t(recv_counts[p] * elem_bytes);
+      }
+      gloo::AlltoallvOptions opts(context_);
+      opts.setInput(const_cast<char *>(sent ? in : none), in_bytes);
+      opts.setOutput(received ? out : none, out_bytes);
+      opts.setTag(next_tag());
+      opts.setTimeout(shared_->timeout);
+      gloo::alltoallv(opts);
+      if (unpack) {
+        size_t at = 0;
+        for (int p = 0; p < n; ++p) {
+          std::memcpy(static_cast<char *>(recv) + recv_displs[p] * elem_bytes,
+                      out_buffer.data() + at, recv_counts[p] * elem_bytes);
+          at += recv_counts[p] * elem_bytes;
+        }
+      }
+    });
+    if (err.empty() && !mismatch.empty())
+      return prefix(name) + ": " + mismatch;
+    return err;
+  }
+
+public:
   // Sends are buffered: Gloo moves the bytes once the peer posts the
   // matching recv, so a send returns at once and is waited for later (at
   // barrier, when too many are pending, or when the communicator goes).

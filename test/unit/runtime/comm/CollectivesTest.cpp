@@ -9,6 +9,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -164,6 +165,135 @@ std::string check_ring(Communicator &comm) {
   return "";
 }
 
+// all_to_all_v with uneven counts, zero counts (every rank sends nothing to
+// itself and some send nothing to a peer), send blocks out of rank order
+// with gaps, and receive blocks either back to back or scattered; then one
+// exchange where nothing moves at all, one of 2-byte elements, and
+// all_gather_v / reduce_scatter_v against serial references.
+size_t a2a_count(int from, int to) { return size_t(from * 3 + to * 5) % 4; }
+float a2a_value(int from, int to, size_t i) { return float(from * 1000 + to * 100) + float(i); }
+
+std::string check_all_to_all_v(Communicator &comm, bool scattered_recv) {
+  int n = comm.size(), r = comm.rank();
+  auto fail = [&](const std::string &what) { return "rank " + std::to_string(r) + ": " + what; };
+  const float kUnused = -7.0f;
+  std::vector<size_t> send_counts(n), send_displs(n), recv_counts(n), recv_displs(n);
+  size_t at = 0;
+  for (int p = n - 1; p >= 0; --p) { // peers in reverse, one unused element apart
+    send_counts[p] = a2a_count(r, p);
+    send_displs[p] = at;
+    at += send_counts[p] + 1;
+  }
+  std::vector<float> send(at, kUnused);
+  for (int p = 0; p < n; ++p)
+    for (size_t i = 0; i < send_counts[p]; ++i)
+      send[send_displs[p] + i] = a2a_value(r, p, i);
+  at = 0;
+  for (int p = 0; p < n; ++p) {
+    recv_counts[p] = a2a_count(p, r);
+    recv_displs[p] = at;
+    at += recv_counts[p] + (scattered_recv ? 2 : 0);
+  }
+  std::vector<float> recv(at, kUnused);
+  if (std::string err = comm.all_to_all_v(send.data(), send_counts, send_displs, recv.data(),
+                                          recv_counts, recv_displs);
+      !err.empty())
+    return err;
+  size_t used = 0;
+  for (int p = 0; p < n; ++p)
+    for (size_t i = 0; i < recv_counts[p]; ++i, ++used)
+      if (recv[recv_displs[p] + i] != a2a_value(p, r, i))
+        return fail("element " + std::to_string(i) + " from rank " + std::to_string(p) +
+                    " differs");
+  size_t untouched = 0;
+  for (float v : recv)
+    untouched += v == kUnused;
+  if (used + untouched != recv.size())
+    return fail("all_to_all_v wrote outside the receive blocks");
+
+  // Nothing moves: null buffers are fine with zero counts.
+  std::vector<size_t> zeros(n, 0);
+  if (std::string err =
+          comm.all_to_all_v(static_cast<const float *>(nullptr), zeros, zeros, nullptr, zeros,
+                            zeros);
+      !err.empty())
+    return err;
+
+  // 2-byte elements: rank r sends p + 1 of them to p.
+  std::vector<size_t> sc(n), sd(n), rc(n, size_t(r) + 1), rd(n);
+  std::vector<uint16_t> small_send, small_recv(size_t(n) * (r + 1));
+  for (int p = 0; p < n; ++p) {
+    sc[p] = size_t(p) + 1;
+    sd[p] = small_send.size();
+    for (int i = 0; i <= p; ++i)
+      small_send.push_back(uint16_t(r * 256 + p * 16 + i));
+    rd[p] = size_t(p) * (r + 1);
+  }
+  if (std::string err = comm.all_to_all_v(small_send.data(), sc, sd, small_recv.data(), rc, rd,
+                                          sizeof(uint16_t));
+      !err.empty())
+    return err;
+  for (int p = 0; p < n; ++p)
+    for (int i = 0; i <= r; ++i)
+      if (small_recv[size_t(p) * (r + 1) + i] != uint16_t(p * 256 + r * 16 + i))
+        return fail("2-byte element from rank " + std::to_string(p) + " differs");
+
+  // all_gather_v: rank s contributes (s * 2) % 3 floats (some none).
+  std::vector<size_t> counts(n);
+  for (int s = 0; s < n; ++s)
+    counts[s] = size_t(s * 2) % 3;
+  std::vector<float> gathered_expect, mine = data_of(r, counts[r], 8);
+  for (int s = 0; s < n; ++s) {
+    std::vector<float> d = data_of(s, counts[s], 8);
+    gathered_expect.insert(gathered_expect.end(), d.begin(), d.end());
+  }
+  std::vector<float> gathered(gathered_expect.size(), kUnused);
+  if (std::string err = comm.all_gather_v(mine.data(), counts, gathered.data()); !err.empty())
+    return err;
+  if (!same_bits(gathered, gathered_expect))
+    return fail("all_gather_v differs");
+
+  // reduce_scatter_v: the sum of every rank's block r, added in rank order.
+  size_t total = 0;
+  for (size_t c : counts)
+    total += c;
+  std::vector<float> in = data_of(r, total, 9), block(counts[r], 0.0f), out(counts[r], kUnused);
+  size_t offset = 0;
+  for (int s = 0; s < r; ++s)
+    offset += counts[s];
+  for (size_t i = 0; i < counts[r]; ++i) {
+    float sum = data_of(0, total, 9)[offset + i];
+    for (int s = 1; s < n; ++s)
+      sum += data_of(s, total, 9)[offset + i];
+    block[i] = sum;
+  }
+  if (std::string err = comm.reduce_scatter_v(in.data(), counts, out.data()); !err.empty())
+    return err;
+  if (!same_bits(out, block))
+    return fail("reduce_scatter_v differs");
+  return "";
+}
+
+// Rank 0 sends 2 floats to rank 1, which expects 3: every rank is told, by
+// the same line.
+std::string mismatched_all_to_all_v(Communicator &comm) {
+  int n = comm.size(), r = comm.rank();
+  std::vector<size_t> sc(n, 1), rc(n, 1), sd(n), rd(n);
+  if (r == 0)
+    sc[1] = 2;
+  if (r == 1)
+    rc[0] = 3;
+  size_t s = 0, t = 0;
+  for (int p = 0; p < n; ++p) {
+    sd[p] = s;
+    rd[p] = t;
+    s += sc[p];
+    t += rc[p];
+  }
+  std::vector<float> send(s, 1.0f), recv(t);
+  return comm.all_to_all_v(send.data(), sc, sd, recv.data(), rc, rd);
+}
+
 // Runs fn on `n` threads of one ThreadGroup; returns each rank's result.
 std::vector<std::string> run_threads(int n, std::chrono::milliseconds timeout,
                                      const std::function<std::string(Communicator &)> &fn) {
@@ -186,6 +316,66 @@ TEST(ThreadCollectives, OpsMatchSerialReference) {
     for (int r = 0; r < n; ++r)
       EXPECT_EQ(results[r], "") << n << " ranks";
   }
+}
+
+TEST(ThreadCollectives, AllToAllVUnevenAndZeroCounts) {
+  for (int n = 1; n <= 4; ++n)
+    for (bool scattered : {false, true}) {
+      auto results = run_threads(
+          n, 5s, [&](Communicator &c) { return check_all_to_all_v(c, scattered); });
+      for (int r = 0; r < n; ++r)
+        EXPECT_EQ(results[r], "") << n << " ranks, scattered " << scattered;
+    }
+}
+
+TEST(ThreadCollectives, AllToAllVErrors) {
+  auto results = run_threads(3, 5s, mismatched_all_to_all_v);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(results[r], "rank " + std::to_string(r) +
+                              ": all_to_all_v on group 'world' (3 ranks): rank 0 sends 2 "
+                              "elements to rank 1, which expects 3; each rank's send count to a "
+                              "peer must equal that peer's receive count from it");
+  // Local argument errors, before anything is sent.
+  results = run_threads(1, 5s, [](Communicator &c) -> std::string {
+    float buffer[8] = {};
+    std::string wrong_size = c.all_to_all_v(buffer, {1, 1}, {0, 1}, buffer + 4, {1}, {0});
+    std::string overlap = c.all_to_all_v(buffer, {2}, {0}, buffer + 1, {2}, {0});
+    std::string gather = c.all_gather_v(buffer, {1, 2}, buffer + 4);
+    return wrong_size + "\n" + overlap + "\n" + gather;
+  });
+  EXPECT_EQ(results[0],
+            "rank 0: all_to_all_v on group 'world' (1 ranks): send_counts has 2 entries for a "
+            "group of 1 ranks; give one per rank\n"
+            "rank 0: all_to_all_v on group 'world' (1 ranks): a receive block overlaps a send "
+            "block; use separate buffers\n"
+            "rank 0: all_gather_v on group 'world' (1 ranks): recv_counts has 2 entries for a "
+            "group of 1 ranks; give one per rank");
+}
+
+TEST(ThreadCollectives, AllToAllVTimeoutNamesTheCollective) {
+  auto results = run_threads(3, 200ms, [](Communicator &c) -> std::string {
+    if (c.rank() == 2)
+      return "";
+    std::vector<size_t> one(3, 1), displs = {0, 1, 2};
+    float send[3] = {}, recv[3] = {};
+    return c.all_to_all_v(send, one, displs, recv, one, displs);
+  });
+  for (int r : {0, 1})
+    EXPECT_EQ(results[r], "rank " + std::to_string(r) +
+                              ": all_to_all_v on group 'world' (3 ranks) timed out after 200 ms: "
+                              "rank 2 never arrived (died or stuck); see its log");
+  // A different collective meeting it is named with its kind.
+  results = run_threads(2, 200ms, [](Communicator &c) -> std::string {
+    std::vector<size_t> one(2, 1), displs = {0, 1};
+    float x[2] = {};
+    if (c.rank() == 0)
+      return c.all_to_all_v(x, one, displs, x + 0, {0, 0}, {0, 0}) == "" ? "" : "timed out";
+    std::this_thread::sleep_for(100ms);
+    return c.all_reduce(x, 2, ReduceOp::Sum);
+  });
+  EXPECT_EQ(results[1], "rank 1: all_reduce on group 'world' (2 ranks) of 2 floats meets "
+                        "all_to_all_v of 4-byte elements from rank 0; every rank must call the "
+                        "same collectives in the same order");
 }
 
 TEST(ThreadCollectives, RepeatedRunsGiveSameBits) {
@@ -394,6 +584,58 @@ TEST(GlooCollectives, SplitAndSendRecvRing) {
   ASSERT_EQ(results.size(), 4u);
   for (int r = 0; r < 4; ++r)
     EXPECT_EQ(results[r].status, 0) << "rank " << r << ": " << results[r].message;
+}
+
+TEST(GlooCollectives, AllToAllVUnevenAndZeroCounts) {
+  for (int n : {1, 3}) {
+    auto results = run_processes(n, 5s, [](Communicator &c) {
+      std::string err = check_all_to_all_v(c, false);
+      return err.empty() ? check_all_to_all_v(c, true) : err;
+    });
+    ASSERT_EQ(results.size(), size_t(n));
+    for (int r = 0; r < n; ++r)
+      EXPECT_EQ(results[r].status, 0) << n << " ranks, rank " << r << ": " << results[r].message;
+  }
+}
+
+TEST(GlooCollectives, AllToAllVMismatchIsTheSameLineEverywhere) {
+  auto results = run_processes(3, 5s, mismatched_all_to_all_v);
+  ASSERT_EQ(results.size(), 3u);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(results[r].message, "rank " + std::to_string(r) +
+                                      ": all_to_all_v on group 'world' (3 ranks): rank 0 sends 2 "
+                                      "elements to rank 1, which expects 3; each rank's send "
+                                      "count to a peer must equal that peer's receive count "
+                                      "from it");
+}
+
+// A rank that stays alive but never enters the all_to_all_v is named from
+// its collective record, with the collective and its number on the group.
+TEST(GlooCollectives, AllToAllVTimeoutNamesTheRankThatNeverEntered) {
+  auto results = run_processes(3, 500ms, [](Communicator &c) -> std::string {
+    if (std::string err = c.barrier(); !err.empty())
+      return err;
+    if (c.rank() == 2) {
+      std::this_thread::sleep_for(1500ms);
+      return "";
+    }
+    std::vector<size_t> one(3, 1), displs = {0, 1, 2};
+    float send[3] = {}, recv[3] = {};
+    std::string err = c.all_to_all_v(send, one, displs, recv, one, displs);
+    return err.empty() ? "all_to_all_v succeeded without rank 2" : err;
+  });
+  ASSERT_EQ(results.size(), 3u);
+  for (int r : {0, 1}) {
+    const std::string &m = results[r].message;
+    EXPECT_EQ(m.rfind("rank " + std::to_string(r) +
+                          ": all_to_all_v #2 on group 'world' (3 ranks, 12 bytes) timed out after "
+                          "500 ms: rank 2 (host ",
+                      0),
+              0u)
+        << m;
+    EXPECT_NE(m.find("never entered all_to_all_v #2 on group 'world'"), std::string::npos) << m;
+  }
+  EXPECT_EQ(results[2].status, 0) << results[2].message;
 }
 
 TEST(GlooCollectives, ExitedRankIsNamedWithoutHanging) {
