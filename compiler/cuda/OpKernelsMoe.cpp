@@ -1256,7 +1256,6 @@ bool genMoeRouter(const OpInstruction &ins, Builder &b, bool grad, std::string *
   RouterShape r;
   if (!routerShape(ins, r, error))
     return false;
-  const size_t mapAt = grad ? 3 : 1;
   const OpTensor &map = grad ? ins.in[3] : ins.out[1];
   const OpTensor &probs = grad ? ins.in[2] : ins.out[0];
   if (map.dtype != DType::I32 || probs.dtype != DType::F32 || map.shape != probs.shape ||
@@ -1264,9 +1263,11 @@ bool genMoeRouter(const OpInstruction &ins, Builder &b, bool grad, std::string *
     *error = label(ins) + ": probs (f32) and routing_map (i32) are not [tokens, experts]";
     return false;
   }
-  (void)mapAt;
-  if (grad && (ins.in[0].shape != probs.shape || ins.out[0].shape != probs.shape)) {
-    *error = label(ins) + ": dprobs and dlogits are not [tokens, experts]";
+  if (grad && (ins.in[0].shape != probs.shape || ins.in[0].dtype != DType::F32 ||
+               ins.out[0].shape != probs.shape || ins.in[4].dtype != DType::F32 ||
+               ins.in[4].elements() != 1)) {
+    *error = label(ins) + ": needs dprobs f32 [tokens, experts], scale f32[] -> dlogits [tokens, "
+                          "experts]";
     return false;
   }
   if (r.tokens == 0)

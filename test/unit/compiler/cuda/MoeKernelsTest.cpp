@@ -766,6 +766,19 @@ TEST(MoeKernels, RefusesMismatchedShapes) {
   error.clear();
   EXPECT_FALSE(mt::generateOpKernels(routerIns(DType::F32, 8, 8, c), &error));
   EXPECT_NE(error.find("topk <= experts"), std::string::npos) << error;
+  c.topk = 2;
+  OpInstruction g;
+  g.op = Opcode::MOE_ROUTER_GRAD;
+  g.in = {tensor(DType::BF16, {8, 8}), tensor(DType::BF16, {8, 8}), tensor(DType::F32, {8, 8}),
+          tensor(DType::I32, {8, 8}), tensor(DType::F32, {})};
+  g.out = {tensor(DType::BF16, {8, 8})};
+  g.ints = c.ints();
+  g.floats = c.floats();
+  error.clear();
+  EXPECT_FALSE(mt::generateOpKernels(g, &error)); // dprobs must be f32
+  EXPECT_NE(error.find("dprobs f32"), std::string::npos) << error;
+  g.in[0].dtype = DType::F32;
+  EXPECT_TRUE(mt::generateOpKernels(g, &error)) << error;
 }
 
 } // namespace
