@@ -3,8 +3,9 @@
 This is the dense-transformer branch of `num_floating_point_operations` in
 Megatron-LM's megatron/training/training.py (its `transformer_flops()`, the
 version with separate query/key/value projection sizes and the causal
-halving of the core attention; no MoE, MTP or multi-latent attention, which
-mt's specs do not have). Per token of the global batch:
+halving of the core attention; no MTP or multi-latent attention, which
+mt's specs do not have, and no MoE, whose term Spec::flopsPerIteration
+adds). Per token of the global batch:
 
     L * 6 * ( h * (q + 2 kv)        QKV projection
             + q * s                 QK^T and (QK^T)V over the causal half

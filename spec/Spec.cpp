@@ -169,16 +169,24 @@ int64_t ModelConfig::numMoeLayers() const {
 
 double Spec::flopsPerIteration() const {
   // megatron/training/training.py, num_floating_point_operations ->
-  // transformer_flops() without MoE, MTP or multi-latent attention: 3 GEMMs
-  // per matrix (forward, data and weight gradients) x 2 FLOPs per
-  // multiply-add; the causal core attention counts half the s x s scores.
+  // transformer_flops() without MTP or multi-latent attention: 3 GEMMs per
+  // matrix (forward, data and weight gradients) x 2 FLOPs per multiply-add;
+  // the causal core attention counts half the s x s scores. An MoE layer's
+  // MLP counts the moe_router_topk experts a token goes through and the
+  // shared expert (not the router, as Megatron's formula).
   const double h = double(model.hidden_size), s = double(model.seq_length);
   const double q = double(model.kv_channels * model.num_attention_heads);
   const double kv = double(model.kv_channels * model.num_query_groups);
   const double layers = double(model.num_layers);
   const double ffnFactor = model.swiglu ? 3.0 : 2.0;
   const double attention = 3.0 * 2.0 * (h * (q + 2.0 * kv) + q * s / 2.0 * 2.0 + q * h);
-  const double mlp = 3.0 * 2.0 * h * (double(model.ffn_hidden_size) * ffnFactor) * layers;
+  const double moeLayers = double(model.numMoeLayers());
+  const double mlp =
+      3.0 * 2.0 * h * ffnFactor *
+      (double(model.ffn_hidden_size) * (layers - moeLayers) +
+       (double(model.moe_ffn_hidden_size) * double(model.moe_router_topk) +
+        double(model.moe_shared_expert_intermediate_size)) *
+           moeLayers);
   const double logits = 3.0 * 2.0 * h * double(paddedVocabSize());
   return double(training.global_batch_size) * s * (mlp + attention * layers + logits);
 }
@@ -210,6 +218,21 @@ ParamCount countParameters(const ModelConfig &m, int64_t paddedVocab) {
   c.per_layer_mlp = h * fc1Out + bias * fc1Out + m.ffn_hidden_size * h + bias * h;
   c.per_layer_norms = 2 * norm;
   c.final_norm = norm;
+  if (m.num_experts > 0) {
+    // megatron/core/transformer/moe: the router's weight [E, h] (no bias),
+    // each expert an MLP of moe_ffn_hidden_size (mt's have no biases), the
+    // shared expert one of moe_shared_expert_intermediate_size.
+    auto mlp = [&](int64_t ffn) {
+      const int64_t fc1 = ffn * (m.swiglu ? 2 : 1);
+      return h * fc1 + bias * fc1 + ffn * h + bias * h;
+    };
+    c.moe_layers = m.numMoeLayers();
+    c.per_moe_layer_router = m.num_experts * h;
+    c.per_moe_layer_experts = m.num_experts * mlp(m.moe_ffn_hidden_size);
+    c.per_moe_layer_active_experts = m.moe_router_topk * mlp(m.moe_ffn_hidden_size);
+    if (m.moe_shared_expert_intermediate_size > 0)
+      c.per_moe_layer_shared = mlp(m.moe_shared_expert_intermediate_size);
+  }
   if (m.untie_embeddings_and_output_weights)
     c.output_layer = paddedVocab * h;
   return c;

@@ -242,8 +242,9 @@ struct Spec {
   // Megatron's rule: ceil(V / (divisible_by * tp)) * divisible_by * tp.
   int64_t paddedVocabSize() const;
   // Floating-point operations of one iteration over the global batch, as
-  // Megatron-LM's num_floating_point_operations counts them (its dense
-  // transformer branch; bench/flops.py is the same formula): the log's
+  // Megatron-LM's num_floating_point_operations counts them (its transformer
+  // branch, MoE layers with their top-k experts and shared expert;
+  // bench/flops.py is the same formula for dense models): the log's
   // throughput per GPU is this over the iteration time and the world size.
   double flopsPerIteration() const;
   int64_t worldSize() const {
@@ -283,18 +284,43 @@ absl::StatusOr<Spec> parseSpecString(const std::string &text,
 std::string toToml(const Spec &spec);
 
 // Analytic parameter count, independent of the IR (Megatron's GPT layout).
+// With experts, the layers model.moe_layers marks hold a router, the routed
+// experts and the shared expert instead of the dense MLP.
 struct ParamCount {
   int64_t word_embeddings = 0;
   int64_t position_embeddings = 0;
   int64_t per_layer_attention = 0;  // QKV + projection, with biases
-  int64_t per_layer_mlp = 0;        // FC1 (+gate) + FC2, with biases
+  int64_t per_layer_mlp = 0;        // a dense layer's FC1 (+gate) + FC2, with biases
   int64_t per_layer_norms = 0;      // both norms of one layer
   int64_t final_norm = 0;
   int64_t output_layer = 0;         // 0 when tied
+  // Mixture of experts (0 for a dense model).
+  int64_t moe_layers = 0;              // layers whose MLP is an MoE block
+  int64_t per_moe_layer_router = 0;    // [num_experts, hidden]
+  int64_t per_moe_layer_experts = 0;   // all num_experts routed experts
+  int64_t per_moe_layer_active_experts = 0; // the moe_router_topk a token uses
+  int64_t per_moe_layer_shared = 0;    // the shared expert
+  // A dense layer.
   int64_t perLayer() const { return per_layer_attention + per_layer_mlp + per_layer_norms; }
+  // Every parameter, for a model of numLayers layers of which moe_layers
+  // are MoE layers.
   int64_t total(int64_t numLayers) const {
-    return word_embeddings + position_embeddings + numLayers * perLayer() +
-           final_norm + output_layer;
+    return outside(numLayers) +
+           moe_layers * (per_moe_layer_router + per_moe_layer_experts + per_moe_layer_shared);
+  }
+  // The parameters one token uses: each MoE layer's router, shared expert
+  // and topk routed experts (Megatron's and Mixtral's "active" count).
+  int64_t active(int64_t numLayers) const {
+    return outside(numLayers) + moe_layers * (per_moe_layer_router +
+                                              per_moe_layer_active_experts +
+                                              per_moe_layer_shared);
+  }
+
+private:
+  int64_t outside(int64_t numLayers) const {
+    return word_embeddings + position_embeddings +
+           numLayers * (per_layer_attention + per_layer_norms) +
+           (numLayers - moe_layers) * per_layer_mlp + final_norm + output_layer;
   }
 };
 ParamCount countParameters(const ModelConfig &model, int64_t paddedVocab);

@@ -38,6 +38,14 @@ MegatronEstimate megatronTheoreticalMemory(const spec::Spec &spec) {
   double gated = m.swiglu ? 1.5 : 1.0;
   double layers = 2.0 * L * h * h *
                   ((1.0 + g / a) * qRatio + (ffn / h) * gated + 2.0 / h + 1.0 / (L * h));
+  // MoE layers: the routed experts and the shared expert in place of the
+  // dense MLP (Megatron's formula has no term for the router).
+  if (m.num_experts > 0) {
+    double moe = double(m.numMoeLayers());
+    double expertsFfn = double(m.moe_ffn_hidden_size) * double(m.num_experts) +
+                        double(m.moe_shared_expert_intermediate_size);
+    layers += 2.0 * moe * h * (expertsFfn - ffn) * gated;
+  }
   double embedding = h * V;
   double mostLoaded = (layers / pp + embedding) / tp;
   if (m.untie_embeddings_and_output_weights && pp == 1)

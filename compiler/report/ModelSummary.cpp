@@ -25,6 +25,12 @@ const char *componentOf(StringRef name) {
     return "position embeddings";
   if (name.contains(".self_attention."))
     return "attention";
+  if (name.contains(".mlp.router."))
+    return "router";
+  if (name.contains(".mlp.experts."))
+    return "experts";
+  if (name.contains(".mlp.shared_experts."))
+    return "shared experts";
   if (name.contains(".mlp."))
     return "mlp";
   if (name.starts_with("decoder.layers."))
@@ -44,6 +50,16 @@ std::string withCommas(int64_t v) {
     out += digits[i];
   }
   return v < 0 ? "-" + out : out;
+}
+
+// 46.70B, 12.88B, 125.03M: parameters as model names give them.
+std::string billions(int64_t v) {
+  char buf[32];
+  if (v >= 1000000000)
+    std::snprintf(buf, sizeof(buf), "%.2fB", double(v) / 1e9);
+  else
+    std::snprintf(buf, sizeof(buf), "%.2fM", double(v) / 1e6);
+  return buf;
 }
 
 // Shortest faithful form of a small float: 1e-05, 0.1, 0.02.
@@ -80,8 +96,10 @@ ModelSummary summarizeModel(ModuleOp module, const spec::Spec &spec) {
   ModelSummary s;
   static const char *order[] = {"word embeddings", "position embeddings",
                                 "attention",       "mlp",
-                                "layer norms",     "final norm",
-                                "output layer",    "other"};
+                                "router",          "experts",
+                                "shared experts",  "layer norms",
+                                "final norm",      "output layer",
+                                "other"};
   for (const char *c : order)
     s.components.push_back({c, 0});
   // The model's parameters, whole: a tensor-parallel shard counts as the
@@ -97,8 +115,16 @@ ModelSummary summarizeModel(ModuleOp module, const spec::Spec &spec) {
     s.totalParams += count;
     ++s.numParamTensors;
   }
-  s.analyticParams =
-      spec::countParameters(spec.model, spec.paddedVocabSize()).total(spec.model.num_layers);
+  const spec::ParamCount analytic = spec::countParameters(spec.model, spec.paddedVocabSize());
+  s.analyticParams = analytic.total(spec.model.num_layers);
+  s.analyticActiveParams = analytic.active(spec.model.num_layers);
+  // Each MoE layer's experts are num_experts equal MLPs, of which a token
+  // uses moe_router_topk.
+  s.activeParams = s.totalParams;
+  for (const auto &comp : s.components)
+    if (comp.name == "experts" && spec.model.num_experts > 0)
+      s.activeParams -= comp.params - comp.params / spec.model.num_experts *
+                                          spec.model.moe_router_topk;
 
   auto addShape = [&](const char *name, Value v) {
     auto t = cast<RankedTensorType>(v.getType());
@@ -186,6 +212,32 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
      << (m.apply_layernorm_1p ? ", weights applied as 1 + w" : "") << "), "
      << (m.untie_embeddings_and_output_weights ? "untied" : "tied")
      << " embeddings, " << (m.add_bias_linear ? "with" : "no") << " linear biases\n";
+  if (m.num_experts > 0) {
+    // The MoE layers, as Megatron's flags describe them.
+    const int64_t moeLayers = m.numMoeLayers();
+    os << "  mixture of experts in " << moeLayers << " of " << m.num_layers << " layers: "
+       << m.num_experts << " experts of FFN " << m.moe_ffn_hidden_size << ", top-"
+       << m.moe_router_topk << " " << spec::toString(m.moe_router_score_function)
+       << (m.moe_router_pre_softmax ? " (pre-softmax)" : "");
+    if (m.moe_router_topk_scaling_factor > 0)
+      os << " scaled by " << num(m.moe_router_topk_scaling_factor);
+    if (m.moe_shared_expert_intermediate_size > 0)
+      os << ", shared expert FFN " << m.moe_shared_expert_intermediate_size;
+    os << "\n    load balancing " << spec::toString(m.moe_router_load_balancing_type);
+    if (m.moe_router_load_balancing_type != spec::MoeLoadBalancing::None)
+      os << " (coeff " << num(m.moe_aux_loss_coeff) << ")";
+    if (m.moe_z_loss_coeff > 0)
+      os << ", z-loss (coeff " << num(m.moe_z_loss_coeff) << ")";
+    if (m.moe_expert_capacity_factor > 0)
+      os << ", capacity factor " << num(m.moe_expert_capacity_factor) << " (drop by "
+         << spec::toString(m.moe_token_drop_policy)
+         << (m.moe_pad_expert_input_to_capacity ? ", padded to capacity" : "") << ")";
+    else
+      os << ", no token dropped";
+    if (m.moe_router_dtype != spec::MoeRouterDtype::None)
+      os << ", routing in " << spec::toString(m.moe_router_dtype);
+    os << "\n";
+  }
   os << "  dropout hidden " << num(m.hidden_dropout) << ", attention "
      << num(m.attention_dropout) << "; init std " << num(m.init_method_std) << "\n";
   int64_t padded = spec.paddedVocabSize();
@@ -289,18 +341,30 @@ void printSummaryText(llvm::raw_ostream &os, const ModelSummary &s,
     if (c.params == 0 && c.name != "output layer")
       continue;
     std::string label = c.name;
-    if (c.name == "attention" || c.name == "mlp" || c.name == "layer norms")
+    if (c.name == "attention" || c.name == "layer norms")
       label += " (x" + std::to_string(m.num_layers) + ")";
+    else if (c.name == "mlp")
+      label += " (x" + std::to_string(m.num_layers - m.numMoeLayers()) + ")";
+    else if (c.name == "router" || c.name == "experts" || c.name == "shared experts")
+      label += " (x" + std::to_string(m.numMoeLayers()) + ")";
     if (c.name == "output layer" && c.params == 0)
       label += " (tied)";
     double share = s.totalParams ? 100.0 * c.params / s.totalParams : 0.0;
     os << llvm::formatv("  {0,-22}{1,16}{2,8:F1}%\n", label, withCommas(c.params), share);
   }
-  os << llvm::formatv("  {0,-22}{1,16}\n", "total", withCommas(s.totalParams));
+  os << llvm::formatv("  {0,-22}{1,16}", "total", withCommas(s.totalParams));
+  if (m.num_experts > 0)
+    os << "  (" << billions(s.totalParams) << ")";
+  os << "\n";
+  if (m.num_experts > 0)
+    os << llvm::formatv("  {0,-22}{1,16}  ({2}: {3} of {4} experts per MoE layer)\n",
+                        "active per token", withCommas(s.activeParams),
+                        billions(s.activeParams), m.moe_router_topk, m.num_experts);
+  const bool matches = s.analyticParams == s.totalParams &&
+                       s.analyticActiveParams == s.activeParams;
   os << llvm::formatv("  {0,-22}{1,16}  {2}\n", "analytic formula",
                       withCommas(s.analyticParams),
-                      s.analyticParams == s.totalParams ? "(matches the IR)"
-                                                        : "(DIFFERS from the IR)");
+                      matches ? "(matches the IR)" : "(DIFFERS from the IR)");
   os << "\n";
 
   os << (spec.parallel.tensor_model_parallel_size > 1
@@ -328,7 +392,9 @@ void printSummaryJson(llvm::raw_ostream &os, const ModelSummary &s,
   llvm::json::Object root{
       {"spec", spec.source},
       {"parameters", llvm::json::Object{{"total", s.totalParams},
+                                        {"active", s.activeParams},
                                         {"analytic", s.analyticParams},
+                                        {"analytic_active", s.analyticActiveParams},
                                         {"tensors", s.numParamTensors},
                                         {"components", std::move(components)}}},
       {"vocab_size", spec.model.vocab_size},

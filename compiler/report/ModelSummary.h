@@ -20,7 +20,12 @@ struct ModelSummary {
   };
   std::vector<Component> components; // in model order
   int64_t totalParams = 0;           // from the IR
+  // The parameters one token uses: with experts, each MoE layer's routed
+  // experts count moe_router_topk of num_experts (equal to totalParams for a
+  // dense model).
+  int64_t activeParams = 0;
   int64_t analyticParams = 0;        // spec::countParameters
+  int64_t analyticActiveParams = 0;
   int64_t numParamTensors = 0;
   int64_t numOps = 0;                // operations in the forward graph (one micro-batch's)
   int64_t numTrainOps = 0;           // operations in @train_step (forward + backward)

@@ -76,6 +76,61 @@ TEST(ParamCount, Llama3_8B) {
   EXPECT_EQ(c.total(32), 8030261248LL);
 }
 
+// Mixtral 8x7B (Megatron's examples/mixtral: Llama-2's 32000 tokens, h 4096,
+// 32 layers of 8 SwiGLU experts of 14336, top-2, untied, RMSNorm, no biases):
+// 46,702,792,704 parameters as Hugging Face's MixtralForCausalLM counts them,
+// 12.88B of them used per token.
+TEST(ParamCount, Mixtral8x7B) {
+  ModelConfig m;
+  m.num_layers = 32;
+  m.hidden_size = 4096;
+  m.ffn_hidden_size = 14336;
+  m.num_attention_heads = 32;
+  m.num_query_groups = 8;
+  m.kv_channels = 128;
+  m.position_embedding_type = PositionEmbedding::Rope;
+  m.normalization = Normalization::RMSNorm;
+  m.swiglu = true;
+  m.untie_embeddings_and_output_weights = true;
+  m.add_bias_linear = false;
+  m.num_experts = 8;
+  m.moe_ffn_hidden_size = 14336;
+  m.moe_router_topk = 2;
+  m.moe_layers.assign(32, true);
+  ParamCount c = countParameters(m, 32000);
+  const int64_t expert = 3LL * 4096 * 14336; // gate, up and down projections
+  EXPECT_EQ(c.moe_layers, 32);
+  EXPECT_EQ(c.per_moe_layer_router, 8 * 4096);
+  EXPECT_EQ(c.per_moe_layer_experts, 8 * expert);
+  EXPECT_EQ(c.per_moe_layer_active_experts, 2 * expert);
+  EXPECT_EQ(c.per_moe_layer_shared, 0);
+  EXPECT_EQ(c.total(32), 46702792704LL);
+  // By hand: embeddings and output 2 * 32000 * 4096, final norm 4096, and per
+  // layer attention 4096 * 6144 + 4096 * 4096, norms 2 * 4096, router 8 * 4096.
+  const int64_t outside = 2LL * 32000 * 4096 + 4096 +
+                          32LL * (4096LL * 6144 + 4096LL * 4096 + 2 * 4096 + 8 * 4096);
+  EXPECT_EQ(c.total(32), outside + 32 * 8 * expert);
+  EXPECT_EQ(c.active(32), outside + 32 * 2 * expert);
+  EXPECT_EQ(c.active(32), 12879925248LL);
+  // Every other layer dense: those hold the dense MLP of ffn_hidden_size.
+  m.moe_layers.assign(32, false);
+  for (size_t i = 0; i < 32; i += 2)
+    m.moe_layers[i] = true;
+  ParamCount half = countParameters(m, 32000);
+  EXPECT_EQ(half.total(32), outside + 16 * 8 * expert + 16 * (expert - 8 * 4096));
+  // A shared expert counts in both.
+  m.moe_shared_expert_intermediate_size = 1024;
+  ParamCount shared = countParameters(m, 32000);
+  EXPECT_EQ(shared.total(32) - half.total(32), 16LL * 3 * 4096 * 1024);
+  EXPECT_EQ(shared.active(32) - half.active(32), 16LL * 3 * 4096 * 1024);
+  // A dense model's active count is its total.
+  ModelConfig dense = m;
+  dense.num_experts = 0;
+  dense.moe_layers.clear();
+  ParamCount d = countParameters(dense, 32000);
+  EXPECT_EQ(d.active(32), d.total(32));
+}
+
 // h 64, 8 heads of 8 channels, 2 query groups, SwiGLU ffn 128, vocab 1000
 // padded to 1024, RoPE, RMSNorm, untied, 2 layers:
 //   embeddings 1024*64 = 65536, output 65536

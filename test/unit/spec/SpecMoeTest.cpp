@@ -205,6 +205,66 @@ TEST(SpecMoe, ImplementedLayoutsAndRefusals) {
   EXPECT_EQ(parseOk(tp2, megatronRules).parallel.expert_tensor_parallel_size, 2);
 }
 
+// Megatron's num_floating_point_operations for Mixtral 8x7B, term by term
+// (training.py, transformer_flops): per token of the global batch, 6 x each
+// layer's attention GEMMs (QKV, the causal half of the scores and their
+// product with V, the projection), 6 x 3 (SwiGLU) x h x the top-2 experts'
+// width, and 6 x h x V for the logits.
+TEST(SpecMoe, MegatronFlopsOfMixtral) {
+  Spec s = parseOk(R"([model]
+num_layers = 32
+hidden_size = 4096
+ffn_hidden_size = 14336
+num_attention_heads = 32
+num_query_groups = 8
+seq_length = 4096
+max_position_embeddings = 32768
+position_embedding_type = "rope"
+normalization = "RMSNorm"
+swiglu = true
+untie_embeddings_and_output_weights = true
+add_bias_linear = false
+vocab_size = 32000
+num_experts = 8
+moe_router_topk = 2
+[training]
+micro_batch_size = 1
+global_batch_size = 256
+train_iters = 10
+lr = 1e-4
+[parallel]
+data_parallel_size = 256
+)");
+  const double attention = 6.0 * (4096.0 * 6144 + 4096.0 * 4096 + 4096.0 * 4096);
+  const double experts = 6.0 * 3 * 4096 * (2 * 14336.0);
+  const double logits = 6.0 * 4096 * 32000;
+  EXPECT_EQ(attention * 32 + experts * 32 + logits, 79706456064.0);
+  EXPECT_DOUBLE_EQ(s.flopsPerIteration(), 256.0 * 4096 * 79706456064.0);
+  // Half the layers dense: those count the dense MLP.
+  Spec half = parseOk(R"([model]
+num_layers = 4
+hidden_size = 64
+ffn_hidden_size = 256
+num_attention_heads = 4
+seq_length = 32
+swiglu = true
+add_bias_linear = false
+vocab_size = 128
+num_experts = 4
+moe_ffn_hidden_size = 32
+moe_shared_expert_intermediate_size = 16
+moe_layer_freq = 2
+[training]
+micro_batch_size = 1
+train_iters = 10
+lr = 1e-4
+)");
+  const double perToken = 4 * 6.0 * (64 * 192.0 + 64 * 32 + 64 * 64) +
+                          2 * 6.0 * 3 * 64 * 256 + 2 * 6.0 * 3 * 64 * (2 * 32 + 16) +
+                          6.0 * 64 * 128;
+  EXPECT_DOUBLE_EQ(half.flopsPerIteration(), 32 * perToken);
+}
+
 TEST(SpecMoe, ImportTranslatesEveryMoeFlag) {
   std::vector<std::string> args = {
       "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
