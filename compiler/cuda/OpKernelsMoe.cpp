@@ -383,7 +383,7 @@ extern "C" __global__ void __launch_bounds__(256) @ENTRY@(unsigned char *ws) {
 }
 
 // Capacity drops (Megatron's apply_router_token_dropping): one block per
-// expert keeps the `capacity` tokens of the largest keys, the routing
+// expert (of up to 1024 threads: each block walks every token) keeps the `capacity` tokens of the largest keys, the routing
 // weight (probs policy) or whether the token is routed there (position),
 // ties to the earlier token in Megatron's order (sequence-major: token
 // t = i s + j is j b + i). The key of the capacity-th is found by a radix
@@ -396,14 +396,15 @@ void routerCapacity(Builder &b, const RouterShape &r, int64_t seq) {
   std::map<std::string, std::string> s = {
       {"T", num(r.tokens)}, {"E", num(r.experts)}, {"C", std::to_string(r.capacity)},
       {"S", num(seq)}, {"B", num(r.tokens / seq)},
-      {"POSITION", r.position ? "true" : "false"}, {"PAD", r.pad ? "true" : "false"}};
+      {"POSITION", r.position ? "true" : "false"}, {"PAD", r.pad ? "true" : "false"},
+      {"TB", std::to_string(roundWarps(r.tokens))}};
   std::string body = std::string(kMoeHelpers) + fill(R"(
 __device__ __forceinline__ unsigned mt_key(const float *probs, const int *map, mt_u64 at) {
   const float p = ${POSITION} ? (map[at] != 0 ? 1.0f : 0.0f) : probs[at];
   const unsigned u = __float_as_uint(p);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-extern "C" __global__ void __launch_bounds__(256) @ENTRY@(float *probs, int *map) {
+extern "C" __global__ void __launch_bounds__(${TB}) @ENTRY@(float *probs, int *map) {
   __shared__ int mt_sh[32];
   const long long e = blockIdx.x;
   if (${C} >= ${T}) { // padding to a capacity of every token
@@ -439,7 +440,7 @@ extern "C" __global__ void __launch_bounds__(256) @ENTRY@(float *probs, int *map
 }
 )",
                                                      s);
-  b.launch("moe_capacity", body, uint64_t(r.experts), 256, 0, {outp(0), outp(1)});
+  b.launch("moe_capacity", body, uint64_t(r.experts), roundWarps(r.tokens), 0, {outp(0), outp(1)});
 }
 
 // The two loss values (without their coefficients; 0 when off).
@@ -608,8 +609,8 @@ std::string segmentPrelude(int64_t experts, int64_t rows) {
 
 } // namespace
 
-// MOE_PERMUTE: moe_count (one block per expert: its routed tokens ->
-// tokens_per_expert), moe_rows (one block per expert: the expert's first
+// MOE_PERMUTE: moe_count (a block of up to 1024 threads per expert: its
+// routed tokens -> tokens_per_expert), moe_rows (one per expert: the expert's first
 // row from the counts before it, its tokens' rows in token order by a block
 // scan -> row_ids, -1 in the rows it leaves unused), moe_gather (y[r] =
 // x[row_ids[r]], zeros for -1).
@@ -634,10 +635,11 @@ bool genMoePermute(const OpInstruction &ins, Builder &b, std::string *error) {
   }
   std::map<std::string, std::string> s = {
       {"T", num(t)}, {"E", num(e)}, {"N", num(n)}, {"H", num(h)},
-      {"C", num(capacity)}, {"PAD", pad ? "true" : "false"}};
+      {"C", num(capacity)}, {"PAD", pad ? "true" : "false"},
+      {"TB", std::to_string(roundWarps(t))}};
   if (e > 0 && t >= 0) {
     std::string count = std::string(kMoeHelpers) + fill(R"(
-extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const int *map, int *tpe) {
+extern "C" __global__ void __launch_bounds__(${TB}) @ENTRY@(const int *map, int *tpe) {
   __shared__ int mt_sh[32];
   const long long e = blockIdx.x;
   int n = 0;
@@ -647,9 +649,9 @@ extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const int *map, int *t
 }
 )",
                                                          s);
-    b.launch("moe_count", count, uint64_t(e), 256, 0, {in(1), outp(2)});
+    b.launch("moe_count", count, uint64_t(e), roundWarps(t), 0, {in(1), outp(2)});
     std::string rows = std::string(kMoeHelpers) + fill(R"(
-extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const int *map, const int *tpe, int *row_ids) {
+extern "C" __global__ void __launch_bounds__(${TB}) @ENTRY@(const int *map, const int *tpe, int *row_ids) {
   __shared__ int mt_sh[32];
   __shared__ long long mt_first;
   const long long e = blockIdx.x;
@@ -678,7 +680,7 @@ extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const int *map, const 
 }
 )",
                                                         s);
-    b.launch("moe_rows", rows, uint64_t(e), 256, 0, {in(1), outp(2), outp(1)});
+    b.launch("moe_rows", rows, uint64_t(e), roundWarps(t), 0, {in(1), outp(2), outp(1)});
   }
   if (n == 0 || h == 0)
     return true;
