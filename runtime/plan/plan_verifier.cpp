@@ -94,7 +94,7 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::SGD, "ss", "", 1, 0, 2},
     {pl::Opcode::SHARDED_SGD, "sss", "", 0, 1, 2},
     {pl::Opcode::MOE_ROUTER, "f", "Fiss", 0, 9, 3},
-    {pl::Opcode::MOE_ROUTER_GRAD, "fFFis", "f", 0, 9, 3},
+    {pl::Opcode::MOE_ROUTER_GRAD, "FfFis", "f", 0, 9, 3},
     {pl::Opcode::MOE_PERMUTE, "fi", "fii", 0, 2, 0},
     {pl::Opcode::MOE_PERMUTE_GRAD, "fi", "f", 0, 0, 0},
     {pl::Opcode::GROUPED_MATMUL, "ffi", "f", 0, 0, 0},

@@ -1,6 +1,8 @@
 // plan.bin's reader (header, checksum, FlatBuffers and semantic checks) and
 // the CPU reference executor, on plans built here with the FlatBuffers builder.
 #include "runtime/exec/cpu_executor.h"
+#include "runtime/exec/cpu_kernels.h"
+#include "runtime/exec/cpu_kernels_moe.h"
 #include "runtime/plan/grad_buckets.h"
 #include "runtime/plan/plan_reader.h"
 
@@ -1994,6 +1996,68 @@ TEST(PlanReader, MoeInstructionsOpen) {
   padded.ins(Opcode::MOE_ROUTER).ints[6] = 1;
   EXPECT_NE(open_ok(padded.d), nullptr);
   EXPECT_NE(open_ok(MoeChain(7, {2, 0}).d), nullptr);
+  // A bf16 model: logits, tokens and expert rows in bf16; probs, dprobs f32.
+  MoeChain bf16;
+  for (uint32_t v : {bf16.logits, bf16.x, bf16.y, bf16.h, bf16.dh, bf16.out, bf16.dy, bf16.dx,
+                     bf16.dlogits})
+    bf16.prog().values[v].dtype = DType::BF16;
+  bf16.d.params[size_t(bf16.w)].dtype = DType::BF16;
+  bf16.prog().values[2].dtype = DType::BF16;
+  EXPECT_NE(open_ok(bf16.d), nullptr);
+}
+
+// A bf16 chain runs: the router rounds its weights to the logits' bf16 (as
+// Megatron's type_as), and every bf16 result is a bf16 value.
+TEST(CpuExecutor, MoeChainInBf16) {
+  MoeChain c;
+  for (uint32_t v : {c.logits, c.x, c.y, c.h, c.dh, c.out, c.dy, c.dx, c.dlogits})
+    c.prog().values[v].dtype = DType::BF16;
+  c.d.params[size_t(c.w)].dtype = DType::BF16;
+  c.prog().values[2].dtype = DType::BF16;
+  auto f = open_ok(c.d);
+  ASSERT_NE(f, nullptr);
+  CpuExecutor ex(*f->plan(), 0);
+  ex.set_check_memory_plan(true);
+  const pl::Program &p = *ex.program("moe");
+  float *logits = static_cast<float *>(ex.value_data(p, c.logits));
+  fill(logits, MoeChain::T * MoeChain::E, 41, 2.0);
+  mt::cpu::round_to_bf16(logits, MoeChain::T * MoeChain::E);
+  const std::vector<float> in(logits, logits + MoeChain::T * MoeChain::E);
+  float *x = static_cast<float *>(ex.value_data(p, c.x));
+  fill(x, MoeChain::T * MoeChain::H, 42, 1.0);
+  mt::cpu::round_to_bf16(x, MoeChain::T * MoeChain::H);
+  fill(ex.weight(c.w), ex.param_elements(c.w), 43, 0.5);
+  mt::cpu::round_to_bf16(ex.weight(c.w), ex.param_elements(c.w));
+  ASSERT_EQ(ex.run(p, 0), "");
+  mt::cpu::MoeRouterConfig rc;
+  rc.tokens = MoeChain::T;
+  rc.experts = MoeChain::E;
+  rc.topk = MoeChain::K;
+  rc.load_balancing = 1;
+  rc.seq_length = 3;
+  rc.aux_loss_coeff = 0.01;
+  rc.z_loss_coeff = 0.001;
+  rc.rounding = mt::cpu::RouterRounding::BF16;
+  std::vector<float> probs(in.size());
+  std::vector<int32_t> map(in.size());
+  double aux = 0, z = 0;
+  mt::cpu::moe_router_fwd(in.data(), rc, probs.data(), map.data(), &aux, &z);
+  const float *got = static_cast<float *>(ex.value_data(p, c.probs));
+  int kept = 0;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    EXPECT_EQ(got[i], probs[i]) << i;
+    float r = got[i];
+    mt::cpu::round_to_bf16(&r, 1);
+    EXPECT_EQ(r, got[i]) << "probs[" << i << "] is a bf16 value";
+    kept += got[i] > 0;
+  }
+  EXPECT_EQ(kept, MoeChain::T * MoeChain::K);
+  const float *dlogits = static_cast<float *>(ex.value_data(p, c.dlogits));
+  for (int i = 0; i < MoeChain::T * MoeChain::E; ++i) {
+    float r = dlogits[i];
+    mt::cpu::round_to_bf16(&r, 1);
+    EXPECT_EQ(r, dlogits[i]);
+  }
 }
 
 TEST(PlanReader, MoeInstructionErrors) {
@@ -2086,6 +2150,12 @@ TEST(PlanReader, MoeInstructionErrors) {
     c.prog().values[c.rows].shape = {11};
     EXPECT_CONTAINS(semantic_error(c.d), "MOE_PERMUTE: needs x[T, H], routing_map[T, E] -> "
                                          "y[N, H] of x's dtype, row_ids[N], tokens_per_expert[E]");
+  }
+  {
+    MoeChain c; // dprobs in bf16 (the probabilities and their gradient are f32)
+    c.prog().values[c.dprobs].dtype = DType::BF16;
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_UNPERMUTE_GRAD: out[1] (%dprobs [6,4] bf16) must be "
+                                         "an f32 tensor");
   }
   {
     MoeChain c; // the router gradient without its scale
