@@ -214,3 +214,42 @@ module attributes {mt.parallel = {data_parallel_size = 2 : i64, pipeline_model_p
     return
   }
 }
+
+// -----
+
+// A stacked expert weight [E, out, in] is one parameter like any other: its
+// bucket (of at least 16 elements, so alone) is reduced right after the
+// grouped matmul's weight gradient completes it, the distributed optimizer
+// shards its flat elements, and it decays as every parameter of rank > 1.
+// CHECK-LABEL: module attributes
+// CHECK-SAME: mt.grad_buckets = [{params = [@experts]}, {params = [@router]}]
+// CHECK: mt.param @experts : tensor<4x16x8xf32>, normal(2.000000e-02) {mt.weight_decay = true}
+// CHECK: func.func @train_step_last(
+// CHECK: mt.moe_grouped_matmul_weight_grad {{.*}} into @experts
+// CHECK-NEXT: mt.reduce_grads {bucket = 0 : i64, group = "dp", scale = 5.000000e-01 : f64, scatter = true}
+// CHECK: mt.matmul_weight_grad {{.*}} into @router
+// CHECK-NEXT: mt.reduce_grads {bucket = 1 : i64, group = "dp", scale = 5.000000e-01 : f64, scatter = true}
+// CHECK: func.func @optimizer_step
+// CHECK: mt.sharded_adamw {{.*}}bucket = 0 : i64
+// CHECK: mt.sharded_adamw {{.*}}bucket = 1 : i64
+module attributes {mt.parallel = {data_parallel_size = 2 : i64, pipeline_model_parallel_size = 1 : i64, tensor_model_parallel_size = 1 : i64, use_distributed_optimizer = true, overlap_grad_reduce = true, ddp_bucket_size = 16 : i64}} {
+  mt.param @router : tensor<4x8xf32>, normal(2.000000e-02)
+  mt.param @experts : tensor<4x16x8xf32>, normal(2.000000e-02)
+  func.func @train_step(%x: tensor<8x8xf32>, %dl: tensor<8x4xf32>, %y: tensor<16x8xf32>, %dh: tensor<16x16xf32>, %n: tensor<4xi32>) -> tensor<f32> {
+    %seed = mt.grad_seed {scale = 1.0 : f64} : tensor<f32>
+    mt.moe_grouped_matmul_weight_grad %dh, %y, %n into @experts : tensor<16x16xf32>, tensor<16x8xf32>, tensor<4xi32>
+    mt.matmul_weight_grad %dl, %x into @router : tensor<8x4xf32>, tensor<8x8xf32>
+    return %seed : tensor<f32>
+  }
+  func.func @grad_norm() -> tensor<f32> {
+    %0 = mt.grad_norm : tensor<f32>
+    return %0 : tensor<f32>
+  }
+  func.func @optimizer_step(%steps: tensor<i64>, %step: tensor<i64>, %norm: tensor<f32>, %scale: tensor<f32>) -> (tensor<f32>, tensor<f32>) {
+    %lr = mt.lr_schedule %steps constant {lr = 1.0e-03 : f64, min_lr = 0.0 : f64, warmup_iters = 0 : i64, decay_iters = 10 : i64} : tensor<i64> -> tensor<f32>
+    %c = mt.clip_coeff %norm, %scale {max_norm = 1.0 : f64} : tensor<f32>
+    mt.adamw @router, %lr, %c, %step {beta1 = 0.9 : f64, beta2 = 0.999 : f64, epsilon = 1.0e-08 : f64, weight_decay = 0.01 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+    mt.adamw @experts, %lr, %c, %step {beta1 = 0.9 : f64, beta2 = 0.999 : f64, epsilon = 1.0e-08 : f64, weight_decay = 0.01 : f64} : tensor<f32>, tensor<f32>, tensor<i64>
+    return %lr, %lr : tensor<f32>, tensor<f32>
+  }
+}
