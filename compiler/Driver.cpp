@@ -495,18 +495,6 @@ int runCompile(const std::vector<std::string> &args) {
   }
   const spec::Spec &spec = *parsed;
 
-  // ---- Interim: MoE specs parse and validate, but mt-import does not lower
-  // mixture-of-experts layers yet. Refuse them instead of compiling the model
-  // as dense. Delete this block when compiler/import lowers them.
-  if (spec.model.num_experts > 0) {
-    llvm::errs() << opts.specPath << ": error: num_experts = " << spec.model.num_experts
-                 << ": MoE layers are not lowered to the IR yet, so mtc cannot compile "
-                    "this spec (it would be a dense model); remove num_experts and the "
-                    "moe_* keys to compile the dense model\n";
-    return 1;
-  }
-  // ---- End of the interim block.
-
   MLIRContext context;
   context.loadDialect<MtDialect, func::FuncDialect>();
   OwningOpRef<ModuleOp> module = compileSpec(context, spec, opts.specPath, true, opts.pipeline);

@@ -8,6 +8,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -143,11 +144,21 @@ public:
     (*module)->setAttr("mt.parallel", b.getDictionaryAttr(parallel));
     Type idsType = RankedTensorType::get({batch, seq}, b.getI32Type());
     Type lossType = RankedTensorType::get({}, b.getF32Type());
+    // An MoE model also returns its routers' auxiliary losses summed over
+    // layers, named as Megatron's tracker names them (only those on).
+    SmallVector<StringRef> auxNames;
+    if (const char *lb = loadBalancingName())
+      auxNames.push_back(lb);
+    if (zLossOn())
+      auxNames.push_back("z_loss");
+    SmallVector<Type> results(1 + auxNames.size(), lossType);
     b.setInsertionPointToEnd(module->getBody());
     func = b.create<func::FuncOp>(
-        loc, "forward", b.getFunctionType({idsType, idsType}, {lossType}));
+        loc, "forward", b.getFunctionType({idsType, idsType}, results));
     func.setArgAttr(0, "mt.name", b.getStringAttr("tokens"));
     func.setArgAttr(1, "mt.name", b.getStringAttr("labels"));
+    for (auto [i, name] : llvm::enumerate(auxNames))
+      func.setResultAttr(1 + i, "mt.name", b.getStringAttr(name));
     Block *entry = func.addEntryBlock();
     Value tokens = entry->getArgument(0), labels = entry->getArgument(1);
     b.setInsertionPointToEnd(entry);
@@ -170,7 +181,7 @@ public:
     // layers by it, and mt-autodiff copies it onto their backward ops.
     for (int64_t i = 0; i < m.num_layers; ++i) {
       Operation *last = entry->empty() ? nullptr : &entry->back();
-      x = layer("decoder.layers." + std::to_string(i) + ".", x);
+      x = layer(i, x);
       for (Operation *op = last ? last->getNextNode() : &entry->front(); op;
            op = op->getNextNode())
         op->setAttr("mt.layer", b.getI64IntegerAttr(i));
@@ -183,7 +194,16 @@ public:
             : ref("embedding.word_embeddings.weight", {vocab, hidden});
     Value logits = b.create<MatmulOp>(loc, act({batch, seq, vocab}), x, outWeight);
     Value loss = b.create<CrossEntropyOp>(loc, lossType, logits, labels);
-    b.create<func::ReturnOp>(loc, loss);
+    SmallVector<Value> returned{loss};
+    for (ArrayRef<Value> terms : {ArrayRef<Value>(lbTerms), ArrayRef<Value>(zTerms)}) {
+      if (terms.empty())
+        continue;
+      Value sum = terms.front();
+      for (Value t : terms.drop_front())
+        sum = b.create<AddOp>(loc, sum, t);
+      returned.push_back(sum);
+    }
+    b.create<func::ReturnOp>(loc, returned);
     return module;
   }
 
@@ -255,7 +275,113 @@ private:
                                b.getI64IntegerAttr(nextStream++), IntegerAttr());
   }
 
-  Value layer(const std::string &p, Value x) {
+  // The router's load-balancing loss's log name when it is on (Megatron
+  // computes and tracks it only with a positive coefficient), else null.
+  const char *loadBalancingName() const {
+    if (m.num_experts == 0 || !(m.moe_aux_loss_coeff > 0.0))
+      return nullptr;
+    switch (m.moe_router_load_balancing_type) {
+    case spec::MoeLoadBalancing::AuxLoss: return "load_balancing_loss";
+    case spec::MoeLoadBalancing::SeqAuxLoss: return "seq_load_balancing_loss";
+    case spec::MoeLoadBalancing::None: return nullptr;
+    }
+    return nullptr;
+  }
+  bool zLossOn() const { return m.num_experts > 0 && m.moe_z_loss_coeff > 0.0; }
+
+  // A gated (SwiGLU) or GeLU feed-forward's activation of fc1's output.
+  Value activation(Value fc1, ArrayRef<int64_t> shape) {
+    if (m.swiglu)
+      return b.create<SwiGLUOp>(loc, act(shape), fc1);
+    return b.create<GeluOp>(loc, fc1, GeluApproximation::Tanh);
+  }
+
+  // Megatron-Core's MoELayer on the normed hidden states h [b, s, H]: the
+  // router (a linear layer to E logits, then top-k), the tokens permuted
+  // into one segment per expert, the experts as two grouped matmuls over
+  // stacked weights [E, out, in] with the activation between, the rows
+  // combined back weighted by the router, plus the shared expert.
+  Value moe(const std::string &p, Value h) {
+    const int64_t tokens = batch * seq, experts = m.num_experts, topk = m.moe_router_topk,
+                  ffn = m.moe_ffn_hidden_size, fc1Out = m.swiglu ? 2 * ffn : ffn;
+    Value x = b.create<ReshapeOp>(loc, act({tokens, hidden}), h);
+    Value logits = b.create<MatmulOp>(loc, act({tokens, experts}), x,
+                                      param(p + "mlp.router.weight", {experts, hidden}, normal()));
+    // Megatron's get_capacity over the micro-batch's token-expert pairs.
+    int64_t capacity = 0;
+    if (m.moe_expert_capacity_factor > 0.0)
+      capacity = int64_t(std::ceil((double(tokens * topk) / double(experts)) *
+                                   m.moe_expert_capacity_factor));
+    const bool pad = capacity > 0 && m.moe_pad_expert_input_to_capacity;
+    auto lb = m.moe_router_load_balancing_type == spec::MoeLoadBalancing::AuxLoss
+                  ? MoeLoadBalancing::AuxLoss
+              : m.moe_router_load_balancing_type == spec::MoeLoadBalancing::SeqAuxLoss
+                  ? MoeLoadBalancing::SeqAuxLoss
+                  : MoeLoadBalancing::None;
+    auto dtypeOf = [](spec::MoeRouterDtype d) {
+      return d == spec::MoeRouterDtype::FP32   ? MoeRouterDtype::FP32
+             : d == spec::MoeRouterDtype::FP64 ? MoeRouterDtype::FP64
+                                               : MoeRouterDtype::None;
+    };
+    Type f32 = b.getF32Type(), i32 = b.getI32Type();
+    auto router = b.create<MoeRouterOp>(
+        loc, RankedTensorType::get({tokens, experts}, f32),
+        RankedTensorType::get({tokens, experts}, i32), RankedTensorType::get({}, f32),
+        RankedTensorType::get({}, f32), logits, b.getI64IntegerAttr(topk),
+        MoeScoreFunctionAttr::get(b.getContext(),
+                                  m.moe_router_score_function == spec::MoeScoreFunction::Sigmoid
+                                      ? MoeScoreFunction::Sigmoid
+                                      : MoeScoreFunction::Softmax),
+        m.moe_router_pre_softmax ? b.getUnitAttr() : UnitAttr(),
+        b.getF64FloatAttr(m.moe_router_topk_scaling_factor),
+        MoeLoadBalancingAttr::get(b.getContext(), lb), b.getF64FloatAttr(m.moe_aux_loss_coeff),
+        b.getF64FloatAttr(m.moe_z_loss_coeff), b.getI64IntegerAttr(capacity),
+        MoeDropPolicyAttr::get(b.getContext(),
+                               m.moe_token_drop_policy == spec::MoeTokenDropPolicy::Position
+                                   ? MoeDropPolicy::Position
+                                   : MoeDropPolicy::Probs),
+        pad ? b.getUnitAttr() : UnitAttr(), b.getI64IntegerAttr(seq),
+        MoeRouterDtypeAttr::get(b.getContext(), dtypeOf(m.moe_router_dtype)));
+    if (loadBalancingName())
+      lbTerms.push_back(router.getAuxLoss());
+    if (zLossOn())
+      zTerms.push_back(router.getZLoss());
+
+    // The dispatched rows, sized for the worst case when nothing is
+    // dropped: any split of the T * topk token-expert pairs over the
+    // experts fits.
+    const int64_t rows = pad ? experts * capacity
+                         : capacity > 0 ? std::min(tokens * topk, experts * capacity)
+                                        : tokens * topk;
+    auto permute = b.create<MoePermuteOp>(
+        loc, act({rows, hidden}), RankedTensorType::get({rows}, i32),
+        RankedTensorType::get({experts}, i32), x, router.getRoutingMap(),
+        b.getI64IntegerAttr(capacity), pad ? b.getUnitAttr() : UnitAttr());
+    Value counts = permute.getTokensPerExpert();
+    Value fc1 = b.create<MoeGroupedMatmulOp>(
+        loc, act({rows, fc1Out}), permute.getResult(),
+        param(p + "mlp.experts.linear_fc1.weight", {experts, fc1Out, hidden}, normal()), counts);
+    Value a = activation(fc1, {rows, ffn});
+    Value fc2 = b.create<MoeGroupedMatmulOp>(
+        loc, act({rows, hidden}), a,
+        param(p + "mlp.experts.linear_fc2.weight", {experts, hidden, ffn}, scaledNormal()),
+        counts);
+    Value out = b.create<MoeUnpermuteOp>(loc, act({tokens, hidden}), fc2, router.getProbs(),
+                                         permute.getRowIds(), counts);
+    // The shared expert: a dense MLP on every token, added to the routed
+    // output (Megatron's SharedExpertMLP without a gate).
+    if (const int64_t shared = m.moe_shared_expert_intermediate_size; shared > 0) {
+      Value s1 = linear(p + "mlp.shared_experts.linear_fc1.", x,
+                        m.swiglu ? 2 * shared : shared, normal());
+      Value s2 = linear(p + "mlp.shared_experts.linear_fc2.", activation(s1, {tokens, shared}),
+                        hidden, scaledNormal());
+      out = b.create<AddOp>(loc, out, s2);
+    }
+    return b.create<ReshapeOp>(loc, act({batch, seq, hidden}), out);
+  }
+
+  Value layer(int64_t index, Value x) {
+    const std::string p = "decoder.layers." + std::to_string(index) + ".";
     int64_t heads = m.num_attention_heads, groups = m.num_query_groups;
     // Attention block.
     Value h = norm(p + "input_layernorm.", x);
@@ -282,12 +408,13 @@ private:
     Value proj = linear(p + "self_attention.linear_proj.", o, hidden, scaledNormal());
     x = b.create<AddOp>(loc, x, dropout(proj, m.hidden_dropout));
 
-    // MLP block.
+    // MLP block, or the mixture of experts that replaces it.
     h = norm(p + "pre_mlp_layernorm.", x);
+    if (m.isMoeLayer(index))
+      return b.create<AddOp>(loc, x, dropout(moe(p, h), m.hidden_dropout));
     int64_t ffn = m.ffn_hidden_size;
     Value fc1 = linear(p + "mlp.linear_fc1.", h, m.swiglu ? 2 * ffn : ffn, normal());
-    Value a = m.swiglu ? Value(b.create<SwiGLUOp>(loc, act({batch, seq, ffn}), fc1))
-                       : Value(b.create<GeluOp>(loc, fc1, GeluApproximation::Tanh));
+    Value a = activation(fc1, {batch, seq, ffn});
     Value fc2 = linear(p + "mlp.linear_fc2.", a, hidden, scaledNormal());
     return b.create<AddOp>(loc, x, dropout(fc2, m.hidden_dropout));
   }
@@ -300,6 +427,8 @@ private:
   Type dtype;
   int64_t batch, seq, hidden, headDim;
   int64_t nextStream = 0;
+  // Each MoE layer's router losses, in layer order (the returned sums).
+  SmallVector<Value> lbTerms, zTerms;
 };
 
 } // namespace

@@ -324,7 +324,11 @@ public:
         spec.flopsPerIteration(), t.clip_grad, t.train_samples, ramp(0), ramp(1), ramp(2),
         fbb.CreateString(spec::toString(t.optimizer)), fbb.CreateString(t.power_log),
         t.power_log_interval_ms, spec.data.eod_id, t.ckpt_step, t.finetune, t.load_optim,
-        t.load_rng, t.save_optim, t.save_rng);
+        t.load_rng, t.save_optim, t.save_rng, spec.model.numMoeLayers(),
+        fbb.CreateString(spec.model.numMoeLayers() > 0
+                             ? spec::toString(spec.model.moe_router_load_balancing_type)
+                             : ""),
+        spec.model.numMoeLayers() > 0 ? spec.model.moe_z_loss_coeff : 0.0);
 
     auto plan = pl::CreatePlan(
         fbb, fbb.CreateString(kProducer), fbb.CreateString(modelFingerprint(module)),
@@ -777,6 +781,21 @@ private:
 
   // One op -> one instruction over the value numbers of the program or
   // kernel it belongs to.
+  // MOE_ROUTER's and MOE_ROUTER_GRAD's ints and floats (plan.fbs).
+  template <typename RouterOp> static void routerArgs(RouterOp o, Inst &i) {
+    i.ints = {o.getTopkAttr().getInt(),
+              int64_t(o.getScoreFunction()),
+              o.getPreSoftmax() ? 1 : 0,
+              int64_t(o.getLoadBalancing()),
+              o.getCapacityAttr().getInt(),
+              int64_t(o.getDropPolicy()),
+              o.getPadToCapacity() ? 1 : 0,
+              o.getSeqLengthAttr().getInt(),
+              int64_t(o.getRouterDtype())};
+    i.floats = {o.getScalingFactor().convertToDouble(), o.getAuxLossCoeff().convertToDouble(),
+                o.getZLossCoeff().convertToDouble()};
+  }
+
   FailureOr<Inst> lower(Operation &op, const DenseMap<Value, uint32_t> &numbers) {
     Inst i;
     for (Value v : op.getOperands())
@@ -889,6 +908,29 @@ private:
           i.op = pl::Opcode::CROSS_ENTROPY_GRAD;
           i.ints = {o.getVocabParallel() ? 1 : 0};
         })
+        // Mixture of experts. The dialect's enums number their cases as
+        // plan.fbs numbers the router's ints.
+        .Case([&](MoeRouterOp o) {
+          i.op = pl::Opcode::MOE_ROUTER;
+          routerArgs(o, i);
+        })
+        .Case([&](MoeRouterGradOp o) {
+          i.op = pl::Opcode::MOE_ROUTER_GRAD;
+          routerArgs(o, i);
+        })
+        .Case([&](MoePermuteOp o) {
+          i.op = pl::Opcode::MOE_PERMUTE;
+          i.ints = {o.getCapacityAttr().getInt(), o.getPadToCapacity() ? 1 : 0};
+        })
+        .Case([&](MoePermuteGradOp) { i.op = pl::Opcode::MOE_PERMUTE_GRAD; })
+        .Case([&](MoeGroupedMatmulOp) { i.op = pl::Opcode::GROUPED_MATMUL; })
+        .Case([&](MoeGroupedMatmulInputGradOp) { i.op = pl::Opcode::GROUPED_MATMUL_INPUT_GRAD; })
+        .Case([&](MoeGroupedMatmulWeightGradOp o) {
+          i.op = pl::Opcode::GROUPED_MATMUL_WEIGHT_GRAD;
+          i.params = {param(o.getParamAttr())};
+        })
+        .Case([&](MoeUnpermuteOp) { i.op = pl::Opcode::MOE_UNPERMUTE; })
+        .Case([&](MoeUnpermuteGradOp) { i.op = pl::Opcode::MOE_UNPERMUTE_GRAD; })
         .Case([&](TpAllReduceOp) { i.op = pl::Opcode::ALL_REDUCE; i.ints = {kGroupTp}; })
         .Case([&](SpGatherOp) { i.op = pl::Opcode::SEQ_ALL_GATHER; i.ints = {kGroupTp}; })
         .Case([&](SpReduceScatterOp) {

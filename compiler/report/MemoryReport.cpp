@@ -122,6 +122,20 @@ MemoryPlan memoryPlanOf(ModuleOp module, const spec::Spec &spec) {
   if (spec.parallel.pipeline_model_parallel_size > 1)
     plan.note = "pipeline stages hold up to pipeline_model_parallel_size micro-batches' "
                 "activations at their peak (1F1B), the first stage the most";
+  // MoE layers' dispatched rows have static shapes (compiler/import): say
+  // what they are sized for, since the routing is known only at run time.
+  if (spec.model.numMoeLayers() > 0) {
+    const std::string moe =
+        spec.model.moe_expert_capacity_factor <= 0.0
+            ? "MoE dispatch and permutation buffers are sized for the worst case, nothing "
+              "dropped: micro-batch tokens x moe_router_topk rows a layer, whatever the routing"
+        : spec.model.moe_pad_expert_input_to_capacity
+            ? "MoE dispatch and permutation buffers are sized by capacity: num_experts x "
+              "capacity rows a layer, padded"
+            : "MoE dispatch and permutation buffers are sized by capacity: min(micro-batch "
+              "tokens x moe_router_topk, num_experts x capacity) rows a layer";
+    plan.note = plan.note.empty() ? moe : plan.note + "; " + moe;
+  }
   return plan;
 }
 

@@ -79,6 +79,42 @@ lr = 1e-3
 mock_data = true
 )toml";
 
+// Mixture of experts: every layer's MLP is 4 experts with top-2 routing, the
+// load-balancing loss and the z-loss on (both reach the gradient through the
+// router), a shared expert; SwiGLU experts as in Mixtral.
+constexpr const char *kMoe = R"toml(
+[model]
+num_layers = 2
+hidden_size = 16
+num_attention_heads = 4
+seq_length = 8
+vocab_size = 50
+make_vocab_size_divisible_by = 64
+normalization = "RMSNorm"
+swiglu = true
+ffn_hidden_size = 32
+position_embedding_type = "rope"
+untie_embeddings_and_output_weights = true
+add_bias_linear = false
+hidden_dropout = 0.0
+attention_dropout = 0.0
+num_experts = 4
+moe_router_topk = 2
+moe_ffn_hidden_size = 8
+moe_aux_loss_coeff = 0.1
+moe_z_loss_coeff = 0.01
+moe_shared_expert_intermediate_size = 8
+
+[training]
+micro_batch_size = 2
+global_batch_size = 4
+train_iters = 1
+lr = 1e-3
+
+[data]
+mock_data = true
+)toml";
+
 std::unique_ptr<mt::rt::PlanFile> compile(const char *toml,
                                           const std::vector<mt::spec::Override> &overrides) {
   absl::StatusOr<mt::spec::Spec> spec = mt::spec::parseSpecString(toml, "grad.toml", overrides);
@@ -148,12 +184,27 @@ public:
   std::string name(uint32_t i) const {
     return plan.ranks()->Get(0)->params()->Get(i)->name()->str();
   }
+  // The objective train_step differentiates: the loss plus, for an MoE
+  // model, each router loss eval_step outputs (summed over layers, without
+  // its coefficient) times its coefficient.
   double loss() {
     fill(eval);
     EXPECT_EQ(exec.run(*eval, 0), "");
-    return *static_cast<float *>(
-        exec.value_data(*eval, named(eval->outputs(), eval->output_names(), "loss")));
+    double total = 0;
+    for (uint32_t i = 0; i < eval->outputs()->size(); ++i) {
+      const std::string name = eval->output_names()->Get(i)->str();
+      const double coeff = name == "loss"                  ? 1.0
+                           : name == "load_balancing_loss" ||
+                                   name == "seq_load_balancing_loss"
+                               ? auxCoeff
+                           : name == "z_loss"              ? zCoeff
+                                                           : 0.0;
+      EXPECT_NE(coeff, 0.0) << "eval_step output " << name;
+      total += coeff * double(*static_cast<float *>(exec.value_data(*eval, eval->outputs()->Get(i))));
+    }
+    return total;
   }
+  double auxCoeff = 0, zCoeff = 0;
   void gradients() {
     exec.zero_grads();
     fill(train);
@@ -171,10 +222,13 @@ public:
 // `h` is the step per element: small enough for the model's curvature (the
 // RMSNorm/SwiGLU model needs 1e-3), large enough for f32 round-off.
 void checkGradients(const char *toml, float h,
-                    const std::vector<mt::spec::Override> &overrides = {}) {
+                    const std::vector<mt::spec::Override> &overrides = {},
+                    double auxCoeff = 0, double zCoeff = 0) {
   auto file = compile(toml, overrides);
   ASSERT_TRUE(file);
   Model m(*file);
+  m.auxCoeff = auxCoeff;
+  m.zCoeff = zCoeff;
   m.gradients();
   std::mt19937 rng(11);
 
@@ -208,6 +262,25 @@ void checkGradients(const char *toml, float h,
 TEST(ModelGradients, GptMatchesFiniteDifferences) { checkGradients(kGpt, 1e-2f); }
 
 TEST(ModelGradients, LlamaMatchesFiniteDifferences) { checkGradients(kLlama, 1e-3f); }
+
+// The router's choice is piecewise constant in the weights: a step of 1e-3
+// already moves a token to another expert on one side (the word embeddings'
+// direction, which moves every token), so these take 3e-4, which keeps every
+// choice on both sides.
+TEST(ModelGradients, MoeMatchesFiniteDifferences) { checkGradients(kMoe, 3e-4f, {}, 0.1, 0.01); }
+
+// Sigmoid scores with the sequence-level loss, pre-softmax-free scaling, and a
+// capacity that drops tokens (capacity factor 0.5: 4 of each expert's
+// tokens kept), by position.
+TEST(ModelGradients, MoeSigmoidCapacityMatchesFiniteDifferences) {
+  checkGradients(kMoe, 3e-4f,
+                 {{"model.moe_router_score_function=\"sigmoid\""},
+                  {"model.moe_router_load_balancing_type=\"seq_aux_loss\""},
+                  {"model.moe_router_topk_scaling_factor=2.5"},
+                  {"model.moe_expert_capacity_factor=0.5"},
+                  {"model.moe_token_drop_policy=\"position\""}},
+                 0.1, 0.01);
+}
 
 TEST(ModelGradients, FullRecomputeMatchesFiniteDifferences) {
   checkGradients(kGpt, 1e-2f, {{"parallel.recompute_granularity=\"full\""},
