@@ -162,7 +162,8 @@ ModelSummary summarizeModel(ModuleOp module, const spec::Spec &spec) {
   if (forwards.empty())
     return s;
   addShape("tokens", forwards.front().getArgument(0));
-  bool haveHidden = false, haveQKV = false, haveFFN = false;
+  bool haveHidden = false, haveQKV = false, haveFFN = false, haveExpertRows = false,
+       haveExpertFFN = false;
   for (func::FuncOp func : forwards)
     func.walk([&](Operation *op) {
       if (!firstMicroBatch(op))
@@ -182,6 +183,16 @@ ModelSummary summarizeModel(ModuleOp module, const spec::Spec &spec) {
         if (!haveFFN && w.contains("linear_fc1")) {
           addShape("mlp intermediate", mm.getResult());
           haveFFN = true;
+        }
+      } else if (auto perm = dyn_cast<MoePermuteOp>(op); perm && !haveExpertRows) {
+        // The tokens gathered expert by expert: T * topk rows, or the
+        // capacity's.
+        addShape("expert rows", perm.getResult());
+        haveExpertRows = true;
+      } else if (auto gm = dyn_cast<MoeGroupedMatmulOp>(op)) {
+        if (!haveExpertFFN && paramName(gm.getWeight()).contains("experts.linear_fc1")) {
+          addShape("expert ffn", gm.getResult());
+          haveExpertFFN = true;
         }
       } else if (auto ce = dyn_cast<CrossEntropyOp>(op)) {
         addShape("logits", ce.getLogits());
