@@ -213,8 +213,12 @@ std::vector<KeyInfo> buildTable() {
                   "accepted for Megatron's command lines."));
   t.push_back(key("model", "moe_router_dtype", E, false, "not set (the model's precision)", "",
                   "--moe-router-dtype",
-                  "Precision of the routing (router logits, scores and top-k) and of the "
-                  "weighted sum of the experts' outputs.",
+                  "Precision of the routing: scores, top-k, capacity ranking and routing "
+                  "weights are computed in fp32 or fp64 from the router logits. Not set: "
+                  "rounded to the model's precision after each step, as Megatron does. The "
+                  "logits themselves come from the router GEMM in the model's precision "
+                  "(Megatron runs that GEMM in this precision too; mt does not yet), and the "
+                  "weighted sum of the experts' outputs accumulates in fp32 in every setting.",
                   none(), {"fp32", "fp64"}));
 
   // [parallel]

@@ -38,6 +38,7 @@ std::string read_model(const std::string &toml, const std::string &source,
   h.norm_epsilon = m.norm_epsilon;
   h.apply_layernorm_1p = m.apply_layernorm_1p;
   h.swiglu = m.swiglu;
+  h.num_experts = m.num_experts;
   h.untie_embeddings_and_output_weights = m.untie_embeddings_and_output_weights;
   h.add_bias_linear = m.add_bias_linear;
   h.hidden_dropout = m.hidden_dropout;

@@ -84,6 +84,12 @@ std::string refuse(const std::string &key, const std::string &why, const std::st
 } // namespace
 
 std::string hf_architecture(const HfModelSpec &m, std::string *error) {
+  if (m.num_experts > 0) {
+    *error = "model.num_experts = " + std::to_string(m.num_experts) +
+             " (a mixture of experts), which neither GPT2LMHeadModel nor LlamaForCausalLM "
+             "can express (MixtralForCausalLM is not mapped yet)";
+    return "";
+  }
   if (m.rope) {
     const char *cls = "LlamaForCausalLM (the class for RoPE models)";
     if (!m.rmsnorm)

@@ -46,6 +46,7 @@ struct HfModelSpec {
   double norm_epsilon = 1e-5;
   bool apply_layernorm_1p = false;
   bool swiglu = false;
+  int64_t num_experts = 0; // > 0: a mixture of experts (no export yet)
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;
   double hidden_dropout = 0.0, attention_dropout = 0.0;
