@@ -156,8 +156,8 @@ std::vector<KeyInfo> buildTable() {
                   none(), {"aux_loss", "seq_aux_loss", "none"}));
   t.push_back(key("model", "moe_aux_loss_coeff", F, false, "0.0", "", "--moe-aux-loss-coeff",
                   "Weight of the load-balancing loss in the training loss (1e-2 is "
-                  "Megatron's suggested start); 0 computes and logs it without training on "
-                  "it.",
+                  "Megatron's suggested start); 0, as in Megatron, neither computes nor logs it "
+                  "(TensorBoard's load_balancing_loss stays 0).",
                   atLeast(0)));
   t.push_back(key("model", "moe_z_loss_coeff", F, false, "not set (no z-loss)", "",
                   "--moe-z-loss-coeff",
