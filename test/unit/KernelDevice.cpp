@@ -164,6 +164,12 @@ public:
       cu::CUfunction f = nullptr;
       if (std::string e = function(l.source, l.entry, &f); !e.empty())
         return e;
+      // Readied as launch() readies it: a kernel timed before it was ever
+      // launched (kv128's backward in mt-flash-bench) needs its opt-in too.
+      if (std::string e = mt::rt::prepare_launch(dev_, f, l.entry, l.grid, l.block, l.sharedBytes,
+                                                 &sharedAllowed_[f]);
+          !e.empty())
+        return e;
       functions.push_back(f);
     }
     // Launched without a wait in between; a fault shows at the synchronisation.
