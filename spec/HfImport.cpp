@@ -1,6 +1,6 @@
 // `mtc import-hf` (see HfImport.h): config.json's keys to spec keys, as
-// transformers' GPT2Config and LlamaConfig define them (their defaults
-// apply to keys a file leaves out).
+// transformers' GPT2Config, LlamaConfig and MixtralConfig define them (their
+// defaults apply to keys a file leaves out).
 #include "spec/HfImport.h"
 
 #include "runtime/base/atomic_file.h"
@@ -191,23 +191,29 @@ absl::StatusOr<HfImportResult> importHfConfig(const std::string &json, const std
     if (a->get_array().get(list) != simdjson::SUCCESS || list.size() != 1 ||
         list.at(0).get_string().get(first) != simdjson::SUCCESS)
       return r.fail("architectures", "is " + jsonText(*a) + "; mt imports a list of one class, "
-                                     "GPT2LMHeadModel or LlamaForCausalLM");
+                                     "GPT2LMHeadModel, LlamaForCausalLM or MixtralForCausalLM");
     arch = std::string(first);
   } else {
     MT_TRY(type, r.string("model_type", ""));
-    arch = type == "gpt2" ? "GPT2LMHeadModel" : type == "llama" ? "LlamaForCausalLM" : "";
+    arch = type == "gpt2"      ? "GPT2LMHeadModel"
+           : type == "llama"   ? "LlamaForCausalLM"
+           : type == "mixtral" ? "MixtralForCausalLM"
+                               : "";
     if (arch.empty())
       return r.fail("model_type", "is " + quote(type) +
                                       " and there are no \"architectures\"; mt imports "
-                                      "GPT2LMHeadModel and LlamaForCausalLM");
+                                      "GPT2LMHeadModel, LlamaForCausalLM and MixtralForCausalLM");
   }
-  if (arch != "GPT2LMHeadModel" && arch != "LlamaForCausalLM")
+  if (arch != "GPT2LMHeadModel" && arch != "LlamaForCausalLM" && arch != "MixtralForCausalLM")
     return r.fail("architectures",
-                  "names " + arch + ", which mt does not import (it imports GPT2LMHeadModel and "
-                                    "LlamaForCausalLM)");
+                  "names " + arch + ", which mt does not import (it imports GPT2LMHeadModel, "
+                                    "LlamaForCausalLM and MixtralForCausalLM)");
   r.arch = arch;
-  MT_TRY(modelType, r.string("model_type", arch == "GPT2LMHeadModel" ? "gpt2" : "llama"));
-  if (modelType != (arch == "GPT2LMHeadModel" ? "gpt2" : "llama"))
+  const bool mixtral = arch == "MixtralForCausalLM";
+  const std::string wantType =
+      arch == "GPT2LMHeadModel" ? "gpt2" : mixtral ? "mixtral" : "llama";
+  MT_TRY(modelType, r.string("model_type", wantType));
+  if (modelType != wantType)
     return r.fail("model_type", "is " + quote(modelType) + " but \"architectures\" names " + arch);
 
   // [model], in the spec's key order.
@@ -270,30 +276,37 @@ absl::StatusOr<HfImportResult> importHfConfig(const std::string &json, const std
   } else {
     MT_TRY(layers, r.integer("num_hidden_layers", 32));
     MT_TRY(hidden, r.integer("hidden_size", 4096));
-    MT_TRY(inter, r.integer("intermediate_size", 11008));
+    // LlamaConfig's defaults, or MixtralConfig's.
+    MT_TRY(inter, r.integer("intermediate_size", mixtral ? 14336 : 11008));
     MT_TRY(heads, r.integer("num_attention_heads", 32));
-    MT_TRY(kvHeads, r.integer("num_key_value_heads", heads));
+    MT_TRY(kvHeads, r.integer("num_key_value_heads", mixtral ? 8 : heads));
     if (heads < 1 || hidden % heads != 0)
       return r.fail("num_attention_heads", "is " + std::to_string(heads) +
                                                ", not a divisor of hidden_size " +
                                                std::to_string(hidden));
     MT_TRY(headDim, r.integer("head_dim", hidden / heads));
-    MT_TRY(positions, r.integer("max_position_embeddings", 2048));
+    MT_TRY(positions, r.integer("max_position_embeddings", mixtral ? 4096 * 32 : 2048));
     MT_TRY(vocab, r.integer("vocab_size", 32000));
     MT_TRY(act, r.string("hidden_act", "silu"));
     if (act != "silu")
       return r.fail("hidden_act", "is " + quote(act) + "; mt's SwiGLU gates with SiLU (\"silu\")");
-    MT_TRY(eps, r.number("rms_norm_eps", 1e-6));
+    MT_TRY(eps, r.number("rms_norm_eps", mixtral ? 1e-5 : 1e-6));
     MT_TRY(tied, r.boolean("tie_word_embeddings", false));
-    MT_TRY(attnBias, r.boolean("attention_bias", false));
-    MT_TRY(mlpBias, r.boolean("mlp_bias", false));
+    // Mixtral has no biases and no key for them.
+    bool attnBias = false, mlpBias = false;
+    if (!mixtral) {
+      MT_TRY(a, r.boolean("attention_bias", false));
+      MT_TRY(b, r.boolean("mlp_bias", false));
+      attnBias = a;
+      mlpBias = b;
+    }
     if (attnBias != mlpBias)
       return r.fail(attnBias ? "attention_bias" : "mlp_bias",
                     std::string("is true but \"") + (attnBias ? "mlp_bias" : "attention_bias") +
                         "\" is false; mt's add_bias_linear gives both or neither");
     MT_TRY(attnDrop, r.number("attention_dropout", 0.0));
     // RoPE: transformers 4's rope_theta and rope_scaling, or 5's rope_parameters.
-    double theta = 10000;
+    double theta = mixtral ? 1e6 : 10000;
     std::optional<simdjson::dom::element> scaling = r.get("rope_scaling");
     if (auto params = r.get("rope_parameters")) {
       simdjson::dom::object p;
@@ -374,6 +387,33 @@ absl::StatusOr<HfImportResult> importHfConfig(const std::string &json, const std
     set("add_bias_linear", attnBias ? "true" : "false");
     set("hidden_dropout", "0.0");
     set("attention_dropout", num(attnDrop));
+    if (mixtral) {
+      // MixtralSparseMoeBlock: every layer routes each token to
+      // num_experts_per_tok of num_local_experts SwiGLU experts by a softmax
+      // router whose top-k weights are renormalized (Megatron's softmax
+      // router without pre-softmax), computed in f32; nothing dropped.
+      if (auto w = r.get("sliding_window"))
+        return r.fail("sliding_window", "is " + jsonText(*w) +
+                                            "; mt's attention is full causal attention (a "
+                                            "sliding window is not computed)");
+      MT_TRY(experts, r.integer("num_local_experts", 8));
+      MT_TRY(topk, r.integer("num_experts_per_tok", 2));
+      MT_TRY(auxCoef, r.number("router_aux_loss_coef", 0.001));
+      MT_TRY(jitter, r.number("router_jitter_noise", 0.0));
+      if (jitter != 0.0)
+        return r.fail("router_jitter_noise", "is " + num(jitter) +
+                                                 "; mt's router multiplies no noise into its "
+                                                 "input (Megatron's moe_input_jitter_eps is not "
+                                                 "a spec key)");
+      MT_TRY(routerLogits, r.boolean("output_router_logits", false));
+      (void)routerLogits; // whether transformers' forward adds the aux loss; mt trains with it
+      setInt("num_experts", experts);
+      setInt("moe_ffn_hidden_size", inter);
+      setInt("moe_router_topk", topk);
+      set("moe_router_load_balancing_type", "\"aux_loss\"");
+      set("moe_aux_loss_coeff", num(auxCoef));
+      set("moe_router_dtype", "\"fp32\"");
+    }
   }
   MT_TRY(initStd, r.number("initializer_range", 0.02));
   set("init_method_std", num(initStd));
@@ -433,7 +473,8 @@ int runImportHfCommand(const std::vector<std::string> &args) {
     if (a == "--help" || a == "-h") {
       std::cout << "usage: mtc import-hf DIR [-o spec.toml]\n\n"
                    "Writes a spec from a Hugging Face model folder's config.json\n"
-                   "(GPT2LMHeadModel or LlamaForCausalLM): [model] is the checkpoint's\n"
+                   "(GPT2LMHeadModel, LlamaForCausalLM or MixtralForCausalLM): [model] is\n"
+                   "the checkpoint's "
                    "architecture; [parallel], [training] and [data] are starting values.\n"
                    "Load the weights into a plan of it with 'mt-checkpoint from-hf'\n"
                    "(docs/checkpoints.md).\n\n"

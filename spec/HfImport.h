@@ -1,5 +1,5 @@
 // `mtc import-hf`: a spec.toml from a Hugging Face model folder's
-// config.json (GPT2LMHeadModel, LlamaForCausalLM), so that
+// config.json (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM), so that
 // `mt-checkpoint from-hf` can load its weights into a plan of that spec.
 // docs/checkpoints.md, "Importing from Hugging Face".
 #ifndef MT_SPEC_HFIMPORT_H
@@ -14,7 +14,7 @@ namespace mt::spec {
 
 struct HfImportResult {
   std::string toml;                // the spec, validated
-  std::string architecture;        // "GPT2LMHeadModel" or "LlamaForCausalLM"
+  std::string architecture;        // "GPT2LMHeadModel", "LlamaForCausalLM", ...
   std::vector<std::string> notes;  // what the user should know or edit
 };
 

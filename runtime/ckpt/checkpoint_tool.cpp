@@ -38,7 +38,8 @@ commands:
       names GPT-2 BPE or tokenizer.json ones) that AutoModelForCausalLM
       and AutoTokenizer load:
       GPT2LMHeadModel for GPT-2-style specs, LlamaForCausalLM for
-      Llama-style ones; every tensor-, pipeline- and data-parallel shard
+      Llama-style ones, MixtralForCausalLM for mixtures of experts (one
+      expert-parallel rank); every tensor-, pipeline- and data-parallel shard
       merged; the vocabulary cut to the tokenizer's unless
       --keep-padded-vocab; shards above SIZE (default 5GB; KB, MB, GB and
       KiB, MiB, GiB); DIR is written whole or not at all
@@ -254,9 +255,8 @@ int run_info(const Args &a, const SpecModelReader &read_spec) {
                 static_cast<long long>(model.num_query_groups),
                 static_cast<long long>(model.vocab_size),
                 static_cast<long long>(model.padded_vocab_size),
-                arch == "gpt2"    ? "GPT2LMHeadModel"
-                : arch == "llama" ? "LlamaForCausalLM"
-                                  : ("cannot export (" + why + ")").c_str());
+                arch.empty() ? ("cannot export (" + why + ")").c_str()
+                             : hf_class_name(arch).c_str());
   }
   size_t files = 0, tensors = 0;
   uint64_t bytes = 0;

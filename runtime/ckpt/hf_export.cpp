@@ -70,7 +70,7 @@ std::string hf_tensors(const HfModelSpec &m, const std::string &arch,
       t = &it->second;
       used[e.mt_name] = true;
     }
-    const int64_t cols = e.mt_shape.size() == 2 ? e.mt_shape[1] : 1;
+    const int64_t cols = e.mt_shape.size() >= 2 ? e.mt_shape.back() : 1;
     for (const HfPiece &p : e.pieces) {
       const int64_t n = p.row_count();
       std::vector<float> d(size_t(n * cols), 0.0f);
@@ -256,6 +256,30 @@ std::string hf_config_json(const HfModelSpec &m, const std::string &arch,
     kv("scale_attn_weights", "true");
     kv("scale_attn_by_inverse_layer_idx", "false");
     kv("reorder_and_upcast_attn", "false");
+  } else if (arch == "mixtral") {
+    kv("architectures", "[\"MixtralForCausalLM\"]");
+    kv("model_type", "\"mixtral\"");
+    kv("hidden_act", "\"silu\"");
+    kv("attention_dropout", num(m.attention_dropout));
+    kv("head_dim", std::to_string(m.kv_channels));
+    kv("hidden_size", std::to_string(m.hidden_size));
+    kv("initializer_range", num(m.init_method_std));
+    kv("intermediate_size", std::to_string(m.moe_ffn_hidden_size));
+    kv("max_position_embeddings", std::to_string(m.max_position_embeddings));
+    kv("num_attention_heads", std::to_string(m.num_attention_heads));
+    kv("num_hidden_layers", std::to_string(m.num_layers));
+    kv("num_key_value_heads", std::to_string(m.num_query_groups));
+    kv("num_local_experts", std::to_string(m.num_experts));
+    kv("num_experts_per_tok", std::to_string(m.moe_router_topk));
+    // Mixtral's auxiliary loss is the load-balancing loss of Megatron's
+    // aux_loss; the others (seq_aux_loss, the z-loss) are training terms it
+    // has no key for and do not change the model's output.
+    kv("router_aux_loss_coef",
+       num(m.moe_router_load_balancing_type == "aux_loss" ? m.moe_aux_loss_coeff : 0.0));
+    kv("output_router_logits", "false");
+    kv("router_jitter_noise", "0.0");
+    kv("sliding_window", "null");
+    kv("rms_norm_eps", num(m.norm_epsilon));
   } else {
     kv("architectures", "[\"LlamaForCausalLM\"]");
     kv("model_type", "\"llama\"");
@@ -273,6 +297,8 @@ std::string hf_config_json(const HfModelSpec &m, const std::string &arch,
     kv("num_key_value_heads", std::to_string(m.num_query_groups));
     kv("pretraining_tp", "1");
     kv("rms_norm_eps", num(m.norm_epsilon));
+  }
+  if (arch != "gpt2") {
     const std::string theta = num(double(m.rotary_base));
     // Llama 3.1's scaling as Megatron applies it: 8192 original positions,
     // low and high frequency factors 1 and 4.
@@ -491,7 +517,7 @@ std::string export_hf(const std::string &load_dir, int64_t iteration, const HfMo
     return fail(dir + ": error: cannot rename the staging directory into place: " +
                 std::strerror(errno));
   fsync_path(parent, O_RDONLY | O_DIRECTORY);
-  *summary = "wrote " + dir + ": " + (arch == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM") +
+  *summary = "wrote " + dir + ": " + hf_class_name(arch) +
              " from iteration " + std::to_string(meta.iteration) + " of " + load_dir + ", " +
              std::to_string(st.size()) + " tensors, " + std::to_string(params) +
              " parameters, " + o.dtype + ", vocabulary " +

@@ -161,7 +161,7 @@ std::string read_hf_weights(const std::string &dir, const HfModelSpec &m, const 
   Folder f;
   if (std::string e = f.open(dir); !e.empty())
     return e;
-  const std::string cls = arch == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM";
+  const std::string cls = hf_class_name(arch);
   const std::string prefix = hf_base_prefix(arch);
   const std::string fix = "; the spec is not this model's: write it with 'mtc import-hf " + dir +
                           "' and compile that";
@@ -216,7 +216,7 @@ std::string read_hf_weights(const std::string &dir, const HfModelSpec &m, const 
     for (int64_t d : e.mt_shape)
       numel *= d;
     w.data.assign(size_t(numel), 0.0f);
-    const int64_t cols = e.mt_shape.size() == 2 ? e.mt_shape[1] : 1;
+    const int64_t cols = e.mt_shape.size() >= 2 ? e.mt_shape.back() : 1;
     for (const HfPiece &p : e.pieces) {
       const SafetensorsReader::Entry *t = f.find(p.name, prefix, &file);
       if (!t)
@@ -303,6 +303,11 @@ std::string compare_hf_models(const HfModelSpec &c, const HfModelSpec &m,
        b(m.untie_embeddings_and_output_weights)},
       {"add_bias_linear", b(c.add_bias_linear), b(m.add_bias_linear)},
   };
+  if (c.num_experts > 0 || m.num_experts > 0) {
+    fields.push_back({"num_experts", i(c.num_experts), i(m.num_experts)});
+    fields.push_back({"moe_ffn_hidden_size", i(c.moe_ffn_hidden_size), i(m.moe_ffn_hidden_size)});
+    fields.push_back({"moe_router_topk", i(c.moe_router_topk), i(m.moe_router_topk)});
+  }
   if (c.rope) {
     fields.push_back({"rotary_base", i(c.rotary_base), i(m.rotary_base)});
     fields.push_back({"use_rope_scaling", b(c.use_rope_scaling), b(m.use_rope_scaling)});
@@ -363,7 +368,7 @@ std::string import_hf(const std::string &dir_in, const HfModelSpec &m,
     return e + " (nothing was written)";
   }
   const int tp = std::max(1, plan.tensor_parallel()), pp = std::max(1, plan.pipeline_parallel());
-  *summary = "wrote " + out + ": " + (arch == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM") +
+  *summary = "wrote " + out + ": " + hf_class_name(arch) +
              " from " + dir + ", " + std::to_string(weights.size()) + " tensors, " +
              std::to_string(params) + " parameters, vocabulary " + std::to_string(rows) +
              (rows == m.padded_vocab_size

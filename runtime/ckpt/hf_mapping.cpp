@@ -1,6 +1,7 @@
 // The table between mt's and transformers' tensors (see hf_mapping.h).
 #include "runtime/ckpt/hf_mapping.h"
 
+#include <cstdio>
 #include <cstring>
 
 namespace mt::rt {
@@ -83,12 +84,79 @@ std::string refuse(const std::string &key, const std::string &why, const std::st
 
 } // namespace
 
+std::string hf_class_name(const std::string &arch) {
+  return arch == "gpt2" ? "GPT2LMHeadModel" : arch == "mixtral" ? "MixtralForCausalLM"
+                                                                 : "LlamaForCausalLM";
+}
+
+namespace {
+
+std::string num_text(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+// What MixtralForCausalLM cannot express, by the spec key (transformers'
+// MixtralSparseMoeBlock: every layer a softmax router over all experts, its
+// top-k weights renormalized to sum to one, no token dropped, SwiGLU experts
+// without biases, no shared expert).
+std::string mixtral_refusal(const HfModelSpec &m) {
+  const char *cls = "MixtralForCausalLM (the class for mixtures of experts)";
+  if (m.expert_model_parallel_size > 1)
+    return "parallel.expert_model_parallel_size = " +
+           std::to_string(m.expert_model_parallel_size) +
+           " (experts split over expert-parallel ranks), which mt-checkpoint does not convert: "
+           "it converts checkpoints of one expert-parallel rank";
+  if (!m.rope)
+    return refuse("position_embedding_type", "\"learned_absolute\"", cls);
+  if (!m.rmsnorm)
+    return refuse("normalization", "\"LayerNorm\"", cls);
+  if (!m.swiglu)
+    return refuse("swiglu", "false (GeLU experts)", cls);
+  if (m.add_bias_linear)
+    return refuse("add_bias_linear", "true", cls);
+  if (m.kv_channels % 2 != 0)
+    return refuse("kv_channels",
+                  std::to_string(m.kv_channels) + ", odd (RoPE leaves the last element unrotated)",
+                  cls);
+  if (m.num_attention_heads % m.num_query_groups != 0)
+    return refuse("num_query_groups",
+                  std::to_string(m.num_query_groups) + ", not a divisor of num_attention_heads",
+                  cls);
+  for (size_t i = 0; i < m.moe_layers.size(); ++i)
+    if (!m.moe_layers[i])
+      return refuse("moe_layer_freq",
+                    "a dense MLP in layer " + std::to_string(i) + " (Mixtral's every layer is MoE)",
+                    cls);
+  if (m.moe_shared_expert_intermediate_size > 0)
+    return refuse("moe_shared_expert_intermediate_size",
+                  std::to_string(m.moe_shared_expert_intermediate_size) + " (a shared expert)",
+                  cls);
+  if (m.moe_router_score_function != "softmax")
+    return refuse("moe_router_score_function", "\"" + m.moe_router_score_function + "\"", cls);
+  if (m.moe_router_pre_softmax)
+    return refuse("moe_router_pre_softmax",
+                  "true (the top-k of a softmax over all experts, not renormalized; Mixtral "
+                  "renormalizes the top-k weights to sum to 1)",
+                  cls);
+  if (m.moe_router_topk_scaling_factor != 0.0 && m.moe_router_topk_scaling_factor != 1.0)
+    return refuse("moe_router_topk_scaling_factor",
+                  num_text(m.moe_router_topk_scaling_factor) + " (routing weights scaled)", cls);
+  if (m.moe_expert_capacity_factor > 0.0)
+    return refuse("moe_expert_capacity_factor",
+                  num_text(m.moe_expert_capacity_factor) +
+                      " (tokens past an expert's capacity dropped; Mixtral drops none)",
+                  cls);
+  return "";
+}
+
+} // namespace
+
 std::string hf_architecture(const HfModelSpec &m, std::string *error) {
   if (m.num_experts > 0) {
-    *error = "model.num_experts = " + std::to_string(m.num_experts) +
-             " (a mixture of experts), which neither GPT2LMHeadModel nor LlamaForCausalLM "
-             "can express (MixtralForCausalLM is not mapped yet)";
-    return "";
+    *error = mixtral_refusal(m);
+    return error->empty() ? "mixtral" : "";
   }
   if (m.rope) {
     const char *cls = "LlamaForCausalLM (the class for RoPE models)";
@@ -166,9 +234,9 @@ struct Table {
       const int64_t n = p.row_count();
       if (e.mt_shape.size() == 1)
         p.shape = {n};
-      else
-        p.shape = p.transpose ? std::vector<int64_t>{e.mt_shape[1], n}
-                              : std::vector<int64_t>{n, e.mt_shape[1]};
+      else // [rows, cols], or a stacked [E, rows, cols]'s rows of one expert
+        p.shape = p.transpose ? std::vector<int64_t>{e.mt_shape.back(), n}
+                              : std::vector<int64_t>{n, e.mt_shape.back()};
     }
   }
 };
@@ -284,6 +352,29 @@ std::vector<HfMapEntry> hf_mapping(const HfModelSpec &m, const std::string &arch
         t.whole(p + "mlp.linear_fc2.bias", {h}, q + "mlp.c_proj.bias", {kh});
       else
         zero(q + "mlp.c_proj.bias", h, kh);
+      continue;
+    }
+    if (arch == "mixtral") {
+      // The router and the stacked experts: expert e's fc1 rows [e 2F, e 2F + F)
+      // are its gate (w1), [e 2F + F, (e + 1) 2F) its up projection (w3); its
+      // fc2 rows [e H, (e + 1) H) are w2.
+      const int64_t ne = m.num_experts, mf = m.moe_ffn_hidden_size;
+      const std::string ke = key("num_experts", ne), kmf = key("moe_ffn_hidden_size", mf);
+      const std::string moe = q + "block_sparse_moe.";
+      t.whole(p + "mlp.router.weight", {ne, h}, moe + "gate.weight", {ke, kh});
+      HfMapEntry fc1{p + "mlp.experts.linear_fc1.weight", {ne, 2 * mf, h}, false, false, {}};
+      HfMapEntry fc2{p + "mlp.experts.linear_fc2.weight", {ne, h, mf}, false, false, {}};
+      for (int64_t x = 0; x < ne; ++x) {
+        const std::string ex = moe + "experts." + std::to_string(x) + ".";
+        fc1.pieces.push_back({ex + "w1.weight", {{x * 2 * mf, x * 2 * mf + mf}}, false, {}, {kmf, kh}});
+        fc1.pieces.push_back(
+            {ex + "w3.weight", {{x * 2 * mf + mf, (x + 1) * 2 * mf}}, false, {}, {kmf, kh}});
+        fc2.pieces.push_back({ex + "w2.weight", {{x * h, (x + 1) * h}}, false, {}, {kh, kmf}});
+      }
+      Table::finish(fc1);
+      Table::finish(fc2);
+      out.push_back(std::move(fc1));
+      out.push_back(std::move(fc2));
       continue;
     }
     // SwiGLU's fc1: rows [0, ffn) are the gate, [ffn, 2 ffn) the up projection.

@@ -1,5 +1,6 @@
 // The one table of how mt's tensors (Megatron-Core's names and layouts)
-// correspond to transformers' GPT2LMHeadModel and LlamaForCausalLM: the
+// correspond to transformers' GPT2LMHeadModel, LlamaForCausalLM and
+// MixtralForCausalLM: the
 // export (`mt-checkpoint to-hf`, hf_export.h) reads it one way, the import
 // (`mt-checkpoint from-hf`, hf_import.h) the other. docs/checkpoints.md,
 // "Weight layouts", has it as a table.
@@ -14,6 +15,11 @@
 //   linear_fc1   SwiGLU: rows [0, ffn) the gate (SiLU'd), [ffn, 2 ffn) the
 //                up projection: gate_proj, up_proj; GPT-2: c_fc transposed
 //   linear_proj, linear_fc2   o_proj, down_proj; GPT-2: c_proj transposed
+//   mixture of experts (Mixtral): router -> block_sparse_moe.gate; the
+//                stacked experts.linear_fc1 [E, 2 ffn, H] taken as E x 2 ffn
+//                rows: expert e's gate rows are w1, its up rows w3; the
+//                stacked experts.linear_fc2 [E, H, ffn] as E x H rows:
+//                expert e's are w2
 //   norms        apply_layernorm_1p's w is 1 + w in Hugging Face's
 //   embeddings   the first rows of the padded vocabulary (the padding is
 //                mt's alone)
@@ -46,7 +52,20 @@ struct HfModelSpec {
   double norm_epsilon = 1e-5;
   bool apply_layernorm_1p = false;
   bool swiglu = false;
-  int64_t num_experts = 0; // > 0: a mixture of experts (no export yet)
+  // A mixture of experts (num_experts > 0; MixtralForCausalLM), names as
+  // the spec's keys; the ones Mixtral cannot express are refused.
+  int64_t num_experts = 0;
+  int64_t moe_ffn_hidden_size = 0; // resolved
+  int64_t moe_router_topk = 2;
+  std::string moe_router_load_balancing_type = "aux_loss";
+  double moe_aux_loss_coeff = 0.0, moe_z_loss_coeff = 0.0;
+  std::string moe_router_score_function = "softmax";
+  bool moe_router_pre_softmax = false;
+  double moe_router_topk_scaling_factor = 0.0;
+  double moe_expert_capacity_factor = 0.0;
+  std::vector<bool> moe_layers; // resolved moe_layer_freq: true = an MoE layer
+  int64_t moe_shared_expert_intermediate_size = 0;
+  int64_t expert_model_parallel_size = 1; // [parallel]'s
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;
   double hidden_dropout = 0.0, attention_dropout = 0.0;
@@ -57,9 +76,13 @@ struct HfModelSpec {
   std::string vocab_file, merge_file, tokenizer_model;
 };
 
-// "gpt2" or "llama" for `m`, or "" with *error naming the spec key that no
-// Hugging Face class here can express.
+// "gpt2", "llama" or "mixtral" for `m`, or "" with *error naming the spec
+// key that no Hugging Face class here can express.
 std::string hf_architecture(const HfModelSpec &m, std::string *error);
+
+// The transformers class of hf_architecture's name: "GPT2LMHeadModel",
+// "LlamaForCausalLM", "MixtralForCausalLM".
+std::string hf_class_name(const std::string &arch);
 
 // One Hugging Face tensor: rows of its entry's mt tensor.
 struct HfPiece {
@@ -75,13 +98,15 @@ struct HfPiece {
 
 struct HfMapEntry {
   std::string mt_name;           // "" for GPT-2's biases mt does not have (zero in HF's)
-  std::vector<int64_t> mt_shape; // whole (the embedding: the padded vocabulary)
+  // Whole (the embedding: the padded vocabulary). A stacked expert tensor
+  // [E, rows, cols]: its pieces' rows count through the experts (e x rows + r).
+  std::vector<int64_t> mt_shape;
   bool one_plus = false;         // apply_layernorm_1p: HF holds 1 + w
   bool vocab = false;            // rows past the pieces' are the vocabulary's padding
   std::vector<HfPiece> pieces;
 };
 
-// The table for `m` as `arch` ("gpt2" or "llama", hf_architecture's).
+// The table for `m` as `arch` (hf_architecture's).
 // vocab_rows: the rows of Hugging Face's embedding (and output layer), at
 // most m.padded_vocab_size.
 std::vector<HfMapEntry> hf_mapping(const HfModelSpec &m, const std::string &arch,

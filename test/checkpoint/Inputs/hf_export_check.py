@@ -5,7 +5,9 @@ same batch (fp32, relative error < 1e-5).
 
 usage: hf_export_check.py WORKDIR SRC_ROOT MODEL...
 
-MODEL is gpt, llama or llama31 (llama with Llama 3.1's RoPE scaling),
+MODEL is gpt, llama, llama31 (llama with Llama 3.1's RoPE scaling) or
+mixtral (llama's attention, 4 experts of 24 in every layer, top-2, the
+aux loss on: MixtralForCausalLM), or from-mixtral (below),
 optionally with a layout: llama:2x2 trains on tensor 2 x pipeline 2 ranks
 (Gloo on the CPU). For each, mtrun trains a tiny model
 3 iterations and saves; a second run loads that checkpoint and trains
@@ -18,6 +20,12 @@ a bf16 export in shards must load and agree to bf16's precision.
 `gpt`: LayerNorm, tanh GeLU, biases, tied embeddings, learned positions
 (GPT2LMHeadModel); `llama`: RMSNorm, SwiGLU, RoPE, grouped-query attention,
 no biases, an untied output layer (LlamaForCausalLM).
+`from-mixtral`: the other direction. transformers' own MixtralForCausalLM
+(random weights, save_pretrained) goes through `mtc import-hf` and
+`mt-checkpoint from-hf`; mtrun's loss on its first batch must be the
+model's (the logits over the padded vocabulary: Megatron's padding repeats
+the last row), and `to-hf` of that checkpoint gives the saved tensors back
+bit for bit.
 """
 import json
 import os
@@ -47,8 +55,17 @@ add_bias_linear = false
 """
 
 
-def spec(work, llama, tp, pp, scaling):
+MOE_KEYS = """
+num_experts = 4
+moe_ffn_hidden_size = 24
+moe_router_topk = 2
+moe_aux_loss_coeff = 0.01
+"""
+
+
+def spec(work, llama, tp, pp, scaling, moe=False):
     scaled = "use_rope_scaling = true\nrope_scaling_factor = 8.0" if scaling else ""
+    scaled += MOE_KEYS if moe else ""
     return f"""
 [model]
 num_layers = {LAYERS}
@@ -93,7 +110,7 @@ def run(*cmd):
 
 def check(model):
     kind, _, layout = model.partition(":")
-    llama = kind in ("llama", "llama31")
+    llama = kind in ("llama", "llama31", "mixtral")
     tp, pp = (int(n) for n in layout.split("x")) if layout else (1, 1)
     work = os.path.join(WORK, model.replace(":", "-"))
     os.makedirs(work)
@@ -101,7 +118,8 @@ def check(model):
     docs = [[torch.randint(0, VOCAB, (int(torch.randint(5, 60, (1,), generator=rng)),),
                            generator=rng).tolist()] for _ in range(40)]
     make_dataset.write(os.path.join(work, "data"), "uint16", docs)
-    open(os.path.join(work, "spec.toml"), "w").write(spec(work, llama, tp, pp, kind == "llama31"))
+    open(os.path.join(work, "spec.toml"), "w").write(spec(work, llama, tp, pp, kind == "llama31",
+                                                         kind == "mixtral"))
     plan, ckpt = os.path.join(work, "plan"), os.path.join(work, "ckpt")
     nproc = ["--nproc", str(tp * pp)] if tp * pp > 1 else []
     run("mtc", "compile", os.path.join(work, "spec.toml"), "-o", plan)
@@ -146,6 +164,12 @@ def check(model):
         failures.append("config")
     if (config.get("rope_scaling") or {}).get("rope_type") != ("llama3" if kind == "llama31" else None):
         failures.append("rope scaling")
+    if kind == "mixtral" and (cls != "MixtralForCausalLM" or config["num_local_experts"] != 4 or
+                              config["num_experts_per_tok"] != 2 or
+                              config["intermediate_size"] != 24 or
+                              config["router_aux_loss_coef"] != 0.01 or
+                              config["output_router_logits"]):
+        failures.append("mixtral config")
 
     half = export("hf-bf16", "--dtype", "bf16", "--max-shard-size", "20KB")
     shards = sorted(f for f in os.listdir(half) if f.endswith(".safetensors"))
@@ -160,5 +184,62 @@ def check(model):
     print(f"{model}: all match")
 
 
+def from_mixtral():
+    from safetensors.torch import load_file
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    work = os.path.join(WORK, "from-mixtral")
+    os.makedirs(work)
+    rng = torch.Generator().manual_seed(6)
+    docs = [[torch.randint(0, VOCAB, (int(torch.randint(5, 60, (1,), generator=rng)),),
+                           generator=rng).tolist()] for _ in range(40)]
+    make_dataset.write(os.path.join(work, "data"), "uint16", docs)
+    torch.manual_seed(7)
+    config = MixtralConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=24,
+                           num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                           num_key_value_heads=2, max_position_embeddings=64,
+                           num_local_experts=4, num_experts_per_tok=2, initializer_range=0.1)
+    model = MixtralForCausalLM(config).eval()
+    hf = os.path.join(work, "hf")
+    model.save_pretrained(hf)
+    toml, plan, ckpt = (os.path.join(work, n) for n in ("spec.toml", "plan", "ckpt"))
+    run("mtc", "import-hf", hf, "-o", toml)
+    sets = {"model.seq_length": SEQ, "model.make_vocab_size_divisible_by": PADDED,
+            "training.micro_batch_size": MBS, "training.global_batch_size": GBS,
+            "training.seed": SEED, "training.eval_iters": 0, "training.log_interval": 1,
+            "data.mock_data": "false", "data.data_path": f'"{work}/data"',
+            "data.split": '"100,0,0"'}
+    run("mtc", "compile", toml, "-o", plan, *[a for k, v in sets.items()
+                                               for a in ("--set", f"{k}={v}")])
+    print(run("mt-checkpoint", "from-hf", hf, "--plan", plan, "-o", ckpt).strip()
+          .replace(WORK, "WORK"))
+    out = run("mtrun", plan, "--load", ckpt, "--train-iters", "1")
+    line = next(l for l in out.splitlines() if re.search(r"iteration +1/", l))
+    mt_loss = float(re.search(r"lm loss: ([0-9.E+-]+)", line).group(1))
+    samples = run("mt-dataset", "samples", os.path.join(work, "data"), "--seq-length", str(SEQ),
+                  "--num-samples", str(GBS), "--split", "100,0,0", "--seed", str(SEED),
+                  "--show", str(GBS))
+    batch = torch.tensor([[int(t) for t in l.split()] for l in samples.splitlines()])
+    with torch.no_grad():
+        logits = model(input_ids=batch[:, :-1]).logits.float()
+    padded = torch.cat([logits, logits[..., -1:].expand(-1, -1, PADDED - VOCAB)], dim=-1)
+    loss = torch.nn.functional.cross_entropy(padded.reshape(-1, PADDED),
+                                             batch[:, 1:].reshape(-1)).item()
+    rel = abs(loss - mt_loss) / abs(mt_loss)
+    print(f"from-mixtral: loss mt {mt_loss:.7g}, transformers {loss:.7g}, rel {rel:.1e}")
+    back = os.path.join(work, "back")
+    run("mt-checkpoint", "to-hf", ckpt, "-o", back)
+    a, b = load_file(os.path.join(hf, "model.safetensors")), load_file(
+        os.path.join(back, "model.safetensors"))
+    same = sorted(a) == sorted(b) and all(torch.equal(a[n], b[n]) for n in a)
+    print(f"from-mixtral: {len(b)} tensors back from to-hf, {'equal' if same else 'DIFFERENT'}")
+    if rel > 1e-5 or not same:
+        sys.exit("from-mixtral: mismatch")
+    print("from-mixtral: all match")
+
+
 for m in sys.argv[3:]:
-    check(m)
+    if m == "from-mixtral":
+        from_mixtral()
+    else:
+        check(m)

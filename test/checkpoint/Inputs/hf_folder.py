@@ -3,12 +3,14 @@
 as transformers' save_pretrained lays it out, with numpy alone, optionally
 damaged in one way; and compares two folders' tensors.
 
-usage: hf_folder.py write DIR gpt|llama [--damage KIND] [--dtype F32|BF16|F16] [--bf16-values]
+usage: hf_folder.py write DIR gpt|llama|mixtral [--damage KIND] [--dtype F32|BF16|F16] [--bf16-values]
        hf_folder.py compare DIR_A DIR_B
 
 gpt: GPT2LMHeadModel, 2 layers, n_embd 32, 4 heads, 32 positions, 100 tokens,
 tied. llama: LlamaForCausalLM, 2 layers, hidden 32, 48 intermediate, 4
-heads in 2 key/value groups, 100 tokens, untied, no biases. The safetensors
+heads in 2 key/value groups, 100 tokens, untied, no biases. mixtral:
+MixtralForCausalLM, llama's attention with 4 experts of intermediate size
+24 in every layer, top-2. The safetensors
 file is written as the format describes (an 8-byte little-endian header
 length, the JSON header padded with spaces to 8 bytes, the data).
 
@@ -33,7 +35,7 @@ import sys
 
 import numpy as np
 
-H, LAYERS, HEADS, VOCAB, POS = 32, 2, 4, 100, 32
+H, LAYERS, HEADS, VOCAB, POS, EXPERTS = 32, 2, 4, 100, 32, 4
 
 
 def tensors(kind, vocab):
@@ -71,9 +73,17 @@ def tensors(kind, vocab):
             put(p + "self_attn.k_proj.weight", 16, H)
             put(p + "self_attn.v_proj.weight", 16, H)
             put(p + "self_attn.o_proj.weight", H, H)
-            put(p + "mlp.gate_proj.weight", 48, H)
-            put(p + "mlp.up_proj.weight", 48, H)
-            put(p + "mlp.down_proj.weight", H, 48)
+            if kind == "mixtral":
+                put(p + "block_sparse_moe.gate.weight", EXPERTS, H)
+                for e in range(EXPERTS):
+                    q = p + f"block_sparse_moe.experts.{e}."
+                    put(q + "w1.weight", 24, H)
+                    put(q + "w2.weight", H, 24)
+                    put(q + "w3.weight", 24, H)
+            else:
+                put(p + "mlp.gate_proj.weight", 48, H)
+                put(p + "mlp.up_proj.weight", 48, H)
+                put(p + "mlp.down_proj.weight", H, 48)
         put("model.norm.weight", H)
         put("lm_head.weight", vocab, H)
     return t
@@ -87,6 +97,16 @@ def config(kind, vocab):
                 "layer_norm_epsilon": 1e-5, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
                 "attn_pdrop": 0.0, "tie_word_embeddings": True, "initializer_range": 0.02,
                 "scale_attn_weights": True, "torch_dtype": "float32"}
+    if kind == "mixtral":
+        return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                "hidden_act": "silu", "hidden_size": H, "intermediate_size": 24,
+                "num_attention_heads": HEADS, "num_key_value_heads": 2, "num_hidden_layers": LAYERS,
+                "head_dim": 8, "max_position_embeddings": 64, "vocab_size": vocab,
+                "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "sliding_window": None,
+                "num_local_experts": EXPERTS, "num_experts_per_tok": 2,
+                "output_router_logits": False, "router_aux_loss_coef": 0.02,
+                "router_jitter_noise": 0.0, "tie_word_embeddings": False,
+                "torch_dtype": "float32"}
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
             "hidden_size": H, "intermediate_size": 48, "num_attention_heads": HEADS,
             "num_key_value_heads": 2, "num_hidden_layers": LAYERS, "head_dim": 8,
@@ -134,7 +154,7 @@ def write(folder, kind, damage, dtype, round_bf16=False):
     if round_bf16:
         t = {n: bf16_values(a) for n, a in t.items()}
     cfg = config(kind, vocab)
-    first = next(n for n in t if ".0." in n and ("c_fc.weight" in n or "gate_proj" in n))
+    first = next(n for n in t if ".0." in n and ("c_fc.weight" in n or "gate_proj" in n or "w1.weight" in n))
     if damage == "shape":
         t[first] = t[first][..., :-16] if kind == "gpt" else t[first][:-16]
     if damage == "missing":

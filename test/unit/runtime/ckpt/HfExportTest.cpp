@@ -195,6 +195,109 @@ TEST(HfExport, ArchitecturesAndRefusals) {
   }
 }
 
+// llama()'s attention with 3 experts of 2 (top-2) in its one layer.
+HfModelSpec mixtral() {
+  HfModelSpec m = llama();
+  m.num_experts = 3;
+  m.moe_ffn_hidden_size = 2;
+  m.moe_layers = {true};
+  return m;
+}
+
+TEST(HfExport, MixtralRefusals) {
+  std::string err;
+  EXPECT_EQ(mt::rt::hf_architecture(mixtral(), &err), "mixtral") << err;
+  struct Case {
+    void (*edit)(HfModelSpec &);
+    const char *key;
+  } cases[] = {
+      {[](HfModelSpec &m) { m.moe_shared_expert_intermediate_size = 4; },
+       "model.moe_shared_expert_intermediate_size = 4 (a shared expert)"},
+      {[](HfModelSpec &m) { m.moe_router_score_function = "sigmoid"; },
+       "model.moe_router_score_function = \"sigmoid\""},
+      {[](HfModelSpec &m) { m.moe_router_pre_softmax = true; }, "model.moe_router_pre_softmax = true"},
+      {[](HfModelSpec &m) { m.moe_router_topk_scaling_factor = 2.5; },
+       "model.moe_router_topk_scaling_factor = 2.5"},
+      {[](HfModelSpec &m) { m.moe_expert_capacity_factor = 1.5; },
+       "model.moe_expert_capacity_factor = 1.5"},
+      {[](HfModelSpec &m) {
+         m.num_layers = 2;
+         m.moe_layers = {true, false};
+       },
+       "model.moe_layer_freq = a dense MLP in layer 1"},
+      {[](HfModelSpec &m) { m.swiglu = false; }, "model.swiglu = false"},
+      {[](HfModelSpec &m) { m.add_bias_linear = true; }, "model.add_bias_linear = true"},
+      {[](HfModelSpec &m) { m.rope = false; }, "model.position_embedding_type"},
+  };
+  for (const Case &c : cases) {
+    HfModelSpec m = mixtral();
+    c.edit(m);
+    err.clear();
+    EXPECT_EQ(mt::rt::hf_architecture(m, &err), "");
+    EXPECT_TRUE(contains(err, c.key)) << err;
+    EXPECT_TRUE(contains(err, "MixtralForCausalLM")) << err;
+  }
+  HfModelSpec ep = mixtral();
+  ep.expert_model_parallel_size = 2;
+  err.clear();
+  EXPECT_EQ(mt::rt::hf_architecture(ep, &err), "");
+  EXPECT_TRUE(contains(err, "parallel.expert_model_parallel_size = 2")) << err;
+  // A scaling factor of 1 scales nothing.
+  HfModelSpec one = mixtral();
+  one.moe_router_topk_scaling_factor = 1.0;
+  EXPECT_EQ(mt::rt::hf_architecture(one, &err), "mixtral");
+}
+
+TEST(HfExport, MixtralLayouts) {
+  const HfModelSpec m = mixtral();
+  std::map<std::string, WholeWeight> w = weights_of(m);
+  const std::string p = "decoder.layers.0.mlp.";
+  w.erase(p + "linear_fc1.weight");
+  w.erase(p + "linear_fc2.weight");
+  w[p + "router.weight"] = iota({3, 8}, 500);
+  w[p + "experts.linear_fc1.weight"] = iota({3, 4, 8}); // [E, 2 ffn, H]
+  w[p + "experts.linear_fc2.weight"] = iota({3, 8, 2}, 2000); // [E, H, ffn]
+  std::vector<HfTensor> t;
+  ASSERT_EQ(mt::rt::hf_tensors(m, "mixtral", w, false, &t), "");
+  const std::string q = "model.layers.0.block_sparse_moe.";
+  EXPECT_EQ(get(t, q + "gate.weight").data, iota({3, 8}, 500).data);
+  for (int e = 0; e < 3; ++e) {
+    const std::string x = q + "experts." + std::to_string(e) + ".";
+    const HfTensor &w1 = get(t, x + "w1.weight"), &w3 = get(t, x + "w3.weight");
+    const HfTensor &w2 = get(t, x + "w2.weight");
+    EXPECT_EQ(w1.shape, (std::vector<int64_t>{2, 8}));
+    EXPECT_EQ(w2.shape, (std::vector<int64_t>{8, 2}));
+    // Expert e's fc1 is elements [e 32, e 32 + 32): the gate its first 16.
+    EXPECT_EQ(w1.data, iota({2, 8}, float(e * 32)).data) << e;
+    EXPECT_EQ(w3.data, iota({2, 8}, float(e * 32 + 16)).data) << e;
+    EXPECT_EQ(w2.data, iota({8, 2}, float(2000 + e * 16)).data) << e;
+  }
+  EXPECT_EQ(t.size(), 9u + 1 + 9); // llama()'s 12 less its MLP's 3, the router, 3 x 3 experts
+  const std::string config = mt::rt::hf_config_json(m, "mixtral", {});
+  for (const char *k : {"\"MixtralForCausalLM\"", "\"num_local_experts\": 3",
+                        "\"num_experts_per_tok\": 2", "\"intermediate_size\": 2",
+                        "\"output_router_logits\": false"})
+    EXPECT_TRUE(contains(config, k)) << k << "\n" << config;
+
+  // And back: the import puts every element where it was.
+  char tmpl[] = "/tmp/mt-hf-mixtral-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  std::vector<mt::rt::SafetensorsTensor> st;
+  for (const HfTensor &x : t)
+    st.push_back({x.name, "F32", x.shape, x.data.data(), x.data.size() * 4});
+  ASSERT_EQ(mt::rt::write_safetensors(dir + "/model.safetensors", st, {}), "");
+  std::map<std::string, WholeWeight> back;
+  int64_t rows = 0;
+  ASSERT_EQ(mt::rt::read_hf_weights(dir, m, "mixtral", &back, &rows), "");
+  for (const char *n : {"router.weight", "experts.linear_fc1.weight", "experts.linear_fc2.weight"}) {
+    EXPECT_EQ(back.at(p + n).shape, w.at(p + n).shape) << n;
+    EXPECT_EQ(back.at(p + n).data, w.at(p + n).data) << n;
+  }
+  ::unlink((dir + "/model.safetensors").c_str());
+  ::rmdir(dir.c_str());
+}
+
 TEST(HfExport, LlamaLayouts) {
   const HfModelSpec m = llama();
   std::vector<HfTensor> t;
