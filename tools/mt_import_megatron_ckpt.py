@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Converts a Megatron-Core checkpoint (GPT and Llama models) into an mt checkpoint.
+"""Converts a Megatron-Core checkpoint (GPT, Llama and MoE models) into an mt checkpoint.
 
     python3 tools/mt_import_megatron_ckpt.py MEGATRON_CKPT --plan PLAN -o OUT
     mtrun PLAN --load OUT
@@ -13,8 +13,19 @@ directory, in either of Megatron's formats:
               one pickle per tensor- and pipeline-parallel rank, merged here.
 PLAN is compiled (mtc compile) from the spec the run continues with; the
 checkpoint's args are checked against its [model] (sizes, heads, groups,
-norm, activation, positions, tied embeddings, biases), and OUT is laid out for
-PLAN's tensor, pipeline and data parallelism by `mtc reshard`.
+norm, activation, positions, tied embeddings, biases, experts and routing), and
+OUT is laid out for PLAN's tensor, pipeline and data parallelism by `mtc reshard`.
+
+Mixture-of-experts layers: the router (mlp.router.weight) and the experts in
+each of Megatron-Core's namings, stacked into mt's [num_experts, ...] tensors
+(expert e's slice is Megatron's expert e):
+  torch_dist   mlp.experts.experts.linear_fc1.weight, whole [E, 2F, H] for
+               every experts class (SequentialMLP, GroupedMLP and TEGroupedMLP
+               save the same sharded keys);
+  torch        SequentialMLP's mlp.experts.local_experts.{e}.linear_fc1.weight,
+               TEGroupedMLP's mlp.experts.linear_fc1.weight{e}, or GroupedMLP's
+               mlp.experts.weight1 [H, E x 2F] and weight2 [E x F, H] (expert
+               e's views [H, 2F] and [F, H], transposed).
 
 Carried over: the weights always; Adam's moments (exp_avg, exp_avg_sq) and the
 fp32 main parameters where the checkpoint holds them per parameter (torch_dist;
@@ -39,6 +50,7 @@ import json
 import math
 import os
 import pickle
+import re
 import shutil
 import struct
 import subprocess
@@ -439,6 +451,14 @@ def read_legacy(d, src, want_optim):
                 src.scheduler = sd.get("opt_param_scheduler")
             stage.append((path, sd))
         gated = bool(getattr(src.args, "swiglu", False))
+        if tp > 1 and arg(src.args, "num_experts"):
+            fail("%s: error: a mixture of experts saved in the torch format by %d tensor-parallel "
+                 "ranks, whose experts are split by --expert-tensor-parallel-size; save it with "
+                 "--ckpt-format torch_dist, which stores every expert whole" % (d, tp))
+        if want_optim and not src.no_optim and arg(src.args, "num_experts"):
+            src.no_optim = ("the torch format keeps a mixture of experts' optimizer state in "
+                            "parameter groups of their own (expert and dense parameters apart); "
+                            "--ckpt-format torch_dist stores it per parameter")
         model0 = stage[0][1]["model"]
         layers = set()
         shapes = {}
@@ -587,7 +607,9 @@ def check_args(args, spec, ckpt, plan):
         return json.dumps(v) if isinstance(v, str) else ("true" if v is True else "false"
                                                           if v is False else str(v))
 
-    for unsupported, why in (("num_experts", "mixture of experts"),
+    for unsupported, why in (("moe_router_enable_expert_bias", "an expert bias in the router"),
+                             ("moe_use_shared_expert_gate", "a gate on the shared expert"),
+                             ("moe_router_num_groups", "group-limited routing"),
                              ("multi_latent_attention", "multi-latent attention"),
                              ("qk_layernorm", "QK layer norm"),
                              ("squared_relu", "squared ReLU"),
@@ -627,6 +649,41 @@ def check_args(args, spec, ckpt, plan):
         checks.append(("max_position_embeddings", arg(args, "max_position_embeddings")))
     if arg(args, "vocab_size") is not None:
         checks.append(("vocab_size", arg(args, "vocab_size")))
+    experts = arg(args, "num_experts") or 0
+    if experts or m.get("num_experts", 0):
+        if arg(args, "expert_model_parallel_size", 1) > 1 and arg(args, "ckpt_format") == "torch":
+            fail("%s: error: the checkpoint's --expert-model-parallel-size is %d in the torch "
+                 "format, whose rank files hold their experts only; save it with --ckpt-format "
+                 "torch_dist, which stores every expert whole" % (
+                     ckpt, arg(args, "expert_model_parallel_size")))
+        topk_scale = arg(args, "moe_router_topk_scaling_factor") or 0.0
+        capacity = arg(args, "moe_expert_capacity_factor") or 0.0
+        checks_moe = [
+            ("num_experts", experts, 0),
+            ("moe_ffn_hidden_size", arg(args, "moe_ffn_hidden_size") or arg(args, "ffn_hidden_size"),
+             m.get("ffn_hidden_size")),
+            ("moe_router_topk", arg(args, "moe_router_topk", 2), 2),
+            ("moe_shared_expert_intermediate_size",
+             arg(args, "moe_shared_expert_intermediate_size") or 0, 0),
+            ("moe_router_score_function", arg(args, "moe_router_score_function", "softmax"),
+             "softmax"),
+            ("moe_router_pre_softmax", bool(arg(args, "moe_router_pre_softmax", False)), False),
+            ("moe_router_topk_scaling_factor", float(topk_scale), 0.0),
+            ("moe_expert_capacity_factor", float(capacity), 0.0),
+        ]
+        for key, have, default in checks_moe:
+            want = m.get(key, default)
+            if isinstance(have, float) or isinstance(want, float):
+                same = math.isclose(float(have or 0), float(want or 0), rel_tol=1e-12)
+            else:
+                same = have == want
+            if not same:
+                mismatch(key, have, want)
+        layers = arg(args, "num_layers")
+        have_freq = moe_layers(arg(args, "moe_layer_freq", 1), layers)
+        want_freq = moe_layers(m.get("moe_layer_freq", 1), layers)
+        if have_freq is not None and want_freq is not None and have_freq != want_freq:
+            mismatch("moe_layer_freq", have_freq, want_freq)
     for key, have in checks:
         if have is None or key not in m:
             continue
@@ -640,6 +697,98 @@ def check_args(args, spec, ckpt, plan):
     if eps is not None and "norm_epsilon" in m and not math.isclose(eps, m["norm_epsilon"],
                                                                   rel_tol=1e-9):
         mismatch("norm_epsilon", eps, m["norm_epsilon"])
+
+
+def moe_layers(freq, layers):
+    """Megatron's --moe-layer-freq (an int N: every Nth layer from the first; a
+    list: per layer) as a list of 0/1, or None when it cannot be read."""
+    if isinstance(freq, int) and layers and freq > 0:
+        return [1 if i % freq == 0 else 0 for i in range(layers)]
+    if isinstance(freq, (list, tuple)) and all(isinstance(x, int) for x in freq):
+        return [1 if x else 0 for x in freq]
+    return None
+
+
+# --- Experts: Megatron's per-expert tensors stacked as mt's [E, ...] ------------
+
+_EXPERT_PATTERNS = (
+    # torch_dist: every experts class saves mlp.experts.experts.linear_fcN.weight
+    # whole, [E, ...] per layer (Megatron's sharded keys).
+    (re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.experts\.(linear_fc[12])\."
+                r"(weight|bias)$"), "stacked"),
+    # SequentialMLP (local and TransformerEngine specs) in the torch format.
+    (re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\."
+                r"(linear_fc[12])\.(weight|bias)$"), "sequential"),
+    # TEGroupedMLP in the torch format: one weight per expert.
+    (re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.(linear_fc[12])\.(weight|bias)(\d+)$"),
+     "te_grouped"),
+    # GroupedMLP in the torch format: all experts in one matrix per linear.
+    (re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.weight([12])$"), "grouped"),
+)
+
+
+def stack_experts(named, num_experts, where):
+    """named: {Megatron name: array}; returns it with every layer's experts in
+    mt's stacked names (decoder.layers.i.mlp.experts.linear_fc1.weight [E, 2F, H],
+    linear_fc2.weight [E, H, F])."""
+    out, parts = {}, {}
+    for name, a in named.items():
+        for pattern, kind in _EXPERT_PATTERNS:
+            hit = pattern.match(name)
+            if not hit:
+                continue
+            if kind == "stacked":
+                layer, lin, what, e = hit.group(1), hit.group(2), hit.group(3), "all"
+            elif kind == "sequential":
+                layer, e, lin, what = hit.group(1), int(hit.group(2)), hit.group(3), hit.group(4)
+            elif kind == "te_grouped":
+                layer, lin, what, e = hit.group(1), hit.group(2), hit.group(3), int(hit.group(4))
+            else:
+                layer, lin, what, e = hit.group(1), "linear_fc" + hit.group(2), "weight", None
+            if what == "bias":
+                fail("%s: error: holds %s, an expert bias; mt's experts have none (MoE with "
+                     "--add-bias-linear is not trained by mt)" % (where, name))
+            key = "decoder.layers.%s.mlp.experts.%s.weight" % (layer, lin)
+            if e == "all":
+                a = np.asarray(a)
+                if a.ndim != 3 or a.shape[0] != num_experts:
+                    fail("%s: error: %s is %s, not [%d, ...] (--num-experts); the checkpoint is "
+                         "of another model" % (where, name, list(a.shape), num_experts))
+                if key in out or key in parts:
+                    fail("%s: error: holds %s twice; the files are of different saves"
+                         % (where, key))
+                out[key] = np.ascontiguousarray(a, np.float32)
+            elif e is None:  # GroupedMLP: [H, E x F1] viewed as [E, H, F1]; [E x F, H] as [E, F, H]
+                a = np.asarray(a)
+                if a.size % num_experts:
+                    fail("%s: error: %s %s does not split into %d experts; the checkpoint's "
+                         "--num-experts is not the model's" % (where, name, list(a.shape),
+                                                             num_experts))
+                if lin == "linear_fc1":
+                    per = a.reshape(num_experts, a.shape[0], -1).transpose(0, 2, 1)
+                else:
+                    per = a.reshape(num_experts, -1, a.shape[1]).transpose(0, 2, 1)
+                for i in range(num_experts):
+                    parts.setdefault(key, {})[i] = per[i]
+            else:
+                parts.setdefault(key, {})[e] = a
+            break
+        else:
+            out[name] = a
+    for key, by_expert in parts.items():
+        if sorted(by_expert) != list(range(num_experts)):
+            missing = sorted(set(range(num_experts)) - set(by_expert))
+            fail("%s: error: %s has %s for experts %s but --num-experts is %d%s; the checkpoint "
+                 "is incomplete or of another model" % (
+                     where, key.rsplit(".experts.", 1)[0], key.rsplit(".", 2)[1],
+                     ", ".join(map(str, sorted(by_expert))), num_experts,
+                     " (no expert %s)" % ", ".join(map(str, missing)) if missing else ""))
+        if key in out:
+            fail("%s: error: holds %s both whole and per expert; the files are of different "
+                 "saves" % (where, key))
+        out[key] = np.ascontiguousarray(np.stack([np.asarray(by_expert[i], np.float32)
+                                                  for i in range(num_experts)]))
+    return out
 
 
 def padded_vocab(spec):
@@ -717,6 +866,14 @@ def convert(args):
         fail("%s: error: holds neither a torch_dist checkpoint (.metadata) nor torch-format "
              "rank directories (mp_rank_*)" % d)
     check_args(src.args, spec, d, args.plan)
+    experts = int(arg(src.args, "num_experts") or 0)
+    if experts:
+        src.weights = stack_experts({n: (a if isinstance(a, np.ndarray) else to_numpy(a))
+                                     for n, a in src.weights.items()}, experts, d)
+        for kind in list(src.state):
+            src.state[kind] = stack_experts(
+                {n: (a if isinstance(a, np.ndarray) else to_numpy(a))
+                 for n, a in src.state[kind].items()}, experts, d)
 
     m = spec["model"]
     vocab = padded_vocab(spec)
