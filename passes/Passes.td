@@ -383,6 +383,45 @@ def MtShardTpPass : Pass<"mt-shard-tp", "mlir::ModuleOp"> {
   let dependentDialects = ["::mt::MtDialect"];
 }
 
+def MtShardEpPass : Pass<"mt-shard-ep", "mlir::ModuleOp"> {
+  let summary = "Splits the routed experts over expert-parallel ranks (Megatron-Core's expert parallelism)";
+  let description = [{
+    Marks every routed expert's stacked weight (the weight of an
+    `mt.moe_grouped_matmul`) `mt.expert`, at every layout: mt-data-parallel
+    reduces their gradients over the expert data-parallel group and the
+    gradient norm counts them on every rank that holds them.
+
+    With `expert_model_parallel_size` = ep > 1 (module attribute
+    `mt.parallel`, expert_tensor_parallel_size 1), the `E` experts of each
+    MoE layer are split over the ep ranks: rank `q` holds experts
+    `[q * L, (q + 1) * L)`, `L = E / ep`, so the stacked weights become
+    `[L, ...]` (`ep_dim = 0`, `ep_size`). The router, the capacity and the
+    permutation stay local to the rank (Megatron-Core computes the capacity
+    from the rank's own tokens); between the permutation and the experts
+    `mt.moe_dispatch` sends each expert's rows to its rank, the grouped
+    matmuls run on the received rows with the local counts, and
+    `mt.moe_combine` returns the rows before `mt.moe_unpermute`.
+    `moe_token_dispatcher_type` picks the exchange (same numbers). The
+    received rows are static, the worst case of the layout, with `T` the
+    rank's tokens and `k` the top-k: `ep * T * min(k, L)` without a
+    capacity; `ep * L * C` with capacity `C` padded; `ep * min(T * min(k,
+    L), L * C)` with a capacity and no padding.
+
+    Runs after mt-shard-tp (on the tokens of a sequence shard) and before
+    mt-partition-pp. The module gets `mt.expert_parallel`.
+
+    ```mlir
+    %y, %ids, %counts = mt.moe_permute %x, %map {capacity = 0 : i64} : ...
+    %rows, %local, %layout = mt.moe_dispatch %y, %counts alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<128x16xf32>, tensor<4xi32>) -> (tensor<256x16xf32>, tensor<2xi32>, tensor<2x2xi32>)
+    %h = mt.moe_grouped_matmul %rows, %w1, %local : (tensor<256x16xf32>, tensor<2x64x16xf32>, tensor<2xi32>) -> tensor<256x64xf32>
+    ...
+    %back = mt.moe_combine %h2, %layout, %counts alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<256x16xf32>, tensor<2x2xi32>, tensor<4xi32>) -> tensor<128x16xf32>
+    %out = mt.moe_unpermute %back, %probs, %ids, %counts : ...
+    ```
+  }];
+  let dependentDialects = ["::mt::MtDialect"];
+}
+
 def MtDataParallelPass : Pass<"mt-data-parallel", "mlir::ModuleOp"> {
   let summary = "Reduces gradients over data-parallel ranks in buckets; the distributed optimizer";
   let description = [{

@@ -20,6 +20,7 @@ void buildTrainPipeline(OpPassManager &pm, const PipelineOptions &options) {
   pm.addPass(createCSEPass());
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createMtShardTpPass());
+  pm.addPass(createMtShardEpPass());
   pm.addPass(createMtPartitionPPPass());
   pm.addPass(createMtAutodiffPass());
   pm.addPass(createMtOptimizerPass());

@@ -12,6 +12,7 @@
 #include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/TypeSwitch.h"
 
+#include <cmath>
 #include <cstring>
 
 namespace mt {
@@ -27,9 +28,15 @@ namespace {
 // How a parameter is split, by its Megatron-LM name: column-parallel layers
 // (QKV, FC1) and the vocabulary (embedding, output layer) by output rows,
 // row-parallel layers (attention projection, FC2) by input columns.
-// Everything else (norms, row-parallel biases, position embeddings) is
-// replicated.
+// Everything else (norms, row-parallel biases, position embeddings, MoE
+// routers) is replicated. Routed experts are never split: they run whole on
+// their expert-parallel rank (expert_tensor_parallel_size 1; mt-shard-ep).
+// The shared expert is a dense MLP and splits as one.
+bool isRoutedExpert(StringRef name) { return name.contains(".mlp.experts."); }
+
 std::optional<int64_t> splitDim(StringRef name) {
+  if (isRoutedExpert(name))
+    return std::nullopt;
   for (StringRef s : {".linear_qkv.weight", ".linear_qkv.bias", ".linear_fc1.weight",
                       ".linear_fc1.bias"})
     if (name.ends_with(s))
@@ -180,11 +187,14 @@ private:
       return failure();
     // Any parameter an op reads beside a sequence shard (once the op reads
     // what it finally reads: column-parallel layers gather first) gets a
-    // partial gradient on each rank.
-    bool onShard = llvm::any_of(op->getOperands(), [&](Value v) { return seq.contains(v); });
+    // partial gradient on each rank. Routed experts are the exception: their
+    // gradients are summed over the expert data-parallel group, which holds
+    // the tensor-parallel ranks (mt-data-parallel).
+    bool onShard = llvm::any_of(
+        op->getOperands(), [&](Value v) { return seq.contains(v) || tok.contains(v); });
     if (onShard)
       for (Value v : op->getOperands())
-        if (auto ref = v.getDefiningOp<ParamRefOp>())
+        if (auto ref = v.getDefiningOp<ParamRefOp>(); ref && !isRoutedExpert(ref.getName()))
           partialGrad.insert(ref.getName());
     return success();
   }
@@ -214,6 +224,8 @@ private:
           return success();
         })
         .Case([&](ReshapeOp r) -> LogicalResult {
+          if (seq.contains(r.getInput()) || tok.contains(r.getInput()))
+            return tokenReshape(r);
           if (!feat.contains(r.getInput()))
             return success();
           SmallVector<int64_t> shape(r.getType().getShape());
@@ -246,7 +258,8 @@ private:
         })
         .Case([&](AddOp a) -> LogicalResult {
           if (seq.contains(a.getLhs()) != seq.contains(a.getRhs()) ||
-              feat.contains(a.getLhs()) != feat.contains(a.getRhs()))
+              feat.contains(a.getLhs()) != feat.contains(a.getRhs()) ||
+              tok.contains(a.getLhs()) != tok.contains(a.getRhs()))
             return a.emitError("mt-shard-tp: adds a sharded value to a differently sharded one");
           a.getResult().setType(a.getLhs().getType());
           propagate(a, a.getLhs());
@@ -265,12 +278,26 @@ private:
             c.setVocabParallelAttr(b.getUnitAttr());
           return success();
         })
-        .Case<MoeRouterOp, MoePermuteOp, MoeGroupedMatmulOp, MoeUnpermuteOp>(
-            [&](Operation *o) -> LogicalResult {
-              return o->emitError() << "mt-shard-tp: mixture-of-experts layers do not run "
-                                       "tensor-parallel; use tensor_model_parallel_size = 1 "
-                                       "with num_experts";
-            })
+        .Case([&](MoeRouterOp r) -> LogicalResult { return router(r); })
+        .Case([&](MoePermuteOp p) -> LogicalResult { return permute(p); })
+        .Case([&](MoeGroupedMatmulOp g) -> LogicalResult {
+          if (!tok.contains(g.getInput()))
+            return notOnShards(g);
+          SmallVector<int64_t> shape(g.getType().getShape());
+          shape[0] = cast<RankedTensorType>(g.getInput().getType()).getDimSize(0);
+          g.getResult().setType(withShape(g.getType(), shape));
+          tok.insert(g.getResult());
+          return success();
+        })
+        .Case([&](MoeUnpermuteOp u) -> LogicalResult {
+          if (!tok.contains(u.getInput()) || !tok.contains(u.getProbs()))
+            return notOnShards(u);
+          SmallVector<int64_t> shape(u.getType().getShape());
+          shape[0] = cast<RankedTensorType>(u.getProbs().getType()).getDimSize(0);
+          u.getResult().setType(withShape(u.getType(), shape));
+          tok.insert(u.getResult());
+          return success();
+        })
         .Default([&](Operation *o) -> LogicalResult {
           return o->emitError() << "mt-shard-tp: does not know how to shard '" << o->getName()
                                 << "'";
@@ -282,6 +309,99 @@ private:
       seq.insert(op->getResult(0));
     if (feat.contains(from))
       feat.insert(op->getResult(0));
+    if (tok.contains(from))
+      tok.insert(op->getResult(0));
+  }
+
+  // Mixture-of-experts layers under sequence parallelism: Megatron's
+  // MoELayer routes each rank's own sequence shard ([s / tp, b, H] there,
+  // [b, s / tp, H] here), flattened to tokens. The router, the permutation
+  // and the experts are local to the rank; only the router's load-balancing
+  // counts are summed over the tensor-parallel group.
+  LogicalResult notOnShards(Operation *op) {
+    return op->emitError() << "mt-shard-tp: mixture-of-experts layers run tensor-parallel only "
+                              "on sequence shards; set sequence_parallel with "
+                              "tensor_model_parallel_size > 1 (Megatron refuses it too)";
+  }
+
+  // [b, s / tp, H] <-> [b * s / tp, H]: the rank's tokens, in its shard's
+  // order.
+  LogicalResult tokenReshape(ReshapeOp r) {
+    auto in = cast<RankedTensorType>(r.getInput().getType());
+    SmallVector<int64_t> shape(r.getType().getShape());
+    if (seq.contains(r.getInput()) && shape.size() == 2 && in.getRank() == 3 &&
+        shape[0] == in.getDimSize(0) * in.getDimSize(1) * tp) {
+      shape[0] /= tp;
+      r.getResult().setType(withShape(r.getType(), shape));
+      tok.insert(r.getResult());
+      return success();
+    }
+    if (tok.contains(r.getInput()) && shape.size() == 3 && in.getRank() == 2 &&
+        shape[0] * shape[1] == in.getDimSize(0) * tp && shape[1] % tp == 0) {
+      shape[1] /= tp;
+      r.getResult().setType(withShape(r.getType(), shape));
+      seq.insert(r.getResult());
+      return success();
+    }
+    return r.emitError() << "mt-shard-tp: cannot reshape a sequence shard " << in << " to "
+                         << r.getType();
+  }
+
+  LogicalResult router(MoeRouterOp r) {
+    if (!tok.contains(r.getLogits()))
+      return notOnShards(r);
+    const int64_t tokens = cast<RankedTensorType>(r.getLogits().getType()).getDimSize(0),
+                  experts = cast<RankedTensorType>(r.getLogits().getType()).getDimSize(1),
+                  seqLength = r.getSeqLengthAttr().getInt();
+    if (seqLength % tp != 0)
+      return r.emitError() << "mt-shard-tp: seq_length " << seqLength
+                           << " is not divisible by tensor_model_parallel_size " << tp;
+    for (Value v : {r.getProbs(), r.getRoutingMap()}) {
+      v.setType(withShape(v.getType(), {tokens, experts}));
+      tok.insert(v);
+    }
+    r.setSeqLengthAttr(b.getI64IntegerAttr(seqLength / tp));
+    // Megatron's get_capacity over the rank's own tokens.
+    int64_t capacity = r.getCapacityAttr().getInt();
+    if (capacity > 0) {
+      auto factor = r->getAttrOfType<FloatAttr>("mt.capacity_factor");
+      if (!factor)
+        return r.emitError("mt-shard-tp: a router with a capacity needs mt.capacity_factor "
+                           "(mtc's importer writes it) to size the capacity of a sequence "
+                           "shard");
+      capacity = int64_t(std::ceil(double(tokens * r.getTopkAttr().getInt()) /
+                                   double(experts) * factor.getValueAsDouble()));
+      if (r.getPadToCapacity() && capacity > tokens)
+        return r.emitError() << "mt-shard-tp: the capacity " << capacity << " of a sequence "
+                             << "shard of " << tokens << " tokens exceeds its tokens, which "
+                             << "pad_to_capacity cannot pad to; use a smaller "
+                             << "moe_expert_capacity_factor or tensor_model_parallel_size";
+      r.setCapacityAttr(b.getI64IntegerAttr(capacity));
+    }
+    capacities[r.getRoutingMap()] = capacity;
+    // Megatron's apply_z_loss divides the coefficient by the tp_cp size.
+    r.setZLossCoeffAttr(b.getF64FloatAttr(r.getZLossCoeff().convertToDouble() / double(tp)));
+    r.setCountGroupAttr(b.getStringAttr("tp"));
+    return success();
+  }
+
+  LogicalResult permute(MoePermuteOp p) {
+    auto router = p.getRoutingMap().getDefiningOp<MoeRouterOp>();
+    if (!tok.contains(p.getInput()) || !router || !capacities.count(p.getRoutingMap()))
+      return notOnShards(p);
+    const int64_t tokens = cast<RankedTensorType>(p.getInput().getType()).getDimSize(0),
+                  experts = cast<RankedTensorType>(p.getTokensPerExpert().getType()).getDimSize(0),
+                  topk = router.getTopkAttr().getInt(),
+                  capacity = capacities[p.getRoutingMap()];
+    const int64_t rows = p.getPadToCapacity() ? experts * capacity
+                         : capacity > 0      ? std::min(tokens * topk, experts * capacity)
+                                             : tokens * topk;
+    p.setCapacityAttr(b.getI64IntegerAttr(capacity));
+    p.getResult().setType(withShape(p.getResult().getType(),
+                                    {rows, cast<RankedTensorType>(p.getType(0)).getDimSize(1)}));
+    p.getRowIds().setType(withShape(p.getRowIds().getType(), {rows}));
+    tok.insert(p.getResult());
+    return success();
   }
 
   // Vocab-parallel embedding: zero rows for ids of other ranks, then the sum
@@ -327,6 +447,13 @@ private:
     SmallVector<int64_t> shape(cast<RankedTensorType>(m.getInput().getType()).getShape());
     shape.back() = wt.getDimSize(0);
     if (!isShardedParam(w)) {
+      // A router: each rank's own tokens, by the replicated weight.
+      if (tok.contains(m.getInput())) {
+        shape[0] = cast<RankedTensorType>(m.getInput().getType()).getDimSize(0);
+        m.getResult().setType(withShape(m.getType(), shape));
+        tok.insert(m.getResult());
+        return success();
+      }
       if (feat.contains(m.getInput()) || seq.contains(m.getInput()))
         return m.emitError("mt-shard-tp: a replicated weight reads a sharded activation");
       m.getResult().setType(withShape(m.getType(), shape));
@@ -389,6 +516,11 @@ private:
   // Values split by features over the tensor-parallel ranks (column-parallel
   // outputs until the row-parallel layer), and sequence shards.
   DenseSet<Value> feat, seq;
+  // A mixture-of-experts layer's values over the rank's own tokens (its
+  // sequence shard flattened, and the rows permuted from them).
+  DenseSet<Value> tok;
+  // Each router's capacity for its shard, by its routing map.
+  DenseMap<Value, int64_t> capacities;
 };
 
 struct MtShardTpPass : impl::MtShardTpPassBase<MtShardTpPass> {

@@ -295,20 +295,23 @@ std::vector<KeyInfo> buildTable() {
   t.push_back(key("parallel", "expert_model_parallel_size", I, false, "1", "GPUs",
                   "--expert-model-parallel-size",
                   "Expert parallelism (ep): each MoE layer's experts are split over ep GPUs "
-                  "of the data-parallel group; num_experts must be a multiple of it. mt "
-                  "implements ep = 1 (every rank holds every expert) so far.",
+                  "of each pipeline stage's tensor x data-parallel GPUs (num_experts / ep "
+                  "each); num_experts must be a multiple of it. Tokens reach their experts' "
+                  "GPUs by moe_token_dispatcher_type.",
                   atLeast(1)));
   t.push_back(key("parallel", "expert_tensor_parallel_size", I, false,
                   "tensor_model_parallel_size", "GPUs", "--expert-tensor-parallel-size",
-                  "Tensor parallelism inside each expert. mt implements 1 so far (with "
-                  "tensor_model_parallel_size = 1).",
+                  "Tensor parallelism inside each expert. mt implements 1 so far: an MoE spec "
+                  "with tensor_model_parallel_size > 1 must set it to 1 (the tensor-parallel "
+                  "GPUs then hold whole experts, as expert-parallel ranks).",
                   atLeast(1)));
   t.push_back(key("parallel", "moe_token_dispatcher_type", E, false, "\"allgather\"", "",
                   "--moe-token-dispatcher-type",
                   "How tokens reach the ranks that hold their experts: all-gather or "
-                  "all-to-all over the expert-parallel group. With expert_model_parallel_size "
-                  "= 1 and tensor_model_parallel_size = 1 no token leaves its rank and both "
-                  "compute the same; Megatron's \"flex\" (DeepEP, HybridEP) is not implemented.",
+                  "all-to-all over the expert-parallel group. Both compute the same numbers "
+                  "and differ in what they send (and so in buffers and the summary's "
+                  "all-to-all volume); Megatron's \"flex\" (DeepEP, HybridEP) is not "
+                  "implemented.",
                   none(), {"allgather", "alltoall"}));
 
   // [training]

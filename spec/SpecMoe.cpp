@@ -440,6 +440,15 @@ void Parser::checkMoeParallel(Spec &spec) {
          "each expert's MLP is split evenly over expert-tensor-parallel ranks: use an "
          "expert_tensor_parallel_size dividing " +
              std::to_string(m.moe_ffn_hidden_size));
+  // Megatron's MoELayer refuses to train with tensor parallelism but no
+  // sequence parallelism (moe_layer.py).
+  if (tp > 1 && !p.sequence_parallel)
+    fail(at("parallel", "tensor_model_parallel_size"),
+         "tensor_model_parallel_size = " + std::to_string(tp) + " with " + expertsRef +
+             " needs sequence_parallel = true (Megatron refuses to train mixture-of-experts "
+             "layers tensor-parallel without sequence parallelism), but " +
+             ref("parallel", "sequence_parallel", p.sequence_parallel ? "true" : "false"),
+         "set sequence_parallel = true in [parallel], or tensor_model_parallel_size = 1");
   if (m.moe_shared_expert_intermediate_size % tp != 0)
     fail(at("parallel", "tensor_model_parallel_size"),
          ref("model", "moe_shared_expert_intermediate_size",
@@ -453,34 +462,32 @@ void Parser::checkMoeParallel(Spec &spec) {
 // Not implemented yet
 //===----------------------------------------------------------------------===//
 
-// MoE runs on one expert-parallel rank without tensor parallelism so far
-// (docs/spec.md). Megatron accepts these layouts; mt refuses them by name
-// until it implements them, instead of planning something else.
+// Expert parallelism runs with one expert-tensor-parallel rank (docs/spec.md).
+// Megatron accepts more; mt refuses them by name until it implements them,
+// instead of planning something else.
 void Parser::refuseUnimplementedMoe(const Spec &spec) {
   const ModelConfig &m = spec.model;
   const ParallelConfig &p = spec.parallel;
-  if (m.num_experts == 0)
+  if (m.num_experts == 0 || p.expert_tensor_parallel_size == 1)
     return;
-  const std::string expertsRef = ref("model", "num_experts", m.num_experts);
-  if (p.expert_model_parallel_size > 1)
-    fail(at("parallel", "expert_model_parallel_size"),
-         "expert_model_parallel_size = " + std::to_string(p.expert_model_parallel_size) +
-             ": expert parallelism is not implemented in mt yet",
-         "set expert_model_parallel_size = 1: every rank then holds all " +
-             std::to_string(m.num_experts) + " experts (the memory plan says whether they fit)");
-  if (p.tensor_model_parallel_size > 1)
-    fail(at("parallel", "tensor_model_parallel_size"),
-         "tensor_model_parallel_size = " + std::to_string(p.tensor_model_parallel_size) +
-             " with " + expertsRef +
-             ": tensor parallelism in models with mixture-of-experts layers is not "
-             "implemented in mt yet",
-         "set tensor_model_parallel_size = 1 (and remove sequence_parallel); use data or "
-         "pipeline parallelism instead");
-  if (p.expert_tensor_parallel_size != 1)
+  const int64_t etp = p.expert_tensor_parallel_size;
+  if (given("parallel", "expert_tensor_parallel_size"))
     fail(at("parallel", "expert_tensor_parallel_size"),
-         "expert_tensor_parallel_size = " + std::to_string(p.expert_tensor_parallel_size) +
+         "expert_tensor_parallel_size = " + std::to_string(etp) +
              ": expert tensor parallelism is not implemented in mt yet",
-         "set expert_tensor_parallel_size = 1, or remove it");
+         "set expert_tensor_parallel_size = 1: each expert then runs whole on its "
+         "expert-parallel rank");
+  // Megatron's default is the tensor-parallel size, so a tensor-parallel MoE
+  // spec needs the key.
+  fail(at("parallel", "tensor_model_parallel_size"),
+       "tensor_model_parallel_size = " + std::to_string(p.tensor_model_parallel_size) +
+           " with " + ref("model", "num_experts", m.num_experts) +
+           " makes expert_tensor_parallel_size " + std::to_string(etp) +
+           " (Megatron's default: the tensor-parallel size), and expert tensor parallelism "
+           "is not implemented in mt yet",
+       "set expert_tensor_parallel_size = 1 in [parallel] (Megatron's "
+       "--expert-tensor-parallel-size 1): the tensor-parallel ranks then hold whole experts "
+       "as expert-parallel ranks");
 }
 
 } // namespace mt::spec::detail

@@ -140,6 +140,13 @@ public:
         b.getNamedAttr("overlap_grad_reduce", b.getBoolAttr(par.overlap_grad_reduce)),
         b.getNamedAttr("overlap_param_gather", b.getBoolAttr(par.overlap_param_gather)),
         b.getNamedAttr("ddp_bucket_size", b.getI64IntegerAttr(par.ddp_bucket_size)),
+        b.getNamedAttr("expert_model_parallel_size",
+                       b.getI64IntegerAttr(par.expert_model_parallel_size)),
+        b.getNamedAttr("expert_tensor_parallel_size",
+                       b.getI64IntegerAttr(m.num_experts > 0 ? par.expert_tensor_parallel_size
+                                                             : 1)),
+        b.getNamedAttr("moe_token_dispatcher_type",
+                       b.getStringAttr(spec::toString(par.moe_token_dispatcher_type))),
     };
     (*module)->setAttr("mt.parallel", b.getDictionaryAttr(parallel));
     Type idsType = RankedTensorType::get({batch, seq}, b.getI32Type());
@@ -236,7 +243,7 @@ private:
     FloatAttr stdAttr =
         init.kind == InitKind::Normal ? decl.getF64FloatAttr(init.std) : FloatAttr();
     decl.create<ParamOp>(loc, name, act(shape), init.kind, stdAttr, IntegerAttr(), IntegerAttr(),
-                         IntegerAttr());
+                         IntegerAttr(), IntegerAttr(), IntegerAttr());
     return ref(name, shape);
   }
 
@@ -341,7 +348,12 @@ private:
                                    ? MoeDropPolicy::Position
                                    : MoeDropPolicy::Probs),
         pad ? b.getUnitAttr() : UnitAttr(), b.getI64IntegerAttr(seq),
-        MoeRouterDtypeAttr::get(b.getContext(), dtypeOf(m.moe_router_dtype)));
+        MoeRouterDtypeAttr::get(b.getContext(), dtypeOf(m.moe_router_dtype)),
+        /*count_group=*/StringAttr());
+    // mt-shard-tp recomputes the capacity from the factor for the tokens of
+    // a sequence shard (Megatron computes it from the rank's own tokens).
+    if (capacity > 0)
+      router->setAttr("mt.capacity_factor", b.getF64FloatAttr(m.moe_expert_capacity_factor));
     if (loadBalancingName())
       lbTerms.push_back(router.getAuxLoss());
     if (zLossOn())
@@ -368,16 +380,18 @@ private:
         counts);
     Value out = b.create<MoeUnpermuteOp>(loc, act({tokens, hidden}), fc2, router.getProbs(),
                                          permute.getRowIds(), counts);
+    out = b.create<ReshapeOp>(loc, act({batch, seq, hidden}), out);
     // The shared expert: a dense MLP on every token, added to the routed
-    // output (Megatron's SharedExpertMLP without a gate).
+    // output (Megatron's SharedExpertMLP without a gate). It reads h as the
+    // dense MLP does, so tensor parallelism splits it as one.
     if (const int64_t shared = m.moe_shared_expert_intermediate_size; shared > 0) {
-      Value s1 = linear(p + "mlp.shared_experts.linear_fc1.", x,
+      Value s1 = linear(p + "mlp.shared_experts.linear_fc1.", h,
                         m.swiglu ? 2 * shared : shared, normal());
-      Value s2 = linear(p + "mlp.shared_experts.linear_fc2.", activation(s1, {tokens, shared}),
-                        hidden, scaledNormal());
+      Value s2 = linear(p + "mlp.shared_experts.linear_fc2.",
+                        activation(s1, {batch, seq, shared}), hidden, scaledNormal());
       out = b.create<AddOp>(loc, out, s2);
     }
-    return b.create<ReshapeOp>(loc, act({batch, seq, hidden}), out);
+    return out;
   }
 
   Value layer(int64_t index, Value x) {

@@ -1,8 +1,10 @@
 // The memory and feasibility plan: per-rank rows, verdict, and checked fixes.
 #include "compiler/report/MemoryReport.h"
 
+#include "dialects/mt/MtOps.h"
 #include "passes/StageModules.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
@@ -21,6 +23,36 @@ int64_t attr(DictionaryAttr d, StringRef name) {
     return 0;
   auto a = d.getAs<IntegerAttr>(name);
   return a ? a.getInt() : 0;
+}
+
+int64_t bytesOf(Value v) {
+  auto t = cast<RankedTensorType>(v.getType());
+  return t.getNumElements() * int64_t(t.getElementTypeBitWidth() / 8);
+}
+
+// What one rank sends in one micro-batch's @train_step (its forward, any
+// recomputed chunk and its backward): a dispatch at most its own N rows, a
+// combine at most the rows it received from its ep - 1 peers ((ep - 1) / ep
+// of R); the allgather dispatcher sends its N rows to each peer and the
+// combine, its reverse, as many back.
+int64_t exchangeBytes(ModuleOp stage) {
+  auto step = stage.lookupSymbol<func::FuncOp>("train_step");
+  if (!step)
+    return 0;
+  int64_t bytes = 0;
+  step.walk([&](Operation *op) {
+    if (auto d = dyn_cast<MoeDispatchOp>(op)) {
+      const int64_t ep = d.getEpSizeAttr().getInt();
+      bytes += d.getDispatcher() == MoeDispatcher::AllGather ? (ep - 1) * bytesOf(d.getInput())
+                                                             : bytesOf(d.getInput());
+    } else if (auto c = dyn_cast<MoeCombineOp>(op)) {
+      const int64_t ep = c.getEpSizeAttr().getInt();
+      bytes += c.getDispatcher() == MoeDispatcher::AllGather
+                   ? (ep - 1) * bytesOf(c.getResult())
+                   : bytesOf(c.getInput()) / ep * (ep - 1);
+    }
+  });
+  return bytes;
 }
 
 } // namespace
@@ -136,6 +168,26 @@ MemoryPlan memoryPlanOf(ModuleOp module, const spec::Spec &spec) {
               "tokens x moe_router_topk, num_experts x capacity) rows a layer";
     plan.note = plan.note.empty() ? moe : plan.note + "; " + moe;
   }
+  if (const int64_t ep = spec.parallel.expert_model_parallel_size;
+      spec.model.numMoeLayers() > 0 && ep > 1) {
+    plan.expertParallel = ep;
+    plan.dispatcher = spec::toString(spec.parallel.moe_token_dispatcher_type);
+    for (ModuleOp stage : stageModules(module))
+      plan.allToAllBytes = std::max(plan.allToAllBytes, exchangeBytes(stage));
+    plan.allToAllBytes *= spec.numMicroBatches();
+    const std::string received =
+        spec.model.moe_expert_capacity_factor <= 0.0
+            ? "each rank receives up to expert_model_parallel_size x micro-batch tokens x "
+              "min(moe_router_topk, num_experts / expert_model_parallel_size) rows a layer "
+              "(the worst case, whatever the routing)"
+        : spec.model.moe_pad_expert_input_to_capacity
+            ? "each rank receives expert_model_parallel_size x num_experts / "
+              "expert_model_parallel_size x capacity rows a layer, padded"
+            : "each rank receives up to expert_model_parallel_size x min(micro-batch tokens x "
+              "min(moe_router_topk, num_experts / expert_model_parallel_size), num_experts / "
+              "expert_model_parallel_size x capacity) rows a layer";
+    plan.note += "; " + received;
+  }
   return plan;
 }
 
@@ -218,6 +270,10 @@ void printMemoryPlanText(llvm::raw_ostream &os, const MemoryPlan &plan) {
      << "; reserve = CUDA context and libraries, stated)\n";
   if (!plan.note.empty())
     os << "  note: " << plan.note << "\n";
+  if (plan.expertParallel > 1)
+    os << "  all-to-all: " << gib(plan.allToAllBytes) << " a step (worst case, ep "
+       << plan.expertParallel << ", " << plan.dispatcher
+       << "; the rows one rank sends in its token exchanges, forward and backward)\n";
   if (plan.ranks.size() > 1 && plan.ranks.front().inFlight > 0) {
     os << "  micro-batches in flight at each stage's peak:";
     for (const RankMemory &r : plan.ranks)
@@ -276,6 +332,14 @@ llvm::json::Object memoryPlanJson(const MemoryPlan &plan) {
                              llvm::json::Object{
                                  {"weights_and_optimizer", plan.megatronWeightsAndOptimizer},
                                  {"activations", plan.megatronActivations}}},
+                            {"all_to_all",
+                             plan.expertParallel > 1
+                                 ? llvm::json::Value(llvm::json::Object{
+                                       {"bytes_per_step", plan.allToAllBytes},
+                                       {"expert_model_parallel", plan.expertParallel},
+                                       {"dispatcher", plan.dispatcher},
+                                       {"worst_case", true}})
+                                 : llvm::json::Value(nullptr)},
                             {"suggestions", std::move(suggestions)}};
 }
 

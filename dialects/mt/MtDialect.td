@@ -78,6 +78,14 @@ def Mt_MoeRouterDtype : I32EnumAttr<"MoeRouterDtype",
   let cppNamespace = "::mt";
 }
 
+def Mt_MoeDispatcher : I32EnumAttr<"MoeDispatcher",
+    "how tokens reach the expert-parallel ranks that own their experts", [
+    I32EnumAttrCase<"AllToAll", 0, "alltoall">,
+    I32EnumAttrCase<"AllGather", 1, "allgather">,
+  ]> {
+  let cppNamespace = "::mt";
+}
+
 // Floating-point tensors with a static shape: every activation and parameter.
 def Mt_FloatTensor : StaticShapeTensorOf<[F32, F16, BF16]>;
 // Token ids, labels and positions.

@@ -85,6 +85,22 @@ LogicalResult ParamOp::verify() {
       return emitOpError() << "tp_blocks " << blocks << " must be >= 1 and divide the shard's "
                            << "dimension " << dim << " (" << type.getDimSize(dim) << ")";
   }
+  if (getEpDim() || getEpSize()) {
+    if (!getEpDim() || !getEpSize())
+      return emitOpError("an expert-parallel shard needs both ep_dim and ep_size");
+    if (!isExpert())
+      return emitOpError("only a routed expert's weight (mt.expert) is split over "
+                         "expert-parallel ranks");
+    // I64Attr's getters are unsigned: read the attributes as signed.
+    int64_t dim = getEpDimAttr().getInt(), size = getEpSizeAttr().getInt();
+    if (dim != 0)
+      return emitOpError() << "ep_dim must be 0 (the stacked experts), got " << dim;
+    if (size < 2)
+      return emitOpError() << "ep_size must be >= 2, got " << size;
+    if (getTpDim() && *getTpDim() == 0)
+      return emitOpError("dimension 0 cannot be split over both tensor- and expert-parallel "
+                         "ranks");
+  }
   return success();
 }
 
@@ -928,6 +944,10 @@ LogicalResult verifyRouter(RouterOp op) {
   if (seq < 1 || tokens % seq != 0)
     return op.emitOpError() << "seq_length " << seq << " must divide the " << tokens
                             << " tokens";
+  if (auto g = op.getCountGroupAttr(); g && g.getValue() != "tp")
+    return op.emitOpError() << "count_group must be \"tp\" (the tensor-parallel group of "
+                               "sequence parallelism), got \""
+                            << g.getValue() << "\"";
   return success();
 }
 } // namespace
@@ -1096,4 +1116,53 @@ LogicalResult MoeUnpermuteOp::verify() {
 LogicalResult MoeUnpermuteGradOp::verify() {
   return verifyUnpermute(*this, getInput(), getProbs(), getRowIds(), getTokensPerExpert(),
                          getGrad(), "gradient");
+}
+
+//===----------------------------------------------------------------------===//
+// Expert parallelism
+//===----------------------------------------------------------------------===//
+
+namespace {
+// What mt.moe_dispatch and mt.moe_combine share: E = ep * L experts' counts,
+// the rank's expert-major rows `local` [N, H] and the exchanged rows
+// `exchanged` [R, H], the layout [ep, L].
+LogicalResult verifyExchange(Operation *op, int64_t ep, int64_t numLocal, Value local,
+                             StringRef localName, Value exchanged, StringRef exchangedName,
+                             Value tokensPerExpert, Value layout) {
+  if (ep < 2)
+    return op->emitOpError() << "ep_size must be >= 2, got " << ep;
+  if (numLocal < 1)
+    return op->emitOpError() << "num_local_experts must be >= 1, got " << numLocal;
+  RankedTensorType a = tensorOf(local), x = tensorOf(exchanged);
+  if (a.getRank() != 2)
+    return op->emitOpError() << localName << " must be [rows, hidden], got "
+                             << shapeStr(a.getShape());
+  if (x.getRank() != 2 || x.getDimSize(1) != a.getDimSize(1))
+    return op->emitOpError() << exchangedName << " must be [rows, " << a.getDimSize(1)
+                             << "], got " << shapeStr(x.getShape());
+  if (failed(expectShape(op, "tokens_per_expert", tokensPerExpert, {ep * numLocal},
+                         "one per expert of every rank (ep_size * num_local_experts)")) ||
+      failed(expectShape(op, "layout", layout, {ep, numLocal},
+                         "[ep_size, num_local_experts]")) ||
+      failed(expectSameElementType(op, exchangedName, exchanged, local, localName)))
+    return failure();
+  return success();
+}
+} // namespace
+
+LogicalResult MoeDispatchOp::verify() {
+  // I64Attr's getters are unsigned: read the attributes as signed.
+  const int64_t ep = getEpSizeAttr().getInt(), numLocal = getNumLocalExpertsAttr().getInt();
+  if (failed(verifyExchange(*this, ep, numLocal, getInput(), "input", getResult(), "result",
+                            getTokensPerExpert(), getLayout())) ||
+      failed(expectShape(*this, "local_counts", getLocalCounts(), {numLocal},
+                         "one per local expert")))
+    return failure();
+  return success();
+}
+
+LogicalResult MoeCombineOp::verify() {
+  return verifyExchange(*this, getEpSizeAttr().getInt(), getNumLocalExpertsAttr().getInt(),
+                        getResult(), "result", getInput(), "input", getTokensPerExpert(),
+                        getLayout());
 }

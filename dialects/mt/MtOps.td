@@ -27,10 +27,18 @@ def Mt_ParamOp : Mt_Op<"param", [Symbol, HasParent<"::mlir::ModuleOp">]> {
     contiguous slice; SwiGLU's FC1 has two (gate and up, each split). Without
     `tp_dim` every tensor-parallel rank holds the whole parameter.
 
+    After `mt-shard-ep` a routed expert's stacked weight `[E, ...]` is this
+    expert-parallel rank's experts: `ep_dim` (0) is split over `ep_size`
+    ranks, rank `q` holding experts `[q * E / ep_size, (q + 1) * E / ep_size)`.
+    The discardable unit attribute `mt.expert` marks every routed-expert
+    parameter (at every `ep_size`, also 1): its gradient is reduced over the
+    expert data-parallel group.
+
     ```mlir
     mt.param @"decoder.layers.0.mlp.linear_fc1.weight" : tensor<3072x768xf32>, normal(2.000000e-02)
     mt.param @"decoder.final_layernorm.weight" : tensor<768xf32>, ones
     mt.param @"decoder.layers.0.mlp.linear_fc1.weight" : tensor<1536x768xf32>, normal(2.000000e-02) {tp_blocks = 1 : i64, tp_dim = 0 : i64, tp_size = 2 : i64}
+    mt.param @"decoder.layers.0.mlp.experts.linear_fc1.weight" : tensor<4x3072x768xf32>, normal(2.000000e-02) {ep_dim = 0 : i64, ep_size = 2 : i64, mt.expert}
     ```
   }];
   let arguments = (ins SymbolNameAttr:$sym_name,
@@ -39,7 +47,9 @@ def Mt_ParamOp : Mt_Op<"param", [Symbol, HasParent<"::mlir::ModuleOp">]> {
                        OptionalAttr<F64Attr>:$std,
                        OptionalAttr<I64Attr>:$tp_dim,
                        OptionalAttr<I64Attr>:$tp_size,
-                       OptionalAttr<I64Attr>:$tp_blocks);
+                       OptionalAttr<I64Attr>:$tp_blocks,
+                       OptionalAttr<I64Attr>:$ep_dim,
+                       OptionalAttr<I64Attr>:$ep_size);
   let assemblyFormat = "$sym_name `:` $type `,` $init (`(` $std^ `)`)? attr-dict";
   let hasVerifier = 1;
   let extraClassDeclaration = [{
@@ -47,13 +57,18 @@ def Mt_ParamOp : Mt_Op<"param", [Symbol, HasParent<"::mlir::ModuleOp">]> {
       return ::llvm::cast<::mlir::RankedTensorType>(getType());
     }
     int64_t getNumElements() { return getTensorType().getNumElements(); }
-    // The shape of the whole parameter, before tensor-parallel sharding.
+    // The shape of the whole parameter, before tensor- and expert-parallel
+    // sharding.
     ::llvm::SmallVector<int64_t> getLogicalShape() {
       ::llvm::SmallVector<int64_t> s(getTensorType().getShape());
       if (getTpDim())
         s[*getTpDim()] *= getTpSize().value_or(1);
+      if (getEpDim())
+        s[*getEpDim()] *= getEpSize().value_or(1);
       return s;
     }
+    // A routed expert's weight (mt-shard-ep marks them at every layout).
+    bool isExpert() { return (*this)->hasAttr("mt.expert"); }
   }];
 }
 
@@ -379,7 +394,8 @@ defvar Mt_MoeRouterAttrs = (ins I64Attr:$topk, Mt_MoeScoreFunction:$score_functi
     UnitAttr:$pre_softmax, F64Attr:$scaling_factor,
     Mt_MoeLoadBalancing:$load_balancing, F64Attr:$aux_loss_coeff,
     F64Attr:$z_loss_coeff, I64Attr:$capacity, Mt_MoeDropPolicy:$drop_policy,
-    UnitAttr:$pad_to_capacity, I64Attr:$seq_length, Mt_MoeRouterDtype:$router_dtype);
+    UnitAttr:$pad_to_capacity, I64Attr:$seq_length, Mt_MoeRouterDtype:$router_dtype,
+    OptionalAttr<StrAttr>:$count_group);
 
 def Mt_MoeRouterOp : Mt_Op<"moe_router", [DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>, Pure]> {
   let summary = "top-k expert choice of each token, with the load-balancing and z losses";
@@ -424,6 +440,14 @@ def Mt_MoeRouterOp : Mt_Op<"moe_router", [DeclareOpInterfaceMethods<Mt_Different
     element type as Megatron's `type_as` does, `fp32` computes and keeps
     them in f32, `fp64` computes them in f64 (the weights are stored in
     f32). `seq_length` divides T.
+
+    `count_group` `"tp"` (set by `mt-shard-tp` under sequence parallelism,
+    where T is this rank's sequence shard): the token counts of the
+    load-balancing loss (per expert, and the token total) are summed over
+    the tensor-parallel group before the loss formula, each rank using its
+    own scores, as Megatron's router reduces them over its tp_cp group;
+    `z_loss_coeff` is then the model's coefficient divided by the
+    tensor-parallel size (Megatron's `apply_z_loss`).
 
     ```mlir
     %probs, %map, %aux, %z = mt.moe_router %logits softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.000000e-02 : f64, capacity = 0 : i64, scaling_factor = 0.000000e+00 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 1.000000e-03 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)

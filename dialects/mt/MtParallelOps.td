@@ -1,6 +1,8 @@
 // Tensor- and sequence-parallel communication inside the model graph
-// (Megatron-LM's mappings.py), inserted by mt-shard-tp. Each op is one side
-// of a conjugate pair: its VJP is the other. Included by MtOps.td.
+// (Megatron-LM's mappings.py), inserted by mt-shard-tp, and the
+// expert-parallel token exchange (Megatron-Core's token dispatchers),
+// inserted by mt-shard-ep. Each op is one side of a conjugate pair: its VJP
+// is the other. Included by MtOps.td.
 #ifndef MT_PARALLEL_OPS_TD
 #define MT_PARALLEL_OPS_TD
 
@@ -81,6 +83,77 @@ def Mt_SpSplitOp : Mt_TpOp<"sp_split", [Pure]> {
     %x = mt.sp_split %e {tp_size = 2 : i64} : (tensor<4x128x64xf32>) -> tensor<4x64x64xf32>
     ```
   }];
+}
+
+//===----------------------------------------------------------------------===//
+// Expert parallelism
+//===----------------------------------------------------------------------===//
+
+def Mt_MoeDispatchOp : Mt_Op<"moe_dispatch", [Pure,
+    DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>]> {
+  let summary = "sends each expert's rows to the expert-parallel rank that owns the expert";
+  let description = [{
+    The `E = ep_size * num_local_experts` experts are split over the
+    `ep_size` expert-parallel ranks: rank `q` owns experts `[q * L, (q + 1)
+    * L)`, `L = num_local_experts`. `input` `[N, H]` is this rank's
+    permuted rows, expert-major over all `E` experts (segment `e` has
+    `tokens_per_expert[e]` rows, as `mt.moe_permute` writes them; rows past
+    the segments are ignored). Every rank receives, from every peer `s` in
+    expert-parallel rank order (itself included), the rows of `s`'s
+    segments for its own experts.
+
+    - `result` `[R, H]`: the received rows, local expert `j` major, then
+      source rank `s`, then the source's row order (Megatron-Core's
+      `sort_chunks_by_idxs` order; the `allgather` dispatcher gives the same
+      order). Rows past the received ones are zero. `R` is static, the
+      worst case the layout allows (`mt-shard-ep` sizes it).
+    - `local_counts` `[L]`: rows of each local expert (its segment of
+      `result`), for the grouped matmuls.
+    - `layout` `[ep_size, L]`: rows received from rank `s` for local expert
+      `j`; `local_counts[j]` is its column sum. `mt.moe_combine` reads it to
+      send the rows back.
+
+    `dispatcher` is Megatron's `--moe-token-dispatcher-type`: `alltoall`
+    (counts, then rows, by all-to-all) or `allgather` (every rank gathers
+    every rank's rows and keeps its experts'). Both give the same numbers.
+    The gradient is `mt.moe_combine` of the rows' gradient.
+
+    ```mlir
+    %rows, %local, %layout = mt.moe_dispatch %y, %counts alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<128x16xf32>, tensor<4xi32>) -> (tensor<256x16xf32>, tensor<2xi32>, tensor<2x2xi32>)
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input, Mt_I32Tensor:$tokens_per_expert,
+                       I64Attr:$ep_size, I64Attr:$num_local_experts,
+                       Mt_MoeDispatcher:$dispatcher);
+  let results = (outs Mt_FloatTensor:$result, Mt_I32Tensor:$local_counts,
+                      Mt_I32Tensor:$layout);
+  let assemblyFormat = "$input `,` $tokens_per_expert $dispatcher attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Mt_MoeCombineOp : Mt_Op<"moe_combine", [Pure,
+    DeclareOpInterfaceMethods<Mt_DifferentiableOpInterface>]> {
+  let summary = "returns the experts' rows to the ranks that sent them";
+  let description = [{
+    The inverse of `mt.moe_dispatch`: `input` `[R, H]` holds this rank's
+    rows in the dispatch's order (local expert major, then source rank), as
+    `layout` `[ep_size, L]` (the dispatch's) counts them; every row goes back
+    to its source rank and its place there. `result` `[N, H]` is this rank's
+    rows, expert-major over all `E = ep_size * L` experts by
+    `tokens_per_expert` `[E]` (the rank's own counts, the dispatch's
+    operand); rows past the segments are zero. The gradient is the `result`
+    of `mt.moe_dispatch` of the result's gradient.
+
+    ```mlir
+    %y2 = mt.moe_combine %h, %layout, %counts alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<256x16xf32>, tensor<2x2xi32>, tensor<4xi32>) -> tensor<128x16xf32>
+    ```
+  }];
+  let arguments = (ins Mt_FloatTensor:$input, Mt_I32Tensor:$layout,
+                       Mt_I32Tensor:$tokens_per_expert, I64Attr:$ep_size,
+                       I64Attr:$num_local_experts, Mt_MoeDispatcher:$dispatcher);
+  let results = (outs Mt_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $layout `,` $tokens_per_expert $dispatcher attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
 }
 
 #endif // MT_PARALLEL_OPS_TD

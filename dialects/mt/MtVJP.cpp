@@ -192,6 +192,36 @@ LogicalResult SpSplitOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
   return success();
 }
 
+// Expert parallelism's pair: the rows' gradient returns the way the rows
+// came. The counts and the layout are integers, without a gradient.
+LogicalResult MoeDispatchOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                      SmallVectorImpl<Value> &out) {
+  out.push_back(grads[0] ? b.create<MoeCombineOp>(getLoc(), getInput().getType(), grads[0],
+                                                  getLayout(), getTokensPerExpert(),
+                                                  getEpSizeAttr(), getNumLocalExpertsAttr(),
+                                                  getDispatcherAttr())
+                               .getResult()
+                         : Value());
+  out.push_back(Value());
+  return success();
+}
+
+LogicalResult MoeCombineOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
+                                     SmallVectorImpl<Value> &out) {
+  Value rows;
+  if (grads[0]) {
+    auto d = b.create<MoeDispatchOp>(
+        getLoc(), TypeRange{getInput().getType(), getLayout().getType().clone(
+                                                      {getNumLocalExpertsAttr().getInt()}),
+                            getLayout().getType()},
+        grads[0], getTokensPerExpert(), getEpSizeAttr(), getNumLocalExpertsAttr(),
+        getDispatcherAttr());
+    rows = d.getResult();
+  }
+  out.append({rows, Value(), Value()});
+  return success();
+}
+
 // Pipeline boundaries: the gradient travels back the way the value came.
 LogicalResult SendOp::buildVJP(OpBuilder &b, ArrayRef<Value>, SmallVectorImpl<Value> &out) {
   Value g = b.create<RecvOp>(getLoc(), getInput().getType(), getPeerAttr(),
@@ -232,7 +262,7 @@ LogicalResult MoeRouterOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
       scale, getTopkAttr(), getScoreFunctionAttr(), getPreSoftmaxAttr(),
       getScalingFactorAttr(), getLoadBalancingAttr(), getAuxLossCoeffAttr(),
       getZLossCoeffAttr(), getCapacityAttr(), getDropPolicyAttr(), getPadToCapacityAttr(),
-      getSeqLengthAttr(), getRouterDtypeAttr()));
+      getSeqLengthAttr(), getRouterDtypeAttr(), getCountGroupAttr()));
   return success();
 }
 

@@ -681,3 +681,124 @@ func.func @f(%x: tensor<64x16xf32>, %m: tensor<64x4xi32>) {
   %y, %r, %n = mt.moe_permute %x, %m {capacity = 80 : i64, pad_to_capacity} : (tensor<64x16xf32>, tensor<64x4xi32>) -> (tensor<320x16xf32>, tensor<320xi32>, tensor<4xi32>)
   return
 }
+
+// -----
+
+// expected-error @+1 {{an expert-parallel shard needs both ep_dim and ep_size}}
+mt.param @w : tensor<2x4x4xf32>, zeros {ep_dim = 0 : i64, mt.expert}
+
+// -----
+
+// expected-error @+1 {{only a routed expert's weight (mt.expert) is split over expert-parallel ranks}}
+mt.param @w : tensor<2x4x4xf32>, zeros {ep_dim = 0 : i64, ep_size = 2 : i64}
+
+// -----
+
+// expected-error @+1 {{ep_dim must be 0 (the stacked experts), got 1}}
+mt.param @w : tensor<2x4x4xf32>, zeros {ep_dim = 1 : i64, ep_size = 2 : i64, mt.expert}
+
+// -----
+
+// expected-error @+1 {{ep_size must be >= 2, got 1}}
+mt.param @w : tensor<2x4x4xf32>, zeros {ep_dim = 0 : i64, ep_size = 1 : i64, mt.expert}
+
+// -----
+
+// expected-error @+1 {{dimension 0 cannot be split over both tensor- and expert-parallel ranks}}
+mt.param @w : tensor<2x4x4xf32>, zeros {ep_dim = 0 : i64, ep_size = 2 : i64, mt.expert, tp_dim = 0 : i64, tp_size = 2 : i64}
+
+// -----
+
+func.func @router_count_group(%l: tensor<64x4xf32>) {
+  // expected-error @+1 {{count_group must be "tp" (the tensor-parallel group of sequence parallelism), got "dp"}}
+  %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, count_group = "dp", scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @dispatch_ep1(%y: tensor<16x8xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{ep_size must be >= 2, got 1}}
+  %r, %l, %lay = mt.moe_dispatch %y, %n alltoall {ep_size = 1 : i64, num_local_experts = 4 : i64} : (tensor<16x8xf32>, tensor<4xi32>) -> (tensor<16x8xf32>, tensor<4xi32>, tensor<1x4xi32>)
+  return
+}
+
+// -----
+
+func.func @dispatch_local0(%y: tensor<16x8xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{num_local_experts must be >= 1, got 0}}
+  %r, %l, %lay = mt.moe_dispatch %y, %n alltoall {ep_size = 2 : i64, num_local_experts = 0 : i64} : (tensor<16x8xf32>, tensor<4xi32>) -> (tensor<16x8xf32>, tensor<0xi32>, tensor<2x0xi32>)
+  return
+}
+
+// -----
+
+func.func @dispatch_counts(%y: tensor<16x8xf32>, %n: tensor<6xi32>) {
+  // expected-error @+1 {{tokens_per_expert must be one per expert of every rank (ep_size * num_local_experts) [4], got [6]}}
+  %r, %l, %lay = mt.moe_dispatch %y, %n alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<16x8xf32>, tensor<6xi32>) -> (tensor<32x8xf32>, tensor<2xi32>, tensor<2x2xi32>)
+  return
+}
+
+// -----
+
+func.func @dispatch_rank(%y: tensor<2x8x8xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{input must be [rows, hidden], got [2, 8, 8]}}
+  %r, %l, %lay = mt.moe_dispatch %y, %n alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<2x8x8xf32>, tensor<4xi32>) -> (tensor<32x8xf32>, tensor<2xi32>, tensor<2x2xi32>)
+  return
+}
+
+// -----
+
+func.func @dispatch_hidden(%y: tensor<16x8xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{result must be [rows, 8], got [32, 4]}}
+  %r, %l, %lay = mt.moe_dispatch %y, %n alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<16x8xf32>, tensor<4xi32>) -> (tensor<32x4xf32>, tensor<2xi32>, tensor<2x2xi32>)
+  return
+}
+
+// -----
+
+func.func @dispatch_type(%y: tensor<16x8xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{result element type 'bf16' differs from the input's 'f32'}}
+  %r, %l, %lay = mt.moe_dispatch %y, %n alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<16x8xf32>, tensor<4xi32>) -> (tensor<32x8xbf16>, tensor<2xi32>, tensor<2x2xi32>)
+  return
+}
+
+// -----
+
+func.func @dispatch_layout(%y: tensor<16x8xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{layout must be [ep_size, num_local_experts] [2, 2], got [4]}}
+  %r, %l, %lay = mt.moe_dispatch %y, %n alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<16x8xf32>, tensor<4xi32>) -> (tensor<32x8xf32>, tensor<2xi32>, tensor<4xi32>)
+  return
+}
+
+// -----
+
+func.func @dispatch_local_counts(%y: tensor<16x8xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{local_counts must be one per local expert [2], got [4]}}
+  %r, %l, %lay = mt.moe_dispatch %y, %n alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<16x8xf32>, tensor<4xi32>) -> (tensor<32x8xf32>, tensor<4xi32>, tensor<2x2xi32>)
+  return
+}
+
+// -----
+
+func.func @combine_hidden(%r: tensor<32x8xf32>, %lay: tensor<2x2xi32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{input must be [rows, 4], got [32, 8]}}
+  %y = mt.moe_combine %r, %lay, %n alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<32x8xf32>, tensor<2x2xi32>, tensor<4xi32>) -> tensor<16x4xf32>
+  return
+}
+
+// -----
+
+func.func @combine_layout(%r: tensor<32x8xf32>, %lay: tensor<2x3xi32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{layout must be [ep_size, num_local_experts] [2, 2], got [2, 3]}}
+  %y = mt.moe_combine %r, %lay, %n alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<32x8xf32>, tensor<2x3xi32>, tensor<4xi32>) -> tensor<16x8xf32>
+  return
+}
+
+// -----
+
+func.func @combine_ep1(%r: tensor<32x8xf32>, %lay: tensor<1x4xi32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{ep_size must be >= 2, got 1}}
+  %y = mt.moe_combine %r, %lay, %n allgather {ep_size = 1 : i64, num_local_experts = 4 : i64} : (tensor<32x8xf32>, tensor<1x4xi32>, tensor<4xi32>) -> tensor<16x8xf32>
+  return
+}

@@ -49,15 +49,17 @@ module attributes {mt.parallel = {sequence_parallel = false, tensor_model_parall
 
 // -----
 
-// Mixture-of-experts layers are refused (the spec refuses
-// tensor_model_parallel_size > 1 with num_experts before this).
+// Mixture-of-experts layers run tensor-parallel only on sequence shards (the
+// spec refuses tensor_model_parallel_size > 1 with num_experts and without
+// sequence_parallel before this).
 module attributes {mt.parallel = {sequence_parallel = false, tensor_model_parallel_size = 2 : i64}} {
   mt.param @decoder.layers.0.mlp.router.weight : tensor<4x8xf32>, normal(2.000000e-02)
   func.func @forward(%x: tensor<8x8xf32>) -> tensor<8x4xf32> {
     %w = mt.param_ref @decoder.layers.0.mlp.router.weight : tensor<4x8xf32>
     %l = mt.matmul %x, %w : (tensor<8x8xf32>, tensor<4x8xf32>) -> tensor<8x4xf32>
-    // expected-error @+1 {{mt-shard-tp: mixture-of-experts layers do not run tensor-parallel; use tensor_model_parallel_size = 1 with num_experts}}
+    // expected-error @+1 {{mt-shard-tp: mixture-of-experts layers run tensor-parallel only on sequence shards; set sequence_parallel with tensor_model_parallel_size > 1 (Megatron refuses it too)}}
     %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 4 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<8x4xf32>) -> (tensor<8x4xf32>, tensor<8x4xi32>, tensor<f32>, tensor<f32>)
     return %p : tensor<8x4xf32>
   }
 }
+

@@ -27,8 +27,8 @@ Spec parseOk(const std::string &text, const ParseOptions &options = {}) {
   return s.ok() ? *s : Spec{};
 }
 
-std::string parseError(const std::string &text) {
-  auto s = parseSpecString(text, "spec.toml");
+std::string parseError(const std::string &text, const ParseOptions &options = {}) {
+  auto s = parseSpecString(text, "spec.toml", {}, options);
   EXPECT_FALSE(s.ok()) << text;
   return s.ok() ? "" : std::string(s.status().message());
 }
@@ -190,19 +190,30 @@ TEST(SpecMoe, ImplementedLayoutsAndRefusals) {
                            "pipeline_model_parallel_size = 2\ndata_parallel_size = 2\n"
                            "use_distributed_optimizer = true\n"));
   EXPECT_EQ(s.parallel.expert_tensor_parallel_size, 1);
-  // ep 2 passes Megatron's rules and is refused as not implemented, unless
-  // the caller asks for Megatron's rules alone (mtc import-megatron).
+  // Expert parallelism with one expert-tensor-parallel rank is implemented.
   const std::string ep2 = moeSpec("", 12, "data_parallel_size = 2\nexpert_model_parallel_size = 2\n");
-  EXPECT_NE(parseError(ep2).find("expert parallelism is not implemented in mt yet"),
-            std::string::npos);
+  EXPECT_EQ(parseOk(ep2).parallel.expert_model_parallel_size, 2);
+  // Tensor parallelism with experts needs sequence parallelism (a Megatron
+  // rule, refused under either set of rules) ...
   ParseOptions megatronRules;
   megatronRules.refuseUnimplemented = false;
-  EXPECT_EQ(parseOk(ep2, megatronRules).parallel.expert_model_parallel_size, 2);
   const std::string tp2 = moeSpec("", 12, "tensor_model_parallel_size = 2\n");
-  EXPECT_NE(parseError(tp2).find("tensor parallelism in models with mixture-of-experts "
-                                 "layers is not implemented in mt yet"),
+  EXPECT_NE(parseError(tp2).find("needs sequence_parallel = true"), std::string::npos);
+  EXPECT_NE(parseError(tp2, megatronRules).find("needs sequence_parallel = true"),
             std::string::npos);
-  EXPECT_EQ(parseOk(tp2, megatronRules).parallel.expert_tensor_parallel_size, 2);
+  // ... and expert_tensor_parallel_size = 1: Megatron's default (tp) is
+  // refused as not implemented, unless the caller asks for Megatron's rules
+  // alone (mtc import-megatron).
+  const std::string tp2sp = moeSpec("", 12, "tensor_model_parallel_size = 2\nsequence_parallel = true\n");
+  EXPECT_NE(parseError(tp2sp).find("set expert_tensor_parallel_size = 1 in [parallel]"),
+            std::string::npos);
+  EXPECT_EQ(parseOk(tp2sp, megatronRules).parallel.expert_tensor_parallel_size, 2);
+  Spec tp2ep2 = parseOk(moeSpec("", 12,
+                                "tensor_model_parallel_size = 2\nsequence_parallel = true\n"
+                                "expert_tensor_parallel_size = 1\n"
+                                "expert_model_parallel_size = 2\n"));
+  EXPECT_EQ(tp2ep2.parallel.expert_tensor_parallel_size, 1);
+  EXPECT_EQ(tp2ep2.parallel.expert_model_parallel_size, 2);
 }
 
 // Megatron's num_floating_point_operations for Mixtral 8x7B, term by term

@@ -1,0 +1,240 @@
+// mt-shard-ep: Megatron-Core's expert parallelism (expert tensor parallel
+// size 1) as a rewrite of @forward into the program of one expert-parallel
+// rank: its share of the experts, and the token exchange around them.
+#include "passes/Passes.h"
+
+#include "dialects/mt/MtOps.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/SetVector.h"
+
+#include <algorithm>
+
+namespace mt {
+#define GEN_PASS_DEF_MTSHARDEPPASS
+#include "passes/Passes.h.inc"
+} // namespace mt
+
+using namespace mlir;
+
+namespace mt {
+namespace {
+
+RankedTensorType withShape(Type t, ArrayRef<int64_t> shape) {
+  return RankedTensorType::get(shape, cast<RankedTensorType>(t).getElementType());
+}
+
+RankedTensorType withRows(Type t, int64_t rows) {
+  SmallVector<int64_t> shape(cast<RankedTensorType>(t).getShape());
+  shape[0] = rows;
+  return withShape(t, shape);
+}
+
+int64_t dim0(Value v) { return cast<RankedTensorType>(v.getType()).getDimSize(0); }
+
+class ExpertSharder {
+public:
+  ExpertSharder(ModuleOp module, func::FuncOp f, int64_t ep, MoeDispatcher dispatcher)
+      : module(module), symbols(module), f(f), ep(ep), dispatcher(dispatcher),
+        b(module.getContext()) {}
+
+  LogicalResult run() {
+    // The routed experts: the stacked weights the grouped matmuls read.
+    llvm::SetVector<ParamOp> experts;
+    WalkResult r = f.walk([&](MoeGroupedMatmulOp g) {
+      auto ref = g.getWeight().getDefiningOp<ParamRefOp>();
+      ParamOp p = ref ? symbols.lookup<ParamOp>(ref.getNameAttr().getAttr()) : ParamOp();
+      if (!p) {
+        g.emitError("mt-shard-ep: the experts' weight is not a parameter read (mt.param_ref)");
+        return WalkResult::interrupt();
+      }
+      experts.insert(p);
+      return WalkResult::advance();
+    });
+    if (r.wasInterrupted())
+      return failure();
+    for (ParamOp p : experts)
+      p->setAttr("mt.expert", b.getUnitAttr());
+    if (ep == 1)
+      return success();
+
+    for (ParamOp p : experts) {
+      if (p.getEpDim())
+        return p.emitError("mt-shard-ep: the parameter is sharded already; run the pass once");
+      SmallVector<int64_t> shape(p.getTensorType().getShape());
+      if (shape[0] % ep != 0)
+        return p.emitError() << "mt-shard-ep: " << p.getSymName() << " stacks " << shape[0]
+                             << " experts, not divisible by expert_model_parallel_size "
+                             << ep << "; use an expert_model_parallel_size dividing num_experts";
+      shape[0] /= ep;
+      p.setTypeAttr(TypeAttr::get(withShape(p.getType(), shape)));
+      p.setEpDimAttr(b.getI64IntegerAttr(0));
+      p.setEpSizeAttr(b.getI64IntegerAttr(ep));
+    }
+    f.walk([&](ParamRefOp ref) {
+      if (auto p = symbols.lookup<ParamOp>(ref.getNameAttr().getAttr()))
+        ref.getResult().setType(p.getTensorType());
+    });
+
+    SmallVector<MoePermuteOp> permutes(f.getOps<MoePermuteOp>());
+    for (MoePermuteOp p : permutes)
+      if (failed(exchange(p)))
+        return failure();
+    return success();
+  }
+
+private:
+  // The static rows a rank receives: from each of the ep sources (itself
+  // included) at most min(k, L) rows per token, and with a capacity at most
+  // C per local expert; padded, exactly C per local expert.
+  int64_t receiveRows(MoePermuteOp p, int64_t topk, int64_t local) {
+    const int64_t tokens = dim0(p.getInput()), capacity = p.getCapacityAttr().getInt();
+    const int64_t perSource = tokens * std::min(topk, local);
+    if (p.getPadToCapacity())
+      return ep * local * capacity;
+    if (capacity > 0)
+      return ep * std::min(perSource, local * capacity);
+    return ep * perSource;
+  }
+
+  // permute -> dispatch -> the experts on the received rows -> combine ->
+  // unpermute.
+  LogicalResult exchange(MoePermuteOp p) {
+    auto router = p.getRoutingMap().getDefiningOp<MoeRouterOp>();
+    if (!router)
+      return p.emitError("mt-shard-ep: the routing map does not come from an mt.moe_router");
+    Value counts = p.getTokensPerExpert();
+    const int64_t numExperts = dim0(counts);
+    if (numExperts % ep != 0)
+      return p.emitError() << "mt-shard-ep: " << numExperts << " experts are not divisible by "
+                           << "expert_model_parallel_size " << ep;
+    const int64_t local = numExperts / ep;
+    const int64_t rows = receiveRows(p, router.getTopkAttr().getInt(), local);
+
+    b.setInsertionPointAfter(p);
+    Type i32 = b.getI32Type();
+    auto dispatch = b.create<MoeDispatchOp>(
+        p.getLoc(),
+        TypeRange{withRows(p.getResult().getType(), rows), RankedTensorType::get({local}, i32),
+                  RankedTensorType::get({ep, local}, i32)},
+        p.getResult(), counts, b.getI64IntegerAttr(ep), b.getI64IntegerAttr(local),
+        MoeDispatcherAttr::get(b.getContext(), dispatcher));
+    copyLayer(p, dispatch);
+
+    // The rows' consumers up to the unpermute: the grouped matmuls (now on
+    // the local counts) and the activation between them take R rows.
+    DenseSet<Value> onRows;
+    onRows.insert(p.getResult());
+    MoeUnpermuteOp unpermute;
+    SmallVector<Operation *> order;
+    for (Operation *op = dispatch->getNextNode(); op && !unpermute; op = op->getNextNode()) {
+      bool reads = llvm::any_of(op->getOperands(), [&](Value v) { return onRows.contains(v); });
+      if (!reads)
+        continue;
+      if (auto u = dyn_cast<MoeUnpermuteOp>(op)) {
+        if (u.getRowIds() != p.getRowIds())
+          return u.emitError("mt-shard-ep: unpermutes rows of another permutation");
+        unpermute = u;
+        break;
+      }
+      if (auto g = dyn_cast<MoeGroupedMatmulOp>(op)) {
+        if (g.getTokensPerExpert() != counts || !onRows.contains(g.getInput()))
+          return g.emitError("mt-shard-ep: the experts' matmul does not read the permutation's "
+                             "rows and counts");
+      } else if (!isa<SwiGLUOp, GeluOp>(op)) {
+        return op->emitError() << "mt-shard-ep: does not know how to run '" << op->getName()
+                               << "' on the rows of other expert-parallel ranks";
+      }
+      order.push_back(op);
+      onRows.insert(op->getResult(0));
+    }
+    if (!unpermute)
+      return p.emitError("mt-shard-ep: the permuted rows never reach an mt.moe_unpermute");
+    if (llvm::any_of(p.getResult().getUsers(), [&](Operation *u) {
+          return u != dispatch && !llvm::is_contained(order, u);
+        }))
+      return p.emitError("mt-shard-ep: the permuted rows are read outside the experts");
+
+    Value y = dispatch.getResult();
+    p.getResult().replaceAllUsesExcept(y, dispatch);
+    for (Operation *op : order) {
+      if (auto g = dyn_cast<MoeGroupedMatmulOp>(op))
+        g.getTokensPerExpertMutable().assign(dispatch.getLocalCounts());
+      Value out = op->getResult(0);
+      out.setType(withRows(out.getType(), rows));
+    }
+
+    Value expertOut = unpermute.getInput();
+    if (!llvm::is_contained(order, expertOut.getDefiningOp()))
+      return unpermute.emitError("mt-shard-ep: unpermutes rows that are not the experts' output");
+    b.setInsertionPoint(unpermute);
+    auto combine = b.create<MoeCombineOp>(
+        unpermute.getLoc(), withRows(expertOut.getType(), dim0(p.getResult())), expertOut,
+        dispatch.getLayout(), counts, b.getI64IntegerAttr(ep), b.getI64IntegerAttr(local),
+        MoeDispatcherAttr::get(b.getContext(), dispatcher));
+    copyLayer(unpermute, combine);
+    unpermute.getInputMutable().assign(combine.getResult());
+    return success();
+  }
+
+  static void copyLayer(Operation *from, Operation *to) {
+    if (Attribute layer = from->getAttr("mt.layer"))
+      to->setAttr("mt.layer", layer);
+  }
+
+  ModuleOp module;
+  SymbolTable symbols;
+  func::FuncOp f;
+  int64_t ep;
+  MoeDispatcher dispatcher;
+  OpBuilder b;
+};
+
+struct MtShardEpPass : impl::MtShardEpPassBase<MtShardEpPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto par = module->getAttrOfType<DictionaryAttr>("mt.parallel");
+    int64_t ep = 1, etp = 1;
+    MoeDispatcher dispatcher = MoeDispatcher::AllGather;
+    if (par) {
+      if (auto a = par.getAs<IntegerAttr>("expert_model_parallel_size"))
+        ep = a.getInt();
+      if (auto a = par.getAs<IntegerAttr>("expert_tensor_parallel_size"))
+        etp = a.getInt();
+      if (auto a = par.getAs<StringAttr>("moe_token_dispatcher_type")) {
+        std::optional<MoeDispatcher> d = symbolizeMoeDispatcher(a.getValue());
+        if (!d) {
+          module.emitError() << "mt-shard-ep: mt.parallel.moe_token_dispatcher_type is \""
+                             << a.getValue() << "\"; expected \"alltoall\" or \"allgather\"";
+          return signalPassFailure();
+        }
+        dispatcher = *d;
+      }
+    }
+    if (ep < 1) {
+      module.emitError("mt-shard-ep: mt.parallel.expert_model_parallel_size must be >= 1");
+      return signalPassFailure();
+    }
+    if (etp != 1) {
+      module.emitError() << "mt-shard-ep: expert_tensor_parallel_size " << etp
+                         << " is not implemented; set expert_tensor_parallel_size = 1";
+      return signalPassFailure();
+    }
+    auto forward = module.lookupSymbol<func::FuncOp>("forward");
+    if (!forward) {
+      module.emitError("mt-shard-ep: the module has no func.func @forward; run it before "
+                       "mt-autodiff");
+      return signalPassFailure();
+    }
+    if (failed(ExpertSharder(module, forward, ep, dispatcher).run()))
+      return signalPassFailure();
+    if (ep > 1)
+      module->setAttr("mt.expert_parallel",
+                      IntegerAttr::get(IntegerType::get(&getContext(), 64), ep));
+  }
+};
+
+} // namespace
+} // namespace mt
