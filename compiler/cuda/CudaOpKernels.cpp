@@ -61,8 +61,8 @@ std::optional<Signature> signatureOf(Opcode op) {
   case Opcode::SEQ_REDUCE_SCATTER:
   case Opcode::SEQ_SPLIT: return Signature{1, 1, 0, 1, 0};
   case Opcode::ALL_REDUCE_TIED_GRAD: return Signature{0, 0, 1, 2, 0};
-  case Opcode::MOE_ROUTER: return Signature{1, 4, 0, 9, 3};
-  case Opcode::MOE_ROUTER_GRAD: return Signature{5, 1, 0, 9, 3};
+  case Opcode::MOE_ROUTER: return Signature{1, 4, 0, 10, 3};
+  case Opcode::MOE_ROUTER_GRAD: return Signature{5, 1, 0, 10, 3};
   case Opcode::MOE_PERMUTE: return Signature{2, 3, 0, 2, 0};
   case Opcode::MOE_PERMUTE_GRAD: return Signature{2, 1, 0, 0, 0};
   case Opcode::GROUPED_MATMUL:

@@ -233,6 +233,11 @@ bool routerShape(const OpInstruction &ins, RouterShape &r, std::string *error) {
     *error = label(ins) + ": unknown score function, load balancing or router dtype";
     return false;
   }
+  if (ins.ints[9] != -1) {
+    *error = label(ins) + ": token counts summed over tensor-parallel ranks (count_group " +
+             std::to_string(ins.ints[9]) + ") have no GPU form";
+    return false;
+  }
   r.capacity = ins.ints[4];
   r.position = ins.ints[5] == 1;
   r.pad = ins.ints[6] != 0;

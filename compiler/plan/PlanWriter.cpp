@@ -791,7 +791,8 @@ private:
               int64_t(o.getDropPolicy()),
               o.getPadToCapacity() ? 1 : 0,
               o.getSeqLengthAttr().getInt(),
-              int64_t(o.getRouterDtype())};
+              int64_t(o.getRouterDtype()),
+              -1 /* count_group: none */};
     i.floats = {o.getScalingFactor().convertToDouble(), o.getAuxLossCoeff().convertToDouble(),
                 o.getZLossCoeff().convertToDouble()};
   }

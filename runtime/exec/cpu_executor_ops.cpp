@@ -523,7 +523,14 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
   }
   case pl::Opcode::GROUP_GRAD_NORM:
     return grad_norm(fout(0));
+  case pl::Opcode::MOE_DISPATCH:
+  case pl::Opcode::MOE_COMBINE:
+    return "exchanges tokens between expert-parallel ranks, which this CPU executor does not "
+           "run yet (expert_model_parallel_size 1 runs)";
   case pl::Opcode::MOE_ROUTER: {
+    if (ival(9) != -1)
+      return "sums its token counts over tensor-parallel ranks, which this CPU executor does "
+             "not run yet";
     const cpu::MoeRouterConfig c = moe_router_config(ins, vin(0));
     double aux = 0, z = 0;
     cpu::moe_router_fwd(fin(0), c, fout(0), iout(1), &aux, &z);
@@ -532,6 +539,9 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
     break;
   }
   case pl::Opcode::MOE_ROUTER_GRAD:
+    if (ival(9) != -1)
+      return "sums its token counts over tensor-parallel ranks, which this CPU executor does "
+             "not run yet";
     cpu::moe_router_bwd(fin(0), fin(1), iin(3), moe_router_config(ins, vin(1)), double(*fin(4)),
                         fout(0));
     break;

@@ -128,6 +128,55 @@ const pl::Rank *find_rank(const pl::Plan &plan, int rank) {
   return nullptr;
 }
 
+int64_t expert_data_parallel(const pl::Plan &plan) {
+  const int64_t stage = int64_t(plan.tensor_parallel()) * plan.data_parallel();
+  const int64_t experts = int64_t(plan.expert_model_parallel()) * plan.expert_tensor_parallel();
+  if (stage < 1 || experts < 1 || stage % experts != 0)
+    return 1;
+  return stage / experts;
+}
+
+int64_t bucket_group_size(const pl::Plan &plan, const pl::Bucket &bucket) {
+  return bucket.group() == 6 ? expert_data_parallel(plan)
+                             : std::max<int64_t>(1, plan.data_parallel());
+}
+
+int64_t bucket_shard_state_offset(const pl::Plan &plan, const pl::Bucket &bucket) {
+  if (bucket.shard_offset() >= 0)
+    return bucket.shard_offset();
+  return bucket.begin() / std::max<int64_t>(1, plan.data_parallel());
+}
+
+ExpertCoords expert_coords(const pl::Plan &plan, const pl::Rank &rank) {
+  return expert_coords(std::max(1, plan.tensor_parallel()), plan.expert_model_parallel(),
+                       plan.expert_tensor_parallel(), rank.tp_rank(), rank.dp_rank());
+}
+
+ExpertCoords expert_coords(int64_t tp, int64_t ep, int64_t etp, int64_t tp_rank,
+                           int64_t dp_rank) {
+  etp = std::max<int64_t>(1, etp);
+  ep = std::max<int64_t>(1, ep);
+  const int64_t i = tp_rank + std::max<int64_t>(1, tp) * dp_rank;
+  ExpertCoords c;
+  c.etp_rank = i % etp;
+  c.ep_rank = (i / etp) % ep;
+  c.edp_rank = i / (etp * ep);
+  return c;
+}
+
+int64_t bucket_group_rank(const pl::Plan &plan, const pl::Rank &rank, const pl::Bucket &bucket) {
+  return bucket.group() == 6 ? expert_coords(plan, rank).edp_rank : rank.dp_rank();
+}
+
+bool plan_has_experts(const pl::Plan &plan) {
+  for (size_t r = 0; r < vsize(plan.ranks()); ++r)
+    if (const auto *params = plan.ranks()->Get(uint32_t(r))->params())
+      for (const pl::Param *p : *params)
+        if (p->expert())
+          return true;
+  return false;
+}
+
 uint64_t gpu_micro_batch_slots(const pl::Rank &rank) {
   int64_t slots = 0;
   for (size_t p = 0; p < vsize(rank.programs()); ++p) {

@@ -25,7 +25,7 @@
 namespace mt::rt {
 
 // Bump whenever plan.fbs or the header changes meaning.
-constexpr uint32_t kPlanFormatVersion = 15;
+constexpr uint32_t kPlanFormatVersion = 16;
 constexpr size_t kPlanHeaderSize = 32;
 // Every persistent-state offset of a Param is a multiple of this.
 constexpr uint64_t kStateAlignment = 64;
@@ -58,6 +58,32 @@ std::string instruction_label(const mt::plan::Instruction &ins, size_t index);
 std::string value_label(const mt::plan::Value *v, uint32_t index);
 // The Rank table for `rank`, or null.
 const mt::plan::Rank *find_rank(const mt::plan::Plan &plan, int rank);
+// Expert data parallel: tensor_parallel x data_parallel /
+// (expert_model_parallel x expert_tensor_parallel) (the reader checks it
+// divides; 1 for sizes it would refuse).
+int64_t expert_data_parallel(const mt::plan::Plan &plan);
+// The number of ranks a bucket is reduced and sharded over: data_parallel
+// (group 0) or expert_data_parallel (group 6).
+int64_t bucket_group_size(const mt::plan::Plan &plan, const mt::plan::Bucket &bucket);
+// Where a bucket's shard starts in a rank's distributed-optimizer shard
+// state: its shard_offset, or begin / data_parallel when the plan gives none
+// (every bucket then a dp bucket).
+int64_t bucket_shard_state_offset(const mt::plan::Plan &plan, const mt::plan::Bucket &bucket);
+// A rank's expert coordinates (runtime/comm/parallel_groups.h's numbering:
+// within a stage, i = tp_rank + tp x dp_rank = etp_rank + etp x (ep_rank +
+// ep x edp_rank)).
+struct ExpertCoords {
+  int64_t etp_rank = 0, ep_rank = 0, edp_rank = 0;
+};
+ExpertCoords expert_coords(const mt::plan::Plan &plan, const mt::plan::Rank &rank);
+ExpertCoords expert_coords(int64_t tp, int64_t ep, int64_t etp, int64_t tp_rank, int64_t dp_rank);
+// The rank's place in a bucket's group: dp_rank (group 0) or edp_rank (6).
+int64_t bucket_group_rank(const mt::plan::Plan &plan, const mt::plan::Rank &rank,
+                          const mt::plan::Bucket &bucket);
+// Whether any rank of the plan holds an expert parameter (Param.expert): its
+// gradient norms and log statistics then have an expert part, summed over
+// the expert groups by every rank.
+bool plan_has_experts(const mt::plan::Plan &plan);
 // The pointers a GEMM epilogue takes after A, B and D (plan.fbs
 // GemmEpilogue): a bias (read, or for the bias gradients written), then aux.
 inline bool gemm_epilogue_has_bias(mt::plan::GemmEpilogue e) {

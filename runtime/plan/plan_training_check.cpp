@@ -129,6 +129,18 @@ std::string check_parallel(const pl::Plan &plan) {
     return "world_size " + std::to_string(plan.world_size()) + " is not tensor_parallel " +
            std::to_string(tp) + " x pipeline_parallel " + std::to_string(pp) +
            " x data_parallel " + std::to_string(dp);
+  // The expert layout (parallel_groups.h): ep x etp ranks split each
+  // stage's tensor x data parallel ones.
+  const int64_t ep = plan.expert_model_parallel(), etp = plan.expert_tensor_parallel();
+  if (ep < 1 || ep > kMaxParallel)
+    return range_error("expert_model_parallel", ep, 1, kMaxParallel);
+  if (etp != 1)
+    return "expert_tensor_parallel is " + std::to_string(etp) +
+           "; this mtrun runs expert_tensor_parallel_size 1 only";
+  if ((tp * dp) % (ep * etp) != 0)
+    return "expert_model_parallel " + std::to_string(ep) + " x expert_tensor_parallel " +
+           std::to_string(etp) + " does not divide tensor_parallel " + std::to_string(tp) +
+           " x data_parallel " + std::to_string(dp);
   for (size_t r = 0; r < vsize(plan.ranks()); ++r) {
     const pl::Rank &rank = *plan.ranks()->Get(uint32_t(r));
     const std::string who = "rank table entry " + std::to_string(r);

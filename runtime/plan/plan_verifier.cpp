@@ -93,8 +93,8 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::SPLIT_QKV_ROPE_GRAD, "fff", "f", 0, 0, 2},
     {pl::Opcode::SGD, "ss", "", 1, 0, 2},
     {pl::Opcode::SHARDED_SGD, "sss", "", 0, 1, 2},
-    {pl::Opcode::MOE_ROUTER, "f", "Fiss", 0, 9, 3},
-    {pl::Opcode::MOE_ROUTER_GRAD, "FfFis", "f", 0, 9, 3},
+    {pl::Opcode::MOE_ROUTER, "f", "Fiss", 0, 10, 3},
+    {pl::Opcode::MOE_ROUTER_GRAD, "FfFis", "f", 0, 10, 3},
     {pl::Opcode::MOE_PERMUTE, "fi", "fii", 0, 2, 0},
     {pl::Opcode::MOE_PERMUTE_GRAD, "fi", "f", 0, 0, 0},
     {pl::Opcode::GROUPED_MATMUL, "ffi", "f", 0, 0, 0},
@@ -102,6 +102,8 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::GROUPED_MATMUL_WEIGHT_GRAD, "ffi", "", 1, 0, 0},
     {pl::Opcode::MOE_UNPERMUTE, "fFii", "f", 0, 0, 0},
     {pl::Opcode::MOE_UNPERMUTE_GRAD, "ffFii", "fF", 0, 0, 0},
+    {pl::Opcode::MOE_DISPATCH, "fi", "fii", 0, 3, 0},
+    {pl::Opcode::MOE_COMBINE, "fii", "f", 0, 3, 0},
 };
 constexpr size_t kNumOpcodes = sizeof(kSignatures) / sizeof(kSignatures[0]);
 static_assert(kNumOpcodes == size_t(pl::Opcode::MAX) + 1,
@@ -239,6 +241,7 @@ private:
 
   std::string check_rank(const pl::Rank &rank) {
     rank_ = &rank;
+    shards_.clear();
     rank_name_ = "rank " + std::to_string(rank.rank());
     if (std::string e = check_params(rank); !e.empty())
       return e;
@@ -300,6 +303,20 @@ private:
           return who + " has tp_blocks " + std::to_string(p.tp_blocks()) +
                  ", which must be >= 1 and divide its dimension " + std::to_string(p.tp_dim());
       }
+      if (p.ep_dim() != -1) {
+        if (p.ep_dim() < 0 || p.ep_dim() >= int32_t(vsize(p.shape())))
+          return who + " has ep_dim " + std::to_string(p.ep_dim()) + ", not -1 or a dimension of " +
+                 shape_text(p.shape());
+        if (plan_.expert_model_parallel() < 2)
+          return who + " is split over expert-parallel ranks, but the plan has "
+                       "expert_model_parallel " + std::to_string(plan_.expert_model_parallel());
+        if (!p.expert())
+          return who + " is split over expert-parallel ranks (ep_dim " +
+                 std::to_string(p.ep_dim()) + ") but is not an expert parameter";
+        if (p.tp_dim() != -1)
+          return who + " is split over both tensor- and expert-parallel ranks; expert tensor "
+                       "parallelism (expert_tensor_parallel_size > 1) is not supported";
+      }
       const uint64_t n = param_numel(p);
       const std::pair<const char *, std::pair<int64_t, uint64_t>> slots[] = {
           {"weight", {p.weight_offset(), n * element_bytes(p.dtype())}},
@@ -345,6 +362,7 @@ private:
     const size_t np = vsize(rank.params());
     std::vector<int> owner(np, -1);
     std::vector<std::pair<int64_t, int64_t>> ranges;
+    size_t placed = 0; // buckets with a shard_offset
     for (size_t b = 0; b < vsize(rank.buckets()); ++b) {
       const pl::Bucket &bk = *rank.buckets()->Get(b);
       std::string who = rank_name_ + ": bucket " + std::to_string(b);
@@ -352,10 +370,30 @@ private:
         return who + " is elements [" + std::to_string(bk.begin()) + ", " +
                std::to_string(bk.end()) + "), not inside the flat buffers' " +
                std::to_string(flat) + "; recompile the plan with mtc";
-      if ((bk.end() - bk.begin()) % dp != 0)
+      if (bk.group() != 0 && bk.group() != 6)
+        return who + " is reduced over group " + std::to_string(bk.group()) +
+               "; buckets use group 0 (dp) or 6 (expt_dp)";
+      const int64_t g = bucket_group_size(plan_, bk);
+      if ((bk.end() - bk.begin()) % g != 0)
         return who + " has " + std::to_string(bk.end() - bk.begin()) +
-               " elements, which do not divide by data_parallel " + std::to_string(dp) +
-               "; recompile the plan with mtc";
+               " elements, which do not divide by its group's " + std::to_string(g) +
+               (bk.group() == 0 ? " (data_parallel)" : " (expert data parallel)") +
+               " ranks; recompile the plan with mtc";
+      if (bk.shard_offset() != -1) {
+        if (!rank.distributed_optimizer())
+          return who + " has a shard_offset without the distributed optimizer";
+        const int64_t n = (bk.end() - bk.begin()) / g;
+        if (bk.shard_offset() < 0 || bk.shard_offset() > rank.shard_elements() ||
+            n > rank.shard_elements() - bk.shard_offset())
+          return who + "'s shard of " + std::to_string(n) + " elements at shard_offset " +
+                 std::to_string(bk.shard_offset()) + " is not inside the " +
+                 std::to_string(rank.shard_elements()) + " shard_elements";
+        shards_.push_back({bk.shard_offset(), bk.shard_offset() + n});
+        ++placed;
+      } else if (bk.group() != 0 && rank.distributed_optimizer()) {
+        return who + " is an expert bucket (group 6) without a shard_offset; recompile the "
+                     "plan with mtc";
+      }
       ranges.push_back({bk.begin(), bk.end()});
       for (size_t k = 0; k < vsize(bk.params()); ++k) {
         uint32_t i = bk.params()->Get(k);
@@ -368,6 +406,10 @@ private:
         if (owner[i] >= 0)
           return pw + " is also in bucket " + std::to_string(owner[i]);
         owner[i] = int(b);
+        if (p.expert() != (bk.group() == 6))
+          return pw + (p.expert() ? " is an expert parameter in a dp bucket (group 0); expert "
+                                    "gradients are reduced over group 6 (expt_dp)"
+                                  : " is a dense parameter in an expert bucket (group 6)");
         const int64_t n = int64_t(param_numel(p));
         if (p.flat_offset() < bk.begin() || p.flat_offset() + n > bk.end())
           return pw + " at flat element " + std::to_string(p.flat_offset()) + " (" +
@@ -384,10 +426,20 @@ private:
       return "";
     if (ranges.empty())
       return rank_name_ + ": the distributed optimizer needs buckets; recompile the plan with mtc";
-    if (rank.shard_elements() != flat / dp || flat % dp != 0)
-      return rank_name_ + ": shard_elements " + std::to_string(rank.shard_elements()) +
-             " is not flat_elements " + std::to_string(flat) + " / data_parallel " +
-             std::to_string(dp);
+    if (placed == 0) {
+      if (rank.shard_elements() != flat / dp || flat % dp != 0)
+        return rank_name_ + ": shard_elements " + std::to_string(rank.shard_elements()) +
+               " is not flat_elements " + std::to_string(flat) + " / data_parallel " +
+               std::to_string(dp);
+    } else {
+      if (placed != ranges.size())
+        return rank_name_ + ": some buckets have a shard_offset and some do not; with one, "
+                            "every bucket needs its own";
+      std::sort(shards_.begin(), shards_.end());
+      for (size_t i = 1; i < shards_.size(); ++i)
+        if (shards_[i].first < shards_[i - 1].second)
+          return rank_name_ + ": two buckets' shards overlap in the shard state (shard_offset)";
+    }
     const uint64_t state = rank.state_bytes(), bytes = uint64_t(rank.shard_elements()) * 4;
     const std::pair<const char *, int64_t> slots[] = {
         {"shard_master_offset", rank.shard_master_offset()},
@@ -944,10 +996,10 @@ private:
                std::to_string(floats(1));
       break;
     }
-    case pl::Opcode::ALL_REDUCE_GRADS:
-      if (ints(0) != 0 && ints(0) != 1)
+    case pl::Opcode::ALL_REDUCE_GRADS: {
+      if (ints(0) != 0 && ints(0) != 1 && ints(0) != 6)
         return "ints[0] is group " + std::to_string(ints(0)) +
-               "; gradients are reduced over group 0 (dp) or 1 (tp)";
+               "; gradients are reduced over group 0 (dp), 1 (tp) or 6 (expt_dp)";
       if (!(floats(0) > 0.0 && floats(0) <= 1.0))
         return "floats[0] (scale) is " + std::to_string(floats(0)) + ", outside (0, 1]";
       if (ints(0) == 0 && plan_.data_parallel() < 2)
@@ -956,7 +1008,29 @@ private:
       if (ints(0) == 1 && plan_.tensor_parallel() < 2)
         return "reduces over tensor-parallel ranks, but the plan has tensor_parallel " +
                std::to_string(plan_.tensor_parallel());
+      if (ints(0) == 6 && expert_data_parallel(plan_) < 2)
+        return "reduces over expert data-parallel ranks, but the plan has one (tensor x data "
+               "parallel / expert_model_parallel x expert_tensor_parallel)";
+      // Expert gradients are reduced over group 6 only, dense ones never
+      // there; "every parameter" (no params) only in a rank without experts.
+      const size_t np = vsize(ins.params());
+      bool any_expert = false;
+      for (size_t k = 0; k < vsize(rank_->params()); ++k)
+        any_expert = any_expert || rank_->params()->Get(uint32_t(k))->expert();
+      if (np == 0 && any_expert)
+        return "reduces every parameter over group " + std::to_string(ints(0)) + ", but " +
+               rank_name_ + " has expert parameters (reduced over group 6, expt_dp); name the "
+               "parameters; recompile the plan with mtc";
+      for (size_t k = 0; k < np; ++k) {
+        const pl::Param &p = *rank_->params()->Get(ins.params()->Get(uint32_t(k)));
+        if (p.expert() != (ints(0) == 6))
+          return "params[" + std::to_string(k) + "] (" + plan_string(p.name()) + ") is " +
+                 (p.expert() ? "an expert parameter; expert gradients are reduced over group 6 "
+                               "(expt_dp)"
+                             : "a dense parameter; group 6 (expt_dp) reduces expert gradients");
+      }
       break;
+    }
     case pl::Opcode::EMBEDDING:
     case pl::Opcode::EMBEDDING_GRAD:
     case pl::Opcode::CROSS_ENTROPY:
@@ -987,13 +1061,18 @@ private:
           ins.op() != pl::Opcode::SHARDED_ADAMW && ins.op() != pl::Opcode::SHARDED_SGD;
       const bool has_bucket = ins.op() != pl::Opcode::SHARDED_GRAD_NORM;
       const bool sharded = ins.op() != pl::Opcode::REDUCE_GRADS || ints(2) != 0;
-      if (has_group && ints(0) != 0)
-        return "ints[0] is group " + std::to_string(ints(0)) + "; this mtrun knows group 0 (dp)";
+      if (has_group && ints(0) != 0 && (ins.op() == pl::Opcode::SHARDED_GRAD_NORM || ints(0) != 6))
+        return "ints[0] is group " + std::to_string(ints(0)) + "; this mtrun knows group 0 (dp)" +
+               (ins.op() == pl::Opcode::SHARDED_GRAD_NORM ? "" : " and 6 (expt_dp)");
       if (has_bucket) {
         const int64_t b = ints(has_group ? 1 : 0);
         if (b < 0 || uint64_t(b) >= vsize(rank_->buckets()))
           return "names bucket " + std::to_string(b) + ", but " + rank_name_ + " has " +
                  std::to_string(vsize(rank_->buckets())) + " buckets";
+        const int bucket_group = rank_->buckets()->Get(uint32_t(b))->group();
+        if (has_group && ints(0) != bucket_group)
+          return "ints[0] is group " + std::to_string(ints(0)) + ", but bucket " +
+                 std::to_string(b) + " is reduced over group " + std::to_string(bucket_group);
       }
       if (ins.op() == pl::Opcode::REDUCE_GRADS) {
         if (ints(2) != 0 && ints(2) != 1)
@@ -1064,6 +1143,12 @@ private:
                  std::to_string(ints(k)) + "; it must be " + kRouterInts[k].meaning;
       if (ints(6) == 1 && ints(4) == 0)
         return "ints[6] (pad_to_capacity) is 1 without a capacity (ints[4] is 0)";
+      if (ints(9) != -1 && ints(9) != 1)
+        return "ints[9] (count_group) is " + std::to_string(ints(9)) +
+               "; it must be -1 (none) or 1 (tp)";
+      if (ints(9) == 1 && plan_.tensor_parallel() < 2)
+        return "sums its token counts over tensor-parallel ranks (ints[9] count_group 1), but "
+               "the plan has tensor_parallel " + std::to_string(plan_.tensor_parallel());
       static constexpr const char *kRouterFloats[] = {"scaling_factor", "aux_loss_coeff",
                                                       "z_loss_coeff"};
       for (size_t k = 0; k < 3; ++k)
@@ -1080,6 +1165,23 @@ private:
         return "ints[1] (pad_to_capacity) is " + std::to_string(ints(1)) + "; it must be 0 or 1";
       if (ints(1) == 1 && ints(0) == 0)
         return "ints[1] (pad_to_capacity) is 1 without a capacity (ints[0] is 0)";
+      break;
+    case pl::Opcode::MOE_DISPATCH:
+    case pl::Opcode::MOE_COMBINE:
+      if (ints(0) != 4 && ints(0) != 7)
+        return "ints[0] is group " + std::to_string(ints(0)) +
+               "; tokens travel within group 4 (ep) or 7 (tp_ep)";
+      if (ints(0) == 7 && plan_.expert_tensor_parallel() != 1)
+        return "ints[0] is group 7 (tp_ep), which is the ep group only with "
+               "expert_tensor_parallel 1";
+      if (plan_.expert_model_parallel() < 2)
+        return "exchanges tokens between expert-parallel ranks, but the plan has "
+               "expert_model_parallel " + std::to_string(plan_.expert_model_parallel());
+      if (ints(1) < 1 || ints(1) > kMaxElements)
+        return "ints[1] (num_local_experts) is " + std::to_string(ints(1)) + "; it must be >= 1";
+      if (ints(2) != 0 && ints(2) != 1)
+        return "ints[2] (dispatcher) is " + std::to_string(ints(2)) +
+               "; it must be 0 (alltoall) or 1 (allgather)";
       break;
     case pl::Opcode::GROUP_GRAD_NORM:
       if (ints(0) != 3)
@@ -1437,6 +1539,28 @@ private:
         return bad(rule);
       break;
     }
+    case pl::Opcode::MOE_DISPATCH:
+    case pl::Opcode::MOE_COMBINE: {
+      // y[N, H], tokens_per_expert[E = ep L], rows[R, H], local_counts[L],
+      // layout[ep, L].
+      const bool fwd = ins.op() == pl::Opcode::MOE_DISPATCH;
+      const pl::Value &y = fwd ? in(0) : out(0), &rows = fwd ? out(0) : in(0);
+      const pl::Value &tpe = fwd ? in(1) : in(2), &layout = fwd ? out(2) : in(1);
+      const int64_t ep = plan_.expert_model_parallel(), l = ins.ints()->Get(1);
+      bool ok = rank(y.shape()) == 2 && rank(rows.shape()) == 2 &&
+                dim(rows.shape(), 1) == dim(y.shape(), 1) && rows.dtype() == y.dtype() &&
+                rank(tpe.shape()) == 1 && dim(tpe.shape(), 0) == ep * l &&
+                rank(layout.shape()) == 2 && dim(layout.shape(), 0) == ep &&
+                dim(layout.shape(), 1) == l;
+      if (fwd)
+        ok = ok && rank(out(1).shape()) == 1 && dim(out(1).shape(), 0) == l;
+      if (!ok)
+        return bad(fwd ? "y[N, H], tokens_per_expert[ep x num_local_experts] -> rows[R, H] of y's "
+                         "dtype, local_counts[num_local_experts], layout[ep, num_local_experts]"
+                       : "rows[R, H], layout[ep, num_local_experts], tokens_per_expert[ep x "
+                         "num_local_experts] -> y[N, H] of rows' dtype");
+      break;
+    }
     case pl::Opcode::MOE_UNPERMUTE:
     case pl::Opcode::MOE_UNPERMUTE_GRAD: {
       // y[N, H], probs[T, E], row_ids[N], tokens_per_expert[E], and out or
@@ -1516,6 +1640,7 @@ private:
   const pl::Plan &plan_;
   const pl::Rank *rank_ = nullptr;
   std::string rank_name_;
+  std::vector<std::pair<int64_t, int64_t>> shards_; // buckets' shard state ranges
   std::set<std::tuple<const pl::Rank *, uint32_t, size_t, size_t>> checked_kernels_;
 };
 

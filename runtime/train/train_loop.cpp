@@ -2030,6 +2030,11 @@ int run_training(const RunOptions &opts) {
   ParallelGroups groups;
   ParallelLayout layout{std::max(1, plan.tensor_parallel()), std::max(1, plan.pipeline_parallel()),
                         std::max(1, plan.data_parallel())};
+  // The expert layout (the reader checked ep x etp divides tp x dp); its
+  // groups exist when some parameter is an expert's.
+  layout.ep = std::max(1, plan.expert_model_parallel());
+  layout.etp = std::max(1, plan.expert_tensor_parallel());
+  layout.experts = plan_has_experts(plan);
   if (layout.world() != world)
     return fail(opts.plan_path + " says tensor " + std::to_string(layout.tp) + " x pipeline " +
                 std::to_string(layout.pp) + " x data " + std::to_string(layout.dp) +
@@ -2040,9 +2045,15 @@ int run_training(const RunOptions &opts) {
     // Every rank says where it is, once its groups are up.
     char host[256] = "";
     gethostname(host, sizeof host - 1);
-    std::printf("rank %d of %d: tp rank %d of %d, pp rank %d of %d, dp rank %d of %d (%s, %s)\n",
+    const std::string expert =
+        layout.ep > 1 ? ", ep rank " + std::to_string(groups.coords.ep) + " of " +
+                            std::to_string(layout.ep) + ", expert dp rank " +
+                            std::to_string(groups.coords.edp) + " of " +
+                            std::to_string(layout.edp())
+                      : std::string();
+    std::printf("rank %d of %d: tp rank %d of %d, pp rank %d of %d, dp rank %d of %d%s (%s, %s)\n",
                 launch.rank, world, groups.coords.tp, layout.tp, groups.coords.pp, layout.pp,
-                groups.coords.dp, layout.dp, host, launch.source.c_str());
+                groups.coords.dp, layout.dp, expert.c_str(), host, launch.source.c_str());
     std::fflush(stdout);
   }
   int status = Trainer(plan, opts, launch.rank, launch.local_rank, groups).run();

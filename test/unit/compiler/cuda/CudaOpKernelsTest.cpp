@@ -436,10 +436,10 @@ std::vector<OpInstruction> everyOpcode(DType d) {
   OpTensor map = tensor(DType::I32, {T, E}), tpe = tensor(DType::I32, {E});
   OpTensor rows = tensor(DType::I32, {N});
   const std::vector<OpTensor> routerOut = {probs, map, scalar, scalar};
-  //         topk sigmoid pre balance capacity position pad seq dtype
+  //         topk sigmoid pre balance capacity position pad seq dtype count_group
   for (const std::vector<int64_t> &ints :
-       {std::vector<int64_t>{2, 0, 0, 1, 0, 0, 0, 8, 0}, {2, 0, 1, 2, 10, 0, 0, 8, 1},
-        {1, 1, 0, 1, 10, 1, 1, 8, 2}, {3, 1, 0, 0, 0, 0, 0, 8, 0}}) {
+       {std::vector<int64_t>{2, 0, 0, 1, 0, 0, 0, 8, 0, -1}, {2, 0, 1, 2, 10, 0, 0, 8, 1, -1},
+        {1, 1, 0, 1, 10, 1, 1, 8, 2, -1}, {3, 1, 0, 0, 0, 0, 0, 8, 0, -1}}) {
     add(Opcode::MOE_ROUTER, {logits}, routerOut, ints, {1.5, 0.01, 1e-3});
     add(Opcode::MOE_ROUTER_GRAD, {probs, logits, probs, map, scalar}, {logits}, ints,
         {0.0, 0.01, 1e-3});

@@ -214,7 +214,7 @@ struct RouterCfg {
   int dtype = 0; // moe_router_dtype
   double scaling = 0, auxCoeff = 0, zCoeff = 0;
   std::vector<int64_t> ints() const {
-    return {topk, sigmoid, pre, balance, capacity, position, pad, seq, dtype};
+    return {topk, sigmoid, pre, balance, capacity, position, pad, seq, dtype, -1};
   }
   std::vector<double> floats() const { return {scaling, auxCoeff, zCoeff}; }
   // The CPU executor's config for logits of type `d` (its moe_router_config).

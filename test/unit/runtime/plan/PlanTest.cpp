@@ -1,5 +1,6 @@
 // plan.bin's reader (header, checksum, FlatBuffers and semantic checks) and
 // the CPU reference executor, on plans built here with the FlatBuffers builder.
+#include "runtime/comm/parallel_groups.h"
 #include "runtime/exec/cpu_executor.h"
 #include "runtime/exec/cpu_kernels.h"
 #include "runtime/exec/cpu_kernels_moe.h"
@@ -84,6 +85,17 @@ struct Par {
   double init_std = 0.02;
   int64_t weight = -1, grad = -1, master = -1, exp_avg = -1, exp_avg_sq = -1;
   DType grad_dtype = DType::F32;
+  int64_t flat_offset = -1;
+  int32_t ep_dim = -1;
+  bool expert = false;
+};
+
+// Rank.buckets.
+struct Bk {
+  std::vector<uint32_t> params;
+  int64_t begin = 0, end = 0;
+  int32_t group = 0;
+  int64_t shard_offset = -1;
 };
 
 struct Kern {
@@ -121,6 +133,11 @@ struct PlanDesc {
   std::vector<Kern> kernels;
   uint64_t state_bytes = 0, arena_bytes = 0;
   int32_t pipeline_parallel = 1, pp_rank = 0;
+  // The plan's other parallel sizes (rank 0's table is the only one).
+  int32_t tensor_parallel = 1, data_parallel = 1, expert_model_parallel = 1;
+  std::vector<Bk> buckets;
+  int64_t flat_elements = 0, shard_elements = 0, shard_exp_avg = -1, shard_exp_avg_sq = -1;
+  bool distributed_optimizer = false;
   int64_t num_micro_batches = 0; // > 0: a training table with that many micro-batches
   // The training table's mixture-of-experts fields.
   int64_t moe_layers = 0;
@@ -233,8 +250,9 @@ std::string payload(const PlanDesc &d) {
     // Distinct init streams, as the compiler chooses them (one per name).
     params.push_back(pl::CreateParamDirect(b, p.name.c_str(), &p.shape, p.dtype, p.init,
                                            p.init_std, true, p.weight, p.grad, p.master,
-                                           p.exp_avg, p.exp_avg_sq, 1000 + i, -1, 1, -1, -1,
-                                           true, false, p.grad_dtype));
+                                           p.exp_avg, p.exp_avg_sq, 1000 + i, -1, 1,
+                                           p.flat_offset, -1, true, false, p.grad_dtype,
+                                           p.ep_dim, p.expert));
   }
   std::vector<flatbuffers::Offset<pl::Kernel>> kernels;
   for (const Kern &k : d.kernels) {
@@ -243,8 +261,14 @@ std::string payload(const PlanDesc &d) {
     kernels.push_back(pl::CreateKernelDirect(b, k.name.c_str(), "", nullptr, nullptr, 0, &vs,
                                              &is, k.scratch));
   }
-  std::vector<flatbuffers::Offset<pl::Rank>> ranks = {
-      pl::CreateRankDirect(b, 0, 0, d.pp_rank, 0, &params, d.state_bytes, d.arena_bytes, &progs)};
+  std::vector<flatbuffers::Offset<pl::Bucket>> buckets;
+  for (const Bk &k : d.buckets)
+    buckets.push_back(
+        pl::CreateBucketDirect(b, &k.params, k.begin, k.end, k.group, k.shard_offset));
+  std::vector<flatbuffers::Offset<pl::Rank>> ranks = {pl::CreateRankDirect(
+      b, 0, 0, d.pp_rank, 0, &params, d.state_bytes, d.arena_bytes, &progs, 0,
+      d.buckets.empty() ? nullptr : &buckets, d.flat_elements, d.distributed_optimizer,
+      d.shard_elements, -1, d.shard_exp_avg, d.shard_exp_avg_sq)};
   flatbuffers::Offset<pl::Training> training;
   if (d.num_micro_batches > 0) {
     // Micro-batches of 2 sequences of 3 tokens, as the pipeline tests' tokens.
@@ -253,7 +277,7 @@ std::string payload(const PlanDesc &d) {
     pl::TrainingBuilder t(b);
     t.add_train_iters(1);
     t.add_micro_batch_size(2);
-    t.add_global_batch_size(2 * d.num_micro_batches);
+    t.add_global_batch_size(2 * d.num_micro_batches * d.data_parallel);
     t.add_num_micro_batches(d.num_micro_batches);
     t.add_seq_length(3);
     t.add_vocab_size(1);
@@ -265,8 +289,10 @@ std::string payload(const PlanDesc &d) {
     t.add_moe_z_loss_coeff(d.moe_z_loss_coeff);
     training = t.Finish();
   }
-  auto plan = pl::CreatePlanDirect(b, "mtc test", "", "", d.pipeline_parallel, 1,
-                                   d.pipeline_parallel, 1, training, &kernels, &ranks);
+  const int32_t world = d.tensor_parallel * d.pipeline_parallel * d.data_parallel;
+  auto plan = pl::CreatePlanDirect(b, "mtc test", "", "", world, d.tensor_parallel,
+                                   d.pipeline_parallel, d.data_parallel, training, &kernels,
+                                   &ranks, d.expert_model_parallel, 1);
   pl::FinishPlanBuffer(b, plan);
   return std::string(reinterpret_cast<const char *>(b.GetBufferPointer()), b.GetSize());
 }
@@ -909,12 +935,12 @@ TEST(PlanReader, SemanticErrors) {
     Tiny t; // an unknown opcode
     t.d.programs[0].code[1].op = Opcode(200);
     EXPECT_CONTAINS(semantic_error(t.d), "rank 0, program eval_step #1 (final_layernorm) opcode 200: "
-                                         "unknown opcode; this mtrun knows opcodes 0 to 58");
+                                         "unknown opcode; this mtrun knows opcodes 0 to 60");
   }
   for (auto [group, scale, message] :
        {std::tuple<int64_t, double, const char *>{
             2, 0.5, "ALL_REDUCE_GRADS: ints[0] is group 2; gradients are reduced over group 0 "
-                    "(dp) or 1 (tp)"},
+                    "(dp), 1 (tp) or 6 (expt_dp)"},
         {1, 0.5, "ALL_REDUCE_GRADS: reduces over tensor-parallel ranks, but the plan has "
                  "tensor_parallel 1"},
         {0, 2.0, "ALL_REDUCE_GRADS: floats[0] (scale) is 2.000000, outside (0, 1]"},
@@ -930,7 +956,7 @@ TEST(PlanReader, SemanticErrors) {
             "REDUCE_GRADS: names bucket 0, but rank 0 has 0 buckets"},
         {I{Opcode::SHARDED_GRAD_NORM, {}, {}, {}, {0}, {}, "dp"}, "SHARDED_GRAD_NORM: has 0 outputs"},
         {I{Opcode::ALL_GATHER_PARAMS, {}, {}, {}, {1, 0}, {}, "dp"},
-         "ALL_GATHER_PARAMS: ints[0] is group 1; this mtrun knows group 0 (dp)"},
+         "ALL_GATHER_PARAMS: ints[0] is group 1; this mtrun knows group 0 (dp) and 6 (expt_dp)"},
         {I{Opcode::ALL_GATHER_PARAMS, {}, {}, {}, {0, 3}, {}, "dp"},
          "ALL_GATHER_PARAMS: names bucket 3, but rank 0 has 0 buckets"}}) {
     Tiny t; // bucket and shard instructions of a plan without buckets
@@ -1938,7 +1964,7 @@ struct MoeChain {
   uint32_t logits, x, probs, map, aux, z, y, rows, tpe, h, dh, out, dy, dprobs, dx, dlogits;
   // topk, score_function, pre_softmax, load_balancing, capacity,
   // drop_policy, pad_to_capacity, seq_length, router_dtype.
-  std::vector<int64_t> router_ints = {K, 0, 0, 1, 0, 0, 0, 3, 0};
+  std::vector<int64_t> router_ints = {K, 0, 0, 1, 0, 0, 0, 3, 0, -1};
   std::vector<double> router_floats = {0.0, 0.01, 0.001};
 
   explicit MoeChain(int64_t rowsN = T * K, std::vector<int64_t> permute_ints = {0, 0}) {
@@ -2164,6 +2190,263 @@ TEST(PlanReader, MoeInstructionErrors) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// Expert parallelism (format 16): dispatch and combine over ep = 2 ranks of
+// dp = 4 (edp = 2), an expert parameter sharded on dim 0, a dense and an
+// expert bucket sharded by the distributed optimizer. T = 6 tokens, E = 4
+// experts (L = 2 local), top-2, H = 8, expert width M = 10; R = ep x T x
+// min(topk, L) = 24 receive rows.
+
+struct EpChain {
+  static constexpr int T = 6, E = 4, L = 2, K = 2, H = 8, M = 10, N = T * K, R = 2 * T * 2;
+  PlanDesc d;
+  int dense, w;
+  uint32_t y, tpe, rows, counts, layout, h, back;
+
+  EpChain() {
+    d.data_parallel = 4;
+    d.expert_model_parallel = 2;
+    dense = d.param("decoder.layers.0.mlp.router.weight", {E, 2});
+    w = d.param("decoder.layers.0.mlp.experts.linear_fc1.weight", {L, M, H});
+    d.params[size_t(w)].ep_dim = 0;
+    d.params[size_t(w)].expert = true;
+    d.params[size_t(dense)].flat_offset = 0;
+    d.params[size_t(w)].flat_offset = 8;
+    d.flat_elements = 8 + L * M * H;
+    d.buckets = {Bk{{uint32_t(dense)}, 0, 8, 0, -1}, Bk{{uint32_t(w)}, 8, d.flat_elements, 6, -1}};
+    Prog &p = d.program("moe");
+    y = d.input(p, "y", {N, H});
+    tpe = d.input(p, "tokens_per_expert", {E}, DType::I32);
+    const uint32_t ww = d.weight(p, w);
+    rows = d.arena(p, "rows", {R, H});
+    counts = d.arena(p, "local_counts", {L}, DType::I32);
+    layout = d.arena(p, "layout", {2, L}, DType::I32);
+    h = d.arena(p, "h", {R, M});
+    back = d.arena(p, "y_back", {N, H});
+    PlanDesc::op(p, Opcode::MOE_DISPATCH, {y, tpe}, {rows, counts, layout}, {}, {4, L, 0}, {},
+                 "dispatch");
+    PlanDesc::op(p, Opcode::GROUPED_MATMUL, {rows, ww, counts}, {h}, {}, {}, {}, "experts");
+    PlanDesc::op(p, Opcode::MOE_COMBINE, {rows, layout, tpe}, {back}, {}, {4, L, 1}, {},
+                 "combine");
+  }
+  // The distributed optimizer: shard state of 8 / dp + 160 / edp elements.
+  void shard() {
+    d.distributed_optimizer = true;
+    d.shard_elements = 8 / 4 + L * M * H / 2;
+    d.shard_exp_avg = d.state_alloc(uint64_t(d.shard_elements) * 4);
+    d.shard_exp_avg_sq = d.state_alloc(uint64_t(d.shard_elements) * 4);
+    d.buckets[0].shard_offset = 0;
+    d.buckets[1].shard_offset = 2;
+  }
+  Prog &prog() { return d.programs[0]; }
+  I &ins(Opcode op) {
+    for (I &i : prog().code)
+      if (i.op == op)
+        return i;
+    ADD_FAILURE() << "no " << pl::EnumNameOpcode(op);
+    return prog().code[0];
+  }
+};
+
+TEST(PlanReader, ExpertParallelOpens) {
+  EXPECT_NE(open_ok(EpChain().d), nullptr);
+  EpChain sharded;
+  sharded.shard();
+  auto f = open_ok(sharded.d);
+  ASSERT_NE(f, nullptr);
+  const pl::Plan &plan = *f->plan();
+  EXPECT_EQ(plan.expert_model_parallel(), 2);
+  EXPECT_EQ(mt::rt::expert_data_parallel(plan), 2);
+  const auto *buckets = plan.ranks()->Get(0)->buckets();
+  EXPECT_EQ(mt::rt::bucket_group_size(plan, *buckets->Get(0)), 4);
+  EXPECT_EQ(mt::rt::bucket_group_size(plan, *buckets->Get(1)), 2);
+  EXPECT_EQ(mt::rt::bucket_shard_state_offset(plan, *buckets->Get(1)), 2);
+  // The group-7 spelling of the same ranks (tp_ep, expert_tensor_parallel 1).
+  EpChain tp_ep;
+  tp_ep.ins(Opcode::MOE_DISPATCH).ints[0] = 7;
+  EXPECT_NE(open_ok(tp_ep.d), nullptr);
+  // Without shard offsets (every bucket a dp bucket) a shard starts at begin / dp.
+  EpChain dense;
+  dense.d.params[size_t(dense.w)].ep_dim = -1;
+  dense.d.params[size_t(dense.w)].expert = false;
+  dense.d.expert_model_parallel = 1;
+  dense.prog().code.clear();
+  dense.d.buckets[1].group = 0;
+  auto g = open_ok(dense.d);
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(mt::rt::bucket_shard_state_offset(*g->plan(), *g->plan()->ranks()->Get(0)->buckets()->Get(1)),
+            8 / 4);
+}
+
+// The reader's expert coordinates are runtime/comm's (parallel_groups.h).
+TEST(PlanReader, ExpertCoordsMatchParallelGroups) {
+  for (auto [tp, dp, pp, ep] : {std::tuple<int, int, int, int>{1, 4, 1, 2}, {2, 2, 2, 2},
+                                {2, 2, 1, 4}, {4, 2, 1, 2}, {2, 4, 2, 8}, {2, 1, 2, 1}}) {
+    mt::rt::ParallelLayout layout;
+    layout.tp = tp, layout.dp = dp, layout.pp = pp, layout.ep = ep;
+    ASSERT_EQ(mt::rt::check_layout(layout), "");
+    for (int r = 0; r < layout.world(); ++r) {
+      const mt::rt::RankCoords c = mt::rt::coords_of(layout, r);
+      const mt::rt::ExpertCoords e = mt::rt::expert_coords(tp, ep, 1, c.tp, c.dp);
+      EXPECT_EQ(e.ep_rank, c.ep) << "rank " << r;
+      EXPECT_EQ(e.edp_rank, c.edp) << "rank " << r;
+      EXPECT_EQ(e.etp_rank, c.etp) << "rank " << r;
+    }
+  }
+  // By hand: tp 2 x dp 2 with ep 2: stage index i = tp_rank + 2 dp_rank,
+  // ep_rank = i % 2, edp_rank = i / 2.
+  EXPECT_EQ(mt::rt::expert_coords(2, 2, 1, 1, 1).ep_rank, 1);
+  EXPECT_EQ(mt::rt::expert_coords(2, 2, 1, 1, 1).edp_rank, 1);
+  EXPECT_EQ(mt::rt::expert_coords(2, 2, 1, 0, 1).edp_rank, 1);
+  EXPECT_EQ(mt::rt::expert_coords(2, 2, 1, 1, 0).ep_rank, 1);
+}
+
+TEST(PlanReader, ExpertParallelErrors) {
+  for (auto [k, v, message] :
+       {std::tuple<size_t, int64_t, const char *>{
+            0, 5, "(dispatch) MOE_DISPATCH: ints[0] is group 5; tokens travel within group 4 "
+                  "(ep) or 7 (tp_ep)"},
+        {1, 0, "MOE_DISPATCH: ints[1] (num_local_experts) is 0; it must be >= 1"},
+        {2, 2, "MOE_DISPATCH: ints[2] (dispatcher) is 2; it must be 0 (alltoall) or 1 "
+               "(allgather)"},
+        {1, 1, "MOE_DISPATCH: needs y[N, H], tokens_per_expert[ep x num_local_experts] -> "
+               "rows[R, H] of y's dtype, local_counts[num_local_experts], layout[ep, "
+               "num_local_experts], got %y [12,8] f32, %tokens_per_expert [4] i32 -> %rows "
+               "[24,8] f32, %local_counts [2] i32, %layout [2,2] i32"}}) {
+    EpChain c;
+    c.ins(Opcode::MOE_DISPATCH).ints[k] = v;
+    EXPECT_CONTAINS(semantic_error(c.d), message);
+  }
+  {
+    EpChain c; // the layout of another expert count
+    c.prog().values[c.layout].shape = {2, 3};
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_DISPATCH: needs y[N, H]");
+  }
+  {
+    EpChain c; // combined rows in another dtype
+    c.prog().values[c.back].dtype = DType::BF16;
+    EXPECT_CONTAINS(semantic_error(c.d),
+                    "(combine) MOE_COMBINE: needs rows[R, H], layout[ep, num_local_experts], "
+                    "tokens_per_expert[ep x num_local_experts] -> y[N, H] of rows' dtype");
+  }
+  {
+    EpChain c; // one expert-parallel rank
+    c.d.expert_model_parallel = 1;
+    c.d.params[size_t(c.w)].ep_dim = -1;
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_DISPATCH: exchanges tokens between "
+                                         "expert-parallel ranks, but the plan has "
+                                         "expert_model_parallel 1");
+  }
+  {
+    EpChain c; // ep not dividing tp x dp
+    c.d.expert_model_parallel = 3;
+    EXPECT_CONTAINS(semantic_error(c.d), "expert_model_parallel 3 x expert_tensor_parallel 1 "
+                                         "does not divide tensor_parallel 1 x data_parallel 4");
+  }
+  {
+    EpChain c; // a sharded expert weight not marked expert
+    c.d.params[size_t(c.w)].expert = false;
+    EXPECT_CONTAINS(semantic_error(c.d),
+                    "rank 0: parameter 1 (decoder.layers.0.mlp.experts.linear_fc1.weight) is "
+                    "split over expert-parallel ranks (ep_dim 0) but is not an expert parameter");
+  }
+  {
+    EpChain c;
+    c.d.params[size_t(c.w)].ep_dim = 3;
+    EXPECT_CONTAINS(semantic_error(c.d), "has ep_dim 3, not -1 or a dimension of [2,10,8]");
+  }
+  {
+    EpChain c; // the expert bucket reduced over dp
+    c.d.buckets[1].group = 0;
+    EXPECT_CONTAINS(semantic_error(c.d),
+                    "rank 0: bucket 1, parameter 1 (decoder.layers.0.mlp.experts.linear_fc1.weight) "
+                    "is an expert parameter in a dp bucket (group 0); expert gradients are "
+                    "reduced over group 6 (expt_dp)");
+  }
+  {
+    EpChain c; // the dense bucket over expt_dp
+    c.d.buckets[0].group = 6;
+    EXPECT_CONTAINS(semantic_error(c.d), "rank 0: bucket 0, parameter 0 "
+                                         "(decoder.layers.0.mlp.router.weight) is a dense "
+                                         "parameter in an expert bucket (group 6)");
+  }
+  {
+    EpChain c;
+    c.d.buckets[0].group = 2;
+    EXPECT_CONTAINS(semantic_error(c.d), "rank 0: bucket 0 is reduced over group 2; buckets use "
+                                         "group 0 (dp) or 6 (expt_dp)");
+  }
+  {
+    EpChain c; // an expert bucket of an odd size (edp 2)
+    c.d.flat_elements += 1;
+    c.d.buckets[1].end += 1;
+    EXPECT_CONTAINS(semantic_error(c.d), "rank 0: bucket 1 has 161 elements, which do not divide "
+                                         "by its group's 2 (expert data parallel) ranks");
+  }
+  {
+    EpChain c; // sharded without the expert bucket's place in the shard state
+    c.shard();
+    c.d.buckets[1].shard_offset = -1;
+    EXPECT_CONTAINS(semantic_error(c.d), "rank 0: bucket 1 is an expert bucket (group 6) without "
+                                         "a shard_offset");
+  }
+  {
+    EpChain c; // shards overlapping in the shard state
+    c.shard();
+    c.d.buckets[1].shard_offset = 1;
+    EXPECT_CONTAINS(semantic_error(c.d),
+                    "rank 0: two buckets' shards overlap in the shard state (shard_offset)");
+  }
+  {
+    EpChain c; // a shard past the shard state
+    c.shard();
+    c.d.buckets[1].shard_offset = 3;
+    EXPECT_CONTAINS(semantic_error(c.d), "rank 0: bucket 1's shard of 80 elements at shard_offset "
+                                         "3 is not inside the 82 shard_elements");
+  }
+  for (auto [ins, message] :
+       {std::pair<I, const char *>{
+            I{Opcode::REDUCE_GRADS, {}, {}, {}, {0, 1, 0}, {0.5}, "dp"},
+            "REDUCE_GRADS: ints[0] is group 0, but bucket 1 is reduced over group 6"},
+        {I{Opcode::ALL_GATHER_PARAMS, {}, {}, {}, {6, 0}, {}, "dp"},
+         "ALL_GATHER_PARAMS: ints[0] is group 6, but bucket 0 is reduced over group 0"},
+        {I{Opcode::ALL_REDUCE_GRADS, {}, {}, {}, {0}, {0.5}, "dp"},
+         "ALL_REDUCE_GRADS: reduces every parameter over group 0, but rank 0 has expert "
+         "parameters (reduced over group 6, expt_dp)"},
+        {I{Opcode::ALL_REDUCE_GRADS, {}, {}, {1}, {0}, {0.5}, "dp"},
+         "ALL_REDUCE_GRADS: params[0] (decoder.layers.0.mlp.experts.linear_fc1.weight) is an "
+         "expert parameter; expert gradients are reduced over group 6 (expt_dp)"},
+        {I{Opcode::ALL_REDUCE_GRADS, {}, {}, {0}, {6}, {0.5}, "dp"},
+         "ALL_REDUCE_GRADS: params[0] (decoder.layers.0.mlp.router.weight) is a dense "
+         "parameter; group 6 (expt_dp) reduces expert gradients"}}) {
+    EpChain c;
+    c.prog().code.push_back(ins);
+    EXPECT_CONTAINS(semantic_error(c.d), message);
+  }
+  {
+    EpChain c; // expert gradients over an expert data-parallel group of one rank
+    c.d.data_parallel = 2;
+    c.d.flat_elements = 0;
+    c.d.buckets.clear();
+    c.prog().code.push_back(I{Opcode::ALL_REDUCE_GRADS, {}, {}, {1}, {6}, {0.5}, "edp"});
+    EXPECT_CONTAINS(semantic_error(c.d), "ALL_REDUCE_GRADS: reduces over expert data-parallel "
+                                         "ranks, but the plan has one");
+  }
+  {
+    MoeChain c; // the router's count group
+    c.ins(Opcode::MOE_ROUTER).ints[9] = 2;
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_ROUTER: ints[9] (count_group) is 2; it must be -1 "
+                                         "(none) or 1 (tp)");
+  }
+  {
+    MoeChain c;
+    c.ins(Opcode::MOE_ROUTER_GRAD).ints[9] = 1;
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_ROUTER_GRAD: sums its token counts over "
+                                         "tensor-parallel ranks (ints[9] count_group 1), but the "
+                                         "plan has tensor_parallel 1");
+  }
+}
+
 // An MoE block through the executor: embedding, router, top-2 dispatch to
 // four SwiGLU experts, combine, residual, output layer and cross-entropy,
 // with the aux and z losses; its gradients against central differences of
@@ -2192,7 +2475,7 @@ struct MoeBlock {
     };
     auto P = [](int i) { return uint32_t(i); };
     using O = Opcode;
-    const std::vector<int64_t> ri = {K, 0, 0, 1, 0, 0, 0, S, 0};
+    const std::vector<int64_t> ri = {K, 0, 0, 1, 0, 0, 0, S, 0, -1};
     const std::vector<double> rf = {0.0, kAux, kZ};
     tokens = d.input(p, "tokens", {B, S}, DType::I32);
     labels = d.input(p, "labels", {B, S}, DType::I32);
