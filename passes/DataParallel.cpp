@@ -1,5 +1,6 @@
-// mt-data-parallel: gradient buckets reduced over data-parallel ranks, and the
-// distributed optimizer (reduce-scatter, sharded AdamW or SGD, all-gather).
+// mt-data-parallel: gradient buckets reduced over data-parallel ranks (expert
+// parameters over expert data-parallel ranks), and the distributed optimizer
+// (reduce-scatter, sharded AdamW or SGD, all-gather).
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
@@ -74,11 +75,34 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
                        "and overlap_grad_reduce");
       return failure();
     }
+    // Expert parameters (mt-shard-ep marks them mt.expert at every ep) are
+    // reduced over the expert data-parallel group instead, as Megatron-Core
+    // reduces its expert buffers over expt_dp: its size is
+    // edp = tp * dp / (etp * ep), the ranks of the stage holding the same
+    // experts.
+    SmallVector<ParamOp> dense, expert;
+    for (ParamOp p : module.getOps<ParamOp>())
+      (p->hasAttr("mt.expert") ? expert : dense).push_back(p);
+    int64_t edp = 1;
+    if (!expert.empty()) {
+      const int64_t tp = i64("tensor_model_parallel_size", 1),
+                    ep = i64("expert_model_parallel_size", 1),
+                    etp = i64("expert_tensor_parallel_size", 1);
+      if (tp < 1 || ep < 1 || etp < 1 || (tp * dp) % (etp * ep) != 0) {
+        module.emitError() << "mt-data-parallel: expert_tensor_parallel_size (" << etp
+                           << ") times expert_model_parallel_size (" << ep
+                           << ") must divide tensor_model_parallel_size (" << tp
+                           << ") times data_parallel_size (" << dp << ")";
+        return failure();
+      }
+      edp = tp * dp / (etp * ep);
+    }
     // Tensor-parallel ranks and pipeline stages reduce their own parameters
     // over their data-parallel group, so the buckets below are this rank's
-    // parameters whatever it holds. One data-parallel rank has nothing to
-    // reduce (and a distributed optimizer over one rank is the plain one).
-    if (dp == 1)
+    // parameters whatever it holds. One data-parallel rank (and one expert
+    // data-parallel rank) has nothing to reduce (and a distributed optimizer
+    // over one rank is the plain one).
+    if (dp == 1 && edp == 1)
       return success();
     auto norm = module.lookupSymbol<func::FuncOp>("grad_norm");
     auto optStep = module.lookupSymbol<func::FuncOp>("optimizer_step");
@@ -97,21 +121,30 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
 
     // Buckets, Megatron-LM's way: parameters in reverse order (the order the
     // backward completes their gradients), a bucket closed once it holds at
-    // least the bucket size. Without overlap Megatron uses one bucket.
+    // least the bucket size. Without overlap Megatron uses one bucket. The
+    // expert parameters get buckets of their own after the dense ones
+    // (Megatron's expert_parallel_buffers), by the same rule.
     int64_t limit = std::numeric_limits<int64_t>::max();
     if (overlap)
       limit = bucketSize > 0 ? bucketSize : std::max<int64_t>(40000000, 1000000 * dp);
     SmallVector<SmallVector<ParamOp>> buckets;
-    SmallVector<ParamOp> params(module.getOps<ParamOp>());
-    int64_t filled = 0;
-    for (ParamOp p : llvm::reverse(params)) {
-      if (buckets.empty() || filled >= limit) {
-        buckets.emplace_back();
-        filled = 0;
+    SmallVector<bool> expertBucket;
+    for (bool isExpert : {false, true}) {
+      int64_t filled = 0;
+      bool open = false;
+      for (ParamOp p : llvm::reverse(isExpert ? expert : dense)) {
+        if (!open || filled >= limit) {
+          buckets.emplace_back();
+          expertBucket.push_back(isExpert);
+          filled = 0;
+          open = true;
+        }
+        buckets.back().push_back(p);
+        filled += p.getNumElements();
       }
-      buckets.back().push_back(p);
-      filled += p.getNumElements();
     }
+    auto groupOf = [&](int64_t i) { return expertBucket[size_t(i)] ? "expt_dp" : "dp"; };
+    auto groupSize = [&](int64_t i) { return expertBucket[size_t(i)] ? edp : dp; };
     SmallVector<Attribute> bucketAttrs;
     DenseMap<StringRef, int64_t> bucketOf;
     for (auto [i, bucket] : llvm::enumerate(buckets)) {
@@ -120,15 +153,24 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
         names.push_back(FlatSymbolRefAttr::get(p.getSymNameAttr()));
         bucketOf[p.getSymName()] = int64_t(i);
       }
-      bucketAttrs.push_back(
-          b.getDictionaryAttr({b.getNamedAttr("params", b.getArrayAttr(names))}));
+      bucketAttrs.push_back(b.getDictionaryAttr(
+          {b.getNamedAttr("group", b.getStringAttr(groupOf(int64_t(i)))),
+           b.getNamedAttr("params", b.getArrayAttr(names))}));
     }
     module->setAttr("mt.grad_buckets", b.getArrayAttr(bucketAttrs));
     module->setAttr("mt.data_parallel", b.getI64IntegerAttr(dp));
+    if (!expert.empty())
+      module->setAttr("mt.expert_data_parallel", b.getI64IntegerAttr(edp));
 
+    // Expert gradients take the dense scale: each rank's expert gradient
+    // already sums its expert-parallel peers' tokens, so the sum over
+    // expt_dp covers every token-holding rank of the stage, as the dense sum
+    // over dp (with sequence parallelism, over tp x dp) does (Megatron-Core
+    // scales both buffers by 1 / dp before summing).
     const double scale = 1.0 / double(dp);
     auto reduce = [&](OpBuilder &ob, Location loc, int64_t bucket) -> Operation * {
-      return ob.create<ReduceGradsOp>(loc, ob.getI64IntegerAttr(bucket), ob.getStringAttr("dp"),
+      return ob.create<ReduceGradsOp>(loc, ob.getI64IntegerAttr(bucket),
+                                      ob.getStringAttr(groupOf(bucket)),
                                       ob.getF64FloatAttr(scale), ob.getBoolAttr(distOpt));
     };
     // Buckets reduced in @grad_norm, right before the norm: after the
@@ -145,6 +187,13 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
       return success();
     };
     auto allBuckets = llvm::to_vector(llvm::seq<int64_t>(0, int64_t(buckets.size())));
+    // The buckets with something to reduce and gather: a group of one rank
+    // (dp = 1 beside expert buckets, or edp = 1: every expert-parallel rank
+    // holds other experts) has none.
+    SmallVector<int64_t> shared;
+    for (int64_t i : allBuckets)
+      if (groupSize(i) > 1)
+        shared.push_back(i);
     // Each of `which` (in index order) right after the op of `f` that
     // completes its gradients, the earliest point its reduction can start;
     // the buckets of one op in index order. `lastMicroBatch`: marked for
@@ -187,10 +236,12 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
       // exchanged: the two stages' buckets differ, and with the
       // distributed optimizer so would their shards.
       SmallVector<int64_t> early, late;
-      for (auto [i, bucket] : llvm::enumerate(buckets))
-        (llvm::any_of(bucket, [](ParamOp p) { return p->hasAttr("mt.tied_peer"); }) ? late
-                                                                                   : early)
-            .push_back(int64_t(i));
+      for (int64_t i : shared)
+        (llvm::any_of(buckets[size_t(i)],
+                      [](ParamOp p) { return p->hasAttr("mt.tied_peer"); })
+             ? late
+             : early)
+            .push_back(i);
       llvm::append_range(late, reduceAfterCompleting(train, early, true));
       llvm::sort(late);
       if (failed(reduceBeforeNorm(late)))
@@ -205,9 +256,9 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
       // A bucket whose parameters get no gradient is reduced at the end.
       Operation *terminator = last.getBody().front().getTerminator();
       OpBuilder ob(terminator);
-      for (int64_t i : reduceAfterCompleting(last, allBuckets, false))
+      for (int64_t i : reduceAfterCompleting(last, shared, false))
         reduce(ob, terminator->getLoc(), i);
-    } else if (failed(reduceBeforeNorm(allBuckets))) {
+    } else if (failed(reduceBeforeNorm(shared))) {
       // After the last micro-batch's backward.
       return failure();
     }
@@ -215,7 +266,10 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
       return success();
 
     // The distributed optimizer: the norm over the owned shards, summed over
-    // dp; AdamW on the owned elements only; then the weights all-gathered.
+    // dp (the runtime sums the expert buckets' shards over expt_dp, then over
+    // the expert model-parallel ranks, by Param.expert); AdamW on the owned
+    // elements only; then the weights all-gathered, each bucket over its
+    // group.
     module->setAttr("mt.distributed_optimizer", b.getUnitAttr());
     for (auto gn : llvm::make_early_inc_range(norm.getOps<GradNormOp>())) {
       OpBuilder ob(gn);
@@ -300,17 +354,19 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
                                 ob.getI64IntegerAttr(i), cast<SgdOp>(first).getMomentumAttr(),
                                 ob.getF64FloatAttr(decay));
     }
+    // Expert buckets are sharded over expt_dp: with edp = 1 a rank's shard
+    // is the whole bucket, and there is nothing to gather.
     auto gather = [&](OpBuilder &at, Location loc, int64_t bucket) -> Operation * {
       return at.create<AllGatherParamsOp>(loc, at.getI64IntegerAttr(bucket),
-                                          at.getStringAttr("dp"));
+                                          at.getStringAttr(groupOf(bucket)));
     };
     if (!gatherInForward)
-      for (int64_t i : allBuckets)
+      for (int64_t i : shared)
         gather(ob, first->getLoc(), i);
     for (Operation *u : updates)
       u->erase();
     if (gatherInForward)
-      placeGathersInForward(module, train, bucketOf, allBuckets, gather);
+      placeGathersInForward(module, train, bucketOf, shared, gather);
     return success();
   }
 
@@ -324,17 +380,17 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
   // runtime to run before evaluation and checkpoint saves.
   void placeGathersInForward(
       ModuleOp module, func::FuncOp train, const DenseMap<StringRef, int64_t> &bucketOf,
-      ArrayRef<int64_t> allBuckets,
+      ArrayRef<int64_t> gathered,
       function_ref<Operation *(OpBuilder &, Location, int64_t)> gather) {
     SmallVector<int64_t> order;
-    DenseSet<int64_t> seen;
+    DenseSet<int64_t> wanted(gathered.begin(), gathered.end()), seen;
     for (Operation &op : train.getBody().front())
       for (Value v : op.getOperands())
         if (auto ref = v.getDefiningOp<ParamRefOp>())
           if (auto it = bucketOf.find(ref.getName()); it != bucketOf.end())
-            if (seen.insert(it->second).second)
+            if (wanted.contains(it->second) && seen.insert(it->second).second)
               order.push_back(it->second);
-    for (int64_t i : allBuckets)
+    for (int64_t i : gathered)
       if (seen.insert(i).second)
         order.push_back(i); // read by no op of the step
     auto atStart = [&](func::FuncOp f, bool firstMicroBatch) {
@@ -352,7 +408,7 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
     auto all = mb.create<func::FuncOp>(train.getLoc(), "gather_params",
                                        mb.getFunctionType({}, {}));
     auto ab = OpBuilder::atBlockEnd(all.addEntryBlock());
-    for (int64_t i : allBuckets)
+    for (int64_t i : gathered)
       gather(ab, all.getLoc(), i);
     ab.create<func::ReturnOp>(all.getLoc());
     if (module->hasAttr("mt.stage")) {

@@ -119,10 +119,14 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
       b.setInsertionPointToEnd(normFn.addEntryBlock());
       // Sequence parallelism leaves a partial gradient on each
       // tensor-parallel rank for parameters read on sequence shards
-      // (mt-shard-tp marks them); their sum is the gradient.
+      // (mt-shard-tp marks them); their sum is the gradient. Not an expert
+      // parameter's (mt.expert): with expert_tensor_parallel_size 1 the
+      // tensor-parallel ranks are expert-parallel ranks holding other
+      // experts, or expert data-parallel ranks, whose sum mt-data-parallel
+      // takes over expt_dp with the other token-holding ranks'.
       SmallVector<Attribute> partial;
       for (auto param : module.getOps<ParamOp>())
-        if (param->hasAttr("mt.tp_partial_grad"))
+        if (param->hasAttr("mt.tp_partial_grad") && !param->hasAttr("mt.expert"))
           partial.push_back(FlatSymbolRefAttr::get(param.getSymNameAttr()));
       if (!partial.empty())
         b.create<AllReduceGradsOp>(loc, b.getStringAttr("tp"), b.getF64FloatAttr(1.0),

@@ -431,12 +431,21 @@ def MtDataParallelPass : Pass<"mt-data-parallel", "mlir::ModuleOp"> {
     parameters in reverse order (the order the backward completes their
     gradients), a bucket closed once it holds `ddp_bucket_size` elements
     (default `max(40000000, 1000000 * dp)`); without `overlap_grad_reduce`
-    one bucket holds every gradient (Megatron's rule). The module gets
-    `mt.grad_buckets = [{params = [...]}, ...]` (mt-plan-memory adds each
-    bucket's range of the flat buffers) and `mt.data_parallel`.
+    one bucket holds every gradient (Megatron's rule). Expert parameters
+    (`mt.expert`) get buckets of their own after the dense ones, by the same
+    rule, reduced over the expert data-parallel group `"expt_dp"` of
+    `edp = tp * dp / (etp * ep)` ranks (`mt.parallel`'s
+    `expert_model_parallel_size` and `expert_tensor_parallel_size`, 1 when
+    absent). The module gets `mt.grad_buckets = [{group = "dp" | "expt_dp",
+    params = [...]}, ...]` (mt-plan-memory adds each bucket's range of the
+    flat buffers), `mt.data_parallel` and, with experts,
+    `mt.expert_data_parallel`. The pass runs when dp > 1 or, with experts,
+    edp > 1 (tensor parallelism with ep 1).
 
-    Each bucket is reduced by `mt.reduce_grads {bucket, group = "dp",
-    scale = 1/dp}`:
+    Each bucket whose group has more than one rank is reduced by
+    `mt.reduce_grads {bucket, group, scale = 1/dp}` (the dense scale for
+    expert buckets too: an expert gradient holds its expert-parallel peers'
+    tokens, so the sum over expt_dp covers every token-holding rank once):
 
     - without `overlap_grad_reduce`, at the start of `@grad_norm`, after the
       last micro-batch's backward;
@@ -453,13 +462,15 @@ def MtDataParallelPass : Pass<"mt-data-parallel", "mlir::ModuleOp"> {
       `@grad_norm` after the copies' gradients are exchanged.
 
     With `use_distributed_optimizer` (Megatron's DistributedOptimizer,
-    ZeRO-1) the reductions are reduce-scatters (`scatter = true`): dp rank r
-    owns the r-th of dp equal shards of every bucket. `mt.grad_norm`
+    ZeRO-1) the reductions are reduce-scatters (`scatter = true`): rank r
+    of a bucket's group owns the r-th of its equal shards (with edp = 1 an
+    expert bucket's shard is all of it). `mt.grad_norm`
     becomes `mt.sharded_grad_norm` (squares over the owned shards, summed
     over dp), the per-parameter `mt.adamw` ops become one
     `mt.sharded_adamw` per bucket (`mt.sgd`: one `mt.sharded_sgd`) (the decay of each parameter is recorded
     as `mt.weight_decay` on its `mt.param`), followed by one
-    `mt.all_gather_params` per bucket; the module gets
+    `mt.all_gather_params` over its group per bucket of a group of several
+    ranks; the module gets
     `mt.distributed_optimizer`, and mt-plan-memory plans masters and
     moments for the owned shards only.
 

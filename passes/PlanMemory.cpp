@@ -942,13 +942,15 @@ FailureOr<int64_t> planScheduled(func::FuncOp f, DictionaryAttr schedule, ArrayA
 // gradients are reduced over and its weights gathered over). Each tensor
 // starts at a multiple of `align` elements (256 bytes of the weights' type;
 // the gradients, f32 or bf16, are then 256-byte aligned too), and each bucket is
-// padded to a multiple of dp * align elements, so it splits into dp equal,
-// aligned shards. Buckets are laid out from the last (the first parameters)
-// to bucket 0 (the last parameters, reduced first), parameters in module
-// order inside each. With the distributed optimizer, f32 masters (reduced
-// precision only) and Adam moments (SGD's momentum buffer alone: `sgd`)
-// exist for one shard of every bucket: flat_elements / dp elements each,
-// bucket b's shard at begin_b / dp.
+// padded to a multiple of g * align elements, g the size of its group (dp, or
+// edp = mt.expert_data_parallel for an expert bucket), so it splits into g
+// equal, aligned shards. Buckets are laid out from the last (the first
+// parameters) to bucket 0 (the last parameters, reduced first), parameters in
+// module order inside each. With the distributed optimizer, f32 masters
+// (reduced precision only) and Adam moments (SGD's momentum buffer alone:
+// `sgd`) exist for one shard of every bucket, laid out in the flat buffers'
+// order: bucket b's shard of (end_b - begin_b) / g_b elements at its
+// `shard_offset` (begin_b / dp when every group is dp).
 LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, bool sgd, int64_t gradBytes,
                           int64_t &cursor, int64_t &weights, int64_t &grads, int64_t &masters,
                           int64_t &moments) {
@@ -957,6 +959,7 @@ LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, bool sgd, int64_t 
   if (!dpAttr || dpAttr.getInt() < 1)
     return module.emitError("mt-plan-memory: mt.grad_buckets needs mt.data_parallel >= 1");
   const int64_t dp = dpAttr.getInt();
+  auto edpAttr = module->getAttrOfType<IntegerAttr>("mt.expert_data_parallel");
   const bool distOpt = module->hasAttr("mt.distributed_optimizer");
   SmallVector<ParamOp> params(module.getOps<ParamOp>());
   int64_t elemBytes = 4;
@@ -972,13 +975,24 @@ LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, bool sgd, int64_t 
   DenseMap<StringRef, int64_t> flat;
   SymbolTable symbols(module); // hashed: a module lookup scans every op
   SmallVector<std::pair<int64_t, int64_t>> ranges(buckets.size());
-  int64_t elements = 0;
+  SmallVector<int64_t> shardOffsets(buckets.size());
+  int64_t elements = 0, shardElements = 0;
   for (int64_t i = int64_t(buckets.size()) - 1; i >= 0; --i) {
     auto dict = dyn_cast<DictionaryAttr>(buckets[i]);
     auto names = dict ? dict.getAs<ArrayAttr>("params") : ArrayAttr();
     if (!names)
       return module.emitError("mt-plan-memory: mt.grad_buckets[")
              << i << "] is not {params = [...]}";
+    int64_t group = dp;
+    if (auto g = dict.getAs<StringAttr>("group"); g && g.getValue() != "dp") {
+      if (g.getValue() != "expt_dp")
+        return module.emitError("mt-plan-memory: mt.grad_buckets[")
+               << i << "] has group \"" << g.getValue() << "\"; expected \"dp\" or \"expt_dp\"";
+      if (!edpAttr || edpAttr.getInt() < 1)
+        return module.emitError("mt-plan-memory: mt.grad_buckets[")
+               << i << "] is an expt_dp bucket, which needs mt.expert_data_parallel >= 1";
+      group = edpAttr.getInt();
+    }
     const int64_t begin = elements;
     for (Attribute a : llvm::reverse(names)) {
       auto ref = dyn_cast<FlatSymbolRefAttr>(a);
@@ -990,8 +1004,10 @@ LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, bool sgd, int64_t 
       flat[p.getSymName()] = elements;
       elements += p.getNumElements();
     }
-    elements = begin + roundUp(elements - begin, dp * align);
+    elements = begin + roundUp(elements - begin, group * align);
     ranges[i] = {begin, elements};
+    shardOffsets[i] = shardElements;
+    shardElements += (elements - begin) / group;
   }
   for (ParamOp p : params)
     if (!flat.count(p.getSymName()))
@@ -1014,11 +1030,15 @@ LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, bool sgd, int64_t 
   }
   SmallVector<Attribute> rewritten;
   for (auto [i, a] : llvm::enumerate(buckets)) {
-    NamedAttribute fields[] = {
-        b.getNamedAttr("params", cast<DictionaryAttr>(a).get("params")),
+    auto dict = cast<DictionaryAttr>(a);
+    SmallVector<NamedAttribute> fields = {
+        b.getNamedAttr("params", dict.get("params")),
+        b.getNamedAttr("group", dict.get("group") ? dict.get("group") : b.getStringAttr("dp")),
         b.getNamedAttr("begin", b.getI64IntegerAttr(ranges[i].first)),
         b.getNamedAttr("end", b.getI64IntegerAttr(ranges[i].second)),
     };
+    if (distOpt)
+      fields.push_back(b.getNamedAttr("shard_offset", b.getI64IntegerAttr(shardOffsets[i])));
     rewritten.push_back(b.getDictionaryAttr(fields));
   }
   module->setAttr("mt.grad_buckets", b.getArrayAttr(rewritten));
@@ -1026,7 +1046,7 @@ LogicalResult planBuckets(ModuleOp module, ArrayAttr buckets, bool sgd, int64_t 
   if (!distOpt)
     return success();
 
-  const int64_t shard = elements / dp, shardBytes = alignUp(shard * 4);
+  const int64_t shard = shardElements, shardBytes = alignUp(shard * 4);
   int64_t masterAt = -1;
   if (reduced) {
     masterAt = cursor;

@@ -46,10 +46,15 @@ pl::DType dtypeOf(Type t) {
 // The number a collective instruction names its group by (plan.fbs): the
 // runtime's own enumeration.
 int64_t groupNumber(StringRef name) {
-  rt::Group g = name == "tp"   ? rt::Group::TP
-                : name == "pp" ? rt::Group::PP
-                : name == "mp" ? rt::Group::MP
-                               : rt::Group::DP;
+  rt::Group g = name == "tp"         ? rt::Group::TP
+                : name == "pp"       ? rt::Group::PP
+                : name == "mp"       ? rt::Group::MP
+                : name == "ep"       ? rt::Group::EP
+                : name == "expt_tp"  ? rt::Group::EXPT_TP
+                : name == "expt_dp"  ? rt::Group::EXPT_DP
+                : name == "tp_ep"    ? rt::Group::TP_EP
+                : name == "tp_ep_pp" ? rt::Group::TP_EP_PP
+                                     : rt::Group::DP;
   return int64_t(g);
 }
 const int64_t kGroupTp = int64_t(rt::Group::TP);
@@ -196,9 +201,16 @@ public:
           p->hasAttr("mt.decoupled_lr"), info.gradDtype));
     }
 
-    // The distributed optimizer's layout, for its GPU kernels.
+    // The distributed optimizer's layout, for its GPU kernels. They shard
+    // every bucket over dp, by dp rank, at begin / dp: right for expert
+    // buckets only when edp = dp (then a rank's expt_dp rank is its dp
+    // rank). Otherwise the SHARDED_* instructions get no GPU form (the GPU
+    // executor refuses the plan at load, naming them).
     shardLayout.reset();
-    if (auto shard = module->getAttrOfType<DictionaryAttr>("mt.shard_state")) {
+    auto edp = module->getAttrOfType<IntegerAttr>("mt.expert_data_parallel");
+    const bool gpuShardable = !edp || edp.getInt() == spec.parallel.data_parallel_size;
+    if (auto shard = module->getAttrOfType<DictionaryAttr>("mt.shard_state");
+        shard && gpuShardable) {
       GpuShardLayout g;
       g.dataParallel = spec.parallel.data_parallel_size;
       auto field = [&](StringRef n) {

@@ -749,6 +749,25 @@ static LogicalResult verifyBucket(Operation *op, int64_t bucket) {
   return success();
 }
 
+// A bucket's collective runs over the bucket's own group: "dp", or
+// "expt_dp" for expert parameters' buckets (mt.grad_buckets' `group`,
+// "dp" when absent).
+static LogicalResult verifyBucketGroup(Operation *op, int64_t bucket, StringRef group) {
+  if (group != "dp" && group != "expt_dp")
+    return op->emitOpError() << "group must be \"dp\" or \"expt_dp\", got \"" << group << "\"";
+  if (failed(verifyBucket(op, bucket)))
+    return failure();
+  auto buckets = op->getParentOfType<ModuleOp>()->getAttrOfType<ArrayAttr>("mt.grad_buckets");
+  StringRef own = "dp";
+  if (auto d = dyn_cast<DictionaryAttr>(buckets[bucket]))
+    if (auto g = d.getAs<StringAttr>("group"))
+      own = g.getValue();
+  if (group != own)
+    return op->emitOpError() << "bucket " << bucket << " is reduced over \"" << own
+                             << "\" (mt.grad_buckets), not \"" << group << "\"";
+  return success();
+}
+
 static LogicalResult verifyDpGroup(Operation *op, StringRef group) {
   if (group != "dp")
     return op->emitOpError() << "group must be \"dp\", got \"" << group << "\"";
@@ -756,12 +775,10 @@ static LogicalResult verifyDpGroup(Operation *op, StringRef group) {
 }
 
 LogicalResult ReduceGradsOp::verify() {
-  if (failed(verifyDpGroup(*this, getGroup())))
-    return failure();
   double scale = getScale().convertToDouble();
   if (!(scale > 0.0 && scale <= 1.0))
     return emitOpError() << "scale must be in (0, 1], got " << scale;
-  return verifyBucket(*this, getBucket());
+  return verifyBucketGroup(*this, getBucket(), getGroup());
 }
 
 LogicalResult ShardedGradNormOp::verify() { return verifyDpGroup(*this, getGroup()); }
@@ -779,9 +796,7 @@ LogicalResult ShardedSgdOp::verify() {
 }
 
 LogicalResult AllGatherParamsOp::verify() {
-  if (failed(verifyDpGroup(*this, getGroup())))
-    return failure();
-  return verifyBucket(*this, getBucket());
+  return verifyBucketGroup(*this, getBucket(), getGroup());
 }
 
 LogicalResult AllReduceGradsOp::verify() {

@@ -543,12 +543,15 @@ def Mt_ReduceGradsOp : Mt_Op<"reduce_grads", [
   let description = [{
     `bucket` indexes the module's `mt.grad_buckets` (written by
     mt-data-parallel): a contiguous range of the flat f32 gradient buffer
-    holding the gradients of its `params`. Without `scatter` the range is
-    all-reduced, so every rank holds the bucket's mean gradient; with
-    `scatter` (the distributed optimizer) it is reduce-scattered, so dp rank
-    r holds the reduced r-th of the `dp` equal shards of the range, and the
-    rest of the range is left as it was. Either way the result is multiplied
-    by `scale` (`1 / data_parallel_size`).
+    holding the gradients of its `params`. `group` is the bucket's own:
+    `"dp"`, or `"expt_dp"` (the expert data-parallel group, of
+    `tp * dp / (etp * ep)` ranks) for a bucket of expert parameters. Without
+    `scatter` the range is all-reduced, so every rank holds the bucket's mean
+    gradient; with `scatter` (the distributed optimizer) it is
+    reduce-scattered, so rank r of the group holds the reduced r-th of the
+    group's equal shards of the range, and the rest of the range is left as
+    it was. Either way the result is multiplied by `scale`
+    (`1 / data_parallel_size`, for expert buckets too).
 
     ```mlir
     mt.reduce_grads {bucket = 0 : i64, group = "dp", scale = 5.000000e-01 : f64, scatter = true}
@@ -633,9 +636,10 @@ def Mt_AllGatherParamsOp : Mt_Op<"all_gather_params", [
     MemoryEffects<[MemRead<Mt_ParamState>, MemWrite<Mt_ParamState>]>]> {
   let summary = "gathers one bucket's updated weights from the ranks that own them";
   let description = [{
-    After `mt.sharded_adamw`, each rank of `group` holds the updated model
-    weights of its shard of bucket `bucket`; this all-gather leaves every
-    rank with the whole bucket's weights.
+    After `mt.sharded_adamw`, each rank of `group` (the bucket's: `"dp"`,
+    or `"expt_dp"` for expert parameters) holds the updated model weights of
+    its shard of bucket `bucket`; this all-gather leaves every rank with the
+    whole bucket's weights.
 
     ```mlir
     mt.all_gather_params {bucket = 0 : i64, group = "dp"}

@@ -446,3 +446,33 @@ func.func @f(%g: tensor<64x8xf32>, %y: tensor<128x16xf32>, %p: tensor<64x4xf32>,
   %dy, %dp = mt.moe_unpermute_grad %g, %y, %p, %r, %n : (tensor<64x8xf32>, tensor<128x16xf32>, tensor<64x4xf32>, tensor<128xi32>, tensor<4xi32>) -> (tensor<128x16xf32>, tensor<64x4xf32>)
   return
 }
+
+// -----
+
+module attributes {mt.grad_buckets = [{group = "dp", params = []}]} {
+  func.func @f() {
+    // expected-error @+1 {{group must be "dp" or "expt_dp", got "tp"}}
+    mt.reduce_grads {bucket = 0 : i64, group = "tp", scale = 5.0e-01 : f64, scatter = false}
+    return
+  }
+}
+
+// -----
+
+module attributes {mt.grad_buckets = [{group = "dp", params = []}, {group = "expt_dp", params = []}]} {
+  func.func @f() {
+    // expected-error @+1 {{bucket 1 is reduced over "expt_dp" (mt.grad_buckets), not "dp"}}
+    mt.reduce_grads {bucket = 1 : i64, group = "dp", scale = 5.0e-01 : f64, scatter = false}
+    return
+  }
+}
+
+// -----
+
+module attributes {mt.grad_buckets = [{params = []}]} {
+  func.func @f() {
+    // expected-error @+1 {{bucket 0 is reduced over "dp" (mt.grad_buckets), not "expt_dp"}}
+    mt.all_gather_params {bucket = 0 : i64, group = "expt_dp"}
+    return
+  }
+}

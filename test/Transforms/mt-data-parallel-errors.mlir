@@ -43,3 +43,14 @@ module attributes {mt.parallel = {data_parallel_size = 2 : i64, use_distributed_
 // expected-error @below {{mt-data-parallel: overlap_param_gather needs use_distributed_optimizer and overlap_grad_reduce}}
 module attributes {mt.parallel = {data_parallel_size = 2 : i64, overlap_grad_reduce = true, overlap_param_gather = true}} {
 }
+
+// -----
+
+// expected-error @below {{mt-data-parallel: expert_tensor_parallel_size (1) times expert_model_parallel_size (4) must divide tensor_model_parallel_size (1) times data_parallel_size (2)}}
+module attributes {mt.parallel = {data_parallel_size = 2 : i64, tensor_model_parallel_size = 1 : i64, expert_model_parallel_size = 4 : i64, expert_tensor_parallel_size = 1 : i64}} {
+  mt.param @experts : tensor<1x4x4xf32>, zeros {mt.expert}
+  func.func @grad_norm() -> tensor<f32> {
+    %0 = mt.grad_norm : tensor<f32>
+    return %0 : tensor<f32>
+  }
+}

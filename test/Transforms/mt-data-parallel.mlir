@@ -6,7 +6,7 @@
 // @grad_norm; parameters listed last first.
 // CHECK-LABEL: module attributes
 // CHECK-SAME: mt.data_parallel = 4 : i64
-// CHECK-SAME: mt.grad_buckets = [{params = [@b, @a]}]
+// CHECK-SAME: mt.grad_buckets = [{group = "dp", params = [@b, @a]}]
 // CHECK-NOT: train_step_last
 // CHECK: func.func @grad_norm() -> tensor<f32> {
 // CHECK-NEXT: mt.reduce_grads {bucket = 0 : i64, group = "dp", scale = 2.500000e-01 : f64, scatter = false}
@@ -39,7 +39,7 @@ module attributes {mt.parallel = {data_parallel_size = 1 : i64, pipeline_model_p
 // @train_step_last reduces each bucket right after the op that completes
 // its gradients; @train_step stays as it was.
 // CHECK-LABEL: module attributes
-// CHECK-SAME: mt.grad_buckets = [{params = [@b]}, {params = [@a]}]
+// CHECK-SAME: mt.grad_buckets = [{group = "dp", params = [@b]}, {group = "dp", params = [@a]}]
 // CHECK: func.func @train_step(
 // CHECK-NOT: mt.reduce_grads
 // CHECK: return
@@ -134,7 +134,7 @@ module attributes {mt.parallel = {data_parallel_size = 4 : i64, pipeline_model_p
 // order the step first reads the bucket's weights (@a's bucket 1, then
 // @b's bucket 0); @gather_params holds them all for evaluation and saves.
 // CHECK-LABEL: module attributes
-// CHECK-SAME: mt.grad_buckets = [{params = [@b]}, {params = [@a]}]
+// CHECK-SAME: mt.grad_buckets = [{group = "dp", params = [@b]}, {group = "dp", params = [@a]}]
 // CHECK: func.func @train_step_first(
 // CHECK-NEXT: mt.all_gather_params {bucket = 1 : i64, group = "dp"}
 // CHECK-NEXT: mt.all_gather_params {bucket = 0 : i64, group = "dp"}
@@ -217,12 +217,13 @@ module attributes {mt.parallel = {data_parallel_size = 2 : i64, pipeline_model_p
 
 // -----
 
-// A stacked expert weight [E, out, in] is one parameter like any other: its
+// A stacked weight [E, out, in] not marked mt.expert (mt-shard-ep marks the
+// routed experts'; mt-data-parallel-experts.mlir) is one parameter like any other: its
 // bucket (of at least 16 elements, so alone) is reduced right after the
 // grouped matmul's weight gradient completes it, the distributed optimizer
 // shards its flat elements, and it decays as every parameter of rank > 1.
 // CHECK-LABEL: module attributes
-// CHECK-SAME: mt.grad_buckets = [{params = [@experts]}, {params = [@router]}]
+// CHECK-SAME: mt.grad_buckets = [{group = "dp", params = [@experts]}, {group = "dp", params = [@router]}]
 // CHECK: mt.param @experts : tensor<4x16x8xf32>, normal(2.000000e-02) {mt.weight_decay = true}
 // CHECK: func.func @train_step_last(
 // CHECK: mt.moe_grouped_matmul_weight_grad {{.*}} into @experts
