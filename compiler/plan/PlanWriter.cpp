@@ -287,8 +287,13 @@ public:
                            "mt-plan-memory first");
           return failure();
         }
+        // Its group (0 dp, 6 expt_dp for expert parameters) and, with the
+        // distributed optimizer, where its shard sits in the shard state.
+        auto group = d.getAs<StringAttr>("group");
         buckets.push_back(pl::CreateBucket(fbb, fbb.CreateVector(members), get("begin"),
-                                           get("end")));
+                                           get("end"),
+                                           int32_t(groupNumber(group ? group.getValue() : "dp")),
+                                           get("shard_offset")));
       }
     }
     e.buckets = fbb.CreateVector(buckets);
