@@ -198,7 +198,8 @@ public:
           fnv1a(p.getSymName()), int32_t(p.getTpDim() ? *p.getTpDim() : -1),
           int32_t(p.getTpBlocks().value_or(1)), attr("mt.flat_offset"),
           int32_t(attr("mt.tied_peer")), !p->hasAttr("mt.tied_copy"),
-          p->hasAttr("mt.decoupled_lr"), info.gradDtype));
+          p->hasAttr("mt.decoupled_lr"), info.gradDtype,
+          int32_t(p.getEpDim() ? int64_t(*p.getEpDim()) : -1), p.isExpert()));
     }
 
     // The distributed optimizer's layout, for its GPU kernels. They shard
@@ -353,7 +354,9 @@ public:
         int32_t(spec.parallel.tensor_model_parallel_size),
         int32_t(spec.parallel.pipeline_model_parallel_size),
         int32_t(spec.parallel.data_parallel_size), training,
-        fbb.CreateVector(kernels), fbb.CreateVector(ranks));
+        fbb.CreateVector(kernels), fbb.CreateVector(ranks),
+        int32_t(spec.parallel.expert_model_parallel_size),
+        int32_t(spec.model.num_experts > 0 ? spec.parallel.expert_tensor_parallel_size : 1));
     fbb.Finish(plan, "MTPL");
     return std::string(reinterpret_cast<const char *>(fbb.GetBufferPointer()), fbb.GetSize());
   }
