@@ -93,9 +93,11 @@ StateTensor adamTensor(const OpParam &p, double weightDecay) {
 // The shard's parts of the parameters, offsets advanced to the segment.
 // Rank r's owned segments as AdamW/norm tensors (OpInstruction::rankSegments).
 std::vector<std::vector<StateTensor>> shardTensors(const OpInstruction &ins, double weightDecay,
-                                                   bool normOnly, std::string *error) {
+                                                   bool normOnly, std::string *error,
+                                                   bool expertSegments = false) {
   std::vector<std::vector<StateTensor>> out;
-  for (const std::vector<OpSegment> &segments : ins.rankSegments) {
+  for (const std::vector<OpSegment> &segments :
+       expertSegments ? ins.expertRankSegments : ins.rankSegments) {
     out.emplace_back();
     for (const OpSegment &g : segments) {
       if (g.param >= ins.params.size()) {
@@ -114,13 +116,24 @@ std::vector<std::vector<StateTensor>> shardTensors(const OpInstruction &ins, dou
       t.master = ins.shardMasterOffset >= 0 ? ins.shardMasterOffset + g.stateIndex * 4 : -1;
       t.m = ins.shardExpAvgOffset + g.stateIndex * 4;
       t.v = ins.shardExpAvgSqOffset >= 0 ? ins.shardExpAvgSqOffset + g.stateIndex * 4 : -1;
-      t.replicated = p.replicated && ins.tensorParallel > 1;
+      t.replicated = !p.expert && p.replicated && ins.tensorParallel > 1;
+      t.expert = p.expert;
       out.back().push_back(t);
     }
   }
   if (out.empty())
     *error = "no data-parallel rank's segments";
   return out;
+}
+
+// The rank index of a SHARDED_ADAMW / _SGD's tables.
+RankIndex expertIndex(const OpInstruction &ins) {
+  RankIndex index;
+  if (ins.expertRanks) {
+    index.tp = std::max<int64_t>(ins.tensorParallel, 1);
+    index.ep = std::max<int64_t>(ins.expertParallel, 1);
+  }
+  return index;
 }
 
 } // namespace
@@ -215,7 +228,7 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
     std::vector<std::vector<StateTensor>> t = shardTensors(ins, ins.floats.at(3), false, &e);
     if (!e.empty() && (*error = label(ins) + ": " + e, true))
       return std::nullopt;
-    genAdamW(t, ins.floats, b);
+    genAdamW(t, ins.floats, b, expertIndex(ins));
     break;
   }
   case Opcode::SGD:
@@ -225,18 +238,23 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
     std::vector<std::vector<StateTensor>> t = shardTensors(ins, ins.floats.at(1), false, &e);
     if (!e.empty() && (*error = label(ins) + ": " + e, true))
       return std::nullopt;
-    genSgd(t, ins.floats, b);
+    genSgd(t, ins.floats, b, expertIndex(ins));
     break;
   }
   case Opcode::GRAD_NORM:
   case Opcode::GROUP_GRAD_NORM: {
-    std::vector<StateTensor> t;
+    std::vector<StateTensor> t, experts;
     for (const OpParam &p : ins.params)
       if (p.countsInNorm && p.gradOffset >= 0) {
-        t.push_back(adamTensor(p, 0));
-        t.back().replicated = p.replicated && ins.tensorParallel > 1;
+        (p.expert ? experts : t).push_back(adamTensor(p, 0));
+        (p.expert ? experts : t).back().replicated = !p.expert && p.replicated &&
+                                                     ins.tensorParallel > 1;
       }
-    genNorm2({t}, {ins.op == Opcode::GRAD_NORM ? 3 : ins.ints.at(0)}, b);
+    const int64_t group = ins.op == Opcode::GRAD_NORM ? 3 : ins.ints.at(0);
+    if (experts.empty())
+      genNorm2({t}, {group}, b);
+    else // every expert parameter a rank holds counts there, over tp_ep_pp
+      genNorm2Split({t}, {group}, {experts}, {8}, b);
     break;
   }
   case Opcode::SHARDED_GRAD_NORM: {
@@ -244,7 +262,18 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
     std::vector<std::vector<StateTensor>> t = shardTensors(ins, 0, true, &e);
     if (!e.empty() && (*error = label(ins) + ": " + e, true))
       return std::nullopt;
-    genNorm2(t, {ins.ints.at(0), 3}, b);
+    // Expert shards apart: by expt_dp rank, over expt_dp then tp_ep_pp.
+    if (!ins.expertRankSegments.empty()) {
+      std::vector<std::vector<StateTensor>> experts = shardTensors(ins, 0, true, &e, true);
+      if (!e.empty() && (*error = label(ins) + ": " + e, true))
+        return std::nullopt;
+      RankIndex index;
+      index.tp = std::max<int64_t>(ins.tensorParallel, 1);
+      index.ep = std::max<int64_t>(ins.expertParallel, 1);
+      genNorm2Split(t, {ins.ints.at(0), 3}, experts, {6, 8}, b, index);
+    } else {
+      genNorm2(t, {ins.ints.at(0), 3}, b);
+    }
     break;
   }
   default:

@@ -178,6 +178,10 @@ struct OpParam {
   // tp_rank argument: cpu_executor.cpp's counts_in_norm.
   bool countsInNorm = true;
   bool replicated = false;
+  // A routed expert's parameter (plan.fbs Param.expert): GRAD_NORM and
+  // GROUP_GRAD_NORM count it on every rank and sum its squares over group
+  // 8 (tp_ep_pp), apart from the dense parameters'.
+  bool expert = false;
   int64_t weightOffset = -1, gradOffset = -1, masterOffset = -1;
   int64_t expAvgOffset = -1, expAvgSqOffset = -1;
 };
@@ -209,6 +213,15 @@ struct OpInstruction {
   // takes "dp_rank" and keeps every rank's table.
   std::vector<std::vector<OpSegment>> rankSegments;
   int64_t shardMasterOffset = -1, shardExpAvgOffset = -1, shardExpAvgSqOffset = -1;
+  // Expert buckets (plan.fbs Bucket.group 6) are sharded over expt_dp:
+  // their segments by expt_dp rank, read by (tp_rank + tp dp_rank) / ep
+  // (etp = 1). SHARDED_ADAMW / _SGD of an expert bucket: rankSegments are
+  // by expt_dp rank (expertRanks); SHARDED_GRAD_NORM: the expert buckets'
+  // segments in expertRankSegments, their squares summed over expt_dp then
+  // tp_ep_pp (groups 6, 8).
+  bool expertRanks = false;
+  std::vector<std::vector<OpSegment>> expertRankSegments;
+  int64_t expertParallel = 1;
 };
 
 // A pointer argument of a generated kernel.

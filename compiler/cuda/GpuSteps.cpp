@@ -266,16 +266,53 @@ GpuLowering nativeStep() {
   return l;
 }
 
+// MOE_DISPATCH / MOE_COMBINE: the executor's own exchange (NATIVE) over
+// the expert-parallel group, with two workspace arguments: every rank's
+// tokens_per_expert ([ep, E] i32), then the rows' staging (alltoall: the R
+// receive rows) or every rank's y (allgather: ep * N rows, also the
+// combine's reduce-scatter image). gpu_executor.cpp has the algorithm.
+GpuLowering lowerMoeExchange(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values) {
+  GpuLowering l;
+  const bool dispatch = inst.op == pl::Opcode::MOE_DISPATCH;
+  if (inst.ints.size() != 3 || inst.in.size() != 3 - (dispatch ? 1 : 0)) {
+    l.missing = "an expert exchange without its group, experts per rank and dispatcher";
+    return l;
+  }
+  const GpuValueInfo &y = values[dispatch ? inst.in[0] : inst.out.at(0)];
+  const GpuValueInfo &rowsV = values[dispatch ? inst.out.at(0) : inst.in[0]];
+  const GpuValueInfo &tpe = values[dispatch ? inst.in[1] : inst.in[2]];
+  const int64_t L = inst.ints[1], E = tpe.shape.empty() ? 0 : tpe.shape[0];
+  if (L < 1 || E % L != 0 || y.shape.size() != 2 || rowsV.shape.size() != 2) {
+    l.missing = "an expert exchange of " + std::to_string(E) + " experts, " +
+                std::to_string(L) + " a rank";
+    return l;
+  }
+  const int64_t ep = E / L;
+  const bool half = y.dtype == pl::DType::BF16 || y.dtype == pl::DType::F16;
+  const uint64_t rowBytes = uint64_t(y.shape[1]) * (half ? 2 : 4);
+  const uint64_t counts = alignUp(uint64_t(ep * E) * 4);
+  const uint64_t rows = inst.ints[2] == 1 ? uint64_t(ep * y.shape[0]) : uint64_t(rowsV.shape[0]);
+  GpuStepSpec s;
+  s.kind = pl::GpuStepKind::NATIVE;
+  s.args = {{pl::GpuArgKind::WORKSPACE, 0}, {pl::GpuArgKind::WORKSPACE, counts}};
+  l.steps.push_back(s);
+  l.workspaceBytes = counts + alignUp(rows * rowBytes);
+  return l;
+}
+
 } // namespace
 
 // Each data-parallel rank's owned segments of the listed buckets (the CPU
 // executor's flat_segments over bucket_shard): rank r owns elements
 // [begin + r n, begin + (r + 1) n) of a bucket, n = (end - begin) / dp,
 // whose state is at shard element begin / dp + (e - begin - r n).
+// An expert bucket is sharded alike over expt_dp, its state at its
+// shardOffset.
 static std::vector<std::vector<OpSegment>> rankSegments(const GpuShardLayout &layout,
                                                         const std::vector<GpuParamInfo> &params,
-                                                        const std::vector<size_t> &buckets) {
-  const int dp = int(std::max<int64_t>(layout.dataParallel, 1));
+                                                        const std::vector<size_t> &buckets,
+                                                        bool expert = false) {
+  const int dp = int(std::max<int64_t>(expert ? layout.expertDataParallel : layout.dataParallel, 1));
   std::vector<rt::FlatParam> flat;
   for (uint32_t p = 0; p < params.size(); ++p)
     if (layout.flatOffset.at(p) >= 0) {
@@ -289,7 +326,8 @@ static std::vector<std::vector<OpSegment>> rankSegments(const GpuShardLayout &la
     for (size_t b : buckets) {
       const GpuShardLayout::Bucket &bk = layout.buckets.at(b);
       const rt::FlatRange shard = rt::bucket_shard(bk.begin, bk.end, dp, r);
-      const int64_t stateAt = rt::shard_state_offset(bk.begin, dp);
+      const int64_t stateAt =
+          bk.shardOffset >= 0 ? bk.shardOffset : rt::shard_state_offset(bk.begin, dp);
       for (const rt::FlatSegment &g : rt::flat_segments(flat, shard.begin, shard.end))
         out[size_t(r)].push_back(
             {g.param, g.param_begin, stateAt + (g.flat_begin - shard.begin), g.count});
@@ -334,6 +372,9 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
   case pl::Opcode::SEND:
   case pl::Opcode::RECV:
     return nativeStep();
+  case pl::Opcode::MOE_DISPATCH:
+  case pl::Opcode::MOE_COMBINE:
+    return lowerMoeExchange(inst, values);
   case pl::Opcode::ATTENTION:
   case pl::Opcode::ATTENTION_GRAD:
     return lowerAttention(inst, values, tensorParallel, options.flashBackward);
@@ -345,13 +386,19 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
       return l;
     }
     OpInstruction o = opInstruction(inst, values, params, tensorParallel);
-    std::vector<size_t> buckets;
-    if (inst.op == pl::Opcode::SHARDED_ADAMW || inst.op == pl::Opcode::SHARDED_SGD)
-      buckets.push_back(size_t(inst.ints.at(0)));
-    else
+    o.expertParallel = shards->expertParallel;
+    if (inst.op == pl::Opcode::SHARDED_ADAMW || inst.op == pl::Opcode::SHARDED_SGD) {
+      const size_t b = size_t(inst.ints.at(0));
+      o.expertRanks = shards->buckets.at(b).expert;
+      o.rankSegments = rankSegments(*shards, params, {b}, o.expertRanks);
+    } else {
+      std::vector<size_t> dense, experts;
       for (size_t b = 0; b < shards->buckets.size(); ++b)
-        buckets.push_back(b);
-    o.rankSegments = rankSegments(*shards, params, buckets);
+        (shards->buckets[b].expert ? experts : dense).push_back(b);
+      o.rankSegments = rankSegments(*shards, params, dense);
+      if (!experts.empty())
+        o.expertRankSegments = rankSegments(*shards, params, experts, true);
+    }
     o.shardMasterOffset = shards->master;
     o.shardExpAvgOffset = shards->expAvg;
     o.shardExpAvgSqOffset = shards->expAvgSq;

@@ -112,8 +112,13 @@ struct GemmKernelShape {
 struct GpuShardLayout {
   struct Bucket {
     int64_t begin = 0, end = 0;
+    // An expert bucket (plan.fbs Bucket.group 6): sharded over expt_dp
+    // (expertDataParallel ranks, indexed by (tp_rank + tp dp_rank) / ep).
+    bool expert = false;
+    int64_t shardOffset = -1; // element of the shard state; -1: begin / group size
   };
   int64_t dataParallel = 1;
+  int64_t expertDataParallel = 1, tensorParallel = 1, expertParallel = 1;
   std::vector<Bucket> buckets;
   std::vector<int64_t> flatOffset; // by parameter
   int64_t master = -1, expAvg = -1, expAvgSq = -1;

@@ -122,6 +122,7 @@ struct StateTensor {
   DType dtype = DType::F32;
   DType gradDtype = DType::F32; // the gradient's (bf16 with --grad-reduce-in-bf16)
   bool replicated = false; // the norm counts it on tp rank 0 only
+  bool expert = false;     // a routed expert's (the norm sums it over its own groups)
 };
 
 // The generators of each family, in the dispatch's order of files.
@@ -148,14 +149,29 @@ void genEmbeddingGrad(const OpInstruction &ins, Builder &b);
 // OpKernelsCrossEntropy.cpp.
 void genCrossEntropy(const OpInstruction &ins, Builder &b, bool gradient);
 
+// Which rank's table of a sharded kernel a rank reads: its dp rank, or
+// (ep > 0: an expert bucket sharded over expt_dp, etp = 1) its expt_dp rank
+// (tp_rank + tp dp_rank) / ep, from the kernel's tp_rank and dp_rank.
+struct RankIndex {
+  int64_t tp = 1, ep = 0;
+  bool expert() const { return ep > 0; }
+};
+
 // OpKernelsOptimizer.cpp. byRank: each data-parallel rank's tensors (one
 // entry: no rank tables); groups: the norm's all-reduce groups in order.
 void genAdamW(const std::vector<std::vector<StateTensor>> &byRank,
-              const std::vector<double> &floats, Builder &b);
+              const std::vector<double> &floats, Builder &b, const RankIndex &index = {});
 void genSgd(const std::vector<std::vector<StateTensor>> &byRank,
-            const std::vector<double> &floats, Builder &b);
+            const std::vector<double> &floats, Builder &b, const RankIndex &index = {});
 void genNorm2(const std::vector<std::vector<StateTensor>> &byRank,
               const std::vector<int64_t> &groups, Builder &b);
+// The routed experts' squares apart (plan.fbs Param.expert): the dense
+// part summed over denseGroups, the experts' over expertGroups.
+void genNorm2Split(const std::vector<std::vector<StateTensor>> &dense,
+                   const std::vector<int64_t> &denseGroups,
+                   const std::vector<std::vector<StateTensor>> &experts,
+                   const std::vector<int64_t> &expertGroups, Builder &b,
+                   const RankIndex &expertIndex = {});
 void genLrSchedule(const OpInstruction &ins, Builder &b);
 void genClipCoeff(const OpInstruction &ins, Builder &b);
 void genGradSeed(const OpInstruction &ins, Builder &b);

@@ -213,6 +213,10 @@ struct RouterShape {
   int64_t groupTokens = 0;
   bool z = false;
   double scaling = 0, auxCoeff = 0, zCoeff = 0;
+  // count_group (ints[9]): the group over which the load-balancing loss's
+  // token counts are summed (-1: none; 1: tp, under sequence parallelism),
+  // and its ranks: the loss's token total is theirs together.
+  int64_t countGroup = -1, countRanks = 1;
 };
 
 bool routerShape(const OpInstruction &ins, RouterShape &r, std::string *error) {
@@ -231,11 +235,6 @@ bool routerShape(const OpInstruction &ins, RouterShape &r, std::string *error) {
   if (ins.ints[1] < 0 || ins.ints[1] > 1 || ins.ints[3] < 0 || ins.ints[3] > 2 ||
       ins.ints[8] < 0 || ins.ints[8] > 2) {
     *error = label(ins) + ": unknown score function, load balancing or router dtype";
-    return false;
-  }
-  if (ins.ints[9] != -1) {
-    *error = label(ins) + ": token counts summed over tensor-parallel ranks (count_group " +
-             std::to_string(ins.ints[9]) + ") have no GPU form";
     return false;
   }
   r.capacity = ins.ints[4];
@@ -260,6 +259,14 @@ bool routerShape(const OpInstruction &ins, RouterShape &r, std::string *error) {
     r.groups = r.tokens / seq;
     r.groupTokens = seq;
   }
+  r.countGroup = ins.ints[9];
+  if (r.countGroup != -1 && r.countGroup != 1) {
+    *error = label(ins) + ": count_group " + std::to_string(r.countGroup) +
+             " (the router sums its counts over tp (1) or nothing (-1))";
+    return false;
+  }
+  if (r.countGroup == 1)
+    r.countRanks = std::max<int64_t>(ins.tensorParallel, 1);
   return true;
 }
 
@@ -448,12 +455,20 @@ extern "C" __global__ void __launch_bounds__(${TB}) @ENTRY@(float *probs, int *m
   b.launch("moe_capacity", body, uint64_t(r.experts), roundWarps(r.tokens), 0, {outp(0), outp(1)});
 }
 
+// Megatron's get_tokens_per_expert_and_token_count under sequence
+// parallelism: the selection's column sums (the tokens per expert, f64,
+// exact for any count below 2^53) summed over count_group between the
+// column pass and the kernels that read them; the scores' sums stay local.
+void routerCountSum(Builder &b, const RouterShape &r, const RouterWs &w) {
+  b.collective(OpStep::AllReduceSum, r.countGroup, w.counts, uint64_t(r.groups * r.experts),
+               OpStep::F64);
+}
+
 // The two loss values (without their coefficients; 0 when off).
 void routerLosses(Builder &b, const RouterShape &r, const RouterWs &w) {
   auto s = routerSubs(r, w);
-  const double auxScale =
-      double(r.experts) / (double(r.topk) * double(r.groupTokens) * double(r.groupTokens)) /
-      double(r.groups);
+  const double total = double(r.groupTokens) * double(r.countRanks);
+  const double auxScale = double(r.experts) / (double(r.topk) * total * total) / double(r.groups);
   s["AUXSCALE"] = dbl(auxScale);
   s["GE"] = num(r.groups * r.experts);
   std::string body = std::string(kMoeHelpers) + fill(R"(
@@ -488,9 +503,8 @@ void routerGrad(const OpInstruction &ins, Builder &b, const RouterShape &r, cons
   const OpTensor &logits = ins.in[1], &dlogits = ins.out[0];
   auto s = routerSubs(r, w);
   s["TD"] = storage(dlogits.dtype);
-  s["AUXSCALE"] = dbl(double(r.experts) /
-                      (double(r.topk) * double(r.groupTokens) * double(r.groupTokens)) /
-                      double(r.groups));
+  const double total = double(r.groupTokens) * double(r.countRanks);
+  s["AUXSCALE"] = dbl(double(r.experts) / (double(r.topk) * total * total) / double(r.groups));
   std::string body = routerPrelude(ins, logits.dtype) + fill(R"(
 __device__ __forceinline__ void mt_put(float *p, mt_u64 i, float v) { p[i] = v; }
 __device__ __forceinline__ void mt_put(mt_bf16 *p, mt_u64 i, float v) { p[i].bits = (unsigned short)mt_to_bf16(v); }
@@ -1286,12 +1300,16 @@ bool genMoeRouter(const OpInstruction &ins, Builder &b, bool grad, std::string *
       routerCapacity(b, r, ins.ints[7]);
     if (r.aux)
       routerColumns(b, r, w);
+    if (r.aux && r.countGroup >= 0)
+      routerCountSum(b, r, w);
     routerLosses(b, r, w);
     return true;
   }
   if (r.aux) {
     routerTokens(ins, b, r, w, false);
     routerColumns(b, r, w);
+    if (r.countGroup >= 0)
+      routerCountSum(b, r, w);
   }
   routerGrad(ins, b, r, w);
   return true;

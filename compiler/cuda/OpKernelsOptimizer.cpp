@@ -35,6 +35,8 @@ std::string gradStorage(const std::vector<std::vector<StateTensor>> &byRank) {
 // (mt_rank_chunks[r]); the kernel takes dp_rank, so one source serves every
 // rank of the shared program. One rank: no rank tables, no argument.
 struct RankTables {
+  explicit RankTables(const RankIndex &i = {}) : index(i) {}
+  RankIndex index;
   std::vector<int64_t> entries{0}, chunks;
   int64_t maxChunks = 0;
   bool ranked() const { return chunks.size() > 1; }
@@ -63,22 +65,34 @@ struct RankTables {
     s["RANKS"] = "__device__ const int mt_rank_entry[" + std::to_string(entries.size()) + "] = {" +
                  e + "};\n__device__ const mt_u64 mt_rank_chunks[" +
                  std::to_string(chunks.size()) + "] = {" + c + "};\n";
-    s["LO"] = "mt_rank_entry[dp_rank]";
-    s["HI"] = "mt_rank_entry[dp_rank + 1] - 1";
-    s["DP"] = ", mt_u64 dp_rank";
-    s["RANK_CHUNKS"] = "mt_rank_chunks[dp_rank]";
+    const std::string r = rank();
+    s["LO"] = "mt_rank_entry[" + r + "]";
+    s["HI"] = "mt_rank_entry[" + r + " + 1] - 1";
+    s["DP"] = index.expert() ? ", mt_u64 mt_tp_r, mt_u64 mt_dp_r" : ", mt_u64 dp_rank";
+    s["RANK_CHUNKS"] = "mt_rank_chunks[" + r + "]";
+  }
+  // The rank whose table the kernel reads: the dp rank, or the expt_dp
+  // rank (tp_rank + tp dp_rank) / ep of an expert bucket (etp = 1).
+  std::string rank() const {
+    if (!index.expert())
+      return "dp_rank";
+    return "((mt_tp_r + " + u64(index.tp) + " * mt_dp_r) / " + u64(index.ep) + ")";
   }
   std::vector<std::string> scalars() const {
-    return ranked() ? std::vector<std::string>{"dp_rank"} : std::vector<std::string>{};
+    if (!ranked())
+      return {};
+    if (index.expert())
+      return {"tp_rank", "dp_rank"};
+    return {"dp_rank"};
   }
 };
 
 } // namespace
 
 void genAdamW(const std::vector<std::vector<StateTensor>> &byRank,
-              const std::vector<double> &floats, Builder &b) {
+              const std::vector<double> &floats, Builder &b, const RankIndex &index) {
   std::string table;
-  RankTables ranks;
+  RankTables ranks(index);
   size_t nt = 0;
   // --decoupled-lr in a shard: a per-tensor flag picks the launch's fourth
   // input as the rate (absent otherwise, so other sources stay as they were).
@@ -113,7 +127,7 @@ void genAdamW(const std::vector<std::vector<StateTensor>> &byRank,
   s["LR2_ARG"] = twoRates ? ", const float *lr2_in" : "";
   s["LR"] = twoRates ? "(double)(t.lr2 ? lr2_in[0] : lr_in[0])" : "(double)lr_in[0]";
   s["GUARD"] = ranks.ranked()
-                   ? "  if (chunk >= mt_rank_chunks[dp_rank]) return; // past this rank's shard\n"
+                   ? "  if (chunk >= mt_rank_chunks[" + ranks.rank() + "]) return; // past this rank's shard\n"
                    : "";
   std::string src = fill(R"(// Byte offsets into the state buffer; master ~0: the weights are the f32 copy updated.
 struct mt_adam_tensor { mt_u64 weight, grad, master, m, v, count, first; double weight_decay; int dtype, vec${LR2_FIELD}; };
@@ -183,9 +197,9 @@ ${GUARD}${FIND}  const mt_adam_tensor t = mt_tensors[lo];
 // one table of tensors (the momentum buffer in `m`), every data-parallel
 // rank's in one source, blocks of kChunk elements.
 void genSgd(const std::vector<std::vector<StateTensor>> &byRank,
-            const std::vector<double> &floats, Builder &b) {
+            const std::vector<double> &floats, Builder &b, const RankIndex &index) {
   std::string table;
-  RankTables ranks;
+  RankTables ranks(index);
   size_t nt = 0;
   bool twoRates = false;
   for (const std::vector<StateTensor> &tensors : byRank)
@@ -218,7 +232,7 @@ void genSgd(const std::vector<std::vector<StateTensor>> &byRank,
   s["LR2_ARG"] = twoRates ? ", const float *lr2_in" : "";
   s["LR"] = twoRates ? "(double)(t.lr2 ? lr2_in[0] : lr_in[0])" : "(double)lr_in[0]";
   s["GUARD"] = ranks.ranked()
-                   ? "  if (chunk >= mt_rank_chunks[dp_rank]) return; // past this rank's shard\n"
+                   ? "  if (chunk >= mt_rank_chunks[" + ranks.rank() + "]) return; // past this rank's shard\n"
                    : "";
   std::string src = fill(R"(// Byte offsets into the state buffer; master ~0: the weights are the f32 copy updated.
 struct mt_sgd_tensor { mt_u64 weight, grad, master, buf, count, first; double weight_decay; int dtype, vec${LR2_FIELD}; };
@@ -275,12 +289,12 @@ ${GUARD}${FIND}  const mt_sgd_tensor t = mt_tensors[lo];
 }
 
 // Gradient norms: squares of the listed f32 gradients in double, per block
-// (a fixed share of chunks), the blocks' partials summed by one block, the
-// collectives, then the square root.
-void genNorm2(const std::vector<std::vector<StateTensor>> &byRank,
-              const std::vector<int64_t> &groups, Builder &b) {
+// (a fixed share of chunks), the blocks' partials summed by one block into
+// the workspace's f64 `total`, then the collectives over `groups`.
+uint64_t genNormPart(const std::vector<std::vector<StateTensor>> &byRank,
+                     const std::vector<int64_t> &groups, Builder &b, const RankIndex &index) {
   std::string table;
-  RankTables ranks;
+  RankTables ranks(index);
   bool anyReplicated = false;
   size_t nt = 0;
   for (const std::vector<StateTensor> &tensors : byRank) {
@@ -352,10 +366,32 @@ ${FIND}    const mt_norm_tensor t = mt_tensors[lo];
 )", s), 1, 256, 256, {wsAt(partials), wsAt(total)});
   for (int64_t g : groups)
     b.collective(OpStep::AllReduceSum, g, total, 1, OpStep::F64);
+  return total;
+}
+
+// The norm of one part: its squares summed over `groups`, then the root.
+void genNorm2(const std::vector<std::vector<StateTensor>> &byRank,
+              const std::vector<int64_t> &groups, Builder &b) {
+  const uint64_t total = genNormPart(byRank, groups, b, {});
   b.launch("norm_sqrt", R"(extern "C" __global__ void __launch_bounds__(32) @ENTRY@(const double *total, float *norm) {
   if (threadIdx.x == 0) norm[0] = (float)sqrt(total[0]);
 }
 )", 1, 32, 0, {wsAt(total), outp(0)});
+}
+
+// The norm of two parts (dense parameters and routed experts), each's
+// squares summed over its own groups, then the root of their sum.
+void genNorm2Split(const std::vector<std::vector<StateTensor>> &dense,
+                   const std::vector<int64_t> &denseGroups,
+                   const std::vector<std::vector<StateTensor>> &experts,
+                   const std::vector<int64_t> &expertGroups, Builder &b,
+                   const RankIndex &expertIndex) {
+  const uint64_t a = genNormPart(dense, denseGroups, b, {});
+  const uint64_t e = genNormPart(experts, expertGroups, b, expertIndex);
+  b.launch("norm_sqrt2", R"(extern "C" __global__ void __launch_bounds__(32) @ENTRY@(const double *dense, const double *experts, float *norm) {
+  if (threadIdx.x == 0) norm[0] = (float)sqrt(dense[0] + experts[0]);
+}
+)", 1, 32, 0, {wsAt(a), wsAt(e), outp(0)});
 }
 
 // Megatron's OptimizerParamScheduler.get_lr as cpu_executor.cpp's megatron_lr.

@@ -176,6 +176,7 @@ public:
       info.decoupledLr = p->hasAttr("mt.decoupled_lr");
       info.countsInNorm = !p->hasAttr("mt.tied_copy");
       info.replicated = !p.getTpDim().has_value();
+      info.expert = p->hasAttr("mt.expert"); // the norm sums experts over tp_ep_pp
       info.weightOffset = attr("mt.weight_offset");
       info.gradOffset = attr("mt.grad_offset");
       // mt-plan-memory's gradient type (bf16 with grad_reduce_in_bf16).
@@ -232,8 +233,18 @@ public:
           auto begin = d.getAs<IntegerAttr>("begin"), end = d.getAs<IntegerAttr>("end");
           b.begin = begin ? begin.getInt() : 0;
           b.end = end ? end.getInt() : 0;
+          // Expert buckets (mt-data-parallel's group "expt_dp") are sharded
+          // over expt_dp, their state at shard_offset (mt-plan-memory).
+          auto group = d.getAs<StringAttr>("group");
+          b.expert = group && group.getValue() == "expt_dp";
+          if (auto at = d.getAs<IntegerAttr>("shard_offset"))
+            b.shardOffset = at.getInt();
           g.buckets.push_back(b);
         }
+      g.tensorParallel = spec.parallel.tensor_model_parallel_size;
+      g.expertParallel = spec.parallel.expert_model_parallel_size;
+      if (auto edp = module->getAttrOfType<IntegerAttr>("mt.expert_data_parallel"))
+        g.expertDataParallel = edp.getInt();
       shardLayout = std::move(g);
     }
 

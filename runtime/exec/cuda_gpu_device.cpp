@@ -245,6 +245,9 @@ public:
       return e;
     return drv(dev_.driver->cuStreamSynchronize(stream_), "cuStreamSynchronize");
   }
+  std::string copy(uint64_t dst, uint64_t src, uint64_t bytes) override {
+    return drv(dev_.driver->cuMemcpyDtoDAsync(dst, src, bytes, stream_), "cuMemcpyDtoDAsync");
+  }
   std::string fill(uint64_t dst, uint8_t byte, uint64_t bytes) override {
     return drv(dev_.driver->cuMemsetD8Async(dst, byte, bytes, stream_), "cuMemsetD8Async");
   }

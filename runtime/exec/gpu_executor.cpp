@@ -75,6 +75,30 @@ CommElement element_of(pl::DType t) {
 
 } // namespace
 
+std::string DeviceComm::all_to_all_v(uint64_t send_buf, const std::vector<uint64_t> &send_counts,
+                                     const std::vector<uint64_t> &send_displs, uint64_t recv_buf,
+                                     const std::vector<uint64_t> &recv_counts,
+                                     const std::vector<uint64_t> &recv_displs, CommElement t) {
+  const size_t n = size_t(size());
+  if (send_counts.size() != n || send_displs.size() != n || recv_counts.size() != n ||
+      recv_displs.size() != n)
+    return "all_to_all_v: the counts and displacements need one entry per rank of the group";
+  const uint64_t bytes = t == CommElement::F64 ? 8 : t == CommElement::F32 ? 4 : 2;
+  if (std::string e = group_start(); !e.empty())
+    return e;
+  for (size_t p = 0; p < n; ++p) {
+    if (send_counts[p])
+      if (std::string e = send(send_buf + send_displs[p] * bytes, send_counts[p], t, int(p));
+          !e.empty())
+        return e;
+    if (recv_counts[p])
+      if (std::string e = recv(recv_buf + recv_displs[p] * bytes, recv_counts[p], t, int(p));
+          !e.empty())
+        return e;
+  }
+  return group_end();
+}
+
 struct GpuExecutor::HostState {
   struct Param {
     std::vector<float> weight, grad, master, exp_avg, exp_avg_sq;
@@ -204,26 +228,83 @@ std::string GpuExecutor::open() {
     if (!groups_)
       return who + ": internal error: the executor of a plan of several ranks needs its "
                    "groups (set_groups) before open()";
-    for (Group g : {Group::DP, Group::TP, Group::PP, Group::MP})
-      if (Communicator *c = groups_->get(g)) {
+    // A group whose host communicator is an earlier group's (the expert
+    // groups of some layouts) uses that group's connection.
+    std::map<const Communicator *, DeviceComm *> connected;
+    for (int k = 0; k < kNumGroups; ++k)
+      if (Communicator *c = groups_->get(Group(k))) {
+        if (auto it = connected.find(c); it != connected.end()) {
+          comms_[k] = it->second;
+          continue;
+        }
         std::string err;
-        comms_[int(g)] = device_->connect(*c, &err);
-        if (!comms_[int(g)])
-          return who + ": connecting the GPUs of the " + group_name(g) + " group (" +
+        std::unique_ptr<DeviceComm> d = device_->connect(*c, &err);
+        if (!d)
+          return who + ": connecting the GPUs of the " + group_name(Group(k)) + " group (" +
                  std::to_string(c->size()) + " ranks): " + err;
+        comms_[k] = connected[c] = d.get();
+        owned_comms_.push_back(std::move(d));
       }
   }
-  side_stream_ = comms_[int(Group::DP)] && device_->has_side_stream();
+  for (Group g : {Group::DP, Group::EXPT_DP})
+    if (comms_[int(g)])
+      side_comms_.push_back(comms_[int(g)]);
+  side_stream_ = !side_comms_.empty() && device_->has_side_stream();
+  if (std::string e = check_shards(); !e.empty())
+    return who + ": " + e;
   set_loss_scale(1.0f);
   host_->image.assign(size_t(rank_.state_bytes()), 0);
   return pending_error_;
 }
 
+namespace {
+// An expert-parallel shard (Param.ep_dim >= 0) holds exactly its slice of
+// the whole parameter's initial values: dimension ep_dim of the whole is
+// [ep, n] and ep rank q holds [q] (plan.fbs), as a tensor-parallel shard
+// holds its part (initial_weights).
+void expert_initial_weights(const pl::Param &p, int64_t ep, int64_t ep_rank, uint64_t seed,
+                            float *w) {
+  const int64_t count = element_count(p.shape());
+  if (p.init() != pl::Init::NORMAL) {
+    std::fill(w, w + count, p.init() == pl::Init::ONES ? 1.0f : 0.0f);
+    return;
+  }
+  std::vector<float> whole(size_t(count * ep));
+  cpu::init_normal(whole.data(), count * ep, p.init_std(), seed, p.init_stream());
+  int64_t outer = 1, inner = 1;
+  const int64_t d = p.ep_dim();
+  for (int64_t k = 0; k < int64_t(p.shape()->size()); ++k)
+    if (k < d)
+      outer *= p.shape()->Get(uint32_t(k));
+    else if (k > d)
+      inner *= p.shape()->Get(uint32_t(k));
+  const int64_t piece = p.shape()->Get(uint32_t(d)) * inner;
+  for (int64_t o = 0; o < outer; ++o)
+    std::copy(whole.data() + (o * ep + ep_rank) * piece,
+              whole.data() + (o * ep + ep_rank + 1) * piece, w + o * piece);
+  if (p.dtype() == pl::DType::BF16)
+    cpu::round_to_bf16(w, count);
+  else if (p.dtype() == pl::DType::F16)
+    cpu::round_to_fp16(w, count);
+}
+} // namespace
+
 std::string GpuExecutor::init_params(uint64_t seed) {
-  const int64_t tp = plan_.tensor_parallel();
+  const int64_t tp = plan_.tensor_parallel(), ep = std::max(1, plan_.expert_model_parallel());
+  const int64_t ep_rank = groups_ ? groups_->coords.ep : 0;
   for (uint32_t i = 0; i < host_->params.size(); ++i)
-    if (HostState::Param &h = host_->params[i]; !h.weight.empty())
-      initial_weights(*rank_.params()->Get(i), tp, rank_.tp_rank(), seed, h.weight.data());
+    if (HostState::Param &h = host_->params[i]; !h.weight.empty()) {
+      const pl::Param &p = *rank_.params()->Get(i);
+      if (p.ep_dim() >= 0 && p.tp_dim() >= 0)
+        return "rank " + std::to_string(rank_.rank()) + ": parameter " + str(p.name()) +
+               " is split over both tensor and expert parallelism; the GPU executor splits "
+               "experts over expert_model_parallel_size with expert_tensor_parallel_size 1 "
+               "only";
+      if (p.ep_dim() >= 0 && ep > 1)
+        expert_initial_weights(p, ep, ep_rank, seed, h.weight.data());
+      else
+        initial_weights(p, tp, rank_.tp_rank(), seed, h.weight.data());
+    }
   if (std::string e = reset_optimizer_state(); !e.empty())
     return e;
   return state_to_device();
@@ -248,8 +329,18 @@ std::string GpuExecutor::reset_optimizer_state() {
         flat.push_back({p, q.flat_offset(), element_count(q.shape())});
     const int dp = std::max(1, plan_.data_parallel());
     for (const pl::Bucket *b : *rank_.buckets()) {
-      const FlatRange shard = bucket_shard(b->begin(), b->end(), dp, rank_.dp_rank());
-      const int64_t state_at = shard_state_offset(b->begin(), dp);
+      // A bucket is sharded over its group (dp, or expt_dp for experts),
+      // its state at shard_offset (plan.fbs Bucket).
+      int size = dp, rank = rank_.dp_rank();
+      if (b->group() != int32_t(Group::DP)) {
+        const DeviceComm *c =
+            b->group() >= 0 && b->group() < kNumGroups ? comms_[b->group()] : nullptr;
+        size = c ? c->size() : 1;
+        rank = c ? c->rank() : 0;
+      }
+      const FlatRange shard = bucket_shard(b->begin(), b->end(), size, rank);
+      const int64_t state_at =
+          b->shard_offset() >= 0 ? b->shard_offset() : shard_state_offset(b->begin(), size);
       for (const FlatSegment &g : flat_segments(flat, shard.begin, shard.end)) {
         const float *w = host_->params[g.param].weight.data() + g.param_begin;
         std::copy(w, w + g.count,
@@ -567,15 +658,16 @@ std::string GpuExecutor::step(const pl::Program &program, const pl::Instruction 
 
 DeviceComm *GpuExecutor::comm(int64_t group, std::string *error) const {
   error->clear();
-  if (group < 0 || group > 3) {
-    *error = "names group " + std::to_string(group) + "; plans number groups 0 to 3";
+  if (group < 0 || group >= kNumGroups) {
+    *error = "names group " + std::to_string(group) + "; plans number groups 0 to " +
+             std::to_string(kNumGroups - 1);
     return nullptr;
   }
   if (!groups_ || !groups_->get(Group(group)))
     return nullptr; // a group of one rank
   if (!comms_[group])
     *error = std::string("the ") + group_name(Group(group)) + " group has no GPU connection";
-  return comms_[group].get();
+  return comms_[group];
 }
 
 std::string GpuExecutor::point_to_point(const pl::Program &program, const pl::Instruction &ins,
@@ -681,30 +773,334 @@ std::string GpuExecutor::native(const pl::Program &program, const pl::Instructio
       return e;
     return pp->group_end();
   }
+  case pl::Opcode::MOE_DISPATCH:
+  case pl::Opcode::MOE_COMBINE:
+    return moe_exchange(program, ins, s);
   default: // SEND and RECV run in groups (run_steps)
     return "the plan asks the executor to run this opcode's communication itself, which it "
            "has none of; recompile the spec with this mtc";
   }
 }
 
-// The data-parallel group's collectives over the flat buffers run on the
-// side stream: a bucket's reduction (or its gather) then overlaps the
-// kernels after it until something touches its bytes.
-bool GpuExecutor::on_side(const pl::Instruction &ins) const {
-  const pl::Opcode op = ins.op();
-  return (op == pl::Opcode::REDUCE_GRADS || op == pl::Opcode::ALL_GATHER_PARAMS ||
-          op == pl::Opcode::ALL_REDUCE_GRADS) &&
-         native_collective_group(ins) == int(Group::DP);
+// MOE_DISPATCH and MOE_COMBINE (plan.fbs) over the expert-parallel group
+// (ints[0]). The step's arguments: the workspace of the gathered token
+// counts, then that of the rows (run_moe_exchange).
+std::string GpuExecutor::moe_exchange(const pl::Program &program, const pl::Instruction &ins,
+                                      const pl::GpuStep &s) {
+  const bool dispatch = ins.op() == pl::Opcode::MOE_DISPATCH;
+  const int64_t group = ins.ints()->Get(0), L = ins.ints()->Get(1);
+  const bool allgather = ins.ints()->Get(2) == 1;
+  auto value = [&](uint32_t v) -> const pl::Value & { return *program.values()->Get(v); };
+  auto at = [&](uint32_t v) { return address(program, pl::GpuArg(pl::GpuArgKind::VALUE, v)); };
+  // dispatch: in y[N, H], tokens_per_expert[E]; out rows[R, H], local_counts[L], layout[ep, L]
+  // combine:  in rows[R, H], layout[ep, L], tokens_per_expert[E]; out y[N, H]
+  const uint32_t y = dispatch ? ins.in()->Get(0) : ins.out()->Get(0);
+  const uint32_t rows = dispatch ? ins.out()->Get(0) : ins.in()->Get(0);
+  const uint32_t tpe = dispatch ? ins.in()->Get(1) : ins.in()->Get(2);
+  const pl::Value &yv = value(y), &rv = value(rows);
+  const int64_t E = value(tpe).shape()->Get(0);
+  const int64_t N = yv.shape()->Get(0), R = rv.shape()->Get(0);
+  const uint64_t H = uint64_t(element_count(yv) / std::max<int64_t>(N, 1));
+  const CommElement t = element_of(yv.dtype());
+  if (!s.args() || s.args()->size() != 2)
+    return "the plan's expert exchange lacks its two workspace arguments; recompile the spec "
+           "with this mtc";
+  MoeExchange x;
+  x.dispatch = dispatch;
+  x.allgather = allgather;
+  x.y = at(y);
+  x.rows = at(rows);
+  x.tokens_per_expert = at(tpe);
+  x.local_counts = dispatch ? at(ins.out()->Get(1)) : 0;
+  x.layout = dispatch ? at(ins.out()->Get(2)) : at(ins.in()->Get(1));
+  x.counts_workspace = address(program, *s.args()->Get(0));
+  x.rows_workspace = address(program, *s.args()->Get(1));
+  x.n = N;
+  x.r = R;
+  x.experts = E;
+  x.local_experts = L;
+  x.hidden = H;
+  x.element = t;
+  x.element_bytes = element_bytes(yv.dtype());
+  std::string err;
+  DeviceComm *c = comm(group, &err);
+  if (!err.empty())
+    return err;
+  return run_moe_exchange(*device_, c, x);
 }
 
-// Whether an instruction left on the compute stream communicates over the
-// data-parallel group: the side stream's collectives on that communicator
-// come first, so the group's order is the program's.
-bool GpuExecutor::uses_dp_comm(const pl::Instruction &ins) const {
+// gpu_executor.h has the algorithm.
+std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange &x) {
+  const bool dispatch = x.dispatch, allgather = x.allgather;
+  const int64_t E = x.experts, L = x.local_experts, N = x.n, R = x.r;
+  const uint64_t H = x.hidden, row_bytes = H * x.element_bytes;
+  const CommElement t = x.element;
+  const uint64_t counts_at = x.counts_workspace, buffer = x.rows_workspace;
+  const int ep = c ? c->size() : 1, q = c ? c->rank() : 0;
+  if (L < 1 || E != int64_t(ep) * L)
+    return "the plan's expert exchange has " + std::to_string(E) + " experts, " +
+           std::to_string(L) + " a rank, over a group of " + std::to_string(ep) +
+           " ranks; recompile the spec with this mtc";
+  // Every rank's tokens_per_expert, [ep][E] (i32 values moved as 4-byte
+  // elements: a gather copies bytes).
+  auto gather_counts = [&](std::vector<int32_t> *all) -> std::string {
+    all->assign(size_t(ep * E), 0);
+    if (c) {
+      if (std::string e = c->all_gather(x.tokens_per_expert, counts_at, uint64_t(E), CommElement::F32);
+          !e.empty())
+        return e;
+      return device.to_host(all->data(), counts_at, uint64_t(ep * E) * 4);
+    }
+    return device.to_host(all->data(), x.tokens_per_expert, uint64_t(E) * 4);
+  };
+  // prefix(s, e): the rows of rank s's y before its expert e.
+  std::vector<int32_t> counts; // [ep][E], when gathered
+  auto prefix = [&](int src, int64_t e) {
+    int64_t n = 0;
+    for (int64_t k = 0; k < e; ++k)
+      n += counts[size_t(src * E + k)];
+    return uint64_t(n);
+  };
+  // layout[s][j]: rows rank s sends this rank for local expert j; their
+  // place in `rows`: local expert major, then source rank.
+  std::vector<int32_t> layout(size_t(ep * L)), local(size_t(L), 0);
+  std::vector<int32_t> mine(static_cast<size_t>(E), 0); // this rank's tokens_per_expert
+  if (dispatch || allgather) {
+    if (std::string e = gather_counts(&counts); !e.empty())
+      return e;
+    for (int src = 0; src < ep; ++src)
+      for (int64_t j = 0; j < L; ++j)
+        layout[size_t(src * L + j)] = counts[size_t(src * E + q * L + j)];
+    std::copy(counts.begin() + q * E, counts.begin() + (q + 1) * E, mine.begin());
+  } else {
+    if (std::string e = device.to_host(layout.data(), x.layout,
+                                         uint64_t(ep * L) * 4);
+        !e.empty())
+      return e;
+    if (std::string e = device.to_host(mine.data(), x.tokens_per_expert, uint64_t(E) * 4); !e.empty())
+      return e;
+  }
+  std::vector<uint64_t> dest(size_t(ep * L)); // row of (j, s) in `rows`
+  uint64_t total = 0, sent = 0;
+  for (int64_t j = 0; j < L; ++j)
+    for (int src = 0; src < ep; ++src) {
+      const int32_t n = layout[size_t(src * L + j)];
+      if (n < 0)
+        return "an expert-parallel peer counted " + std::to_string(n) + " rows";
+      dest[size_t(src * L + j)] = total;
+      total += uint64_t(n);
+      local[size_t(j)] += n;
+    }
+  for (int32_t n : mine)
+    sent += uint64_t(std::max(n, 0));
+  if (total > uint64_t(R) || sent > uint64_t(N))
+    return "the expert exchange has " + std::to_string(total) + " rows for " +
+           std::to_string(R) + " receive rows and " + std::to_string(sent) + " for " +
+           std::to_string(N) + " permuted rows: the plan's sizes do not hold these counts";
+  auto copy_rows = [&](uint64_t dst, uint64_t src, uint64_t n) -> std::string {
+    return n ? device.copy(dst, src, n * row_bytes) : "";
+  };
+  const uint64_t rows_at = x.rows, y_at = x.y;
+  if (dispatch) {
+    if (allgather) {
+      // Every rank's y, then this rank's experts' rows picked out of them.
+      if (c) {
+        if (std::string e = c->all_gather(y_at, buffer, uint64_t(N) * H, t); !e.empty())
+          return e;
+      }
+      const uint64_t from = c ? buffer : y_at;
+      for (int src = 0; src < ep; ++src)
+        for (int64_t j = 0; j < L; ++j)
+          if (std::string e = copy_rows(rows_at + dest[size_t(src * L + j)] * row_bytes,
+                                        from + (uint64_t(src) * uint64_t(N) +
+                                                prefix(src, q * L + j)) * row_bytes,
+                                        uint64_t(layout[size_t(src * L + j)]));
+              !e.empty())
+            return e;
+    } else {
+      // Rank p gets this rank's rows of experts [p L, p L + L), which are
+      // consecutive in y; the rows from s arrive s-major in the staging
+      // buffer and are then placed local expert major.
+      const size_t peers = static_cast<size_t>(ep);
+      std::vector<uint64_t> sc(peers), sd(peers), rc(peers), rd(peers);
+      uint64_t staged_rows = 0;
+      for (int p = 0; p < ep; ++p) {
+        sd[size_t(p)] = prefix(q, p * L) * H;
+        sc[size_t(p)] = (prefix(q, (p + 1) * L) - prefix(q, p * L)) * H;
+        uint64_t n = 0;
+        for (int64_t j = 0; j < L; ++j)
+          n += uint64_t(layout[size_t(p * L + j)]);
+        rd[size_t(p)] = staged_rows * H;
+        rc[size_t(p)] = n * H;
+        staged_rows += n;
+      }
+      if (c) {
+        if (std::string e = c->all_to_all_v(y_at, sc, sd, buffer, rc, rd, t); !e.empty())
+          return e;
+      } else if (std::string e = copy_rows(buffer, y_at, staged_rows); !e.empty()) {
+        return e;
+      }
+      for (int src = 0; src < ep; ++src) {
+        uint64_t off = rd[size_t(src)] / std::max<uint64_t>(H, 1);
+        for (int64_t j = 0; j < L; ++j) {
+          const uint64_t n = uint64_t(layout[size_t(src * L + j)]);
+          if (std::string e = copy_rows(rows_at + dest[size_t(src * L + j)] * row_bytes,
+                                        buffer + off * row_bytes, n);
+              !e.empty())
+            return e;
+          off += n;
+        }
+      }
+    }
+    if (total < uint64_t(R))
+      if (std::string e = device.fill(rows_at + total * row_bytes, 0,
+                                        (uint64_t(R) - total) * row_bytes);
+          !e.empty())
+        return e;
+    if (std::string e = device.to_device(x.local_counts, local.data(), uint64_t(L) * 4);
+        !e.empty())
+      return e;
+    return device.to_device(x.layout, layout.data(), uint64_t(ep * L) * 4);
+  }
+  // Combine: every row back to its source rank, at its place in that
+  // rank's y.
+  if (allgather) {
+    // Each rank writes its rows into a zeroed [ep, N] image of every rank's
+    // y; summing the images over the group and keeping block q (a
+    // reduce-scatter) gives each rank its own rows (x + 0 is exact).
+    const uint64_t image = c ? buffer : y_at;
+    if (std::string e = device.fill(image, 0, uint64_t(ep) * uint64_t(N) * row_bytes);
+        !e.empty())
+      return e;
+    for (int src = 0; src < ep; ++src)
+      for (int64_t j = 0; j < L; ++j)
+        if (std::string e = copy_rows(image + (uint64_t(src) * uint64_t(N) +
+                                               prefix(src, q * L + j)) * row_bytes,
+                                      rows_at + dest[size_t(src * L + j)] * row_bytes,
+                                      uint64_t(layout[size_t(src * L + j)]));
+            !e.empty())
+          return e;
+    if (c)
+      return c->reduce_scatter(buffer, y_at, uint64_t(N) * H, t, 1.0);
+    return "";
+  }
+  // Alltoall: the rows for rank p (those received from it) gathered p-major
+  // in the staging buffer, local expert order within; p sends back this
+  // rank's rows of its experts, which land consecutive in y.
+  const size_t peers = static_cast<size_t>(ep);
+  std::vector<uint64_t> sc(peers), sd(peers), rc(peers), rd(peers);
+  uint64_t staged_rows = 0, mine_before = 0;
+  for (int p = 0; p < ep; ++p) {
+    sd[size_t(p)] = staged_rows * H;
+    for (int64_t j = 0; j < L; ++j) {
+      const uint64_t n = uint64_t(layout[size_t(p * L + j)]);
+      if (std::string e = copy_rows(buffer + staged_rows * row_bytes,
+                                    rows_at + dest[size_t(p * L + j)] * row_bytes, n);
+          !e.empty())
+        return e;
+      staged_rows += n;
+    }
+    sc[size_t(p)] = staged_rows * H - sd[size_t(p)];
+    uint64_t n = 0;
+    for (int64_t j = 0; j < L; ++j)
+      n += uint64_t(std::max(mine[size_t(p * L + j)], 0));
+    rd[size_t(p)] = mine_before * H;
+    rc[size_t(p)] = n * H;
+    mine_before += n;
+  }
+  if (c) {
+    if (std::string e = c->all_to_all_v(buffer, sc, sd, y_at, rc, rd, t); !e.empty())
+      return e;
+  } else if (std::string e = copy_rows(y_at, buffer, staged_rows); !e.empty()) {
+    return e;
+  }
+  if (sent < uint64_t(N))
+    return device.fill(y_at + sent * row_bytes, 0, (uint64_t(N) - sent) * row_bytes);
+  return "";
+}
+
+
+// The data-parallel groups' collectives over the flat buffers (dense
+// buckets over dp, expert buckets over expt_dp) run on the side stream: a
+// bucket's reduction (or its gather) then overlaps the kernels after it
+// until something touches its bytes.
+bool GpuExecutor::on_side(const pl::Instruction &ins) const {
+  const pl::Opcode op = ins.op();
+  const int g = native_collective_group(ins);
+  return (op == pl::Opcode::REDUCE_GRADS || op == pl::Opcode::ALL_GATHER_PARAMS ||
+          op == pl::Opcode::ALL_REDUCE_GRADS) &&
+         (g == int(Group::DP) || g == int(Group::EXPT_DP));
+}
+
+namespace {
+bool moe_exchange_op(const pl::Instruction &ins) {
+  return ins.op() == pl::Opcode::MOE_DISPATCH || ins.op() == pl::Opcode::MOE_COMBINE;
+}
+} // namespace
+
+// Whether an instruction left on the compute stream communicates over a
+// communicator the side stream uses (dp or expt_dp, or a group sharing
+// theirs): the side stream's collectives on it come first, so its order
+// is the program's. The expert exchange reads counts on the host, which
+// waits for the compute stream only: it joins the side stream first too.
+bool GpuExecutor::uses_side_comm(const pl::Instruction &ins) const {
+  auto on_side_comm = [&](int64_t g) {
+    if (g < 0 || g >= kNumGroups || !comms_[g])
+      return false;
+    return std::find(side_comms_.begin(), side_comms_.end(), comms_[g]) != side_comms_.end();
+  };
+  if (moe_exchange_op(ins))
+    return true;
   for (const pl::GpuStep *s : *ins.gpu())
-    if (s->kind() == pl::GpuStepKind::ALL_REDUCE && s->group() == int32_t(Group::DP))
+    if (s->kind() == pl::GpuStepKind::ALL_REDUCE && on_side_comm(s->group()))
       return true;
-  return native_collective_group(ins) == int(Group::DP);
+  return on_side_comm(native_collective_group(ins));
+}
+
+// The distributed optimizer's generated kernels (SHARDED_ADAMW, _SGD,
+// _GRAD_NORM: compiler/cuda/GpuSteps.cpp) index a dense bucket's segment
+// tables by the dp rank and an expert bucket's (Bucket.group 6) by the
+// expt_dp rank they compute as (tp_rank + tp dp_rank) / ep, which holds
+// with expert_tensor_parallel_size 1. A bucket whose group's size or this
+// rank's place in it is not what the kernels compute is refused here.
+std::string GpuExecutor::check_shards() const {
+  if (!rank_.distributed_optimizer() || !rank_.buckets())
+    return "";
+  const int dp = std::max(1, plan_.data_parallel()), tp = std::max(1, plan_.tensor_parallel());
+  const int ep = std::max(1, plan_.expert_model_parallel());
+  for (uint32_t i = 0; i < rank_.buckets()->size(); ++i) {
+    const pl::Bucket &b = *rank_.buckets()->Get(i);
+    const int g = b.group();
+    if (g != int(Group::DP) && g != int(Group::EXPT_DP))
+      return "bucket " + std::to_string(i) + " names group " + std::to_string(g) +
+             "; buckets reduce over dp (0) or expt_dp (6)";
+    const DeviceComm *c = comms_[g];
+    const int size = c ? c->size() : 1, rank = c ? c->rank() : 0;
+    const bool expert = g == int(Group::EXPT_DP);
+    const int want_size = expert ? tp * dp / ep : dp;
+    const int want_rank =
+        expert ? (rank_.tp_rank() + tp * rank_.dp_rank()) / ep : (dp > 1 ? rank_.dp_rank() : 0);
+    if (size == want_size && rank == want_rank &&
+        (!expert || plan_.expert_tensor_parallel() == 1))
+      continue;
+    return "the distributed optimizer shards bucket " + std::to_string(i) + " over the " +
+           group_name(Group(g)) + " group (" + std::to_string(size) + " ranks, this one " +
+           std::to_string(rank) + "), where the GPU optimizer kernels read rank " +
+           std::to_string(want_rank) + " of " + std::to_string(want_size) +
+           " (expert_model_parallel_size " + std::to_string(ep) +
+           ", expert_tensor_parallel_size " + std::to_string(plan_.expert_tensor_parallel()) +
+           "); the GPU executor runs expert shards with expert_tensor_parallel_size 1 only: "
+           "turn use_distributed_optimizer off or run with --device cpu";
+  }
+  return "";
+}
+
+bool GpuExecutor::host_synchronizing(const pl::Program &program) const {
+  const auto *insts = program.instructions();
+  for (uint32_t i = 0; insts && i < insts->size(); ++i)
+    if (moe_exchange_op(*insts->Get(i)))
+      return true;
+  return false;
 }
 
 // The device bytes an instruction's steps may read or write, as spans;
@@ -834,7 +1230,7 @@ std::string GpuExecutor::run_steps(const pl::Program &program) {
     if (pending.empty())
       return "";
     const pl::Instruction &ins = *insts->Get(i);
-    if (uses_dp_comm(ins))
+    if (uses_side_comm(ins))
       return join(i, pending.size());
     spans_of(program, ins, &spans);
     auto meets = [&](const std::vector<Span> &batch) {
@@ -921,7 +1317,9 @@ std::string GpuExecutor::run(const pl::Program &program, uint64_t rng_offset) {
     return e;
   Graph &g = graphs_[&program];
   const std::string who = "rank " + std::to_string(rank_.rank()) + ": " + str(program.name());
-  if (!use_graphs_ || g.runs++ == 0) {
+  // A program that waits for the host mid-way (the expert exchange reads
+  // its counts) cannot be captured: it always runs eagerly.
+  if (!use_graphs_ || g.runs++ == 0 || host_synchronizing(program)) {
     // Eager: every run without graphs, and the first with them (kernels
     // load, cuBLASLt chooses its algorithms, before anything is captured).
     if (std::string e = run_steps(program); !e.empty())

@@ -22,6 +22,12 @@
 // into a graph and launched, later runs launch the graph. Host copies (the
 // scalars, inputs, outputs) stay outside the graph, around the launch.
 // set_cuda_graphs(false) keeps every run eager (mtrun --no-cuda-graph).
+// A program with an expert exchange (MOE_DISPATCH, MOE_COMBINE) waits for
+// the host mid-way: the rows each expert-parallel peer sends are counts
+// the host reads from the device (a device-to-host copy and a stream
+// wait, as Megatron's alltoall dispatcher synchronises for its split
+// sizes), and a capture cannot hold that. Such a program is never
+// captured: every run is eager, the others keep their graphs.
 //
 // Host side. Program inputs and outputs are staged in host buffers
 // (value_data), uploaded before run() and downloaded after it; they are
@@ -32,8 +38,10 @@
 //
 // Collectives. Each parallel group of the rank (parallel_groups.h) gets a
 // DeviceComm from the device (NCCL on a GPU), bootstrapped over the group's
-// host communicator, in the same order on every rank (dp, tp, pp, mp) when
-// open() runs; set_groups() comes first. ALL_REDUCE steps reduce workspace
+// host communicator, in the same order on every rank (plan group numbers:
+// dp, tp, pp, mp, then the expert groups ep, expt_tp, expt_dp, tp_ep,
+// tp_ep_pp; a group whose host communicator is an earlier one's shares its
+// connection) when open() runs; set_groups() comes first. ALL_REDUCE steps reduce workspace
 // elements; NATIVE steps run the communication of their opcode on device
 // memory, in stream order with the kernels:
 //   ALL_REDUCE          in -> out, summed over tp (out of place when they differ)
@@ -55,18 +63,37 @@
 //   ALL_REDUCE_TIED_GRAD the gradient sent to the peer stage while the
 //                       peer's arrives in the workspace (one group); the
 //                       step's kernel then adds it
-// The data-parallel group's ALL_REDUCE_GRADS, REDUCE_GRADS and
-// ALL_GATHER_PARAMS go to the device's side stream (begin_side), one batch
-// each, where they overlap the kernels after them. The compute stream
+//   MOE_DISPATCH        over the ep group (ints[0]): every rank's
+//                       tokens_per_expert gathered into the workspace and
+//                       read by the host; alltoall: each peer's rows by
+//                       all_to_all_v (NCCL: grouped ncclSend/ncclRecv) into
+//                       the workspace, then device copies put them local
+//                       expert major; allgather: every rank's y gathered,
+//                       this rank's experts' rows copied out. The rest of
+//                       `rows` zeroed; local_counts and layout written from
+//                       the host
+//   MOE_COMBINE         the inverse: alltoall sends each peer's rows back
+//                       (staged peer-major); allgather writes the rows into
+//                       a zeroed image of every rank's y and reduce-scatters
+//                       it (a sum of one value and zeros: exact)
+// Expert buckets (Bucket.group 6) reduce and gather over expt_dp as the
+// dense ones over dp; with the distributed optimizer, a bucket's shard is
+// its group rank's, its state at Bucket.shard_offset (open() refuses
+// expert shards the optimizer kernels do not index: check_shards).
+// The data-parallel groups' (dp, expt_dp) ALL_REDUCE_GRADS, REDUCE_GRADS
+// and ALL_GATHER_PARAMS go to the device's side stream (begin_side), one
+// batch each, where they overlap the kernels after them. The compute stream
 // waits, before an instruction whose device bytes (spans_of) meet those of
 // a pending one, for that one and the side work issued before it (so a
 // layer waits for its own weights' gather, not for the gathers queued
-// behind it); before any other collective over that group it waits for
-// all of them, and at the program's end.
+// behind it); before any other collective over a communicator the side
+// stream uses, and before an expert exchange (the host reads), it waits
+// for all of them, and at the program's end.
 #ifndef MT_RUNTIME_GPU_EXECUTOR_H
 #define MT_RUNTIME_GPU_EXECUTOR_H
 
 #include "runtime/comm/collectives.h"
+#include "runtime/comm/parallel_groups.h"
 #include "runtime/exec/executor.h"
 #include "runtime/plan/pipeline_expand.h"
 
@@ -107,6 +134,16 @@ public:
   virtual std::string send(uint64_t buf, uint64_t count, CommElement t, int peer) = 0;
   virtual std::string recv(uint64_t buf, uint64_t count, CommElement t, int peer) = 0;
   virtual std::string group_end() = 0;
+  // All-to-all with per-peer counts (elements): send_counts[p] elements
+  // from send + send_displs[p] elements to group rank p, recv_counts[p] from
+  // p into recv + recv_displs[p]; size() entries each, zero counts allowed,
+  // a rank's own block copied. The counts are host values: the caller has
+  // them before it calls (NCCL: one group of ncclSend/ncclRecv per peer,
+  // which this default issues).
+  virtual std::string all_to_all_v(uint64_t send, const std::vector<uint64_t> &send_counts,
+                                   const std::vector<uint64_t> &send_displs, uint64_t recv,
+                                   const std::vector<uint64_t> &recv_counts,
+                                   const std::vector<uint64_t> &recv_displs, CommElement t);
 };
 
 // What the executor needs from a device. Addresses are device addresses as
@@ -118,6 +155,9 @@ public:
   virtual std::string to_device(uint64_t dst, const void *src, uint64_t bytes) = 0;
   virtual std::string to_host(void *dst, uint64_t src, uint64_t bytes) = 0;
   virtual std::string fill(uint64_t dst, uint8_t byte, uint64_t bytes) = 0;
+  // A device-to-device copy in stream order (the expert dispatchers'
+  // reordering of rows whose counts the host has read).
+  virtual std::string copy(uint64_t dst, uint64_t src, uint64_t bytes) = 0;
   // Compiles (or finds in a cache) and loads plan kernel `index`.
   virtual std::string load_kernel(uint32_t index, const mt::plan::Kernel &kernel) = 0;
   // cuLaunchKernel's convention: params[i] points at argument i's value
@@ -166,6 +206,34 @@ public:
   virtual std::string launch_graph(uint64_t graph) = 0;
   virtual void destroy_graph(uint64_t graph) = 0;
 };
+
+// One expert exchange (plan.fbs MOE_DISPATCH / MOE_COMBINE) on device
+// memory: E experts, L = E / ep a rank, rank q of the ep group holding
+// [q L, q L + L); y [N, H] a rank's permuted rows (expert-major over all E
+// experts), rows [R, H] the received ones (local expert major, then source
+// rank, then the source's order), layout [ep, L] i32 the rows from each
+// source for each local expert, local_counts [L] i32 their sums.
+// Workspaces: counts_workspace holds [ep, E] i32 (every rank's
+// tokens_per_expert, gathered), rows_workspace R rows (alltoall: the rows
+// staged source-major) or ep * N rows (allgather: every rank's y).
+// The counts reach the host (a device-to-host copy, which waits for the
+// stream), as Megatron's alltoall dispatcher synchronises for its split
+// sizes; the rows then move by DeviceComm (all_to_all_v, or all_gather /
+// reduce_scatter for the allgather dispatcher) and by device copies, and
+// the dispatch writes local_counts and layout from the host. Rows past the
+// received (dispatch) or sent (combine) ones are zeroed. Not capturable.
+struct MoeExchange {
+  bool dispatch = true;   // MOE_DISPATCH; false: MOE_COMBINE
+  bool allgather = false; // the allgather dispatcher; false: alltoall
+  uint64_t y = 0, rows = 0, tokens_per_expert = 0, local_counts = 0, layout = 0;
+  uint64_t counts_workspace = 0, rows_workspace = 0;
+  int64_t n = 0, r = 0, experts = 0, local_experts = 1;
+  uint64_t hidden = 0;
+  CommElement element = CommElement::F32;
+  size_t element_bytes = 4;
+};
+// `ep` null: a group of one rank.
+std::string run_moe_exchange(GpuDevice &device, DeviceComm *ep, const MoeExchange &x);
 
 class GpuExecutor : public Executor {
 public:
@@ -247,7 +315,7 @@ private:
   void spans_of(const mt::plan::Program &program, const mt::plan::Instruction &ins,
                 std::vector<Span> *out) const;
   bool on_side(const mt::plan::Instruction &ins) const;
-  bool uses_dp_comm(const mt::plan::Instruction &ins) const;
+  bool uses_side_comm(const mt::plan::Instruction &ins) const;
   uint64_t rng_offset_at(int32_t micro_batch) const;
   void drop_graphs();
 
@@ -266,7 +334,22 @@ private:
   // bf16 over NCCL).
   uint64_t grad_base_ = 0, weight_base_ = 0, weight_bytes_ = 4, grad_bytes_ = 4;
   CommElement weight_element_ = CommElement::F32, grad_element_ = CommElement::F32;
-  std::unique_ptr<DeviceComm> comms_[4]; // by plan group number: dp, tp, pp, mp
+  // The device side of each group, by plan group number (0 dp .. 8
+  // tp_ep_pp; null: one rank). Groups whose host communicator is another's
+  // (ParallelGroups::get aliases them) share its DeviceComm.
+  std::vector<std::unique_ptr<DeviceComm>> owned_comms_;
+  DeviceComm *comms_[kNumGroups] = {};
+  // The communicators the side stream's collectives use (dp, expt_dp).
+  std::vector<const DeviceComm *> side_comms_;
+  // Expert parallelism (MOE_DISPATCH, MOE_COMBINE): the rows each peer
+  // sends and receives are counts the host reads from the device.
+  std::string moe_exchange(const mt::plan::Program &program, const mt::plan::Instruction &ins,
+                           const mt::plan::GpuStep &s);
+  // "" or why the distributed optimizer's kernels cannot run the plan's
+  // expert buckets.
+  std::string check_shards() const;
+  // Programs whose steps wait for the host (no CUDA graph for them).
+  bool host_synchronizing(const mt::plan::Program &program) const;
   uint64_t seed_ = 0;
   std::vector<uint64_t> micro_offsets_;
   uint64_t micro_slots_ = 0; // RNG offset slots after the program's

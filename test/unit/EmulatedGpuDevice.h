@@ -164,7 +164,24 @@ public:
     });
   }
 
+  // The host communicator's all_to_all_v on the bytes (a move: no
+  // widening), as NCCL's grouped sends and receives move them.
+  std::string all_to_all_v(uint64_t send, const std::vector<uint64_t> &send_counts,
+                           const std::vector<uint64_t> &send_displs, uint64_t recv,
+                           const std::vector<uint64_t> &recv_counts,
+                           const std::vector<uint64_t> &recv_displs,
+                           mt::rt::CommElement t) override {
+    auto sizes = [](const std::vector<uint64_t> &v) { return std::vector<size_t>(v.begin(), v.end()); };
+    return now([=, this] {
+      ++calls;
+      ++all_to_alls;
+      return c_.all_to_all_v(ptr(send), sizes(send_counts), sizes(send_displs), ptr(recv),
+                             sizes(recv_counts), sizes(recv_displs), elementBytes(t));
+    });
+  }
+
   int calls = 0; // collectives run (graph replays included)
+  int all_to_alls = 0;
 
 private:
   std::string now(std::function<std::string()> f) {
@@ -355,6 +372,16 @@ public:
     std::memcpy(dst, reinterpret_cast<const void *>(src), bytes);
     return "";
   }
+  std::string copy(uint64_t dst, uint64_t src, uint64_t bytes) override {
+    if (side_)
+      return "a copy on the side stream, which runs collectives only";
+    if (capturing_)
+      return "a device-to-device copy of counts the host read, while capturing a graph";
+    ++copies;
+    std::memmove(reinterpret_cast<void *>(dst), reinterpret_cast<const void *>(src), bytes);
+    return "";
+  }
+  int copies = 0;
   std::string fill(uint64_t dst, uint8_t byte, uint64_t bytes) override {
     if (side_)
       return "a fill on the side stream, which runs collectives only";

@@ -202,6 +202,7 @@ const Driver *load_driver(std::string *error) {
         MT_SYM_AS(t, cuMemcpyDtoH, "cuMemcpyDtoH_v2"),
         MT_SYM_AS(t, cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
         MT_SYM_AS(t, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
+        MT_SYM_AS(t, cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"),
         MT_SYM(t, cuMemsetD8Async),
         MT_SYM(t, cuModuleLoadData),
         MT_SYM(t, cuModuleUnload),

@@ -76,6 +76,8 @@ struct Driver {
                                 CUstream stream);                           // _v2
   CUresult (*cuMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t bytes,
                                 CUstream stream);                           // _v2
+  CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+                                CUstream stream);                           // _v2
   CUresult (*cuMemsetD8Async)(CUdeviceptr dst, unsigned char value, size_t n, CUstream stream);
   CUresult (*cuModuleLoadData)(CUmodule *module, const void *image);
   CUresult (*cuModuleUnload)(CUmodule module);

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <random>
 #include <thread>
 
 namespace {
@@ -46,8 +47,14 @@ uint32_t outputNamed(const pl::Program &p, const std::string &name) {
 
 std::string runRank(const pl::Plan &plan, int rank, mt::rt::Communicator *world, bool gpu,
                     int steps, RankRun &out) {
-  const mt::rt::ParallelLayout layout{plan.tensor_parallel(), plan.pipeline_parallel(),
-                                      plan.data_parallel()};
+  mt::rt::ParallelLayout layout{plan.tensor_parallel(), plan.pipeline_parallel(),
+                                plan.data_parallel()};
+  // The expert groups, for a plan with routed experts (as mtrun builds them).
+  layout.ep = plan.expert_model_parallel();
+  layout.etp = plan.expert_tensor_parallel();
+  for (const pl::Rank *r : *plan.ranks())
+    for (const pl::Param *p : *r->params())
+      layout.experts |= p->expert();
   mt::rt::ParallelGroups groups;
   if (std::string e = mt::rt::make_parallel_groups(world, layout, rank, &groups); !e.empty())
     return e;
@@ -338,6 +345,175 @@ TEST(GpuExecutorParallel, OverlappedParamGathersMatchTheCpu) {
                  {"training.lr_warmup_iters=0"}}, // step 1's update moves the weights
                 4, 1e-5, 5e-4, 2e-3, &stats);
   EXPECT_GE(stats.partialJoins, 2); // the first bucket's gather joined alone, on each rank
+}
+
+namespace expert_exchange {
+
+// One rank's data for the expert exchange test: N permuted rows of H
+// values, expert-major over E experts with random segment lengths (rows
+// past their sum hold garbage the exchange must ignore), values exact in
+// bf16 (multiples of 1/8 below 32).
+struct RankData {
+  std::vector<int32_t> tpe;
+  std::vector<float> y; // [N, H]
+};
+RankData rankData(int rank, int64_t n, int64_t h, int64_t experts) {
+  std::mt19937 rng(uint32_t(77 + rank));
+  RankData d;
+  d.tpe.assign(size_t(experts), 0);
+  int64_t left = n - 3; // three rows of garbage
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t c = e == experts - 1 ? left : int64_t(rng() % uint32_t(left + 1));
+    d.tpe[size_t(e)] = int32_t(c);
+    left -= c;
+  }
+  for (int64_t i = 0; i < n * h; ++i)
+    d.y.push_back(float(int(rng() % 256)) / 8.0f);
+  return d;
+}
+
+struct Result {
+  std::string error;
+  std::vector<float> rows, back; // dispatched rows [R, H]; combined y [N, H]
+  std::vector<int32_t> local, layout;
+  int allToAlls = 0, collectives = 0;
+};
+
+// MOE_DISPATCH then MOE_COMBINE of the dispatched rows on one emulated GPU
+// of the group.
+std::string exchange(mt::rt::Communicator &world, int64_t experts, bool allgather, pl::DType dt,
+                     int64_t n, int64_t h, Result &out) {
+  const int ep = world.size(), q = world.rank();
+  const int64_t L = experts / ep, R = ep * n;
+  EmulatedDevice dev;
+  std::string err;
+  std::unique_ptr<mt::rt::DeviceComm> comm = dev.connect(world, &err);
+  if (!comm)
+    return err;
+  const size_t eb = dt == pl::DType::F32 ? 4 : 2;
+  const uint64_t rowBytes = uint64_t(h) * eb;
+  uint64_t base = 0;
+  const uint64_t yAt = 0, rowsAt = yAt + uint64_t(n) * rowBytes + 256;
+  const uint64_t backAt = rowsAt + uint64_t(R) * rowBytes + 256;
+  const uint64_t tpeAt = backAt + uint64_t(n) * rowBytes + 256, localAt = tpeAt + 4096,
+                 layoutAt = localAt + 4096, countsWs = layoutAt + 4096,
+                 rowsWs = countsWs + 4096, total = rowsWs + uint64_t(R) * rowBytes + 256;
+  if (std::string e = dev.allocate(total, &base); !e.empty())
+    return e;
+  const RankData d = rankData(q, n, h, experts);
+  std::vector<uint8_t> y(size_t(n) * rowBytes);
+  for (size_t i = 0; i < d.y.size(); ++i)
+    store(y.data(), dt, int64_t(i), d.y[i]);
+  dev.to_device(base + yAt, y.data(), y.size());
+  dev.to_device(base + tpeAt, d.tpe.data(), d.tpe.size() * 4);
+  mt::rt::MoeExchange x;
+  x.allgather = allgather;
+  x.y = base + yAt;
+  x.rows = base + rowsAt;
+  x.tokens_per_expert = base + tpeAt;
+  x.local_counts = base + localAt;
+  x.layout = base + layoutAt;
+  x.counts_workspace = base + countsWs;
+  x.rows_workspace = base + rowsWs;
+  x.n = n;
+  x.r = R;
+  x.experts = experts;
+  x.local_experts = L;
+  x.hidden = uint64_t(h);
+  x.element = dt == pl::DType::F32   ? mt::rt::CommElement::F32
+              : dt == pl::DType::BF16 ? mt::rt::CommElement::BF16
+                                      : mt::rt::CommElement::F16;
+  x.element_bytes = eb;
+  if (std::string e = mt::rt::run_moe_exchange(dev, comm.get(), x); !e.empty())
+    return "dispatch: " + e;
+  // The combine sends the dispatched rows back, into another y.
+  x.dispatch = false;
+  x.y = base + backAt;
+  if (std::string e = mt::rt::run_moe_exchange(dev, comm.get(), x); !e.empty())
+    return "combine: " + e;
+  std::vector<uint8_t> rows(size_t(R) * rowBytes), back(size_t(n) * rowBytes);
+  out.local.resize(size_t(L));
+  out.layout.resize(size_t(ep * L));
+  dev.to_host(rows.data(), base + rowsAt, rows.size());
+  dev.to_host(back.data(), base + backAt, back.size());
+  dev.to_host(out.local.data(), base + localAt, out.local.size() * 4);
+  dev.to_host(out.layout.data(), base + layoutAt, out.layout.size() * 4);
+  for (int64_t i = 0; i < R * h; ++i)
+    out.rows.push_back(load(rows.data(), dt, i));
+  for (int64_t i = 0; i < n * h; ++i)
+    out.back.push_back(load(back.data(), dt, i));
+  out.allToAlls = static_cast<EmulatedComm &>(*comm).all_to_alls;
+  out.collectives = static_cast<EmulatedComm &>(*comm).calls;
+  return "";
+}
+
+// The exchange on `ep` ranks as threads against the contract's layout
+// computed here from every rank's inputs: rank q's rows are, for each of
+// its experts j, then each source s in rank order, s's rows of expert
+// q L + j in s's order; zero after. The combine returns each rank its
+// own rows (zero past their sum).
+void check(int ep, int64_t experts, bool allgather, pl::DType dt) {
+  const int64_t n = 23, h = 5, L = experts / ep, R = ep * n;
+  mt::rt::ThreadGroup group(ep, std::chrono::milliseconds(60000));
+  std::vector<Result> res(static_cast<size_t>(ep));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ep; ++r)
+    threads.emplace_back([&, r] {
+      std::unique_ptr<mt::rt::Communicator> c = group.rank(r);
+      res[size_t(r)].error = exchange(*c, experts, allgather, dt, n, h, res[size_t(r)]);
+    });
+  for (std::thread &t : threads)
+    t.join();
+  std::vector<RankData> data;
+  for (int s = 0; s < ep; ++s)
+    data.push_back(rankData(s, n, h, experts));
+  for (int q = 0; q < ep; ++q) {
+    const Result &got = res[size_t(q)];
+    ASSERT_EQ(got.error, "") << "rank " << q;
+    std::vector<float> want;
+    std::vector<int32_t> local(size_t(L), 0), layout(size_t(ep * L), 0);
+    for (int64_t j = 0; j < L; ++j)
+      for (int s = 0; s < ep; ++s) {
+        const int64_t e = q * L + j;
+        int64_t start = 0;
+        for (int64_t k = 0; k < e; ++k)
+          start += data[size_t(s)].tpe[size_t(k)];
+        const int32_t c = data[size_t(s)].tpe[size_t(e)];
+        layout[size_t(s * L + j)] = c;
+        local[size_t(j)] += c;
+        want.insert(want.end(), data[size_t(s)].y.begin() + start * h,
+                    data[size_t(s)].y.begin() + (start + c) * h);
+      }
+    want.resize(size_t(R * h), 0.0f);
+    EXPECT_EQ(got.local, local) << "rank " << q << " local_counts";
+    EXPECT_EQ(got.layout, layout) << "rank " << q << " layout";
+    EXPECT_EQ(got.rows, want) << "rank " << q << " rows";
+    std::vector<float> back = data[size_t(q)].y;
+    int64_t used = 0;
+    for (int32_t c : data[size_t(q)].tpe)
+      used += c;
+    std::fill(back.begin() + used * h, back.end(), 0.0f);
+    EXPECT_EQ(got.back, back) << "rank " << q << " combined rows";
+    // alltoall: one all-to-all each way; allgather: none.
+    EXPECT_EQ(got.allToAlls, allgather ? 0 : 2) << "rank " << q;
+  }
+}
+
+} // namespace expert_exchange
+
+// MOE_DISPATCH / MOE_COMBINE's device exchange (gpu_executor.h
+// run_moe_exchange) over the emulated NCCL (the host communicator's
+// all_to_all_v, all_gather, reduce_scatter) on 2 and 3 ranks, one and two
+// experts a rank, both dispatchers, f32 and bf16.
+TEST(GpuExecutorParallel, ExpertExchangeMatchesTheContract) {
+  for (bool allgather : {false, true})
+    for (pl::DType dt : {pl::DType::F32, pl::DType::BF16}) {
+      SCOPED_TRACE(std::string(allgather ? "allgather" : "alltoall") + " " +
+                   pl::EnumNameDType(dt));
+      expert_exchange::check(2, 2, allgather, dt);
+      expert_exchange::check(2, 4, allgather, dt);
+      expert_exchange::check(3, 6, allgather, dt);
+    }
 }
 
 } // namespace

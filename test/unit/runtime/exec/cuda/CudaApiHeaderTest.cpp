@@ -22,7 +22,8 @@ namespace mine {
   X(Driver, cuDevicePrimaryCtxRetain) X(Driver, cuDevicePrimaryCtxRelease)                       \
   X(Driver, cuCtxSetCurrent) X(Driver, cuCtxSynchronize) X(Driver, cuMemGetInfo)                 \
   X(Driver, cuMemAlloc) X(Driver, cuMemFree) X(Driver, cuMemcpyHtoD) X(Driver, cuMemcpyDtoH)     \
-  X(Driver, cuMemcpyHtoDAsync) X(Driver, cuMemcpyDtoHAsync) X(Driver, cuMemsetD8Async)           \
+  X(Driver, cuMemcpyHtoDAsync) X(Driver, cuMemcpyDtoHAsync) X(Driver, cuMemcpyDtoDAsync)         \
+  X(Driver, cuMemsetD8Async)                                                                     \
   X(Driver, cuModuleLoadData) X(Driver, cuModuleUnload) X(Driver, cuModuleGetFunction)           \
   X(Driver, cuFuncGetAttribute) X(Driver, cuFuncSetAttribute)                                   \
   X(Driver, cuLaunchKernel) X(Driver, cuStreamCreate) X(Driver, cuStreamDestroy)                 \
