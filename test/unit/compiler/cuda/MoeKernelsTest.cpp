@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -423,6 +424,162 @@ MT_KERNEL_TEST(MoeKernels, RouterGradMatchesFiniteDifferences) {
       fd[i] = (up - down) / (2 * h);
     }
     EXPECT_TRUE(close(dl.get(), fd, 1e-4, 1e-5 * mag)) << "largest gradient " << mag;
+  }
+}
+
+// Two tensor-parallel ranks of one router instruction in lockstep: each
+// launch on both, and the steps' f64 all-reduces (count_group) summed
+// across the two ranks' workspaces, as NCCL would.
+std::string runTp2(KernelDevice &device, const OpKernels &k, std::vector<Arr *> in[2],
+                   std::vector<Arr *> out[2]) {
+  std::vector<uint64_t> ws[2];
+  std::unique_ptr<Mirror> m[2];
+  for (int r = 0; r < 2; ++r) {
+    ws[r].assign(size_t(k.workspaceBytes / 8 + 2), ~0ull);
+    m[r] = std::make_unique<Mirror>(device);
+    if (std::string e = m[r]->map(ws[r].data(), ws[r].size() * 8); !e.empty())
+      return e;
+    for (auto *list : {&in[r], &out[r]})
+      for (Arr *a : *list)
+        if (std::string e = m[r]->map(a->data(), a->bytes()); !e.empty())
+          return e;
+    if (std::string e = m[r]->upload(); !e.empty())
+      return e;
+  }
+  int reduces = 0;
+  for (const OpStep &s : k.steps) {
+    if (s.kind == OpStep::AllReduceSum && s.type == OpStep::F64 && s.group == 1) {
+      ++reduces;
+      double *a[2];
+      for (int r = 0; r < 2; ++r) {
+        if (std::string e = m[r]->download(ws[r].data()); !e.empty())
+          return e;
+        a[r] = reinterpret_cast<double *>(reinterpret_cast<char *>(ws[r].data()) + s.offset);
+      }
+      for (uint64_t i = 0; i < s.count; ++i)
+        a[0][i] = a[1][i] = a[0][i] + a[1][i];
+      for (int r = 0; r < 2; ++r)
+        if (std::string e = m[r]->upload(ws[r].data()); !e.empty())
+          return e;
+      continue;
+    }
+    if (s.kind != OpStep::Launch)
+      return "a router step other than a launch or an f64 sum over tp";
+    const mt::OpLaunch &l = k.launches[s.launch];
+    for (int r = 0; r < 2; ++r) {
+      std::vector<uint64_t> args;
+      for (const OpArg &a : l.args) {
+        switch (a.kind) {
+        case OpArg::In: args.push_back(m[r]->at(in[r].at(a.index)->data())); break;
+        case OpArg::Out: args.push_back(m[r]->at(out[r].at(a.index)->data())); break;
+        case OpArg::Workspace: args.push_back(m[r]->at(ws[r].data(), a.index)); break;
+        default: return "a router kernel asks for the state or the loss scale";
+        }
+      }
+      if (std::string e = device.launch(l.kernel.source, l.kernel.entry, l.kernel.grid,
+                                        l.kernel.block, l.kernel.sharedBytes, args);
+          !e.empty())
+        return e;
+    }
+  }
+  if (reduces != 1)
+    return "the router summed its counts over tp " + std::to_string(reduces) + " times";
+  for (int r = 0; r < 2; ++r)
+    if (std::string e = m[r]->download(); !e.empty())
+      return e;
+  return "";
+}
+
+// count_group 1 (sequence parallelism over tp = 2): each rank routes its T
+// tokens with its own scores, the load-balancing counts summed over both
+// and the token total 2T (Megatron's get_tokens_per_expert_and_token_count).
+// Then the two ranks' aux losses add up to the CPU router's over all 2T
+// tokens, and each rank's logits gradient is the rows of the CPU's (the
+// counts are constants of the loss, so rank r's loss depends on its own
+// logits only). z-loss and capacity are per rank and left out here.
+MT_KERNEL_TEST(MoeKernels, RouterSumsItsCountsOverTp) {
+  struct Case {
+    const char *name;
+    RouterCfg cfg;
+  };
+  std::vector<Case> cases;
+  RouterCfg c;
+  c.balance = 1;
+  c.auxCoeff = 0.01;
+  cases.push_back({"softmax top2", c});
+  c.pre = 1;
+  c.topk = 3;
+  cases.push_back({"pre-softmax top3", c});
+  c = RouterCfg();
+  c.sigmoid = 1;
+  c.balance = 1;
+  c.auxCoeff = 0.05;
+  c.scaling = 1.5;
+  cases.push_back({"sigmoid top2 scaled", c});
+  for (const Case &cs : cases) {
+    SCOPED_TRACE(cs.name);
+    const int64_t T = 24, E = 6;
+    const float scale = 0.75f;
+    std::vector<float> logits = randomValues(size_t(2 * T * E), 21, 1.5f);
+    std::vector<float> dprobs = randomValues(size_t(2 * T * E), 22, 1.0f);
+    mt::cpu::MoeRouterConfig whole = cs.cfg.cpu(2 * T, E, DType::F32);
+    std::vector<float> wantProbs(size_t(2 * T * E)), wantGrad(size_t(2 * T * E));
+    std::vector<int> wantMap(size_t(2 * T * E));
+    double wantAux = 0, wantZ = 0;
+    mt::cpu::moe_router_fwd(logits.data(), whole, wantProbs.data(), wantMap.data(), &wantAux,
+                            &wantZ);
+    mt::cpu::moe_router_bwd(dprobs.data(), logits.data(), wantMap.data(), whole, double(scale),
+                            wantGrad.data());
+    std::vector<int64_t> ints = cs.cfg.ints();
+    ints.push_back(1); // count_group: tp
+    OpInstruction fwd = routerIns(DType::F32, T, E, cs.cfg);
+    fwd.ints = ints;
+    fwd.tensorParallel = 2;
+    std::vector<std::unique_ptr<Arr>> keep;
+    auto arr = [&](DType d, std::vector<int64_t> shape) {
+      keep.push_back(std::make_unique<Arr>(d, std::move(shape)));
+      return keep.back().get();
+    };
+    std::vector<Arr *> in[2], out[2], gin[2], gout[2];
+    for (int r = 0; r < 2; ++r) {
+      Arr *x = arr(DType::F32, {T, E});
+      x->set(std::vector<float>(logits.begin() + r * T * E, logits.begin() + (r + 1) * T * E));
+      in[r] = {x};
+      out[r] = {arr(DType::F32, {T, E}), arr(DType::I32, {T, E}), arr(DType::F32, {}),
+                arr(DType::F32, {})};
+    }
+    ASSERT_EQ(runTp2(device, generate(fwd), in, out), "");
+    double aux = 0;
+    for (int r = 0; r < 2; ++r) {
+      aux += out[r][2]->get()[0];
+      EXPECT_EQ(out[r][1]->ints(), std::vector<int>(wantMap.begin() + r * T * E,
+                                                     wantMap.begin() + (r + 1) * T * E));
+    }
+    EXPECT_TRUE(close({float(aux)}, {wantAux}, 1e-5, 0)) << "the ranks' aux losses summed";
+    OpInstruction bwd;
+    bwd.op = Opcode::MOE_ROUTER_GRAD;
+    bwd.ints = ints;
+    bwd.floats = cs.cfg.floats();
+    bwd.tensorParallel = 2;
+    for (int r = 0; r < 2; ++r) {
+      Arr *dp = arr(DType::F32, {T, E}), *sc = arr(DType::F32, {}), *dl = arr(DType::F32, {T, E});
+      dp->set(std::vector<float>(dprobs.begin() + r * T * E, dprobs.begin() + (r + 1) * T * E));
+      sc->set({scale});
+      gin[r] = {dp, in[r][0], out[r][0], out[r][1], sc};
+      gout[r] = {dl};
+    }
+    bwd.in = {gin[0][0]->t, gin[0][1]->t, gin[0][2]->t, gin[0][3]->t, gin[0][4]->t};
+    bwd.out = {gout[0][0]->t};
+    ASSERT_EQ(runTp2(device, generate(bwd), gin, gout), "");
+    double mag = 0;
+    for (float v : wantGrad)
+      mag = std::max(mag, double(std::fabs(v)));
+    for (int r = 0; r < 2; ++r)
+      EXPECT_TRUE(close(gout[r][0]->get(),
+                        std::vector<double>(wantGrad.begin() + r * T * E,
+                                            wantGrad.begin() + (r + 1) * T * E),
+                        1e-5, 1e-6 * mag))
+          << "rank " << r << "'s logits gradient";
   }
 }
 
