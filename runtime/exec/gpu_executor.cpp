@@ -843,11 +843,15 @@ std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange
            " ranks; recompile the spec with this mtc";
   // Every rank's tokens_per_expert, [ep][E] (i32 values moved as 4-byte
   // elements: a gather copies bytes).
+  // The host waits by synchronize(), which watches the collectives for a
+  // peer that failed (a plain stream wait would hang on it).
   auto gather_counts = [&](std::vector<int32_t> *all) -> std::string {
     all->assign(size_t(ep * E), 0);
     if (c) {
       if (std::string e = c->all_gather(x.tokens_per_expert, counts_at, uint64_t(E), CommElement::F32);
           !e.empty())
+        return e;
+      if (std::string e = device.synchronize(); !e.empty())
         return e;
       return device.to_host(all->data(), counts_at, uint64_t(ep * E) * 4);
     }
@@ -873,6 +877,8 @@ std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange
         layout[size_t(src * L + j)] = counts[size_t(src * E + q * L + j)];
     std::copy(counts.begin() + q * E, counts.begin() + (q + 1) * E, mine.begin());
   } else {
+    if (std::string e = device.synchronize(); !e.empty())
+      return e;
     if (std::string e = device.to_host(layout.data(), x.layout,
                                          uint64_t(ep * L) * 4);
         !e.empty())
