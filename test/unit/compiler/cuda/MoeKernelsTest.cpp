@@ -531,6 +531,7 @@ MT_KERNEL_TEST(MoeKernels, RouterSumsItsCountsOverTp) {
     mt::cpu::moe_router_bwd(dprobs.data(), logits.data(), wantMap.data(), whole, double(scale),
                             wantGrad.data());
     std::vector<int64_t> ints = cs.cfg.ints();
+    ints.resize(9);
     ints.push_back(1); // count_group: tp
     OpInstruction fwd = routerIns(DType::F32, T, E, cs.cfg);
     fwd.ints = ints;
