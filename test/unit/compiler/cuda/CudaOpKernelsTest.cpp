@@ -163,7 +163,7 @@ struct Rank {
   std::vector<std::vector<float> *> grads;
   OptimizerState *state = nullptr;
   float lossScale = 1.0f;
-  uint64_t seed = 0, rngOffset = 0, tpRank = 0;
+  uint64_t seed = 0, rngOffset = 0, tpRank = 0, dpRank = 0;
   std::vector<uint64_t> ws;
   void *wsData() { return ws.data(); }
 };
@@ -185,6 +185,7 @@ std::string launch(KernelDevice &device, const Mirror &m, const mt::OpLaunch &l,
     args.push_back(s == "seed"         ? m.at(&r.seed) // device scalars
                    : s == "rng_offset" ? m.at(&r.rngOffset)
                    : s == "tp_rank"    ? r.tpRank
+                   : s == "dp_rank"    ? r.dpRank
                                        : l.kernel.streams.at(stream++));
   return device.launch(l.kernel.source, l.kernel.entry, l.kernel.grid, l.kernel.block,
                        l.kernel.sharedBytes, args);
@@ -421,6 +422,25 @@ std::vector<OpInstruction> everyOpcode(DType d) {
   sharded.out = {scalar};
   sharded.floats = {};
   all.push_back(sharded);
+  // Routed experts: the norms' second part, and an expert bucket's
+  // tables indexed by the expt_dp rank.
+  OpParam e = p;
+  e.expert = true;
+  add(Opcode::GRAD_NORM, {}, {scalar}, {}, {}, {p, e});
+  OpInstruction expert = sharded;
+  expert.params = {p, e};
+  expert.tensorParallel = 2;
+  expert.expertParallel = 2;
+  expert.expertRankSegments = {{{1, 0, 0, 250}}, {{1, 250, 250, 250}}};
+  all.push_back(expert);
+  expert.op = Opcode::SHARDED_ADAMW;
+  expert.in = {scalar, scalar, step, scalar};
+  expert.out = {};
+  expert.floats = {0.9, 0.95, 1e-8, 0.1};
+  expert.expertRanks = true;
+  expert.rankSegments = expert.expertRankSegments;
+  expert.expertRankSegments.clear();
+  all.push_back(expert);
   add(Opcode::SGD, {scalar, scalar}, {}, {}, {0.9, 0.1}, {p});
   sharded.op = Opcode::SHARDED_SGD;
   sharded.in = {scalar, scalar, scalar};
@@ -658,6 +678,22 @@ TEST(CudaOpKernels, FeaturesAndSequences) {
   EXPECT_EQ(byOp["GRAD_NORM"][0].steps[2].group, 3);
   EXPECT_EQ(byOp["GRAD_NORM"][0].steps[2].type, OpStep::F64);
   EXPECT_EQ(kinds(byOp["SHARDED_GRAD_NORM"][0]), "LLSSL");
+  // With routed experts: the dense part over mp, the experts' over
+  // tp_ep_pp (sharded: dp, mp; expt_dp, tp_ep_pp), then one root.
+  ASSERT_EQ(byOp["GRAD_NORM"].size(), 2u);
+  EXPECT_EQ(kinds(byOp["GRAD_NORM"][1]), "LLSLLSL");
+  EXPECT_EQ(byOp["GRAD_NORM"][1].steps[2].group, 3);
+  EXPECT_EQ(byOp["GRAD_NORM"][1].steps[5].group, 8);
+  ASSERT_EQ(byOp["SHARDED_GRAD_NORM"].size(), 2u);
+  EXPECT_EQ(kinds(byOp["SHARDED_GRAD_NORM"][1]), "LLSSLLSSL");
+  EXPECT_EQ(byOp["SHARDED_GRAD_NORM"][1].steps[6].group, 6);
+  EXPECT_EQ(byOp["SHARDED_GRAD_NORM"][1].steps[7].group, 8);
+  // The expert bucket's AdamW reads its rank from tp_rank and dp_rank.
+  ASSERT_EQ(byOp["SHARDED_ADAMW"].size(), 2u);
+  EXPECT_EQ(byOp["SHARDED_ADAMW"][1].launches[0].kernel.scalarArgs,
+            (std::vector<std::string>{"tp_rank", "dp_rank"}));
+  EXPECT_TRUE(contains(byOp["SHARDED_ADAMW"][1].launches[0].kernel.source,
+                       "((mt_tp_r + 2ull * mt_dp_r) / 2ull)"));
   // AdamW: one launch over a table; the state buffer is its last pointer.
   const mt::OpLaunch &adam = byOp["ADAMW"][0].launches[0];
   EXPECT_EQ(adam.args.back().kind, OpArg::State);
@@ -1076,6 +1112,68 @@ MT_KERNEL_TEST(CudaOpKernels, SgdGroupAndShard) {
       for (int i = 0; i < 500; ++i)
         ASSERT_EQ(s.h(params[0].weightOffset)[3 + i], halfBits(d, shardTarget[i])) << i;
   }
+}
+
+// Routed experts' gradients in the norms (OpParam.expert): their squares
+// summed over their own groups, apart from the dense ones'. Two ranks in
+// lockstep, each collective applied only when runSteps is told its group
+// spans them, so the sums show which group each part used.
+MT_KERNEL_TEST(CudaOpKernels, NormsSumExpertsOverTheirGroups) {
+  OptimizerState s;
+  std::vector<OpParam> params = {stateParam(DType::F32, 700, 0), stateParam(DType::F32, 300, 2048),
+                                 stateParam(DType::F32, 9, 4096)};
+  params[1].expert = true;
+  params[2].countsInNorm = false;
+  for (size_t k = 0; k < params.size(); ++k) {
+    std::vector<float> g = randomValues(size_t(params[k].shape[0]), 70 + uint32_t(k));
+    std::copy(g.begin(), g.end(), s.f(params[k].gradOffset));
+  }
+  const double dense = mt::cpu::sum_squares(s.f(params[0].gradOffset), 700);
+  const double experts = mt::cpu::sum_squares(s.f(params[1].gradOffset), 300);
+  Buffer n0(DType::F32, {}), n1(DType::F32, {});
+  Rank r0, r1;
+  r0.out = {&n0};
+  r1.out = {&n1};
+  r0.state = r1.state = &s;
+  r1.tpRank = 1;
+  // GRAD_NORM: dense over mp (3), experts over tp_ep_pp (8), both counted
+  // on every rank (the dense one is not replicated here).
+  OpInstruction ins;
+  ins.op = Opcode::GRAD_NORM;
+  ins.out = {n0.t};
+  ins.params = params;
+  ins.tensorParallel = 2;
+  const OpKernels k = generate(ins);
+  ASSERT_EQ(runSteps(device, k, {&r0, &r1}, {8}), "");
+  EXPECT_TRUE(close(n0.get(), {float(std::sqrt(dense + 2 * experts))}, DType::F32, 2.4e-7, 0));
+  ASSERT_EQ(runSteps(device, k, {&r0, &r1}, {3}), "");
+  EXPECT_TRUE(close(n1.get(), {float(std::sqrt(2 * dense + experts))}, DType::F32, 2.4e-7, 0));
+  // A replicated dense parameter counts on tp rank 0 only; an expert one
+  // never is (each tensor-parallel rank holds other experts).
+  ins.params[0].replicated = ins.params[1].replicated = true;
+  ASSERT_EQ(runSteps(device, generate(ins), {&r0, &r1}, {3, 8}), "");
+  EXPECT_TRUE(close(n1.get(), {float(std::sqrt(dense + 2 * experts))}, DType::F32, 2.4e-7, 0));
+
+  // SHARDED_GRAD_NORM at tp 2, dp 1, ep 1: dense shards by dp rank (one),
+  // expert shards by expt_dp rank (tp_rank + 2 dp_rank) / 1, so the two
+  // ranks own different expert segments; the experts' part is summed over
+  // expt_dp (6), the dense one over dp (0) then mp (3).
+  OpInstruction sh;
+  sh.op = Opcode::SHARDED_GRAD_NORM;
+  sh.out = {n0.t};
+  sh.params = params;
+  sh.params[0].expert = false;
+  sh.ints = {0};
+  sh.tensorParallel = 2;
+  sh.expertParallel = 1;
+  sh.rankSegments = {{{0, 10, 0, 200}}};
+  sh.expertRankSegments = {{{1, 0, 200, 100}}, {{1, 100, 300, 150}}};
+  const double a = mt::cpu::sum_squares(s.f(params[0].gradOffset) + 10, 200);
+  const double c0 = mt::cpu::sum_squares(s.f(params[1].gradOffset), 100);
+  const double c1 = mt::cpu::sum_squares(s.f(params[1].gradOffset) + 100, 150);
+  ASSERT_EQ(runSteps(device, generate(sh), {&r0, &r1}, {6}), "");
+  EXPECT_TRUE(close(n0.get(), {float(std::sqrt(a + c0 + c1))}, DType::F32, 2.4e-7, 0));
+  EXPECT_EQ(n0.get(), n1.get());
 }
 
 // Gradient norms (one parameter not counted), the clipping coefficient,
