@@ -67,6 +67,10 @@ float from_half_bits(uint16_t h, pl::DType t) {
 
 std::string str(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
 
+bool moe_exchange_op(const pl::Instruction &ins) {
+  return ins.op() == pl::Opcode::MOE_DISPATCH || ins.op() == pl::Opcode::MOE_COMBINE;
+}
+
 CommElement element_of(pl::DType t) {
   return t == pl::DType::BF16 ? CommElement::BF16
          : t == pl::DType::F16 ? CommElement::F16
@@ -186,6 +190,13 @@ std::string GpuExecutor::open() {
       const pl::Instruction &ins = *insts->Get(i);
       const std::string at =
           who + ", program " + str(prog->name()) + " " + instruction_label(ins, i);
+      if (moe_exchange_op(ins))
+        return at + ": expert_model_parallel_size " +
+               std::to_string(plan_.expert_model_parallel()) +
+               ": the GPU executor does not run the expert exchange (MOE_DISPATCH, MOE_COMBINE) "
+               "yet: its device exchange is checked on emulated ranks, whole training steps "
+               "against the CPU executor are not; run with --device cpu, or set "
+               "expert_model_parallel_size = 1";
       if (!ins.gpu() || ins.gpu()->size() == 0)
         return at + ": this plan has no GPU form for it; recompile the spec with an mtc that "
                     "generates one, or run with --device cpu";
@@ -291,7 +302,7 @@ void expert_initial_weights(const pl::Param &p, int64_t ep, int64_t ep_rank, uin
 
 std::string GpuExecutor::init_params(uint64_t seed) {
   const int64_t tp = plan_.tensor_parallel(), ep = std::max(1, plan_.expert_model_parallel());
-  const int64_t ep_rank = groups_ ? groups_->coords.ep : 0;
+  const int64_t ep_rank = expert_coords(plan_, rank_).ep_rank;
   for (uint32_t i = 0; i < host_->params.size(); ++i)
     if (HostState::Param &h = host_->params[i]; !h.weight.empty()) {
       const pl::Param &p = *rank_.params()->Get(i);
@@ -1038,11 +1049,6 @@ bool GpuExecutor::on_side(const pl::Instruction &ins) const {
          (g == int(Group::DP) || g == int(Group::EXPT_DP));
 }
 
-namespace {
-bool moe_exchange_op(const pl::Instruction &ins) {
-  return ins.op() == pl::Opcode::MOE_DISPATCH || ins.op() == pl::Opcode::MOE_COMBINE;
-}
-} // namespace
 
 // Whether an instruction left on the compute stream communicates over a
 // communicator the side stream uses (dp or expt_dp, or a group sharing

@@ -76,6 +76,9 @@
 //                       (staged peer-major); allgather writes the rows into
 //                       a zeroed image of every rank's y and reduce-scatters
 //                       it (a sum of one value and zeros: exact)
+// open() refuses a plan with MOE_DISPATCH / MOE_COMBINE for now, naming
+// expert_model_parallel_size: run_moe_exchange is checked on emulated
+// ranks, whole expert-parallel training steps against the CPU are not yet.
 // Expert buckets (Bucket.group 6) reduce and gather over expt_dp as the
 // dense ones over dp; with the distributed optimizer, a bucket's shard is
 // its group rank's, its state at Bucket.shard_offset (open() refuses
