@@ -866,9 +866,9 @@ private:
       }
       case pl::GpuStepKind::ALL_REDUCE: {
         if (vsize(step.args()) != 1 || step.args()->Get(0)->kind() != pl::GpuArgKind::WORKSPACE ||
-            step.group() < 0 || step.group() > 3 || step.reduce() < 0 || step.reduce() > 1 ||
+            step.group() < 0 || step.group() > 8 || step.reduce() < 0 || step.reduce() > 1 ||
             step.element() > pl::ReduceElement::MAX)
-          return at + "is an all-reduce without one workspace buffer, a group 0-3, a "
+          return at + "is an all-reduce without one workspace buffer, a group 0-8, a "
                       "reduction 0-1 and an element type";
         const uint64_t bytes = step.count() * (step.element() == pl::ReduceElement::F64 ? 8 : 4);
         if (step.args()->Get(0)->index() + bytes > rank_->kernel_workspace_bytes())
