@@ -203,16 +203,11 @@ public:
           int32_t(p.getEpDim() ? int64_t(*p.getEpDim()) : -1), p.isExpert()));
     }
 
-    // The distributed optimizer's layout, for its GPU kernels. They shard
-    // every bucket over dp, by dp rank, at begin / dp: right for expert
-    // buckets only when edp = dp (then a rank's expt_dp rank is its dp
-    // rank). Otherwise the SHARDED_* instructions get no GPU form (the GPU
-    // executor refuses the plan at load, naming them).
+    // The distributed optimizer's layout, for its GPU kernels: dense
+    // buckets sharded over dp (tables by dp rank), expert buckets over
+    // expt_dp (tables by expt_dp rank), each at its shard_offset.
     shardLayout.reset();
-    auto edp = module->getAttrOfType<IntegerAttr>("mt.expert_data_parallel");
-    const bool gpuShardable = !edp || edp.getInt() == spec.parallel.data_parallel_size;
-    if (auto shard = module->getAttrOfType<DictionaryAttr>("mt.shard_state");
-        shard && gpuShardable) {
+    if (auto shard = module->getAttrOfType<DictionaryAttr>("mt.shard_state")) {
       GpuShardLayout g;
       g.dataParallel = spec.parallel.data_parallel_size;
       auto field = [&](StringRef n) {
