@@ -347,6 +347,25 @@ TEST(GpuExecutorParallel, OverlappedParamGathersMatchTheCpu) {
   EXPECT_GE(stats.partialJoins, 2); // the first bucket's gather joined alone, on each rank
 }
 
+// Routed experts at ep 1 with dp 2 (4 experts, top-2, the load-balancing
+// loss on, one MoE and one dense layer): expert buckets of their own over
+// expt_dp (here the dp ranks, one shared NCCL connection), with the
+// distributed optimizer sharded there at their shard_offset, the norm's
+// expert part over expt_dp then tp_ep_pp, against the CPU executor.
+std::vector<mt::spec::Override> moeDp(std::vector<mt::spec::Override> more) {
+  std::vector<mt::spec::Override> o = {
+      {"model.num_experts=4"},           {"model.moe_router_topk=2"},
+      {"model.moe_aux_loss_coeff=0.01"}, {"model.moe_layer_freq=[1, 0]"},
+      {"model.add_bias_linear=false"},   {"parallel.data_parallel_size=2"},
+      {"training.global_batch_size=4"}};
+  o.insert(o.end(), more.begin(), more.end());
+  return o;
+}
+TEST(GpuExecutorParallel, ExpertBucketsMatchTheCpu) { compareLayout(moeDp({}), 4); }
+TEST(GpuExecutorParallel, ExpertShardsMatchTheCpu) {
+  compareLayout(moeDp({{"parallel.use_distributed_optimizer=true"}}), 4);
+}
+
 namespace expert_exchange {
 
 // One rank's data for the expert exchange test: N permuted rows of H
