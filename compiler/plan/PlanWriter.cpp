@@ -58,6 +58,8 @@ int64_t groupNumber(StringRef name) {
   return int64_t(g);
 }
 const int64_t kGroupTp = int64_t(rt::Group::TP);
+// The token exchange's group: the expert-parallel ranks.
+const int64_t kExpertParallelGroup = int64_t(rt::Group::EP);
 
 // 64-bit FNV-1a: parameter init streams and the model fingerprint.
 uint64_t fnv1a(StringRef s) {
@@ -818,7 +820,8 @@ private:
               o.getPadToCapacity() ? 1 : 0,
               o.getSeqLengthAttr().getInt(),
               int64_t(o.getRouterDtype()),
-              -1 /* count_group: none */};
+              // count_group: 1 (tp) with sequence parallelism, -1 none.
+              o.getCountGroupAttr() ? int64_t(1) : int64_t(-1)};
     i.floats = {o.getScalingFactor().convertToDouble(), o.getAuxLossCoeff().convertToDouble(),
                 o.getZLossCoeff().convertToDouble()};
   }
@@ -950,6 +953,19 @@ private:
           i.ints = {o.getCapacityAttr().getInt(), o.getPadToCapacity() ? 1 : 0};
         })
         .Case([&](MoePermuteGradOp) { i.op = pl::Opcode::MOE_PERMUTE_GRAD; })
+        // Expert parallelism: group 4 (ep), the local experts, the
+        // dispatcher as the dialect's enum numbers it (0 alltoall, 1
+        // allgather).
+        .Case([&](MoeDispatchOp o) {
+          i.op = pl::Opcode::MOE_DISPATCH;
+          i.ints = {kExpertParallelGroup, o.getNumLocalExpertsAttr().getInt(),
+                    int64_t(o.getDispatcher())};
+        })
+        .Case([&](MoeCombineOp o) {
+          i.op = pl::Opcode::MOE_COMBINE;
+          i.ints = {kExpertParallelGroup, o.getNumLocalExpertsAttr().getInt(),
+                    int64_t(o.getDispatcher())};
+        })
         .Case([&](MoeGroupedMatmulOp) { i.op = pl::Opcode::GROUPED_MATMUL; })
         .Case([&](MoeGroupedMatmulInputGradOp) { i.op = pl::Opcode::GROUPED_MATMUL_INPUT_GRAD; })
         .Case([&](MoeGroupedMatmulWeightGradOp o) {
