@@ -584,6 +584,14 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
       a.st_dev == b.st_dev && a.st_ino == b.st_ino)
     return save_dir + ": error: --save names the --load directory; save the converted "
                       "checkpoint to another directory";
+  // A checkpoint holds one copy of each tensor per (tp, pp) rank; an
+  // expert-parallel layout has no files to hold its other ranks' experts
+  // (mtrun neither saves nor loads one).
+  if (plan.expert_model_parallel() > 1)
+    return plan_path + ": error: has expert_model_parallel_size " +
+           std::to_string(plan.expert_model_parallel()) +
+           "; checkpoints of expert-parallel layouts are not supported: reshard to a plan "
+           "compiled with expert_model_parallel_size = 1";
   auto first = CheckpointReader::open_first(load_dir, iteration, &err);
   if (!first)
     return err;

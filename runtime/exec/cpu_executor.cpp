@@ -221,20 +221,27 @@ CpuExecutor::~CpuExecutor() = default;
 
 void initial_weights(const pl::Param &p, int64_t tp_size, int64_t tp_rank, uint64_t seed,
                      float *w) {
+  initial_weights(p, tp_size, tp_rank, 1, 0, seed, w);
+}
+
+void initial_weights(const pl::Param &p, int64_t tp_size, int64_t tp_rank, int64_t ep_size,
+                     int64_t ep_rank, uint64_t seed, float *w) {
   const int64_t count = element_count(p.shape());
   switch (p.init()) {
   case pl::Init::ZEROS: std::fill(w, w + count, 0.0f); break;
   case pl::Init::ONES: std::fill(w, w + count, 1.0f); break;
   case pl::Init::NORMAL:
-    if (p.tp_dim() < 0) {
+    if (p.tp_dim() < 0 && p.ep_dim() < 0) {
       cpu::init_normal(w, count, p.init_std(), seed, p.init_stream());
       break;
     }
-    // A tensor-parallel shard holds exactly its part of the whole
-    // parameter's initial values, so every layout starts from the
-    // single-device weights.
+    // A tensor- or expert-parallel shard holds exactly its part of the
+    // whole parameter's initial values, so every layout starts from the
+    // single-device weights (the verifier allows one of the two).
     {
-      const int64_t t = tp_size, d = p.tp_dim(), blocks = p.tp_blocks();
+      const bool ep = p.ep_dim() >= 0;
+      const int64_t t = ep ? ep_size : tp_size, d = ep ? p.ep_dim() : p.tp_dim();
+      const int64_t blocks = ep ? 1 : p.tp_blocks(), shard_rank = ep ? ep_rank : tp_rank;
       std::vector<float> whole(size_t(count * t));
       cpu::init_normal(whole.data(), count * t, p.init_std(), seed, p.init_stream());
       int64_t outer = 1, inner = 1;
@@ -244,12 +251,12 @@ void initial_weights(const pl::Param &p, int64_t tp_size, int64_t tp_rank, uint6
         else if (k > d)
           inner *= p.shape()->Get(uint32_t(k));
       // Dimension d of the whole is [blocks, t, piece]; the shard takes
-      // [:, tp_rank, :].
+      // [:, shard_rank, :].
       const int64_t piece = p.shape()->Get(uint32_t(d)) / blocks;
       float *out = w;
       for (int64_t o = 0; o < outer; ++o)
         for (int64_t bl = 0; bl < blocks; ++bl) {
-          const float *src = whole.data() + ((o * blocks + bl) * t + tp_rank) * piece * inner;
+          const float *src = whole.data() + ((o * blocks + bl) * t + shard_rank) * piece * inner;
           std::copy(src, src + piece * inner, out);
           out += piece * inner;
         }
@@ -266,7 +273,8 @@ std::string CpuExecutor::init_params(uint64_t seed) {
   Impl &s = *impl_;
   for (uint32_t i = 0; i < vsize(s.rank.params()); ++i)
     if (float *w = s.state_floats(s.param(i).weight_offset()))
-      initial_weights(s.param(i), s.tp_size(), s.tp_rank(), seed, w);
+      initial_weights(s.param(i), s.tp_size(), s.tp_rank(), s.plan.expert_model_parallel(),
+                      expert_coords(s.plan, s.rank).ep_rank, seed, w);
   return reset_optimizer_state();
 }
 

@@ -61,8 +61,12 @@
 namespace mt::rt {
 
 // A parameter's initial weights (its Param.init, rounded to its dtype), as
-// floats: a tensor-parallel shard gets exactly its slice of the whole
-// parameter's values, so every layout starts from the one-device weights.
+// floats: a tensor-parallel shard (Param.tp_dim) or an expert-parallel one
+// (Param.ep_dim) gets exactly its slice of the whole parameter's values, so
+// every layout starts from the one-device weights.
+void initial_weights(const mt::plan::Param &p, int64_t tp_size, int64_t tp_rank, int64_t ep_size,
+                     int64_t ep_rank, uint64_t seed, float *w);
+// The same for a parameter without an ep_dim (a dense plan's).
 void initial_weights(const mt::plan::Param &p, int64_t tp_size, int64_t tp_rank, uint64_t seed,
                      float *w);
 

@@ -3,6 +3,7 @@
 #define MT_RUNTIME_CPU_EXECUTOR_IMPL_H
 
 #include "runtime/exec/cpu_executor.h"
+#include "runtime/exec/cpu_kernels_moe.h"
 
 #include "runtime/plan/grad_buckets.h"
 #include "runtime/plan/pipeline_expand.h"
@@ -122,6 +123,8 @@ struct CpuExecutor::Impl {
 
   const pl::Plan &plan;
   const pl::Rank &rank;
+  // Some rank holds an expert parameter: the norms have an expert part.
+  const bool has_experts = plan_has_experts(plan);
   std::string rank_name;
   uint64_t arena_scale = 1, state_scale = 1;
   cpu_exec_detail::Buffer arena, state, scratch;
@@ -150,6 +153,8 @@ struct CpuExecutor::Impl {
   // shard this rank owns (distributed optimizer), from the plan's layout.
   struct BucketState {
     int64_t begin = 0, end = 0, state_at = 0;
+    int ranks = 1;       // its group's size: dp, or expert dp (Bucket.group 6)
+    bool expert = false; // an expert bucket (group 6)
     FlatRange shard{0, 0};
     std::vector<FlatSegment> all, own;
   };
@@ -220,6 +225,15 @@ struct CpuExecutor::Impl {
   static void sequence_blocks(const float *src, float *dst, int64_t b, int64_t s_local,
                               int64_t rest, int64_t t, bool to_blocks);
 
+  // cpu_executor_moe.cpp: expert parallelism's token exchange, and the
+  // router's counts over tensor-parallel ranks.
+  std::string moe_dispatch(const pl::Instruction &ins, const cpu_exec_detail::Frame &f);
+  std::string moe_combine(const pl::Instruction &ins, const cpu_exec_detail::Frame &f);
+  std::string gather_expert_counts(Communicator *c, const int32_t *tpe, int64_t experts,
+                                   int64_t rows, std::vector<int32_t> &all);
+  std::string router_group_counts(const pl::Instruction &ins, const float *logits,
+                                  cpu::MoeRouterConfig &c, std::vector<double> &global);
+
   // cpu_executor_optimizer.cpp (with lr_schedule_of and megatron_lr): the data-parallel
   // buckets, gradient norms, AdamW.
   void plan_buckets();
@@ -232,7 +246,7 @@ struct CpuExecutor::Impl {
   std::string all_gather_params(const pl::Instruction &ins);
   bool counts_in_norm(uint32_t p) const;
   std::string grad_norm(float *out);
-  std::string model_norm(double sum, float *out);
+  std::string model_norm(double dense, double expert, float *out);
   std::string sharded_grad_norm(const pl::Instruction &ins, float *out);
   std::string adamw(const pl::Instruction &ins, float lr, float clip, int64_t step);
   std::string sgd(const pl::Instruction &ins, float lr, float clip);

@@ -524,27 +524,32 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
   case pl::Opcode::GROUP_GRAD_NORM:
     return grad_norm(fout(0));
   case pl::Opcode::MOE_DISPATCH:
+    if (std::string e = moe_dispatch(ins, f); !e.empty())
+      return e;
+    break;
   case pl::Opcode::MOE_COMBINE:
-    return "exchanges tokens between expert-parallel ranks, which this CPU executor does not "
-           "run yet (expert_model_parallel_size 1 runs)";
+    if (std::string e = moe_combine(ins, f); !e.empty())
+      return e;
+    break;
   case pl::Opcode::MOE_ROUTER: {
-    if (ival(9) != -1)
-      return "sums its token counts over tensor-parallel ranks, which this CPU executor does "
-             "not run yet";
-    const cpu::MoeRouterConfig c = moe_router_config(ins, vin(0));
+    cpu::MoeRouterConfig c = moe_router_config(ins, vin(0));
+    std::vector<double> global;
+    if (std::string e = router_group_counts(ins, fin(0), c, global); !e.empty())
+      return e;
     double aux = 0, z = 0;
     cpu::moe_router_fwd(fin(0), c, fout(0), iout(1), &aux, &z);
     fout(2)[0] = float(aux);
     fout(3)[0] = float(z);
     break;
   }
-  case pl::Opcode::MOE_ROUTER_GRAD:
-    if (ival(9) != -1)
-      return "sums its token counts over tensor-parallel ranks, which this CPU executor does "
-             "not run yet";
-    cpu::moe_router_bwd(fin(0), fin(1), iin(3), moe_router_config(ins, vin(1)), double(*fin(4)),
-                        fout(0));
+  case pl::Opcode::MOE_ROUTER_GRAD: {
+    cpu::MoeRouterConfig c = moe_router_config(ins, vin(1));
+    std::vector<double> global;
+    if (std::string e = router_group_counts(ins, fin(1), c, global); !e.empty())
+      return e;
+    cpu::moe_router_bwd(fin(0), fin(1), iin(3), c, double(*fin(4)), fout(0));
     break;
+  }
   case pl::Opcode::MOE_PERMUTE:
     return cpu::moe_permute_fwd(fin(0), iin(1), dim(vin(0), 0), dim(vin(1), 1), dim(vin(0), 1),
                                 dim(vout(0), 0), ival(0), ival(1) != 0, fout(0), iout(1),

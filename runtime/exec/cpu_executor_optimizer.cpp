@@ -72,10 +72,12 @@ void CpuExecutor::Impl::plan_buckets() {
     BucketState s;
     s.begin = bk.begin();
     s.end = bk.end();
+    s.ranks = int(bucket_group_size(plan, bk));
+    s.expert = bk.group() == 6;
     s.all = flat_segments(flat, s.begin, s.end);
-    s.shard = bucket_shard(s.begin, s.end, dp, dp_rank);
+    s.shard = bucket_shard(s.begin, s.end, s.ranks, int(bucket_group_rank(plan, rank, bk)));
     s.own = flat_segments(flat, s.shard.begin, s.shard.end);
-    s.state_at = shard_state_offset(s.begin, dp);
+    s.state_at = bucket_shard_state_offset(plan, bk);
     buckets.push_back(std::move(s));
   }
 }
@@ -138,9 +140,12 @@ std::string CpuExecutor::Impl::reduce_grads(const pl::Instruction &ins) {
   if (!err.empty())
     return err;
   const BucketState &b = buckets[size_t(ins.ints()->Get(1))];
+  if (!c && b.ranks > 1)
+    return "reduces a bucket over " + std::to_string(b.ranks) + " ranks, but its group has one; "
+           "run the plan with all its ranks";
   const bool scatter = ins.ints()->Get(2) != 0;
   const float scale = float(ins.floats()->Get(0));
-  const int64_t n = b.end - b.begin, shard = n / dp;
+  const int64_t n = b.end - b.begin, shard = n / b.ranks;
   pack(b.all, false, b.begin, packed, n);
   if (bf16_grads()) {
     // The whole bucket is summed; a reduce-scatter keeps this rank's shard.
@@ -179,7 +184,10 @@ std::string CpuExecutor::Impl::all_gather_params(const pl::Instruction &ins) {
   if (!err.empty())
     return err;
   const BucketState &b = buckets[size_t(ins.ints()->Get(1))];
-  const int64_t n = b.end - b.begin, shard = n / dp;
+  if (!c && b.ranks > 1)
+    return "gathers a bucket from " + std::to_string(b.ranks) + " ranks, but its group has one; "
+           "run the plan with all its ranks";
+  const int64_t n = b.end - b.begin, shard = n / b.ranks;
   pack(b.own, true, b.shard.begin, packed, shard);
   gathered.assign(size_t(n), 0.0f);
   if (c) {
@@ -192,36 +200,50 @@ std::string CpuExecutor::Impl::all_gather_params(const pl::Instruction &ins) {
   return "";
 }
 
-// Whether a parameter's gradient counts in the norm on this rank: every
-// tensor once (a tensor-parallel replica on tp rank 0, a pipeline stage's
-// tied copy not at all).
+// Whether a dense parameter's gradient counts in the norm on this rank:
+// every tensor once (a tensor-parallel replica on tp rank 0, a pipeline
+// stage's tied copy not at all). An expert parameter counts on every rank
+// holding it: the expert part is summed over the expert groups.
 bool CpuExecutor::Impl::counts_in_norm(uint32_t p) const {
+  if (param(p).expert())
+    return param(p).in_grad_norm();
   return param(p).in_grad_norm() && (param(p).tp_dim() >= 0 || tp_rank() == 0);
 }
 
 // GRAD_NORM and GROUP_GRAD_NORM: the squares of the gradients this rank
-// counts, summed over the model-parallel group (tensor and pipeline
-// ranks: the whole model), then the square root.
+// counts, the dense ones summed over the model-parallel group (tensor and
+// pipeline ranks: the whole model), the experts' over tp_ep_pp (every
+// expert of every stage once), then the square root of the two.
 std::string CpuExecutor::Impl::grad_norm(float *out) {
-  double sum = 0;
+  double dense = 0, expert = 0;
   for (uint32_t p = 0; p < vsize(rank.params()); ++p)
     if (const float *g = state_floats(param(p).grad_offset()); g && counts_in_norm(p))
-      sum += cpu::sum_squares(g, element_count(param(p).shape()));
-  return model_norm(sum, out);
+      (param(p).expert() ? expert : dense) += cpu::sum_squares(g, element_count(param(p).shape()));
+  return model_norm(dense, expert, out);
 }
 
-// The norm from this rank's sum of squares: summed over the
-// model-parallel group (the other tensor and pipeline shards), then the
-// square root.
-std::string CpuExecutor::Impl::model_norm(double sum, float *out) {
+// The norm from this rank's sums of squares: the dense one summed over the
+// model-parallel group (the other tensor and pipeline shards), the expert
+// one over tp_ep_pp (Megatron's expt_tp_pp group: the other expert shards
+// and stages) when the plan has experts (every rank takes part, those of a
+// stage without experts with 0), then the square root of their sum.
+std::string CpuExecutor::Impl::model_norm(double dense, double expert, float *out) {
   std::string err;
-  std::vector<double> total{sum};
+  std::vector<double> total{dense};
   if (Communicator *mp = group(int64_t(Group::MP), &err))
     if (std::string e = all_reduce_doubles(mp, total); !e.empty())
       return e;
   if (!err.empty())
     return err;
-  *out = float(std::sqrt(total[0]));
+  std::vector<double> experts{expert};
+  if (has_experts) {
+    if (Communicator *g = group(int64_t(Group::TP_EP_PP), &err))
+      if (std::string e = all_reduce_doubles(g, experts); !e.empty())
+        return e;
+    if (!err.empty())
+      return err;
+  }
+  *out = float(std::sqrt(total[0] + experts[0]));
   return "";
 }
 
@@ -230,19 +252,27 @@ std::string CpuExecutor::Impl::sharded_grad_norm(const pl::Instruction &ins, flo
   Communicator *c = group(ins.ints()->Get(0), &err);
   if (!err.empty())
     return err;
-  // Parameters every tensor-parallel rank holds whole count on tp rank 0.
-  double sum = 0;
+  // Parameters every tensor-parallel rank holds whole count on tp rank 0;
+  // expert buckets' shards are over expert data parallelism.
+  std::vector<double> dense{0}, expert{0};
   for (const BucketState &b : buckets)
     for (const FlatSegment &g : b.own)
       if (counts_in_norm(g.param))
-        sum += cpu::sum_squares(state_floats(param(g.param).grad_offset()) + g.param_begin,
-                                g.count);
-  // The other data-parallel ranks' shards, then the rest of the model.
-  std::vector<double> total{sum};
+        (b.expert ? expert : dense)[0] +=
+            cpu::sum_squares(state_floats(param(g.param).grad_offset()) + g.param_begin, g.count);
+  // The other data-parallel ranks' shards (expert ones: the other expert
+  // data-parallel ranks'), then the rest of the model.
   if (c)
-    if (std::string e = all_reduce_doubles(c, total); !e.empty())
+    if (std::string e = all_reduce_doubles(c, dense); !e.empty())
       return e;
-  return model_norm(total[0], out);
+  if (has_experts) {
+    if (Communicator *edp = group(int64_t(Group::EXPT_DP), &err))
+      if (std::string e = all_reduce_doubles(edp, expert); !e.empty())
+        return e;
+    if (!err.empty())
+      return err;
+  }
+  return model_norm(dense[0], expert[0], out);
 }
 
 std::string CpuExecutor::Impl::adamw(const pl::Instruction &ins, float lr, float clip,

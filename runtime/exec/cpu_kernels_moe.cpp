@@ -148,8 +148,13 @@ bool aux_on(const MoeRouterConfig &c) { return c.load_balancing != 0 && c.aux_lo
 // Tokens per expert of the aux loss's routing: [E] for aux_loss, [b, E]
 // (per sequence) for seq_aux_loss.
 template <class T, class C>
-std::vector<double> aux_token_counts(const T *logits, const MoeRouterConfig &c) {
+std::vector<double> aux_token_counts(const T *logits, const MoeRouterConfig &c,
+                                     bool local = false) {
   const int64_t e = c.experts, s = c.seq_length;
+  if (c.global_counts && !local) {
+    const size_t n = size_t(c.load_balancing == 2 ? c.tokens / s * e : e);
+    return std::vector<double>(c.global_counts, c.global_counts + n);
+  }
   const bool per_seq = c.load_balancing == 2;
   std::vector<double> counts(static_cast<size_t>(per_seq ? c.tokens / s * e : e), 0.0);
   std::vector<C> row, q, sig;
@@ -164,14 +169,15 @@ std::vector<double> aux_token_counts(const T *logits, const MoeRouterConfig &c) 
 }
 
 // The aux loss's d(loss)/d(score[t, e]) per unit count, without the
-// coefficient: E / (k T^2), or E / (k s^2 b) per sequence.
+// coefficient: E / (k T^2), or E / (k s^2 b) per sequence; T and s the
+// totals over the count group's ranks.
 double aux_unit(const MoeRouterConfig &c) {
-  const double e = double(c.experts), k = double(c.topk);
+  const double e = double(c.experts), k = double(c.topk), ranks = double(c.count_ranks);
   if (c.load_balancing == 2) {
-    const double s = double(c.seq_length), b = double(c.tokens / c.seq_length);
+    const double s = double(c.seq_length) * ranks, b = double(c.tokens / c.seq_length);
     return e / (k * s * s * b);
   }
-  const double t = double(c.tokens);
+  const double t = double(c.tokens) * ranks;
   return e / (k * t * t);
 }
 
@@ -390,6 +396,15 @@ std::string check_rows(const int32_t *row_ids, const std::vector<int64_t> &exper
 // Router
 
 template <class T>
+std::vector<double> moe_router_aux_counts(const T *logits, const MoeRouterConfig &c) {
+  if (!aux_on(c))
+    return {};
+  if (std::is_same_v<T, double> || c.fp64)
+    return aux_token_counts<T, double>(logits, c, true);
+  return aux_token_counts<T, float>(logits, c, true);
+}
+
+template <class T>
 void moe_router_fwd(const T *logits, const MoeRouterConfig &c, T *probs, int32_t *routing_map,
                     double *aux_loss, double *z_loss) {
   if (std::is_same_v<T, double> || c.fp64)
@@ -568,6 +583,7 @@ std::string grouped_matmul_bwd_weight(const T *dy, const T *x, const int32_t *to
 // The executor uses float, the gradient tests double.
 
 #define MT_INSTANTIATE(T)                                                                          \
+  template std::vector<double> moe_router_aux_counts<T>(const T *, const MoeRouterConfig &);     \
   template void moe_router_fwd<T>(const T *, const MoeRouterConfig &, T *, int32_t *, double *,   \
                                   double *);                                                       \
   template void moe_router_bwd<T>(const T *, const T *, const int32_t *, const MoeRouterConfig &, \

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace mt::cpu {
 
@@ -35,7 +36,23 @@ struct MoeRouterConfig {
   RouterRounding rounding = RouterRounding::None;
   double scaling_factor = 0;  // 0: none
   double aux_loss_coeff = 0, z_loss_coeff = 0;
+  // Sequence parallelism (MOE_ROUTER's count_group): the aux loss's token
+  // counts summed over `count_ranks` ranks holding `tokens` tokens each
+  // (Megatron's get_tokens_per_expert_and_token_count over tp_cp).
+  // global_counts (moe_router_aux_counts' layout, summed over the ranks)
+  // then replaces this rank's counts and the token total is tokens x
+  // count_ranks (seq_aux_loss: seq_length x count_ranks per sequence);
+  // the scores stay this rank's, so the ranks' losses add up to the loss.
+  const double *global_counts = nullptr;
+  int64_t count_ranks = 1;
 };
+
+// The aux loss's token counts on this rank's tokens: [E] for aux_loss,
+// [b, E] per sequence for seq_aux_loss (empty when the aux loss is off):
+// the tokens whose top-k of the aux scores holds each expert, before any
+// capacity.
+template <class T>
+std::vector<double> moe_router_aux_counts(const T *logits, const MoeRouterConfig &c);
 
 // Forward. logits [T, E] -> probs [T, E] (the kept experts' routing weights,
 // 0 elsewhere), routing_map [T, E] (1: the token goes to the expert, after

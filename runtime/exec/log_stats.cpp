@@ -11,29 +11,42 @@ namespace mt::rt {
 
 namespace pl = mt::plan;
 
+bool stats_over_world(const pl::Plan &plan, const pl::Rank &rank) {
+  return rank.distributed_optimizer() || plan_has_experts(plan);
+}
+
 std::vector<CountedRun> counted_runs(const pl::Plan &plan, const pl::Rank &rank) {
   std::vector<CountedRun> runs;
   const auto *params = rank.params();
   if (!params)
     return runs;
+  const bool experts = plan_has_experts(plan);
   auto counts = [&](uint32_t p) {
     const pl::Param &q = *params->Get(p);
+    if (q.expert())
+      return q.in_grad_norm();
     return q.in_grad_norm() && (q.tp_dim() >= 0 || rank.tp_rank() == 0);
   };
   if (!rank.distributed_optimizer() || !rank.buckets()) {
-    for (uint32_t p = 0; p < params->size(); ++p)
+    // Summed over the world with experts: one data-parallel copy of each.
+    const int64_t edp_rank = expert_coords(plan, rank).edp_rank;
+    for (uint32_t p = 0; p < params->size(); ++p) {
+      const bool expert = params->Get(p)->expert();
+      if (experts && (expert ? edp_rank : rank.dp_rank()) != 0)
+        continue;
       if (counts(p))
         runs.push_back({p, 0, element_count(params->Get(p)->shape()), -1});
+    }
     return runs;
   }
   std::vector<FlatParam> flat;
   for (uint32_t p = 0; p < params->size(); ++p)
     if (const pl::Param &q = *params->Get(p); q.flat_offset() >= 0)
       flat.push_back({p, q.flat_offset(), element_count(q.shape())});
-  const int dp = std::max(1, plan.data_parallel());
   for (const pl::Bucket *b : *rank.buckets()) {
-    const FlatRange shard = bucket_shard(b->begin(), b->end(), dp, rank.dp_rank());
-    const int64_t state_at = shard_state_offset(b->begin(), dp);
+    const FlatRange shard = bucket_shard(b->begin(), b->end(), int(bucket_group_size(plan, *b)),
+                                         int(bucket_group_rank(plan, rank, *b)));
+    const int64_t state_at = bucket_shard_state_offset(plan, *b);
     for (const FlatSegment &g : flat_segments(flat, shard.begin, shard.end))
       if (counts(g.param))
         runs.push_back({g.param, g.param_begin, g.count, state_at + g.flat_begin - shard.begin});

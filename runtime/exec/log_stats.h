@@ -7,6 +7,14 @@
 // gradients are reduced there, its masters live there). The training loop
 // sums the ranks' figures over the model-parallel group, or over every rank
 // with the distributed optimizer (stats_over_world).
+//
+// A plan with experts (Param.expert) counts each tensor once over the whole
+// world instead, since its expert part lives on other groups (Megatron sums
+// the dense part over the model-parallel group and the expert part over
+// expt_tp_pp, then adds them): dense parameters on data-parallel rank 0 and
+// expert parameters on expert data-parallel rank 0, or with the
+// distributed optimizer the shards each rank owns (an expert bucket's over
+// expert data parallelism).
 #ifndef MT_RUNTIME_LOG_STATS_H
 #define MT_RUNTIME_LOG_STATS_H
 
@@ -30,7 +38,7 @@ std::vector<CountedRun> counted_runs(const mt::plan::Plan &plan, const mt::plan:
 
 // Whether the ranks' figures add up over the world (distributed optimizer)
 // rather than the model-parallel group.
-inline bool stats_over_world(const mt::plan::Rank &rank) { return rank.distributed_optimizer(); }
+bool stats_over_world(const mt::plan::Plan &plan, const mt::plan::Rank &rank);
 
 // Whether the params norm reads the f32 masters (Megatron: with bf16, the
 // main params; with fp16 and fp32, the model's own weights).

@@ -193,6 +193,17 @@ public:
       return fail(opts.plan_path + " lacks the train_step, grad_norm or optimizer_step "
                                    "program; recompile it with this mtc");
     trackRouterLosses(*t);
+    // Checkpoints hold one copy of each tensor per (tp, pp) rank, written by
+    // data-parallel rank 0: expert-parallel ranks hold other experts, which
+    // this format has no file for. Refused before anything runs.
+    if (const int ep = plan.expert_model_parallel(); ep > 1 && (!save.empty() || !load.empty())) {
+      const std::string what = !save.empty() ? (opts.save.empty() ? "training.save" : "--save")
+                                             : (opts.load.empty() ? "training.load" : "--load");
+      return fail(what + " asks for a checkpoint, but mtrun does not save or load the checkpoints "
+                         "of expert-parallel runs (expert_model_parallel_size " +
+                  std::to_string(ep) + "); train without " + what +
+                  ", or with expert_model_parallel_size = 1 to checkpoint");
+    }
 
     // The printing rank's logs; every rank learns whether they opened, so
     // a failure stops all of them at once.
@@ -707,7 +718,7 @@ private:
   }
   // The group over which the ranks' statistics add up (log_stats.h).
   Communicator *statsGroup() const {
-    return stats_over_world(*myRank) ? groups.world : groups.get(Group::MP);
+    return stats_over_world(plan, *myRank) ? groups.world : groups.get(Group::MP);
   }
 
   // Megatron's calc_params_l2_norm: every parameter once over the model.
@@ -1492,6 +1503,11 @@ private:
   RouterLoss routerLoss[3];
   std::vector<int> routerLossOrder; // tracked names in the tracker's order
   int64_t moeLayers = 0;
+  // Under sequence parallelism (the routers' count_group 1) each
+  // tensor-parallel rank's load-balancing loss is its tokens' part of the
+  // loss, and Megatron's tracker sums them over tp (the loss's reduce_group,
+  // tp_cp) before the data-parallel average.
+  bool routerLossOverTp = false;
 
   // The names Megatron's training_log tracks ("aux_loss" and "seq_aux_loss"
   // are matched as Python's `in` matches a substring: seq_aux_loss tracks a
@@ -1503,6 +1519,14 @@ private:
     moeLayers = t.moe_layers();
     if (moeLayers == 0)
       return;
+    // Every rank decides alike (a stage without MoE layers has no router).
+    for (const pl::Rank *r : *plan.ranks())
+      for (size_t p = 0; r->programs() && p < r->programs()->size(); ++p)
+        if (const pl::Program *prog = r->programs()->Get(uint32_t(p));
+            str(prog->name()) == "train_step" && prog->instructions())
+          for (const pl::Instruction *ins : *prog->instructions())
+            if (ins->op() == pl::Opcode::MOE_ROUTER && ins->ints()->Get(9) == 1)
+              routerLossOverTp = true;
     const std::string type = str(t.moe_load_balancing_type());
     routerLoss[0].tracked = type.find("aux_loss") != std::string::npos;
     routerLoss[1].tracked = type.find("seq_aux_loss") != std::string::npos;
@@ -1539,6 +1563,9 @@ private:
                   float(routerLoss[2].step)};
     if (Communicator *ppGroup = groups.get(Group::PP); ppGroup && pp > 1)
       if (std::string err = ppGroup->all_reduce(v, 3, ReduceOp::Sum); !err.empty())
+        return err;
+    if (Communicator *tpGroup = groups.get(Group::TP); tpGroup && routerLossOverTp)
+      if (std::string err = tpGroup->all_reduce(v, 2, ReduceOp::Sum); !err.empty())
         return err;
     if (comm && dp > 1) {
       float sum[3] = {v[0], v[1], v[2]};

@@ -3,6 +3,7 @@
 // random moments).
 #include "runtime/ckpt/checkpoint.h"
 #include "runtime/base/crc32c.h"
+#include "runtime/ckpt/checkpoint_layout.h"
 
 #include <gtest/gtest.h>
 
@@ -819,6 +820,23 @@ TEST(CheckpointSample, DISABLED_Write) {
                                        {"blob", "u8", {200000}, big.data(), big.size()}}),
               "");
   }
+}
+
+// mtc reshard refuses a target plan with expert parallelism before it reads
+// anything: a checkpoint's (tp, pp) rank files have no place for other
+// expert-parallel ranks' experts.
+TEST(CheckpointReshard, ExpertParallelTargetIsRefused) {
+  flatbuffers::FlatBufferBuilder b;
+  std::vector<flatbuffers::Offset<mt::plan::Rank>> ranks;
+  b.Finish(mt::plan::CreatePlanDirect(b, "mtc test", "", "", 2, 1, 1, 2, 0, nullptr, &ranks, 2, 1),
+           mt::plan::PlanIdentifier());
+  const mt::plan::Plan &plan = *mt::plan::GetPlan(b.GetBufferPointer());
+  std::string summary;
+  EXPECT_EQ(mt::rt::reshard_checkpoint("/nonexistent/load", -1, plan, "ep2.plan",
+                                       "/nonexistent/save", &summary),
+            "ep2.plan: error: has expert_model_parallel_size 2; checkpoints of expert-parallel "
+            "layouts are not supported: reshard to a plan compiled with "
+            "expert_model_parallel_size = 1");
 }
 
 } // namespace

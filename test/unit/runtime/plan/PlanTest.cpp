@@ -1,15 +1,18 @@
 // plan.bin's reader (header, checksum, FlatBuffers and semantic checks) and
 // the CPU reference executor, on plans built here with the FlatBuffers builder.
+#include "runtime/comm/collectives.h"
 #include "runtime/comm/parallel_groups.h"
 #include "runtime/exec/cpu_executor.h"
 #include "runtime/exec/cpu_kernels.h"
 #include "runtime/exec/cpu_kernels_moe.h"
+#include "runtime/exec/log_stats.h"
 #include "runtime/plan/grad_buckets.h"
 #include "runtime/plan/plan_reader.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <unistd.h>
 #include <vector>
@@ -138,6 +142,9 @@ struct PlanDesc {
   std::vector<Bk> buckets;
   int64_t flat_elements = 0, shard_elements = 0, shard_exp_avg = -1, shard_exp_avg_sq = -1;
   bool distributed_optimizer = false;
+  // A table per rank of the world (rank r: tp_rank r % tp, dp_rank r / tp;
+  // pp 1), all alike; else rank 0's only.
+  bool all_ranks = false;
   int64_t num_micro_batches = 0; // > 0: a training table with that many micro-batches
   // The training table's mixture-of-experts fields.
   int64_t moe_layers = 0;
@@ -265,10 +272,14 @@ std::string payload(const PlanDesc &d) {
   for (const Bk &k : d.buckets)
     buckets.push_back(
         pl::CreateBucketDirect(b, &k.params, k.begin, k.end, k.group, k.shard_offset));
-  std::vector<flatbuffers::Offset<pl::Rank>> ranks = {pl::CreateRankDirect(
-      b, 0, 0, d.pp_rank, 0, &params, d.state_bytes, d.arena_bytes, &progs, 0,
-      d.buckets.empty() ? nullptr : &buckets, d.flat_elements, d.distributed_optimizer,
-      d.shard_elements, -1, d.shard_exp_avg, d.shard_exp_avg_sq)};
+  std::vector<flatbuffers::Offset<pl::Rank>> ranks;
+  const int32_t table_ranks =
+      d.all_ranks ? d.tensor_parallel * d.pipeline_parallel * d.data_parallel : 1;
+  for (int32_t r = 0; r < table_ranks; ++r)
+    ranks.push_back(pl::CreateRankDirect(
+        b, r, r % d.tensor_parallel, d.pp_rank, r / d.tensor_parallel, &params, d.state_bytes,
+        d.arena_bytes, &progs, 0, d.buckets.empty() ? nullptr : &buckets, d.flat_elements,
+        d.distributed_optimizer, d.shard_elements, -1, d.shard_exp_avg, d.shard_exp_avg_sq));
   flatbuffers::Offset<pl::Training> training;
   if (d.num_micro_batches > 0) {
     // Micro-batches of 2 sequences of 3 tokens, as the pipeline tests' tokens.
@@ -2445,6 +2456,432 @@ TEST(PlanReader, ExpertParallelErrors) {
                                          "tensor-parallel ranks (ints[9] count_group 1), but the "
                                          "plan has tensor_parallel 1");
   }
+}
+
+// ---------------------------------------------------------------------------
+// Expert parallelism on the CPU executor, ranks as threads: dispatch and
+// combine (both dispatchers), and the router's counts over tensor-parallel
+// ranks.
+
+// Runs body(rank, groups) on each rank of `layout`, every rank a thread with
+// its communicators; returns each rank's error ("" when it passed).
+std::vector<std::string> on_ranks(mt::rt::ParallelLayout layout,
+                                  const std::function<std::string(int, const mt::rt::ParallelGroups &)> &body) {
+  const int world = layout.world();
+  mt::rt::ThreadGroup group(world, std::chrono::milliseconds(60000));
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      std::unique_ptr<mt::rt::Communicator> c = group.rank(r);
+      mt::rt::ParallelGroups groups;
+      std::string e = mt::rt::make_parallel_groups(world > 1 ? c.get() : nullptr, layout, r, &groups);
+      errors[size_t(r)] = e.empty() ? body(r, groups) : e;
+    });
+  for (std::thread &t : threads)
+    t.join();
+  return errors;
+}
+
+// One program: rows = dispatch(y, tokens_per_expert); doubled = rows + rows;
+// back = combine(doubled, layout, tokens_per_expert).
+struct EpExchange {
+  int64_t ep, l, n, h, r;
+  PlanDesc d;
+  uint32_t y, tpe, rows, counts, layout, doubled, back;
+  EpExchange(int64_t ep_, int64_t l_, int64_t n_, int64_t h_, int64_t dispatcher)
+      : ep(ep_), l(l_), n(n_), h(h_), r(ep_ * n_) {
+    d.data_parallel = int32_t(ep);
+    d.expert_model_parallel = int32_t(ep);
+    d.all_ranks = true;
+    Prog &p = d.program("exchange");
+    y = d.input(p, "y", {n, h});
+    tpe = d.input(p, "tokens_per_expert", {ep * l}, DType::I32);
+    rows = d.arena(p, "rows", {r, h});
+    counts = d.arena(p, "local_counts", {l}, DType::I32);
+    layout = d.arena(p, "layout", {ep, l}, DType::I32);
+    doubled = d.arena(p, "doubled", {r, h});
+    back = d.arena(p, "back", {n, h});
+    PlanDesc::op(p, Opcode::MOE_DISPATCH, {y, tpe}, {rows, counts, layout}, {}, {4, l, dispatcher},
+                 {}, "dispatch");
+    PlanDesc::op(p, Opcode::ADD, {rows, rows}, {doubled}, {}, {}, {}, "double");
+    PlanDesc::op(p, Opcode::MOE_COMBINE, {doubled, layout, tpe}, {back}, {}, {4, l, dispatcher},
+                 {}, "combine");
+    // Outputs, so that --check-memory-plan keeps them readable after the run.
+    PlanDesc::output(p, rows, "rows");
+    PlanDesc::output(p, counts, "local_counts");
+    PlanDesc::output(p, layout, "layout");
+    PlanDesc::output(p, back, "back");
+  }
+  mt::rt::ParallelLayout parallel() const {
+    mt::rt::ParallelLayout lay;
+    lay.dp = int(ep);
+    lay.ep = int(ep);
+    lay.experts = true;
+    return lay;
+  }
+};
+
+struct ExchangeResult {
+  std::vector<float> rows, back;
+  std::vector<int32_t> counts, layout;
+};
+
+// Runs an EpExchange with each rank's y and tokens_per_expert.
+std::vector<std::string> run_exchange(EpExchange &x, const std::vector<std::vector<float>> &ys,
+                                      const std::vector<std::vector<int32_t>> &tpes,
+                                      std::vector<ExchangeResult> &out) {
+  auto f = open_ok(x.d);
+  out.assign(size_t(x.ep), {});
+  if (!f)
+    return {"the plan does not open"};
+  return on_ranks(x.parallel(), [&](int rank, const mt::rt::ParallelGroups &groups) {
+    CpuExecutor ex(*f->plan(), rank);
+    ex.set_groups(&groups);
+    ex.set_check_memory_plan(true);
+    const pl::Program &p = *ex.program("exchange");
+    std::copy(ys[size_t(rank)].begin(), ys[size_t(rank)].end(),
+              static_cast<float *>(ex.value_data(p, x.y)));
+    std::copy(tpes[size_t(rank)].begin(), tpes[size_t(rank)].end(),
+              static_cast<int32_t *>(ex.value_data(p, x.tpe)));
+    if (std::string e = ex.run(p, 0); !e.empty())
+      return e;
+    ExchangeResult &o = out[size_t(rank)];
+    const float *rows = static_cast<const float *>(ex.value_data(p, x.rows));
+    const float *back = static_cast<const float *>(ex.value_data(p, x.back));
+    const int32_t *counts = static_cast<const int32_t *>(ex.value_data(p, x.counts));
+    const int32_t *layout = static_cast<const int32_t *>(ex.value_data(p, x.layout));
+    o.rows.assign(rows, rows + x.r * x.h);
+    o.back.assign(back, back + x.n * x.h);
+    o.counts.assign(counts, counts + x.l);
+    o.layout.assign(layout, layout + x.ep * x.l);
+    return std::string();
+  });
+}
+
+// Two ranks, four experts (rank 0: experts 0 and 1; rank 1: 2 and 3), six
+// rows of two values each; row i of rank s holds (10 s + i, -(10 s + i)).
+// Rank 0 routes [2, 1, 0, 3] rows to the experts, rank 1 [1, 0, 2, 1]
+// (its last two rows are unused: 999, ignored). Worked by hand: rank 0
+// receives expert 0's rows 0, 1 (its own) and 10 (rank 1's row 0), then
+// expert 1's row 2; rank 1 receives expert 2's rows 11, 12, then expert
+// 3's rows 3, 4, 5 (rank 0's) and 13.
+TEST(CpuExecutor, MoeDispatchCombineOnTwoRanks) {
+  for (int64_t dispatcher : {0, 1}) {
+    EpExchange x(2, 2, 6, 2, dispatcher);
+    std::vector<std::vector<float>> ys(2);
+    for (int s = 0; s < 2; ++s)
+      for (int i = 0; i < 6; ++i) {
+        const float v = (s == 1 && i >= 4) ? 999.0f : float(10 * s + i);
+        ys[size_t(s)].push_back(v);
+        ys[size_t(s)].push_back(-v);
+      }
+    std::vector<ExchangeResult> out;
+    const auto errors = run_exchange(x, ys, {{2, 1, 0, 3}, {1, 0, 2, 1}}, out);
+    ASSERT_EQ(errors, std::vector<std::string>(2, "")) << "dispatcher " << dispatcher;
+    auto ids = [](const ExchangeResult &o, int k) {
+      std::vector<float> v;
+      for (int i = 0; i < k; ++i) {
+        EXPECT_EQ(o.rows[size_t(2 * i + 1)], -o.rows[size_t(2 * i)]);
+        v.push_back(o.rows[size_t(2 * i)]);
+      }
+      return v;
+    };
+    EXPECT_EQ(ids(out[0], 4), (std::vector<float>{0, 1, 10, 2}));
+    EXPECT_EQ(out[0].counts, (std::vector<int32_t>{3, 1}));
+    EXPECT_EQ(out[0].layout, (std::vector<int32_t>{2, 1, 1, 0}));
+    EXPECT_EQ(ids(out[1], 6), (std::vector<float>{11, 12, 3, 4, 5, 13}));
+    EXPECT_EQ(out[1].counts, (std::vector<int32_t>{2, 4}));
+    EXPECT_EQ(out[1].layout, (std::vector<int32_t>{0, 3, 2, 1}));
+    for (int s = 0; s < 2; ++s) { // rows past those received are zero
+      const size_t got = s == 0 ? 4 : 6;
+      for (size_t k = got * 2; k < out[size_t(s)].rows.size(); ++k)
+        EXPECT_EQ(out[size_t(s)].rows[k], 0.0f) << "rank " << s << " element " << k;
+    }
+    // Combine returns each (doubled) row to its source's place; rank 1's
+    // unused rows are zero.
+    for (int s = 0; s < 2; ++s)
+      for (int i = 0; i < 6; ++i) {
+        const float want = (s == 1 && i >= 4) ? 0.0f : 2.0f * float(10 * s + i);
+        EXPECT_EQ(out[size_t(s)].back[size_t(2 * i)], want) << "rank " << s << " row " << i;
+        EXPECT_EQ(out[size_t(s)].back[size_t(2 * i + 1)], -want);
+      }
+  }
+}
+
+// Four ranks, three local experts each, uneven routing (some experts and a
+// whole peer get none): the received rows against a direct selection from
+// every rank's y, both dispatchers alike, and combine as dispatch's inverse.
+TEST(CpuExecutor, MoeDispatchCombineOnFourRanks) {
+  const int64_t ep = 4, l = 3, e = ep * l, n = 10, h = 3;
+  std::vector<std::vector<int32_t>> tpes(size_t(ep), std::vector<int32_t>(size_t(e), 0));
+  std::vector<std::vector<float>> ys(static_cast<size_t>(ep));
+  for (int64_t s = 0; s < ep; ++s) {
+    int64_t left = n - s; // rank s routes n - s rows
+    for (int64_t x = 0; x < e && left > 0; ++x) {
+      // Expert x gets (x * 7 + s) % 3 rows; rank 2's experts 3-5 none.
+      int32_t k = int32_t(std::min<int64_t>(left, (x * 7 + s) % 3));
+      if (s == 1 && x >= 3 && x < 6)
+        k = 0;
+      tpes[size_t(s)][size_t(x)] = k;
+      left -= k;
+    }
+    for (int64_t i = 0; i < n * h; ++i)
+      ys[size_t(s)].push_back(float(1000 * s + i));
+  }
+  std::vector<std::vector<ExchangeResult>> results;
+  for (int64_t dispatcher : {0, 1}) {
+    EpExchange x(ep, l, n, h, dispatcher);
+    std::vector<ExchangeResult> out;
+    ASSERT_EQ(run_exchange(x, ys, tpes, out), std::vector<std::string>(size_t(ep), ""));
+    results.push_back(out);
+  }
+  for (int64_t q = 0; q < ep; ++q) {
+    // The reference: for local expert j, for source s, s's segment rows.
+    std::vector<float> want;
+    std::vector<int32_t> counts(size_t(l), 0), layout(size_t(ep * l), 0);
+    for (int64_t j = 0; j < l; ++j)
+      for (int64_t s = 0; s < ep; ++s) {
+        int64_t first = 0;
+        for (int64_t x = 0; x < q * l + j; ++x)
+          first += tpes[size_t(s)][size_t(x)];
+        const int32_t k = tpes[size_t(s)][size_t(q * l + j)];
+        want.insert(want.end(), ys[size_t(s)].begin() + first * h,
+                    ys[size_t(s)].begin() + (first + k) * h);
+        counts[size_t(j)] += k;
+        layout[size_t(s * l + j)] = k;
+      }
+    want.resize(size_t(ep * n * h), 0.0f);
+    for (const auto &out : results) {
+      EXPECT_EQ(out[size_t(q)].rows, want) << "rank " << q;
+      EXPECT_EQ(out[size_t(q)].counts, counts) << "rank " << q;
+      EXPECT_EQ(out[size_t(q)].layout, layout) << "rank " << q;
+      int64_t used = 0;
+      for (int32_t k : tpes[size_t(q)])
+        used += k;
+      for (int64_t i = 0; i < n * h; ++i)
+        EXPECT_EQ(out[size_t(q)].back[size_t(i)], i < used * h ? 2 * ys[size_t(q)][size_t(i)] : 0.0f)
+            << "rank " << q << " element " << i;
+    }
+  }
+}
+
+TEST(CpuExecutor, MoeDispatchErrors) {
+  EpExchange x(2, 2, 6, 2, 0);
+  std::vector<std::vector<float>> ys(2, std::vector<float>(12, 1.0f));
+  std::vector<ExchangeResult> out;
+  // More rows than y holds (on both ranks, which stop before exchanging).
+  auto errors = run_exchange(x, ys, {{2, 1, 0, 4}, {1, 0, 2, 4}}, out);
+  for (const std::string &e : errors)
+    EXPECT_CONTAINS(e, "(dispatch) MOE_DISPATCH: tokens_per_expert sums to 7 rows, more than "
+                       "the 6 permuted rows");
+  // A rank run alone.
+  auto f = open_ok(x.d);
+  ASSERT_NE(f, nullptr);
+  CpuExecutor ex(*f->plan(), 0);
+  EXPECT_CONTAINS(ex.run(*ex.program("exchange"), 0),
+                  "MOE_DISPATCH: exchanges tokens over 2 expert-parallel ranks, but its group "
+                  "has 1; run the plan with all its ranks");
+}
+
+// MOE_ROUTER(_GRAD) with count_group 1 on two tensor-parallel ranks, each
+// holding half of every sequence (sequence parallelism): the ranks' aux
+// losses add up to the one-rank loss of all the tokens, and each rank's
+// logit gradients are the one-rank gradients of its tokens (its z-loss
+// coefficient halved, as the compiler emits it under tp 2).
+TEST(CpuExecutor, MoeRouterCountsOverTensorParallelRanks) {
+  const int B = 2, S = 4, E = 4, K = 2, T = B * S, Tl = T / 2;
+  for (int balancing : {1, 2}) {
+    mt::cpu::MoeRouterConfig c;
+    c.tokens = T;
+    c.experts = E;
+    c.topk = K;
+    c.load_balancing = balancing;
+    c.seq_length = S;
+    c.aux_loss_coeff = 0.3;
+    c.z_loss_coeff = 0.02;
+    std::vector<float> logits(size_t(T * E)), dprobs(size_t(T * E));
+    fill(logits.data(), T * E, 61 + uint64_t(balancing), 2.0);
+    fill(dprobs.data(), T * E, 71, 1.0);
+    std::vector<float> probs(size_t(T * E)), dlogits(size_t(T * E));
+    std::vector<int32_t> map(size_t(T * E));
+    double aux = 0, z = 0;
+    mt::cpu::moe_router_fwd(logits.data(), c, probs.data(), map.data(), &aux, &z);
+    mt::cpu::moe_router_bwd(dprobs.data(), logits.data(), map.data(), c, 0.5, dlogits.data());
+    // Rank r's tokens: positions [r S/2, r S/2 + S/2) of each sequence.
+    auto global = [&](int r, int t) { return (t / (S / 2)) * S + r * (S / 2) + t % (S / 2); };
+
+    PlanDesc d;
+    d.tensor_parallel = 2;
+    d.all_ranks = true;
+    Prog &p = d.program("router");
+    const uint32_t lg = d.input(p, "logits", {Tl, E}), dp = d.input(p, "dprobs", {Tl, E});
+    const uint32_t scale = d.input(p, "scale", {});
+    const uint32_t pr = d.arena(p, "probs", {Tl, E}), mp = d.arena(p, "map", {Tl, E}, DType::I32);
+    const uint32_t au = d.arena(p, "aux", {}), zl = d.arena(p, "z", {});
+    const uint32_t dl = d.arena(p, "dlogits", {Tl, E});
+    const std::vector<int64_t> ints = {K, 0, 0, balancing, 0, 0, 0, S / 2, 0, 1};
+    const std::vector<double> floats = {0.0, 0.3, 0.01};
+    PlanDesc::op(p, Opcode::MOE_ROUTER, {lg}, {pr, mp, au, zl}, {}, ints, floats, "router");
+    PlanDesc::op(p, Opcode::MOE_ROUTER_GRAD, {dp, lg, pr, mp, scale}, {dl}, {}, ints, floats,
+                 "router grad");
+    auto f = open_ok(d);
+    ASSERT_NE(f, nullptr);
+    std::vector<double> rank_aux(2);
+    mt::rt::ParallelLayout layout;
+    layout.tp = 2;
+    const auto errors = on_ranks(layout, [&](int r, const mt::rt::ParallelGroups &groups) {
+      CpuExecutor ex(*f->plan(), r);
+      ex.set_groups(&groups);
+      const pl::Program &prog = *ex.program("router");
+      float *x = static_cast<float *>(ex.value_data(prog, lg));
+      float *g = static_cast<float *>(ex.value_data(prog, dp));
+      for (int t = 0; t < Tl; ++t)
+        for (int i = 0; i < E; ++i) {
+          x[t * E + i] = logits[size_t(global(r, t) * E + i)];
+          g[t * E + i] = dprobs[size_t(global(r, t) * E + i)];
+        }
+      *static_cast<float *>(ex.value_data(prog, scale)) = 0.5f;
+      if (std::string e = ex.run(prog, 0); !e.empty())
+        return e;
+      rank_aux[size_t(r)] = *static_cast<float *>(ex.value_data(prog, au));
+      const float *got = static_cast<const float *>(ex.value_data(prog, dl));
+      for (int t = 0; t < Tl; ++t)
+        for (int i = 0; i < E; ++i) {
+          const float want = dlogits[size_t(global(r, t) * E + i)];
+          if (std::fabs(got[t * E + i] - want) > 1e-6f * (1.0f + std::fabs(want)))
+            return "rank " + std::to_string(r) + " dlogits[" + std::to_string(t) + ", " +
+                   std::to_string(i) + "] is " + std::to_string(got[t * E + i]) + ", not " +
+                   std::to_string(want);
+        }
+      return std::string();
+    });
+    EXPECT_EQ(errors, std::vector<std::string>(2, "")) << "load_balancing " << balancing;
+    EXPECT_GT(aux, 0.0);
+    EXPECT_NEAR(rank_aux[0] + rank_aux[1], aux, 1e-6 * aux) << "load_balancing " << balancing;
+  }
+}
+
+// Expert buckets on four data-parallel ranks with ep 2 (expert dp 2): rank
+// r is ep rank r % 2 and expert dp rank r / 2. A dense parameter of 8
+// elements in a dp bucket (shards of 2 over 4 ranks) and an expert one of
+// 4 in an expert bucket (shards of 2 over 2 ranks), the distributed
+// optimizer's shard state placed by shard_offset (0 and 2). Rank r's dense
+// gradient is r + 1 everywhere, its expert gradient 10 (r + 1) + i.
+// Worked by hand, with scale 1/4: dense 10/4 = 2.5 everywhere; experts of
+// ep rank 0 (ranks 0 and 2) (10 + i + 30 + i) / 4 = 10 + i/2, rank 0
+// owning [10, 10.5], rank 2 [11, 11.5]; of ep rank 1 (ranks 1, 3) 15 + i/2.
+// The sharded norm: dense 8 x 2.5^2 = 50, experts 463.5 + 993.5 = 1457.
+TEST(CpuExecutor, ExpertBucketsReduceAndNormOverTheirGroups) {
+  PlanDesc d;
+  d.data_parallel = 4;
+  d.expert_model_parallel = 2;
+  d.all_ranks = true;
+  const int dense = d.param("decoder.layers.0.mlp.router.weight", {4, 2});
+  const int w = d.param("decoder.layers.0.mlp.experts.linear_fc1.weight", {1, 2, 2});
+  d.params[size_t(w)].ep_dim = 0;
+  d.params[size_t(w)].expert = true;
+  d.params[size_t(dense)].flat_offset = 0;
+  d.params[size_t(w)].flat_offset = 8;
+  d.flat_elements = 12;
+  d.buckets = {Bk{{uint32_t(dense)}, 0, 8, 0, 0}, Bk{{uint32_t(w)}, 8, 12, 6, 2}};
+  d.distributed_optimizer = true;
+  d.shard_elements = 4;
+  d.shard_exp_avg = d.state_alloc(16);
+  d.shard_exp_avg_sq = d.state_alloc(16);
+  Prog &p = d.program("step");
+  const uint32_t norm = d.arena(p, "norm", {}), whole = d.arena(p, "whole_norm", {});
+  PlanDesc::op(p, Opcode::GRAD_NORM, {}, {whole}, {}, {}, {}, "norm before");
+  PlanDesc::op(p, Opcode::REDUCE_GRADS, {}, {}, {}, {0, 0, 1}, {0.25}, "dense bucket");
+  PlanDesc::op(p, Opcode::REDUCE_GRADS, {}, {}, {}, {6, 1, 1}, {0.25}, "expert bucket");
+  PlanDesc::op(p, Opcode::SHARDED_GRAD_NORM, {}, {norm}, {}, {0}, {}, "norm");
+  PlanDesc::op(p, Opcode::ALL_GATHER_PARAMS, {}, {}, {}, {6, 1}, {}, "gather experts");
+  auto f = open_ok(d);
+  ASSERT_NE(f, nullptr);
+  mt::rt::ParallelLayout layout;
+  layout.dp = 4;
+  layout.ep = 2;
+  layout.experts = true;
+  std::vector<float> norms(4), wholes(4);
+  std::vector<std::vector<float>> dense_grads(4), expert_grads(4), expert_weights(4);
+  std::vector<std::vector<mt::rt::CountedRun>> runs(4);
+  const auto errors = on_ranks(layout, [&](int r, const mt::rt::ParallelGroups &groups) {
+    CpuExecutor ex(*f->plan(), r);
+    ex.set_groups(&groups);
+    for (int i = 0; i < 8; ++i)
+      ex.grad(dense)[i] = float(r + 1);
+    for (int i = 0; i < 4; ++i) {
+      ex.grad(w)[i] = float(10 * (r + 1) + i);
+      ex.weight(w)[i] = float(100 * r + i);
+    }
+    const pl::Program &prog = *ex.program("step");
+    if (std::string e = ex.run(prog, 0); !e.empty())
+      return e;
+    norms[size_t(r)] = *static_cast<float *>(ex.value_data(prog, norm));
+    wholes[size_t(r)] = *static_cast<float *>(ex.value_data(prog, whole));
+    dense_grads[size_t(r)].assign(ex.grad(dense), ex.grad(dense) + 8);
+    expert_grads[size_t(r)].assign(ex.grad(w), ex.grad(w) + 4);
+    expert_weights[size_t(r)].assign(ex.weight(w), ex.weight(w) + 4);
+    runs[size_t(r)] = mt::rt::counted_runs(*f->plan(), *mt::rt::find_rank(*f->plan(), r));
+    return std::string();
+  });
+  ASSERT_EQ(errors, std::vector<std::string>(4, ""));
+  for (int r = 0; r < 4; ++r) {
+    // The owned shards: dense [2r, 2r + 2), expert [2 (r / 2), + 2).
+    EXPECT_EQ(dense_grads[size_t(r)][size_t(2 * r)], 2.5f) << "rank " << r;
+    EXPECT_EQ(dense_grads[size_t(r)][size_t(2 * r + 1)], 2.5f) << "rank " << r;
+    const float base = r % 2 == 0 ? 10.0f : 15.0f;
+    const int at = 2 * (r / 2);
+    EXPECT_EQ(expert_grads[size_t(r)][size_t(at)], base + 0.5f * float(at)) << "rank " << r;
+    EXPECT_EQ(expert_grads[size_t(r)][size_t(at + 1)], base + 0.5f * float(at + 1));
+    EXPECT_NEAR(norms[size_t(r)], std::sqrt(1507.0), 1e-4) << "rank " << r;
+    // The expert weights gathered from the expert dp group's owners: ranks
+    // 0 and 2 (ep rank 0), or 1 and 3.
+    const int owner0 = r % 2, owner1 = r % 2 + 2;
+    EXPECT_EQ(expert_weights[size_t(r)],
+              (std::vector<float>{float(100 * owner0), float(100 * owner0 + 1),
+                                  float(100 * owner1 + 2), float(100 * owner1 + 3)}))
+        << "rank " << r;
+    // The log statistics count the owned shards, placed at their shard
+    // state: the dense shard at 0, the expert one at 2.
+    ASSERT_EQ(runs[size_t(r)].size(), 2u);
+    EXPECT_EQ(runs[size_t(r)][0].begin, 2 * r);
+    EXPECT_EQ(runs[size_t(r)][0].shard_at, 0);
+    EXPECT_EQ(runs[size_t(r)][1].begin, at);
+    EXPECT_EQ(runs[size_t(r)][1].shard_at, 2);
+  }
+  // Before the reduction, rank 0's norm: its dense gradient (8 x 1) over
+  // the model-parallel group (itself), the experts' over tp_ep_pp (ranks 0
+  // and 1): 10..13 and 20..23 squared: 534 + 1854.
+  EXPECT_NEAR(wholes[0], std::sqrt(8.0 + 534.0 + 1854.0), 1e-4);
+}
+
+// Expert-parallel shards start from their slice of the whole parameter's
+// initial values, as tensor-parallel ones do.
+TEST(CpuExecutor, ExpertShardsStartFromTheWholeWeights) {
+  PlanDesc one;
+  const int whole = one.param("decoder.layers.0.mlp.experts.linear_fc1.weight", {4, 3, 2});
+  auto f1 = open_ok(one);
+  ASSERT_NE(f1, nullptr);
+  std::vector<float> all(24);
+  mt::rt::initial_weights(*f1->plan()->ranks()->Get(0)->params()->Get(uint32_t(whole)), 1, 0, 1,
+                          0, 77, all.data());
+  PlanDesc two;
+  two.data_parallel = 2;
+  two.expert_model_parallel = 2;
+  const int shard = two.param("decoder.layers.0.mlp.experts.linear_fc1.weight", {2, 3, 2});
+  two.params[size_t(shard)].ep_dim = 0;
+  two.params[size_t(shard)].expert = true;
+  auto f2 = open_ok(two);
+  ASSERT_NE(f2, nullptr);
+  const pl::Param &p = *f2->plan()->ranks()->Get(0)->params()->Get(uint32_t(shard));
+  for (int q = 0; q < 2; ++q) {
+    std::vector<float> mine(12);
+    mt::rt::initial_weights(p, 1, 0, 2, q, 77, mine.data());
+    EXPECT_EQ(mine, std::vector<float>(all.begin() + 12 * q, all.begin() + 12 * q + 12))
+        << "ep rank " << q;
+  }
+  EXPECT_NE(all[0], all[12]);
 }
 
 // An MoE block through the executor: embedding, router, top-2 dispatch to

@@ -1,0 +1,325 @@
+// The CPU executor's expert parallelism (plan.fbs MOE_DISPATCH, MOE_COMBINE)
+// and the router's token counts summed over tensor-parallel ranks
+// (MOE_ROUTER's count_group), over the rank's Communicators.
+//
+// Dispatch, on expert-parallel rank q of ep, L local experts, E = ep L: the
+// rank's permuted rows y are expert-major over all E experts, so the rows
+// of peer p's experts [p L, p L + L) are one contiguous block of y.
+//   alltoall (Megatron's MoEAlltoAllTokenDispatcher): the per-expert counts
+//     travel first (all_to_all_v: p gets this rank's L counts of its
+//     experts; this rank's layout[s][j] is what s sends for local expert j),
+//     then the rows (all_to_all_v, each peer's block), received source-major
+//     and regrouped expert-major (Megatron's sort_chunks_by_idxs).
+//   allgather (MoEAllGatherTokenDispatcher): every rank's counts and rows
+//     are gathered (all_gather, all_gather_v) and each rank keeps the rows of
+//     its own experts, in the same order.
+// Combine is the inverse: alltoall sends each row back to its source
+// (all_to_all_v); allgather scatters the rows into every source's y-shaped
+// block, zero elsewhere, and reduce-scatters them (reduce_scatter_v), each
+// row arriving as itself plus zeros.
+#include "runtime/exec/cpu_executor_impl.h"
+
+#include "runtime/exec/cpu_kernels_moe.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+namespace mt::rt {
+
+using namespace cpu_exec_detail; // the CPU executor's own pieces (cpu_executor_impl.h)
+
+namespace {
+
+// Exchanged counts travel as floats through all_gather: exact below 2^24.
+constexpr int64_t kMaxExactCount = int64_t(1) << 24;
+
+// Where each expert's segment starts in a rank's y: prefix sums of its
+// tokens_per_expert, after checking them against its N rows.
+std::string segment_starts(const int32_t *tpe, int64_t experts, int64_t rows,
+                           std::vector<int64_t> &start) {
+  start.assign(size_t(experts + 1), 0);
+  for (int64_t e = 0; e < experts; ++e) {
+    if (tpe[e] < 0)
+      return "tokens_per_expert[" + std::to_string(e) + "] is " + std::to_string(tpe[e]);
+    start[size_t(e + 1)] = start[size_t(e)] + tpe[e];
+  }
+  if (start[size_t(experts)] > rows)
+    return "tokens_per_expert sums to " + std::to_string(start[size_t(experts)]) +
+           " rows, more than the " + std::to_string(rows) + " permuted rows";
+  return "";
+}
+
+} // namespace
+
+// The ep group of a dispatch or combine: its ints[0] (4 ep, 7 tp_ep), of
+// exactly the plan's expert_model_parallel ranks.
+static Communicator *ep_group(const CpuExecutor::Impl &impl, const pl::Instruction &ins,
+                              std::string *error) {
+  Communicator *c = impl.group(ins.ints()->Get(0), error);
+  if (!error->empty())
+    return nullptr;
+  const int ep = std::max(1, impl.plan.expert_model_parallel());
+  if (!c || c->size() != ep) {
+    *error = "exchanges tokens over " + std::to_string(ep) + " expert-parallel ranks, but its "
+             "group has " + std::to_string(c ? c->size() : 1) + "; run the plan with all its ranks";
+    return nullptr;
+  }
+  return c;
+}
+
+// Every rank's tokens_per_expert [ep, E] (allgather dispatcher).
+std::string CpuExecutor::Impl::gather_expert_counts(Communicator *c, const int32_t *tpe,
+                                                    int64_t experts, int64_t rows,
+                                                    std::vector<int32_t> &all) {
+  if (rows >= kMaxExactCount)
+    return "the allgather dispatcher's " + std::to_string(rows) +
+           " rows exceed the counts it exchanges exactly (2^24)";
+  std::vector<float> mine(static_cast<size_t>(experts)), all_f(size_t(experts * c->size()));
+  for (int64_t e = 0; e < experts; ++e)
+    mine[size_t(e)] = float(tpe[e]);
+  if (std::string err = c->all_gather(mine.data(), size_t(experts), all_f.data()); !err.empty())
+    return err;
+  all.resize(all_f.size());
+  for (size_t i = 0; i < all_f.size(); ++i)
+    all[i] = int32_t(all_f[i]);
+  return "";
+}
+
+// MOE_DISPATCH: in y[N, H], tokens_per_expert[E] ; out rows[R, H],
+// local_counts[L], layout[ep, L].
+std::string CpuExecutor::Impl::moe_dispatch(const pl::Instruction &ins, const Frame &f) {
+  std::string err;
+  Communicator *c = ep_group(*this, ins, &err);
+  if (!c)
+    return err;
+  const pl::Value &yv = f.value(ins.in()->Get(0)), &rv = f.value(ins.out()->Get(0));
+  const float *y = reinterpret_cast<const float *>(f.ptr[ins.in()->Get(0)]);
+  const int32_t *tpe = reinterpret_cast<const int32_t *>(f.ptr[ins.in()->Get(1)]);
+  float *rows = reinterpret_cast<float *>(f.ptr[ins.out()->Get(0)]);
+  int32_t *local_counts = reinterpret_cast<int32_t *>(f.ptr[ins.out()->Get(1)]);
+  int32_t *layout = reinterpret_cast<int32_t *>(f.ptr[ins.out()->Get(2)]);
+  const int64_t ep = c->size(), q = c->rank(), l = ins.ints()->Get(1), e = ep * l;
+  const int64_t n = yv.shape()->Get(0), h = yv.shape()->Get(1), r = rv.shape()->Get(0);
+  std::vector<int64_t> start;
+  if (std::string e2 = segment_starts(tpe, e, n, start); !e2.empty())
+    return e2;
+  const bool allgather = ins.ints()->Get(2) == 1;
+
+  // layout[s][j]: rows source s sends for local expert j; and where each
+  // source's block of this rank's experts starts in what arrives.
+  std::vector<int32_t> all_counts; // allgather: every rank's tokens_per_expert
+  if (allgather) {
+    if (std::string e2 = gather_expert_counts(c, tpe, e, n, all_counts); !e2.empty())
+      return e2;
+    for (int64_t s = 0; s < ep; ++s)
+      for (int64_t j = 0; j < l; ++j)
+        layout[s * l + j] = all_counts[size_t(s * e + q * l + j)];
+  } else {
+    std::vector<size_t> counts(static_cast<size_t>(ep), size_t(l)), displs(static_cast<size_t>(ep));
+    for (int64_t p = 0; p < ep; ++p)
+      displs[size_t(p)] = size_t(p * l);
+    if (std::string e2 = c->all_to_all_v(tpe, counts, displs, layout, counts, displs, 4);
+        !e2.empty())
+      return e2;
+  }
+  std::vector<int64_t> from(static_cast<size_t>(ep), 0); // rows from each source
+  int64_t total = 0;
+  for (int64_t s = 0; s < ep; ++s) {
+    for (int64_t j = 0; j < l; ++j) {
+      if (layout[s * l + j] < 0)
+        return "expert-parallel rank " + std::to_string(s) + " sends " +
+               std::to_string(layout[s * l + j]) + " rows";
+      from[size_t(s)] += layout[s * l + j];
+    }
+    total += from[size_t(s)];
+  }
+  if (total > r)
+    return "receives " + std::to_string(total) + " rows for its " + std::to_string(l) +
+           " experts, more than the " + std::to_string(r) + " rows the plan sized";
+
+  // The rows arrive source-major in `exchange`.
+  exchange.assign(size_t(total * h), 0.0f);
+  std::vector<size_t> recv_counts(static_cast<size_t>(ep)), recv_displs(static_cast<size_t>(ep));
+  for (int64_t s = 0, at = 0; s < ep; at += from[size_t(s)], ++s) {
+    recv_counts[size_t(s)] = size_t(from[size_t(s)] * h);
+    recv_displs[size_t(s)] = size_t(at * h);
+  }
+  if (allgather) {
+    // Every rank's used rows, then this rank's experts' segments of each.
+    std::vector<size_t> sizes(static_cast<size_t>(ep));
+    int64_t all_rows = 0;
+    for (int64_t s = 0; s < ep; ++s) {
+      int64_t used = 0;
+      for (int64_t x = 0; x < e; ++x)
+        used += all_counts[size_t(s * e + x)];
+      sizes[size_t(s)] = size_t(used * h);
+      all_rows += used;
+    }
+    gathered.assign(size_t(all_rows * h), 0.0f);
+    if (std::string e2 = c->all_gather_v(y, sizes, gathered.data()); !e2.empty())
+      return e2;
+    int64_t base = 0;
+    for (int64_t s = 0; s < ep; ++s) {
+      int64_t first = 0; // row of expert q L in source s's y
+      for (int64_t x = 0; x < q * l; ++x)
+        first += all_counts[size_t(s * e + x)];
+      std::copy(gathered.begin() + (base + first) * h,
+                gathered.begin() + (base + first + from[size_t(s)]) * h,
+                exchange.begin() + int64_t(recv_displs[size_t(s)]));
+      base += int64_t(sizes[size_t(s)]) / h;
+    }
+  } else {
+    std::vector<size_t> send_counts(static_cast<size_t>(ep)), send_displs(static_cast<size_t>(ep));
+    for (int64_t p = 0; p < ep; ++p) {
+      send_counts[size_t(p)] = size_t((start[size_t(p * l + l)] - start[size_t(p * l)]) * h);
+      send_displs[size_t(p)] = size_t(start[size_t(p * l)] * h);
+    }
+    if (std::string e2 = c->all_to_all_v(y, send_counts, send_displs, exchange.data(),
+                                         recv_counts, recv_displs);
+        !e2.empty())
+      return e2;
+  }
+  // Local expert j major, then source s: s's rows of expert j follow its
+  // rows of experts before j.
+  int64_t out = 0;
+  for (int64_t j = 0; j < l; ++j) {
+    int32_t sum = 0;
+    for (int64_t s = 0; s < ep; ++s) {
+      int64_t off = int64_t(recv_displs[size_t(s)]) / h;
+      for (int64_t jj = 0; jj < j; ++jj)
+        off += layout[s * l + jj];
+      const int64_t k = layout[s * l + j];
+      std::copy(exchange.begin() + off * h, exchange.begin() + (off + k) * h, rows + out * h);
+      out += k;
+      sum += int32_t(k);
+    }
+    local_counts[j] = sum;
+  }
+  std::fill(rows + out * h, rows + r * h, 0.0f);
+  return "";
+}
+
+// MOE_COMBINE: in rows[R, H], layout[ep, L], tokens_per_expert[E] ; out y[N, H].
+std::string CpuExecutor::Impl::moe_combine(const pl::Instruction &ins, const Frame &f) {
+  std::string err;
+  Communicator *c = ep_group(*this, ins, &err);
+  if (!c)
+    return err;
+  const pl::Value &rv = f.value(ins.in()->Get(0)), &yv = f.value(ins.out()->Get(0));
+  const float *rows = reinterpret_cast<const float *>(f.ptr[ins.in()->Get(0)]);
+  const int32_t *layout = reinterpret_cast<const int32_t *>(f.ptr[ins.in()->Get(1)]);
+  const int32_t *tpe = reinterpret_cast<const int32_t *>(f.ptr[ins.in()->Get(2)]);
+  float *y = reinterpret_cast<float *>(f.ptr[ins.out()->Get(0)]);
+  const int64_t ep = c->size(), q = c->rank(), l = ins.ints()->Get(1), e = ep * l;
+  const int64_t n = yv.shape()->Get(0), h = yv.shape()->Get(1), r = rv.shape()->Get(0);
+  std::vector<int64_t> start;
+  if (std::string e2 = segment_starts(tpe, e, n, start); !e2.empty())
+    return e2;
+  int64_t total = 0;
+  std::vector<int64_t> to(static_cast<size_t>(ep), 0); // rows back to each source
+  for (int64_t s = 0; s < ep; ++s) {
+    for (int64_t j = 0; j < l; ++j) {
+      if (layout[s * l + j] < 0)
+        return "layout[" + std::to_string(s) + "][" + std::to_string(j) + "] is " +
+               std::to_string(layout[s * l + j]);
+      to[size_t(s)] += layout[s * l + j];
+    }
+    total += to[size_t(s)];
+  }
+  if (total > r)
+    return "its layout holds " + std::to_string(total) + " rows, more than the " +
+           std::to_string(r) + " rows of its input";
+  // Source-major again: for s, its rows of each local expert j, which sit in
+  // `rows` at expert j's segment after the sources before s.
+  packed.assign(size_t(total * h), 0.0f);
+  std::vector<size_t> send_counts(static_cast<size_t>(ep)), send_displs(static_cast<size_t>(ep));
+  {
+    std::vector<int64_t> expert_start(static_cast<size_t>(l + 1), 0);
+    for (int64_t j = 0; j < l; ++j) {
+      int64_t k = 0;
+      for (int64_t s = 0; s < ep; ++s)
+        k += layout[s * l + j];
+      expert_start[size_t(j + 1)] = expert_start[size_t(j)] + k;
+    }
+    int64_t at = 0;
+    for (int64_t s = 0; s < ep; ++s) {
+      send_displs[size_t(s)] = size_t(at * h);
+      send_counts[size_t(s)] = size_t(to[size_t(s)] * h);
+      for (int64_t j = 0; j < l; ++j) {
+        int64_t off = expert_start[size_t(j)];
+        for (int64_t ss = 0; ss < s; ++ss)
+          off += layout[ss * l + j];
+        const int64_t k = layout[s * l + j];
+        std::copy(rows + off * h, rows + (off + k) * h, packed.begin() + at * h);
+        at += k;
+      }
+    }
+  }
+  const int64_t used = start[size_t(e)];
+  if (ins.ints()->Get(2) == 1) {
+    // allgather: each source's y-shaped block holds this rank's experts'
+    // rows at their places, zero elsewhere; reduce_scatter_v sums them.
+    std::vector<int32_t> all_counts;
+    if (std::string e2 = gather_expert_counts(c, tpe, e, n, all_counts); !e2.empty())
+      return e2;
+    std::vector<size_t> sizes(static_cast<size_t>(ep));
+    std::vector<int64_t> base(static_cast<size_t>(ep + 1), 0);
+    for (int64_t s = 0; s < ep; ++s) {
+      int64_t rows_s = 0;
+      for (int64_t x = 0; x < e; ++x)
+        rows_s += all_counts[size_t(s * e + x)];
+      sizes[size_t(s)] = size_t(rows_s * h);
+      base[size_t(s + 1)] = base[size_t(s)] + rows_s;
+    }
+    gathered.assign(size_t(base[size_t(ep)] * h), 0.0f);
+    for (int64_t s = 0; s < ep; ++s) {
+      int64_t first = 0; // row of expert q L in source s's y
+      for (int64_t x = 0; x < q * l; ++x)
+        first += all_counts[size_t(s * e + x)];
+      std::copy(packed.begin() + int64_t(send_displs[size_t(s)]),
+                packed.begin() + int64_t(send_displs[size_t(s)] + send_counts[size_t(s)]),
+                gathered.begin() + (base[size_t(s)] + first) * h);
+    }
+    if (std::string e2 = c->reduce_scatter_v(gathered.data(), sizes, y); !e2.empty())
+      return e2;
+  } else {
+    std::vector<size_t> recv_counts(static_cast<size_t>(ep)), recv_displs(static_cast<size_t>(ep));
+    for (int64_t p = 0; p < ep; ++p) {
+      recv_counts[size_t(p)] = size_t((start[size_t(p * l + l)] - start[size_t(p * l)]) * h);
+      recv_displs[size_t(p)] = size_t(start[size_t(p * l)] * h);
+    }
+    if (std::string e2 = c->all_to_all_v(packed.data(), send_counts, send_displs, y, recv_counts,
+                                         recv_displs);
+        !e2.empty())
+      return e2;
+  }
+  std::fill(y + used * h, y + n * h, 0.0f);
+  return "";
+}
+
+// MOE_ROUTER / MOE_ROUTER_GRAD with count_group 1: this rank's aux-loss
+// token counts summed over the tensor-parallel group into *global, and the
+// config pointed at them.
+std::string CpuExecutor::Impl::router_group_counts(const pl::Instruction &ins, const float *logits,
+                                                   cpu::MoeRouterConfig &c,
+                                                   std::vector<double> &global) {
+  if (ins.ints()->Get(9) != 1)
+    return "";
+  std::string err;
+  Communicator *tp = group(int64_t(Group::TP), &err);
+  if (!err.empty())
+    return err;
+  global = cpu::moe_router_aux_counts(logits, c);
+  if (global.empty())
+    return ""; // no aux loss: nothing is counted
+  if (tp)
+    if (std::string e = all_reduce_doubles(tp, global); !e.empty())
+      return e;
+  c.global_counts = global.data();
+  c.count_ranks = tp ? tp->size() : 1;
+  return "";
+}
+
+} // namespace mt::rt
