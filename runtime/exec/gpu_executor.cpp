@@ -190,13 +190,6 @@ std::string GpuExecutor::open() {
       const pl::Instruction &ins = *insts->Get(i);
       const std::string at =
           who + ", program " + str(prog->name()) + " " + instruction_label(ins, i);
-      if (moe_exchange_op(ins))
-        return at + ": expert_model_parallel_size " +
-               std::to_string(plan_.expert_model_parallel()) +
-               ": the GPU executor does not run the expert exchange (MOE_DISPATCH, MOE_COMBINE) "
-               "yet: its device exchange is checked on emulated ranks, whole training steps "
-               "against the CPU executor are not; run with --device cpu, or set "
-               "expert_model_parallel_size = 1";
       if (!ins.gpu() || ins.gpu()->size() == 0)
         return at + ": this plan has no GPU form for it; recompile the spec with an mtc that "
                     "generates one, or run with --device cpu";

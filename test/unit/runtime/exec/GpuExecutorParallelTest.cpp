@@ -535,4 +535,46 @@ TEST(GpuExecutorParallel, ExpertExchangeMatchesTheContract) {
     }
 }
 
+// Expert parallelism (4 experts, top-2, the load-balancing loss on, one MoE
+// and one dense layer) on emulated GPUs against the CPU executor running
+// the same plan: MOE_DISPATCH / MOE_COMBINE over the ep group (their counts
+// read by the host, rows by all_to_all_v or all_gather / reduce_scatter),
+// expert buckets over expt_dp, the experts' part of the gradient norm over
+// tp_ep_pp. dp2 x ep2 on 2 ranks: expt_dp has one rank, so the expert
+// gradients are not reduced at all.
+std::vector<mt::spec::Override> moeEp(std::vector<mt::spec::Override> more) {
+  std::vector<mt::spec::Override> o = {
+      {"model.num_experts=4"},         {"model.moe_router_topk=2"},
+      {"model.moe_aux_loss_coeff=0.01"}, {"model.moe_layer_freq=[1, 0]"},
+      {"model.add_bias_linear=false"}, {"parallel.expert_model_parallel_size=2"},
+      {"training.global_batch_size=4"}};
+  o.insert(o.end(), more.begin(), more.end());
+  return o;
+}
+TEST(GpuExecutorParallel, ExpertParallelAllToAllMatchesTheCpu) {
+  compareLayout(moeEp({{"parallel.data_parallel_size=2"},
+                       {"parallel.moe_token_dispatcher_type=\"alltoall\""}}),
+                4);
+}
+TEST(GpuExecutorParallel, ExpertParallelAllGatherMatchesTheCpu) {
+  compareLayout(moeEp({{"parallel.data_parallel_size=2"},
+                       {"parallel.moe_token_dispatcher_type=\"allgather\""}}),
+                4);
+}
+// tp2 x dp2 x ep2 with sequence parallelism and the distributed optimizer
+// on 4 ranks: the router's counts summed over tp, expert buckets sharded
+// over expt_dp (2 ranks: the tables indexed by (tp_rank + 2 dp_rank) / 2),
+// the sharded norm's expert part over expt_dp then tp_ep_pp.
+TEST(GpuExecutorParallel, ExpertParallelWithTensorParallelAndShardsMatchesTheCpu) {
+  compareLayout(moeEp({{"parallel.tensor_model_parallel_size=2"},
+                       {"parallel.sequence_parallel=true"},
+                       {"parallel.expert_tensor_parallel_size=1"},
+                       {"parallel.data_parallel_size=2"},
+                       {"parallel.use_distributed_optimizer=true"},
+                       {"parallel.moe_token_dispatcher_type=\"alltoall\""},
+                       {"training.global_batch_size=8"}}),
+                8);
+}
+
+
 } // namespace

@@ -737,31 +737,4 @@ TEST(GpuExecutor, PlanWithoutGpuFormIsRefused) {
   EXPECT_NE(e.find("ATTENTION: this plan has no GPU form for it"), std::string::npos) << e;
 }
 
-// The expert exchange is refused at load, naming expert_model_parallel_size
-// (run_moe_exchange is checked on emulated ranks in GpuExecutorParallelTest;
-// whole ep training steps against the CPU executor are not yet). The plan
-// is a dense one whose first train_step instruction is rewritten in place
-// as a MOE_DISPATCH: what open() sees of an ep plan.
-TEST(GpuExecutor, ExpertExchangeIsRefusedAtLoad) {
-  auto file = compilePlan({});
-  ASSERT_TRUE(file);
-  const pl::Rank &rank = *mt::rt::find_rank(*file->plan(), 0);
-  for (const pl::Program *p : *rank.programs())
-    if (p->name()->str() == "train_step") {
-      auto *t = reinterpret_cast<flatbuffers::Table *>(
-          const_cast<pl::Instruction *>(p->instructions()->Get(0)));
-      ASSERT_TRUE(t->SetField<uint16_t>(pl::Instruction::VT_OP,
-                                        uint16_t(pl::Opcode::MOE_DISPATCH), 0));
-    }
-  mt::rt::GpuExecutor gpu(*file->plan(), 0, std::make_unique<EmulatedDevice>());
-  const std::string e = gpu.open();
-  EXPECT_NE(e.find("MOE_DISPATCH: expert_model_parallel_size 1: the GPU executor does not run "
-                   "the expert exchange"),
-            std::string::npos)
-      << e;
-  EXPECT_NE(e.find("run with --device cpu, or set expert_model_parallel_size = 1"),
-            std::string::npos)
-      << e;
-}
-
 } // namespace
