@@ -119,7 +119,8 @@ struct CheckpointMeta {
 std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &meta,
                             const std::vector<CheckpointTensor> &tensors, int tp_rank = 0,
                             int pp_rank = 0, int pp_size = 1,
-                            const std::vector<CheckpointTensor> *distrib_optim = nullptr);
+                            const std::vector<CheckpointTensor> *distrib_optim = nullptr,
+                            int ep_rank = 0, int ep_size = 1);
 
 // The same save in steps, for a save that several processes share (the
 // collective in checkpoint_layout.h): one process calls begin, which makes
@@ -134,7 +135,8 @@ std::string begin_checkpoint_save(const std::string &save_dir, int64_t iteration
 std::string write_checkpoint_files(const std::string &staging, const CheckpointMeta &meta,
                                    const std::vector<CheckpointTensor> &tensors, int tp_rank,
                                    int pp_rank, int pp_size,
-                                   const std::vector<CheckpointTensor> *distrib_optim = nullptr);
+                                   const std::vector<CheckpointTensor> *distrib_optim = nullptr,
+                                   int ep_rank = 0, int ep_size = 1);
 std::string commit_checkpoint_save(const std::string &save_dir, int64_t iteration,
                                    const std::string &staging,
                                    const std::vector<std::string> &files);
@@ -148,11 +150,15 @@ bool checkpoint_exists(const std::string &load_dir);
 // (LOAD is then an iteration's directory). Empty when LOAD does not exist.
 std::vector<std::string> checkpoint_contents(const std::string &load_dir);
 
-// "mp_rank_00" (pp_size 1) or "mp_rank_00_000", as Megatron names ranks.
-std::string checkpoint_rank_name(int tp_rank, int pp_rank, int pp_size);
+// "mp_rank_00" (pp_size 1) or "mp_rank_00_000", as Megatron names ranks;
+// with ep_size > 1 the expert-parallel rank follows: "mp_rank_00_001" (pp 1)
+// or "mp_rank_00_000_001".
+std::string checkpoint_rank_name(int tp_rank, int pp_rank, int pp_size, int ep_rank = 0,
+                                 int ep_size = 1);
 // The rank's file in iter_XXXXXXX: "mp_rank_00.mtckpt" or, for the
 // distributed optimizer's state, "mp_rank_00.distrib_optim.mtckpt".
-std::string checkpoint_file_name(int tp_rank, int pp_rank, int pp_size, bool distrib_optim);
+std::string checkpoint_file_name(int tp_rank, int pp_rank, int pp_size, bool distrib_optim,
+                                 int ep_rank = 0, int ep_size = 1);
 
 // A validated rank file, mapped read-only.
 class CheckpointReader {
@@ -162,11 +168,14 @@ public:
   // every checksum before returning. On any problem returns null and sets
   // *error to one line naming the file, what is wrong and what to do.
   // With `distrib_optim`, opens the rank's distributed-optimizer file instead.
+  // ep_rank / ep_size: the expert-parallel rank's file (ep_size > 1).
   static std::unique_ptr<CheckpointReader> open(const std::string &load_dir, int64_t iteration,
                                                 int tp_rank, int pp_rank, int pp_size,
-                                                std::string *error, bool distrib_optim = false);
-  // The first model-parallel rank's file (mp_rank_00 or mp_rank_00_000),
-  // whatever layout saved it: where a loader reads the saved layout.
+                                                std::string *error, bool distrib_optim = false,
+                                                int ep_rank = 0, int ep_size = 1);
+  // The first model-parallel rank's file (mp_rank_00, mp_rank_00_000 or
+  // mp_rank_00_000_000), whatever layout saved it: where a loader reads the
+  // saved layout.
   static std::unique_ptr<CheckpointReader> open_first(const std::string &load_dir,
                                                       int64_t iteration, std::string *error);
   ~CheckpointReader();
@@ -176,6 +185,8 @@ public:
   int tp_rank() const;                           // the rank that saved it
   int pp_rank() const;
   int pp_size() const;
+  int ep_rank() const;                           // 0 and 1 when saved without ep
+  int ep_size() const;
   std::vector<std::string> tensor_names() const; // in file order
   bool has(const std::string &name) const;
   // The tensor's shape (empty when there is no such tensor).
