@@ -6,7 +6,10 @@
 //                                             newline, as Megatron writes it
 //   SAVE/iter_0000100/mp_rank_00.mtckpt      one file per model-parallel rank:
 //                                             mp_rank_{tp:02d} when pp == 1,
-//                                             mp_rank_{tp:02d}_{pp:03d} otherwise
+//                                             mp_rank_{tp:02d}_{pp:03d} otherwise,
+//                                             and _{ep:03d} after either when
+//                                             expert_model_parallel_size > 1
+//                                             (Megatron's get_checkpoint_name)
 //   SAVE/iter_0000100/mp_rank_00.distrib_optim.mtckpt
 //                                             with the distributed optimizer: every
 //                                             data-parallel rank's shard of the
@@ -20,7 +23,10 @@
 // rank saves, as in Megatron;
 // the distributed optimizer's shards are gathered to it and saved as tensors
 // dp_rank_RR.master / .exp_avg / .exp_avg_sq (SGD: .momentum_buffer) of the
-// distrib_optim file.
+// distrib_optim file. With expert parallelism the experts of each ep rank
+// are written by its expert-data-parallel rank 0 (their shards gathered
+// over expt_dp as edp_rank_RR.*) and the dense parameters as above, each
+// once: checkpoint_layout.h says which rank writes which file.
 //
 // Rank file, format version 1 (all integers little-endian):
 //   0   char[8] magic "MTCKPT\0\0"
@@ -35,7 +41,10 @@
 //        "consumed_valid_samples": N, "model_fingerprint": "...",
 //        "spec_toml": "...", "rng_state": [u64, ...], "loss_scale": X,
 //        "loss_scale_growth_tracker": N, "loss_scale_hysteresis_tracker": N,
-//        "tp_rank": N, "pp_rank": N, "pp_size": N, "values": {"k": "v", ...}}
+//        "tp_rank": N, "pp_rank": N, "pp_size": N, ["ep_rank": N, "ep_size": N,]
+//        "values": {"k": "v", ...}}
+//       (ep_rank and ep_size only in files of expert-parallel runs, ep_size > 1;
+//       absent, they are 0 and 1)
 //   table: per tensor, u16 name size, name (UTF-8), u8 dtype code
 //       (1 f32, 2 bf16, 3 f16, 4 i32, 5 i64, 6 u64, 7 u8), u8 rank,
 //       i64 dims[rank], u64 data offset, u64 data size, u32 CRC32C of the data
