@@ -252,12 +252,16 @@ void RecordWriter::end(const CollectiveOp &op, bool ok) {
   done.state = ok ? CollectiveOp::Done : CollectiveOp::Failed;
   auto *r = static_cast<RawRecord *>(map_);
   Change change(r);
-  to_raw(done, &r->current);
+  // A device's collectives end after later ones began (they complete on
+  // the GPU while the host issues more): `current` stays the latest begun.
+  if (r->current.seq <= op.seq)
+    to_raw(done, &r->current);
   if (ok) {
-    to_raw(done, &r->last_done);
+    if (r->last_done.seq <= op.seq)
+      to_raw(done, &r->last_done);
     if (op.group_seq > 0)
       if (RawGroup *g = find_group(r, op.group_key, false))
-        g->completed = op.group_seq;
+        g->completed = std::max(g->completed, op.group_seq);
   }
 }
 
@@ -341,13 +345,17 @@ std::vector<Suspect> find_suspects(const WaitPoint &w, const std::vector<Collect
                        std::to_string(rec.pid) + ") ";
     // The waited-for operation, named so that the line stands alone (the
     // launcher prints it as it is).
+    // A send waits only where sends are not buffered (NCCL's): for the
+    // peer's receive.
+    const bool send = p2p && w.op.op == "send";
     const std::string waited = p2p ? "the message of " + std::to_string(w.op.bytes) +
                                          " bytes rank " + std::to_string(w.world_rank) +
-                                         " waits for on group '" + w.op.group + "'"
+                                         (send ? " sends" : " waits for") + " on group '" +
+                                         w.op.group + "'"
                                    : w.op.op + " #" + std::to_string(w.op.group_seq) +
                                          " on group '" + w.op.group + "'";
     if (p2p) {
-      line += "did not send " + waited;
+      line += (send ? "did not receive " : "did not send ") + waited;
     } else {
       const GroupProgress *g = rec.group(w.op.group_key);
       if (!g)

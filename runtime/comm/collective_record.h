@@ -10,6 +10,7 @@
 #ifndef MT_RUNTIME_COLLECTIVE_RECORD_H
 #define MT_RUNTIME_COLLECTIVE_RECORD_H
 
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -53,7 +54,7 @@ struct CollectiveRecord {
   const GroupProgress *group(uint64_t key) const;
 };
 
-constexpr int kMaxRecordGroups = 16;
+constexpr int kMaxRecordGroups = 32; // host groups (up to 10) and their GPU groups (up to 9)
 
 // A stable 64-bit key of a group's store key (FNV-1a).
 uint64_t group_key_of(const std::string &store_key);
@@ -74,7 +75,12 @@ public:
   // member that never entered a collective from a rank outside the group.
   void join(uint64_t group_key);
   // Before the operation: returns its process-wide seq (filled into op).
+  // Thread-safe, like end().
   uint64_t begin(CollectiveOp &op);
+  // When it ended. Operations may end out of order (a GPU's collectives end
+  // when the device finishes them, after later ones began): the record's
+  // current operation stays the latest begun, its last done the latest
+  // ended by seq.
   void end(const CollectiveOp &op, bool ok);
 
   bool is_open() const { return map_ != nullptr; }
@@ -94,6 +100,17 @@ private:
   std::mutex mutex_;
   uint64_t seq_ = 0;
   uint64_t stall_at_ = 0;
+};
+
+// What the communicators of one process share about its record, for
+// collectives issued elsewhere (the GPU executor's, over NCCL) to be
+// recorded in the same file and judged by the same rules.
+struct RecordTarget {
+  RecordWriter *writer = nullptr; // the process's record, owned by its communicators
+  std::string dir;                // record_dir: every rank's record and blame file
+  std::string host;
+  int world_rank = 0;
+  std::chrono::milliseconds timeout{0}; // the run's collective timeout
 };
 
 // Reads "<dir>/rank_<rank>"; false with *error one line when it is missing

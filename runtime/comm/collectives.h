@@ -22,6 +22,8 @@ namespace mt::rt {
 
 enum class ReduceOp { Sum, Max };
 
+struct RecordTarget; // collective_record.h
+
 class Communicator {
 public:
   virtual ~Communicator() = default;
@@ -85,6 +87,15 @@ public:
   virtual std::unique_ptr<Communicator> split(const std::vector<int> &ranks,
                                               const std::string &name,
                                               std::string *error) = 0;
+
+  // This process's collective record (collective_record.h), for the
+  // collectives that run elsewhere (a GPU's, over NCCL) to be recorded
+  // beside this communicator's and judged by the same timeout; false where
+  // there is none (ranks as threads).
+  virtual bool record_target(RecordTarget *out) const {
+    (void)out;
+    return false;
+  }
 
 protected:
   // What the three collectives above are made of: all_to_all_v's contract,

@@ -415,6 +415,17 @@ public:
     return child;
   }
 
+  bool record_target(RecordTarget *out) const override {
+    if (!shared_->record.is_open())
+      return false;
+    out->writer = &shared_->record;
+    out->dir = shared_->record_dir;
+    out->host = shared_->host;
+    out->world_rank = shared_->world_rank;
+    out->timeout = shared_->timeout;
+    return true;
+  }
+
   std::string key_ = "world";
 
 private:

@@ -10,11 +10,13 @@
 #include "runtime/plan/plan_reader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -62,8 +64,8 @@ public:
   }
   ~NcclComm() override {
     live_->erase(this);
-    if (comm_)
-      nccl_->ncclCommDestroy(comm_);
+    if (cu::ncclComm_t c = comm_.load())
+      nccl_->ncclCommDestroy(c);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -73,10 +75,11 @@ public:
   // the communicator. Then the communicator is aborted, which ends its
   // kernels, and the error is returned.
   std::string async_error() {
-    if (!comm_)
+    cu::ncclComm_t c = comm_.load();
+    if (!c)
       return "";
     cu::ncclResult_t state = cu::ncclSuccess;
-    cu::ncclResult_t r = nccl_->ncclCommGetAsyncError(comm_, &state);
+    cu::ncclResult_t r = nccl_->ncclCommGetAsyncError(c, &state);
     if (r == cu::ncclSuccess && (state == cu::ncclSuccess || state == cu::ncclInProgress))
       return "";
     const cu::ncclResult_t why = r != cu::ncclSuccess ? r : state;
@@ -86,23 +89,32 @@ public:
            std::to_string(why) + "; another rank of the group may have stopped: its log " +
            "says why; NCCL_DEBUG=WARN says more)";
   }
-  // Ends the communicator's kernels (after another group's failure).
-  void abort() {
-    if (comm_)
-      nccl_->ncclCommAbort(comm_);
-    comm_ = nullptr;
+  // Ends the communicator's kernels (after another group's failure, or
+  // from the watchdog's thread after a timeout: ncclCommAbort is the call
+  // NCCL makes for ending a communicator whose operations hang). The
+  // handle is taken once, so two aborts never free it twice.
+  void abort() override {
+    if (cu::ncclComm_t c = comm_.exchange(nullptr))
+      nccl_->ncclCommAbort(c);
   }
+  bool aborted() const { return comm_.load() == nullptr; }
 
   std::string all_reduce(uint64_t in, uint64_t out, uint64_t count, CommElement t, ReduceOp op,
                          double scale) override {
     cu::ncclRedOp_t o = op == ReduceOp::Max ? cu::ncclMax : cu::ncclSum;
     if (std::string e = scaled(op, scale, &o); !e.empty())
       return e;
-    return check(nccl_->ncclAllReduce(ptr(in), ptr(out), count, nccl_type(t), o, comm_, *stream_),
+    cu::ncclComm_t c = nullptr;
+    if (std::string e = live(&c); !e.empty())
+      return e;
+    return check(nccl_->ncclAllReduce(ptr(in), ptr(out), count, nccl_type(t), o, c, *stream_),
                  "ncclAllReduce");
   }
   std::string all_gather(uint64_t in, uint64_t out, uint64_t count, CommElement t) override {
-    return check(nccl_->ncclAllGather(ptr(in), ptr(out), count, nccl_type(t), comm_, *stream_),
+    cu::ncclComm_t c = nullptr;
+    if (std::string e = live(&c); !e.empty())
+      return e;
+    return check(nccl_->ncclAllGather(ptr(in), ptr(out), count, nccl_type(t), c, *stream_),
                  "ncclAllGather");
   }
   std::string reduce_scatter(uint64_t in, uint64_t out, uint64_t count, CommElement t,
@@ -110,23 +122,36 @@ public:
     cu::ncclRedOp_t o = cu::ncclSum;
     if (std::string e = scaled(ReduceOp::Sum, scale, &o); !e.empty())
       return e;
-    return check(nccl_->ncclReduceScatter(ptr(in), ptr(out), count, nccl_type(t), o, comm_,
-                                          *stream_),
+    cu::ncclComm_t c = nullptr;
+    if (std::string e = live(&c); !e.empty())
+      return e;
+    return check(nccl_->ncclReduceScatter(ptr(in), ptr(out), count, nccl_type(t), o, c, *stream_),
                  "ncclReduceScatter");
   }
   std::string group_start() override { return check(nccl_->ncclGroupStart(), "ncclGroupStart"); }
   std::string group_end() override { return check(nccl_->ncclGroupEnd(), "ncclGroupEnd"); }
   std::string send(uint64_t buf, uint64_t count, CommElement t, int peer) override {
-    return check(nccl_->ncclSend(ptr(buf), count, nccl_type(t), peer, comm_, *stream_),
-                 "ncclSend");
+    cu::ncclComm_t c = nullptr;
+    if (std::string e = live(&c); !e.empty())
+      return e;
+    return check(nccl_->ncclSend(ptr(buf), count, nccl_type(t), peer, c, *stream_), "ncclSend");
   }
   std::string recv(uint64_t buf, uint64_t count, CommElement t, int peer) override {
-    return check(nccl_->ncclRecv(ptr(buf), count, nccl_type(t), peer, comm_, *stream_),
-                 "ncclRecv");
+    cu::ncclComm_t c = nullptr;
+    if (std::string e = live(&c); !e.empty())
+      return e;
+    return check(nccl_->ncclRecv(ptr(buf), count, nccl_type(t), peer, c, *stream_), "ncclRecv");
   }
 
 private:
   static void *ptr(uint64_t a) { return reinterpret_cast<void *>(a); }
+  std::string live(cu::ncclComm_t *c) const {
+    *c = comm_.load();
+    if (*c)
+      return "";
+    return "the " + name_ + " group's NCCL communicator was aborted (a collective failed or "
+           "timed out)";
+  }
   // A sum times 1/size is NCCL's average; the plans scale by nothing else.
   std::string scaled(ReduceOp op, double scale, cu::ncclRedOp_t *o) const {
     if (scale == 1.0)
@@ -147,7 +172,7 @@ private:
            std::to_string(r) + "; NCCL_DEBUG=WARN says more)";
   }
   const cu::Nccl *nccl_;
-  cu::ncclComm_t comm_;
+  std::atomic<cu::ncclComm_t> comm_;
   const cu::CUstream *stream_;
   int rank_, size_;
   std::string name_;
@@ -179,6 +204,8 @@ public:
     if (forked_)
       dev_.driver->cuEventDestroy(forked_);
     for (cu::CUevent e : side_done_)
+      dev_.driver->cuEventDestroy(e);
+    for (cu::CUevent e : free_events_)
       dev_.driver->cuEventDestroy(e);
     for (cu::CUstream s : {side_, stream_})
       if (s)
@@ -340,6 +367,16 @@ public:
       if (r != cu::CUDA_ERROR_NOT_READY)
         return drv(r, "waiting for the GPU's stream");
       for (NcclComm *c : *comms_)
+        if (c->aborted()) {
+          // Aborted from the watchdog's thread (a collective timed out):
+          // the kernels end, the streams drain, and the executor says why.
+          for (NcclComm *other : *comms_)
+            other->abort();
+          for (cu::CUstream s : {side_, stream_})
+            dev_.driver->cuStreamSynchronize(s);
+          return "the collectives were aborted (a collective timed out)";
+        }
+      for (NcclComm *c : *comms_)
         if (std::string e = c->async_error(); !e.empty()) {
           // Aborting one communicator can leave the others' kernels waiting
           // on it: end them all, then let the stream drain.
@@ -355,6 +392,45 @@ public:
       else
         std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+  }
+
+  // The watchdog's events: recorded where the NCCL calls go now, queried
+  // and released from the watchdog's thread, which the device's context
+  // is made current on first. Released events are kept for reuse.
+  std::string record_event(uint64_t *event) override {
+    *event = 0;
+    cu::CUevent ev = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(events_mu_);
+      if (!free_events_.empty()) {
+        ev = free_events_.back();
+        free_events_.pop_back();
+      }
+    }
+    if (!ev)
+      if (std::string e = drv(dev_.driver->cuEventCreate(&ev, cu::CU_EVENT_DISABLE_TIMING),
+                              "cuEventCreate");
+          !e.empty())
+        return e;
+    if (std::string e = drv(dev_.driver->cuEventRecord(ev, nccl_stream_), "cuEventRecord");
+        !e.empty()) {
+      release_event(reinterpret_cast<uint64_t>(ev));
+      return e;
+    }
+    *event = reinterpret_cast<uint64_t>(ev);
+    return "";
+  }
+  bool event_done(uint64_t event, std::string *error) override {
+    bind_context();
+    const cu::CUresult r = dev_.driver->cuEventQuery(reinterpret_cast<cu::CUevent>(event));
+    if (r == cu::CUDA_ERROR_NOT_READY)
+      return false;
+    *error = drv(r, "cuEventQuery");
+    return true;
+  }
+  void release_event(uint64_t event) override {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    free_events_.push_back(reinterpret_cast<cu::CUevent>(event));
   }
 
   // NCCL's bootstrap: group rank 0's unique id reaches the others over the
@@ -597,6 +673,12 @@ private:
     dev_.driver->cuGetErrorName(r, &name);
     return (name ? name : "CUDA error") + std::string(" (") + std::to_string(r) + ")";
   }
+  // The calling thread gets the device's context (once per thread).
+  void bind_context() const {
+    thread_local cu::CUcontext bound = nullptr;
+    if (bound != dev_.context && dev_.driver->cuCtxSetCurrent(dev_.context) == cu::CUDA_SUCCESS)
+      bound = dev_.context;
+  }
   std::string drv(cu::CUresult r, const std::string &what) const {
     return r == cu::CUDA_SUCCESS ? "" : what + " failed on " + describe(dev_) + ": " + error_name(r);
   }
@@ -620,6 +702,8 @@ private:
   std::map<std::pair<std::string, std::string>, cu::CUfunction> by_source_;
   std::map<cu::CUfunction, uint32_t> shared_allowed_; // opted in to, beyond the default 48 KiB
   CommSet comms_ = std::make_shared<std::set<NcclComm *>>();
+  std::mutex events_mu_;
+  std::vector<cu::CUevent> free_events_; // the watchdog's, for reuse
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, int, int,
                       int, bool, int, int>,
            Gemm>

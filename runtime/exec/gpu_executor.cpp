@@ -1,5 +1,6 @@
 // The GPU executor (gpu_executor.h): plan GPU steps on a GpuDevice.
 #include "runtime/exec/gpu_executor.h"
+#include "runtime/exec/device_watchdog.h"
 
 #include "runtime/comm/comm_order.h"
 
@@ -234,6 +235,12 @@ std::string GpuExecutor::open() {
                    "groups (set_groups) before open()";
     // A group whose host communicator is an earlier group's (the expert
     // groups of some layouts) uses that group's connection.
+    // The watchdog over the device collectives: the world communicator's
+    // record and timeout (Gloo), unless set_watchdog gave others.
+    if (!watch_target_.writer && groups_->world)
+      groups_->world->record_target(&watch_target_);
+    if (watch_target_.writer && watch_target_.timeout.count() > 0 && !watchdog_)
+      watchdog_ = std::make_unique<DeviceWatchdog>(*device_, watch_target_, watch_grace_);
     std::map<const Communicator *, DeviceComm *> connected;
     for (int k = 0; k < kNumGroups; ++k)
       if (Communicator *c = groups_->get(Group(k))) {
@@ -246,6 +253,9 @@ std::string GpuExecutor::open() {
         if (!d)
           return who + ": connecting the GPUs of the " + group_name(Group(k)) + " group (" +
                  std::to_string(c->size()) + " ranks): " + err;
+        if (watchdog_)
+          d = watchdog_->watch(std::move(d), group_name(Group(k)),
+                               group_members(groups_->layout, Group(k), groups_->rank));
         comms_[k] = connected[c] = d.get();
         owned_comms_.push_back(std::move(d));
       }
@@ -1313,7 +1323,24 @@ void GpuExecutor::set_cuda_graphs(bool on) {
   use_graphs_ = on;
 }
 
+void GpuExecutor::set_watchdog(const RecordTarget &target, std::chrono::milliseconds grace) {
+  watch_target_ = target;
+  watch_grace_ = grace;
+}
+
+std::string GpuExecutor::hung_or(std::string e) {
+  if (watchdog_ && watchdog_->fired())
+    return watchdog_->message();
+  return e;
+}
+
+// A collective that timed out is named by the watchdog's line, whatever
+// the aborted calls returned (an error, or nothing: the stream drained).
 std::string GpuExecutor::run(const pl::Program &program, uint64_t rng_offset) {
+  return hung_or(run_program(program, rng_offset));
+}
+
+std::string GpuExecutor::run_program(const pl::Program &program, uint64_t rng_offset) {
   if (!pending_error_.empty())
     return std::exchange(pending_error_, "");
   if (std::string e = staged(program, true); !e.empty())
@@ -1333,9 +1360,13 @@ std::string GpuExecutor::run(const pl::Program &program, uint64_t rng_offset) {
     if (!g.handle) {
       if (std::string e = device_->begin_capture(); !e.empty())
         return who + ": capturing a CUDA graph: " + e;
+      if (watchdog_)
+        watchdog_->begin_capture(); // the graph's collectives are recorded at each launch
       std::string e = run_steps(program);
       uint64_t handle = 0;
       std::string end = device_->end_capture(&handle); // ends the capture whatever happened
+      if (watchdog_)
+        g.collectives = watchdog_->end_capture();
       if (!e.empty()) {
         if (handle)
           device_->destroy_graph(handle);
@@ -1346,7 +1377,8 @@ std::string GpuExecutor::run(const pl::Program &program, uint64_t rng_offset) {
                "; run with --no-cuda-graph to run the steps one by one";
       g.handle = handle;
     }
-    if (std::string e = device_->launch_graph(g.handle); !e.empty())
+    auto launch = [&] { return device_->launch_graph(g.handle); };
+    if (std::string e = watchdog_ ? watchdog_->launch(g.collectives, launch) : launch(); !e.empty())
       return who + ": " + e;
     ++graph_launches_;
   }

@@ -79,6 +79,14 @@
 // open() refuses a plan with MOE_DISPATCH / MOE_COMBINE for now, naming
 // expert_model_parallel_size: run_moe_exchange is checked on emulated
 // ranks, whole expert-parallel training steps against the CPU are not yet.
+// Hung ranks: when the world communicator keeps collective records (Gloo,
+// mtrun) or set_watchdog gave one, each group's DeviceComm is wrapped by a
+// DeviceWatchdog (device_watchdog.h): every device collective is recorded
+// as it is issued and ended when an event after it has passed; one not
+// done within the run's collective timeout gets the peers' records read,
+// the hung rank(s) named (host, state, last collective), every
+// communicator aborted, and run() returns that line. A captured graph's
+// collectives are recorded at each launch.
 // Expert buckets (Bucket.group 6) reduce and gather over expt_dp as the
 // dense ones over dp; with the distributed optimizer, a bucket's shard is
 // its group rank's, its state at Bucket.shard_offset (open() refuses
@@ -95,11 +103,13 @@
 #ifndef MT_RUNTIME_GPU_EXECUTOR_H
 #define MT_RUNTIME_GPU_EXECUTOR_H
 
+#include "runtime/comm/collective_record.h"
 #include "runtime/comm/collectives.h"
 #include "runtime/comm/parallel_groups.h"
 #include "runtime/exec/executor.h"
 #include "runtime/plan/pipeline_expand.h"
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -147,6 +157,12 @@ public:
                                    const std::vector<uint64_t> &send_displs, uint64_t recv,
                                    const std::vector<uint64_t> &recv_counts,
                                    const std::vector<uint64_t> &recv_displs, CommElement t);
+  // Ends the communicator's collectives that have not completed, from any
+  // thread (the watchdog's, device_watchdog.h): kernels waiting for a peer
+  // that never comes stop (NCCL: ncclCommAbort), calls blocked in it
+  // return, and every later call fails. The communicator cannot be used
+  // again and what it was moving is lost.
+  virtual void abort() = 0;
 };
 
 // What the executor needs from a device. Addresses are device addresses as
@@ -170,6 +186,16 @@ public:
   // ptr: A, B, D, then the epilogue's bias and aux (plan.fbs Gemm).
   virtual std::string gemm(const mt::plan::Gemm &g, const uint64_t *ptr) = 0;
   virtual std::string synchronize() = 0;
+  // Events for the watchdog over the collectives (device_watchdog.h).
+  // record_event marks the point the work issued so far has reached on the
+  // stream DeviceComm calls go to now (the side stream between begin_side
+  // and end_side), never under capture; *event is not 0. event_done says
+  // whether the device has passed it (*error: one line when the device
+  // failed instead). event_done and release_event may be called from
+  // another thread than the one issuing work.
+  virtual std::string record_event(uint64_t *event) = 0;
+  virtual bool event_done(uint64_t event, std::string *error) = 0;
+  virtual void release_event(uint64_t event) = 0;
   // Device memory the device allocated for itself (cuBLASLt's workspace),
   // beside what allocate() gave the executor, and in how many allocations.
   virtual uint64_t own_bytes() const { return 0; }
@@ -238,6 +264,9 @@ struct MoeExchange {
 // `ep` null: a group of one rank.
 std::string run_moe_exchange(GpuDevice &device, DeviceComm *ep, const MoeExchange &x);
 
+class DeviceWatchdog;
+struct CapturedCollective;
+
 class GpuExecutor : public Executor {
 public:
   // The plan must have been verified by PlanFile and outlive the executor.
@@ -281,6 +310,12 @@ public:
   void zero_grads() override;
   void set_check_memory_plan(bool) override {}
   void set_groups(const ParallelGroups *groups) override { groups_ = groups; }
+  // The record and timeout the watchdog over the device collectives uses
+  // (device_watchdog.h). open() takes them from the world communicator
+  // when it keeps records (Gloo: mtrun); tests of ranks as threads give
+  // their own before open(). `grace`: see DeviceWatchdog.
+  void set_watchdog(const RecordTarget &target,
+                    std::chrono::milliseconds grace = std::chrono::milliseconds(0));
 
   // The training log's figures (executor.h): the counted elements are
   // copied to the host and summed there; memory: the one allocation of the
@@ -313,6 +348,7 @@ private:
   std::string write_scalars(uint64_t rng_offset);
   std::string download_floats(uint64_t at, mt::plan::DType t, int64_t n, std::vector<float> *out);
   std::string run_steps(const mt::plan::Program &program);
+  std::string run_program(const mt::plan::Program &program, uint64_t rng_offset);
   // Device bytes [first, second).
   using Span = std::pair<uint64_t, uint64_t>;
   void spans_of(const mt::plan::Program &program, const mt::plan::Instruction &ins,
@@ -360,6 +396,7 @@ private:
   struct Graph {
     int64_t runs = 0;
     uint64_t handle = 0;
+    std::vector<CapturedCollective> collectives; // issued again at each launch
   };
   std::map<const mt::plan::Program *, Graph> graphs_;
   // The ramp-up's expansion of the pipelined step for a smaller batch, or
@@ -375,6 +412,14 @@ private:
   int64_t graph_launches_ = 0;
   std::unique_ptr<HostState> host_;
   std::string pending_error_; // from calls that cannot return one (zero_grads)
+  // The watchdog over the device collectives (null: one rank, or no
+  // record to write). Declared after the communicators: it goes first.
+  RecordTarget watch_target_;
+  std::chrono::milliseconds watch_grace_{0};
+  std::unique_ptr<DeviceWatchdog> watchdog_;
+  // e, or the watchdog's line when a collective timed out (the aborted
+  // calls' own errors say nothing of the hung rank).
+  std::string hung_or(std::string e);
 };
 
 } // namespace mt::rt

@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -37,6 +38,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace mt::emu {
@@ -129,11 +131,33 @@ inline pl::DType dtypeOf(mt::rt::CommElement t) {
 //
 // Under graph capture a collective is recorded (its arguments by value, as
 // NCCL's captured kernels hold them) and runs when the graph replays.
+//
+// abort() (any thread) makes every later call fail. With `abortable` set,
+// each host collective also runs on a thread of its own while the caller
+// waits for it or for an abort, which then ends the wait as ncclCommAbort
+// ends NCCL's kernels; the thread itself finishes when the host
+// communicator's timeout passes, and the destructor waits for it.
 class EmulatedComm : public mt::rt::DeviceComm {
 public:
   // `record`: takes the work and returns true when the device is capturing.
   using Recorder = std::function<bool(std::function<std::string()>)>;
-  EmulatedComm(mt::rt::Communicator &c, Recorder record) : c_(c), record_(std::move(record)) {}
+  EmulatedComm(mt::rt::Communicator &c, Recorder record, bool abortable = false)
+      : c_(c), record_(std::move(record)), abortable_(abortable) {}
+  ~EmulatedComm() override {
+    for (std::thread &t : stranded_)
+      t.join();
+  }
+  void abort() override {
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      aborted_ = true;
+    }
+    abort_cv_.notify_all();
+  }
+  bool aborted() const {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    return aborted_;
+  }
   int rank() const override { return c_.rank(); }
   int size() const override { return c_.size(); }
 
@@ -185,9 +209,38 @@ public:
 
 private:
   std::string now(std::function<std::string()> f) {
-    if (record_ && record_(f))
+    std::function<std::string()> run = [this, f] { return guarded(f); };
+    if (record_ && record_(run))
       return "";
-    return f();
+    return run();
+  }
+  std::string guarded(const std::function<std::string()> &f) {
+    const std::string aborted = "the emulated communicator was aborted";
+    if (this->aborted())
+      return aborted;
+    if (!abortable_)
+      return f();
+    struct Result {
+      bool done = false;
+      std::string error;
+    };
+    auto result = std::make_shared<Result>();
+    std::thread t([this, f, result] {
+      std::string e = f();
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      result->error = e;
+      result->done = true;
+      abort_cv_.notify_all();
+    });
+    std::unique_lock<std::mutex> lock(abort_mu_);
+    abort_cv_.wait(lock, [&] { return result->done || aborted_; });
+    if (!result->done) {
+      stranded_.push_back(std::move(t));
+      return aborted;
+    }
+    lock.unlock();
+    t.join();
+    return result->error;
   }
   std::string all_reduce_now(uint64_t in, uint64_t out, uint64_t count, mt::rt::CommElement t,
                              mt::rt::ReduceOp op, double scale) {
@@ -251,6 +304,11 @@ private:
   mt::rt::Communicator &c_;
   Recorder record_;
   std::map<int, int> sent_, received_;
+  bool abortable_ = false;
+  mutable std::mutex abort_mu_;
+  std::condition_variable abort_cv_;
+  bool aborted_ = false;
+  std::vector<std::thread> stranded_; // collectives still waiting after an abort
 };
 
 // d gelu_tanh / dx.
@@ -282,11 +340,52 @@ public:
       n.call = std::move(f);
       recording_.push_back(std::move(n));
       return true;
-    });
+    }, abortable);
     comms.push_back(c.get());
     return c;
   }
   std::vector<EmulatedComm *> comms;
+  bool abortable = false; // EmulatedComm's abortable mode for the communicators connected after
+
+  // The watchdog's events: passed at once on the compute stream (its work
+  // ran as it was issued), when the side stream's work before them runs
+  // (join_side) there.
+  std::string record_event(uint64_t *event) override {
+    if (capturing_)
+      return "an event recorded while capturing a graph";
+    std::lock_guard<std::mutex> lock(events_mu_);
+    *event = ++lastEvent_;
+    events_[*event] = !side_;
+    if (side_) {
+      const uint64_t e = *event;
+      side_queue_.push_back([this, e] {
+        std::lock_guard<std::mutex> l(events_mu_);
+        if (auto it = events_.find(e); it != events_.end())
+          it->second = true;
+        return std::string();
+      });
+    }
+    ++eventsRecorded;
+    return "";
+  }
+  bool event_done(uint64_t event, std::string *error) override {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    auto it = events_.find(event);
+    if (it == events_.end()) {
+      *error = "no such event";
+      return true;
+    }
+    return it->second;
+  }
+  void release_event(uint64_t event) override {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    events_.erase(event);
+  }
+  size_t liveEvents() const {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    return events_.size();
+  }
+  int eventsRecorded = 0;
   uint64_t allocated = 0; // bytes asked of allocate()
   uint64_t memory_limit = UINT64_MAX; // a larger allocate() fails, as on a full GPU
 
@@ -570,6 +669,9 @@ private:
     uint64_t ptr[5] = {0, 0, 0, 0, 0}; // GEMM pointers; a fill's dst, byte, bytes
   };
   bool capturing_ = false, side_ = false;
+  mutable std::mutex events_mu_;
+  std::map<uint64_t, bool> events_; // passed or not
+  uint64_t lastEvent_ = 0;
   std::vector<std::function<std::string()>> side_queue_;
   std::vector<size_t> batch_ends_; // side_queue_'s size at each batch's end_side
   std::vector<Node> recording_;

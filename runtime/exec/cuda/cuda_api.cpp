@@ -217,6 +217,7 @@ const Driver *load_driver(std::string *error) {
         MT_SYM(t, cuEventCreate),
         MT_SYM_AS(t, cuEventDestroy, "cuEventDestroy_v2"),
         MT_SYM(t, cuEventRecord),
+        MT_SYM(t, cuEventQuery),
         MT_SYM_AS(t, cuStreamBeginCapture, "cuStreamBeginCapture_v2"),
         MT_SYM(t, cuStreamEndCapture),
         MT_SYM_AS(t, cuGraphInstantiate, "cuGraphInstantiateWithFlags"),

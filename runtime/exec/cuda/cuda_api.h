@@ -95,6 +95,7 @@ struct Driver {
   CUresult (*cuEventCreate)(CUevent *event, unsigned flags);
   CUresult (*cuEventDestroy)(CUevent event);                               // _v2
   CUresult (*cuEventRecord)(CUevent event, CUstream stream);
+  CUresult (*cuEventQuery)(CUevent event);
   CUresult (*cuStreamBeginCapture)(CUstream stream, CUstreamCaptureMode mode); // _v2
   CUresult (*cuStreamEndCapture)(CUstream stream, CUgraph *graph);
   CUresult (*cuGraphInstantiate)(CUgraphExec *exec, CUgraph graph,

@@ -240,6 +240,64 @@ TEST(CollectiveRecord, ARecvNamesItsPeer) {
       << got[0].line;
 }
 
+// A send waits only where sends are not buffered (NCCL's, between GPUs):
+// for the peer to receive it.
+TEST(CollectiveRecord, AnUnbufferedSendNamesItsPeer) {
+  Scene s;
+  WaitPoint w = s.w;
+  w.op = CollectiveOp{};
+  w.op.op = "send";
+  w.op.group = "pp (GPU)";
+  w.op.peer = 2;
+  w.op.bytes = 64;
+  w.members = {2};
+  std::vector<Suspect> got = mt::rt::find_suspects(w, {s.records[2]}, sleeping);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].line.rfind("rank 2 (host node1, process 1002) did not receive the message of "
+                              "64 bytes rank 0 sends on group 'pp (GPU)'; its last collective was",
+                              0),
+            0u)
+      << got[0].line;
+}
+
+// A GPU's collectives end when the device has finished them, after later
+// ones began: the record's current operation stays the latest begun, its
+// last done and each group's completed count only move forward.
+TEST(CollectiveRecord, OperationsMayEndOutOfOrder) {
+  TempDir dir;
+  mt::rt::RecordWriter w;
+  ASSERT_EQ(w.open(dir.path, 0, "node0"), "");
+  const uint64_t tp = mt::rt::group_key_of("gpu:tp (GPU)_0_1");
+  w.join(tp);
+  CollectiveOp a = collective("all_reduce", "tp (GPU)", tp, 1, 64, 2);
+  CollectiveOp b = collective("all_gather", "tp (GPU)", tp, 2, 32, 2);
+  w.begin(a);
+  w.begin(b);
+  w.end(b, true);
+  w.end(a, true); // the older one, last
+  CollectiveRecord r;
+  std::string err;
+  ASSERT_TRUE(mt::rt::read_record(dir.path, 0, &r, &err)) << err;
+  EXPECT_EQ(r.current.op, "all_gather");
+  EXPECT_EQ(r.current.state, CollectiveOp::Done);
+  EXPECT_EQ(r.last_done.group_seq, 2u);
+  ASSERT_NE(r.group(tp), nullptr);
+  EXPECT_EQ(r.group(tp)->entered, 2u);
+  EXPECT_EQ(r.group(tp)->completed, 2u);
+  // A later one still running stays current when an older one ends.
+  CollectiveOp c = collective("all_reduce", "tp (GPU)", tp, 3, 64, 2);
+  CollectiveOp d = collective("all_reduce", "tp (GPU)", tp, 4, 64, 2);
+  w.begin(c);
+  w.begin(d);
+  w.end(c, true);
+  ASSERT_TRUE(mt::rt::read_record(dir.path, 0, &r, &err)) << err;
+  EXPECT_EQ(r.current.group_seq, 4u);
+  EXPECT_EQ(r.current.state, CollectiveOp::Running);
+  EXPECT_EQ(r.last_done.group_seq, 3u);
+  EXPECT_EQ(r.group(tp)->entered, 4u);
+  EXPECT_EQ(r.group(tp)->completed, 3u);
+}
+
 TEST(CollectiveRecord, BlameFilesRoundTrip) {
   TempDir dir;
   std::vector<Suspect> in = {{1, "rank 1 (host a, process 7) never entered x"}, {3, "three"}};

@@ -29,6 +29,7 @@ namespace mine {
   X(Driver, cuLaunchKernel) X(Driver, cuStreamCreate) X(Driver, cuStreamDestroy)                 \
   X(Driver, cuStreamSynchronize) X(Driver, cuStreamQuery) X(Driver, cuStreamWaitEvent)          \
   X(Driver, cuEventCreate) X(Driver, cuEventDestroy) X(Driver, cuEventRecord)                    \
+  X(Driver, cuEventQuery)                                                                         \
   X(Driver, cuStreamBeginCapture) X(Driver, cuStreamEndCapture)                                  \
   X(Driver, cuGraphInstantiate) X(Driver, cuGraphLaunch) X(Driver, cuGraphExecDestroy)           \
   X(Driver, cuGraphDestroy)
