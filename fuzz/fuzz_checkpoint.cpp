@@ -76,7 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   }
   if (const mt::plan::Rank *rank = find_rank(plan, 0))
-    (void)check_rank_params(*reader, *rank, g_load, g_plan_path);
+    (void)check_rank_params(*reader, plan, *rank, g_load, g_plan_path);
   int64_t v = 0;
   for (const char *key : {"optimizer_steps", "lr_scheduler_samples", "skipped_iterations",
                           "train_index_samples", "pp_size"})

@@ -50,7 +50,6 @@ std::string read_model(const std::string &toml, const std::string &source,
   h.moe_expert_capacity_factor = m.moe_expert_capacity_factor;
   h.moe_layers = m.moe_layers;
   h.moe_shared_expert_intermediate_size = m.moe_shared_expert_intermediate_size;
-  h.expert_model_parallel_size = spec->parallel.expert_model_parallel_size;
   h.untie_embeddings_and_output_weights = m.untie_embeddings_and_output_weights;
   h.add_bias_linear = m.add_bias_linear;
   h.hidden_dropout = m.hidden_dropout;

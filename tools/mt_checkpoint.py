@@ -110,33 +110,37 @@ def crc32c(data, crc=0):
 
 # --- Paths --------------------------------------------------------------------
 
-def rank_name(tp_rank=0, pp_rank=0, pp_size=1):
-    """Megatron's names: mp_rank_00, or mp_rank_00_000 with pipeline parallelism."""
-    if pp_size == 1:
-        return "mp_rank_%02d" % tp_rank
-    return "mp_rank_%02d_%03d" % (tp_rank, pp_rank)
+def rank_name(tp_rank=0, pp_rank=0, pp_size=1, ep_rank=0, ep_size=1):
+    """Megatron's names: mp_rank_00, or mp_rank_00_000 with pipeline
+    parallelism; with expert parallelism the ep rank after them
+    (mp_rank_00_001, mp_rank_00_000_001)."""
+    name = "mp_rank_%02d" % tp_rank if pp_size == 1 else "mp_rank_%02d_%03d" % (tp_rank, pp_rank)
+    return name + ("_%03d" % ep_rank if ep_size > 1 else "")
 
 
-def rank_file_in(directory, tp_rank, pp_rank, pp_size):
-    """The rank file's name; with pp_size None, whichever of Megatron's two
-    spellings the directory holds (mp_rank_00 or mp_rank_00_000)."""
-    if pp_size is not None:
-        return rank_name(tp_rank, pp_rank, pp_size) + ".mtckpt"
-    for size in (1, 2):  # any pp_size > 1 spells the name alike
-        name = rank_name(tp_rank, pp_rank, size) + ".mtckpt"
-        if os.path.isfile(os.path.join(directory, name)):
-            return name
-    return rank_name(tp_rank, pp_rank, 1) + ".mtckpt"
+def rank_file_in(directory, tp_rank, pp_rank, pp_size, ep_rank=0, ep_size=None):
+    """The rank file's name; with pp_size or ep_size None, whichever of
+    Megatron's spellings the directory holds (mp_rank_00, mp_rank_00_000 or
+    mp_rank_00_000_000)."""
+    # Any size > 1 spells the name alike; a rank > 0 needs one.
+    pp_sizes = [pp_size] if pp_size is not None else [2] if pp_rank > 0 else [1, 2]
+    ep_sizes = [ep_size] if ep_size is not None else [2] if ep_rank > 0 else [1, 2]
+    for pps in pp_sizes:
+        for eps in ep_sizes:
+            name = rank_name(tp_rank, pp_rank, pps, ep_rank, eps) + ".mtckpt"
+            if os.path.isfile(os.path.join(directory, name)):
+                return name
+    return rank_name(tp_rank, pp_rank, pp_sizes[0], ep_rank, ep_sizes[0]) + ".mtckpt"
 
 
-def resolve(path, iteration=None, tp_rank=0, pp_rank=0, pp_size=None):
+def resolve(path, iteration=None, tp_rank=0, pp_rank=0, pp_size=None, ep_rank=0, ep_size=None):
     """The rank file for a save directory, an iteration directory or a file.
-    pp_size None: a pipeline checkpoint is recognised by its file names."""
+    pp_size / ep_size None: recognised by the file names."""
     if os.path.isfile(path):
         return path
     if not os.path.isdir(path):
         raise CheckpointError("no checkpoint at %s (no such file or directory)" % path)
-    name = rank_file_in(path, tp_rank, pp_rank, pp_size)
+    name = rank_file_in(path, tp_rank, pp_rank, pp_size, ep_rank, ep_size)
     if iteration is None and os.path.isfile(os.path.join(path, name)):
         return os.path.join(path, name)  # an iteration directory
     if iteration is None:
@@ -157,7 +161,7 @@ def resolve(path, iteration=None, tp_rank=0, pp_rank=0, pp_size=None):
     if not os.path.isdir(iter_dir):
         raise CheckpointError("no checkpoint for iteration %d in %s (%s does not exist)"
                               % (iteration, path, os.path.basename(iter_dir)))
-    name = rank_file_in(iter_dir, tp_rank, pp_rank, pp_size)
+    name = rank_file_in(iter_dir, tp_rank, pp_rank, pp_size, ep_rank, ep_size)
     file = os.path.join(iter_dir, name)
     if not os.path.isfile(file):
         have = sorted(n for n in os.listdir(iter_dir) if n.endswith(".mtckpt"))
@@ -254,9 +258,9 @@ def bf16_to_float32(bits):
 
 
 def load(path, iteration=None, tp_rank=0, pp_rank=0, pp_size=None, verify=True,
-         bf16_as_float32=False):
+         bf16_as_float32=False, ep_rank=0, ep_size=None):
     """(meta, {name: numpy array}) of one rank's checkpoint; see the module doc."""
-    file = resolve(path, iteration, tp_rank, pp_rank, pp_size)
+    file = resolve(path, iteration, tp_rank, pp_rank, pp_size, ep_rank, ep_size)
     meta, table, buf = read_file(file, verify)
     tensors = {}
     for t in table:
@@ -274,15 +278,18 @@ def load(path, iteration=None, tp_rank=0, pp_rank=0, pp_size=None, verify=True,
 # --- CLI ----------------------------------------------------------------------
 
 def inspect(args):
-    file = resolve(args.path, args.iteration, args.tp_rank, args.pp_rank, args.pp_size)
+    file = resolve(args.path, args.iteration, args.tp_rank, args.pp_rank, args.pp_size,
+                   args.ep_rank, args.ep_size)
     meta, table, _ = read_file(file, verify=True)
     out = ["checkpoint: %s" % file]
     for key in ("iteration", "consumed_train_samples", "consumed_valid_samples",
                 "model_fingerprint"):
         out.append("%s: %s" % (key, meta[key]))
-    out.append("rank: %s (pipeline size %d)"
-               % (rank_name(meta["tp_rank"], meta["pp_rank"], meta["pp_size"]),
-                  meta["pp_size"]))
+    ep_rank, ep_size = meta.get("ep_rank", 0), meta.get("ep_size", 1)
+    out.append("rank: %s (pipeline size %d%s)"
+               % (rank_name(meta["tp_rank"], meta["pp_rank"], meta["pp_size"], ep_rank, ep_size),
+                  meta["pp_size"],
+                  ", expert-parallel size %d" % ep_size if ep_size > 1 else ""))
     out.append("loss_scale: %r (growth tracker %d, hysteresis tracker %d)"
                % (float(meta["loss_scale"]), meta["loss_scale_growth_tracker"],
                   meta["loss_scale_hysteresis_tracker"]))
@@ -320,6 +327,9 @@ def main(argv):
     p.add_argument("--pp-rank", type=int, default=0)
     p.add_argument("--pp-size", type=int, default=None,
                    help="the pipeline size (default: recognised from the file names)")
+    p.add_argument("--ep-rank", type=int, default=0, help="the expert-parallel rank")
+    p.add_argument("--ep-size", type=int, default=None,
+                   help="the expert-parallel size (default: recognised from the file names)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet under `| head`
     try:

@@ -6,7 +6,10 @@
 //                                             newline, as Megatron writes it
 //   SAVE/iter_0000100/mp_rank_00.mtckpt      one file per model-parallel rank:
 //                                             mp_rank_{tp:02d} when pp == 1,
-//                                             mp_rank_{tp:02d}_{pp:03d} otherwise
+//                                             mp_rank_{tp:02d}_{pp:03d} otherwise,
+//                                             and _{ep:03d} after either when
+//                                             expert_model_parallel_size > 1
+//                                             (Megatron's get_checkpoint_name)
 //   SAVE/iter_0000100/mp_rank_00.distrib_optim.mtckpt
 //                                             with the distributed optimizer: every
 //                                             data-parallel rank's shard of the
@@ -20,7 +23,10 @@
 // rank saves, as in Megatron;
 // the distributed optimizer's shards are gathered to it and saved as tensors
 // dp_rank_RR.master / .exp_avg / .exp_avg_sq (SGD: .momentum_buffer) of the
-// distrib_optim file.
+// distrib_optim file. With expert parallelism the experts of each ep rank
+// are written by its expert-data-parallel rank 0 (their shards gathered
+// over expt_dp as edp_rank_RR.*) and the dense parameters as above, each
+// once: checkpoint_layout.h says which rank writes which file.
 //
 // Rank file, format version 1 (all integers little-endian):
 //   0   char[8] magic "MTCKPT\0\0"
@@ -35,7 +41,10 @@
 //        "consumed_valid_samples": N, "model_fingerprint": "...",
 //        "spec_toml": "...", "rng_state": [u64, ...], "loss_scale": X,
 //        "loss_scale_growth_tracker": N, "loss_scale_hysteresis_tracker": N,
-//        "tp_rank": N, "pp_rank": N, "pp_size": N, "values": {"k": "v", ...}}
+//        "tp_rank": N, "pp_rank": N, "pp_size": N, ["ep_rank": N, "ep_size": N,]
+//        "values": {"k": "v", ...}}
+//       (ep_rank and ep_size only in files of expert-parallel runs, ep_size > 1;
+//       absent, they are 0 and 1)
 //   table: per tensor, u16 name size, name (UTF-8), u8 dtype code
 //       (1 f32, 2 bf16, 3 f16, 4 i32, 5 i64, 6 u64, 7 u8), u8 rank,
 //       i64 dims[rank], u64 data offset, u64 data size, u32 CRC32C of the data
@@ -119,7 +128,8 @@ struct CheckpointMeta {
 std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &meta,
                             const std::vector<CheckpointTensor> &tensors, int tp_rank = 0,
                             int pp_rank = 0, int pp_size = 1,
-                            const std::vector<CheckpointTensor> *distrib_optim = nullptr);
+                            const std::vector<CheckpointTensor> *distrib_optim = nullptr,
+                            int ep_rank = 0, int ep_size = 1);
 
 // The same save in steps, for a save that several processes share (the
 // collective in checkpoint_layout.h): one process calls begin, which makes
@@ -134,7 +144,8 @@ std::string begin_checkpoint_save(const std::string &save_dir, int64_t iteration
 std::string write_checkpoint_files(const std::string &staging, const CheckpointMeta &meta,
                                    const std::vector<CheckpointTensor> &tensors, int tp_rank,
                                    int pp_rank, int pp_size,
-                                   const std::vector<CheckpointTensor> *distrib_optim = nullptr);
+                                   const std::vector<CheckpointTensor> *distrib_optim = nullptr,
+                                   int ep_rank = 0, int ep_size = 1);
 std::string commit_checkpoint_save(const std::string &save_dir, int64_t iteration,
                                    const std::string &staging,
                                    const std::vector<std::string> &files);
@@ -148,11 +159,15 @@ bool checkpoint_exists(const std::string &load_dir);
 // (LOAD is then an iteration's directory). Empty when LOAD does not exist.
 std::vector<std::string> checkpoint_contents(const std::string &load_dir);
 
-// "mp_rank_00" (pp_size 1) or "mp_rank_00_000", as Megatron names ranks.
-std::string checkpoint_rank_name(int tp_rank, int pp_rank, int pp_size);
+// "mp_rank_00" (pp_size 1) or "mp_rank_00_000", as Megatron names ranks;
+// with ep_size > 1 the expert-parallel rank follows: "mp_rank_00_001" (pp 1)
+// or "mp_rank_00_000_001".
+std::string checkpoint_rank_name(int tp_rank, int pp_rank, int pp_size, int ep_rank = 0,
+                                 int ep_size = 1);
 // The rank's file in iter_XXXXXXX: "mp_rank_00.mtckpt" or, for the
 // distributed optimizer's state, "mp_rank_00.distrib_optim.mtckpt".
-std::string checkpoint_file_name(int tp_rank, int pp_rank, int pp_size, bool distrib_optim);
+std::string checkpoint_file_name(int tp_rank, int pp_rank, int pp_size, bool distrib_optim,
+                                 int ep_rank = 0, int ep_size = 1);
 
 // A validated rank file, mapped read-only.
 class CheckpointReader {
@@ -162,11 +177,14 @@ public:
   // every checksum before returning. On any problem returns null and sets
   // *error to one line naming the file, what is wrong and what to do.
   // With `distrib_optim`, opens the rank's distributed-optimizer file instead.
+  // ep_rank / ep_size: the expert-parallel rank's file (ep_size > 1).
   static std::unique_ptr<CheckpointReader> open(const std::string &load_dir, int64_t iteration,
                                                 int tp_rank, int pp_rank, int pp_size,
-                                                std::string *error, bool distrib_optim = false);
-  // The first model-parallel rank's file (mp_rank_00 or mp_rank_00_000),
-  // whatever layout saved it: where a loader reads the saved layout.
+                                                std::string *error, bool distrib_optim = false,
+                                                int ep_rank = 0, int ep_size = 1);
+  // The first model-parallel rank's file (mp_rank_00, mp_rank_00_000 or
+  // mp_rank_00_000_000), whatever layout saved it: where a loader reads the
+  // saved layout.
   static std::unique_ptr<CheckpointReader> open_first(const std::string &load_dir,
                                                       int64_t iteration, std::string *error);
   ~CheckpointReader();
@@ -176,6 +194,8 @@ public:
   int tp_rank() const;                           // the rank that saved it
   int pp_rank() const;
   int pp_size() const;
+  int ep_rank() const;                           // 0 and 1 when saved without ep
+  int ep_size() const;
   std::vector<std::string> tensor_names() const; // in file order
   bool has(const std::string &name) const;
   // The tensor's shape (empty when there is no such tensor).

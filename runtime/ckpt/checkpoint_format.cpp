@@ -160,17 +160,25 @@ bool starts_with(const std::string &s, const std::string &prefix) {
 // Names
 // ---------------------------------------------------------------------------
 
-std::string checkpoint_rank_name(int tp_rank, int pp_rank, int pp_size) {
+std::string checkpoint_rank_name(int tp_rank, int pp_rank, int pp_size, int ep_rank,
+                                 int ep_size) {
   char buf[64];
   if (pp_size == 1)
     std::snprintf(buf, sizeof buf, "mp_rank_%02d", tp_rank);
   else
     std::snprintf(buf, sizeof buf, "mp_rank_%02d_%03d", tp_rank, pp_rank);
-  return buf;
+  std::string name = buf;
+  // Megatron's get_checkpoint_name: the expert-parallel rank last, when ep > 1.
+  if (ep_size > 1) {
+    std::snprintf(buf, sizeof buf, "_%03d", ep_rank);
+    name += buf;
+  }
+  return name;
 }
 
-std::string checkpoint_file_name(int tp_rank, int pp_rank, int pp_size, bool distrib_optim) {
-  return checkpoint_rank_name(tp_rank, pp_rank, pp_size) +
+std::string checkpoint_file_name(int tp_rank, int pp_rank, int pp_size, bool distrib_optim,
+                                 int ep_rank, int ep_size) {
+  return checkpoint_rank_name(tp_rank, pp_rank, pp_size, ep_rank, ep_size) +
          (distrib_optim ? ckpt_detail::kDistribOptimSuffix : ckpt_detail::kSuffix);
 }
 

@@ -53,9 +53,9 @@ int int_value(const CheckpointMeta &m, const char *key, int dflt) {
   return ckpt_detail::parse_int(it->second, 1, 1 << 16, &n) ? int(n) : -1;
 }
 
-std::string layout_text(int tp, int pp, int dp) {
+std::string layout_text(int tp, int pp, int dp, int ep = 1) {
   return "tensor " + std::to_string(tp) + " x pipeline " + std::to_string(pp) + " x data " +
-         std::to_string(dp);
+         std::to_string(dp) + (ep > 1 ? ", expert-parallel " + std::to_string(ep) : std::string());
 }
 
 // One parameter of a rank file, as param_layout records it.
@@ -64,6 +64,7 @@ struct SavedParam {
   int tp_dim = -1, tp_blocks = 1;
   int64_t flat_offset = -1;
   std::vector<int64_t> shape; // the shard
+  int ep_dim = -1;            // an expert-parallel shard's dim (the file's ep rank's slice)
 };
 
 bool parse_param_layout(const std::string &text, std::vector<SavedParam> *out) {
@@ -74,9 +75,16 @@ bool parse_param_layout(const std::string &text, std::vector<SavedParam> *out) {
       continue;
     std::istringstream in(item);
     SavedParam p;
-    std::string shape;
+    std::string shape, ep_dim;
     if (!(in >> p.name >> p.tp_dim >> p.tp_blocks >> p.flat_offset >> shape) || p.tp_blocks < 1)
       return false;
+    if (in >> ep_dim) {
+      int64_t v = 0;
+      std::string rest;
+      if (!ckpt_detail::parse_int(ep_dim, 0, 64, &v) || (in >> rest))
+        return false;
+      p.ep_dim = int(v);
+    }
     if (shape != "scalar") {
       std::stringstream dims(shape);
       std::string d;
@@ -89,6 +97,7 @@ bool parse_param_layout(const std::string &text, std::vector<SavedParam> *out) {
     }
     uint64_t bytes = 0;
     if (p.tp_dim < -1 || p.tp_dim >= int(p.shape.size()) || p.flat_offset < -1 ||
+        p.ep_dim >= int(p.shape.size()) || (p.ep_dim >= 0 && p.ep_dim == p.tp_dim) ||
         !ckpt_detail::shape_bytes(p.shape, 4, &bytes) ||
         (p.tp_dim >= 0 && p.shape[size_t(p.tp_dim)] % p.tp_blocks != 0))
       return false;
@@ -97,14 +106,87 @@ bool parse_param_layout(const std::string &text, std::vector<SavedParam> *out) {
   return true;
 }
 
-struct Bucket {
+// The distributed optimizer's shard layout of a rank (plan.fbs, Bucket):
+// bucket [begin, end) of a group of G ranks (dp, or edp for expert buckets),
+// n = (end - begin) / G: group rank r's shard holds the flat elements
+// [begin + r n, begin + (r + 1) n) at element `offset` of its shard state.
+struct ShardBucket {
   int64_t begin, end;
+  bool expert;
+  int64_t offset;
+};
+struct ShardLayout {
+  int dp = 1, edp = 1;
+  int64_t flat = 0, shard = 0;
+  std::vector<ShardBucket> buckets; // in the backward's order
+  int group(bool expert) const { return expert ? edp : dp; }
+  int64_t n(const ShardBucket &b) const { return (b.end - b.begin) / group(b.expert); }
+  // The group's buckets in shard-state order, each with its place in the
+  // packed vector (dp_rank_RR / edp_rank_RR).
+  std::vector<std::pair<const ShardBucket *, int64_t>> packed(bool expert) const {
+    std::vector<const ShardBucket *> bs;
+    for (const ShardBucket &b : buckets)
+      if (b.expert == expert)
+        bs.push_back(&b);
+    std::sort(bs.begin(), bs.end(),
+              [](const ShardBucket *x, const ShardBucket *y) { return x->offset < y->offset; });
+    std::vector<std::pair<const ShardBucket *, int64_t>> out;
+    int64_t at = 0;
+    for (const ShardBucket *b : bs) {
+      out.push_back({b, at});
+      at += n(*b);
+    }
+    return out;
+  }
+  int64_t elements(bool expert) const {
+    int64_t total = 0;
+    for (const ShardBucket &b : buckets)
+      if (b.expert == expert)
+        total += n(b);
+    return total;
+  }
+  bool has(bool expert) const {
+    return std::any_of(buckets.begin(), buckets.end(),
+                       [&](const ShardBucket &b) { return b.expert == expert; });
+  }
+  // Every bucket a dp bucket at begin / dp: the text without groups.
+  bool plain() const {
+    return std::all_of(buckets.begin(), buckets.end(), [&](const ShardBucket &b) {
+      return !b.expert && b.offset == b.begin / dp;
+    });
+  }
 };
 
-// "dp 2, flat 40000, buckets [35200, 40000) [0, 35200)": the buckets cover
-// [0, flat) without overlap, each a multiple of dp long.
-bool parse_shard_layout(const std::string &text, int *dp, int64_t *flat,
-                        std::vector<Bucket> *buckets) {
+ShardLayout layout_of(const pl::Plan &plan, const pl::Rank &r) {
+  ShardLayout l;
+  l.dp = int(std::max(1, plan.data_parallel()));
+  l.edp = int(expert_data_parallel(plan));
+  l.flat = r.flat_elements();
+  l.shard = r.shard_elements();
+  for (uint32_t b = 0; r.buckets() && b < r.buckets()->size(); ++b) {
+    const pl::Bucket *bk = r.buckets()->Get(b);
+    l.buckets.push_back(
+        {bk->begin(), bk->end(), bk->group() == 6, bucket_shard_state_offset(plan, *bk)});
+  }
+  return l;
+}
+
+std::string layout_string(const ShardLayout &l) {
+  const bool plain = l.plain();
+  std::string s = "dp " + std::to_string(l.dp) +
+                  (plain ? "" : ", edp " + std::to_string(l.edp)) + ", flat " +
+                  std::to_string(l.flat) +
+                  (plain ? "" : ", shard " + std::to_string(l.shard)) + ", buckets";
+  for (const ShardBucket &b : l.buckets)
+    s += " [" + std::to_string(b.begin) + ", " + std::to_string(b.end) + ")" +
+         (plain ? "" : std::string(b.expert ? " edp@" : " dp@") + std::to_string(b.offset));
+  return s;
+}
+
+// Reads layout_string's text (either form). The buckets cover [0, flat)
+// without overlap, each a multiple of its group long; the shards lie in
+// [0, shard) without overlap.
+bool parse_shard_layout(const std::string &text, ShardLayout *out) {
   const char *p = text.data(), *end = p + text.size();
   auto lit = [&](const char *s) {
     size_t n = std::strlen(s);
@@ -120,38 +202,68 @@ bool parse_shard_layout(const std::string &text, int *dp, int64_t *flat,
     p = r.ptr;
     return true;
   };
-  int64_t d = 0, f = 0;
-  if (!lit("dp ") || !num(&d) || d < 1 || d > (1 << 16) || !lit(", flat ") || !num(&f) ||
-      !lit(", buckets"))
+  ShardLayout l;
+  int64_t d = 0, e = 1, f = 0, sh = -1;
+  if (!lit("dp ") || !num(&d) || d < 1 || d > (1 << 16))
     return false;
+  const bool grouped = lit(", edp ");
+  if (grouped && (!num(&e) || e < 1 || e > (1 << 16)))
+    return false;
+  if (!lit(", flat ") || !num(&f))
+    return false;
+  if (grouped && (!lit(", shard ") || !num(&sh)))
+    return false;
+  if (!lit(", buckets"))
+    return false;
+  l.dp = int(d);
+  l.edp = int(e);
+  l.flat = f;
   while (p != end) {
-    int64_t b = 0, e = 0;
-    if (!lit(" [") || !num(&b) || !lit(", ") || !num(&e) || !lit(")"))
+    ShardBucket b{0, 0, false, 0};
+    if (!lit(" [") || !num(&b.begin) || !lit(", ") || !num(&b.end) || !lit(")"))
       return false;
-    if (e < b || e > f || (e - b) % d != 0)
+    if (grouped) {
+      if (lit(" edp@"))
+        b.expert = true;
+      else if (!lit(" dp@"))
+        return false;
+      if (!num(&b.offset))
+        return false;
+    }
+    if (b.end < b.begin || b.end > f || (b.end - b.begin) % l.group(b.expert) != 0)
       return false;
-    buckets->push_back({b, e});
+    if (!grouped)
+      b.offset = b.begin / l.dp;
+    l.buckets.push_back(b);
   }
-  // In the backward's order; together exactly [0, flat).
-  std::vector<Bucket> sorted = *buckets;
+  l.shard = grouped ? sh : f / l.dp;
+  // In the backward's order; together exactly [0, flat); shards disjoint.
+  std::vector<ShardBucket> sorted = l.buckets;
   std::sort(sorted.begin(), sorted.end(),
-            [](const Bucket &x, const Bucket &y) { return x.begin < y.begin; });
+            [](const ShardBucket &x, const ShardBucket &y) { return x.begin < y.begin; });
   int64_t at = 0;
-  for (const Bucket &bk : sorted) {
+  for (const ShardBucket &bk : sorted) {
     if (bk.begin != at)
       return false;
     at = bk.end;
   }
   if (at != f)
     return false;
-  *dp = int(d);
-  *flat = f;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const ShardBucket &x, const ShardBucket &y) { return x.offset < y.offset; });
+  at = 0;
+  for (const ShardBucket &bk : sorted) {
+    if (bk.offset < at || bk.offset > l.shard || l.n(bk) > l.shard - bk.offset)
+      return false;
+    at = bk.offset + l.n(bk);
+  }
+  *out = std::move(l);
   return true;
 }
 
-// Copies between a whole tensor and tensor-parallel rank r's shard: dim
-// `dim` of the whole is viewed as [blocks, tp, n] and the shard is [:, r, :]
-// (plan.fbs, Param.tp_dim).
+// Copies between a whole tensor and rank r's shard of `ranks`: dim `dim`
+// of the whole is viewed as [blocks, ranks, n] and the shard is [:, r, :]
+// (plan.fbs, Param.tp_dim; an ep_dim shard is the same with one block).
 void copy_shard(float *whole, float *shard, const std::vector<int64_t> &shard_shape, int dim,
                 int blocks, int tp, int r, bool to_shard) {
   if (dim < 0) {
@@ -180,51 +292,147 @@ void copy_shard(float *whole, float *shard, const std::vector<int64_t> &shard_sh
     }
 }
 
-// The distributed optimizer's state: dp rank r's shard holds, for each
-// bucket [begin, end) with n = (end - begin) / dp, the flat elements
-// [begin + r n, begin + (r + 1) n) at shard element begin / dp (plan.fbs,
-// Bucket). These move between the dp shards and one flat buffer.
-void shards_to_flat(const std::vector<Bucket> &buckets, int dp,
-                    const std::vector<const float *> &shards, float *flat) {
-  for (const Bucket &b : buckets) {
-    int64_t n = (b.end - b.begin) / dp;
-    for (int r = 0; r < dp; ++r)
-      std::memcpy(flat + b.begin + r * n, shards[size_t(r)] + b.begin / dp, size_t(n) * 4);
+// A group's packed shards (one per group rank) and the flat buffer.
+void packed_to_flat(const ShardLayout &l, bool expert, const std::vector<const float *> &packed,
+                    float *flat) {
+  for (const auto &[b, at] : l.packed(expert)) {
+    const int64_t n = l.n(*b);
+    for (size_t r = 0; r < packed.size(); ++r)
+      std::memcpy(flat + b->begin + int64_t(r) * n, packed[r] + at, size_t(n) * 4);
   }
 }
-void flat_to_shards(const std::vector<Bucket> &buckets, int dp, const float *flat,
-                    const std::vector<float *> &shards) {
-  for (const Bucket &b : buckets) {
-    int64_t n = (b.end - b.begin) / dp;
-    for (int r = 0; r < dp; ++r)
-      std::memcpy(shards[size_t(r)] + b.begin / dp, flat + b.begin + r * n, size_t(n) * 4);
+void flat_to_packed(const ShardLayout &l, bool expert, const float *flat,
+                    const std::vector<float *> &packed) {
+  for (const auto &[b, at] : l.packed(expert)) {
+    const int64_t n = l.n(*b);
+    for (size_t r = 0; r < packed.size(); ++r)
+      std::memcpy(packed[r] + at, flat + b->begin + int64_t(r) * n, size_t(n) * 4);
   }
 }
 
-std::string dp_shard_name(int r, const std::string &kind) {
-  char name[64];
-  std::snprintf(name, sizeof name, "dp_rank_%02d.%s", r, kind.c_str());
-  return name;
+// The checkpoint's ranks: a file per writer (checkpoint_role) of each
+// stage, named by (tp_rank, ep_rank): dense writers (t, t % ep), expert
+// writers (e % tp, e) (etp 1: a stage's rank i = tp_rank + tp dp_rank has
+// ep_rank i % ep; the two sets agree where they meet).
+struct FileCoords {
+  int tp_rank, ep_rank;
+  bool operator<(const FileCoords &o) const {
+    return tp_rank != o.tp_rank ? tp_rank < o.tp_rank : ep_rank < o.ep_rank;
+  }
+  bool operator==(const FileCoords &o) const {
+    return tp_rank == o.tp_rank && ep_rank == o.ep_rank;
+  }
+};
+std::vector<FileCoords> stage_files(int tp, int ep) {
+  std::vector<FileCoords> files;
+  for (int t = 0; t < tp; ++t)
+    files.push_back({t, t % ep});
+  for (int e = 0; e < ep; ++e)
+    files.push_back({e % tp, e});
+  std::sort(files.begin(), files.end());
+  files.erase(std::unique(files.begin(), files.end()), files.end());
+  return files;
 }
 
 } // namespace
 
 std::string shard_layout(const pl::Plan &plan, const pl::Rank &r) {
-  std::string s = "dp " + std::to_string(std::max(1, plan.data_parallel())) + ", flat " +
-                  std::to_string(r.flat_elements()) + ", buckets";
-  for (uint32_t b = 0; r.buckets() && b < r.buckets()->size(); ++b)
-    s += " [" + std::to_string(r.buckets()->Get(b)->begin()) + ", " +
-         std::to_string(r.buckets()->Get(b)->end()) + ")";
-  return s;
+  return layout_string(layout_of(plan, r));
 }
+
+std::vector<std::pair<int, int>> checkpoint_stage_files(int tp, int ep) {
+  std::vector<std::pair<int, int>> out;
+  for (const FileCoords &f : stage_files(std::max(1, tp), std::max(1, ep)))
+    out.push_back({f.tp_rank, f.ep_rank});
+  return out;
+}
+
+std::string shard_tensor_name(bool experts, int group_rank, const std::string &kind) {
+  char name[64];
+  std::snprintf(name, sizeof name, "%s_rank_%02d.%s", experts ? "edp" : "dp", group_rank,
+                kind.c_str());
+  return name;
+}
+
+int64_t packed_shard_elements(const pl::Plan &plan, const pl::Rank &rank, bool experts) {
+  return layout_of(plan, rank).elements(experts);
+}
+
+void pack_shard(const pl::Plan &plan, const pl::Rank &rank, bool experts, const float *shard,
+                float *packed) {
+  const ShardLayout l = layout_of(plan, rank);
+  for (const auto &[b, at] : l.packed(experts))
+    std::memcpy(packed + at, shard + b->offset, size_t(l.n(*b)) * 4);
+}
+
+void unpack_shard(const pl::Plan &plan, const pl::Rank &rank, bool experts, const float *packed,
+                  float *shard) {
+  const ShardLayout l = layout_of(plan, rank);
+  for (const auto &[b, at] : l.packed(experts))
+    std::memcpy(shard + b->offset, packed + at, size_t(l.n(*b)) * 4);
+}
+
+CheckpointRole checkpoint_role(const pl::Plan &plan, const pl::Rank &rank) {
+  CheckpointRole role;
+  role.dense = rank.dp_rank() == 0;
+  role.experts = expert_coords(plan, rank).edp_rank == 0;
+  return role;
+}
+
+std::string rank_checkpoint_file(const pl::Plan &plan, const pl::Rank &rank, bool distrib_optim) {
+  return checkpoint_file_name(rank.tp_rank(), rank.pp_rank(), std::max(1, plan.pipeline_parallel()),
+                              distrib_optim, int(expert_coords(plan, rank).ep_rank),
+                              std::max(1, plan.expert_model_parallel()));
+}
+
+const pl::Rank *checkpoint_writer(const pl::Plan &plan, const pl::Rank &rank, bool experts) {
+  const int tp = std::max(1, plan.tensor_parallel());
+  int tp_rank = rank.tp_rank(), dp_rank = 0;
+  if (experts) { // expert-dp rank 0 of the same ep rank: stage index etp * ep_rank (etp 1)
+    const int64_t i = expert_coords(plan, rank).ep_rank * std::max(1, plan.expert_tensor_parallel());
+    tp_rank = int(i % tp);
+    dp_rank = int(i / tp);
+  }
+  for (uint32_t k = 0; plan.ranks() && k < plan.ranks()->size(); ++k) {
+    const pl::Rank *r = plan.ranks()->Get(k);
+    if (r->pp_rank() == rank.pp_rank() && r->tp_rank() == tp_rank && r->dp_rank() == dp_rank)
+      return r;
+  }
+  return nullptr;
+}
+
+std::string unsupported_checkpoint_layout(int64_t etp, const std::string &what) {
+  if (etp <= 1)
+    return "";
+  return what + " has expert_tensor_parallel_size " + std::to_string(etp) +
+         " (experts sharded over expert-tensor-parallel ranks), whose checkpoints mt does not "
+         "write or convert yet: checkpoint a plan compiled with expert_tensor_parallel_size = 1";
+}
+
+namespace {
+
+std::string param_entry(const pl::Param *p) {
+  return str(p->name()) + " " + std::to_string(p->tp_dim()) + " " +
+         std::to_string(p->tp_blocks()) + " " + std::to_string(p->flat_offset()) + " " +
+         shape_text(shape_of(p)) + (p->ep_dim() >= 0 ? " " + std::to_string(p->ep_dim()) : "");
+}
+
+} // namespace
 
 std::string param_layout(const pl::Rank &rank) {
   std::string s;
+  for (uint32_t i = 0; rank.params() && i < rank.params()->size(); ++i)
+    s += (i ? ";" : "") + param_entry(rank.params()->Get(i));
+  return s;
+}
+
+std::string param_layout(const pl::Plan &plan, const pl::Rank &rank) {
+  const CheckpointRole role = checkpoint_role(plan, rank);
+  std::string s;
   for (uint32_t i = 0; rank.params() && i < rank.params()->size(); ++i) {
     const pl::Param *p = rank.params()->Get(i);
-    s += (i ? ";" : "") + str(p->name()) + " " + std::to_string(p->tp_dim()) + " " +
-         std::to_string(p->tp_blocks()) + " " + std::to_string(p->flat_offset()) + " " +
-         shape_text(shape_of(p));
+    if (p->expert() ? role.experts : role.dense)
+      s += (s.empty() ? "" : ";") + param_entry(p);
   }
   return s;
 }
@@ -233,24 +441,41 @@ void add_layout_values(const pl::Plan &plan, const pl::Rank &rank, CheckpointMet
   meta->values["tensor_parallel"] = std::to_string(std::max(1, plan.tensor_parallel()));
   meta->values["pipeline_parallel"] = std::to_string(std::max(1, plan.pipeline_parallel()));
   meta->values["data_parallel"] = std::to_string(std::max(1, plan.data_parallel()));
+  if (plan.expert_model_parallel() > 1)
+    meta->values["expert_model_parallel"] = std::to_string(plan.expert_model_parallel());
+  else
+    meta->values.erase("expert_model_parallel");
   if (rank.distributed_optimizer() && rank.shard_elements() > 0 &&
       !meta->values.count("no_save_optim"))
     meta->values["distributed_optimizer"] = shard_layout(plan, rank);
   else
     meta->values.erase("distributed_optimizer");
-  meta->values["param_layout"] = param_layout(rank);
+  meta->values["param_layout"] = param_layout(plan, rank);
 }
+
+namespace {
+
+// Whether `rank` writes a distributed-optimizer file: shards of a group
+// whose parameters it writes.
+bool writes_distrib_optim(const pl::Plan &plan, const pl::Rank &rank) {
+  if (!rank.distributed_optimizer() || rank.shard_elements() <= 0)
+    return false;
+  const CheckpointRole role = checkpoint_role(plan, rank);
+  const ShardLayout l = layout_of(plan, rank);
+  return (role.dense && l.has(false)) || (role.experts && l.has(true));
+}
+
+} // namespace
 
 std::vector<std::string> checkpoint_files_of(const pl::Plan &plan, bool with_optimizer) {
   std::vector<std::string> files;
-  const int pp = std::max(1, plan.pipeline_parallel());
   for (uint32_t i = 0; plan.ranks() && i < plan.ranks()->size(); ++i) {
     const pl::Rank *r = plan.ranks()->Get(i);
-    if (r->dp_rank() != 0)
+    if (!checkpoint_role(plan, *r).writes())
       continue;
-    files.push_back(checkpoint_file_name(r->tp_rank(), r->pp_rank(), pp, false));
-    if (with_optimizer && r->distributed_optimizer() && r->shard_elements() > 0)
-      files.push_back(checkpoint_file_name(r->tp_rank(), r->pp_rank(), pp, true));
+    files.push_back(rank_checkpoint_file(plan, *r, false));
+    if (with_optimizer && writes_distrib_optim(plan, *r))
+      files.push_back(rank_checkpoint_file(plan, *r, true));
   }
   std::sort(files.begin(), files.end());
   return files;
@@ -260,44 +485,59 @@ std::string check_saved_layout(const CheckpointReader &first, const std::string 
                                const pl::Plan &plan, const std::string &plan_path) {
   const CheckpointMeta &m = first.meta();
   const int tp = int_value(m, "tensor_parallel", 1), pp = first.pp_size();
-  const int dp = int_value(m, "data_parallel", 1);
+  const int dp = int_value(m, "data_parallel", 1), ep = int_value(m, "expert_model_parallel", 1);
   const int want_tp = std::max(1, plan.tensor_parallel()),
             want_pp = std::max(1, plan.pipeline_parallel()),
-            want_dp = std::max(1, plan.data_parallel());
-  if (tp < 1 || dp < 1)
+            want_dp = std::max(1, plan.data_parallel()),
+            want_ep = std::max(1, plan.expert_model_parallel());
+  if (tp < 1 || dp < 1 || ep < 1)
     return first.path() + ": error: the metadata value '" +
-           (tp < 1 ? "tensor_parallel" : "data_parallel") +
+           (tp < 1   ? "tensor_parallel"
+            : dp < 1 ? "data_parallel"
+                     : "expert_model_parallel") +
            "' is not an integer in [1, 65536]; the file is damaged: load an earlier iteration "
            "instead, or start from scratch";
-  if (tp == want_tp && pp == want_pp)
+  if (ep != first.ep_size())
+    return first.path() + ": error: its name and header give expert-parallel size " +
+           std::to_string(first.ep_size()) + " but its metadata expert_model_parallel " +
+           std::to_string(ep) + "; the file is damaged: load an earlier iteration instead";
+  if (tp == want_tp && pp == want_pp && ep == want_ep)
     return "";
-  return "checkpoint " + first.path() + " was saved by " + layout_text(tp, pp, dp) +
-         " ranks but " + plan_path + " is " + layout_text(want_tp, want_pp, want_dp) +
-         "; convert it with 'mtc reshard --load " + load_dir + " --plan " + plan_path +
+  const std::string epText =
+      ep != want_ep ? " (expert_model_parallel_size " + std::to_string(ep) + " in the checkpoint, " +
+                          std::to_string(want_ep) + " in the plan)"
+                    : "";
+  return "checkpoint " + first.path() + " was saved by " + layout_text(tp, pp, dp, ep) +
+         " ranks but " + plan_path + " is " + layout_text(want_tp, want_pp, want_dp, want_ep) +
+         epText + "; convert it with 'mtc reshard --load " + load_dir + " --plan " + plan_path +
          " --save NEW_DIR' and load NEW_DIR, or load it with a plan of the layout it was "
          "saved with";
 }
 
-std::string check_rank_params(const CheckpointReader &reader, const pl::Rank &rank,
-                              const std::string &load_dir, const std::string &plan_path) {
+std::string check_rank_params(const CheckpointReader &reader, const pl::Plan &plan,
+                              const pl::Rank &writer, const std::string &load_dir,
+                              const std::string &plan_path) {
   auto it = reader.meta().values.find("param_layout");
   if (it == reader.meta().values.end())
     return ""; // saved before layouts were recorded: one rank, checked tensor by tensor
-  const std::string want = param_layout(rank);
+  const std::string want = param_layout(plan, writer);
   if (it->second == want)
     return "";
   std::vector<SavedParam> have;
   parse_param_layout(it->second, &have);
+  const CheckpointRole role = checkpoint_role(plan, writer);
   std::string diff;
-  for (uint32_t i = 0; i < rank.params()->size() && diff.empty(); ++i) {
-    std::string name = str(rank.params()->Get(i)->name());
-    if (std::none_of(have.begin(), have.end(), [&](const SavedParam &p) { return p.name == name; }))
+  for (uint32_t i = 0; i < writer.params()->size() && diff.empty(); ++i) {
+    const pl::Param *p = writer.params()->Get(i);
+    std::string name = str(p->name());
+    if ((p->expert() ? role.experts : role.dense) &&
+        std::none_of(have.begin(), have.end(), [&](const SavedParam &s) { return s.name == name; }))
       diff = "it lacks " + name;
   }
   if (diff.empty())
     diff = "its parameters are sharded or laid out differently";
   return "checkpoint " + reader.path() + " does not hold the parameters of " + plan_path +
-         "'s pipeline stage " + std::to_string(rank.pp_rank()) + " (" + diff +
+         "'s pipeline stage " + std::to_string(writer.pp_rank()) + " (" + diff +
          "): the layers are split over the stages differently; convert it with 'mtc reshard "
          "--load " +
          load_dir + " --plan " + plan_path + " --save NEW_DIR', or compile with the stage split "
@@ -327,7 +567,8 @@ std::string save_checkpoint_collective(Communicator *world, int world_rank,
                                        const std::vector<std::string> &files, bool writes,
                                        const std::vector<CheckpointTensor> &tensors, int tp_rank,
                                        int pp_rank, int pp_size,
-                                       const std::vector<CheckpointTensor> *distrib_optim) {
+                                       const std::vector<CheckpointTensor> *distrib_optim,
+                                       int ep_rank, int ep_size) {
   const std::string nothing = "; nothing was saved, the previous checkpoint stays the latest";
   auto other = [&](int r, const char *what) {
     return save_dir + ": error: rank " + std::to_string(r) + " could not " + what +
@@ -364,7 +605,7 @@ std::string save_checkpoint_collective(Communicator *world, int world_rank,
   // 2. The writers write; everyone agrees on the outcome.
   if (writes)
     err = write_checkpoint_files(staging, meta, tensors, tp_rank, pp_rank, pp_size,
-                                 distrib_optim);
+                                 distrib_optim, ep_rank, ep_size);
   int failed = -1;
   if (std::string e = agree(world, world_rank, !err.empty(), &failed); !e.empty())
     return e;
@@ -397,8 +638,9 @@ struct Whole {
   std::vector<float> weight, master;
   std::map<std::string, std::vector<float>> state; // the optimizer's, by kind
   bool has_master = false;
-  int tp_dim = -1;
-  std::vector<bool> have; // which tensor-parallel shards arrived
+  int tp_dim = -1;        // the dim its source shards split (tp_dim, or ep_dim with ep)
+  bool ep = false;        // split over expert-parallel ranks
+  std::vector<bool> have; // which tensor- (or expert-) parallel shards arrived
   std::string from;       // the first rank file that held it
   // A fresh start (from-hf): the weight is the f32 value, the master copy
   // (where the plan keeps one) is it, the weight is rounded to the plan's
@@ -432,10 +674,14 @@ std::string save_in_layout(const std::map<std::string, Whole> &wholes,
   const bool with_optimizer = !m0.values.count("no_save_optim");
   // The target: every parameter of every model-parallel rank, sliced.
   const int tp = std::max(1, plan.tensor_parallel()), pp = std::max(1, plan.pipeline_parallel());
-  const int dp = std::max(1, plan.data_parallel());
+  const int ep = std::max(1, plan.expert_model_parallel());
+  if (std::string e = unsupported_checkpoint_layout(plan.expert_tensor_parallel(), "the plan");
+      !e.empty())
+    return plan_path + ": error: " + e;
   std::map<std::string, bool> used;
   struct Out {
     const pl::Rank *rank;
+    int ep_rank = 0;
     std::vector<std::vector<float>> data; // owns the tensors' bytes
     std::vector<CheckpointTensor> tensors, distrib;
     CheckpointMeta meta;
@@ -445,11 +691,14 @@ std::string save_in_layout(const std::map<std::string, Whole> &wholes,
                                   source_kind + " (only [parallel] may differ)";
   for (uint32_t i = 0; i < plan.ranks()->size(); ++i) {
     const pl::Rank *rank = plan.ranks()->Get(i);
-    if (rank->dp_rank() != 0)
+    const CheckpointRole role = checkpoint_role(plan, *rank);
+    if (!role.writes())
       continue;
     auto out = std::make_unique<Out>();
     out->rank = rank;
-    out->data.reserve(rank->params()->size() * 4 + 3 * size_t(dp));
+    out->ep_rank = int(expert_coords(plan, *rank).ep_rank);
+    const ShardLayout layout = layout_of(plan, *rank);
+    out->data.reserve(rank->params()->size() * 4 + 3 * size_t(layout.dp + layout.edp));
     const bool distopt =
         with_optimizer && rank->distributed_optimizer() && rank->shard_elements() > 0;
     std::map<std::string, std::vector<float>> flat;
@@ -462,9 +711,15 @@ std::string save_in_layout(const std::map<std::string, Whole> &wholes,
     for (uint32_t k = 0; k < rank->params()->size(); ++k) {
       const pl::Param *p = rank->params()->Get(k);
       const std::string name = str(p->name());
+      if (!(p->expert() ? role.experts : role.dense)) {
+        used[name] = true; // another rank's file holds it
+        continue;
+      }
       std::vector<int64_t> shard = shape_of(p), whole = shard;
       if (p->tp_dim() >= 0)
         whole[size_t(p->tp_dim())] *= tp;
+      if (p->ep_dim() >= 0)
+        whole[size_t(p->ep_dim())] *= ep;
       auto it = wholes.find(name);
       if (it == wholes.end())
         return plan_path + ": error: parameter " + name + " is not in " + source + other_model;
@@ -489,8 +744,12 @@ std::string save_in_layout(const std::map<std::string, Whole> &wholes,
       const int64_t n = numel(shard);
       auto slice = [&](const std::vector<float> &src) {
         out->data.emplace_back(size_t(n));
-        copy_shard(const_cast<float *>(src.data()), out->data.back().data(), shard, p->tp_dim(),
-                   p->tp_blocks(), tp, rank->tp_rank(), true);
+        if (p->ep_dim() >= 0)
+          copy_shard(const_cast<float *>(src.data()), out->data.back().data(), shard, p->ep_dim(),
+                     1, ep, out->ep_rank, true);
+        else
+          copy_shard(const_cast<float *>(src.data()), out->data.back().data(), shard,
+                     p->tp_dim(), p->tp_blocks(), tp, rank->tp_rank(), true);
         return out->data.back().data();
       };
       float *weight = slice(w.weight);
@@ -517,25 +776,27 @@ std::string save_in_layout(const std::map<std::string, Whole> &wholes,
       }
     }
     if (distopt) {
-      std::vector<Bucket> buckets;
-      for (uint32_t k = 0; k < rank->buckets()->size(); ++k)
-        buckets.push_back({rank->buckets()->Get(k)->begin(), rank->buckets()->Get(k)->end()});
-      const int64_t shard_n = rank->shard_elements();
       std::vector<std::string> shard_kinds = {"master"};
       shard_kinds.insert(shard_kinds.end(), kinds.begin(), kinds.end());
-      for (const std::string &kind : shard_kinds) {
-        if (!flat.count(kind))
+      for (bool experts : {false, true}) {
+        if (!(experts ? role.experts : role.dense) || !layout.has(experts))
           continue;
-        std::vector<float *> ptrs;
-        size_t at = out->data.size();
-        for (int d = 0; d < dp; ++d)
-          out->data.emplace_back(size_t(shard_n), 0.0f);
-        for (int d = 0; d < dp; ++d)
-          ptrs.push_back(out->data[at + size_t(d)].data());
-        flat_to_shards(buckets, dp, flat[kind].data(), ptrs);
-        for (int d = 0; d < dp; ++d)
-          out->distrib.push_back(
-              {dp_shard_name(d, kind), "f32", {shard_n}, ptrs[size_t(d)], size_t(shard_n) * 4});
+        const int group = layout.group(experts);
+        const int64_t packed_n = layout.elements(experts);
+        for (const std::string &kind : shard_kinds) {
+          if (!flat.count(kind))
+            continue;
+          std::vector<float *> ptrs;
+          size_t at = out->data.size();
+          for (int d = 0; d < group; ++d)
+            out->data.emplace_back(size_t(packed_n), 0.0f);
+          for (int d = 0; d < group; ++d)
+            ptrs.push_back(out->data[at + size_t(d)].data());
+          flat_to_packed(layout, experts, flat[kind].data(), ptrs);
+          for (int d = 0; d < group; ++d)
+            out->distrib.push_back({shard_tensor_name(experts, d, kind), "f32", {packed_n},
+                                    ptrs[size_t(d)], size_t(packed_n) * 4});
+        }
       }
     }
     CheckpointMeta &m = out->meta;
@@ -559,7 +820,8 @@ std::string save_in_layout(const std::map<std::string, Whole> &wholes,
     const bool distopt = !out->distrib.empty();
     if (std::string e = write_checkpoint_files(staging, out->meta, out->tensors,
                                                out->rank->tp_rank(), out->rank->pp_rank(), pp,
-                                               distopt ? &out->distrib : nullptr);
+                                               distopt ? &out->distrib : nullptr, out->ep_rank,
+                                               ep);
         !e.empty()) {
       abort_checkpoint_save(staging);
       return e;
@@ -584,20 +846,16 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
       a.st_dev == b.st_dev && a.st_ino == b.st_ino)
     return save_dir + ": error: --save names the --load directory; save the converted "
                       "checkpoint to another directory";
-  // A checkpoint holds one copy of each tensor per (tp, pp) rank; an
-  // expert-parallel layout has no files to hold its other ranks' experts
-  // (mtrun neither saves nor loads one).
-  if (plan.expert_model_parallel() > 1)
-    return plan_path + ": error: has expert_model_parallel_size " +
-           std::to_string(plan.expert_model_parallel()) +
-           "; checkpoints of expert-parallel layouts are not supported: reshard to a plan "
-           "compiled with expert_model_parallel_size = 1";
+  if (std::string e = unsupported_checkpoint_layout(plan.expert_tensor_parallel(), "the plan");
+      !e.empty())
+    return plan_path + ": error: " + e;
   auto first = CheckpointReader::open_first(load_dir, iteration, &err);
   if (!first)
     return err;
   const CheckpointMeta &m0 = first->meta();
   iteration = m0.iteration;
   const int src_tp = int_value(m0, "tensor_parallel", 1), src_pp = first->pp_size();
+  const int src_ep = int_value(m0, "expert_model_parallel", 1);
   // The optimizer's state kinds (torch's names): Adam's two moments or SGD's
   // momentum buffer. Checkpoints without the record predate SGD.
   // A checkpoint saved without the optimizer's state has the weights alone.
@@ -615,30 +873,42 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
       !with_optimizer      ? std::vector<std::string>{}
       : optimizer == "sgd" ? std::vector<std::string>{"momentum_buffer"}
                            : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
-  if (src_tp < 1)
-    return first->path() + ": error: the metadata value 'tensor_parallel' is not an integer in "
-                           "[1, 65536]; the file is damaged: convert an earlier iteration instead";
+  if (src_tp < 1 || src_ep < 1)
+    return first->path() + ": error: the metadata value '" +
+           (src_tp < 1 ? "tensor_parallel" : "expert_model_parallel") +
+           "' is not an integer in [1, 65536]; the file is damaged: convert an earlier "
+           "iteration instead";
+  if (src_ep != first->ep_size())
+    return first->path() + ": error: its name and header give expert-parallel size " +
+           std::to_string(first->ep_size()) + " but its metadata expert_model_parallel " +
+           std::to_string(src_ep) + "; the file is damaged: convert an earlier iteration";
+  const std::vector<FileCoords> files = stage_files(src_tp, src_ep);
 
   // Every source rank file is there before anything is assembled.
   for (int s = 0; s < src_pp; ++s)
-    for (int r = 0; r < src_tp; ++r) {
+    for (const FileCoords &f : files) {
       const std::string dir = load_dir + "/" + ckpt_detail::iter_name(iteration);
-      if (!ckpt_detail::exists(dir + "/" + checkpoint_file_name(r, s, src_pp, false)) &&
-          !CheckpointReader::open(load_dir, iteration, r, s, src_pp, &err))
+      if (!ckpt_detail::exists(dir + "/" + checkpoint_file_name(f.tp_rank, s, src_pp, false,
+                                                                f.ep_rank, src_ep)) &&
+          !CheckpointReader::open(load_dir, iteration, f.tp_rank, s, src_pp, &err, false,
+                                  f.ep_rank, src_ep))
         return err; // names the missing file and what the directory holds
     }
   // Every whole tensor, from every source rank file.
   std::map<std::string, Whole> wholes;
   std::string src_dtype = value_of(m0, "weights_dtype_in_plan", "");
   for (int s = 0; s < src_pp; ++s)
-    for (int r = 0; r < src_tp; ++r) {
-      auto reader = CheckpointReader::open(load_dir, iteration, r, s, src_pp, &err);
+    for (const FileCoords &f : files) {
+      const int r = f.tp_rank;
+      auto reader =
+          CheckpointReader::open(load_dir, iteration, r, s, src_pp, &err, false, f.ep_rank, src_ep);
       if (!reader)
         return err;
       const CheckpointMeta &m = reader->meta();
       const std::string &path = reader->path();
       if (m.model_fingerprint != m0.model_fingerprint ||
           int_value(m, "tensor_parallel", 1) != src_tp ||
+          int_value(m, "expert_model_parallel", 1) != src_ep ||
           m.values.count("no_save_optim") != m0.values.count("no_save_optim"))
         return path + ": error: belongs to another save than " + first->path() +
                " (another model or layout); the iteration directory mixes files of several "
@@ -649,7 +919,7 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
         if (!parse_param_layout(pl_it->second, &params))
           return path + ": error: the metadata's param_layout is malformed; the file is "
                         "damaged: convert an earlier iteration";
-      } else if (src_tp == 1 && !m.values.count("distributed_optimizer")) {
+      } else if (src_tp == 1 && src_ep == 1 && !m.values.count("distributed_optimizer")) {
         // Saved before layouts were recorded: one rank, whole tensors.
         for (const std::string &n : reader->tensor_names()) {
           if (n.find(".exp_avg") != std::string::npos ||
@@ -663,46 +933,64 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
                       "cannot be told apart; convert a checkpoint saved by this mt";
       }
 
-      // The distributed optimizer's state as flat buffers of this rank.
+      // The distributed optimizer's state as flat buffers of this rank:
+      // the groups whose shards the file holds (dp_rank_RR, edp_rank_RR).
       const bool distopt = m.values.count("distributed_optimizer") > 0;
       std::map<std::string, std::vector<float>> flat;
       if (distopt) {
-        int dp = 0;
-        int64_t flat_n = 0;
-        std::vector<Bucket> buckets;
-        if (!parse_shard_layout(m.values.at("distributed_optimizer"), &dp, &flat_n, &buckets))
+        ShardLayout layout;
+        if (!parse_shard_layout(m.values.at("distributed_optimizer"), &layout))
           return path + ": error: the metadata's distributed_optimizer layout '" +
                  m.values.at("distributed_optimizer") +
                  "' is malformed; the file is damaged: convert an earlier iteration";
-        auto optim = CheckpointReader::open(load_dir, iteration, r, s, src_pp, &err, true);
-        if (!optim)
-          return err;
-        const int64_t shard_n = flat_n / dp;
         std::vector<std::string> shard_kinds = {"master"};
         shard_kinds.insert(shard_kinds.end(), kinds.begin(), kinds.end());
-        for (const std::string &kind : shard_kinds) {
-          if (!optim->has(dp_shard_name(0, kind)))
+        std::unique_ptr<CheckpointReader> optim;
+        for (bool experts : {false, true}) {
+          if (!layout.has(experts))
             continue;
-          // The file's own shapes bound what is allocated.
-          for (int d = 0; d < dp; ++d)
-            if (optim->shape(dp_shard_name(d, kind)) != std::vector<int64_t>{shard_n})
-              return optim->path() + ": error: has no " + dp_shard_name(d, kind) + " of [" +
-                     std::to_string(shard_n) + "] f32 as its metadata's distributed_optimizer "
-                     "layout says; the file is damaged: convert an earlier iteration";
-          std::vector<std::vector<float>> shards(static_cast<size_t>(dp));
-          for (auto &sh : shards)
-            sh.resize(size_t(shard_n));
-          std::vector<const float *> ptrs;
-          for (int d = 0; d < dp; ++d) {
-            if (std::string e = optim->read(dp_shard_name(d, kind), "f32", {shard_n},
-                                            shards[size_t(d)].data(), size_t(shard_n) * 4);
-                !e.empty())
-              return e;
-            ptrs.push_back(shards[size_t(d)].data());
+          // The groups whose parameters the file holds.
+          const bool holds = std::any_of(params.begin(), params.end(), [&](const SavedParam &p) {
+            return std::any_of(layout.buckets.begin(), layout.buckets.end(),
+                               [&](const ShardBucket &bk) {
+                                 return bk.expert == experts && p.flat_offset >= bk.begin &&
+                                        p.flat_offset < bk.end;
+                               });
+          });
+          if (!holds)
+            continue;
+          if (!optim && !(optim = CheckpointReader::open(load_dir, iteration, r, s, src_pp, &err,
+                                                         true, f.ep_rank, src_ep)))
+            return err;
+          const int group = layout.group(experts);
+          const int64_t packed_n = layout.elements(experts);
+          for (const std::string &kind : shard_kinds) {
+            if (!optim->has(shard_tensor_name(experts, 0, kind)))
+              continue;
+            // The file's own shapes bound what is allocated.
+            for (int d = 0; d < group; ++d)
+              if (optim->shape(shard_tensor_name(experts, d, kind)) !=
+                  std::vector<int64_t>{packed_n})
+                return optim->path() + ": error: has no " + shard_tensor_name(experts, d, kind) +
+                       " of [" + std::to_string(packed_n) +
+                       "] f32 as its metadata's distributed_optimizer layout says; the file is "
+                       "damaged: convert an earlier iteration";
+            std::vector<std::vector<float>> shards(static_cast<size_t>(group));
+            std::vector<const float *> ptrs;
+            for (int d = 0; d < group; ++d) {
+              shards[size_t(d)].resize(size_t(packed_n));
+              if (std::string e = optim->read(shard_tensor_name(experts, d, kind), "f32",
+                                              {packed_n}, shards[size_t(d)].data(),
+                                              size_t(packed_n) * 4);
+                  !e.empty())
+                return e;
+              ptrs.push_back(shards[size_t(d)].data());
+            }
+            std::vector<float> &fl = flat[kind];
+            if (fl.empty())
+              fl.assign(size_t(layout.flat), 0.0f);
+            packed_to_flat(layout, experts, ptrs, fl.data());
           }
-          std::vector<float> &f = flat[kind];
-          f.assign(size_t(flat_n), 0.0f);
-          shards_to_flat(buckets, dp, ptrs, f.data());
         }
       }
 
@@ -714,13 +1002,21 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
                  shape_text(shard) + " but the file holds " +
                  (reader->has(p.name) ? shape_text(reader->shape(p.name)) : "no such tensor") +
                  "; the file is damaged: convert an earlier iteration";
+        if (p.ep_dim >= 0 && p.tp_dim >= 0)
+          return path + ": error: holds " + p.name + " sharded over both tensor- and "
+                 "expert-parallel ranks (expert tensor parallelism), which mtc reshard does not "
+                 "convert yet: " + unsupported_checkpoint_layout(2, "its layout");
+        // Sharded over tp ranks, over ep ranks, or whole.
+        const int dim = p.ep_dim >= 0 ? p.ep_dim : p.tp_dim;
+        const int ranks = p.ep_dim >= 0 ? src_ep : p.tp_dim >= 0 ? src_tp : 1;
+        const int slot = p.ep_dim >= 0 ? f.ep_rank : p.tp_dim >= 0 ? r : 0;
         std::vector<int64_t> whole_shape = shard;
         uint64_t whole_bytes = 0;
-        if (p.tp_dim >= 0) {
-          if (whole_shape[size_t(p.tp_dim)] > INT64_MAX / src_tp)
-            whole_shape[size_t(p.tp_dim)] = -1;
+        if (dim >= 0) {
+          if (whole_shape[size_t(dim)] > INT64_MAX / ranks)
+            whole_shape[size_t(dim)] = -1;
           else
-            whole_shape[size_t(p.tp_dim)] *= src_tp;
+            whole_shape[size_t(dim)] *= ranks;
         }
         if (!ckpt_detail::shape_bytes(whole_shape, 4, &whole_bytes))
           return path + ": error: the metadata's param_layout makes " + p.name +
@@ -728,8 +1024,9 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
         Whole &w = wholes[p.name];
         if (w.have.empty()) {
           w.shape = whole_shape;
-          w.tp_dim = p.tp_dim;
-          w.have.assign(size_t(src_tp), false);
+          w.tp_dim = dim;
+          w.ep = p.ep_dim >= 0;
+          w.have.assign(size_t(ranks), false);
           w.from = path;
           size_t n = size_t(numel(whole_shape));
           w.weight.resize(n);
@@ -740,20 +1037,20 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
                                            : reader->has(p.name + ".master");
           if (w.has_master)
             w.master.resize(n);
-        } else if (w.shape != whole_shape) {
+        } else if (w.shape != whole_shape || w.have.size() != size_t(ranks)) {
           return path + ": error: holds " + p.name + " as a shard of " + shape_text(whole_shape) +
                  " but " + w.from + " of " + shape_text(w.shape) +
                  "; the files are of different models: convert another iteration";
         }
-        // A tensor-parallel replica, or the pipeline's tied copy: once is enough.
-        int slot = p.tp_dim >= 0 ? r : 0;
+        // A replica, or the pipeline's tied copy: once is enough.
         if (w.have[size_t(slot)])
           continue;
         w.have[size_t(slot)] = true;
         const size_t bytes = size_t(numel(shard)) * 4;
         std::vector<float> buf(size_t(numel(shard)));
         auto place = [&](std::vector<float> &dst) {
-          copy_shard(dst.data(), buf.data(), shard, p.tp_dim, p.tp_blocks, src_tp, r, false);
+          copy_shard(dst.data(), buf.data(), shard, dim, p.ep_dim >= 0 ? 1 : p.tp_blocks, ranks,
+                     slot, false);
         };
         struct Part {
           std::string suffix, kind;
@@ -766,13 +1063,13 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
           parts.push_back({".master", "master", &w.master});
         for (const Part &part : parts) {
           if (distopt && !part.kind.empty()) {
-            auto f = flat.find(part.kind);
-            if (f == flat.end() || p.flat_offset < 0 ||
-                p.flat_offset > int64_t(f->second.size()) ||
-                int64_t(buf.size()) > int64_t(f->second.size()) - p.flat_offset)
+            auto fl = flat.find(part.kind);
+            if (fl == flat.end() || p.flat_offset < 0 ||
+                p.flat_offset > int64_t(fl->second.size()) ||
+                int64_t(buf.size()) > int64_t(fl->second.size()) - p.flat_offset)
               return path + ": error: the distributed optimizer's state has no " + part.kind +
                      " for " + p.name + "; the file is damaged: convert an earlier iteration";
-            std::memcpy(buf.data(), f->second.data() + p.flat_offset, bytes);
+            std::memcpy(buf.data(), fl->second.data() + p.flat_offset, bytes);
           } else if (std::string e = reader->read(p.name + part.suffix, "f32", shard, buf.data(),
                                                   bytes);
                      !e.empty()) {
@@ -784,10 +1081,10 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
     }
   for (const auto &[name, w] : wholes)
     for (size_t r = 0; r < w.have.size(); ++r)
-      if (w.tp_dim >= 0 ? !w.have[r] : !w.have[0])
-        return load_dir + ": error: no rank file holds tensor-parallel shard " +
-               std::to_string(r) + " of " + name +
-               "; the checkpoint is incomplete: convert another iteration";
+      if (!w.have[r])
+        return load_dir + ": error: no rank file holds " +
+               (w.ep ? "expert-parallel" : "tensor-parallel") + " shard " + std::to_string(r) +
+               " of " + name + "; the checkpoint is incomplete: convert another iteration";
 
   size_t written = 0;
   if (std::string e = save_in_layout(wholes, kinds, src_dtype, m0, plan, plan_path, "checkpoint",
@@ -795,11 +1092,11 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
       !e.empty())
     return e;
   const int tp = std::max(1, plan.tensor_parallel()), pp = std::max(1, plan.pipeline_parallel());
-  const int dp = std::max(1, plan.data_parallel());
+  const int dp = std::max(1, plan.data_parallel()), ep = std::max(1, plan.expert_model_parallel());
   *summary = "resharded iteration " + std::to_string(iteration) + " of " + load_dir + " (" +
-             layout_text(src_tp, src_pp, int_value(m0, "data_parallel", 1)) + ", " +
+             layout_text(src_tp, src_pp, int_value(m0, "data_parallel", 1), src_ep) + ", " +
              std::to_string(wholes.size()) + " tensors) to " + save_dir + " (" +
-             layout_text(tp, pp, dp) + ", " + std::to_string(written) + " rank file" +
+             layout_text(tp, pp, dp, ep) + ", " + std::to_string(written) + " rank file" +
              (written == 1 ? "" : "s") + ")" +
              (with_optimizer ? "" : "; the checkpoint has no optimizer state (no_save_optim)");
   return "";
@@ -856,21 +1153,29 @@ std::string read_whole_weights(const std::string &load_dir, int64_t iteration,
   *meta = first->meta();
   iteration = meta->iteration;
   const int tp = int_value(*meta, "tensor_parallel", 1), pp = first->pp_size();
-  if (tp < 1)
-    return first->path() + ": error: the metadata value 'tensor_parallel' is not an integer in "
-                           "[1, 65536]; the file is damaged: use an earlier iteration instead";
-  std::map<std::string, std::vector<bool>> have; // tensor-parallel shards that arrived
+  const int ep = int_value(*meta, "expert_model_parallel", 1);
+  if (tp < 1 || ep < 1)
+    return first->path() + ": error: the metadata value '" +
+           (tp < 1 ? "tensor_parallel" : "expert_model_parallel") +
+           "' is not an integer in [1, 65536]; the file is damaged: use an earlier iteration "
+           "instead";
+  if (ep != first->ep_size())
+    return first->path() + ": error: its name and header give expert-parallel size " +
+           std::to_string(first->ep_size()) + " but its metadata expert_model_parallel " +
+           std::to_string(ep) + "; the file is damaged: use an earlier iteration instead";
+  std::map<std::string, std::vector<bool>> have; // shards that arrived
   std::map<std::string, std::string> from;
-  std::map<std::string, bool> sharded;
+  std::map<std::string, std::string> split; // "tensor-parallel", "expert-parallel" or ""
   for (int s = 0; s < pp; ++s)
-    for (int r = 0; r < tp; ++r) {
-      auto reader = CheckpointReader::open(load_dir, iteration, r, s, pp, &err);
+    for (const FileCoords &f : stage_files(tp, ep)) {
+      const int r = f.tp_rank;
+      auto reader = CheckpointReader::open(load_dir, iteration, r, s, pp, &err, false, f.ep_rank, ep);
       if (!reader)
         return err;
       const CheckpointMeta &m = reader->meta();
       const std::string &path = reader->path();
       if (m.model_fingerprint != meta->model_fingerprint ||
-          int_value(m, "tensor_parallel", 1) != tp)
+          int_value(m, "tensor_parallel", 1) != tp || int_value(m, "expert_model_parallel", 1) != ep)
         return path + ": error: belongs to another save than " + first->path() +
                " (another model or layout); the iteration directory mixes files of several "
                "runs: use another iteration";
@@ -880,7 +1185,7 @@ std::string read_whole_weights(const std::string &load_dir, int64_t iteration,
         if (!parse_param_layout(pl_it->second, &params))
           return path + ": error: the metadata's param_layout is malformed; the file is "
                         "damaged: use an earlier iteration";
-      } else if (tp == 1 && !m.values.count("distributed_optimizer")) {
+      } else if (tp == 1 && ep == 1 && !m.values.count("distributed_optimizer")) {
         for (const std::string &n : reader->tensor_names()) // one rank, whole tensors
           if (n.find(".exp_avg") == std::string::npos &&
               n.find(".momentum_buffer") == std::string::npos &&
@@ -896,10 +1201,17 @@ std::string read_whole_weights(const std::string &load_dir, int64_t iteration,
                  shape_text(p.shape) + " but the file holds " +
                  (reader->has(p.name) ? shape_text(reader->shape(p.name)) : "no such tensor") +
                  "; the file is damaged: use an earlier iteration";
+        if (p.ep_dim >= 0 && p.tp_dim >= 0)
+          return path + ": error: holds " + p.name + " sharded over both tensor- and "
+                 "expert-parallel ranks (expert tensor parallelism); " +
+                 unsupported_checkpoint_layout(2, "its layout");
+        const int dim = p.ep_dim >= 0 ? p.ep_dim : p.tp_dim;
+        const int ranks = p.ep_dim >= 0 ? ep : p.tp_dim >= 0 ? tp : 1;
+        const int slot = p.ep_dim >= 0 ? f.ep_rank : p.tp_dim >= 0 ? r : 0;
         std::vector<int64_t> whole = p.shape;
-        if (p.tp_dim >= 0)
-          whole[size_t(p.tp_dim)] =
-              whole[size_t(p.tp_dim)] > INT64_MAX / tp ? -1 : whole[size_t(p.tp_dim)] * tp;
+        if (dim >= 0)
+          whole[size_t(dim)] =
+              whole[size_t(dim)] > INT64_MAX / ranks ? -1 : whole[size_t(dim)] * ranks;
         uint64_t whole_bytes = 0;
         if (!ckpt_detail::shape_bytes(whole, 4, &whole_bytes))
           return path + ": error: the metadata's param_layout makes " + p.name +
@@ -909,29 +1221,29 @@ std::string read_whole_weights(const std::string &load_dir, int64_t iteration,
         if (got.empty()) {
           w.shape = whole;
           w.data.assign(size_t(numel(whole)), 0.0f);
-          got.assign(size_t(tp), false);
+          got.assign(size_t(ranks), false);
           from[p.name] = path;
-          sharded[p.name] = p.tp_dim >= 0;
-        } else if (w.shape != whole) {
+          split[p.name] = p.ep_dim >= 0 ? "expert-parallel" : "tensor-parallel";
+        } else if (w.shape != whole || got.size() != size_t(ranks)) {
           return path + ": error: holds " + p.name + " as a shard of " + shape_text(whole) +
                  " but " + from[p.name] + " of " + shape_text(w.shape) +
                  "; the files are of different models: use another iteration";
         }
-        const int slot = p.tp_dim >= 0 ? r : 0;
         if (got[size_t(slot)])
-          continue; // a tensor-parallel replica, or the pipeline's tied copy
+          continue; // a replica, or the pipeline's tied copy
         got[size_t(slot)] = true;
         std::vector<float> buf(size_t(numel(p.shape)));
         if (std::string e = reader->read(p.name, "f32", p.shape, buf.data(), buf.size() * 4);
             !e.empty())
           return e;
-        copy_shard(w.data.data(), buf.data(), p.shape, p.tp_dim, p.tp_blocks, tp, r, false);
+        copy_shard(w.data.data(), buf.data(), p.shape, dim, p.ep_dim >= 0 ? 1 : p.tp_blocks,
+                   ranks, slot, false);
       }
     }
   for (const auto &[name, got] : have)
     for (size_t r = 0; r < got.size(); ++r)
-      if (!got[r] && (r == 0 || sharded[name]))
-        return load_dir + ": error: no rank file holds tensor-parallel shard " +
+      if (!got[r])
+        return load_dir + ": error: no rank file holds " + split[name] + " shard " +
                std::to_string(r) + " of " + name +
                "; the checkpoint is incomplete: use another iteration";
   return "";

@@ -4,14 +4,33 @@
 //
 // Each rank file's metadata "values" describe the layout that saved it:
 //   tensor_parallel, pipeline_parallel, data_parallel   the sizes
+//   expert_model_parallel   ep, only when ep > 1 (the file name's _EEE)
 //   distributed_optimizer   the shard layout ("dp 2, flat 35200, buckets
-//                           [0, 35200)"), only with the distributed optimizer
-//   param_layout            this rank's parameters, ";"-separated, each
-//                           "NAME TP_DIM TP_BLOCKS FLAT_OFFSET SHAPE" with the
-//                           shard's SHAPE as "32x96" (plan.fbs, Param)
+//                           [0, 35200)"; with expert buckets "dp 2, edp 1,
+//                           flat 40000, shard 37600, buckets [35200, 40000)
+//                           edp@0 [0, 35200) dp@2400"), only with the
+//                           distributed optimizer
+//   param_layout            the file's parameters, ";"-separated, each
+//                           "NAME TP_DIM TP_BLOCKS FLAT_OFFSET SHAPE [EP_DIM]"
+//                           with the shard's SHAPE as "32x96" and EP_DIM only
+//                           for an expert-parallel shard (plan.fbs, Param)
 // With them a checkpoint is self-describing: a loader refuses another layout
 // by name, and reshard reassembles every whole tensor without the plan that
 // saved it.
+//
+// Who writes what (nothing is written twice): within a pipeline stage, the
+// dense parameters (and their optimizer state) of tensor-parallel rank t are
+// written by data-parallel rank 0 of t; the expert parameters of
+// expert-parallel rank e (and theirs) by expert-data-parallel rank 0 of e.
+// A writer's file is named by its own coordinates, mp_rank_TT[_PPP][_EEE]
+// (Megatron's get_checkpoint_name: _EEE, the ep rank, when ep > 1); a rank
+// that writes both writes one file. A stage so has max(tp, ep) files, the
+// files of e >= tp (when tp < ep) holding experts alone. The distributed
+// optimizer's state is saved per group: dp_rank_RR.KIND, the dense buckets'
+// shards of dp rank RR (gathered over dp), beside the dense parameters;
+// edp_rank_RR.KIND, the expert buckets' shards of expert-dp rank RR
+// (gathered over expt_dp), beside the experts. Each is the rank's shards of
+// that group's buckets in shard-state order.
 #ifndef MT_RUNTIME_CHECKPOINT_LAYOUT_H
 #define MT_RUNTIME_CHECKPOINT_LAYOUT_H
 
@@ -29,30 +48,73 @@ namespace mt::rt {
 std::string shard_layout(const mt::plan::Plan &plan, const mt::plan::Rank &rank);
 // "NAME TP_DIM TP_BLOCKS FLAT_OFFSET SHAPE;..." of `rank`'s parameters.
 std::string param_layout(const mt::plan::Rank &rank);
+// The same of the parameters `rank` writes into its file (its role below).
+std::string param_layout(const mt::plan::Plan &plan, const mt::plan::Rank &rank);
+
+// What a rank writes into its checkpoint file: the dense parameters
+// (data-parallel rank 0), the expert parameters (expert-data-parallel rank
+// 0), both, or nothing (no file).
+struct CheckpointRole {
+  bool dense = false, experts = false;
+  bool writes() const { return dense || experts; }
+};
+CheckpointRole checkpoint_role(const mt::plan::Plan &plan, const mt::plan::Rank &rank);
+// The rank's checkpoint file, named by its tp, pp and ep ranks.
+std::string rank_checkpoint_file(const mt::plan::Plan &plan, const mt::plan::Rank &rank,
+                                 bool distrib_optim);
+// The rank that writes `rank`'s dense (experts false) or expert parameters:
+// the rank of the same stage and tp rank at dp rank 0, or of the same ep
+// rank at expert-dp rank 0. Null when the plan lacks it.
+const mt::plan::Rank *checkpoint_writer(const mt::plan::Plan &plan, const mt::plan::Rank &rank,
+                                        bool experts);
+// "" or the refusal of a layout whose checkpoints mt cannot write or read
+// (expert_tensor_parallel_size > 1), naming the key; `what` says who asks.
+std::string unsupported_checkpoint_layout(int64_t expert_tensor_parallel,
+                                          const std::string &what);
+
+// The files of one pipeline stage of a checkpoint saved by tp x ep ranks,
+// as (tp_rank, ep_rank): the dense writers' (t, t % ep) and the expert
+// writers' (e % tp, e), each once, sorted.
+std::vector<std::pair<int, int>> checkpoint_stage_files(int tp, int ep);
+
+// The distributed optimizer's shard state of a rank by group: the shards of
+// its dense buckets (experts false) or of its expert buckets, packed in
+// shard-state order; what dp_rank_RR.KIND / edp_rank_RR.KIND hold.
+int64_t packed_shard_elements(const mt::plan::Plan &plan, const mt::plan::Rank &rank,
+                              bool experts);
+void pack_shard(const mt::plan::Plan &plan, const mt::plan::Rank &rank, bool experts,
+                const float *shard, float *packed);
+void unpack_shard(const mt::plan::Plan &plan, const mt::plan::Rank &rank, bool experts,
+                  const float *packed, float *shard);
+// "dp_rank_01.exp_avg" or "edp_rank_01.exp_avg".
+std::string shard_tensor_name(bool experts, int group_rank, const std::string &kind);
 // Adds the layout values of `rank` of `plan` to meta->values (without the
 // distributed optimizer's when meta->values says "no_save_optim").
 void add_layout_values(const mt::plan::Plan &plan, const mt::plan::Rank &rank,
                        CheckpointMeta *meta);
-// Every file a checkpoint of `plan` holds: one per model-parallel rank, and
-// the distributed optimizer's beside each when the plan uses it and the
-// optimizer's state is saved.
+// Every file a checkpoint of `plan` holds: one per writing rank, and the
+// distributed optimizer's beside each when the rank writes optimizer shards
+// and the optimizer's state is saved.
 std::vector<std::string> checkpoint_files_of(const mt::plan::Plan &plan,
                                              bool with_optimizer = true);
 
 // "" when the checkpoint whose first rank file is `first` was saved by the
-// tensor and pipeline layout of `plan`; else one line naming the file and
-// the `mtc reshard` command that converts it.
+// tensor, pipeline and expert-parallel layout of `plan`; else one line
+// naming the file, both layouts and the `mtc reshard` command that converts
+// it.
 std::string check_saved_layout(const CheckpointReader &first, const std::string &load_dir,
                                const mt::plan::Plan &plan, const std::string &plan_path);
-// "" when `reader` (this rank's file) holds the parameters of `rank`
-// (same names, shards and flat offsets); else one line.
-std::string check_rank_params(const CheckpointReader &reader, const mt::plan::Rank &rank,
-                              const std::string &load_dir, const std::string &plan_path);
+// "" when `reader` (the file `writer` wrote) holds the parameters `writer`
+// writes (same names, shards and flat offsets); else one line.
+std::string check_rank_params(const CheckpointReader &reader, const mt::plan::Plan &plan,
+                              const mt::plan::Rank &writer, const std::string &load_dir,
+                              const std::string &plan_path);
 
 // The collective save: every rank of `world` (null for one process) calls it
 // at the same iteration. World rank 0 creates the staging directory and
-// broadcasts its name; the ranks with `writes` (data-parallel rank 0 of each
-// model-parallel rank) write their files into it; all agree on success with
+// broadcasts its name; the ranks with `writes` (checkpoint_role) write
+// their files (named by tp_rank, pp_rank and, with ep_size > 1, ep_rank)
+// into it; all agree on success with
 // an all-reduce; rank 0 checks that `files` are all present, renames the
 // directory into place and replaces the tracker; all agree again. A failure
 // anywhere leaves the previous checkpoint the latest and intact, and every
@@ -62,9 +124,12 @@ std::string save_checkpoint_collective(Communicator *world, int world_rank,
                                        const std::vector<std::string> &files, bool writes,
                                        const std::vector<CheckpointTensor> &tensors, int tp_rank,
                                        int pp_rank, int pp_size,
-                                       const std::vector<CheckpointTensor> *distrib_optim);
+                                       const std::vector<CheckpointTensor> *distrib_optim,
+                                       int ep_rank = 0, int ep_size = 1);
 
-// A parameter of a checkpoint, whole: its tensor-parallel shards joined.
+// A parameter of a checkpoint, whole: its tensor- and expert-parallel
+// shards joined (an expert tensor is the concatenation over the ep ranks in
+// ep-rank order on its ep_dim).
 struct WholeWeight {
   std::vector<int64_t> shape;
   std::vector<float> data;

@@ -62,6 +62,7 @@ struct CheckpointReader::Impl {
   size_t size = 0;
   CheckpointMeta meta;
   int tp_rank = 0, pp_rank = 0, pp_size = 1;
+  int ep_rank = 0, ep_size = 1; // absent from files saved without expert parallelism
   std::vector<Entry> entries;
   std::unordered_map<std::string, size_t> index;
 
@@ -176,7 +177,8 @@ std::string control_byte(std::string_view s) {
 }
 
 // Why an iteration directory has no rank file of ours, as a reason and advice.
-std::string missing_rank_file(const std::string &dir, const std::string &file) {
+std::string missing_rank_file(const std::string &dir, const std::string &file, int ep_rank,
+                              int ep_size) {
   std::vector<std::string> ours, megatron;
   for (const std::string &n : list_dir(dir)) {
     if (n.size() > std::strlen(kSuffix) &&
@@ -197,6 +199,12 @@ std::string missing_rank_file(const std::string &dir, const std::string &file) {
   std::string have;
   for (size_t i = 0; i < ours.size(); ++i)
     have += (i ? ", " : "") + ours[i];
+  // An expert-parallel rank's file is asked for once the first file has
+  // given the layout: the checkpoint lacks it.
+  if (ep_size > 1)
+    return dir + ": error: has no " + file + ", the file of expert-parallel rank " +
+           std::to_string(ep_rank) + " of " + std::to_string(ep_size) + " (it has " + have +
+           "); the save that made it did not finish or the file was deleted: " + kOtherIteration;
   return dir + ": error: has no " + file + " (it has " + have +
          "); the checkpoint was saved with a different tensor/pipeline parallel layout: convert "
          "it with 'mtc reshard', or load it with the layout it was saved with";
@@ -245,6 +253,11 @@ std::string CheckpointReader::Impl::parse_meta(const unsigned char *p, size_t n)
   need_int("tp_rank", &tp);
   need_int("pp_rank", &pp);
   need_int("pp_size", &pps);
+  int64_t epr = 0, eps = 1;
+  if (obj["ep_size"].error() == simdjson::SUCCESS || obj["ep_rank"].error() == simdjson::SUCCESS) {
+    need_int("ep_rank", &epr);
+    need_int("ep_size", &eps);
+  }
   if (obj["loss_scale"].get_double().get(meta.loss_scale) != simdjson::SUCCESS && missing.empty())
     missing = "loss_scale";
   simdjson::dom::array rng;
@@ -274,7 +287,7 @@ std::string CheckpointReader::Impl::parse_meta(const unsigned char *p, size_t n)
           "no_save_optim",       "no_save_rng",           "optimizer",
           "optimizer_steps",     "param_layout",          "pipeline_parallel",
           "skipped_iterations",  "tensor_parallel",       "train_index_samples",
-          "train_order_hash",    "weights_dtype_in_plan"};
+          "train_order_hash",    "weights_dtype_in_plan", "expert_model_parallel"};
       if (std::find(std::begin(kRead), std::end(kRead), field.key) != std::end(kRead))
         if (std::string c = control_byte(v); !c.empty())
           return "the metadata value '" + std::string(field.key) + "' holds " + c;
@@ -302,6 +315,8 @@ std::string CheckpointReader::Impl::parse_meta(const unsigned char *p, size_t n)
       {"tp_rank", tp, 0, kMaxRanks - 1},
       {"pp_rank", pp, 0, kMaxRanks - 1},
       {"pp_size", pps, 1, kMaxRanks},
+      {"ep_rank", epr, 0, kMaxRanks - 1},
+      {"ep_size", eps, 1, kMaxRanks},
   };
   for (const Range &r : ranges)
     if (r.value < r.lo || r.value > r.hi)
@@ -310,12 +325,17 @@ std::string CheckpointReader::Impl::parse_meta(const unsigned char *p, size_t n)
   if (pp >= pps)
     return "the metadata's pp_rank is " + std::to_string(pp) + ", not below its pp_size " +
            std::to_string(pps);
+  if (epr >= eps)
+    return "the metadata's ep_rank is " + std::to_string(epr) + ", not below its ep_size " +
+           std::to_string(eps);
   if (!std::isfinite(meta.loss_scale) || meta.loss_scale <= 0)
     return "the metadata's loss_scale is " + std::to_string(meta.loss_scale) +
            ", not a finite number > 0";
   tp_rank = static_cast<int>(tp);
   pp_rank = static_cast<int>(pp);
   pp_size = static_cast<int>(pps);
+  ep_rank = static_cast<int>(epr);
+  ep_size = static_cast<int>(eps);
   return "";
 }
 
@@ -446,14 +466,18 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(const std::string &load
                                                          int64_t iteration, int tp_rank,
                                                          int pp_rank, int pp_size,
                                                          std::string *error,
-                                                         bool distrib_optim) {
+                                                         bool distrib_optim, int ep_rank,
+                                                         int ep_size) {
   auto fail = [&](const std::string &msg) {
     *error = msg;
     return nullptr;
   };
-  if ((tp_rank < 0 && tp_rank != -1) || pp_size < 1 || pp_rank < 0 || pp_rank >= pp_size)
+  if ((tp_rank < 0 && tp_rank != -1) || pp_size < 1 || pp_rank < 0 || pp_rank >= pp_size ||
+      ep_size < 1 || ep_rank < 0 || ep_rank >= ep_size)
     return fail(load_dir + ": error: invalid rank: tensor rank " + std::to_string(tp_rank) +
-                ", pipeline rank " + std::to_string(pp_rank) + " of " + std::to_string(pp_size));
+                ", pipeline rank " + std::to_string(pp_rank) + " of " + std::to_string(pp_size) +
+                ", expert-parallel rank " + std::to_string(ep_rank) + " of " +
+                std::to_string(ep_size));
   const std::string tracker = load_dir + "/" + kTracker;
   bool from_tracker = iteration < 0;
   if (from_tracker) {
@@ -490,14 +514,18 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(const std::string &load
                 " (" + iter_name(iteration) + " does not exist; " + here + ")" +
                 (its.empty() ? "; check the directory" : "; name one of those iterations"));
   }
-  // The first rank's file, whatever the pipeline size (tp_rank -1).
+  // The first rank's file, whatever the pipeline and expert-parallel sizes
+  // (tp_rank -1): mp_rank_00, mp_rank_00_000 (pp > 1, or ep > 1 alone) or
+  // mp_rank_00_000_000 (both); the file's metadata then says which.
   std::string file;
   if (tp_rank < 0) {
     file = checkpoint_file_name(0, 0, 1, false);
-    if (!exists(dir + "/" + file) && exists(dir + "/" + checkpoint_file_name(0, 0, 2, false)))
-      file = checkpoint_file_name(0, 0, 2, false);
+    for (const std::string &f :
+         {checkpoint_file_name(0, 0, 2, false), checkpoint_file_name(0, 0, 2, false, 0, 2)})
+      if (!exists(dir + "/" + file) && exists(dir + "/" + f))
+        file = f;
   } else {
-    file = checkpoint_file_name(tp_rank, pp_rank, pp_size, distrib_optim);
+    file = checkpoint_file_name(tp_rank, pp_rank, pp_size, distrib_optim, ep_rank, ep_size);
   }
   auto impl = std::make_unique<Impl>();
   impl->path = dir + "/" + file;
@@ -506,7 +534,7 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(const std::string &load
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT)
-      return fail(missing_rank_file(dir, file));
+      return fail(missing_rank_file(dir, file, ep_rank, ep_size));
     return fail(path + ": error: cannot open: " + os_error());
   }
   struct stat st {};
@@ -539,11 +567,20 @@ std::unique_ptr<CheckpointReader> CheckpointReader::open(const std::string &load
     return fail(path + ": error: records iteration " + std::to_string(m.iteration) +
                 " but lies in " + iter_name(iteration) +
                 "; files were moved between checkpoints: " + kOtherIteration);
-  if (tp_rank < 0 ? impl->tp_rank != 0 || impl->pp_rank != 0
-                  : impl->tp_rank != tp_rank || impl->pp_rank != pp_rank || impl->pp_size != pp_size)
+  const bool named = tp_rank < 0
+                         ? file == checkpoint_file_name(0, 0, impl->pp_size, false, 0,
+                                                        impl->ep_size)
+                         : impl->tp_rank == tp_rank && impl->pp_rank == pp_rank &&
+                               impl->pp_size == pp_size && impl->ep_rank == ep_rank &&
+                               impl->ep_size == ep_size;
+  if (tp_rank < 0 ? !named || impl->tp_rank != 0 || impl->pp_rank != 0 || impl->ep_rank != 0
+                  : !named)
     return fail(path + ": error: was saved by " +
-                checkpoint_rank_name(impl->tp_rank, impl->pp_rank, impl->pp_size) +
+                checkpoint_rank_name(impl->tp_rank, impl->pp_rank, impl->pp_size, impl->ep_rank,
+                                     impl->ep_size) +
                 " (pipeline size " + std::to_string(impl->pp_size) +
+                (impl->ep_size > 1 ? ", expert-parallel size " + std::to_string(impl->ep_size)
+                                   : std::string()) +
                 "); files were renamed or copied between ranks: " + kOtherIteration);
   return std::unique_ptr<CheckpointReader>(new CheckpointReader(std::move(impl)));
 }
@@ -558,6 +595,8 @@ const CheckpointMeta &CheckpointReader::meta() const { return impl_->meta; }
 int CheckpointReader::tp_rank() const { return impl_->tp_rank; }
 int CheckpointReader::pp_rank() const { return impl_->pp_rank; }
 int CheckpointReader::pp_size() const { return impl_->pp_size; }
+int CheckpointReader::ep_rank() const { return impl_->ep_rank; }
+int CheckpointReader::ep_size() const { return impl_->ep_size; }
 const std::string &CheckpointReader::path() const { return impl_->path; }
 
 std::vector<std::string> CheckpointReader::tensor_names() const {

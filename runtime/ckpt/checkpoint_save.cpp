@@ -58,7 +58,8 @@ std::string json_double(double v) {
   return s;
 }
 
-std::string meta_json(const CheckpointMeta &m, int tp_rank, int pp_rank, int pp_size) {
+std::string meta_json(const CheckpointMeta &m, int tp_rank, int pp_rank, int pp_size,
+                      int ep_rank, int ep_size) {
   std::string j = "{\n  \"format\": \"mt-checkpoint\",\n";
   auto num = [&](const char *key, int64_t v) {
     j += std::string("  \"") + key + "\": " + std::to_string(v) + ",\n";
@@ -83,6 +84,10 @@ std::string meta_json(const CheckpointMeta &m, int tp_rank, int pp_rank, int pp_
   num("tp_rank", tp_rank);
   num("pp_rank", pp_rank);
   num("pp_size", pp_size);
+  if (ep_size > 1) { // absent: saved without expert parallelism
+    num("ep_rank", ep_rank);
+    num("ep_size", ep_size);
+  }
   j += "  \"values\": {";
   bool first = true;
   for (const auto &[k, v] : m.values) {
@@ -360,7 +365,8 @@ std::string begin_checkpoint_save(const std::string &save_dir, int64_t iteration
 std::string write_checkpoint_files(const std::string &staging, const CheckpointMeta &meta,
                                    const std::vector<CheckpointTensor> &tensors, int tp_rank,
                                    int pp_rank, int pp_size,
-                                   const std::vector<CheckpointTensor> *distrib_optim) {
+                                   const std::vector<CheckpointTensor> *distrib_optim,
+                                   int ep_rank, int ep_size) {
   const std::string here = parent_of(staging) + ": error: ";
   if (meta.iteration < 0)
     return here + "cannot save iteration " + std::to_string(meta.iteration) +
@@ -368,6 +374,9 @@ std::string write_checkpoint_files(const std::string &staging, const CheckpointM
   if (tp_rank < 0 || pp_size < 1 || pp_rank < 0 || pp_rank >= pp_size)
     return here + "invalid rank: tensor rank " + std::to_string(tp_rank) + ", pipeline rank " +
            std::to_string(pp_rank) + " of " + std::to_string(pp_size);
+  if (ep_size < 1 || ep_rank < 0 || ep_rank >= ep_size)
+    return here + "invalid rank: expert-parallel rank " + std::to_string(ep_rank) + " of " +
+           std::to_string(ep_size);
   if (!std::isfinite(meta.loss_scale))
     return here + "loss scale " + json_double(meta.loss_scale) +
            " is not finite; a checkpoint must hold a usable loss scale";
@@ -377,14 +386,14 @@ std::string write_checkpoint_files(const std::string &staging, const CheckpointM
     if (!valid_utf8(k) || !valid_utf8(v))
       return here + "metadata value '" + k + "' is not valid UTF-8";
 
-  const std::string json = meta_json(meta, tp_rank, pp_rank, pp_size);
+  const std::string json = meta_json(meta, tp_rank, pp_rank, pp_size, ep_rank, ep_size);
   PreparedFile files[2];
-  files[0].name = checkpoint_file_name(tp_rank, pp_rank, pp_size, false);
+  files[0].name = checkpoint_file_name(tp_rank, pp_rank, pp_size, false, ep_rank, ep_size);
   if (std::string e = prepare_file(here, json, tensors, files[0]); !e.empty())
     return e;
   const size_t nfiles = distrib_optim ? 2 : 1;
   if (distrib_optim) {
-    files[1].name = checkpoint_file_name(tp_rank, pp_rank, pp_size, true);
+    files[1].name = checkpoint_file_name(tp_rank, pp_rank, pp_size, true, ep_rank, ep_size);
     if (std::string e = prepare_file(here, json, *distrib_optim, files[1]); !e.empty())
       return e;
   }
@@ -463,7 +472,8 @@ std::string commit_checkpoint_save(const std::string &save_dir, int64_t iteratio
 
 std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &meta,
                             const std::vector<CheckpointTensor> &tensors, int tp_rank, int pp_rank,
-                            int pp_size, const std::vector<CheckpointTensor> *distrib_optim) {
+                            int pp_size, const std::vector<CheckpointTensor> *distrib_optim,
+                            int ep_rank, int ep_size) {
   const std::string here = (save_dir.empty() ? std::string("<empty>") : save_dir) + ": error: ";
   if (save_dir.empty())
     return here + "no directory to save checkpoints to; set --save";
@@ -474,14 +484,15 @@ std::string save_checkpoint(const std::string &save_dir, const CheckpointMeta &m
   if (std::string e = begin_checkpoint_save(save_dir, meta.iteration, &staging); !e.empty())
     return e;
   std::string e = write_checkpoint_files(staging, meta, tensors, tp_rank, pp_rank, pp_size,
-                                         distrib_optim);
+                                         distrib_optim, ep_rank, ep_size);
   if (!e.empty()) {
     abort_checkpoint_save(staging);
     return e;
   }
-  std::vector<std::string> files = {checkpoint_file_name(tp_rank, pp_rank, pp_size, false)};
+  std::vector<std::string> files = {
+      checkpoint_file_name(tp_rank, pp_rank, pp_size, false, ep_rank, ep_size)};
   if (distrib_optim)
-    files.push_back(checkpoint_file_name(tp_rank, pp_rank, pp_size, true));
+    files.push_back(checkpoint_file_name(tp_rank, pp_rank, pp_size, true, ep_rank, ep_size));
   return commit_checkpoint_save(save_dir, meta.iteration, staging, files);
 }
 

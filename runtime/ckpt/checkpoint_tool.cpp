@@ -2,6 +2,7 @@
 #include "runtime/ckpt/checkpoint_tool.h"
 
 #include "runtime/ckpt/checkpoint_format.h"
+#include "runtime/ckpt/checkpoint_layout.h"
 #include "runtime/ckpt/hf_import.h"
 #include "runtime/plan/plan_reader.h"
 
@@ -210,10 +211,15 @@ int run_info(const Args &a, const SpecModelReader &read_spec) {
   if (!first)
     return fail(err);
   const CheckpointMeta &m = first->meta();
-  int64_t tp = 1, dp = 1;
+  int64_t tp = 1, dp = 1, ep = 1;
   if (!(err = first->int_value("tensor_parallel", 1, 1 << 16, 1, &tp)).empty() ||
-      !(err = first->int_value("data_parallel", 1, 1 << 16, 1, &dp)).empty())
+      !(err = first->int_value("data_parallel", 1, 1 << 16, 1, &dp)).empty() ||
+      !(err = first->int_value("expert_model_parallel", 1, 1 << 16, 1, &ep)).empty())
     return fail(err);
+  if (ep != first->ep_size())
+    return fail(first->path() + ": error: its name and header give expert-parallel size " +
+                std::to_string(first->ep_size()) + " but its metadata expert_model_parallel " +
+                std::to_string(ep) + "; the file is damaged: use an earlier iteration");
   const int pp = first->pp_size();
   const bool distopt = m.values.count("distributed_optimizer") > 0;
   std::printf("checkpoint: %s, iteration %lld\n", a.ckpt.c_str(),
@@ -221,8 +227,10 @@ int run_info(const Args &a, const SpecModelReader &read_spec) {
   std::printf("consumed samples: train %lld, valid %lld\n",
               static_cast<long long>(m.consumed_train_samples),
               static_cast<long long>(m.consumed_valid_samples));
-  std::printf("layout: tensor %lld x pipeline %d x data %lld, distributed optimizer: %s\n",
-              static_cast<long long>(tp), pp, static_cast<long long>(dp),
+  const std::string expert =
+      ep > 1 ? ", expert-parallel " + std::to_string(ep) : "";
+  std::printf("layout: tensor %lld x pipeline %d x data %lld%s, distributed optimizer: %s\n",
+              static_cast<long long>(tp), pp, static_cast<long long>(dp), expert.c_str(),
               distopt ? value_or(m, "distributed_optimizer", "").c_str() : "no");
   if (m.values.count("no_save_optim"))
     std::printf("optimizer: not saved (--no-save-optim: load with --no-load-optim or "
@@ -262,16 +270,23 @@ int run_info(const Args &a, const SpecModelReader &read_spec) {
   uint64_t bytes = 0;
   const int64_t iteration = m.iteration;
   for (int s = 0; s < pp; ++s)
-    for (int r = 0; r < int(tp); ++r)
-      for (bool optim : {false, true}) {
-        if (optim && (!distopt || m.values.count("no_save_optim")))
-          continue;
-        auto reader = CheckpointReader::open(a.ckpt, iteration, r, s, pp, &err, optim);
-        if (!reader)
-          return fail(err);
-        print_file(*reader, &tensors, &bytes);
-        ++files;
-      }
+    for (const auto &[r, e] : checkpoint_stage_files(int(tp), int(ep))) {
+      auto reader = CheckpointReader::open(a.ckpt, iteration, r, s, pp, &err, false, e, int(ep));
+      if (!reader)
+        return fail(err);
+      print_file(*reader, &tensors, &bytes);
+      ++files;
+      // A file without parameters (an expert writer's of a stage without
+      // experts) has no optimizer state beside it.
+      if (!distopt || m.values.count("no_save_optim") ||
+          value_or(reader->meta(), "param_layout", "x").empty())
+        continue;
+      auto optim = CheckpointReader::open(a.ckpt, iteration, r, s, pp, &err, true, e, int(ep));
+      if (!optim)
+        return fail(err);
+      print_file(*optim, &tensors, &bytes);
+      ++files;
+    }
   std::printf("checksums verified: %zu file%s, %zu tensors, %s\n", files, files == 1 ? "" : "s",
               tensors, ckpt_detail::size_text(bytes).c_str());
   return 0;

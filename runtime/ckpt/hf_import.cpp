@@ -375,8 +375,11 @@ std::string import_hf(const std::string &dir_in, const HfModelSpec &m,
                   ? ""
                   : " (padded to " + std::to_string(m.padded_vocab_size) + ")") +
              "; iteration 0 with a fresh optimizer state in the layout of " + plan_path +
-             " (tensor " + std::to_string(tp) + " x pipeline " + std::to_string(pp) + ", " +
-             std::to_string(files) + " rank file" + (files == 1 ? "" : "s") + ")";
+             " (tensor " + std::to_string(tp) + " x pipeline " + std::to_string(pp) +
+             (plan.expert_model_parallel() > 1
+                  ? ", expert-parallel " + std::to_string(plan.expert_model_parallel())
+                  : std::string()) +
+             ", " + std::to_string(files) + " rank file" + (files == 1 ? "" : "s") + ")";
   return "";
 }
 

@@ -103,11 +103,6 @@ std::string num_text(double v) {
 // without biases, no shared expert).
 std::string mixtral_refusal(const HfModelSpec &m) {
   const char *cls = "MixtralForCausalLM (the class for mixtures of experts)";
-  if (m.expert_model_parallel_size > 1)
-    return "parallel.expert_model_parallel_size = " +
-           std::to_string(m.expert_model_parallel_size) +
-           " (experts split over expert-parallel ranks), which mt-checkpoint does not convert: "
-           "it converts checkpoints of one expert-parallel rank";
   if (!m.rope)
     return refuse("position_embedding_type", "\"learned_absolute\"", cls);
   if (!m.rmsnorm)

@@ -65,7 +65,6 @@ struct HfModelSpec {
   double moe_expert_capacity_factor = 0.0;
   std::vector<bool> moe_layers; // resolved moe_layer_freq: true = an MoE layer
   int64_t moe_shared_expert_intermediate_size = 0;
-  int64_t expert_model_parallel_size = 1; // [parallel]'s
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;
   double hidden_dropout = 0.0, attention_dropout = 0.0;

@@ -193,16 +193,16 @@ public:
       return fail(opts.plan_path + " lacks the train_step, grad_norm or optimizer_step "
                                    "program; recompile it with this mtc");
     trackRouterLosses(*t);
-    // Checkpoints hold one copy of each tensor per (tp, pp) rank, written by
-    // data-parallel rank 0: expert-parallel ranks hold other experts, which
-    // this format has no file for. Refused before anything runs.
-    if (const int ep = plan.expert_model_parallel(); ep > 1 && (!save.empty() || !load.empty())) {
+    // Checkpoints of expert-tensor-parallel runs are not written or read yet:
+    // refused before anything runs.
+    if (!save.empty() || !load.empty()) {
       const std::string what = !save.empty() ? (opts.save.empty() ? "training.save" : "--save")
                                              : (opts.load.empty() ? "training.load" : "--load");
-      return fail(what + " asks for a checkpoint, but mtrun does not save or load the checkpoints "
-                         "of expert-parallel runs (expert_model_parallel_size " +
-                  std::to_string(ep) + "); train without " + what +
-                  ", or with expert_model_parallel_size = 1 to checkpoint");
+      if (std::string e = unsupported_checkpoint_layout(plan.expert_tensor_parallel(),
+                                                        what + " asks for a checkpoint, but " +
+                                                            opts.plan_path);
+          !e.empty())
+        return fail(e);
     }
 
     // The printing rank's logs; every rank learns whether they opened, so
@@ -1031,18 +1031,48 @@ private:
       return ckptStep >= 0 ? stepName + ": " + err : err;
     if (std::string e = check_saved_layout(*first, load, plan, opts.plan_path); !e.empty())
       return e;
-    auto reader = CheckpointReader::open(load, first->meta().iteration, tpRank, ppRank, pp, &err);
+    // The files this rank's parameters are in (checkpoint_layout.h): its
+    // dense parameters' writer's, and its experts' writer's when they differ.
+    const int ep = std::max(1, plan.expert_model_parallel());
+    auto openOf = [&](const pl::Rank *w, bool distribOptim) {
+      return CheckpointReader::open(load, first->meta().iteration, w->tp_rank(), w->pp_rank(), pp,
+                                    &err, distribOptim, int(expert_coords(plan, *w).ep_rank), ep);
+    };
+    const pl::Rank *denseWriter = checkpoint_writer(plan, *myRank, false);
+    const pl::Rank *expertWriter = checkpoint_writer(plan, *myRank, true);
+    if (!denseWriter || !expertWriter)
+      return opts.plan_path + ": error: lacks the rank that writes rank " + std::to_string(rank) +
+             "'s checkpoint file; recompile it with mtc";
+    bool hasExperts = false;
+    for (uint32_t i = 0; i < myRank->params()->size(); ++i)
+      hasExperts = hasExperts || myRank->params()->Get(i)->expert();
+    const bool twoFiles = hasExperts && expertWriter != denseWriter;
+    auto reader = openOf(denseWriter, false);
     if (!reader)
       return err;
-    first.reset();
+    std::unique_ptr<CheckpointReader> expertFile;
+    if (twoFiles && !(expertFile = openOf(expertWriter, false)))
+      return err;
+    const CheckpointReader &expertReader = twoFiles ? *expertFile : *reader;
     const CheckpointMeta &m = reader->meta();
     std::string want = str(plan.model_fingerprint());
     if (m.model_fingerprint != want)
       return "checkpoint " + reader->path() + " is of another model (" +
              m.model_fingerprint + ") than this plan (" + want +
              "); load a checkpoint of this model or start without --load";
-    if (std::string e = check_rank_params(*reader, *myRank, load, opts.plan_path); !e.empty())
+    if (std::string e = check_rank_params(*reader, plan, *denseWriter, load, opts.plan_path);
+        !e.empty())
       return e;
+    if (twoFiles) {
+      if (expertFile->meta().model_fingerprint != want ||
+          expertFile->meta().iteration != m.iteration)
+        return "checkpoint " + expertFile->path() + " belongs to another save than " +
+               reader->path() + " (another model or iteration); load another iteration";
+      if (std::string e =
+              check_rank_params(*expertFile, plan, *expertWriter, load, opts.plan_path);
+          !e.empty())
+        return e;
+    }
     // A checkpoint saved without a part cannot give it: the load says which
     // and how to go without it (Megatron's "Specify --no-load-optim or
     // --finetune ...").
@@ -1089,16 +1119,23 @@ private:
                "; load it with a plan of the same data_parallel_size, buckets and "
                "use_distributed_optimizer, load it with --no-load-optim, or start without "
                "--load";
-      if (shard > 0) {
-        auto optim = CheckpointReader::open(load, m.iteration, tpRank, ppRank, pp, &err, true);
+      // Each group's shards from the file beside its parameters: this
+      // rank's dense shards as dp_rank_RR, its expert shards as edp_rank_RR.
+      for (bool experts : {false, true}) {
+        const int64_t n = shard > 0 ? packed_shard_elements(plan, *myRank, experts) : 0;
+        if (n == 0)
+          continue;
+        auto optim = openOf(experts ? expertWriter : denseWriter, true);
         if (!optim)
           return err;
-        char name[64];
+        const int groupRank = experts ? int(expert_coords(plan, *myRank).edp_rank) : dpRank;
+        std::vector<float> packed(static_cast<size_t>(n));
         for (auto &[kind, data] : shardKinds()) {
-          std::snprintf(name, sizeof name, "dp_rank_%02d.%s", dpRank, kind.c_str());
-          if (std::string e = optim->read(name, "f32", {shard}, data, size_t(shard) * 4);
+          if (std::string e = optim->read(shard_tensor_name(experts, groupRank, kind), "f32", {n},
+                                          packed.data(), size_t(n) * 4);
               !e.empty())
             return e;
+          unpack_shard(plan, *myRank, experts, packed.data(), data);
         }
       }
     }
@@ -1119,7 +1156,8 @@ private:
       for (const Part &part : parts) {
         if (!part.dst)
           continue;
-        if (std::string e = reader->read(name + part.suffix, "f32", shape, part.dst, bytes);
+        const CheckpointReader &from = p->expert() ? expertReader : *reader;
+        if (std::string e = from.read(name + part.suffix, "f32", shape, part.dst, bytes);
             !e.empty())
           return e;
       }
@@ -1266,27 +1304,54 @@ private:
     // the distributed optimizer's file, the step count and schedule
     // position) out, as Megatron's.
     const bool saveOptim = !noSaveOptim;
-    // Distributed optimizer: every rank's shards gathered to dp rank 0.
+    // What this rank writes (checkpoint_layout.h): the dense parameters at
+    // data-parallel rank 0, the experts at expert-data-parallel rank 0.
+    const CheckpointRole role = checkpoint_role(plan, *myRank);
+    const int ep = std::max(1, plan.expert_model_parallel());
+    // Distributed optimizer: each group's shards (dense buckets over dp,
+    // expert buckets over expt_dp) gathered to the group's rank 0.
     const int64_t shard = saveOptim ? exec->shard_elements() : 0;
-    std::vector<std::vector<float>> gathered;
-    if (shard > 0)
+    struct Gathered {
+      bool experts;
+      int group;
+      int64_t n;
+      std::vector<std::vector<float>> kinds; // per shardKinds(), group x n
+    };
+    std::vector<Gathered> gathered;
+    for (bool experts : {false, true}) {
+      const int64_t n = shard > 0 ? packed_shard_elements(plan, *myRank, experts) : 0;
+      if (n == 0)
+        continue;
+      Communicator *c = groups.get(experts ? Group::EXPT_DP : Group::DP);
+      const int group = experts ? int(expert_data_parallel(plan)) : dp;
+      Gathered g{experts, group, n, {}};
+      std::vector<float> mine(size_t(n), 0.0f);
       for (auto &[kind, data] : shardKinds()) {
-        gathered.emplace_back(size_t(shard * dp));
-        if (comm) {
-          if (std::string err = comm->all_gather(data, size_t(shard), gathered.back().data());
+        pack_shard(plan, *myRank, experts, data, mine.data());
+        g.kinds.emplace_back(size_t(n) * size_t(group));
+        if (c) {
+          if (std::string err = c->all_gather(mine.data(), size_t(n), g.kinds.back().data());
               !err.empty())
             return err;
+        } else if (group == 1) {
+          std::copy(mine.begin(), mine.end(), g.kinds.back().begin());
         } else {
-          std::copy(data, data + shard, gathered.back().begin());
+          return "rank " + std::to_string(this->rank) + " has no " +
+                 (experts ? "expert-data-parallel" : "data-parallel") +
+                 " communicator to gather the optimizer's shards for the checkpoint";
         }
       }
-    // Data-parallel replicas hold the same weights: the first of each
-    // model-parallel rank writes its file; every rank takes part in the save.
-    const bool writes = dpRank == 0;
+      gathered.push_back(std::move(g));
+    }
+    // Replicas hold the same weights: each part is written once, by the
+    // rank its role names; every rank takes part in the save.
+    const bool writes = role.writes();
     const pl::Rank *rank = myRank;
     std::vector<CheckpointTensor> tensors;
     for (uint32_t i = 0; writes && i < rank->params()->size(); ++i) {
       const pl::Param *p = rank->params()->Get(i);
+      if (!(p->expert() ? role.experts : role.dense))
+        continue;
       std::string name = str(p->name());
       std::vector<int64_t> shape = shape_of(p);
       size_t bytes = size_t(exec->param_elements(int(i))) * 4;
@@ -1300,15 +1365,14 @@ private:
         tensors.push_back({name + "." + suffix, "f32", shape, data, bytes});
     }
     std::vector<CheckpointTensor> distrib;
-    if (shard > 0 && writes) {
-      auto kinds = shardKinds();
-      for (int r = 0; r < dp; ++r)
-        for (size_t k = 0; k < kinds.size(); ++k) {
-          char name[64];
-          std::snprintf(name, sizeof name, "dp_rank_%02d.%s", r, kinds[k].first.c_str());
-          distrib.push_back({name, "f32", {shard}, gathered[k].data() + size_t(r) * size_t(shard),
-                             size_t(shard) * 4});
-        }
+    const auto kinds = shardKinds();
+    for (const Gathered &g : gathered) {
+      if (!(g.experts ? role.experts : role.dense))
+        continue;
+      for (int r = 0; r < g.group; ++r)
+        for (size_t k = 0; k < kinds.size(); ++k)
+          distrib.push_back({shard_tensor_name(g.experts, r, kinds[k].first), "f32", {g.n},
+                             g.kinds[k].data() + size_t(r) * size_t(g.n), size_t(g.n) * 4});
     }
     CheckpointMeta m;
     m.iteration = iteration;
@@ -1347,8 +1411,8 @@ private:
     add_layout_values(plan, *rank, &m);
     if (std::string err = save_checkpoint_collective(
             groups.world, this->rank, save, m, checkpoint_files_of(plan, saveOptim), writes,
-            tensors, tpRank,
-            ppRank, pp, shard > 0 ? &distrib : nullptr);
+            tensors, tpRank, ppRank, pp, distrib.empty() ? nullptr : &distrib,
+            int(expert_coords(plan, *myRank).ep_rank), ep);
         !err.empty())
       return err;
     savedIteration = iteration;

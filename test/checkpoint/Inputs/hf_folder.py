@@ -4,7 +4,8 @@ as transformers' save_pretrained lays it out, with numpy alone, optionally
 damaged in one way; and compares two folders' tensors.
 
 usage: hf_folder.py write DIR gpt|llama|mixtral [--damage KIND] [--dtype F32|BF16|F16] [--bf16-values]
-       hf_folder.py compare DIR_A DIR_B
+       hf_folder.py compare DIR_A DIR_B [TOLERANCE]   (equal to the last bit, or within
+                                                      an absolute TOLERANCE)
 
 gpt: GPT2LMHeadModel, 2 layers, n_embd 32, 4 heads, 32 positions, 100 tokens,
 tied. llama: LlamaForCausalLM, 2 layers, hidden 32, 48 intermediate, 4
@@ -221,14 +222,19 @@ def read(folder):
     return out
 
 
-def compare(a, b):
+def compare(a, b, tol=0.0):
     ta, tb = read(a), read(b)
     if sorted(ta) != sorted(tb):
         sys.exit(f"the tensors differ: {sorted(set(ta) ^ set(tb))}")
+    if any(ta[n].shape != tb[n].shape for n in ta):
+        sys.exit("the shapes differ: " + ", ".join(n for n in ta if ta[n].shape != tb[n].shape))
     worst = max(float(np.abs(ta[n] - tb[n]).max()) for n in ta)
-    print(f"{len(ta)} tensors, largest difference {worst:g}")
-    if worst != 0.0:
-        sys.exit("not equal")
+    if tol == 0.0:
+        print(f"{len(ta)} tensors, largest difference {worst:g}")
+    else:
+        print(f"{len(ta)} tensors, largest difference within {tol:g}")
+    if worst > tol:
+        sys.exit(f"not equal: largest difference {worst:g}")
 
 
 if __name__ == "__main__":
@@ -238,4 +244,4 @@ if __name__ == "__main__":
         dtype = args[args.index("--dtype") + 1] if "--dtype" in args else "F32"
         write(args[0], args[1], damage, dtype, "--bf16-values" in args)
     else:
-        compare(sys.argv[2], sys.argv[3])
+        compare(sys.argv[2], sys.argv[3], float(sys.argv[4]) if len(sys.argv) > 4 else 0.0)

@@ -822,21 +822,58 @@ TEST(CheckpointSample, DISABLED_Write) {
   }
 }
 
-// mtc reshard refuses a target plan with expert parallelism before it reads
-// anything: a checkpoint's (tp, pp) rank files have no place for other
-// expert-parallel ranks' experts.
-TEST(CheckpointReshard, ExpertParallelTargetIsRefused) {
+// mtc reshard refuses a target plan with expert tensor parallelism before it
+// reads anything, naming the key.
+TEST(CheckpointReshard, ExpertTensorParallelTargetIsRefused) {
   flatbuffers::FlatBufferBuilder b;
   std::vector<flatbuffers::Offset<mt::plan::Rank>> ranks;
-  b.Finish(mt::plan::CreatePlanDirect(b, "mtc test", "", "", 2, 1, 1, 2, 0, nullptr, &ranks, 2, 1),
+  b.Finish(mt::plan::CreatePlanDirect(b, "mtc test", "", "", 2, 1, 1, 2, 0, nullptr, &ranks, 1, 2),
            mt::plan::PlanIdentifier());
   const mt::plan::Plan &plan = *mt::plan::GetPlan(b.GetBufferPointer());
   std::string summary;
-  EXPECT_EQ(mt::rt::reshard_checkpoint("/nonexistent/load", -1, plan, "ep2.plan",
+  EXPECT_EQ(mt::rt::reshard_checkpoint("/nonexistent/load", -1, plan, "etp2.plan",
                                        "/nonexistent/save", &summary),
-            "ep2.plan: error: has expert_model_parallel_size 2; checkpoints of expert-parallel "
-            "layouts are not supported: reshard to a plan compiled with "
-            "expert_model_parallel_size = 1");
+            "etp2.plan: error: the plan has expert_tensor_parallel_size 2 (experts sharded over "
+            "expert-tensor-parallel ranks), whose checkpoints mt does not write or convert yet: "
+            "checkpoint a plan compiled with expert_tensor_parallel_size = 1");
+}
+
+// Megatron's names with an expert-parallel rank, and which (tp, ep) files a
+// stage has: every tp rank's dense parameters and every ep rank's experts,
+// each in exactly one file.
+TEST(CheckpointNames, ExpertParallelFiles) {
+  EXPECT_EQ(mt::rt::checkpoint_rank_name(0, 0, 1, 1, 2), "mp_rank_00_001");
+  EXPECT_EQ(mt::rt::checkpoint_rank_name(1, 2, 4, 3, 8), "mp_rank_01_002_003");
+  EXPECT_EQ(mt::rt::checkpoint_rank_name(1, 2, 4, 0, 1), "mp_rank_01_002");
+  EXPECT_EQ(mt::rt::checkpoint_file_name(0, 0, 1, true, 1, 2), "mp_rank_00_001.distrib_optim.mtckpt");
+  using F = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(mt::rt::checkpoint_stage_files(1, 1), (F{{0, 0}}));
+  EXPECT_EQ(mt::rt::checkpoint_stage_files(2, 1), (F{{0, 0}, {1, 0}}));
+  EXPECT_EQ(mt::rt::checkpoint_stage_files(1, 2), (F{{0, 0}, {0, 1}}));
+  EXPECT_EQ(mt::rt::checkpoint_stage_files(2, 2), (F{{0, 0}, {1, 1}}));
+  EXPECT_EQ(mt::rt::checkpoint_stage_files(2, 4), (F{{0, 0}, {0, 2}, {1, 1}, {1, 3}}));
+  EXPECT_EQ(mt::rt::checkpoint_stage_files(4, 2), (F{{0, 0}, {1, 1}, {2, 0}, {3, 1}}));
+  // Every (tp, ep) pair of a stage's ranks i = tp_rank + tp dp_rank: each
+  // tp rank's dense writer (dp 0) and each ep rank's expert writer (edp 0)
+  // has its file in the list.
+  for (int tp : {1, 2, 4})
+    for (int ep : {1, 2, 4, 8})
+      for (int dp : {1, 2, 4, 8}) {
+        if ((tp * dp) % ep != 0)
+          continue;
+        const F files = mt::rt::checkpoint_stage_files(tp, ep);
+        size_t writers = 0;
+        for (int i = 0; i < tp * dp; ++i) {
+          const bool dense = i < tp, experts = i < ep;
+          if (!dense && !experts)
+            continue;
+          ++writers;
+          EXPECT_NE(std::find(files.begin(), files.end(), std::make_pair(i % tp, i % ep)),
+                    files.end())
+              << tp << " " << ep << " " << dp << " " << i;
+        }
+        EXPECT_EQ(writers, files.size()) << tp << " " << ep << " " << dp;
+      }
 }
 
 } // namespace
