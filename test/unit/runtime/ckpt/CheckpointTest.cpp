@@ -876,4 +876,54 @@ TEST(CheckpointNames, ExpertParallelFiles) {
       }
 }
 
+// The distributed optimizer's shards of an expert-parallel rank by group:
+// dp4 x ep2 (expert data parallel 2), a dense bucket over dp and an expert
+// bucket over expt_dp, placed by shard_offset. The metadata names both
+// groups, each group's shards pack in shard-state order, and the rank's
+// role and files follow its expert coordinates.
+TEST(CheckpointLayout, ExpertShardsByGroup) {
+  flatbuffers::FlatBufferBuilder b;
+  const std::vector<uint32_t> none;
+  std::vector<flatbuffers::Offset<mt::plan::Bucket>> buckets = {
+      mt::plan::CreateBucketDirect(b, &none, 8, 24, 0, 4),  // dense: 16 / dp 4 at 4
+      mt::plan::CreateBucketDirect(b, &none, 0, 8, 6, 0)}; // experts: 8 / edp 2 at 0
+  std::vector<flatbuffers::Offset<mt::plan::Rank>> ranks;
+  for (int r = 0; r < 4; ++r)
+    ranks.push_back(mt::plan::CreateRankDirect(b, r, 0, 0, r, nullptr, 0, 0, nullptr, 0,
+                                               &buckets, 24, true, 8));
+  b.Finish(mt::plan::CreatePlanDirect(b, "mtc test", "", "", 4, 1, 1, 4, 0, nullptr, &ranks, 2, 1),
+           mt::plan::PlanIdentifier());
+  const mt::plan::Plan &plan = *mt::plan::GetPlan(b.GetBufferPointer());
+  const mt::plan::Rank &r1 = *plan.ranks()->Get(1);
+  EXPECT_EQ(mt::rt::shard_layout(plan, r1),
+            "dp 4, edp 2, flat 24, shard 8, buckets [8, 24) dp@4 [0, 8) edp@0");
+  EXPECT_EQ(mt::rt::packed_shard_elements(plan, r1, false), 4);
+  EXPECT_EQ(mt::rt::packed_shard_elements(plan, r1, true), 4);
+  const std::vector<float> shard = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<float> dense(4), experts(4), back(8, -1.0f);
+  mt::rt::pack_shard(plan, r1, false, shard.data(), dense.data());
+  mt::rt::pack_shard(plan, r1, true, shard.data(), experts.data());
+  EXPECT_EQ(dense, (std::vector<float>{4, 5, 6, 7}));
+  EXPECT_EQ(experts, (std::vector<float>{0, 1, 2, 3}));
+  mt::rt::unpack_shard(plan, r1, false, dense.data(), back.data());
+  mt::rt::unpack_shard(plan, r1, true, experts.data(), back.data());
+  EXPECT_EQ(back, shard);
+  // Rank 1: dp rank 1, ep rank 1, expert-dp rank 0: it writes its experts
+  // alone, into mp_rank_00_001; its dense parameters are rank 0's to write.
+  const mt::rt::CheckpointRole role = mt::rt::checkpoint_role(plan, r1);
+  EXPECT_FALSE(role.dense);
+  EXPECT_TRUE(role.experts);
+  EXPECT_EQ(mt::rt::rank_checkpoint_file(plan, r1, true), "mp_rank_00_001.distrib_optim.mtckpt");
+  EXPECT_EQ(mt::rt::checkpoint_writer(plan, r1, false), plan.ranks()->Get(0));
+  EXPECT_EQ(mt::rt::checkpoint_writer(plan, r1, true), &r1);
+  // Rank 3 (ep rank 1, expert-dp rank 1) writes nothing; its experts are rank 1's.
+  const mt::plan::Rank &r3 = *plan.ranks()->Get(3);
+  EXPECT_FALSE(mt::rt::checkpoint_role(plan, r3).writes());
+  EXPECT_EQ(mt::rt::checkpoint_writer(plan, r3, true), &r1);
+  EXPECT_EQ(mt::rt::checkpoint_files_of(plan),
+            (std::vector<std::string>{"mp_rank_00_000.distrib_optim.mtckpt", "mp_rank_00_000.mtckpt",
+                                      "mp_rank_00_001.distrib_optim.mtckpt",
+                                      "mp_rank_00_001.mtckpt"}));
+}
+
 } // namespace
