@@ -120,10 +120,11 @@ struct MtOptimizerPass : impl::MtOptimizerPassBase<MtOptimizerPass> {
       // Sequence parallelism leaves a partial gradient on each
       // tensor-parallel rank for parameters read on sequence shards
       // (mt-shard-tp marks them); their sum is the gradient. Not an expert
-      // parameter's (mt.expert): with expert_tensor_parallel_size 1 the
-      // tensor-parallel ranks are expert-parallel ranks holding other
-      // experts, or expert data-parallel ranks, whose sum mt-data-parallel
-      // takes over expt_dp with the other token-holding ranks'.
+      // parameter's (mt.expert): the tensor-parallel ranks are expert-parallel
+      // or expert-tensor-parallel ranks holding other experts or other
+      // shards of them, or expert data-parallel ranks, whose sum
+      // mt-data-parallel takes over expt_dp with the other token-holding
+      // ranks'.
       SmallVector<Attribute> partial;
       for (auto param : module.getOps<ParamOp>())
         if (param->hasAttr("mt.tp_partial_grad") && !param->hasAttr("mt.expert"))

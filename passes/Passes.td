@@ -384,7 +384,7 @@ def MtShardTpPass : Pass<"mt-shard-tp", "mlir::ModuleOp"> {
 }
 
 def MtShardEpPass : Pass<"mt-shard-ep", "mlir::ModuleOp"> {
-  let summary = "Splits the routed experts over expert-parallel ranks (Megatron-Core's expert parallelism)";
+  let summary = "Splits the routed experts over expert-parallel and expert-tensor-parallel ranks (Megatron-Core's expert parallelism)";
   let description = [{
     Marks every routed expert's stacked weight (the weight of an
     `mt.moe_grouped_matmul`) `mt.expert`, at every layout: mt-data-parallel
@@ -392,23 +392,32 @@ def MtShardEpPass : Pass<"mt-shard-ep", "mlir::ModuleOp"> {
     gradient norm counts them on every rank that holds them.
 
     With `expert_model_parallel_size` = ep > 1 (module attribute
-    `mt.parallel`, expert_tensor_parallel_size 1), the `E` experts of each
-    MoE layer are split over the ep ranks: rank `q` holds experts
-    `[q * L, (q + 1) * L)`, `L = E / ep`, so the stacked weights become
-    `[L, ...]` (`ep_dim = 0`, `ep_size`). The router, the capacity and the
+    `mt.parallel`), the `E` experts of each MoE layer are split over the ep
+    ranks: rank `q` holds experts `[q * L, (q + 1) * L)`, `L = E / ep`, so
+    the stacked weights become `[L, ...]` (`ep_dim = 0`, `ep_size`). With
+    `expert_tensor_parallel_size` = etp > 1 each expert is split too, as
+    Megatron-Core's experts split it: the first matmul (the one on the
+    permuted rows) column-parallel, its weight `[E, F1, H]` on dimension 1
+    (`tp_dim = 1`, `tp_size` = etp, `tp_blocks = 2` when SwiGLU follows:
+    gate and up halves each split), the second (the one
+    `mt.moe_unpermute` reads) row-parallel, `[E, H, F]` on dimension 2.
+
+    Whenever etp * ep > 1 the rows travel among the `S = etp * ep` ranks of
+    the tensor-and-expert-parallel group. The router, the capacity and the
     permutation stay local to the rank (Megatron-Core computes the capacity
     from the rank's own tokens); between the permutation and the experts
-    `mt.moe_dispatch` sends each expert's rows to its rank, the grouped
-    matmuls run on the received rows with the local counts, and
-    `mt.moe_combine` returns the rows before `mt.moe_unpermute`.
-    `moe_token_dispatcher_type` picks the exchange (same numbers). The
-    received rows are static, the worst case of the layout, with `T` the
-    rank's tokens and `k` the top-k: `ep * T * min(k, L)` without a
-    capacity; `ep * L * C` with capacity `C` padded; `ep * min(T * min(k,
-    L), L * C)` with a capacity and no padding.
+    `mt.moe_dispatch` sends each expert's rows to the etp ranks of its ep
+    rank, the grouped matmuls run on the received rows with the local
+    counts, and `mt.moe_combine` returns the rows (summing the etp partial
+    products) before `mt.moe_unpermute`. `moe_token_dispatcher_type` picks
+    the exchange (same numbers). The received rows are static, the worst
+    case of the layout, with `T` the rank's tokens and `k` the top-k:
+    `S * T * min(k, L)` without a capacity; `S * L * C` with capacity `C`
+    padded; `S * min(T * min(k, L), L * C)` with a capacity and no padding.
 
     Runs after mt-shard-tp (on the tokens of a sequence shard) and before
-    mt-partition-pp. The module gets `mt.expert_parallel`.
+    mt-partition-pp. The module gets `mt.expert_parallel` (ep > 1) and
+    `mt.expert_tensor_parallel` (etp > 1).
 
     ```mlir
     %y, %ids, %counts = mt.moe_permute %x, %map {capacity = 0 : i64} : ...

@@ -1,6 +1,8 @@
-// mt-shard-ep: Megatron-Core's expert parallelism (expert tensor parallel
-// size 1) as a rewrite of @forward into the program of one expert-parallel
-// rank: its share of the experts, and the token exchange around them.
+// mt-shard-ep: Megatron-Core's expert parallelism and expert tensor
+// parallelism as a rewrite of @forward into the program of one rank of the
+// tensor-and-expert-parallel group: its share of the experts (whole experts
+// over ep, each expert's matmuls split over etp), and the token exchange
+// around them.
 #include "passes/Passes.h"
 
 #include "dialects/mt/MtOps.h"
@@ -8,6 +10,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/SetVector.h"
 
 #include <algorithm>
@@ -36,8 +39,9 @@ int64_t dim0(Value v) { return cast<RankedTensorType>(v.getType()).getDimSize(0)
 
 class ExpertSharder {
 public:
-  ExpertSharder(ModuleOp module, func::FuncOp f, int64_t ep, MoeDispatcher dispatcher)
-      : module(module), symbols(module), f(f), ep(ep), dispatcher(dispatcher),
+  ExpertSharder(ModuleOp module, func::FuncOp f, int64_t ep, int64_t etp,
+                MoeDispatcher dispatcher)
+      : module(module), symbols(module), f(f), ep(ep), etp(etp), dispatcher(dispatcher),
         b(module.getContext()) {}
 
   LogicalResult run() {
@@ -57,12 +61,15 @@ public:
       return failure();
     for (ParamOp p : experts)
       p->setAttr("mt.expert", b.getUnitAttr());
-    if (ep == 1)
+    if (ep * etp == 1)
       return success();
 
-    for (ParamOp p : experts) {
-      if (p.getEpDim())
+    for (ParamOp p : experts)
+      if (p.getEpDim() || p.getTpDim())
         return p.emitError("mt-shard-ep: the parameter is sharded already; run the pass once");
+    if (etp > 1 && failed(splitExperts()))
+      return failure();
+    for (ParamOp p : ep > 1 ? experts.getArrayRef() : ArrayRef<ParamOp>()) {
       SmallVector<int64_t> shape(p.getTensorType().getShape());
       if (shape[0] % ep != 0)
         return p.emitError() << "mt-shard-ep: " << p.getSymName() << " stacks " << shape[0]
@@ -86,17 +93,88 @@ public:
   }
 
 private:
-  // The static rows a rank receives: from each of the ep sources (itself
-  // included) at most min(k, L) rows per token, and with a capacity at most
-  // C per local expert; padded, exactly C per local expert.
+  // Expert tensor parallelism (Megatron-Core's experts with expert tp > 1):
+  // the first matmul of every expert is column-parallel (its output
+  // features, dim 1 of [E, F1, H], split over etp; SwiGLU's gate and up
+  // halves each split, as mt-shard-tp splits the dense FC1), the second
+  // row-parallel (its input features, dim 2 of [E, H, F]). The roles come
+  // from the graph: the matmul reading the permuted rows, and the one whose
+  // output the unpermutation reads.
+  LogicalResult splitExperts() {
+    struct Split {
+      int64_t dim, blocks;
+    };
+    llvm::MapVector<ParamOp, Split> splits;
+    auto assign = [&](MoeGroupedMatmulOp g, Split s) -> LogicalResult {
+      auto ref = g.getWeight().getDefiningOp<ParamRefOp>();
+      ParamOp p = symbols.lookup<ParamOp>(ref.getNameAttr().getAttr());
+      auto [it, inserted] = splits.insert({p, s});
+      if (!inserted && (it->second.dim != s.dim || it->second.blocks != s.blocks))
+        return g.emitError() << "mt-shard-ep: " << p.getSymName()
+                             << " is read as both the first and the second expert matmul; "
+                                "expert_tensor_parallel_size > 1 cannot split it";
+      return success();
+    };
+    WalkResult r = f.walk([&](MoeGroupedMatmulOp g) {
+      const bool first = g.getInput().getDefiningOp<MoePermuteOp>() != nullptr;
+      const bool second = llvm::any_of(g.getResult().getUsers(),
+                                       [](Operation *u) { return isa<MoeUnpermuteOp>(u); });
+      if (first == second) {
+        g.emitError() << "mt-shard-ep: expert_tensor_parallel_size " << etp
+                      << " splits an expert's first matmul (on the permuted rows) and its "
+                         "second (read by mt.moe_unpermute); this one is "
+                      << (first ? "both" : "neither")
+                      << "; set expert_tensor_parallel_size = 1";
+        return WalkResult::interrupt();
+      }
+      Split s{first ? 1 : 2, 1};
+      if (first) {
+        Value out = g.getResult();
+        if (!out.hasOneUse() || !isa<SwiGLUOp, GeluOp>(*out.getUsers().begin())) {
+          g.emitError() << "mt-shard-ep: expert_tensor_parallel_size " << etp
+                        << " needs the first expert matmul's output to feed only the "
+                           "activation (mt.swiglu or mt.gelu); set "
+                           "expert_tensor_parallel_size = 1";
+          return WalkResult::interrupt();
+        }
+        if (isa<SwiGLUOp>(*out.getUsers().begin()))
+          s.blocks = 2;
+      }
+      return failed(assign(g, s)) ? WalkResult::interrupt() : WalkResult::advance();
+    });
+    if (r.wasInterrupted())
+      return failure();
+    for (auto &[p, s] : splits) {
+      SmallVector<int64_t> shape(p.getTensorType().getShape());
+      if (shape[s.dim] % (s.blocks * etp) != 0)
+        return p.emitError() << "mt-shard-ep: dimension " << s.dim << " of " << p.getSymName()
+                             << " (" << shape[s.dim] << (s.blocks == 2 ? ", gate and up halves" : "")
+                             << ") is not divisible by "
+                             << (s.blocks == 2 ? "2 x " : "") << "expert_tensor_parallel_size "
+                             << etp << "; use an expert_tensor_parallel_size dividing "
+                             << "moe_ffn_hidden_size";
+      shape[s.dim] /= etp;
+      p.setTypeAttr(TypeAttr::get(withShape(p.getType(), shape)));
+      p.setTpDimAttr(b.getI64IntegerAttr(s.dim));
+      p.setTpSizeAttr(b.getI64IntegerAttr(etp));
+      p.setTpBlocksAttr(b.getI64IntegerAttr(s.blocks));
+    }
+    return success();
+  }
+
+  // The static rows a rank receives: from each of the S = etp * ep sources
+  // of its tensor-and-expert-parallel group (itself included) at most
+  // min(k, L) rows per token, and with a capacity at most C per local
+  // expert; padded, exactly C per local expert.
   int64_t receiveRows(MoePermuteOp p, int64_t topk, int64_t local) {
+    const int64_t sources = etp * ep;
     const int64_t tokens = dim0(p.getInput()), capacity = p.getCapacityAttr().getInt();
     const int64_t perSource = tokens * std::min(topk, local);
     if (p.getPadToCapacity())
-      return ep * local * capacity;
+      return sources * local * capacity;
     if (capacity > 0)
-      return ep * std::min(perSource, local * capacity);
-    return ep * perSource;
+      return sources * std::min(perSource, local * capacity);
+    return sources * perSource;
   }
 
   // permute -> dispatch -> the experts on the received rows -> combine ->
@@ -118,9 +196,9 @@ private:
     auto dispatch = b.create<MoeDispatchOp>(
         p.getLoc(),
         TypeRange{withRows(p.getResult().getType(), rows), RankedTensorType::get({local}, i32),
-                  RankedTensorType::get({ep, local}, i32)},
+                  RankedTensorType::get({etp * ep, local}, i32)},
         p.getResult(), counts, b.getI64IntegerAttr(ep), b.getI64IntegerAttr(local),
-        MoeDispatcherAttr::get(b.getContext(), dispatcher));
+        MoeDispatcherAttr::get(b.getContext(), dispatcher), b.getI64IntegerAttr(etp));
     copyLayer(p, dispatch);
 
     // The rows' consumers up to the unpermute: the grouped matmuls (now on
@@ -159,11 +237,20 @@ private:
 
     Value y = dispatch.getResult();
     p.getResult().replaceAllUsesExcept(y, dispatch);
+    // R rows, and with expert tensor parallelism this rank's features: the
+    // first matmul's output and the activation are 1/etp of the whole.
     for (Operation *op : order) {
-      if (auto g = dyn_cast<MoeGroupedMatmulOp>(op))
-        g.getTokensPerExpertMutable().assign(dispatch.getLocalCounts());
       Value out = op->getResult(0);
-      out.setType(withRows(out.getType(), rows));
+      int64_t features = cast<RankedTensorType>(out.getType()).getDimSize(1);
+      if (auto g = dyn_cast<MoeGroupedMatmulOp>(op)) {
+        g.getTokensPerExpertMutable().assign(dispatch.getLocalCounts());
+        features = cast<RankedTensorType>(g.getWeight().getType()).getDimSize(1);
+      } else if (isa<SwiGLUOp>(op)) {
+        features = cast<RankedTensorType>(op->getOperand(0).getType()).getDimSize(1) / 2;
+      } else {
+        features = cast<RankedTensorType>(op->getOperand(0).getType()).getDimSize(1);
+      }
+      out.setType(withShape(out.getType(), {rows, features}));
     }
 
     Value expertOut = unpermute.getInput();
@@ -173,7 +260,7 @@ private:
     auto combine = b.create<MoeCombineOp>(
         unpermute.getLoc(), withRows(expertOut.getType(), dim0(p.getResult())), expertOut,
         dispatch.getLayout(), counts, b.getI64IntegerAttr(ep), b.getI64IntegerAttr(local),
-        MoeDispatcherAttr::get(b.getContext(), dispatcher));
+        MoeDispatcherAttr::get(b.getContext(), dispatcher), b.getI64IntegerAttr(etp));
     copyLayer(unpermute, combine);
     unpermute.getInputMutable().assign(combine.getResult());
     return success();
@@ -187,7 +274,7 @@ private:
   ModuleOp module;
   SymbolTable symbols;
   func::FuncOp f;
-  int64_t ep;
+  int64_t ep, etp;
   MoeDispatcher dispatcher;
   OpBuilder b;
 };
@@ -217,9 +304,8 @@ struct MtShardEpPass : impl::MtShardEpPassBase<MtShardEpPass> {
       module.emitError("mt-shard-ep: mt.parallel.expert_model_parallel_size must be >= 1");
       return signalPassFailure();
     }
-    if (etp != 1) {
-      module.emitError() << "mt-shard-ep: expert_tensor_parallel_size " << etp
-                         << " is not implemented; set expert_tensor_parallel_size = 1";
+    if (etp < 1) {
+      module.emitError("mt-shard-ep: mt.parallel.expert_tensor_parallel_size must be >= 1");
       return signalPassFailure();
     }
     auto forward = module.lookupSymbol<func::FuncOp>("forward");
@@ -228,11 +314,14 @@ struct MtShardEpPass : impl::MtShardEpPassBase<MtShardEpPass> {
                        "mt-autodiff");
       return signalPassFailure();
     }
-    if (failed(ExpertSharder(module, forward, ep, dispatcher).run()))
+    if (failed(ExpertSharder(module, forward, ep, etp, dispatcher).run()))
       return signalPassFailure();
     if (ep > 1)
       module->setAttr("mt.expert_parallel",
                       IntegerAttr::get(IntegerType::get(&getContext(), 64), ep));
+    if (etp > 1)
+      module->setAttr("mt.expert_tensor_parallel",
+                      IntegerAttr::get(IntegerType::get(&getContext(), 64), etp));
   }
 };
 

@@ -29,8 +29,8 @@ namespace {
 // (QKV, FC1) and the vocabulary (embedding, output layer) by output rows,
 // row-parallel layers (attention projection, FC2) by input columns.
 // Everything else (norms, row-parallel biases, position embeddings, MoE
-// routers) is replicated. Routed experts are never split: they run whole on
-// their expert-parallel rank (expert_tensor_parallel_size 1; mt-shard-ep).
+// routers) is replicated. Routed experts are never split here: mt-shard-ep
+// splits them over the expert-tensor-parallel ranks, a group of its own.
 // The shared expert is a dense MLP and splits as one.
 bool isRoutedExpert(StringRef name) { return name.contains(".mlp.experts."); }
 

@@ -1213,18 +1213,7 @@ absl::StatusOr<MegatronImportResult> Translator::run() {
     return st;
 
   std::string toml = render();
-  // What Megatron accepts and mt does not implement yet (expert parallelism)
-  // is still translated: the spec says what the command line says, and the
-  // note says that mtc compile refuses it, and why.
-  ParseOptions megatronRules;
-  megatronRules.refuseUnimplemented = false;
-  absl::StatusOr<Spec> spec = parseSpecString(toml, "<import-megatron>", {}, megatronRules);
-  if (spec.ok()) {
-    absl::StatusOr<Spec> full = parseSpecString(toml, "<import-megatron>");
-    if (!full.ok())
-      result_.notes.push_back("mtc compile refuses this spec until mt implements it: " +
-                              inFlags(std::string(full.status().message())));
-  }
+  absl::StatusOr<Spec> spec = parseSpecString(toml, "<import-megatron>");
   if (!spec.ok())
     return absl::InvalidArgumentError("the translated spec is invalid: " +
                                       inFlags(std::string(spec.status().message())));

@@ -262,22 +262,13 @@ struct Override {
   std::string text; // as the user typed it, e.g. "model.num_layers=24"
 };
 
-struct ParseOptions {
-  // Refuse what Megatron accepts but mt does not implement yet (expert
-  // parallelism, tensor parallelism with experts). `mtc import-megatron`
-  // translates such command lines anyway and says that compile refuses them.
-  bool refuseUnimplemented = true;
-};
-
 // Parse and validate. On failure the status message is one line:
 //   FILE:LINE:COL: error: what is wrong; what to do
 absl::StatusOr<Spec> parseSpecFile(const std::string &path,
-                                   const std::vector<Override> &overrides = {},
-                                   const ParseOptions &options = {});
+                                   const std::vector<Override> &overrides = {});
 absl::StatusOr<Spec> parseSpecString(const std::string &text,
                                      const std::string &sourceName,
-                                     const std::vector<Override> &overrides = {},
-                                     const ParseOptions &options = {});
+                                     const std::vector<Override> &overrides = {});
 
 // Renders a validated spec back to TOML with every key explicit (the echo
 // stored in plans and checkpoints; parsing it gives the same Spec).

@@ -301,9 +301,11 @@ std::vector<KeyInfo> buildTable() {
                   atLeast(1)));
   t.push_back(key("parallel", "expert_tensor_parallel_size", I, false,
                   "tensor_model_parallel_size", "GPUs", "--expert-tensor-parallel-size",
-                  "Tensor parallelism inside each expert. mt implements 1 so far: an MoE spec "
-                  "with tensor_model_parallel_size > 1 must set it to 1 (the tensor-parallel "
-                  "GPUs then hold whole experts, as expert-parallel ranks).",
+                  "Tensor parallelism inside each expert: each expert's first matmul is split "
+                  "column-wise and its second row-wise over this many GPUs (Megatron's "
+                  "default: the tensor-parallel size). expert_model_parallel_size times it "
+                  "must divide each stage's tensor x data-parallel GPUs, and it must divide "
+                  "moe_ffn_hidden_size; 1 keeps every expert whole.",
                   atLeast(1)));
   t.push_back(key("parallel", "moe_token_dispatcher_type", E, false, "\"allgather\"", "",
                   "--moe-token-dispatcher-type",

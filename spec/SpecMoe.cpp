@@ -424,19 +424,21 @@ void Parser::checkMoeParallel(Spec &spec) {
   // expert data parallel) covers each pipeline stage's tp x dp GPUs.
   const int64_t stageGpus = tp * p.data_parallel_size;
   if (stageGpus % (ep * etp) != 0)
-    fail(at("parallel", "expert_model_parallel_size"),
+    fail(at("parallel", ep == 1 && given("parallel", "expert_tensor_parallel_size")
+                            ? "expert_tensor_parallel_size"
+                            : "expert_model_parallel_size"),
          "expert_model_parallel_size * expert_tensor_parallel_size = " + std::to_string(ep) +
              " * " + std::to_string(etp) + " does not divide the " + std::to_string(stageGpus) +
              " GPUs of each pipeline stage (tensor_model_parallel_size * data_parallel_size = " +
              std::to_string(tp) + " * " + std::to_string(p.data_parallel_size) + ")",
          "use expert parallel sizes whose product divides " + std::to_string(stageGpus) +
              ", or more data parallelism");
+  const bool etpGiven = given("parallel", "expert_tensor_parallel_size");
   if (m.moe_ffn_hidden_size % etp != 0)
-    fail(at("parallel", given("parallel", "expert_tensor_parallel_size")
-                            ? "expert_tensor_parallel_size"
-                            : "tensor_model_parallel_size"),
+    fail(at("parallel", etpGiven ? "expert_tensor_parallel_size" : "tensor_model_parallel_size"),
          ref("model", "moe_ffn_hidden_size", m.moe_ffn_hidden_size) +
-             " is not divisible by expert_tensor_parallel_size = " + std::to_string(etp),
+             " is not divisible by expert_tensor_parallel_size = " + std::to_string(etp) +
+             (etpGiven ? "" : " (its default, Megatron's: tensor_model_parallel_size)"),
          "each expert's MLP is split evenly over expert-tensor-parallel ranks: use an "
          "expert_tensor_parallel_size dividing " +
              std::to_string(m.moe_ffn_hidden_size));
@@ -456,38 +458,6 @@ void Parser::checkMoeParallel(Spec &spec) {
              " is not divisible by tensor_model_parallel_size = " + std::to_string(tp),
          "the shared expert is split evenly over tensor-parallel ranks: use a multiple of " +
              std::to_string(tp));
-}
-
-//===----------------------------------------------------------------------===//
-// Not implemented yet
-//===----------------------------------------------------------------------===//
-
-// Expert parallelism runs with one expert-tensor-parallel rank (docs/spec.md).
-// Megatron accepts more; mt refuses them by name until it implements them,
-// instead of planning something else.
-void Parser::refuseUnimplementedMoe(const Spec &spec) {
-  const ModelConfig &m = spec.model;
-  const ParallelConfig &p = spec.parallel;
-  if (m.num_experts == 0 || p.expert_tensor_parallel_size == 1)
-    return;
-  const int64_t etp = p.expert_tensor_parallel_size;
-  if (given("parallel", "expert_tensor_parallel_size"))
-    fail(at("parallel", "expert_tensor_parallel_size"),
-         "expert_tensor_parallel_size = " + std::to_string(etp) +
-             ": expert tensor parallelism is not implemented in mt yet",
-         "set expert_tensor_parallel_size = 1: each expert then runs whole on its "
-         "expert-parallel rank");
-  // Megatron's default is the tensor-parallel size, so a tensor-parallel MoE
-  // spec needs the key.
-  fail(at("parallel", "tensor_model_parallel_size"),
-       "tensor_model_parallel_size = " + std::to_string(p.tensor_model_parallel_size) +
-           " with " + ref("model", "num_experts", m.num_experts) +
-           " makes expert_tensor_parallel_size " + std::to_string(etp) +
-           " (Megatron's default: the tensor-parallel size), and expert tensor parallelism "
-           "is not implemented in mt yet",
-       "set expert_tensor_parallel_size = 1 in [parallel] (Megatron's "
-       "--expert-tensor-parallel-size 1): the tensor-parallel ranks then hold whole experts "
-       "as expert-parallel ranks");
 }
 
 } // namespace mt::spec::detail

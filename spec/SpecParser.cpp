@@ -762,18 +762,16 @@ void Parser::readValues(Spec &spec) {
 namespace mt::spec {
 
 absl::StatusOr<Spec> parseSpecString(const std::string &text, const std::string &sourceName,
-                                     const std::vector<Override> &overrides,
-                                     const ParseOptions &options) {
+                                     const std::vector<Override> &overrides) {
   try {
-    return detail::Parser(sourceName, options).run(text, overrides);
+    return detail::Parser(sourceName).run(text, overrides);
   } catch (const detail::SpecError &e) {
     return absl::InvalidArgumentError(e.loc.str() + ": error: " + e.message);
   }
 }
 
 absl::StatusOr<Spec> parseSpecFile(const std::string &path,
-                                   const std::vector<Override> &overrides,
-                                   const ParseOptions &options) {
+                                   const std::vector<Override> &overrides) {
   std::FILE *f = std::fopen(path.c_str(), "rb");
   std::string text;
   int err = 0;
@@ -791,7 +789,7 @@ absl::StatusOr<Spec> parseSpecFile(const std::string &path,
   if (err)
     return absl::NotFoundError(path + ": error: cannot read spec file: " + std::strerror(err) +
                                "; check the path");
-  return parseSpecString(text, path, overrides, options);
+  return parseSpecString(text, path, overrides);
 }
 
 } // namespace mt::spec

@@ -72,8 +72,7 @@ bool evalLayerPattern(const std::string &text, LayerPattern *out, std::string *e
 
 class Parser {
 public:
-  Parser(std::string source, const ParseOptions &options)
-      : source(std::move(source)), options(options) {}
+  explicit Parser(std::string source) : source(std::move(source)) {}
 
   Spec run(const std::string &text, const std::vector<Override> &overrides) {
     addDocument(parseDocument(text, source, "fix the TOML syntax"), source, false);
@@ -91,14 +90,11 @@ public:
     resolveTraining(spec);
     checkData(spec);
     resolveCluster(spec);
-    if (options.refuseUnimplemented)
-      refuseUnimplementedMoe(spec);
     return spec;
   }
 
 private:
   std::string source;
-  ParseOptions options;
   std::vector<std::unique_ptr<toml::table>> docs;
   std::map<std::string, SectionState> sections;
 
@@ -137,7 +133,6 @@ private:
   void checkLayerPattern(const Entry &e);
   void resolveMoe(Spec &spec);
   void checkMoeParallel(Spec &spec);
-  void refuseUnimplementedMoe(const Spec &spec);
   void resolveTokenizer(Spec &spec); // SpecTokenizer.cpp
   void checkParallel(Spec &spec);
   void resolveLength(Spec &spec);

@@ -31,10 +31,18 @@ int64_t bytesOf(Value v) {
 }
 
 // What one rank sends in one micro-batch's @train_step (its forward, any
-// recomputed chunk and its backward): a dispatch at most its own N rows, a
-// combine at most the rows it received from its ep - 1 peers ((ep - 1) / ep
-// of R); the allgather dispatcher sends its N rows to each peer and the
-// combine, its reverse, as many back.
+// recomputed chunk and its backward), with S = etp * ep ranks exchanging
+// (the tensor-and-expert-parallel group; S = ep at etp 1) and the runtime's
+// algorithms (runtime/exec/cpu_executor_moe.cpp; the GPU executor alike):
+// - alltoall dispatch: at most its own N rows, each to the etp ranks of the
+//   row's expert: etp x N;
+// - alltoall combine of the R received rows: at etp 1 the rows from its
+//   ep - 1 peers go back, (ep - 1) / ep of R; at etp > 1 first an
+//   all-reduce over the etp ranks that hold the same rows (a ring sends
+//   2 (etp - 1) / etp of R), then each rank returns the R / etp rows of the
+//   sources of its own etp rank, less its own: (ep - 1) / S of R;
+// - allgather: its N rows to each of the S - 1 peers, and the combine, a
+//   reduce-scatter of S x N rows, as many back.
 int64_t exchangeBytes(ModuleOp stage) {
   auto step = stage.lookupSymbol<func::FuncOp>("train_step");
   if (!step)
@@ -42,14 +50,15 @@ int64_t exchangeBytes(ModuleOp stage) {
   int64_t bytes = 0;
   step.walk([&](Operation *op) {
     if (auto d = dyn_cast<MoeDispatchOp>(op)) {
-      const int64_t ep = d.getEpSizeAttr().getInt();
-      bytes += d.getDispatcher() == MoeDispatcher::AllGather ? (ep - 1) * bytesOf(d.getInput())
-                                                             : bytesOf(d.getInput());
+      const int64_t etp = d.getEtpSizeAttr().getInt(), S = etp * d.getEpSizeAttr().getInt();
+      bytes += d.getDispatcher() == MoeDispatcher::AllGather ? (S - 1) * bytesOf(d.getInput())
+                                                             : etp * bytesOf(d.getInput());
     } else if (auto c = dyn_cast<MoeCombineOp>(op)) {
-      const int64_t ep = c.getEpSizeAttr().getInt();
+      const int64_t etp = c.getEtpSizeAttr().getInt(), ep = c.getEpSizeAttr().getInt();
+      const int64_t S = etp * ep, R = bytesOf(c.getInput());
       bytes += c.getDispatcher() == MoeDispatcher::AllGather
-                   ? (ep - 1) * bytesOf(c.getResult())
-                   : bytesOf(c.getInput()) / ep * (ep - 1);
+                   ? (S - 1) * bytesOf(c.getResult())
+                   : R / S * (ep - 1) + R / etp * 2 * (etp - 1);
     }
   });
   return bytes;
@@ -168,25 +177,39 @@ MemoryPlan memoryPlanOf(ModuleOp module, const spec::Spec &spec) {
               "tokens x moe_router_topk, num_experts x capacity) rows a layer";
     plan.note = plan.note.empty() ? moe : plan.note + "; " + moe;
   }
-  if (const int64_t ep = spec.parallel.expert_model_parallel_size;
-      spec.model.numMoeLayers() > 0 && ep > 1) {
+  const int64_t ep = spec.parallel.expert_model_parallel_size,
+                etp = spec.parallel.expert_tensor_parallel_size;
+  if (spec.model.numMoeLayers() > 0 && ep * etp > 1) {
     plan.expertParallel = ep;
+    plan.expertTensorParallel = etp;
     plan.dispatcher = spec::toString(spec.parallel.moe_token_dispatcher_type);
     for (ModuleOp stage : stageModules(module))
       plan.allToAllBytes = std::max(plan.allToAllBytes, exchangeBytes(stage));
     plan.allToAllBytes *= spec.numMicroBatches();
+    // The sources: the ep ranks, or with expert tensor parallelism the
+    // etp x ep ranks of the tensor-and-expert-parallel group.
+    const std::string S = etp > 1 ? "expert_tensor_parallel_size x expert_model_parallel_size"
+                                  : "expert_model_parallel_size";
     const std::string received =
         spec.model.moe_expert_capacity_factor <= 0.0
-            ? "each rank receives up to expert_model_parallel_size x micro-batch tokens x "
+            ? "each rank receives up to " + S + " x micro-batch tokens x "
               "min(moe_router_topk, num_experts / expert_model_parallel_size) rows a layer "
               "(the worst case, whatever the routing)"
         : spec.model.moe_pad_expert_input_to_capacity
-            ? "each rank receives expert_model_parallel_size x num_experts / "
+            ? "each rank receives " + S + " x num_experts / "
               "expert_model_parallel_size x capacity rows a layer, padded"
-            : "each rank receives up to expert_model_parallel_size x min(micro-batch tokens x "
+            : "each rank receives up to " + S + " x min(micro-batch tokens x "
               "min(moe_router_topk, num_experts / expert_model_parallel_size), num_experts / "
               "expert_model_parallel_size x capacity) rows a layer";
     plan.note += "; " + received;
+    if (etp > 1)
+      plan.note += std::string("; the all-to-all volume counts with expert tensor parallelism ") +
+                   (spec.parallel.moe_token_dispatcher_type == spec::MoeTokenDispatcher::AllGather
+                        ? "each rank's rows gathered by and reduce-scattered from the "
+                          "expert_tensor_parallel_size x expert_model_parallel_size - 1 peers"
+                        : "each dispatched row sent to the expert_tensor_parallel_size ranks of "
+                          "its expert, and a combine's all-reduce of the received rows over "
+                          "those ranks (a ring) before each returns its share");
   }
   return plan;
 }
@@ -270,9 +293,13 @@ void printMemoryPlanText(llvm::raw_ostream &os, const MemoryPlan &plan) {
      << "; reserve = CUDA context and libraries, stated)\n";
   if (!plan.note.empty())
     os << "  note: " << plan.note << "\n";
-  if (plan.expertParallel > 1)
+  if (plan.expertParallel * plan.expertTensorParallel > 1)
     os << "  all-to-all: " << gib(plan.allToAllBytes) << " a step (worst case, ep "
-       << plan.expertParallel << ", " << plan.dispatcher
+       << plan.expertParallel
+       << (plan.expertTensorParallel > 1
+               ? ", etp " + std::to_string(plan.expertTensorParallel)
+               : std::string())
+       << ", " << plan.dispatcher
        << "; the rows one rank sends in its token exchanges, forward and backward)\n";
   if (plan.ranks.size() > 1 && plan.ranks.front().inFlight > 0) {
     os << "  micro-batches in flight at each stage's peak:";
@@ -333,10 +360,11 @@ llvm::json::Object memoryPlanJson(const MemoryPlan &plan) {
                                  {"weights_and_optimizer", plan.megatronWeightsAndOptimizer},
                                  {"activations", plan.megatronActivations}}},
                             {"all_to_all",
-                             plan.expertParallel > 1
+                             plan.expertParallel * plan.expertTensorParallel > 1
                                  ? llvm::json::Value(llvm::json::Object{
                                        {"bytes_per_step", plan.allToAllBytes},
                                        {"expert_model_parallel", plan.expertParallel},
+                                       {"expert_tensor_parallel", plan.expertTensorParallel},
                                        {"dispatcher", plan.dispatcher},
                                        {"worst_case", true}})
                                  : llvm::json::Value(nullptr)},

@@ -49,11 +49,12 @@ struct MemoryPlan {
   // (docs/memory.md compares it with the plan).
   int64_t megatronWeightsAndOptimizer = 0;
   int64_t megatronActivations = 0;
-  // Expert parallelism (ep > 1): the bytes of rows one rank sends in its
-  // token exchanges (mt.moe_dispatch / mt.moe_combine) over one iteration,
-  // forward, recomputation and backward, on the busiest stage; the worst
-  // case of the static row counts (every row to another rank).
+  // Expert parallelism (ep x etp > 1): the bytes of rows one rank sends in
+  // its token exchanges (mt.moe_dispatch / mt.moe_combine) over one
+  // iteration, forward, recomputation and backward, on the busiest stage;
+  // the worst case of the static row counts (every row to another rank).
   int64_t expertParallel = 1;
+  int64_t expertTensorParallel = 1;
   std::string dispatcher;
   int64_t allToAllBytes = 0;
 };

@@ -101,6 +101,9 @@ LogicalResult ParamOp::verify() {
       return emitOpError("dimension 0 cannot be split over both tensor- and expert-parallel "
                          "ranks");
   }
+  if (isExpert() && getTpDim() && *getTpDim() == 0)
+    return emitOpError("dimension 0 of a routed expert's weight stacks the experts: only "
+                       "expert-parallel ranks split it (ep_dim), not tp_dim");
   return success();
 }
 
@@ -1140,12 +1143,18 @@ LogicalResult MoeUnpermuteGradOp::verify() {
 namespace {
 // What mt.moe_dispatch and mt.moe_combine share: E = ep * L experts' counts,
 // the rank's expert-major rows `local` [N, H] and the exchanged rows
-// `exchanged` [R, H], the layout [ep, L].
-LogicalResult verifyExchange(Operation *op, int64_t ep, int64_t numLocal, Value local,
-                             StringRef localName, Value exchanged, StringRef exchangedName,
-                             Value tokensPerExpert, Value layout) {
-  if (ep < 2)
-    return op->emitOpError() << "ep_size must be >= 2, got " << ep;
+// `exchanged` [R, H], the layout [etp * ep, L] (one row per source of the
+// tensor-and-expert-parallel group).
+LogicalResult verifyExchange(Operation *op, int64_t ep, int64_t etp, int64_t numLocal,
+                             Value local, StringRef localName, Value exchanged,
+                             StringRef exchangedName, Value tokensPerExpert, Value layout) {
+  if (ep < 1)
+    return op->emitOpError() << "ep_size must be >= 1, got " << ep;
+  if (etp < 1)
+    return op->emitOpError() << "etp_size must be >= 1, got " << etp;
+  if (ep * etp < 2)
+    return op->emitOpError() << "exchanges rows between etp_size * ep_size = " << etp * ep
+                             << " ranks; it needs at least 2";
   if (numLocal < 1)
     return op->emitOpError() << "num_local_experts must be >= 1, got " << numLocal;
   RankedTensorType a = tensorOf(local), x = tensorOf(exchanged);
@@ -1157,8 +1166,8 @@ LogicalResult verifyExchange(Operation *op, int64_t ep, int64_t numLocal, Value 
                              << "], got " << shapeStr(x.getShape());
   if (failed(expectShape(op, "tokens_per_expert", tokensPerExpert, {ep * numLocal},
                          "one per expert of every rank (ep_size * num_local_experts)")) ||
-      failed(expectShape(op, "layout", layout, {ep, numLocal},
-                         "[ep_size, num_local_experts]")) ||
+      failed(expectShape(op, "layout", layout, {etp * ep, numLocal},
+                         "[etp_size * ep_size, num_local_experts]")) ||
       failed(expectSameElementType(op, exchangedName, exchanged, local, localName)))
     return failure();
   return success();
@@ -1168,8 +1177,9 @@ LogicalResult verifyExchange(Operation *op, int64_t ep, int64_t numLocal, Value 
 LogicalResult MoeDispatchOp::verify() {
   // I64Attr's getters are unsigned: read the attributes as signed.
   const int64_t ep = getEpSizeAttr().getInt(), numLocal = getNumLocalExpertsAttr().getInt();
-  if (failed(verifyExchange(*this, ep, numLocal, getInput(), "input", getResult(), "result",
-                            getTokensPerExpert(), getLayout())) ||
+  if (failed(verifyExchange(*this, ep, getEtpSizeAttr().getInt(), numLocal, getInput(),
+                            "input", getResult(), "result", getTokensPerExpert(),
+                            getLayout())) ||
       failed(expectShape(*this, "local_counts", getLocalCounts(), {numLocal},
                          "one per local expert")))
     return failure();
@@ -1177,7 +1187,7 @@ LogicalResult MoeDispatchOp::verify() {
 }
 
 LogicalResult MoeCombineOp::verify() {
-  return verifyExchange(*this, getEpSizeAttr().getInt(), getNumLocalExpertsAttr().getInt(),
-                        getResult(), "result", getInput(), "input", getTokensPerExpert(),
-                        getLayout());
+  return verifyExchange(*this, getEpSizeAttr().getInt(), getEtpSizeAttr().getInt(),
+                        getNumLocalExpertsAttr().getInt(), getResult(), "result", getInput(),
+                        "input", getTokensPerExpert(), getLayout());
 }

@@ -32,13 +32,19 @@ def Mt_ParamOp : Mt_Op<"param", [Symbol, HasParent<"::mlir::ModuleOp">]> {
     ranks, rank `q` holding experts `[q * E / ep_size, (q + 1) * E / ep_size)`.
     The discardable unit attribute `mt.expert` marks every routed-expert
     parameter (at every `ep_size`, also 1): its gradient is reduced over the
-    expert data-parallel group.
+    expert data-parallel group. On an `mt.expert` parameter `tp_dim`,
+    `tp_size` and `tp_blocks` mean expert tensor parallelism: the split is
+    over the `tp_size` expert-tensor-parallel ranks (Megatron-Core's
+    `expt_tp` group, `expert_tensor_parallel_size`), not the dense
+    tensor-parallel ranks; the first expert matmul `[E, F1, H]` is split on
+    dimension 1 (SwiGLU's in 2 blocks), the second `[E, H, F]` on dimension 2.
 
     ```mlir
     mt.param @"decoder.layers.0.mlp.linear_fc1.weight" : tensor<3072x768xf32>, normal(2.000000e-02)
     mt.param @"decoder.final_layernorm.weight" : tensor<768xf32>, ones
     mt.param @"decoder.layers.0.mlp.linear_fc1.weight" : tensor<1536x768xf32>, normal(2.000000e-02) {tp_blocks = 1 : i64, tp_dim = 0 : i64, tp_size = 2 : i64}
     mt.param @"decoder.layers.0.mlp.experts.linear_fc1.weight" : tensor<4x3072x768xf32>, normal(2.000000e-02) {ep_dim = 0 : i64, ep_size = 2 : i64, mt.expert}
+    mt.param @"decoder.layers.0.mlp.experts.linear_fc2.weight" : tensor<4x768x768xf32>, normal(2.000000e-02) {ep_dim = 0 : i64, ep_size = 2 : i64, mt.expert, tp_blocks = 1 : i64, tp_dim = 2 : i64, tp_size = 2 : i64}
     ```
   }];
   let arguments = (ins SymbolNameAttr:$sym_name,

@@ -95,21 +95,27 @@ def Mt_MoeDispatchOp : Mt_Op<"moe_dispatch", [Pure,
   let description = [{
     The `E = ep_size * num_local_experts` experts are split over the
     `ep_size` expert-parallel ranks: rank `q` owns experts `[q * L, (q + 1)
-    * L)`, `L = num_local_experts`. `input` `[N, H]` is this rank's
-    permuted rows, expert-major over all `E` experts (segment `e` has
-    `tokens_per_expert[e]` rows, as `mt.moe_permute` writes them; rows past
-    the segments are ignored). Every rank receives, from every peer `s` in
-    expert-parallel rank order (itself included), the rows of `s`'s
-    segments for its own experts.
+    * L)`, `L = num_local_experts`. With expert tensor parallelism
+    (`etp_size` > 1, default 1) each expert is split over the `etp_size`
+    ranks of an expert-parallel rank, and the exchange runs over the
+    `S = etp_size * ep_size` ranks of the tensor-and-expert-parallel group
+    (Megatron-Core's `tp_ep`), group rank `g = etp_rank + etp_size *
+    ep_rank`. `input` `[N, H]` is this rank's permuted rows, expert-major
+    over all `E` experts (segment `e` has `tokens_per_expert[e]` rows, as
+    `mt.moe_permute` writes them; rows past the segments are ignored).
+    Every rank `g` receives, from every source `s` in `[0, S)` (itself
+    included), the rows of `s`'s segments for the experts of its
+    expert-parallel rank `g / etp_size`; the `etp_size` ranks of one
+    expert-parallel rank receive the same rows.
 
     - `result` `[R, H]`: the received rows, local expert `j` major, then
-      source rank `s`, then the source's row order (Megatron-Core's
+      source `s`, then the source's row order (Megatron-Core's
       `sort_chunks_by_idxs` order; the `allgather` dispatcher gives the same
       order). Rows past the received ones are zero. `R` is static, the
       worst case the layout allows (`mt-shard-ep` sizes it).
     - `local_counts` `[L]`: rows of each local expert (its segment of
       `result`), for the grouped matmuls.
-    - `layout` `[ep_size, L]`: rows received from rank `s` for local expert
+    - `layout` `[S, L]`: rows received from source `s` for local expert
       `j`; `local_counts[j]` is its column sum. `mt.moe_combine` reads it to
       send the rows back.
 
@@ -120,11 +126,13 @@ def Mt_MoeDispatchOp : Mt_Op<"moe_dispatch", [Pure,
 
     ```mlir
     %rows, %local, %layout = mt.moe_dispatch %y, %counts alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<128x16xf32>, tensor<4xi32>) -> (tensor<256x16xf32>, tensor<2xi32>, tensor<2x2xi32>)
+    %rows2, %local2, %layout2 = mt.moe_dispatch %y, %counts alltoall {ep_size = 2 : i64, etp_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<128x16xf32>, tensor<4xi32>) -> (tensor<512x16xf32>, tensor<2xi32>, tensor<4x2xi32>)
     ```
   }];
   let arguments = (ins Mt_FloatTensor:$input, Mt_I32Tensor:$tokens_per_expert,
                        I64Attr:$ep_size, I64Attr:$num_local_experts,
-                       Mt_MoeDispatcher:$dispatcher);
+                       Mt_MoeDispatcher:$dispatcher,
+                       DefaultValuedAttr<I64Attr, "1">:$etp_size);
   let results = (outs Mt_FloatTensor:$result, Mt_I32Tensor:$local_counts,
                       Mt_I32Tensor:$layout);
   let assemblyFormat = "$input `,` $tokens_per_expert $dispatcher attr-dict `:` functional-type(operands, results)";
@@ -136,13 +144,16 @@ def Mt_MoeCombineOp : Mt_Op<"moe_combine", [Pure,
   let summary = "returns the experts' rows to the ranks that sent them";
   let description = [{
     The inverse of `mt.moe_dispatch`: `input` `[R, H]` holds this rank's
-    rows in the dispatch's order (local expert major, then source rank), as
-    `layout` `[ep_size, L]` (the dispatch's) counts them; every row goes back
-    to its source rank and its place there. `result` `[N, H]` is this rank's
-    rows, expert-major over all `E = ep_size * L` experts by
-    `tokens_per_expert` `[E]` (the rank's own counts, the dispatch's
-    operand); rows past the segments are zero. The gradient is the `result`
-    of `mt.moe_dispatch` of the result's gradient.
+    rows in the dispatch's order (local expert major, then source), as
+    `layout` `[S, L]` (the dispatch's, `S = etp_size * ep_size`) counts
+    them; every row goes back to its source and its place there. `result`
+    `[N, H]` is this rank's rows, expert-major over all `E = ep_size * L`
+    experts by `tokens_per_expert` `[E]` (the rank's own counts, the
+    dispatch's operand); rows past the segments are zero. With
+    `etp_size` > 1 a source gets each of its rows back from the `etp_size`
+    ranks that received it and sums them (their partial products of the
+    row-parallel second expert matmul). The gradient is the `result` of
+    `mt.moe_dispatch` of the result's gradient.
 
     ```mlir
     %y2 = mt.moe_combine %h, %layout, %counts alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<256x16xf32>, tensor<2x2xi32>, tensor<4xi32>) -> tensor<128x16xf32>
@@ -150,7 +161,8 @@ def Mt_MoeCombineOp : Mt_Op<"moe_combine", [Pure,
   }];
   let arguments = (ins Mt_FloatTensor:$input, Mt_I32Tensor:$layout,
                        Mt_I32Tensor:$tokens_per_expert, I64Attr:$ep_size,
-                       I64Attr:$num_local_experts, Mt_MoeDispatcher:$dispatcher);
+                       I64Attr:$num_local_experts, Mt_MoeDispatcher:$dispatcher,
+                       DefaultValuedAttr<I64Attr, "1">:$etp_size);
   let results = (outs Mt_FloatTensor:$result);
   let assemblyFormat = "$input `,` $layout `,` $tokens_per_expert $dispatcher attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;

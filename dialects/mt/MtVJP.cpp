@@ -199,7 +199,7 @@ LogicalResult MoeDispatchOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
   out.push_back(grads[0] ? b.create<MoeCombineOp>(getLoc(), getInput().getType(), grads[0],
                                                   getLayout(), getTokensPerExpert(),
                                                   getEpSizeAttr(), getNumLocalExpertsAttr(),
-                                                  getDispatcherAttr())
+                                                  getDispatcherAttr(), getEtpSizeAttr())
                                .getResult()
                          : Value());
   out.push_back(Value());
@@ -215,7 +215,7 @@ LogicalResult MoeCombineOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads,
                                                       {getNumLocalExpertsAttr().getInt()}),
                             getLayout().getType()},
         grads[0], getTokensPerExpert(), getEpSizeAttr(), getNumLocalExpertsAttr(),
-        getDispatcherAttr());
+        getDispatcherAttr(), getEtpSizeAttr());
     rows = d.getResult();
   }
   out.append({rows, Value(), Value()});

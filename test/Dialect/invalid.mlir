@@ -709,6 +709,11 @@ mt.param @w : tensor<2x4x4xf32>, zeros {ep_dim = 0 : i64, ep_size = 2 : i64, mt.
 
 // -----
 
+// expected-error @+1 {{dimension 0 of a routed expert's weight stacks the experts: only expert-parallel ranks split it (ep_dim), not tp_dim}}
+mt.param @w : tensor<2x4x4xf32>, zeros {mt.expert, tp_dim = 0 : i64, tp_size = 2 : i64}
+
+// -----
+
 func.func @router_count_group(%l: tensor<64x4xf32>) {
   // expected-error @+1 {{count_group must be "tp" (the tensor-parallel group of sequence parallelism), got "dp"}}
   %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, count_group = "dp", scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
@@ -718,7 +723,7 @@ func.func @router_count_group(%l: tensor<64x4xf32>) {
 // -----
 
 func.func @dispatch_ep1(%y: tensor<16x8xf32>, %n: tensor<4xi32>) {
-  // expected-error @+1 {{ep_size must be >= 2, got 1}}
+  // expected-error @+1 {{exchanges rows between etp_size * ep_size = 1 ranks; it needs at least 2}}
   %r, %l, %lay = mt.moe_dispatch %y, %n alltoall {ep_size = 1 : i64, num_local_experts = 4 : i64} : (tensor<16x8xf32>, tensor<4xi32>) -> (tensor<16x8xf32>, tensor<4xi32>, tensor<1x4xi32>)
   return
 }
@@ -766,7 +771,7 @@ func.func @dispatch_type(%y: tensor<16x8xf32>, %n: tensor<4xi32>) {
 // -----
 
 func.func @dispatch_layout(%y: tensor<16x8xf32>, %n: tensor<4xi32>) {
-  // expected-error @+1 {{layout must be [ep_size, num_local_experts] [2, 2], got [4]}}
+  // expected-error @+1 {{layout must be [etp_size * ep_size, num_local_experts] [2, 2], got [4]}}
   %r, %l, %lay = mt.moe_dispatch %y, %n alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<16x8xf32>, tensor<4xi32>) -> (tensor<32x8xf32>, tensor<2xi32>, tensor<4xi32>)
   return
 }
@@ -790,7 +795,7 @@ func.func @combine_hidden(%r: tensor<32x8xf32>, %lay: tensor<2x2xi32>, %n: tenso
 // -----
 
 func.func @combine_layout(%r: tensor<32x8xf32>, %lay: tensor<2x3xi32>, %n: tensor<4xi32>) {
-  // expected-error @+1 {{layout must be [ep_size, num_local_experts] [2, 2], got [2, 3]}}
+  // expected-error @+1 {{layout must be [etp_size * ep_size, num_local_experts] [2, 2], got [2, 3]}}
   %y = mt.moe_combine %r, %lay, %n alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<32x8xf32>, tensor<2x3xi32>, tensor<4xi32>) -> tensor<16x8xf32>
   return
 }
@@ -798,7 +803,33 @@ func.func @combine_layout(%r: tensor<32x8xf32>, %lay: tensor<2x3xi32>, %n: tenso
 // -----
 
 func.func @combine_ep1(%r: tensor<32x8xf32>, %lay: tensor<1x4xi32>, %n: tensor<4xi32>) {
-  // expected-error @+1 {{ep_size must be >= 2, got 1}}
+  // expected-error @+1 {{exchanges rows between etp_size * ep_size = 1 ranks; it needs at least 2}}
   %y = mt.moe_combine %r, %lay, %n allgather {ep_size = 1 : i64, num_local_experts = 4 : i64} : (tensor<32x8xf32>, tensor<1x4xi32>, tensor<4xi32>) -> tensor<16x8xf32>
+  return
+}
+
+// -----
+
+func.func @dispatch_etp0(%y: tensor<16x8xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{etp_size must be >= 1, got 0}}
+  %r, %l, %lay = mt.moe_dispatch %y, %n alltoall {ep_size = 2 : i64, etp_size = 0 : i64, num_local_experts = 2 : i64} : (tensor<16x8xf32>, tensor<4xi32>) -> (tensor<32x8xf32>, tensor<2xi32>, tensor<2x2xi32>)
+  return
+}
+
+// -----
+
+// With expert tensor parallelism the layout has a row per source of the
+// etp x ep group.
+func.func @dispatch_etp_layout(%y: tensor<16x8xf32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{layout must be [etp_size * ep_size, num_local_experts] [4, 2], got [2, 2]}}
+  %r, %l, %lay = mt.moe_dispatch %y, %n alltoall {ep_size = 2 : i64, etp_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<16x8xf32>, tensor<4xi32>) -> (tensor<64x8xf32>, tensor<2xi32>, tensor<2x2xi32>)
+  return
+}
+
+// -----
+
+func.func @combine_etp_layout(%r: tensor<32x8xf32>, %lay: tensor<1x4xi32>, %n: tensor<4xi32>) {
+  // expected-error @+1 {{layout must be [etp_size * ep_size, num_local_experts] [2, 4], got [1, 4]}}
+  %y = mt.moe_combine %r, %lay, %n allgather {ep_size = 1 : i64, etp_size = 2 : i64, num_local_experts = 4 : i64} : (tensor<32x8xf32>, tensor<1x4xi32>, tensor<4xi32>) -> tensor<16x8xf32>
   return
 }

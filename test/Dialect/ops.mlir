@@ -182,12 +182,21 @@ module @moe {
 module @expert_parallel {
   // CHECK: mt.param @fc1 : tensor<2x64x16xf32>, normal(2.000000e-02) {ep_dim = 0 : i64, ep_size = 2 : i64, mt.expert}
   mt.param @fc1 : tensor<2x64x16xf32>, normal(2.000000e-02) {ep_dim = 0 : i64, ep_size = 2 : i64, mt.expert}
+  // An expert split over 2 expert-tensor-parallel ranks too (row-parallel fc2).
+  // CHECK: mt.param @fc2 : tensor<2x16x16xf32>, normal(2.000000e-02) {ep_dim = 0 : i64, ep_size = 2 : i64, mt.expert, tp_blocks = 1 : i64, tp_dim = 2 : i64, tp_size = 2 : i64}
+  mt.param @fc2 : tensor<2x16x16xf32>, normal(2.000000e-02) {ep_dim = 0 : i64, ep_size = 2 : i64, mt.expert, tp_blocks = 1 : i64, tp_dim = 2 : i64, tp_size = 2 : i64}
   // CHECK-LABEL: func.func @exchange
   func.func @exchange(%y: tensor<128x16xf32>, %n: tensor<4xi32>, %logits: tensor<64x4xf32>) -> (tensor<128x16xf32>, tensor<2xi32>, tensor<64x4xf32>) {
     // CHECK: %[[R:.*]], %[[L:.*]], %[[LAY:.*]] = mt.moe_dispatch %{{.*}}, %{{.*}} alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<128x16xf32>, tensor<4xi32>) -> (tensor<256x16xf32>, tensor<2xi32>, tensor<2x2xi32>)
     %rows, %local, %layout = mt.moe_dispatch %y, %n alltoall {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<128x16xf32>, tensor<4xi32>) -> (tensor<256x16xf32>, tensor<2xi32>, tensor<2x2xi32>)
     // CHECK: mt.moe_combine %[[R]], %[[LAY]], %{{.*}} allgather {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<256x16xf32>, tensor<2x2xi32>, tensor<4xi32>) -> tensor<128x16xf32>
     %back = mt.moe_combine %rows, %layout, %n allgather {ep_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<256x16xf32>, tensor<2x2xi32>, tensor<4xi32>) -> tensor<128x16xf32>
+    // Expert tensor parallelism: 2 ranks per expert-parallel rank, 4 sources.
+    // CHECK: mt.moe_dispatch %{{.*}}, %{{.*}} alltoall {ep_size = 2 : i64, etp_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<128x16xf32>, tensor<4xi32>) -> (tensor<512x16xf32>, tensor<2xi32>, tensor<4x2xi32>)
+    %rows2, %local2, %layout2 = mt.moe_dispatch %y, %n alltoall {ep_size = 2 : i64, etp_size = 2 : i64, num_local_experts = 2 : i64} : (tensor<128x16xf32>, tensor<4xi32>) -> (tensor<512x16xf32>, tensor<2xi32>, tensor<4x2xi32>)
+    // CHECK: mt.moe_combine %{{.*}} allgather {ep_size = 1 : i64, etp_size = 2 : i64, num_local_experts = 4 : i64} : (tensor<256x16xf32>, tensor<2x4xi32>, tensor<4xi32>) -> tensor<128x16xf32>
+    %l1:3 = mt.moe_dispatch %y, %n allgather {ep_size = 1 : i64, etp_size = 2 : i64, num_local_experts = 4 : i64} : (tensor<128x16xf32>, tensor<4xi32>) -> (tensor<256x16xf32>, tensor<4xi32>, tensor<2x4xi32>)
+    %back1 = mt.moe_combine %l1#0, %l1#2, %n allgather {ep_size = 1 : i64, etp_size = 2 : i64, num_local_experts = 4 : i64} : (tensor<256x16xf32>, tensor<2x4xi32>, tensor<4xi32>) -> tensor<128x16xf32>
     // CHECK: mt.moe_router %{{.*}} softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.000000e-02 : f64, capacity = 0 : i64, count_group = "tp", scaling_factor = 0.000000e+00 : f64, seq_length = 16 : i64, topk = 2 : i64, z_loss_coeff = 5.000000e-04 : f64}
     %p, %m, %aux, %z = mt.moe_router %logits softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, count_group = "tp", scaling_factor = 0.0 : f64, seq_length = 16 : i64, topk = 2 : i64, z_loss_coeff = 5.0e-04 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
     return %back, %local, %p : tensor<128x16xf32>, tensor<2xi32>, tensor<64x4xf32>

@@ -21,14 +21,14 @@ std::string moeSpec(const std::string &extraModel, int layers = 12,
          (extraParallel.empty() ? "" : "\n[parallel]\n" + extraParallel);
 }
 
-Spec parseOk(const std::string &text, const ParseOptions &options = {}) {
-  auto s = parseSpecString(text, "spec.toml", {}, options);
+Spec parseOk(const std::string &text) {
+  auto s = parseSpecString(text, "spec.toml");
   EXPECT_TRUE(s.ok()) << s.status() << "\n" << text;
   return s.ok() ? *s : Spec{};
 }
 
-std::string parseError(const std::string &text, const ParseOptions &options = {}) {
-  auto s = parseSpecString(text, "spec.toml", {}, options);
+std::string parseError(const std::string &text) {
+  auto s = parseSpecString(text, "spec.toml");
   EXPECT_FALSE(s.ok()) << text;
   return s.ok() ? "" : std::string(s.status().message());
 }
@@ -194,20 +194,23 @@ TEST(SpecMoe, ImplementedLayoutsAndRefusals) {
   const std::string ep2 = moeSpec("", 12, "data_parallel_size = 2\nexpert_model_parallel_size = 2\n");
   EXPECT_EQ(parseOk(ep2).parallel.expert_model_parallel_size, 2);
   // Tensor parallelism with experts needs sequence parallelism (a Megatron
-  // rule, refused under either set of rules) ...
-  ParseOptions megatronRules;
-  megatronRules.refuseUnimplemented = false;
+  // rule) ...
   const std::string tp2 = moeSpec("", 12, "tensor_model_parallel_size = 2\n");
   EXPECT_NE(parseError(tp2).find("needs sequence_parallel = true"), std::string::npos);
-  EXPECT_NE(parseError(tp2, megatronRules).find("needs sequence_parallel = true"),
-            std::string::npos);
-  // ... and expert_tensor_parallel_size = 1: Megatron's default (tp) is
-  // refused as not implemented, unless the caller asks for Megatron's rules
-  // alone (mtc import-megatron).
+  // ... and then takes Megatron's default expert_tensor_parallel_size, the
+  // tensor-parallel size; any other size whose product with ep divides
+  // tp x dp is fine too.
   const std::string tp2sp = moeSpec("", 12, "tensor_model_parallel_size = 2\nsequence_parallel = true\n");
-  EXPECT_NE(parseError(tp2sp).find("set expert_tensor_parallel_size = 1 in [parallel]"),
+  EXPECT_EQ(parseOk(tp2sp).parallel.expert_tensor_parallel_size, 2);
+  Spec etp2 = parseOk(moeSpec("", 12,
+                              "data_parallel_size = 4\nexpert_tensor_parallel_size = 2\n"
+                              "expert_model_parallel_size = 2\n"));
+  EXPECT_EQ(etp2.parallel.expert_tensor_parallel_size, 2);
+  EXPECT_NE(parseError(moeSpec("", 12,
+                               "data_parallel_size = 2\nexpert_tensor_parallel_size = 2\n"
+                               "expert_model_parallel_size = 2\n"))
+                .find("does not divide the 2 GPUs of each pipeline stage"),
             std::string::npos);
-  EXPECT_EQ(parseOk(tp2sp, megatronRules).parallel.expert_tensor_parallel_size, 2);
   Spec tp2ep2 = parseOk(moeSpec("", 12,
                                 "tensor_model_parallel_size = 2\nsequence_parallel = true\n"
                                 "expert_tensor_parallel_size = 1\n"
