@@ -414,6 +414,10 @@ def MtShardEpPass : Pass<"mt-shard-ep", "mlir::ModuleOp"> {
     case of the layout, with `T` the rank's tokens and `k` the top-k:
     `S * T * min(k, L)` without a capacity; `S * L * C` with capacity `C`
     padded; `S * min(T * min(k, L), L * C)` with a capacity and no padding.
+    Without a capacity, `mt.parallel`'s `moe_dispatch_buffer_factor` f
+    (>= 1) bounds them at `ceil(f * S * T * k / ep)`, f times the balanced
+    load, when that is less than the worst case; the dispatch then carries
+    `mt.worst_case_rows` (the unbounded count, for the memory report).
 
     Runs after mt-shard-tp (on the tokens of a sequence shard) and before
     mt-partition-pp. The module gets `mt.expert_parallel` (ep > 1) and

@@ -14,6 +14,7 @@
 #include "llvm/ADT/SetVector.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace mt {
 #define GEN_PASS_DEF_MTSHARDEPPASS
@@ -40,9 +41,9 @@ int64_t dim0(Value v) { return cast<RankedTensorType>(v.getType()).getDimSize(0)
 class ExpertSharder {
 public:
   ExpertSharder(ModuleOp module, func::FuncOp f, int64_t ep, int64_t etp,
-                MoeDispatcher dispatcher)
+                MoeDispatcher dispatcher, double bufferFactor)
       : module(module), symbols(module), f(f), ep(ep), etp(etp), dispatcher(dispatcher),
-        b(module.getContext()) {}
+        bufferFactor(bufferFactor), b(module.getContext()) {}
 
   LogicalResult run() {
     // The routed experts: the stacked weights the grouped matmuls read.
@@ -165,15 +166,27 @@ private:
   // The static rows a rank receives: from each of the S = etp * ep sources
   // of its tensor-and-expert-parallel group (itself included) at most
   // min(k, L) rows per token, and with a capacity at most C per local
-  // expert; padded, exactly C per local expert.
-  int64_t receiveRows(MoePermuteOp p, int64_t topk, int64_t local) {
+  // expert; padded, exactly C per local expert. Without a capacity,
+  // moe_dispatch_buffer_factor f bounds the worst case at f times the
+  // balanced load (the S sources' S T k rows spread evenly over the ep
+  // ranks' experts: S T k / ep each); *worst gets the unbounded rows then.
+  int64_t receiveRows(MoePermuteOp p, int64_t topk, int64_t local, int64_t *worst) {
     const int64_t sources = etp * ep;
     const int64_t tokens = dim0(p.getInput()), capacity = p.getCapacityAttr().getInt();
     const int64_t perSource = tokens * std::min(topk, local);
+    *worst = 0;
     if (p.getPadToCapacity())
       return sources * local * capacity;
     if (capacity > 0)
       return sources * std::min(perSource, local * capacity);
+    if (bufferFactor > 0) {
+      const int64_t balanced = sources * tokens * topk / ep;
+      const auto bound = int64_t(std::ceil(bufferFactor * double(balanced)));
+      if (bound < sources * perSource) {
+        *worst = sources * perSource;
+        return bound;
+      }
+    }
     return sources * perSource;
   }
 
@@ -189,7 +202,8 @@ private:
       return p.emitError() << "mt-shard-ep: " << numExperts << " experts are not divisible by "
                            << "expert_model_parallel_size " << ep;
     const int64_t local = numExperts / ep;
-    const int64_t rows = receiveRows(p, router.getTopkAttr().getInt(), local);
+    int64_t worst = 0;
+    const int64_t rows = receiveRows(p, router.getTopkAttr().getInt(), local, &worst);
 
     b.setInsertionPointAfter(p);
     Type i32 = b.getI32Type();
@@ -200,6 +214,10 @@ private:
         p.getResult(), counts, b.getI64IntegerAttr(ep), b.getI64IntegerAttr(local),
         MoeDispatcherAttr::get(b.getContext(), dispatcher), b.getI64IntegerAttr(etp));
     copyLayer(p, dispatch);
+    // Bounded below the worst case (moe_dispatch_buffer_factor): the memory
+    // report states both.
+    if (worst > 0)
+      dispatch->setAttr("mt.worst_case_rows", b.getI64IntegerAttr(worst));
 
     // The rows' consumers up to the unpermute: the grouped matmuls (now on
     // the local counts) and the activation between them take R rows.
@@ -276,6 +294,7 @@ private:
   func::FuncOp f;
   int64_t ep, etp;
   MoeDispatcher dispatcher;
+  double bufferFactor; // moe_dispatch_buffer_factor; 0: not set
   OpBuilder b;
 };
 
@@ -285,7 +304,10 @@ struct MtShardEpPass : impl::MtShardEpPassBase<MtShardEpPass> {
     auto par = module->getAttrOfType<DictionaryAttr>("mt.parallel");
     int64_t ep = 1, etp = 1;
     MoeDispatcher dispatcher = MoeDispatcher::AllGather;
+    double bufferFactor = 0;
     if (par) {
+      if (auto a = par.getAs<FloatAttr>("moe_dispatch_buffer_factor"))
+        bufferFactor = a.getValueAsDouble();
       if (auto a = par.getAs<IntegerAttr>("expert_model_parallel_size"))
         ep = a.getInt();
       if (auto a = par.getAs<IntegerAttr>("expert_tensor_parallel_size"))
@@ -308,13 +330,18 @@ struct MtShardEpPass : impl::MtShardEpPassBase<MtShardEpPass> {
       module.emitError("mt-shard-ep: mt.parallel.expert_tensor_parallel_size must be >= 1");
       return signalPassFailure();
     }
+    if (bufferFactor != 0 && !(bufferFactor >= 1)) {
+      module.emitError("mt-shard-ep: mt.parallel.moe_dispatch_buffer_factor must be at least 1 "
+                       "(the balanced load)");
+      return signalPassFailure();
+    }
     auto forward = module.lookupSymbol<func::FuncOp>("forward");
     if (!forward) {
       module.emitError("mt-shard-ep: the module has no func.func @forward; run it before "
                        "mt-autodiff");
       return signalPassFailure();
     }
-    if (failed(ExpertSharder(module, forward, ep, etp, dispatcher).run()))
+    if (failed(ExpertSharder(module, forward, ep, etp, dispatcher, bufferFactor).run()))
       return signalPassFailure();
     if (ep > 1)
       module->setAttr("mt.expert_parallel",

@@ -477,11 +477,16 @@ std::string toToml(const Spec &spec) {
     w.integer("expert_model_parallel_size", p.expert_model_parallel_size);
     w.integer("expert_tensor_parallel_size", p.expert_tensor_parallel_size);
     w.string("moe_token_dispatcher_type", toString(p.moe_token_dispatcher_type));
+    if (p.moe_dispatch_buffer_factor > 0)
+      w.real("moe_dispatch_buffer_factor", p.moe_dispatch_buffer_factor);
+    else
+      w.unset("moe_dispatch_buffer_factor", "not set (the worst case)");
   } else {
     const char *dense = "only with num_experts > 0";
     w.unset("expert_model_parallel_size", dense);
     w.unset("expert_tensor_parallel_size", dense);
     w.unset("moe_token_dispatcher_type", dense);
+    w.unset("moe_dispatch_buffer_factor", dense);
   }
 
   const TrainingConfig &t = spec.training;

@@ -120,6 +120,9 @@ struct ParallelConfig {
   int64_t expert_model_parallel_size = 1;
   int64_t expert_tensor_parallel_size = 0; // resolved: tensor_model_parallel_size
   MoeTokenDispatcher moe_token_dispatcher_type = MoeTokenDispatcher::AllGather;
+  // mt's own (no Megatron flag): the expert exchange's receive rows bounded
+  // at this factor x the balanced load; 0: not set (the worst case).
+  double moe_dispatch_buffer_factor = 0.0;
 };
 
 // [training]: batch, optimizer, schedule, precision, logging, checkpoints.

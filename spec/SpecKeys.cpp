@@ -315,6 +315,23 @@ std::vector<KeyInfo> buildTable() {
                   "all-to-all volume); Megatron's \"flex\" (DeepEP, HybridEP) is not "
                   "implemented.",
                   none(), {"allgather", "alltoall"}));
+  t.push_back(key("parallel", "moe_dispatch_buffer_factor", F, false,
+                  "not set (the worst case)", "", "",
+                  "mt's own key (Megatron has no such flag: its dropless dispatcher allocates "
+                  "what each step's routing needs). Without a capacity, mt plans the rows each "
+                  "rank receives from the token exchange for the worst case, every token of "
+                  "every expert-parallel peer routed to its experts: expert_model_parallel_size "
+                  "x micro-batch tokens x min(moe_router_topk, num_experts / "
+                  "expert_model_parallel_size) rows a layer. This key bounds them at factor x "
+                  "the balanced load, never above the worst case: the rows a rank receives "
+                  "when the router spreads the tokens evenly over the experts, its micro-batch "
+                  "tokens (its sequence shard with sequence_parallel) x moe_router_topk x "
+                  "expert_tensor_parallel_size. "
+                  "A step whose routing needs more rows stops every rank with an error naming "
+                  "the layer and this key; no token is ever dropped. Needs an expert exchange "
+                  "(expert_model_parallel_size > 1) and no moe_expert_capacity_factor (the "
+                  "capacity sizes the rows then).",
+                  atLeast(1)));
 
   // [training]
   t.push_back(key("training", "micro_batch_size", I, true, "", "samples", "--micro-batch-size",

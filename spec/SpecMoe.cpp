@@ -3,6 +3,7 @@
 // megatron/core/transformer/transformer_config.py), and what mt refuses
 // because it does not implement it yet.
 #include <cctype>
+#include <sstream>
 #include <string>
 
 #include "spec/Spec.h"
@@ -404,7 +405,8 @@ void Parser::checkMoeParallel(Spec &spec) {
                " splits experts, but the model has none (Megatron refuses it too): " +
                expertsRef,
            "set num_experts, or remove expert_model_parallel_size");
-    for (const char *k : {"expert_tensor_parallel_size", "moe_token_dispatcher_type"})
+    for (const char *k : {"expert_tensor_parallel_size", "moe_token_dispatcher_type",
+                          "moe_dispatch_buffer_factor"})
       if (given("parallel", k))
         fail(at("parallel", k),
              std::string(k) + " only applies to mixture-of-experts layers, but the model is "
@@ -451,6 +453,25 @@ void Parser::checkMoeParallel(Spec &spec) {
              "layers tensor-parallel without sequence parallelism), but " +
              ref("parallel", "sequence_parallel", p.sequence_parallel ? "true" : "false"),
          "set sequence_parallel = true in [parallel], or tensor_model_parallel_size = 1");
+  // mt's receive-row bound (no Megatron flag): only where there is an
+  // exchange to bound and no capacity sizing it already.
+  if (const Entry *f = given("parallel", "moe_dispatch_buffer_factor")) {
+    if (ep * etp == 1)
+      fail(f->valueLoc,
+           "moe_dispatch_buffer_factor bounds the rows each rank receives from the token "
+           "exchange between expert-parallel ranks, but " +
+               ref("parallel", "expert_model_parallel_size", ep) +
+               ": every rank computes its own tokens' experts and exchanges none",
+           "remove moe_dispatch_buffer_factor, or set expert_model_parallel_size > 1");
+    else if (m.moe_expert_capacity_factor > 0)
+      fail(f->valueLoc,
+           "moe_dispatch_buffer_factor bounds the receive rows of dropless routing, but " +
+               ref("model", "moe_expert_capacity_factor",
+                   (std::ostringstream() << m.moe_expert_capacity_factor).str()) +
+               " sizes them already (by capacity, dropping what does not fit)",
+           "remove moe_dispatch_buffer_factor, or moe_expert_capacity_factor for dropless "
+           "routing");
+  }
   if (m.moe_shared_expert_intermediate_size % tp != 0)
     fail(at("parallel", "tensor_model_parallel_size"),
          ref("model", "moe_shared_expert_intermediate_size",

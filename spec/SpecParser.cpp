@@ -668,6 +668,7 @@ void Parser::readValues(Spec &spec) {
   getInt("parallel", "expert_tensor_parallel_size", p.expert_tensor_parallel_size);
   getEnum("parallel", "moe_token_dispatcher_type", p.moe_token_dispatcher_type,
           {MoeTokenDispatcher::AllGather, MoeTokenDispatcher::AllToAll});
+  getFloat("parallel", "moe_dispatch_buffer_factor", p.moe_dispatch_buffer_factor);
 
   TrainingConfig &t = spec.training;
   getInt("training", "micro_batch_size", t.micro_batch_size);

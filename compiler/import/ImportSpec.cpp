@@ -122,7 +122,7 @@ public:
     OwningOpRef<ModuleOp> module = ModuleOp::create(loc, StringRef("gpt"));
     (*module)->setAttr("mt.training", trainingAttr());
     const spec::ParallelConfig &par = spec.parallel;
-    NamedAttribute parallel[] = {
+    SmallVector<NamedAttribute> parallel = {
         b.getNamedAttr("tensor_model_parallel_size",
                        b.getI64IntegerAttr(par.tensor_model_parallel_size)),
         b.getNamedAttr("pipeline_model_parallel_size",
@@ -148,6 +148,11 @@ public:
         b.getNamedAttr("moe_token_dispatcher_type",
                        b.getStringAttr(spec::toString(par.moe_token_dispatcher_type))),
     };
+    // mt's bound on the expert exchange's receive rows (mt-shard-ep), only
+    // when set.
+    if (par.moe_dispatch_buffer_factor > 0)
+      parallel.push_back(b.getNamedAttr("moe_dispatch_buffer_factor",
+                                        b.getF64FloatAttr(par.moe_dispatch_buffer_factor)));
     (*module)->setAttr("mt.parallel", b.getDictionaryAttr(parallel));
     Type idsType = RankedTensorType::get({batch, seq}, b.getI32Type());
     Type lossType = RankedTensorType::get({}, b.getF32Type());

@@ -799,6 +799,11 @@ private:
     for (Value v : op.getOperands())
       if (auto ref = v.getDefiningOp<ParamRefOp>())
         fromSym(ref.getNameAttr());
+    // The expert exchange touches no parameter: its layer index names it
+    // (its errors, e.g. a routing over moe_dispatch_buffer_factor, say which).
+    if (layer.empty() && isa<MoeDispatchOp, MoeCombineOp>(op))
+      if (auto i = op.getAttrOfType<IntegerAttr>("mt.layer"))
+        layer = "decoder.layers." + std::to_string(i.getInt());
     return (layer.empty() ? "" : layer + " ") + op.getName().getStringRef().str();
   }
 

@@ -8,6 +8,7 @@
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
+#include <sstream>
 
 using namespace mlir;
 
@@ -28,6 +29,13 @@ int64_t attr(DictionaryAttr d, StringRef name) {
 int64_t bytesOf(Value v) {
   auto t = cast<RankedTensorType>(v.getType());
   return t.getNumElements() * int64_t(t.getElementTypeBitWidth() / 8);
+}
+
+// A factor as the spec wrote it (1.5, not 1.500000).
+std::string factorText(double f) {
+  std::ostringstream os;
+  os << f;
+  return os.str();
 }
 
 // What one rank sends in one micro-batch's @train_step (its forward, any
@@ -183,18 +191,35 @@ MemoryPlan memoryPlanOf(ModuleOp module, const spec::Spec &spec) {
     plan.expertParallel = ep;
     plan.expertTensorParallel = etp;
     plan.dispatcher = spec::toString(spec.parallel.moe_token_dispatcher_type);
-    for (ModuleOp stage : stageModules(module))
+    for (ModuleOp stage : stageModules(module)) {
       plan.allToAllBytes = std::max(plan.allToAllBytes, exchangeBytes(stage));
+      stage.walk([&](MoeDispatchOp d) {
+        plan.receiveRows = std::max(plan.receiveRows, cast<RankedTensorType>(d.getResult().getType()).getDimSize(0));
+        if (auto w = d->getAttrOfType<IntegerAttr>("mt.worst_case_rows"))
+          plan.worstCaseReceiveRows = std::max(plan.worstCaseReceiveRows, w.getInt());
+      });
+    }
     plan.allToAllBytes *= spec.numMicroBatches();
     // The sources: the ep ranks, or with expert tensor parallelism the
     // etp x ep ranks of the tensor-and-expert-parallel group.
     const std::string S = etp > 1 ? "expert_tensor_parallel_size x expert_model_parallel_size"
                                   : "expert_model_parallel_size";
+    plan.receiveFactor =
+        plan.worstCaseReceiveRows > 0 ? spec.parallel.moe_dispatch_buffer_factor : 0.0;
+    const std::string worst = S + " x micro-batch tokens x min(moe_router_topk, num_experts / "
+                                  "expert_model_parallel_size)";
     const std::string received =
-        spec.model.moe_expert_capacity_factor <= 0.0
-            ? "each rank receives up to " + S + " x micro-batch tokens x "
-              "min(moe_router_topk, num_experts / expert_model_parallel_size) rows a layer "
-              "(the worst case, whatever the routing)"
+        plan.receiveFactor > 0
+            ? llvm::formatv("each rank receives up to {0} rows a layer, bounded at "
+                            "moe_dispatch_buffer_factor = {1} x the balanced load (the worst "
+                            "case, {2}, is {3} rows; a step whose routing needs more stops "
+                            "with an error)",
+                            plan.receiveRows, factorText(plan.receiveFactor), worst,
+                            plan.worstCaseReceiveRows)
+                  .str()
+        : spec.model.moe_expert_capacity_factor <= 0.0
+            ? "each rank receives up to " + worst +
+                  " rows a layer (the worst case, whatever the routing)"
         : spec.model.moe_pad_expert_input_to_capacity
             ? "each rank receives " + S + " x num_experts / "
               "expert_model_parallel_size x capacity rows a layer, padded"
@@ -294,8 +319,11 @@ void printMemoryPlanText(llvm::raw_ostream &os, const MemoryPlan &plan) {
   if (!plan.note.empty())
     os << "  note: " << plan.note << "\n";
   if (plan.expertParallel * plan.expertTensorParallel > 1)
-    os << "  all-to-all: " << gib(plan.allToAllBytes) << " a step (worst case, ep "
-       << plan.expertParallel
+    os << "  all-to-all: " << gib(plan.allToAllBytes) << " a step ("
+       << (plan.receiveFactor > 0
+               ? "bounded at " + factorText(plan.receiveFactor) + " x the balanced load"
+               : std::string("worst case"))
+       << ", ep " << plan.expertParallel
        << (plan.expertTensorParallel > 1
                ? ", etp " + std::to_string(plan.expertTensorParallel)
                : std::string())
@@ -366,7 +394,15 @@ llvm::json::Object memoryPlanJson(const MemoryPlan &plan) {
                                        {"expert_model_parallel", plan.expertParallel},
                                        {"expert_tensor_parallel", plan.expertTensorParallel},
                                        {"dispatcher", plan.dispatcher},
-                                       {"worst_case", true}})
+                                       {"worst_case", plan.receiveFactor <= 0},
+                                       {"receive_rows", plan.receiveRows},
+                                       {"worst_case_receive_rows",
+                                        plan.receiveFactor > 0 ? plan.worstCaseReceiveRows
+                                                               : plan.receiveRows},
+                                       {"moe_dispatch_buffer_factor",
+                                        plan.receiveFactor > 0
+                                            ? llvm::json::Value(plan.receiveFactor)
+                                            : llvm::json::Value(nullptr)}})
                                  : llvm::json::Value(nullptr)},
                             {"suggestions", std::move(suggestions)}};
 }

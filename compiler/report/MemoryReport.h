@@ -57,6 +57,11 @@ struct MemoryPlan {
   int64_t expertTensorParallel = 1;
   std::string dispatcher;
   int64_t allToAllBytes = 0;
+  // The rows a rank receives in one MoE layer's exchange (the largest over
+  // stages) and, with moe_dispatch_buffer_factor (receiveFactor > 0), the
+  // worst case they are bounded below (0 when the bound is not below it).
+  int64_t receiveRows = 0, worstCaseReceiveRows = 0;
+  double receiveFactor = 0;
 };
 
 // Megatron-LM's formulas (megatron/training/theoretical_memory_usage.py):

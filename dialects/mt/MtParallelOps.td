@@ -112,7 +112,10 @@ def Mt_MoeDispatchOp : Mt_Op<"moe_dispatch", [Pure,
       source `s`, then the source's row order (Megatron-Core's
       `sort_chunks_by_idxs` order; the `allgather` dispatcher gives the same
       order). Rows past the received ones are zero. `R` is static, the
-      worst case the layout allows (`mt-shard-ep` sizes it).
+      worst case the layout allows, or a bound below it
+      (`moe_dispatch_buffer_factor`; `mt-shard-ep` sizes it): a routing
+      needing more rows on any rank of the group is an error on every rank,
+      before any row moves.
     - `local_counts` `[L]`: rows of each local expert (its segment of
       `result`), for the grouped matmuls.
     - `layout` `[S, L]`: rows received from source `s` for local expert

@@ -5,14 +5,17 @@
 // Dispatch, on expert-parallel rank q of ep, L local experts, E = ep L: the
 // rank's permuted rows y are expert-major over all E experts, so the rows
 // of peer p's experts [p L, p L + L) are one contiguous block of y.
-//   alltoall (Megatron's MoEAlltoAllTokenDispatcher): the per-expert counts
-//     travel first (all_to_all_v: p gets this rank's L counts of its
-//     experts; this rank's layout[s][j] is what s sends for local expert j),
-//     then the rows (all_to_all_v, each peer's block), received source-major
-//     and regrouped expert-major (Megatron's sort_chunks_by_idxs).
-//   allgather (MoEAllGatherTokenDispatcher): every rank's counts and rows
-//     are gathered (all_gather, all_gather_v) and each rank keeps the rows of
-//     its own experts, in the same order.
+// Both dispatchers first gather every rank's per-expert counts (all_gather:
+// this rank's layout[s][j] is what s sends for local expert j), and every
+// rank checks every rank's receive rows against the plan's (a bound below
+// the worst case, moe_dispatch_buffer_factor, can be exceeded: all ranks
+// then stop with the same error before any row moves). Then
+//   alltoall (Megatron's MoEAlltoAllTokenDispatcher): the rows
+//     (all_to_all_v, each peer's block), received source-major and regrouped
+//     expert-major (Megatron's sort_chunks_by_idxs).
+//   allgather (MoEAllGatherTokenDispatcher): every rank's rows are gathered
+//     (all_gather_v) and each rank keeps the rows of its own experts, in the
+//     same order.
 // Combine is the inverse: alltoall sends each row back to its source
 // (all_to_all_v); allgather scatters the rows into every source's y-shaped
 // block, zero elsewhere, and reduce-scatters them (reduce_scatter_v), each
@@ -69,7 +72,8 @@ static Communicator *ep_group(const CpuExecutor::Impl &impl, const pl::Instructi
   return c;
 }
 
-// Every rank's tokens_per_expert [ep, E] (allgather dispatcher).
+// Every rank's tokens_per_expert [ep, E] (MOE_DISPATCH; MOE_COMBINE's
+// allgather dispatcher).
 std::string CpuExecutor::Impl::gather_expert_counts(Communicator *c, const int32_t *tpe,
                                                     int64_t experts, int64_t rows,
                                                     std::vector<int32_t> &all) {
@@ -107,23 +111,19 @@ std::string CpuExecutor::Impl::moe_dispatch(const pl::Instruction &ins, const Fr
     return e2;
   const bool allgather = ins.ints()->Get(2) == 1;
 
-  // layout[s][j]: rows source s sends for local expert j; and where each
-  // source's block of this rank's experts starts in what arrives.
-  std::vector<int32_t> all_counts; // allgather: every rank's tokens_per_expert
-  if (allgather) {
-    if (std::string e2 = gather_expert_counts(c, tpe, e, n, all_counts); !e2.empty())
-      return e2;
-    for (int64_t s = 0; s < ep; ++s)
-      for (int64_t j = 0; j < l; ++j)
-        layout[s * l + j] = all_counts[size_t(s * e + q * l + j)];
-  } else {
-    std::vector<size_t> counts(static_cast<size_t>(ep), size_t(l)), displs(static_cast<size_t>(ep));
-    for (int64_t p = 0; p < ep; ++p)
-      displs[size_t(p)] = size_t(p * l);
-    if (std::string e2 = c->all_to_all_v(tpe, counts, displs, layout, counts, displs, 4);
-        !e2.empty())
-      return e2;
-  }
+  // Every rank's tokens_per_expert [ep, E], gathered before any row moves
+  // (Megatron's dispatchers gather them over the group too): layout[s][j],
+  // the rows source s sends for local expert j, and every rank's receive
+  // rows, checked on every rank against the plan's R so that all stop
+  // together when a step's routing needs more.
+  std::vector<int32_t> all_counts;
+  if (std::string e2 = gather_expert_counts(c, tpe, e, n, all_counts); !e2.empty())
+    return e2;
+  if (std::string e2 = cpu::moe_receive_overflow(all_counts.data(), ep, e, l, r); !e2.empty())
+    return e2;
+  for (int64_t s = 0; s < ep; ++s)
+    for (int64_t j = 0; j < l; ++j)
+      layout[s * l + j] = all_counts[size_t(s * e + q * l + j)];
   std::vector<int64_t> from(static_cast<size_t>(ep), 0); // rows from each source
   int64_t total = 0;
   for (int64_t s = 0; s < ep; ++s) {
@@ -135,9 +135,6 @@ std::string CpuExecutor::Impl::moe_dispatch(const pl::Instruction &ins, const Fr
     }
     total += from[size_t(s)];
   }
-  if (total > r)
-    return "receives " + std::to_string(total) + " rows for its " + std::to_string(l) +
-           " experts, more than the " + std::to_string(r) + " rows the plan sized";
 
   // The rows arrive source-major in `exchange`.
   exchange.assign(size_t(total * h), 0.0f);

@@ -582,6 +582,32 @@ std::string grouped_matmul_bwd_weight(const T *dy, const T *x, const int32_t *to
 // ---------------------------------------------------------------------------
 // The executor uses float, the gradient tests double.
 
+std::string moe_receive_overflow(const int32_t *counts, int64_t sources, int64_t experts,
+                                 int64_t local_experts, int64_t receive_rows) {
+  if (local_experts < 1 || experts % local_experts != 0)
+    return "the expert exchange has " + std::to_string(experts) + " experts, not a multiple of "
+           "its " + std::to_string(local_experts) + " a rank; recompile the spec with this mtc";
+  int64_t most = -1, at = 0;
+  for (int64_t p = 0; p < experts / local_experts; ++p) {
+    int64_t need = 0;
+    for (int64_t s = 0; s < sources; ++s)
+      for (int64_t j = 0; j < local_experts; ++j)
+        need += std::max<int32_t>(counts[s * experts + p * local_experts + j], 0);
+    if (need > most) {
+      most = need;
+      at = p;
+    }
+  }
+  if (most <= receive_rows)
+    return "";
+  return "this step's routing sends " + std::to_string(most) + " rows to the " +
+         std::to_string(local_experts) + " expert" + (local_experts > 1 ? "s" : "") +
+         " of expert-parallel rank " + std::to_string(at) + ", more than the " +
+         std::to_string(receive_rows) +
+         " receive rows the plan sized (no token is dropped): raise [parallel] "
+         "moe_dispatch_buffer_factor, or remove it to size the worst case, and recompile";
+}
+
 #define MT_INSTANTIATE(T)                                                                          \
   template std::vector<double> moe_router_aux_counts<T>(const T *, const MoeRouterConfig &);     \
   template void moe_router_fwd<T>(const T *, const MoeRouterConfig &, T *, int32_t *, double *,   \

@@ -141,6 +141,17 @@ std::string moe_unpermute_bwd(const T *dout, const T *y, const T *probs,
                               int64_t tokens, int64_t experts, int64_t rows, int64_t hidden,
                               T *dy, T *dprobs);
 
+// The expert exchange's receive rows (MOE_DISPATCH), checked before any row
+// moves. counts [sources][experts]: every source's tokens_per_expert, which
+// every rank of the exchange has gathered; expert-parallel rank p receives
+// from every source the rows of its experts [p L, p L + L). Returns "" when
+// every rank's rows fit in the plan's `receive_rows`, else one error line,
+// the same on every rank (it names the rank needing the most, the first of
+// ties), so that all of them stop instead of some waiting in the row
+// exchange. No row is ever dropped to make them fit.
+std::string moe_receive_overflow(const int32_t *counts, int64_t sources, int64_t experts,
+                                 int64_t local_experts, int64_t receive_rows);
+
 } // namespace mt::cpu
 
 #endif // MT_RUNTIME_CPU_KERNELS_MOE_H

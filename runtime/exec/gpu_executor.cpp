@@ -6,6 +6,7 @@
 
 #include "runtime/exec/cpu_executor.h"
 #include "runtime/exec/cpu_kernels.h"
+#include "runtime/exec/cpu_kernels_moe.h"
 #include "runtime/exec/log_stats.h"
 #include "runtime/plan/grad_buckets.h"
 #include "runtime/plan/plan_reader.h"
@@ -886,6 +887,12 @@ std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange
   if (dispatch || allgather) {
     if (std::string e = gather_counts(&counts); !e.empty())
       return e;
+    // Every rank's receive rows against the plan's, on every rank, before
+    // any row moves: a bound below the worst case (moe_dispatch_buffer_factor)
+    // stops all of them with the same error (cpu_kernels_moe.h).
+    if (dispatch)
+      if (std::string e = cpu::moe_receive_overflow(counts.data(), ep, E, L, R); !e.empty())
+        return e;
     for (int src = 0; src < ep; ++src)
       for (int64_t j = 0; j < L; ++j)
         layout[size_t(src * L + j)] = counts[size_t(src * E + q * L + j)];

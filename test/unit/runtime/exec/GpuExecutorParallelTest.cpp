@@ -576,5 +576,54 @@ TEST(GpuExecutorParallel, ExpertParallelWithTensorParallelAndShardsMatchesTheCpu
                 8);
 }
 
+// moe_dispatch_buffer_factor bounds the receive rows below the worst case.
+// Within the bound (1.5 x the balanced load here) the emulated GPUs give
+// the losses of the unbounded plan on the CPU. At 1 x the balanced load
+// this routing needs more rows on one rank: every rank of both executors
+// stops at the dispatch with the same error (the counts are gathered before
+// any row moves, so no rank waits in the row exchange for a peer that
+// stopped).
+TEST(GpuExecutorParallel, ExpertReceiveRowsWithinAndOverTheBound) {
+  {
+    auto unbounded = compilePlan(moeEp({{"parallel.data_parallel_size=2"}}));
+    auto bounded = compilePlan(
+        moeEp({{"parallel.data_parallel_size=2"}, {"parallel.moe_dispatch_buffer_factor=1.5"}}));
+    ASSERT_TRUE(unbounded && bounded);
+    std::vector<RankRun> cpu = runAll(*unbounded->plan(), false, 1),
+                         gpu = runAll(*bounded->plan(), true, 1);
+    for (size_t r = 0; r < cpu.size(); ++r) {
+      ASSERT_EQ(cpu[r].error, "") << "CPU rank " << r;
+      ASSERT_EQ(gpu[r].error, "") << "GPU rank " << r;
+      ASSERT_EQ(gpu[r].losses.size(), cpu[r].losses.size());
+      for (size_t i = 0; i < cpu[r].losses.size(); ++i)
+        EXPECT_NEAR(gpu[r].losses[i], cpu[r].losses[i], 1e-5 * std::fabs(cpu[r].losses[i]));
+    }
+  }
+  for (const char *dispatcher : {"alltoall", "allgather"}) {
+    SCOPED_TRACE(dispatcher);
+    auto file = compilePlan(
+        moeEp({{"parallel.data_parallel_size=2"},
+               {std::string("parallel.moe_token_dispatcher_type=\"") + dispatcher + "\""},
+               {"parallel.moe_dispatch_buffer_factor=1"}}));
+    ASSERT_TRUE(file);
+    const pl::Plan &plan = *file->plan();
+    std::vector<RankRun> cpu = runAll(plan, false, 1), gpu = runAll(plan, true, 1);
+    // The error from its problem on: the same on every rank of both.
+    auto problem = [](const std::string &e) {
+      const size_t at = e.find("this step's routing sends ");
+      return at == std::string::npos ? "(no overflow error) " + e : e.substr(at);
+    };
+    const std::string want = problem(cpu[0].error);
+    EXPECT_NE(want.find("receive rows the plan sized (no token is dropped): raise [parallel] "
+                        "moe_dispatch_buffer_factor"),
+              std::string::npos)
+        << want;
+    for (size_t r = 0; r < cpu.size(); ++r) {
+      EXPECT_NE(cpu[r].error.find("MOE_DISPATCH"), std::string::npos) << cpu[r].error;
+      EXPECT_EQ(problem(cpu[r].error), want) << "CPU rank " << r;
+      EXPECT_EQ(problem(gpu[r].error), want) << "GPU rank " << r;
+    }
+  }
+}
 
 } // namespace
