@@ -67,6 +67,13 @@ class ModelConfig:
     adam_eps: float
     clip_grad: float
     seed: int
+    # Mixture of experts (num_experts > 0): the MoE layers among `layers`,
+    # the routed experts' width and top-k, the shared expert's width.
+    num_experts: int = 0
+    moe_layers: int = 0
+    moe_ffn_hidden: int = 0
+    moe_topk: int = 0
+    shared_expert_ffn: int = 0
 
     @property
     def micro_batches(self):
@@ -111,7 +118,38 @@ def model_config(spec):
         weight_decay=t.get("weight_decay", 0.01),
         adam_beta1=t.get("adam_beta1", 0.9), adam_beta2=t.get("adam_beta2", 0.999),
         adam_eps=t.get("adam_eps", 1e-8), clip_grad=t.get("clip_grad", 1.0),
-        seed=t.get("seed", 1234))
+        seed=t.get("seed", 1234), **moe_config(m, m.get("ffn_hidden_size", ffn_default)))
+
+
+def moe_layer_flags(freq, layers):
+    """Which layers are MoE layers for a moe_layer_freq value, as Megatron reads
+    --moe-layer-freq: every freq-th layer from the first for an integer, a list
+    of 0/1 per layer, or a string of either (Megatron evaluates a list
+    expression such as "([1]*3+[0])*2" after allowing only digits and
+    "[](),+*"; so does this)."""
+    if isinstance(freq, str):
+        text = freq.strip()
+        if any(c not in "0123456789[](),+* " for c in text):
+            raise ValueError(f"moe_layer_freq {freq!r}: only digits and [](),+* are allowed")
+        freq = int(text) if text.isdigit() else eval(text, {"__builtins__": {}}, {})
+    if isinstance(freq, int):
+        return [1 if i % freq == 0 else 0 for i in range(layers)]
+    if len(freq) != layers:
+        raise ValueError(f"moe_layer_freq gives {len(freq)} layers, the model has {layers}")
+    return list(freq)
+
+
+def moe_config(m, ffn):
+    """ModelConfig's mixture-of-experts fields from the [model] table (ffn: the
+    dense MLP's width, moe_ffn_hidden_size's default)."""
+    experts = m.get("num_experts", 0)
+    if not experts:
+        return {}
+    return dict(num_experts=experts,
+                moe_layers=sum(moe_layer_flags(m.get("moe_layer_freq", 1), m["num_layers"])),
+                moe_ffn_hidden=m.get("moe_ffn_hidden_size", ffn),
+                moe_topk=m.get("moe_router_topk", 2),
+                shared_expert_ffn=m.get("moe_shared_expert_intermediate_size", 0))
 
 
 # What every GPU benchmark sets so that a spec runs on the one GPU it measures:

@@ -58,6 +58,48 @@ class GptFlops(unittest.TestCase):
                                      ONE_GPU + ["training.global_batch_size=64"]))
         self.assertEqual((cfg.data_parallel, cfg.micro_batches, cfg.seq), (1, 32, 2048))
 
+    def test_mixtral_8x7b(self):
+        # models/mixtral-8x7b.toml: 32 MoE layers of 8 SwiGLU experts of
+        # 14336, top-2, hidden 4096, 32 heads over 8 groups of 128, sequence
+        # 4096, vocabulary 32000 (padded to 32000), global batch 256. Per
+        # token and layer: QKV 6*4096*(4096+2*1024) = 150,994,944; causal core
+        # 6*4096*4096 = 100,663,296; output 6*4096*4096 = 100,663,296; the two
+        # experts a token goes through 6*4096*14336*3*2 = 2,113,929,216.
+        # Logits 6*4096*32000 = 786,432,000. Per token 32*2,466,250,752 +
+        # 786,432,000 = 79,706,456,064 (mtc's summary logs the same:
+        # spec/SpecMoeTest.cpp).
+        cfg = model_config(load_spec(os.path.join(ROOT, "models", "mixtral-8x7b.toml")))
+        self.assertEqual((cfg.num_experts, cfg.moe_layers, cfg.moe_ffn_hidden, cfg.moe_topk),
+                         (8, 32, 14336, 2))
+        self.assertEqual(model_flops(cfg), 256 * 4096 * 79_706_456_064)
+
+    def test_moe_layers_and_shared_expert(self):
+        # Every other layer of 4 an MoE layer ("([1]*1+[0]*1)*2", Megatron's
+        # list expression): 2 dense MLPs of 128, 2 MoE layers with top-2 of
+        # experts of 64 and a shared expert of 32, GeLU MLPs (2 GEMMs).
+        h, s, v = 32, 16, 128
+        attention = 6 * (h * 3 * h + h * s + h * h)
+        mlp = 6 * h * 2 * (2 * 128 + 2 * (64 * 2 + 32))
+        spec = {"model": {"num_layers": 4, "hidden_size": h, "num_attention_heads": 4,
+                          "seq_length": s, "vocab_size": v, "ffn_hidden_size": 128,
+                          "num_experts": 4, "moe_ffn_hidden_size": 64,
+                          "moe_layer_freq": "([1]*1+[0]*1)*2",
+                          "moe_shared_expert_intermediate_size": 32},
+                "training": {"micro_batch_size": 1, "train_iters": 1, "lr": 1e-3}}
+        cfg = model_config(spec)
+        self.assertEqual(cfg.moe_layers, 2)
+        self.assertEqual(model_flops(cfg), s * (4 * attention + mlp + 6 * h * v))
+        # The same layers as a list, and as every second layer (an integer).
+        for freq in ([1, 0, 1, 0], 2, "2"):
+            spec["model"]["moe_layer_freq"] = freq
+            self.assertEqual(model_flops(model_config(spec)), s * (4 * attention + mlp + 6 * h * v))
+        # A dense model is unchanged: no MoE fields, the dense MLP only.
+        self.assertEqual(megatron_flops(1, s, 4, h, 128, 4, v),
+                         s * (4 * attention + 4 * 6 * h * 2 * 128 + 6 * h * v))
+        spec["model"]["moe_layer_freq"] = "__import__('os')"
+        with self.assertRaises(ValueError):
+            model_config(spec)
+
     def test_parse_set(self):
         self.assertEqual(parse_set("model.seq_length=2048"), ("model", "seq_length", 2048))
         self.assertEqual(parse_set('training.precision="bf16"'), ("training", "precision", "bf16"))
