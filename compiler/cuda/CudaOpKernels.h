@@ -214,8 +214,8 @@ struct OpInstruction {
   std::vector<std::vector<OpSegment>> rankSegments;
   int64_t shardMasterOffset = -1, shardExpAvgOffset = -1, shardExpAvgSqOffset = -1;
   // Expert buckets (plan.fbs Bucket.group 6) are sharded over expt_dp:
-  // their segments by expt_dp rank, read by (tp_rank + tp dp_rank) / ep
-  // (etp = 1). SHARDED_ADAMW / _SGD of an expert bucket: rankSegments are
+  // their segments by expt_dp rank, read by (tp_rank + tp dp_rank) /
+  // expertParallel (etp x ep, the expert ranks of a stage). SHARDED_ADAMW / _SGD of an expert bucket: rankSegments are
   // by expt_dp rank (expertRanks); SHARDED_GRAD_NORM: the expert buckets'
   // segments in expertRankSegments, their squares summed over expt_dp then
   // tp_ep_pp (groups 6, 8).

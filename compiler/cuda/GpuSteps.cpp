@@ -267,31 +267,34 @@ GpuLowering nativeStep() {
 }
 
 // MOE_DISPATCH / MOE_COMBINE: the executor's own exchange (NATIVE) over
-// the expert-parallel group, with two workspace arguments: every rank's
-// tokens_per_expert ([ep, E] i32), then the rows' staging (alltoall: the R
-// receive rows) or every rank's y (allgather: ep * N rows, also the
-// combine's reduce-scatter image). gpu_executor.cpp has the algorithm.
+// the S = etp x ep ranks of the stage's experts, with two workspace
+// arguments: every rank's tokens_per_expert ([S, E] i32), then the rows'
+// staging (alltoall: the R receive rows) or every rank's y (allgather: S * N
+// rows, also the combine's reduce-scatter image). gpu_executor.cpp has the
+// algorithm.
 GpuLowering lowerMoeExchange(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values) {
   GpuLowering l;
   const bool dispatch = inst.op == pl::Opcode::MOE_DISPATCH;
-  if (inst.ints.size() != 3 || inst.in.size() != 3 - (dispatch ? 1 : 0)) {
-    l.missing = "an expert exchange without its group, experts per rank and dispatcher";
+  if (inst.ints.size() != 4 || inst.in.size() != 3 - (dispatch ? 1 : 0)) {
+    l.missing = "an expert exchange without its group, experts per rank, dispatcher and "
+                "expert_tensor_parallel";
     return l;
   }
   const GpuValueInfo &y = values[dispatch ? inst.in[0] : inst.out.at(0)];
   const GpuValueInfo &rowsV = values[dispatch ? inst.out.at(0) : inst.in[0]];
   const GpuValueInfo &tpe = values[dispatch ? inst.in[1] : inst.in[2]];
-  const int64_t L = inst.ints[1], E = tpe.shape.empty() ? 0 : tpe.shape[0];
-  if (L < 1 || E % L != 0 || y.shape.size() != 2 || rowsV.shape.size() != 2) {
+  const int64_t L = inst.ints[1], E = tpe.shape.empty() ? 0 : tpe.shape[0], etp = inst.ints[3];
+  if (L < 1 || E % L != 0 || etp < 1 || y.shape.size() != 2 || rowsV.shape.size() != 2) {
     l.missing = "an expert exchange of " + std::to_string(E) + " experts, " +
                 std::to_string(L) + " a rank";
     return l;
   }
-  const int64_t ep = E / L;
+  const int64_t sources = E / L * etp;
   const bool half = y.dtype == pl::DType::BF16 || y.dtype == pl::DType::F16;
   const uint64_t rowBytes = uint64_t(y.shape[1]) * (half ? 2 : 4);
-  const uint64_t counts = alignUp(uint64_t(ep * E) * 4);
-  const uint64_t rows = inst.ints[2] == 1 ? uint64_t(ep * y.shape[0]) : uint64_t(rowsV.shape[0]);
+  const uint64_t counts = alignUp(uint64_t(sources * E) * 4);
+  const uint64_t rows =
+      inst.ints[2] == 1 ? uint64_t(sources * y.shape[0]) : uint64_t(rowsV.shape[0]);
   GpuStepSpec s;
   s.kind = pl::GpuStepKind::NATIVE;
   s.args = {{pl::GpuArgKind::WORKSPACE, 0}, {pl::GpuArgKind::WORKSPACE, counts}};

@@ -113,11 +113,15 @@ struct GpuShardLayout {
   struct Bucket {
     int64_t begin = 0, end = 0;
     // An expert bucket (plan.fbs Bucket.group 6): sharded over expt_dp
-    // (expertDataParallel ranks, indexed by (tp_rank + tp dp_rank) / ep).
+    // (expertDataParallel ranks, indexed by (tp_rank + tp dp_rank) /
+    // expertParallel).
     bool expert = false;
     int64_t shardOffset = -1; // element of the shard state; -1: begin / group size
   };
   int64_t dataParallel = 1;
+  // expertParallel: the expert ranks of a stage, expert_tensor_parallel x
+  // expert_model_parallel (parallel_groups.h numbers a stage's ranks etp
+  // first, then ep, then expt_dp).
   int64_t expertDataParallel = 1, tensorParallel = 1, expertParallel = 1;
   std::vector<Bucket> buckets;
   std::vector<int64_t> flatOffset; // by parameter

@@ -239,7 +239,8 @@ public:
           g.buckets.push_back(b);
         }
       g.tensorParallel = spec.parallel.tensor_model_parallel_size;
-      g.expertParallel = spec.parallel.expert_model_parallel_size;
+      g.expertParallel = spec.parallel.expert_model_parallel_size *
+                         (spec.model.num_experts > 0 ? spec.parallel.expert_tensor_parallel_size : 1);
       if (auto edp = module->getAttrOfType<IntegerAttr>("mt.expert_data_parallel"))
         g.expertDataParallel = edp.getInt();
       shardLayout = std::move(g);
@@ -960,16 +961,16 @@ private:
         .Case([&](MoePermuteGradOp) { i.op = pl::Opcode::MOE_PERMUTE_GRAD; })
         // Expert parallelism: group 4 (ep), the local experts, the
         // dispatcher as the dialect's enum numbers it (0 alltoall, 1
-        // allgather).
+        // allgather), expert_tensor_parallel (1).
         .Case([&](MoeDispatchOp o) {
           i.op = pl::Opcode::MOE_DISPATCH;
           i.ints = {kExpertParallelGroup, o.getNumLocalExpertsAttr().getInt(),
-                    int64_t(o.getDispatcher())};
+                    int64_t(o.getDispatcher()), 1};
         })
         .Case([&](MoeCombineOp o) {
           i.op = pl::Opcode::MOE_COMBINE;
           i.ints = {kExpertParallelGroup, o.getNumLocalExpertsAttr().getInt(),
-                    int64_t(o.getDispatcher())};
+                    int64_t(o.getDispatcher()), 1};
         })
         .Case([&](MoeGroupedMatmulOp) { i.op = pl::Opcode::GROUPED_MATMUL; })
         .Case([&](MoeGroupedMatmulInputGradOp) { i.op = pl::Opcode::GROUPED_MATMUL_INPUT_GRAD; })

@@ -227,39 +227,57 @@ void initial_weights(const pl::Param &p, int64_t tp_size, int64_t tp_rank, uint6
 void initial_weights(const pl::Param &p, int64_t tp_size, int64_t tp_rank, int64_t ep_size,
                      int64_t ep_rank, uint64_t seed, float *w) {
   const int64_t count = element_count(p.shape());
+  const int64_t tp_dim = tp_size > 1 ? p.tp_dim() : -1, ep_dim = ep_size > 1 ? p.ep_dim() : -1;
   switch (p.init()) {
   case pl::Init::ZEROS: std::fill(w, w + count, 0.0f); break;
   case pl::Init::ONES: std::fill(w, w + count, 1.0f); break;
   case pl::Init::NORMAL:
-    if (p.tp_dim() < 0 && p.ep_dim() < 0) {
+    if (tp_dim < 0 && ep_dim < 0) {
       cpu::init_normal(w, count, p.init_std(), seed, p.init_stream());
       break;
     }
     // A tensor- or expert-parallel shard holds exactly its part of the
     // whole parameter's initial values, so every layout starts from the
-    // single-device weights (the verifier allows one of the two).
+    // single-device weights. Dimension tp_dim of the whole is [blocks,
+    // tp_size, piece] and the shard takes [:, tp_rank, :]; dimension ep_dim
+    // is [ep_size, n] and the shard takes [ep_rank].
     {
-      const bool ep = p.ep_dim() >= 0;
-      const int64_t t = ep ? ep_size : tp_size, d = ep ? p.ep_dim() : p.tp_dim();
-      const int64_t blocks = ep ? 1 : p.tp_blocks(), shard_rank = ep ? ep_rank : tp_rank;
-      std::vector<float> whole(size_t(count * t));
-      cpu::init_normal(whole.data(), count * t, p.init_std(), seed, p.init_stream());
-      int64_t outer = 1, inner = 1;
-      for (int64_t k = 0; k < int64_t(vsize(p.shape())); ++k)
-        if (k < d)
-          outer *= p.shape()->Get(uint32_t(k));
-        else if (k > d)
-          inner *= p.shape()->Get(uint32_t(k));
-      // Dimension d of the whole is [blocks, t, piece]; the shard takes
-      // [:, shard_rank, :].
-      const int64_t piece = p.shape()->Get(uint32_t(d)) / blocks;
-      float *out = w;
-      for (int64_t o = 0; o < outer; ++o)
-        for (int64_t bl = 0; bl < blocks; ++bl) {
-          const float *src = whole.data() + ((o * blocks + bl) * t + shard_rank) * piece * inner;
-          std::copy(src, src + piece * inner, out);
-          out += piece * inner;
+      const int64_t rank = int64_t(vsize(p.shape()));
+      std::vector<int64_t> shape(static_cast<size_t>(rank)), whole_stride(static_cast<size_t>(rank));
+      for (int64_t k = 0; k < rank; ++k)
+        shape[size_t(k)] = p.shape()->Get(uint32_t(k));
+      int64_t whole_count = 1;
+      for (int64_t k = rank - 1; k >= 0; --k) {
+        whole_stride[size_t(k)] = whole_count;
+        whole_count *= shape[size_t(k)] * (k == tp_dim ? tp_size : k == ep_dim ? ep_size : 1);
+      }
+      std::vector<float> whole(static_cast<size_t>(whole_count));
+      cpu::init_normal(whole.data(), whole_count, p.init_std(), seed, p.init_stream());
+      // The dimensions after the last split one are contiguous in both.
+      const int64_t last = std::max(tp_dim, ep_dim);
+      int64_t inner = 1;
+      for (int64_t k = last + 1; k < rank; ++k)
+        inner *= shape[size_t(k)];
+      const int64_t piece = tp_dim >= 0 ? shape[size_t(tp_dim)] / std::max(1, p.tp_blocks()) : 1;
+      auto whole_index = [&](int64_t k, int64_t i) {
+        if (k == tp_dim)
+          return (i / piece * tp_size + tp_rank) * piece + i % piece;
+        if (k == ep_dim)
+          return ep_rank * shape[size_t(k)] + i;
+        return i;
+      };
+      std::vector<int64_t> at(static_cast<size_t>(last + 1), 0); // the shard's index over [0, last]
+      for (float *out = w; out < w + count; out += inner) {
+        int64_t src = 0;
+        for (int64_t k = 0; k <= last; ++k)
+          src += whole_index(k, at[size_t(k)]) * whole_stride[size_t(k)];
+        std::copy(whole.data() + src, whole.data() + src + inner, out);
+        for (int64_t k = last; k >= 0; --k) {
+          if (++at[size_t(k)] < shape[size_t(k)])
+            break;
+          at[size_t(k)] = 0;
         }
+      }
     }
     break;
   }
@@ -269,12 +287,21 @@ void initial_weights(const pl::Param &p, int64_t tp_size, int64_t tp_rank, int64
     cpu::round_to_fp16(w, count);
 }
 
+void initial_weights(const pl::Plan &plan, const pl::Rank &rank, const pl::Param &p,
+                     uint64_t seed, float *w) {
+  const ExpertCoords c = expert_coords(plan, rank);
+  if (p.expert())
+    initial_weights(p, std::max(1, plan.expert_tensor_parallel()), c.etp_rank,
+                    std::max(1, plan.expert_model_parallel()), c.ep_rank, seed, w);
+  else
+    initial_weights(p, std::max(1, plan.tensor_parallel()), rank.tp_rank(), 1, 0, seed, w);
+}
+
 std::string CpuExecutor::init_params(uint64_t seed) {
   Impl &s = *impl_;
   for (uint32_t i = 0; i < vsize(s.rank.params()); ++i)
     if (float *w = s.state_floats(s.param(i).weight_offset()))
-      initial_weights(s.param(i), s.tp_size(), s.tp_rank(), s.plan.expert_model_parallel(),
-                      expert_coords(s.plan, s.rank).ep_rank, seed, w);
+      initial_weights(s.plan, s.rank, s.param(i), seed, w);
   return reset_optimizer_state();
 }
 

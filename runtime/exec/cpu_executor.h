@@ -61,14 +61,21 @@
 namespace mt::rt {
 
 // A parameter's initial weights (its Param.init, rounded to its dtype), as
-// floats: a tensor-parallel shard (Param.tp_dim) or an expert-parallel one
-// (Param.ep_dim) gets exactly its slice of the whole parameter's values, so
-// every layout starts from the one-device weights.
+// floats: a shard gets exactly its slice of the whole parameter's values,
+// so every layout starts from the one-device weights. tp_size / tp_rank
+// split Param.tp_dim (the tensor-parallel ranks, or for an expert parameter
+// the expert tensor-parallel ones), ep_size / ep_rank Param.ep_dim; a size
+// of 1 leaves that dimension whole.
 void initial_weights(const mt::plan::Param &p, int64_t tp_size, int64_t tp_rank, int64_t ep_size,
                      int64_t ep_rank, uint64_t seed, float *w);
-// The same for a parameter without an ep_dim (a dense plan's).
+// The same with ep_size 1 (a dense plan's parameters).
 void initial_weights(const mt::plan::Param &p, int64_t tp_size, int64_t tp_rank, uint64_t seed,
                      float *w);
+// A parameter of `rank`: its sizes and ranks from the plan (tensor parallel
+// for dense parameters; expert tensor and expert model parallel, by
+// expert_coords, for expert ones). Both executors initialise with this.
+void initial_weights(const mt::plan::Plan &plan, const mt::plan::Rank &rank,
+                     const mt::plan::Param &p, uint64_t seed, float *w);
 
 class CpuExecutor : public Executor {
 public:

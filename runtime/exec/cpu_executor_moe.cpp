@@ -2,24 +2,37 @@
 // and the router's token counts summed over tensor-parallel ranks
 // (MOE_ROUTER's count_group), over the rank's Communicators.
 //
-// Dispatch, on expert-parallel rank q of ep, L local experts, E = ep L: the
-// rank's permuted rows y are expert-major over all E experts, so the rows
-// of peer p's experts [p L, p L + L) are one contiguous block of y.
+// The exchange runs over the S = etp x ep ranks of the stage's experts (the
+// plan's group: 4 ep at etp 1, 7 tp_ep), group rank g having etp rank
+// g % etp and ep rank q = g / etp; L local experts, E = ep L. The rank's
+// permuted rows y are expert-major over all E experts, so the rows of ep
+// rank p's experts [p L, p L + L) are one contiguous block of y.
+// Dispatch: every source s in [0, S) sends rank g its rows of g's ep
+// rank's experts, so the etp ranks of one ep rank receive the same rows
+// (each holds a shard of the same experts).
 // Both dispatchers first gather every rank's per-expert counts (all_gather:
 // this rank's layout[s][j] is what s sends for local expert j), and every
 // rank checks every rank's receive rows against the plan's (a bound below
 // the worst case, moe_dispatch_buffer_factor, can be exceeded: all ranks
 // then stop with the same error before any row moves). Then
-//   alltoall (Megatron's MoEAlltoAllTokenDispatcher): the rows
-//     (all_to_all_v, each peer's block), received source-major and regrouped
-//     expert-major (Megatron's sort_chunks_by_idxs).
-//   allgather (MoEAllGatherTokenDispatcher): every rank's rows are gathered
-//     (all_gather_v) and each rank keeps the rows of its own experts, in the
-//     same order.
-// Combine is the inverse: alltoall sends each row back to its source
-// (all_to_all_v); allgather scatters the rows into every source's y-shaped
-// block, zero elsewhere, and reduce-scatters them (reduce_scatter_v), each
-// row arriving as itself plus zeros.
+//   alltoall (Megatron's MoEAlltoAllTokenDispatcher: an all-to-all over ep,
+//     then an all-gather over expt_tp, here one all_to_all_v over the S
+//     ranks): the rows (all_to_all_v, each peer's block), received
+//     source-major and regrouped expert-major (Megatron's
+//     sort_chunks_by_idxs).
+//   allgather (MoEAllGatherTokenDispatcher, which gathers over tp_ep too):
+//     every rank's rows are gathered (all_gather_v) and each rank keeps the
+//     rows of its ep rank's experts, in the same order.
+// Combine is the inverse, each row returned to its source as the sum of
+// the etp ranks' rows for it (their partial products of the row-parallel
+// second expert layer):
+//   alltoall: at etp > 1 the etp ranks of an ep rank, whose rows lie in
+//     the same order, sum them first (all_reduce over expt_tp, group 5);
+//     then each row goes back to its source from the one rank of its
+//     source's etp rank (all_to_all_v over the S ranks);
+//   allgather: the rows go into every source's y-shaped block, zero
+//     elsewhere, and the blocks are reduce-scattered (reduce_scatter_v),
+//     each row arriving as the sum of its etp ranks' rows plus zeros.
 #include "runtime/exec/cpu_executor_impl.h"
 
 #include "runtime/exec/cpu_kernels_moe.h"
@@ -56,23 +69,25 @@ std::string segment_starts(const int32_t *tpe, int64_t experts, int64_t rows,
 
 } // namespace
 
-// The ep group of a dispatch or combine: its ints[0] (4 ep, 7 tp_ep), of
-// exactly the plan's expert_model_parallel ranks.
-static Communicator *ep_group(const CpuExecutor::Impl &impl, const pl::Instruction &ins,
-                              std::string *error) {
+// The group of a dispatch or combine: its ints[0] (4 ep, 7 tp_ep), of
+// exactly the plan's expert_tensor_parallel x expert_model_parallel ranks.
+static Communicator *exchange_group(const CpuExecutor::Impl &impl, const pl::Instruction &ins,
+                                    std::string *error) {
   Communicator *c = impl.group(ins.ints()->Get(0), error);
   if (!error->empty())
     return nullptr;
-  const int ep = std::max(1, impl.plan.expert_model_parallel());
-  if (!c || c->size() != ep) {
-    *error = "exchanges tokens over " + std::to_string(ep) + " expert-parallel ranks, but its "
-             "group has " + std::to_string(c ? c->size() : 1) + "; run the plan with all its ranks";
+  const int64_t sources = int64_t(std::max(1, impl.plan.expert_model_parallel())) *
+                          std::max(1, impl.plan.expert_tensor_parallel());
+  if (!c || c->size() != sources) {
+    *error = "exchanges tokens over " + std::to_string(sources) + " expert ranks (expert tensor "
+             "x expert model parallel), but its group has " + std::to_string(c ? c->size() : 1) +
+             "; run the plan with all its ranks";
     return nullptr;
   }
   return c;
 }
 
-// Every rank's tokens_per_expert [ep, E] (MOE_DISPATCH; MOE_COMBINE's
+// Every rank's tokens_per_expert [S, E] (MOE_DISPATCH; MOE_COMBINE's
 // allgather dispatcher).
 std::string CpuExecutor::Impl::gather_expert_counts(Communicator *c, const int32_t *tpe,
                                                     int64_t experts, int64_t rows,
@@ -92,10 +107,10 @@ std::string CpuExecutor::Impl::gather_expert_counts(Communicator *c, const int32
 }
 
 // MOE_DISPATCH: in y[N, H], tokens_per_expert[E] ; out rows[R, H],
-// local_counts[L], layout[ep, L].
+// local_counts[L], layout[S, L].
 std::string CpuExecutor::Impl::moe_dispatch(const pl::Instruction &ins, const Frame &f) {
   std::string err;
-  Communicator *c = ep_group(*this, ins, &err);
+  Communicator *c = exchange_group(*this, ins, &err);
   if (!c)
     return err;
   const pl::Value &yv = f.value(ins.in()->Get(0)), &rv = f.value(ins.out()->Get(0));
@@ -104,14 +119,17 @@ std::string CpuExecutor::Impl::moe_dispatch(const pl::Instruction &ins, const Fr
   float *rows = reinterpret_cast<float *>(f.ptr[ins.out()->Get(0)]);
   int32_t *local_counts = reinterpret_cast<int32_t *>(f.ptr[ins.out()->Get(1)]);
   int32_t *layout = reinterpret_cast<int32_t *>(f.ptr[ins.out()->Get(2)]);
-  const int64_t ep = c->size(), q = c->rank(), l = ins.ints()->Get(1), e = ep * l;
+  // S sources, this rank's ep rank q (whose experts it holds a shard of).
+  const int64_t sources = c->size(), etp = ins.ints()->Get(3), q = c->rank() / etp;
+  const int64_t l = ins.ints()->Get(1), e = sources / etp * l;
   const int64_t n = yv.shape()->Get(0), h = yv.shape()->Get(1), r = rv.shape()->Get(0);
   std::vector<int64_t> start;
   if (std::string e2 = segment_starts(tpe, e, n, start); !e2.empty())
     return e2;
   const bool allgather = ins.ints()->Get(2) == 1;
+  const size_t ns = size_t(sources);
 
-  // Every rank's tokens_per_expert [ep, E], gathered before any row moves
+  // Every rank's tokens_per_expert [S, E], gathered before any row moves
   // (Megatron's dispatchers gather them over the group too): layout[s][j],
   // the rows source s sends for local expert j, and every rank's receive
   // rows, checked on every rank against the plan's R so that all stop
@@ -119,17 +137,18 @@ std::string CpuExecutor::Impl::moe_dispatch(const pl::Instruction &ins, const Fr
   std::vector<int32_t> all_counts;
   if (std::string e2 = gather_expert_counts(c, tpe, e, n, all_counts); !e2.empty())
     return e2;
-  if (std::string e2 = cpu::moe_receive_overflow(all_counts.data(), ep, e, l, r); !e2.empty())
+  if (std::string e2 = cpu::moe_receive_overflow(all_counts.data(), sources, e, l, r);
+      !e2.empty())
     return e2;
-  for (int64_t s = 0; s < ep; ++s)
+  for (int64_t s = 0; s < sources; ++s)
     for (int64_t j = 0; j < l; ++j)
       layout[s * l + j] = all_counts[size_t(s * e + q * l + j)];
-  std::vector<int64_t> from(static_cast<size_t>(ep), 0); // rows from each source
+  std::vector<int64_t> from(ns, 0); // rows from each source
   int64_t total = 0;
-  for (int64_t s = 0; s < ep; ++s) {
+  for (int64_t s = 0; s < sources; ++s) {
     for (int64_t j = 0; j < l; ++j) {
       if (layout[s * l + j] < 0)
-        return "expert-parallel rank " + std::to_string(s) + " sends " +
+        return "expert rank " + std::to_string(s) + " of the exchange sends " +
                std::to_string(layout[s * l + j]) + " rows";
       from[size_t(s)] += layout[s * l + j];
     }
@@ -138,16 +157,16 @@ std::string CpuExecutor::Impl::moe_dispatch(const pl::Instruction &ins, const Fr
 
   // The rows arrive source-major in `exchange`.
   exchange.assign(size_t(total * h), 0.0f);
-  std::vector<size_t> recv_counts(static_cast<size_t>(ep)), recv_displs(static_cast<size_t>(ep));
-  for (int64_t s = 0, at = 0; s < ep; at += from[size_t(s)], ++s) {
+  std::vector<size_t> recv_counts(ns), recv_displs(ns);
+  for (int64_t s = 0, at = 0; s < sources; at += from[size_t(s)], ++s) {
     recv_counts[size_t(s)] = size_t(from[size_t(s)] * h);
     recv_displs[size_t(s)] = size_t(at * h);
   }
   if (allgather) {
     // Every rank's used rows, then this rank's experts' segments of each.
-    std::vector<size_t> sizes(static_cast<size_t>(ep));
+    std::vector<size_t> sizes(ns);
     int64_t all_rows = 0;
-    for (int64_t s = 0; s < ep; ++s) {
+    for (int64_t s = 0; s < sources; ++s) {
       int64_t used = 0;
       for (int64_t x = 0; x < e; ++x)
         used += all_counts[size_t(s * e + x)];
@@ -158,7 +177,7 @@ std::string CpuExecutor::Impl::moe_dispatch(const pl::Instruction &ins, const Fr
     if (std::string e2 = c->all_gather_v(y, sizes, gathered.data()); !e2.empty())
       return e2;
     int64_t base = 0;
-    for (int64_t s = 0; s < ep; ++s) {
+    for (int64_t s = 0; s < sources; ++s) {
       int64_t first = 0; // row of expert q L in source s's y
       for (int64_t x = 0; x < q * l; ++x)
         first += all_counts[size_t(s * e + x)];
@@ -168,10 +187,13 @@ std::string CpuExecutor::Impl::moe_dispatch(const pl::Instruction &ins, const Fr
       base += int64_t(sizes[size_t(s)]) / h;
     }
   } else {
-    std::vector<size_t> send_counts(static_cast<size_t>(ep)), send_displs(static_cast<size_t>(ep));
-    for (int64_t p = 0; p < ep; ++p) {
-      send_counts[size_t(p)] = size_t((start[size_t(p * l + l)] - start[size_t(p * l)]) * h);
-      send_displs[size_t(p)] = size_t(start[size_t(p * l)] * h);
+    // Group rank p gets the block of its ep rank's experts (the etp ranks
+    // of one ep rank the same block).
+    std::vector<size_t> send_counts(ns), send_displs(ns);
+    for (int64_t p = 0; p < sources; ++p) {
+      const int64_t b = p / etp * l;
+      send_counts[size_t(p)] = size_t((start[size_t(b + l)] - start[size_t(b)]) * h);
+      send_displs[size_t(p)] = size_t(start[size_t(b)] * h);
     }
     if (std::string e2 = c->all_to_all_v(y, send_counts, send_displs, exchange.data(),
                                          recv_counts, recv_displs);
@@ -183,7 +205,7 @@ std::string CpuExecutor::Impl::moe_dispatch(const pl::Instruction &ins, const Fr
   int64_t out = 0;
   for (int64_t j = 0; j < l; ++j) {
     int32_t sum = 0;
-    for (int64_t s = 0; s < ep; ++s) {
+    for (int64_t s = 0; s < sources; ++s) {
       int64_t off = int64_t(recv_displs[size_t(s)]) / h;
       for (int64_t jj = 0; jj < j; ++jj)
         off += layout[s * l + jj];
@@ -198,10 +220,10 @@ std::string CpuExecutor::Impl::moe_dispatch(const pl::Instruction &ins, const Fr
   return "";
 }
 
-// MOE_COMBINE: in rows[R, H], layout[ep, L], tokens_per_expert[E] ; out y[N, H].
+// MOE_COMBINE: in rows[R, H], layout[S, L], tokens_per_expert[E] ; out y[N, H].
 std::string CpuExecutor::Impl::moe_combine(const pl::Instruction &ins, const Frame &f) {
   std::string err;
-  Communicator *c = ep_group(*this, ins, &err);
+  Communicator *c = exchange_group(*this, ins, &err);
   if (!c)
     return err;
   const pl::Value &rv = f.value(ins.in()->Get(0)), &yv = f.value(ins.out()->Get(0));
@@ -209,14 +231,16 @@ std::string CpuExecutor::Impl::moe_combine(const pl::Instruction &ins, const Fra
   const int32_t *layout = reinterpret_cast<const int32_t *>(f.ptr[ins.in()->Get(1)]);
   const int32_t *tpe = reinterpret_cast<const int32_t *>(f.ptr[ins.in()->Get(2)]);
   float *y = reinterpret_cast<float *>(f.ptr[ins.out()->Get(0)]);
-  const int64_t ep = c->size(), q = c->rank(), l = ins.ints()->Get(1), e = ep * l;
+  const int64_t sources = c->size(), etp = ins.ints()->Get(3);
+  const int64_t g = c->rank(), q = g / etp, l = ins.ints()->Get(1), e = sources / etp * l;
   const int64_t n = yv.shape()->Get(0), h = yv.shape()->Get(1), r = rv.shape()->Get(0);
+  const size_t ns = size_t(sources);
   std::vector<int64_t> start;
   if (std::string e2 = segment_starts(tpe, e, n, start); !e2.empty())
     return e2;
   int64_t total = 0;
-  std::vector<int64_t> to(static_cast<size_t>(ep), 0); // rows back to each source
-  for (int64_t s = 0; s < ep; ++s) {
+  std::vector<int64_t> to(ns, 0); // rows back to each source
+  for (int64_t s = 0; s < sources; ++s) {
     for (int64_t j = 0; j < l; ++j) {
       if (layout[s * l + j] < 0)
         return "layout[" + std::to_string(s) + "][" + std::to_string(j) + "] is " +
@@ -231,17 +255,17 @@ std::string CpuExecutor::Impl::moe_combine(const pl::Instruction &ins, const Fra
   // Source-major again: for s, its rows of each local expert j, which sit in
   // `rows` at expert j's segment after the sources before s.
   packed.assign(size_t(total * h), 0.0f);
-  std::vector<size_t> send_counts(static_cast<size_t>(ep)), send_displs(static_cast<size_t>(ep));
+  std::vector<size_t> send_counts(ns), send_displs(ns);
   {
     std::vector<int64_t> expert_start(static_cast<size_t>(l + 1), 0);
     for (int64_t j = 0; j < l; ++j) {
       int64_t k = 0;
-      for (int64_t s = 0; s < ep; ++s)
+      for (int64_t s = 0; s < sources; ++s)
         k += layout[s * l + j];
       expert_start[size_t(j + 1)] = expert_start[size_t(j)] + k;
     }
     int64_t at = 0;
-    for (int64_t s = 0; s < ep; ++s) {
+    for (int64_t s = 0; s < sources; ++s) {
       send_displs[size_t(s)] = size_t(at * h);
       send_counts[size_t(s)] = size_t(to[size_t(s)] * h);
       for (int64_t j = 0; j < l; ++j) {
@@ -257,21 +281,22 @@ std::string CpuExecutor::Impl::moe_combine(const pl::Instruction &ins, const Fra
   const int64_t used = start[size_t(e)];
   if (ins.ints()->Get(2) == 1) {
     // allgather: each source's y-shaped block holds this rank's experts'
-    // rows at their places, zero elsewhere; reduce_scatter_v sums them.
+    // rows at their places, zero elsewhere; reduce_scatter_v sums them
+    // (the etp ranks' rows for the same places add up).
     std::vector<int32_t> all_counts;
     if (std::string e2 = gather_expert_counts(c, tpe, e, n, all_counts); !e2.empty())
       return e2;
-    std::vector<size_t> sizes(static_cast<size_t>(ep));
-    std::vector<int64_t> base(static_cast<size_t>(ep + 1), 0);
-    for (int64_t s = 0; s < ep; ++s) {
+    std::vector<size_t> sizes(ns);
+    std::vector<int64_t> base(ns + 1, 0);
+    for (int64_t s = 0; s < sources; ++s) {
       int64_t rows_s = 0;
       for (int64_t x = 0; x < e; ++x)
         rows_s += all_counts[size_t(s * e + x)];
       sizes[size_t(s)] = size_t(rows_s * h);
       base[size_t(s + 1)] = base[size_t(s)] + rows_s;
     }
-    gathered.assign(size_t(base[size_t(ep)] * h), 0.0f);
-    for (int64_t s = 0; s < ep; ++s) {
+    gathered.assign(size_t(base[ns] * h), 0.0f);
+    for (int64_t s = 0; s < sources; ++s) {
       int64_t first = 0; // row of expert q L in source s's y
       for (int64_t x = 0; x < q * l; ++x)
         first += all_counts[size_t(s * e + x)];
@@ -282,10 +307,32 @@ std::string CpuExecutor::Impl::moe_combine(const pl::Instruction &ins, const Fra
     if (std::string e2 = c->reduce_scatter_v(gathered.data(), sizes, y); !e2.empty())
       return e2;
   } else {
-    std::vector<size_t> recv_counts(static_cast<size_t>(ep)), recv_displs(static_cast<size_t>(ep));
-    for (int64_t p = 0; p < ep; ++p) {
-      recv_counts[size_t(p)] = size_t((start[size_t(p * l + l)] - start[size_t(p * l)]) * h);
-      recv_displs[size_t(p)] = size_t(start[size_t(p * l)] * h);
+    if (etp > 1) {
+      // The etp ranks of ep rank q hold the same rows in the same order
+      // (their dispatch received the same): the sums of their partial rows,
+      // then each source's rows from the rank of its own etp rank only.
+      Communicator *tp = group(int64_t(Group::EXPT_TP), &err);
+      if (!err.empty())
+        return err;
+      if (!tp || tp->size() != etp)
+        return "sums its rows over " + std::to_string(etp) + " expert tensor-parallel ranks, "
+               "but the expt_tp group has " + std::to_string(tp ? tp->size() : 1) +
+               "; run the plan with all its ranks";
+      if (std::string e2 = tp->all_reduce(packed.data(), packed.size(), ReduceOp::Sum);
+          !e2.empty())
+        return e2;
+      for (int64_t s = 0; s < sources; ++s)
+        if (s % etp != g % etp)
+          send_counts[size_t(s)] = 0;
+    }
+    // From group rank p (of this rank's etp rank): this rank's rows of p's
+    // ep rank's experts.
+    std::vector<size_t> recv_counts(ns, 0), recv_displs(ns, 0);
+    for (int64_t p = 0; p < sources; ++p) {
+      const int64_t b = p / etp * l;
+      recv_displs[size_t(p)] = size_t(start[size_t(b)] * h);
+      if (p % etp == g % etp)
+        recv_counts[size_t(p)] = size_t((start[size_t(b + l)] - start[size_t(b)]) * h);
     }
     if (std::string e2 = c->all_to_all_v(packed.data(), send_counts, send_displs, y, recv_counts,
                                          recv_displs);

@@ -272,54 +272,13 @@ std::string GpuExecutor::open() {
   return pending_error_;
 }
 
-namespace {
-// An expert-parallel shard (Param.ep_dim >= 0) holds exactly its slice of
-// the whole parameter's initial values: dimension ep_dim of the whole is
-// [ep, n] and ep rank q holds [q] (plan.fbs), as a tensor-parallel shard
-// holds its part (initial_weights).
-void expert_initial_weights(const pl::Param &p, int64_t ep, int64_t ep_rank, uint64_t seed,
-                            float *w) {
-  const int64_t count = element_count(p.shape());
-  if (p.init() != pl::Init::NORMAL) {
-    std::fill(w, w + count, p.init() == pl::Init::ONES ? 1.0f : 0.0f);
-    return;
-  }
-  std::vector<float> whole(size_t(count * ep));
-  cpu::init_normal(whole.data(), count * ep, p.init_std(), seed, p.init_stream());
-  int64_t outer = 1, inner = 1;
-  const int64_t d = p.ep_dim();
-  for (int64_t k = 0; k < int64_t(p.shape()->size()); ++k)
-    if (k < d)
-      outer *= p.shape()->Get(uint32_t(k));
-    else if (k > d)
-      inner *= p.shape()->Get(uint32_t(k));
-  const int64_t piece = p.shape()->Get(uint32_t(d)) * inner;
-  for (int64_t o = 0; o < outer; ++o)
-    std::copy(whole.data() + (o * ep + ep_rank) * piece,
-              whole.data() + (o * ep + ep_rank + 1) * piece, w + o * piece);
-  if (p.dtype() == pl::DType::BF16)
-    cpu::round_to_bf16(w, count);
-  else if (p.dtype() == pl::DType::F16)
-    cpu::round_to_fp16(w, count);
-}
-} // namespace
-
+// Every shard (tensor, expert tensor or expert model parallel) holds
+// exactly its slice of the whole parameter's initial values: the CPU
+// executor's initial_weights.
 std::string GpuExecutor::init_params(uint64_t seed) {
-  const int64_t tp = plan_.tensor_parallel(), ep = std::max(1, plan_.expert_model_parallel());
-  const int64_t ep_rank = expert_coords(plan_, rank_).ep_rank;
   for (uint32_t i = 0; i < host_->params.size(); ++i)
-    if (HostState::Param &h = host_->params[i]; !h.weight.empty()) {
-      const pl::Param &p = *rank_.params()->Get(i);
-      if (p.ep_dim() >= 0 && p.tp_dim() >= 0)
-        return "rank " + std::to_string(rank_.rank()) + ": parameter " + str(p.name()) +
-               " is split over both tensor and expert parallelism; the GPU executor splits "
-               "experts over expert_model_parallel_size with expert_tensor_parallel_size 1 "
-               "only";
-      if (p.ep_dim() >= 0 && ep > 1)
-        expert_initial_weights(p, ep, ep_rank, seed, h.weight.data());
-      else
-        initial_weights(p, tp, rank_.tp_rank(), seed, h.weight.data());
-    }
+    if (HostState::Param &h = host_->params[i]; !h.weight.empty())
+      initial_weights(plan_, rank_, *rank_.params()->Get(i), seed, h.weight.data());
   if (std::string e = reset_optimizer_state(); !e.empty())
     return e;
   return state_to_device();
@@ -797,9 +756,11 @@ std::string GpuExecutor::native(const pl::Program &program, const pl::Instructio
   }
 }
 
-// MOE_DISPATCH and MOE_COMBINE (plan.fbs) over the expert-parallel group
-// (ints[0]). The step's arguments: the workspace of the gathered token
-// counts, then that of the rows (run_moe_exchange).
+// MOE_DISPATCH and MOE_COMBINE (plan.fbs) over the group of the stage's
+// experts (ints[0]: ep, or tp_ep at expert_tensor_parallel ints[3] > 1,
+// whose alltoall combine also sums over expt_tp). The step's arguments: the
+// workspace of the gathered token counts, then that of the rows
+// (run_moe_exchange).
 std::string GpuExecutor::moe_exchange(const pl::Program &program, const pl::Instruction &ins,
                                       const pl::GpuStep &s) {
   const bool dispatch = ins.op() == pl::Opcode::MOE_DISPATCH;
@@ -807,8 +768,8 @@ std::string GpuExecutor::moe_exchange(const pl::Program &program, const pl::Inst
   const bool allgather = ins.ints()->Get(2) == 1;
   auto value = [&](uint32_t v) -> const pl::Value & { return *program.values()->Get(v); };
   auto at = [&](uint32_t v) { return address(program, pl::GpuArg(pl::GpuArgKind::VALUE, v)); };
-  // dispatch: in y[N, H], tokens_per_expert[E]; out rows[R, H], local_counts[L], layout[ep, L]
-  // combine:  in rows[R, H], layout[ep, L], tokens_per_expert[E]; out y[N, H]
+  // dispatch: in y[N, H], tokens_per_expert[E]; out rows[R, H], local_counts[L], layout[S, L]
+  // combine:  in rows[R, H], layout[S, L], tokens_per_expert[E]; out y[N, H]
   const uint32_t y = dispatch ? ins.in()->Get(0) : ins.out()->Get(0);
   const uint32_t rows = dispatch ? ins.out()->Get(0) : ins.in()->Get(0);
   const uint32_t tpe = dispatch ? ins.in()->Get(1) : ins.in()->Get(2);
@@ -837,43 +798,55 @@ std::string GpuExecutor::moe_exchange(const pl::Program &program, const pl::Inst
   x.hidden = H;
   x.element = t;
   x.element_bytes = element_bytes(yv.dtype());
+  x.etp = ins.ints()->Get(3);
   std::string err;
   DeviceComm *c = comm(group, &err);
   if (!err.empty())
     return err;
-  return run_moe_exchange(*device_, c, x);
+  DeviceComm *expt_tp = nullptr; // the combine's sum over the etp ranks (alltoall)
+  if (x.etp > 1) {
+    expt_tp = comm(int64_t(Group::EXPT_TP), &err);
+    if (!err.empty())
+      return err;
+  }
+  return run_moe_exchange(*device_, c, x, expt_tp);
 }
 
 // gpu_executor.h has the algorithm.
-std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange &x) {
+std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange &x,
+                             DeviceComm *expt_tp) {
   const bool dispatch = x.dispatch, allgather = x.allgather;
-  const int64_t E = x.experts, L = x.local_experts, N = x.n, R = x.r;
+  const int64_t E = x.experts, L = x.local_experts, N = x.n, R = x.r, etp = x.etp;
   const uint64_t H = x.hidden, row_bytes = H * x.element_bytes;
   const CommElement t = x.element;
   const uint64_t counts_at = x.counts_workspace, buffer = x.rows_workspace;
-  const int ep = c ? c->size() : 1, q = c ? c->rank() : 0;
-  if (L < 1 || E != int64_t(ep) * L)
+  // S sources (the group's ranks), this rank g of them and its ep rank q.
+  const int S = c ? c->size() : 1, g = c ? c->rank() : 0;
+  if (L < 1 || etp < 1 || S % etp != 0 || E != int64_t(S) / etp * L)
     return "the plan's expert exchange has " + std::to_string(E) + " experts, " +
-           std::to_string(L) + " a rank, over a group of " + std::to_string(ep) +
-           " ranks; recompile the spec with this mtc";
-  // Every rank's tokens_per_expert, [ep][E] (i32 values moved as 4-byte
+           std::to_string(L) + " a rank, over a group of " + std::to_string(S) +
+           " ranks at expert_tensor_parallel " + std::to_string(etp) +
+           "; recompile the spec with this mtc";
+  const int64_t q = g / etp;
+  const int mine_etp = int(g % etp);
+  // Every rank's tokens_per_expert, [S][E] (i32 values moved as 4-byte
   // elements: a gather copies bytes).
   // The host waits by synchronize(), which watches the collectives for a
   // peer that failed (a plain stream wait would hang on it).
   auto gather_counts = [&](std::vector<int32_t> *all) -> std::string {
-    all->assign(size_t(ep * E), 0);
+    all->assign(size_t(S * E), 0);
     if (c) {
       if (std::string e = c->all_gather(x.tokens_per_expert, counts_at, uint64_t(E), CommElement::F32);
           !e.empty())
         return e;
       if (std::string e = device.synchronize(); !e.empty())
         return e;
-      return device.to_host(all->data(), counts_at, uint64_t(ep * E) * 4);
+      return device.to_host(all->data(), counts_at, uint64_t(S * E) * 4);
     }
     return device.to_host(all->data(), x.tokens_per_expert, uint64_t(E) * 4);
   };
   // prefix(s, e): the rows of rank s's y before its expert e.
-  std::vector<int32_t> counts; // [ep][E], when gathered
+  std::vector<int32_t> counts; // [S][E], when gathered
   auto prefix = [&](int src, int64_t e) {
     int64_t n = 0;
     for (int64_t k = 0; k < e; ++k)
@@ -882,7 +855,7 @@ std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange
   };
   // layout[s][j]: rows rank s sends this rank for local expert j; their
   // place in `rows`: local expert major, then source rank.
-  std::vector<int32_t> layout(size_t(ep * L)), local(size_t(L), 0);
+  std::vector<int32_t> layout(size_t(S * L)), local(size_t(L), 0);
   std::vector<int32_t> mine(static_cast<size_t>(E), 0); // this rank's tokens_per_expert
   if (dispatch || allgather) {
     if (std::string e = gather_counts(&counts); !e.empty())
@@ -891,26 +864,26 @@ std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange
     // any row moves: a bound below the worst case (moe_dispatch_buffer_factor)
     // stops all of them with the same error (cpu_kernels_moe.h).
     if (dispatch)
-      if (std::string e = cpu::moe_receive_overflow(counts.data(), ep, E, L, R); !e.empty())
+      if (std::string e = cpu::moe_receive_overflow(counts.data(), S, E, L, R); !e.empty())
         return e;
-    for (int src = 0; src < ep; ++src)
+    for (int src = 0; src < S; ++src)
       for (int64_t j = 0; j < L; ++j)
         layout[size_t(src * L + j)] = counts[size_t(src * E + q * L + j)];
-    std::copy(counts.begin() + q * E, counts.begin() + (q + 1) * E, mine.begin());
+    std::copy(counts.begin() + g * E, counts.begin() + (g + 1) * E, mine.begin());
   } else {
     if (std::string e = device.synchronize(); !e.empty())
       return e;
     if (std::string e = device.to_host(layout.data(), x.layout,
-                                         uint64_t(ep * L) * 4);
+                                         uint64_t(S * L) * 4);
         !e.empty())
       return e;
     if (std::string e = device.to_host(mine.data(), x.tokens_per_expert, uint64_t(E) * 4); !e.empty())
       return e;
   }
-  std::vector<uint64_t> dest(size_t(ep * L)); // row of (j, s) in `rows`
+  std::vector<uint64_t> dest(size_t(S * L)); // row of (j, s) in `rows`
   uint64_t total = 0, sent = 0;
   for (int64_t j = 0; j < L; ++j)
-    for (int src = 0; src < ep; ++src) {
+    for (int src = 0; src < S; ++src) {
       const int32_t n = layout[size_t(src * L + j)];
       if (n < 0)
         return "an expert-parallel peer counted " + std::to_string(n) + " rows";
@@ -918,8 +891,10 @@ std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange
       total += uint64_t(n);
       local[size_t(j)] += n;
     }
-  for (int32_t n : mine)
-    sent += uint64_t(std::max(n, 0));
+  std::vector<uint64_t> mine_before(size_t(E + 1), 0); // rows of this rank's y before expert e
+  for (int64_t e = 0; e < E; ++e)
+    mine_before[size_t(e + 1)] = mine_before[size_t(e)] + uint64_t(std::max(mine[size_t(e)], 0));
+  sent = mine_before[size_t(E)];
   if (total > uint64_t(R) || sent > uint64_t(N))
     return "the expert exchange has " + std::to_string(total) + " rows for " +
            std::to_string(R) + " receive rows and " + std::to_string(sent) + " for " +
@@ -936,7 +911,7 @@ std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange
           return e;
       }
       const uint64_t from = c ? buffer : y_at;
-      for (int src = 0; src < ep; ++src)
+      for (int src = 0; src < S; ++src)
         for (int64_t j = 0; j < L; ++j)
           if (std::string e = copy_rows(rows_at + dest[size_t(src * L + j)] * row_bytes,
                                         from + (uint64_t(src) * uint64_t(N) +
@@ -945,15 +920,17 @@ std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange
               !e.empty())
             return e;
     } else {
-      // Rank p gets this rank's rows of experts [p L, p L + L), which are
-      // consecutive in y; the rows from s arrive s-major in the staging
-      // buffer and are then placed local expert major.
-      const size_t peers = static_cast<size_t>(ep);
+      // Group rank p gets this rank's rows of its ep rank's experts
+      // [(p / etp) L, (p / etp) L + L), which are consecutive in y (the etp
+      // ranks of one ep rank the same rows); the rows from s arrive s-major
+      // in the staging buffer and are then placed local expert major.
+      const size_t peers = static_cast<size_t>(S);
       std::vector<uint64_t> sc(peers), sd(peers), rc(peers), rd(peers);
       uint64_t staged_rows = 0;
-      for (int p = 0; p < ep; ++p) {
-        sd[size_t(p)] = prefix(q, p * L) * H;
-        sc[size_t(p)] = (prefix(q, (p + 1) * L) - prefix(q, p * L)) * H;
+      for (int p = 0; p < S; ++p) {
+        const int64_t b = p / etp * L;
+        sd[size_t(p)] = mine_before[size_t(b)] * H;
+        sc[size_t(p)] = (mine_before[size_t(b + L)] - mine_before[size_t(b)]) * H;
         uint64_t n = 0;
         for (int64_t j = 0; j < L; ++j)
           n += uint64_t(layout[size_t(p * L + j)]);
@@ -967,7 +944,7 @@ std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange
       } else if (std::string e = copy_rows(buffer, y_at, staged_rows); !e.empty()) {
         return e;
       }
-      for (int src = 0; src < ep; ++src) {
+      for (int src = 0; src < S; ++src) {
         uint64_t off = rd[size_t(src)] / std::max<uint64_t>(H, 1);
         for (int64_t j = 0; j < L; ++j) {
           const uint64_t n = uint64_t(layout[size_t(src * L + j)]);
@@ -987,19 +964,20 @@ std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange
     if (std::string e = device.to_device(x.local_counts, local.data(), uint64_t(L) * 4);
         !e.empty())
       return e;
-    return device.to_device(x.layout, layout.data(), uint64_t(ep * L) * 4);
+    return device.to_device(x.layout, layout.data(), uint64_t(S * L) * 4);
   }
   // Combine: every row back to its source rank, at its place in that
-  // rank's y.
+  // rank's y, as the sum of the etp ranks' rows for it.
   if (allgather) {
-    // Each rank writes its rows into a zeroed [ep, N] image of every rank's
-    // y; summing the images over the group and keeping block q (a
-    // reduce-scatter) gives each rank its own rows (x + 0 is exact).
+    // Each rank writes its rows into a zeroed [S, N] image of every rank's
+    // y; summing the images over the group and keeping block g (a
+    // reduce-scatter) gives each rank its rows summed over the etp ranks
+    // (plus zeros: exact at etp 1).
     const uint64_t image = c ? buffer : y_at;
-    if (std::string e = device.fill(image, 0, uint64_t(ep) * uint64_t(N) * row_bytes);
+    if (std::string e = device.fill(image, 0, uint64_t(S) * uint64_t(N) * row_bytes);
         !e.empty())
       return e;
-    for (int src = 0; src < ep; ++src)
+    for (int src = 0; src < S; ++src)
       for (int64_t j = 0; j < L; ++j)
         if (std::string e = copy_rows(image + (uint64_t(src) * uint64_t(N) +
                                                prefix(src, q * L + j)) * row_bytes,
@@ -1012,12 +990,15 @@ std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange
     return "";
   }
   // Alltoall: the rows for rank p (those received from it) gathered p-major
-  // in the staging buffer, local expert order within; p sends back this
-  // rank's rows of its experts, which land consecutive in y.
-  const size_t peers = static_cast<size_t>(ep);
+  // in the staging buffer, local expert order within. At etp > 1 the etp
+  // ranks of this ep rank stage the same rows in the same order: their sum
+  // over expt_tp, then p gets its rows from the rank of its own etp rank
+  // only. Rank p sends back this rank's rows of its ep rank's experts,
+  // which land consecutive in y.
+  const size_t peers = static_cast<size_t>(S);
   std::vector<uint64_t> sc(peers), sd(peers), rc(peers), rd(peers);
-  uint64_t staged_rows = 0, mine_before = 0;
-  for (int p = 0; p < ep; ++p) {
+  uint64_t staged_rows = 0;
+  for (int p = 0; p < S; ++p) {
     sd[size_t(p)] = staged_rows * H;
     for (int64_t j = 0; j < L; ++j) {
       const uint64_t n = uint64_t(layout[size_t(p * L + j)]);
@@ -1027,13 +1008,21 @@ std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange
         return e;
       staged_rows += n;
     }
-    sc[size_t(p)] = staged_rows * H - sd[size_t(p)];
-    uint64_t n = 0;
-    for (int64_t j = 0; j < L; ++j)
-      n += uint64_t(std::max(mine[size_t(p * L + j)], 0));
-    rd[size_t(p)] = mine_before * H;
-    rc[size_t(p)] = n * H;
-    mine_before += n;
+    sc[size_t(p)] = p % etp == mine_etp ? staged_rows * H - sd[size_t(p)] : 0;
+    const int64_t b = p / etp * L;
+    rd[size_t(p)] = mine_before[size_t(b)] * H;
+    rc[size_t(p)] =
+        p % etp == mine_etp ? (mine_before[size_t(b + L)] - mine_before[size_t(b)]) * H : 0;
+  }
+  if (etp > 1) {
+    if (!expt_tp || expt_tp->size() != etp)
+      return "the expert exchange sums its rows over " + std::to_string(etp) +
+             " expert tensor-parallel ranks, but the expt_tp group has " +
+             std::to_string(expt_tp ? expt_tp->size() : 1);
+    if (staged_rows)
+      if (std::string e = expt_tp->all_reduce(buffer, buffer, staged_rows * H, t, ReduceOp::Sum, 1.0);
+          !e.empty())
+        return e;
   }
   if (c) {
     if (std::string e = c->all_to_all_v(buffer, sc, sd, y_at, rc, rd, t); !e.empty())
@@ -1082,14 +1071,15 @@ bool GpuExecutor::uses_side_comm(const pl::Instruction &ins) const {
 // The distributed optimizer's generated kernels (SHARDED_ADAMW, _SGD,
 // _GRAD_NORM: compiler/cuda/GpuSteps.cpp) index a dense bucket's segment
 // tables by the dp rank and an expert bucket's (Bucket.group 6) by the
-// expt_dp rank they compute as (tp_rank + tp dp_rank) / ep, which holds
-// with expert_tensor_parallel_size 1. A bucket whose group's size or this
-// rank's place in it is not what the kernels compute is refused here.
+// expt_dp rank they compute as (tp_rank + tp dp_rank) / (ep etp), the
+// plan's GpuShardLayout giving ep x etp. A bucket whose group's size or
+// this rank's place in it is not what the kernels compute is refused here.
 std::string GpuExecutor::check_shards() const {
   if (!rank_.distributed_optimizer() || !rank_.buckets())
     return "";
   const int dp = std::max(1, plan_.data_parallel()), tp = std::max(1, plan_.tensor_parallel());
   const int ep = std::max(1, plan_.expert_model_parallel());
+  const int etp = std::max(1, plan_.expert_tensor_parallel());
   for (uint32_t i = 0; i < rank_.buckets()->size(); ++i) {
     const pl::Bucket &b = *rank_.buckets()->Get(i);
     const int g = b.group();
@@ -1099,20 +1089,18 @@ std::string GpuExecutor::check_shards() const {
     const DeviceComm *c = comms_[g];
     const int size = c ? c->size() : 1, rank = c ? c->rank() : 0;
     const bool expert = g == int(Group::EXPT_DP);
-    const int want_size = expert ? tp * dp / ep : dp;
-    const int want_rank =
-        expert ? (rank_.tp_rank() + tp * rank_.dp_rank()) / ep : (dp > 1 ? rank_.dp_rank() : 0);
-    if (size == want_size && rank == want_rank &&
-        (!expert || plan_.expert_tensor_parallel() == 1))
+    const int want_size = expert ? tp * dp / (ep * etp) : dp;
+    const int want_rank = expert ? (rank_.tp_rank() + tp * rank_.dp_rank()) / (ep * etp)
+                                 : (dp > 1 ? rank_.dp_rank() : 0);
+    if (size == want_size && rank == want_rank)
       continue;
     return "the distributed optimizer shards bucket " + std::to_string(i) + " over the " +
            group_name(Group(g)) + " group (" + std::to_string(size) + " ranks, this one " +
            std::to_string(rank) + "), where the GPU optimizer kernels read rank " +
            std::to_string(want_rank) + " of " + std::to_string(want_size) +
            " (expert_model_parallel_size " + std::to_string(ep) +
-           ", expert_tensor_parallel_size " + std::to_string(plan_.expert_tensor_parallel()) +
-           "); the GPU executor runs expert shards with expert_tensor_parallel_size 1 only: "
-           "turn use_distributed_optimizer off or run with --device cpu";
+           ", expert_tensor_parallel_size " + std::to_string(etp) +
+           "); turn use_distributed_optimizer off or run with --device cpu";
   }
   return "";
 }

@@ -63,22 +63,28 @@
 //   ALL_REDUCE_TIED_GRAD the gradient sent to the peer stage while the
 //                       peer's arrives in the workspace (one group); the
 //                       step's kernel then adds it
-//   MOE_DISPATCH        over the ep group (ints[0]): every rank's
-//                       tokens_per_expert gathered into the workspace and
-//                       read by the host; alltoall: each peer's rows by
-//                       all_to_all_v (NCCL: grouped ncclSend/ncclRecv) into
-//                       the workspace, then device copies put them local
-//                       expert major; allgather: every rank's y gathered,
-//                       this rank's experts' rows copied out. The rest of
-//                       `rows` zeroed; local_counts and layout written from
-//                       the host
-//   MOE_COMBINE         the inverse: alltoall sends each peer's rows back
-//                       (staged peer-major); allgather writes the rows into
-//                       a zeroed image of every rank's y and reduce-scatters
-//                       it (a sum of one value and zeros: exact)
-// open() refuses a plan with MOE_DISPATCH / MOE_COMBINE for now, naming
-// expert_model_parallel_size: run_moe_exchange is checked on emulated
-// ranks, whole expert-parallel training steps against the CPU are not yet.
+//   MOE_DISPATCH        over the S = etp x ep ranks of the stage's experts
+//                       (ints[0]: ep, or tp_ep when expert_tensor_parallel
+//                       ints[3] > 1): every rank's tokens_per_expert
+//                       gathered into the workspace and read by the host;
+//                       alltoall: each peer's rows by all_to_all_v (NCCL:
+//                       grouped ncclSend/ncclRecv; the etp ranks of one ep
+//                       rank get the same rows) into the workspace, then
+//                       device copies put them local expert major;
+//                       allgather: every rank's y gathered, this rank's ep
+//                       rank's experts' rows copied out. The rest of `rows`
+//                       zeroed; local_counts and layout written from the host
+//   MOE_COMBINE         the inverse, each row the sum of its etp ranks' rows:
+//                       alltoall stages each peer's rows peer-major, sums
+//                       them over expt_tp at etp > 1 (an all-reduce of the
+//                       staged rows, which the etp ranks of an ep rank hold
+//                       in the same order) and sends them back from the
+//                       rank of the source's etp rank; allgather writes the
+//                       rows into a zeroed image of every rank's y and
+//                       reduce-scatters it (at etp 1 a sum of one value and
+//                       zeros: exact)
+// Whole expert-parallel training steps (ep, and etp x ep) are checked
+// against the CPU executor on emulated GPUs (GpuExecutorParallelTest).
 // Hung ranks: when the world communicator keeps collective records (Gloo,
 // mtrun) or set_watchdog gave one, each group's DeviceComm is wrapped by a
 // DeviceWatchdog (device_watchdog.h): every device collective is recorded
@@ -237,19 +243,21 @@ public:
 };
 
 // One expert exchange (plan.fbs MOE_DISPATCH / MOE_COMBINE) on device
-// memory: E experts, L = E / ep a rank, rank q of the ep group holding
-// [q L, q L + L); y [N, H] a rank's permuted rows (expert-major over all E
-// experts), rows [R, H] the received ones (local expert major, then source
-// rank, then the source's order), layout [ep, L] i32 the rows from each
-// source for each local expert, local_counts [L] i32 their sums.
-// Workspaces: counts_workspace holds [ep, E] i32 (every rank's
+// memory over the group's S = etp x ep ranks: E experts, L = E / ep a rank,
+// group rank g of ep rank q = g / etp holding (a shard of) [q L, q L + L);
+// y [N, H] a rank's permuted rows (expert-major over all E experts), rows
+// [R, H] the received ones (local expert major, then source rank, then the
+// source's order), layout [S, L] i32 the rows from each source for each
+// local expert, local_counts [L] i32 their sums.
+// Workspaces: counts_workspace holds [S, E] i32 (every rank's
 // tokens_per_expert, gathered), rows_workspace R rows (alltoall: the rows
-// staged source-major) or ep * N rows (allgather: every rank's y).
+// staged source-major) or S * N rows (allgather: every rank's y).
 // The counts reach the host (a device-to-host copy, which waits for the
 // stream), as Megatron's alltoall dispatcher synchronises for its split
 // sizes; the rows then move by DeviceComm (all_to_all_v, or all_gather /
-// reduce_scatter for the allgather dispatcher) and by device copies, and
-// the dispatch writes local_counts and layout from the host. Rows past the
+// reduce_scatter for the allgather dispatcher; at etp > 1 the alltoall
+// combine's all_reduce over expt_tp) and by device copies, and the
+// dispatch writes local_counts and layout from the host. Rows past the
 // received (dispatch) or sent (combine) ones are zeroed. Not capturable.
 struct MoeExchange {
   bool dispatch = true;   // MOE_DISPATCH; false: MOE_COMBINE
@@ -257,12 +265,15 @@ struct MoeExchange {
   uint64_t y = 0, rows = 0, tokens_per_expert = 0, local_counts = 0, layout = 0;
   uint64_t counts_workspace = 0, rows_workspace = 0;
   int64_t n = 0, r = 0, experts = 0, local_experts = 1;
+  int64_t etp = 1; // expert_tensor_parallel
   uint64_t hidden = 0;
   CommElement element = CommElement::F32;
   size_t element_bytes = 4;
 };
-// `ep` null: a group of one rank.
-std::string run_moe_exchange(GpuDevice &device, DeviceComm *ep, const MoeExchange &x);
+// `group` (the S ranks; null: a group of one rank); `expt_tp` the etp ranks
+// of this rank's ep rank (needed by the alltoall combine at etp > 1).
+std::string run_moe_exchange(GpuDevice &device, DeviceComm *group, const MoeExchange &x,
+                             DeviceComm *expt_tp = nullptr);
 
 class DeviceWatchdog;
 struct CapturedCollective;

@@ -25,7 +25,7 @@
 namespace mt::rt {
 
 // Bump whenever plan.fbs or the header changes meaning.
-constexpr uint32_t kPlanFormatVersion = 16;
+constexpr uint32_t kPlanFormatVersion = 17;
 constexpr size_t kPlanHeaderSize = 32;
 // Every persistent-state offset of a Param is a multiple of this.
 constexpr uint64_t kStateAlignment = 64;

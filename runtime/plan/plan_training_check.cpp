@@ -134,9 +134,8 @@ std::string check_parallel(const pl::Plan &plan) {
   const int64_t ep = plan.expert_model_parallel(), etp = plan.expert_tensor_parallel();
   if (ep < 1 || ep > kMaxParallel)
     return range_error("expert_model_parallel", ep, 1, kMaxParallel);
-  if (etp != 1)
-    return "expert_tensor_parallel is " + std::to_string(etp) +
-           "; this mtrun runs expert_tensor_parallel_size 1 only";
+  if (etp < 1 || etp > kMaxParallel)
+    return range_error("expert_tensor_parallel", etp, 1, kMaxParallel);
   if ((tp * dp) % (ep * etp) != 0)
     return "expert_model_parallel " + std::to_string(ep) + " x expert_tensor_parallel " +
            std::to_string(etp) + " does not divide tensor_parallel " + std::to_string(tp) +

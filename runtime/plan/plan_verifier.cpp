@@ -102,8 +102,8 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::GROUPED_MATMUL_WEIGHT_GRAD, "ffi", "", 1, 0, 0},
     {pl::Opcode::MOE_UNPERMUTE, "fFii", "f", 0, 0, 0},
     {pl::Opcode::MOE_UNPERMUTE_GRAD, "ffFii", "fF", 0, 0, 0},
-    {pl::Opcode::MOE_DISPATCH, "fi", "fii", 0, 3, 0},
-    {pl::Opcode::MOE_COMBINE, "fii", "f", 0, 3, 0},
+    {pl::Opcode::MOE_DISPATCH, "fi", "fii", 0, 4, 0},
+    {pl::Opcode::MOE_COMBINE, "fii", "f", 0, 4, 0},
 };
 constexpr size_t kNumOpcodes = sizeof(kSignatures) / sizeof(kSignatures[0]);
 static_assert(kNumOpcodes == size_t(pl::Opcode::MAX) + 1,
@@ -296,7 +296,13 @@ private:
         if (p.tp_dim() < 0 || p.tp_dim() >= int32_t(vsize(p.shape())))
           return who + " has tp_dim " + std::to_string(p.tp_dim()) + ", not -1 or a dimension of " +
                  shape_text(p.shape());
-        if (plan_.tensor_parallel() < 2)
+        // An expert parameter's tp_dim splits it over expert tensor-parallel
+        // ranks (plan.fbs Param.tp_dim), a dense one's over tensor-parallel ones.
+        if (p.expert() && plan_.expert_tensor_parallel() < 2)
+          return who + " is an expert parameter split over expert tensor-parallel ranks (tp_dim " +
+                 std::to_string(p.tp_dim()) + "), but the plan has expert_tensor_parallel " +
+                 std::to_string(plan_.expert_tensor_parallel());
+        if (!p.expert() && plan_.tensor_parallel() < 2)
           return who + " is split over tensor-parallel ranks, but the plan has tensor_parallel " +
                  std::to_string(plan_.tensor_parallel());
         if (p.tp_blocks() < 1 || p.shape()->Get(uint32_t(p.tp_dim())) % p.tp_blocks() != 0)
@@ -313,9 +319,9 @@ private:
         if (!p.expert())
           return who + " is split over expert-parallel ranks (ep_dim " +
                  std::to_string(p.ep_dim()) + ") but is not an expert parameter";
-        if (p.tp_dim() != -1)
-          return who + " is split over both tensor- and expert-parallel ranks; expert tensor "
-                       "parallelism (expert_tensor_parallel_size > 1) is not supported";
+        if (p.tp_dim() == p.ep_dim())
+          return who + " is split over expert tensor- and expert-parallel ranks on the same "
+                       "dimension " + std::to_string(p.ep_dim()) + " (tp_dim and ep_dim)";
       }
       const uint64_t n = param_numel(p);
       const std::pair<const char *, std::pair<int64_t, uint64_t>> slots[] = {
@@ -1167,22 +1173,30 @@ private:
         return "ints[1] (pad_to_capacity) is 1 without a capacity (ints[0] is 0)";
       break;
     case pl::Opcode::MOE_DISPATCH:
-    case pl::Opcode::MOE_COMBINE:
+    case pl::Opcode::MOE_COMBINE: {
+      // The exchange's ranks: etp x ep of them, group 4 (ep) at etp 1 and
+      // group 7 (tp_ep, the same ranks there) at any etp.
+      const int64_t etp = plan_.expert_tensor_parallel(), ep = plan_.expert_model_parallel();
+      if (ints(3) != etp)
+        return "ints[3] (etp) is " + std::to_string(ints(3)) + ", but the plan has "
+               "expert_tensor_parallel " + std::to_string(etp);
       if (ints(0) != 4 && ints(0) != 7)
         return "ints[0] is group " + std::to_string(ints(0)) +
                "; tokens travel within group 4 (ep) or 7 (tp_ep)";
-      if (ints(0) == 7 && plan_.expert_tensor_parallel() != 1)
-        return "ints[0] is group 7 (tp_ep), which is the ep group only with "
-               "expert_tensor_parallel 1";
-      if (plan_.expert_model_parallel() < 2)
+      if (ints(0) == 4 && etp != 1)
+        return "ints[0] is group 4 (ep), but with expert_tensor_parallel " + std::to_string(etp) +
+               " tokens travel within group 7 (tp_ep)";
+      if (ep * etp < 2)
         return "exchanges tokens between expert-parallel ranks, but the plan has "
-               "expert_model_parallel " + std::to_string(plan_.expert_model_parallel());
+               "expert_model_parallel " + std::to_string(ep) + " x expert_tensor_parallel " +
+               std::to_string(etp);
       if (ints(1) < 1 || ints(1) > kMaxElements)
         return "ints[1] (num_local_experts) is " + std::to_string(ints(1)) + "; it must be >= 1";
       if (ints(2) != 0 && ints(2) != 1)
         return "ints[2] (dispatcher) is " + std::to_string(ints(2)) +
                "; it must be 0 (alltoall) or 1 (allgather)";
       break;
+    }
     case pl::Opcode::GROUP_GRAD_NORM:
       if (ints(0) != 3)
         return "ints[0] is group " + std::to_string(ints(0)) +
@@ -1542,23 +1556,25 @@ private:
     case pl::Opcode::MOE_DISPATCH:
     case pl::Opcode::MOE_COMBINE: {
       // y[N, H], tokens_per_expert[E = ep L], rows[R, H], local_counts[L],
-      // layout[ep, L].
+      // layout[S, L] with S = etp x ep sources.
       const bool fwd = ins.op() == pl::Opcode::MOE_DISPATCH;
       const pl::Value &y = fwd ? in(0) : out(0), &rows = fwd ? out(0) : in(0);
       const pl::Value &tpe = fwd ? in(1) : in(2), &layout = fwd ? out(2) : in(1);
       const int64_t ep = plan_.expert_model_parallel(), l = ins.ints()->Get(1);
+      const int64_t sources = ep * plan_.expert_tensor_parallel();
       bool ok = rank(y.shape()) == 2 && rank(rows.shape()) == 2 &&
                 dim(rows.shape(), 1) == dim(y.shape(), 1) && rows.dtype() == y.dtype() &&
                 rank(tpe.shape()) == 1 && dim(tpe.shape(), 0) == ep * l &&
-                rank(layout.shape()) == 2 && dim(layout.shape(), 0) == ep &&
+                rank(layout.shape()) == 2 && dim(layout.shape(), 0) == sources &&
                 dim(layout.shape(), 1) == l;
       if (fwd)
         ok = ok && rank(out(1).shape()) == 1 && dim(out(1).shape(), 0) == l;
       if (!ok)
         return bad(fwd ? "y[N, H], tokens_per_expert[ep x num_local_experts] -> rows[R, H] of y's "
-                         "dtype, local_counts[num_local_experts], layout[ep, num_local_experts]"
-                       : "rows[R, H], layout[ep, num_local_experts], tokens_per_expert[ep x "
-                         "num_local_experts] -> y[N, H] of rows' dtype");
+                         "dtype, local_counts[num_local_experts], layout[etp x ep, "
+                         "num_local_experts]"
+                       : "rows[R, H], layout[etp x ep, num_local_experts], tokens_per_expert[ep "
+                         "x num_local_experts] -> y[N, H] of rows' dtype");
       break;
     }
     case pl::Opcode::MOE_UNPERMUTE:

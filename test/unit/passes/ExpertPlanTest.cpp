@@ -147,7 +147,7 @@ void checkProgram(const std::string &dispatcher, int64_t code) {
   for (const pl::Instruction *i : *step->instructions()) {
     if (i->op() == pl::Opcode::MOE_DISPATCH) {
       ++dispatches;
-      EXPECT_EQ(ints(*i), (std::vector<int64_t>{4, 2, code}));
+      EXPECT_EQ(ints(*i), (std::vector<int64_t>{4, 2, code, 1}));
       // in: y [N = 16 tokens x top-2, 32], counts [4]; out: R = ep x 16 x
       // min(2, 2) rows, local counts [2], layout [2, 2].
       EXPECT_EQ(shapeOf(*step, i->in()->Get(0)), (std::vector<int64_t>{32, 32}));
@@ -157,7 +157,7 @@ void checkProgram(const std::string &dispatcher, int64_t code) {
       EXPECT_EQ(shapeOf(*step, i->out()->Get(2)), (std::vector<int64_t>{2, 2}));
     } else if (i->op() == pl::Opcode::MOE_COMBINE) {
       ++combines;
-      EXPECT_EQ(ints(*i), (std::vector<int64_t>{4, 2, code}));
+      EXPECT_EQ(ints(*i), (std::vector<int64_t>{4, 2, code, 1}));
       EXPECT_EQ(shapeOf(*step, i->in()->Get(0)), (std::vector<int64_t>{64, 32}));
       EXPECT_EQ(shapeOf(*step, i->out()->Get(0)), (std::vector<int64_t>{32, 32}));
     } else if (i->op() == pl::Opcode::MOE_ROUTER || i->op() == pl::Opcode::MOE_ROUTER_GRAD) {

@@ -400,15 +400,30 @@ struct Result {
 
 // MOE_DISPATCH then MOE_COMBINE of the dispatched rows on one emulated GPU
 // of the group.
+// The group's S ranks are etp x ep: rank g of ep rank g / etp, whose etp
+// ranks also form an expt_tp group (the combine's sum).
 std::string exchange(mt::rt::Communicator &world, int64_t experts, bool allgather, pl::DType dt,
-                     int64_t n, int64_t h, Result &out) {
-  const int ep = world.size(), q = world.rank();
-  const int64_t L = experts / ep, R = ep * n;
+                     int64_t n, int64_t h, Result &out, int etp = 1) {
+  const int S = world.size(), ep = S / etp, q = world.rank();
+  const int64_t L = experts / ep, R = S * n;
   EmulatedDevice dev;
   std::string err;
   std::unique_ptr<mt::rt::DeviceComm> comm = dev.connect(world, &err);
   if (!comm)
     return err;
+  std::unique_ptr<mt::rt::Communicator> tp_host;
+  std::unique_ptr<mt::rt::DeviceComm> tp;
+  if (etp > 1) {
+    std::vector<int> mine;
+    for (int k = 0; k < etp; ++k)
+      mine.push_back(q / etp * etp + k);
+    tp_host = world.split(mine, "expt_tp", &err);
+    if (!tp_host)
+      return err;
+    tp = dev.connect(*tp_host, &err);
+    if (!tp)
+      return err;
+  }
   const size_t eb = dt == pl::DType::F32 ? 4 : 2;
   const uint64_t rowBytes = uint64_t(h) * eb;
   uint64_t base = 0;
@@ -443,16 +458,17 @@ std::string exchange(mt::rt::Communicator &world, int64_t experts, bool allgathe
               : dt == pl::DType::BF16 ? mt::rt::CommElement::BF16
                                       : mt::rt::CommElement::F16;
   x.element_bytes = eb;
-  if (std::string e = mt::rt::run_moe_exchange(dev, comm.get(), x); !e.empty())
+  x.etp = etp;
+  if (std::string e = mt::rt::run_moe_exchange(dev, comm.get(), x, tp.get()); !e.empty())
     return "dispatch: " + e;
   // The combine sends the dispatched rows back, into another y.
   x.dispatch = false;
   x.y = base + backAt;
-  if (std::string e = mt::rt::run_moe_exchange(dev, comm.get(), x); !e.empty())
+  if (std::string e = mt::rt::run_moe_exchange(dev, comm.get(), x, tp.get()); !e.empty())
     return "combine: " + e;
   std::vector<uint8_t> rows(size_t(R) * rowBytes), back(size_t(n) * rowBytes);
   out.local.resize(size_t(L));
-  out.layout.resize(size_t(ep * L));
+  out.layout.resize(size_t(S * L));
   dev.to_host(rows.data(), base + rowsAt, rows.size());
   dev.to_host(back.data(), base + backAt, back.size());
   dev.to_host(out.local.data(), base + localAt, out.local.size() * 4);
@@ -466,33 +482,36 @@ std::string exchange(mt::rt::Communicator &world, int64_t experts, bool allgathe
   return "";
 }
 
-// The exchange on `ep` ranks as threads against the contract's layout
-// computed here from every rank's inputs: rank q's rows are, for each of
-// its experts j, then each source s in rank order, s's rows of expert
-// q L + j in s's order; zero after. The combine returns each rank its
-// own rows (zero past their sum).
-void check(int ep, int64_t experts, bool allgather, pl::DType dt) {
-  const int64_t n = 23, h = 5, L = experts / ep, R = ep * n;
-  mt::rt::ThreadGroup group(ep, std::chrono::milliseconds(60000));
-  std::vector<Result> res(static_cast<size_t>(ep));
+// The exchange on S = etp x ep ranks as threads against the contract's
+// layout computed here from every rank's inputs: rank g's rows are, for
+// each expert j of its ep rank q = g / etp, then each source s in rank
+// order, s's rows of expert q L + j in s's order; zero after. The combine
+// returns each rank its own rows (zero past their sum), summed over the etp
+// ranks that received them: etp times each.
+void check(int S, int64_t experts, bool allgather, pl::DType dt, int etp = 1) {
+  const int ep = S / etp;
+  const int64_t n = 23, h = 5, L = experts / ep, R = S * n;
+  mt::rt::ThreadGroup group(S, std::chrono::milliseconds(60000));
+  std::vector<Result> res(static_cast<size_t>(S));
   std::vector<std::thread> threads;
-  for (int r = 0; r < ep; ++r)
+  for (int r = 0; r < S; ++r)
     threads.emplace_back([&, r] {
       std::unique_ptr<mt::rt::Communicator> c = group.rank(r);
-      res[size_t(r)].error = exchange(*c, experts, allgather, dt, n, h, res[size_t(r)]);
+      res[size_t(r)].error = exchange(*c, experts, allgather, dt, n, h, res[size_t(r)], etp);
     });
   for (std::thread &t : threads)
     t.join();
   std::vector<RankData> data;
-  for (int s = 0; s < ep; ++s)
+  for (int s = 0; s < S; ++s)
     data.push_back(rankData(s, n, h, experts));
-  for (int q = 0; q < ep; ++q) {
-    const Result &got = res[size_t(q)];
-    ASSERT_EQ(got.error, "") << "rank " << q;
+  for (int g = 0; g < S; ++g) {
+    const int q = g / etp;
+    const Result &got = res[size_t(g)];
+    ASSERT_EQ(got.error, "") << "rank " << g;
     std::vector<float> want;
-    std::vector<int32_t> local(size_t(L), 0), layout(size_t(ep * L), 0);
+    std::vector<int32_t> local(size_t(L), 0), layout(size_t(S * L), 0);
     for (int64_t j = 0; j < L; ++j)
-      for (int s = 0; s < ep; ++s) {
+      for (int s = 0; s < S; ++s) {
         const int64_t e = q * L + j;
         int64_t start = 0;
         for (int64_t k = 0; k < e; ++k)
@@ -504,17 +523,19 @@ void check(int ep, int64_t experts, bool allgather, pl::DType dt) {
                     data[size_t(s)].y.begin() + (start + c) * h);
       }
     want.resize(size_t(R * h), 0.0f);
-    EXPECT_EQ(got.local, local) << "rank " << q << " local_counts";
-    EXPECT_EQ(got.layout, layout) << "rank " << q << " layout";
-    EXPECT_EQ(got.rows, want) << "rank " << q << " rows";
-    std::vector<float> back = data[size_t(q)].y;
+    EXPECT_EQ(got.local, local) << "rank " << g << " local_counts";
+    EXPECT_EQ(got.layout, layout) << "rank " << g << " layout";
+    EXPECT_EQ(got.rows, want) << "rank " << g << " rows";
+    std::vector<float> back = data[size_t(g)].y;
     int64_t used = 0;
-    for (int32_t c : data[size_t(q)].tpe)
+    for (int32_t c : data[size_t(g)].tpe)
       used += c;
     std::fill(back.begin() + used * h, back.end(), 0.0f);
-    EXPECT_EQ(got.back, back) << "rank " << q << " combined rows";
+    for (float &v : back)
+      v *= float(etp); // a power of two: exact in bf16 too
+    EXPECT_EQ(got.back, back) << "rank " << g << " combined rows";
     // alltoall: one all-to-all each way; allgather: none.
-    EXPECT_EQ(got.allToAlls, allgather ? 0 : 2) << "rank " << q;
+    EXPECT_EQ(got.allToAlls, allgather ? 0 : 2) << "rank " << g;
   }
 }
 
@@ -532,6 +553,21 @@ TEST(GpuExecutorParallel, ExpertExchangeMatchesTheContract) {
       expert_exchange::check(2, 2, allgather, dt);
       expert_exchange::check(2, 4, allgather, dt);
       expert_exchange::check(3, 6, allgather, dt);
+    }
+}
+
+// The same at expert_tensor_parallel 2: etp 2 x ep 2 on 4 ranks (two and
+// four experts), etp 2 x ep 1 on 2 ranks; each ep rank's two etp ranks
+// receive the same rows and the combine sums their two copies (the
+// alltoall combine over expt_tp, the allgather one in its reduce-scatter).
+TEST(GpuExecutorParallel, ExpertTensorParallelExchangeMatchesTheContract) {
+  for (bool allgather : {false, true})
+    for (pl::DType dt : {pl::DType::F32, pl::DType::BF16}) {
+      SCOPED_TRACE(std::string(allgather ? "allgather" : "alltoall") + " " +
+                   pl::EnumNameDType(dt));
+      expert_exchange::check(4, 2, allgather, dt, 2);
+      expert_exchange::check(4, 4, allgather, dt, 2);
+      expert_exchange::check(2, 2, allgather, dt, 2);
     }
 }
 

@@ -92,6 +92,7 @@ struct Par {
   int64_t flat_offset = -1;
   int32_t ep_dim = -1;
   bool expert = false;
+  int32_t tp_dim = -1, tp_blocks = 1;
 };
 
 // Rank.buckets.
@@ -139,6 +140,7 @@ struct PlanDesc {
   int32_t pipeline_parallel = 1, pp_rank = 0;
   // The plan's other parallel sizes (rank 0's table is the only one).
   int32_t tensor_parallel = 1, data_parallel = 1, expert_model_parallel = 1;
+  int32_t expert_tensor_parallel = 1;
   std::vector<Bk> buckets;
   int64_t flat_elements = 0, shard_elements = 0, shard_exp_avg = -1, shard_exp_avg_sq = -1;
   bool distributed_optimizer = false;
@@ -257,7 +259,7 @@ std::string payload(const PlanDesc &d) {
     // Distinct init streams, as the compiler chooses them (one per name).
     params.push_back(pl::CreateParamDirect(b, p.name.c_str(), &p.shape, p.dtype, p.init,
                                            p.init_std, true, p.weight, p.grad, p.master,
-                                           p.exp_avg, p.exp_avg_sq, 1000 + i, -1, 1,
+                                           p.exp_avg, p.exp_avg_sq, 1000 + i, p.tp_dim, p.tp_blocks,
                                            p.flat_offset, -1, true, false, p.grad_dtype,
                                            p.ep_dim, p.expert));
   }
@@ -303,7 +305,8 @@ std::string payload(const PlanDesc &d) {
   const int32_t world = d.tensor_parallel * d.pipeline_parallel * d.data_parallel;
   auto plan = pl::CreatePlanDirect(b, "mtc test", "", "", world, d.tensor_parallel,
                                    d.pipeline_parallel, d.data_parallel, training, &kernels,
-                                   &ranks, d.expert_model_parallel, 1);
+                                   &ranks, d.expert_model_parallel,
+                                   d.expert_tensor_parallel);
   pl::FinishPlanBuffer(b, plan);
   return std::string(reinterpret_cast<const char *>(b.GetBufferPointer()), b.GetSize());
 }
@@ -2234,10 +2237,10 @@ struct EpChain {
     layout = d.arena(p, "layout", {2, L}, DType::I32);
     h = d.arena(p, "h", {R, M});
     back = d.arena(p, "y_back", {N, H});
-    PlanDesc::op(p, Opcode::MOE_DISPATCH, {y, tpe}, {rows, counts, layout}, {}, {4, L, 0}, {},
+    PlanDesc::op(p, Opcode::MOE_DISPATCH, {y, tpe}, {rows, counts, layout}, {}, {4, L, 0, 1}, {},
                  "dispatch");
     PlanDesc::op(p, Opcode::GROUPED_MATMUL, {rows, ww, counts}, {h}, {}, {}, {}, "experts");
-    PlanDesc::op(p, Opcode::MOE_COMBINE, {rows, layout, tpe}, {back}, {}, {4, L, 1}, {},
+    PlanDesc::op(p, Opcode::MOE_COMBINE, {rows, layout, tpe}, {back}, {}, {4, L, 1, 1}, {},
                  "combine");
   }
   // The distributed optimizer: shard state of 8 / dp + 160 / edp elements.
@@ -2321,7 +2324,7 @@ TEST(PlanReader, ExpertParallelErrors) {
         {2, 2, "MOE_DISPATCH: ints[2] (dispatcher) is 2; it must be 0 (alltoall) or 1 "
                "(allgather)"},
         {1, 1, "MOE_DISPATCH: needs y[N, H], tokens_per_expert[ep x num_local_experts] -> "
-               "rows[R, H] of y's dtype, local_counts[num_local_experts], layout[ep, "
+               "rows[R, H] of y's dtype, local_counts[num_local_experts], layout[etp x ep, "
                "num_local_experts], got %y [12,8] f32, %tokens_per_expert [4] i32 -> %rows "
                "[24,8] f32, %local_counts [2] i32, %layout [2,2] i32"}}) {
     EpChain c;
@@ -2337,7 +2340,7 @@ TEST(PlanReader, ExpertParallelErrors) {
     EpChain c; // combined rows in another dtype
     c.prog().values[c.back].dtype = DType::BF16;
     EXPECT_CONTAINS(semantic_error(c.d),
-                    "(combine) MOE_COMBINE: needs rows[R, H], layout[ep, num_local_experts], "
+                    "(combine) MOE_COMBINE: needs rows[R, H], layout[etp x ep, num_local_experts], "
                     "tokens_per_expert[ep x num_local_experts] -> y[N, H] of rows' dtype");
   }
   {
@@ -2346,7 +2349,7 @@ TEST(PlanReader, ExpertParallelErrors) {
     c.d.params[size_t(c.w)].ep_dim = -1;
     EXPECT_CONTAINS(semantic_error(c.d), "MOE_DISPATCH: exchanges tokens between "
                                          "expert-parallel ranks, but the plan has "
-                                         "expert_model_parallel 1");
+                                         "expert_model_parallel 1 x expert_tensor_parallel 1");
   }
   {
     EpChain c; // ep not dividing tp x dp
@@ -2458,6 +2461,120 @@ TEST(PlanReader, ExpertParallelErrors) {
   }
 }
 
+// Expert tensor parallelism (format 17): EpChain at expert_tensor_parallel
+// 2 (dp 4 = etp 2 x ep 2, edp 1): the expert weight split over etp ranks on
+// dim 1 besides ep on dim 0, the exchange over group 7's four ranks, its
+// layout [etp x ep, L].
+struct EtpChain : EpChain {
+  EtpChain() {
+    d.expert_tensor_parallel = 2;
+    Par &p = d.params[size_t(w)];
+    p.shape = {L, M / 2, H};
+    p.tp_dim = 1;
+    d.flat_elements = 8 + L * (M / 2) * H;
+    d.buckets[1].end = d.flat_elements;
+    for (V &v : prog().values)
+      if (v.region == Region::WEIGHT)
+        v.shape = p.shape;
+    prog().values[layout].shape = {4, L};
+    for (I &i : prog().code)
+      if (i.op == Opcode::MOE_DISPATCH || i.op == Opcode::MOE_COMBINE)
+        i.ints = {7, L, i.ints[2], 2};
+    // The expert layer's output against the shard's [L, M / 2, H].
+    prog().values[h].shape = {R, M / 2};
+  }
+};
+
+TEST(PlanReader, ExpertTensorParallelOpens) {
+  auto f = open_ok(EtpChain().d);
+  ASSERT_NE(f, nullptr);
+  const pl::Plan &plan = *f->plan();
+  EXPECT_EQ(plan.expert_tensor_parallel(), 2);
+  EXPECT_EQ(mt::rt::expert_data_parallel(plan), 1);
+  const pl::Param &w = *plan.ranks()->Get(0)->params()->Get(1);
+  EXPECT_EQ(w.tp_dim(), 1);
+  EXPECT_EQ(w.ep_dim(), 0);
+  // SwiGLU's fc1: gate and up halves, each split over the etp ranks.
+  EtpChain swiglu;
+  swiglu.d.params[size_t(swiglu.w)].tp_blocks = 5;
+  EXPECT_NE(open_ok(swiglu.d), nullptr);
+  // etp 2 without ep: the exchange over the two etp ranks (group 7).
+  EtpChain alone;
+  alone.d.expert_model_parallel = 1;
+  alone.d.data_parallel = 2;
+  alone.d.params[size_t(alone.w)].ep_dim = -1;
+  alone.d.params[size_t(alone.w)].shape = {4, EpChain::M / 2, EpChain::H};
+  alone.d.flat_elements = 8 + 4 * (EpChain::M / 2) * EpChain::H;
+  alone.d.buckets[1].end = alone.d.flat_elements;
+  for (V &v : alone.prog().values)
+    if (v.region == Region::WEIGHT)
+      v.shape = alone.d.params[size_t(alone.w)].shape;
+  alone.prog().values[alone.layout].shape = {2, 4};
+  alone.prog().values[alone.counts].shape = {4};
+  for (I &i : alone.prog().code)
+    if (i.op == Opcode::MOE_DISPATCH || i.op == Opcode::MOE_COMBINE)
+      i.ints = {7, 4, i.ints[2], 2};
+  EXPECT_NE(open_ok(alone.d), nullptr);
+}
+
+TEST(PlanReader, ExpertTensorParallelErrors) {
+  {
+    EtpChain c; // a format-16 exchange: three ints
+    c.ins(Opcode::MOE_DISPATCH).ints.pop_back();
+    EXPECT_CONTAINS(semantic_error(c.d), "(dispatch) MOE_DISPATCH: has 3 ints, its signature has "
+                                         "4; recompile it with `mtc compile`");
+  }
+  {
+    EtpChain c;
+    c.ins(Opcode::MOE_COMBINE).ints[3] = 1;
+    EXPECT_CONTAINS(semantic_error(c.d), "(combine) MOE_COMBINE: ints[3] (etp) is 1, but the "
+                                         "plan has expert_tensor_parallel 2");
+  }
+  {
+    EtpChain c;
+    c.ins(Opcode::MOE_DISPATCH).ints[0] = 4;
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_DISPATCH: ints[0] is group 4 (ep), but with "
+                                         "expert_tensor_parallel 2 tokens travel within group 7 "
+                                         "(tp_ep)");
+  }
+  {
+    EtpChain c; // the layout of the ep ranks only
+    c.prog().values[c.layout].shape = {2, EpChain::L};
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_DISPATCH: needs y[N, H], tokens_per_expert[ep x "
+                                         "num_local_experts] -> rows[R, H] of y's dtype, "
+                                         "local_counts[num_local_experts], layout[etp x ep, "
+                                         "num_local_experts], got");
+  }
+  {
+    EtpChain c; // both splits on one dimension
+    c.d.params[size_t(c.w)].tp_dim = 0;
+    EXPECT_CONTAINS(semantic_error(c.d),
+                    "rank 0: parameter 1 (decoder.layers.0.mlp.experts.linear_fc1.weight) is "
+                    "split over expert tensor- and expert-parallel ranks on the same dimension 0 "
+                    "(tp_dim and ep_dim)");
+  }
+  {
+    EpChain c; // an expert split over etp ranks in a plan of etp 1
+    c.d.params[size_t(c.w)].tp_dim = 1;
+    c.d.params[size_t(c.w)].tp_blocks = 1;
+    EXPECT_CONTAINS(semantic_error(c.d),
+                    "rank 0: parameter 1 (decoder.layers.0.mlp.experts.linear_fc1.weight) is an "
+                    "expert parameter split over expert tensor-parallel ranks (tp_dim 1), but the "
+                    "plan has expert_tensor_parallel 1");
+  }
+  {
+    EtpChain c; // etp x ep not dividing tp x dp
+    c.d.data_parallel = 2;
+    EXPECT_CONTAINS(semantic_error(c.d), "expert_model_parallel 2 x expert_tensor_parallel 2 "
+                                         "does not divide tensor_parallel 1 x data_parallel 2");
+  }
+  {
+    EtpChain c;
+    c.d.expert_tensor_parallel = 0;
+    EXPECT_CONTAINS(semantic_error(c.d), "expert_tensor_parallel is 0; it must be from 1 to");
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Expert parallelism on the CPU executor, ranks as threads: dispatch and
 // combine (both dispatchers), and the router's counts over tensor-parallel
@@ -2483,30 +2600,39 @@ std::vector<std::string> on_ranks(mt::rt::ParallelLayout layout,
   return errors;
 }
 
-// One program: rows = dispatch(y, tokens_per_expert); doubled = rows + rows;
-// back = combine(doubled, layout, tokens_per_expert).
+// One program: rows = dispatch(y, tokens_per_expert); doubled = rows + rows
+// (or rows + bias, a rank's own input); back = combine(doubled, layout,
+// tokens_per_expert). S = etp x ep ranks (dp S), group 4 at etp 1 and 7
+// (tp_ep) otherwise.
 struct EpExchange {
-  int64_t ep, l, n, h, r;
+  int64_t ep, l, n, h, etp, s, r;
+  bool with_bias;
   PlanDesc d;
-  uint32_t y, tpe, rows, counts, layout, doubled, back;
-  EpExchange(int64_t ep_, int64_t l_, int64_t n_, int64_t h_, int64_t dispatcher)
-      : ep(ep_), l(l_), n(n_), h(h_), r(ep_ * n_) {
-    d.data_parallel = int32_t(ep);
+  uint32_t y, tpe, rows, counts, layout, doubled, back, bias = 0;
+  EpExchange(int64_t ep_, int64_t l_, int64_t n_, int64_t h_, int64_t dispatcher,
+             int64_t etp_ = 1, bool with_bias_ = false)
+      : ep(ep_), l(l_), n(n_), h(h_), etp(etp_), s(ep_ * etp_), r(ep_ * etp_ * n_),
+        with_bias(with_bias_) {
+    d.data_parallel = int32_t(s);
     d.expert_model_parallel = int32_t(ep);
+    d.expert_tensor_parallel = int32_t(etp);
     d.all_ranks = true;
     Prog &p = d.program("exchange");
     y = d.input(p, "y", {n, h});
     tpe = d.input(p, "tokens_per_expert", {ep * l}, DType::I32);
+    if (with_bias)
+      bias = d.input(p, "bias", {r, h});
     rows = d.arena(p, "rows", {r, h});
     counts = d.arena(p, "local_counts", {l}, DType::I32);
-    layout = d.arena(p, "layout", {ep, l}, DType::I32);
+    layout = d.arena(p, "layout", {s, l}, DType::I32);
     doubled = d.arena(p, "doubled", {r, h});
     back = d.arena(p, "back", {n, h});
-    PlanDesc::op(p, Opcode::MOE_DISPATCH, {y, tpe}, {rows, counts, layout}, {}, {4, l, dispatcher},
-                 {}, "dispatch");
-    PlanDesc::op(p, Opcode::ADD, {rows, rows}, {doubled}, {}, {}, {}, "double");
-    PlanDesc::op(p, Opcode::MOE_COMBINE, {doubled, layout, tpe}, {back}, {}, {4, l, dispatcher},
-                 {}, "combine");
+    const int64_t group = etp > 1 ? 7 : 4;
+    PlanDesc::op(p, Opcode::MOE_DISPATCH, {y, tpe}, {rows, counts, layout}, {},
+                 {group, l, dispatcher, etp}, {}, "dispatch");
+    PlanDesc::op(p, Opcode::ADD, {rows, with_bias ? bias : rows}, {doubled}, {}, {}, {}, "double");
+    PlanDesc::op(p, Opcode::MOE_COMBINE, {doubled, layout, tpe}, {back}, {},
+                 {group, l, dispatcher, etp}, {}, "combine");
     // Outputs, so that --check-memory-plan keeps them readable after the run.
     PlanDesc::output(p, rows, "rows");
     PlanDesc::output(p, counts, "local_counts");
@@ -2515,8 +2641,9 @@ struct EpExchange {
   }
   mt::rt::ParallelLayout parallel() const {
     mt::rt::ParallelLayout lay;
-    lay.dp = int(ep);
+    lay.dp = int(s);
     lay.ep = int(ep);
+    lay.etp = int(etp);
     lay.experts = true;
     return lay;
   }
@@ -2527,12 +2654,13 @@ struct ExchangeResult {
   std::vector<int32_t> counts, layout;
 };
 
-// Runs an EpExchange with each rank's y and tokens_per_expert.
+// Runs an EpExchange with each rank's y and tokens_per_expert (and bias).
 std::vector<std::string> run_exchange(EpExchange &x, const std::vector<std::vector<float>> &ys,
                                       const std::vector<std::vector<int32_t>> &tpes,
-                                      std::vector<ExchangeResult> &out) {
+                                      std::vector<ExchangeResult> &out,
+                                      const std::vector<float> &bias = {}) {
   auto f = open_ok(x.d);
-  out.assign(size_t(x.ep), {});
+  out.assign(size_t(x.s), {});
   if (!f)
     return {"the plan does not open"};
   return on_ranks(x.parallel(), [&](int rank, const mt::rt::ParallelGroups &groups) {
@@ -2544,6 +2672,8 @@ std::vector<std::string> run_exchange(EpExchange &x, const std::vector<std::vect
               static_cast<float *>(ex.value_data(p, x.y)));
     std::copy(tpes[size_t(rank)].begin(), tpes[size_t(rank)].end(),
               static_cast<int32_t *>(ex.value_data(p, x.tpe)));
+    if (x.with_bias) // every element of rank g's bias is bias[g]
+      std::fill_n(static_cast<float *>(ex.value_data(p, x.bias)), x.r * x.h, bias[size_t(rank)]);
     if (std::string e = ex.run(p, 0); !e.empty())
       return e;
     ExchangeResult &o = out[size_t(rank)];
@@ -2554,7 +2684,7 @@ std::vector<std::string> run_exchange(EpExchange &x, const std::vector<std::vect
     o.rows.assign(rows, rows + x.r * x.h);
     o.back.assign(back, back + x.n * x.h);
     o.counts.assign(counts, counts + x.l);
-    o.layout.assign(layout, layout + x.ep * x.l);
+    o.layout.assign(layout, layout + x.s * x.l);
     return std::string();
   });
 }
@@ -2609,59 +2739,138 @@ TEST(CpuExecutor, MoeDispatchCombineOnTwoRanks) {
   }
 }
 
-// Four ranks, three local experts each, uneven routing (some experts and a
-// whole peer get none): the received rows against a direct selection from
-// every rank's y, both dispatchers alike, and combine as dispatch's inverse.
+// Four ranks, three local experts an ep rank, uneven routing (some experts
+// and a whole peer get none), as ep 4, etp 2 x ep 2 and etp 4 x ep 1: the
+// received rows against a direct selection from every rank's y (the etp
+// ranks of an ep rank alike), both dispatchers alike, and combine as
+// dispatch's inverse summed over the etp ranks (each adds its doubled rows).
 TEST(CpuExecutor, MoeDispatchCombineOnFourRanks) {
-  const int64_t ep = 4, l = 3, e = ep * l, n = 10, h = 3;
-  std::vector<std::vector<int32_t>> tpes(size_t(ep), std::vector<int32_t>(size_t(e), 0));
-  std::vector<std::vector<float>> ys(static_cast<size_t>(ep));
-  for (int64_t s = 0; s < ep; ++s) {
-    int64_t left = n - s; // rank s routes n - s rows
-    for (int64_t x = 0; x < e && left > 0; ++x) {
-      // Expert x gets (x * 7 + s) % 3 rows; rank 2's experts 3-5 none.
-      int32_t k = int32_t(std::min<int64_t>(left, (x * 7 + s) % 3));
-      if (s == 1 && x >= 3 && x < 6)
-        k = 0;
-      tpes[size_t(s)][size_t(x)] = k;
-      left -= k;
-    }
-    for (int64_t i = 0; i < n * h; ++i)
-      ys[size_t(s)].push_back(float(1000 * s + i));
-  }
-  std::vector<std::vector<ExchangeResult>> results;
-  for (int64_t dispatcher : {0, 1}) {
-    EpExchange x(ep, l, n, h, dispatcher);
-    std::vector<ExchangeResult> out;
-    ASSERT_EQ(run_exchange(x, ys, tpes, out), std::vector<std::string>(size_t(ep), ""));
-    results.push_back(out);
-  }
-  for (int64_t q = 0; q < ep; ++q) {
-    // The reference: for local expert j, for source s, s's segment rows.
-    std::vector<float> want;
-    std::vector<int32_t> counts(size_t(l), 0), layout(size_t(ep * l), 0);
-    for (int64_t j = 0; j < l; ++j)
-      for (int64_t s = 0; s < ep; ++s) {
-        int64_t first = 0;
-        for (int64_t x = 0; x < q * l + j; ++x)
-          first += tpes[size_t(s)][size_t(x)];
-        const int32_t k = tpes[size_t(s)][size_t(q * l + j)];
-        want.insert(want.end(), ys[size_t(s)].begin() + first * h,
-                    ys[size_t(s)].begin() + (first + k) * h);
-        counts[size_t(j)] += k;
-        layout[size_t(s * l + j)] = k;
+  const int64_t s_ranks = 4, l = 3, n = 10, h = 3;
+  for (int64_t etp : {1, 2, 4}) {
+    const int64_t ep = s_ranks / etp, e = ep * l;
+    std::vector<std::vector<int32_t>> tpes(size_t(s_ranks), std::vector<int32_t>(size_t(e), 0));
+    std::vector<std::vector<float>> ys(static_cast<size_t>(s_ranks));
+    for (int64_t s = 0; s < s_ranks; ++s) {
+      int64_t left = n - s; // rank s routes n - s rows
+      for (int64_t x = 0; x < e && left > 0; ++x) {
+        // Expert x gets (x * 7 + s) % 3 rows; rank 1's experts 3-5 none.
+        int32_t k = int32_t(std::min<int64_t>(left, (x * 7 + s) % 3));
+        if (s == 1 && x >= 3 && x < 6)
+          k = 0;
+        tpes[size_t(s)][size_t(x)] = k;
+        left -= k;
       }
-    want.resize(size_t(ep * n * h), 0.0f);
-    for (const auto &out : results) {
-      EXPECT_EQ(out[size_t(q)].rows, want) << "rank " << q;
-      EXPECT_EQ(out[size_t(q)].counts, counts) << "rank " << q;
-      EXPECT_EQ(out[size_t(q)].layout, layout) << "rank " << q;
-      int64_t used = 0;
-      for (int32_t k : tpes[size_t(q)])
-        used += k;
       for (int64_t i = 0; i < n * h; ++i)
-        EXPECT_EQ(out[size_t(q)].back[size_t(i)], i < used * h ? 2 * ys[size_t(q)][size_t(i)] : 0.0f)
-            << "rank " << q << " element " << i;
+        ys[size_t(s)].push_back(float(1000 * s + i));
+    }
+    std::vector<std::vector<ExchangeResult>> results;
+    for (int64_t dispatcher : {0, 1}) {
+      EpExchange x(ep, l, n, h, dispatcher, etp);
+      std::vector<ExchangeResult> out;
+      ASSERT_EQ(run_exchange(x, ys, tpes, out), std::vector<std::string>(size_t(s_ranks), ""))
+          << "etp " << etp << " dispatcher " << dispatcher;
+      results.push_back(out);
+    }
+    for (int64_t g = 0; g < s_ranks; ++g) {
+      // The reference: for local expert j of ep rank q, for source s, s's
+      // segment rows.
+      const int64_t q = g / etp;
+      std::vector<float> want;
+      std::vector<int32_t> counts(size_t(l), 0), layout(size_t(s_ranks * l), 0);
+      for (int64_t j = 0; j < l; ++j)
+        for (int64_t s = 0; s < s_ranks; ++s) {
+          int64_t first = 0;
+          for (int64_t x = 0; x < q * l + j; ++x)
+            first += tpes[size_t(s)][size_t(x)];
+          const int32_t k = tpes[size_t(s)][size_t(q * l + j)];
+          want.insert(want.end(), ys[size_t(s)].begin() + first * h,
+                      ys[size_t(s)].begin() + (first + k) * h);
+          counts[size_t(j)] += k;
+          layout[size_t(s * l + j)] = k;
+        }
+      want.resize(size_t(s_ranks * n * h), 0.0f);
+      for (const auto &out : results) {
+        EXPECT_EQ(out[size_t(g)].rows, want) << "etp " << etp << " rank " << g;
+        EXPECT_EQ(out[size_t(g)].counts, counts) << "etp " << etp << " rank " << g;
+        EXPECT_EQ(out[size_t(g)].layout, layout) << "etp " << etp << " rank " << g;
+        int64_t used = 0;
+        for (int32_t k : tpes[size_t(g)])
+          used += k;
+        for (int64_t i = 0; i < n * h; ++i)
+          EXPECT_EQ(out[size_t(g)].back[size_t(i)],
+                    i < used * h ? float(2 * etp) * ys[size_t(g)][size_t(i)] : 0.0f)
+              << "etp " << etp << " rank " << g << " element " << i;
+      }
+    }
+  }
+}
+
+// Expert tensor parallelism by hand: four ranks as etp 2 x ep 2 (group
+// ranks 0, 1 of ep rank 0 hold shards of experts 0 and 1; ranks 2, 3 of ep
+// rank 1 shards of experts 2 and 3), six rows of two values a rank, row i of
+// rank g holding (10 g + i, -(10 g + i)), unused rows 999. Routing:
+//   rank 0 [2, 1, 0, 3]: expert 0 rows 0 1, expert 1 row 2, expert 3 rows 3 4 5
+//   rank 1 [1, 0, 2, 1]: expert 0 row 10, expert 2 rows 11 12, expert 3 row 13
+//   rank 2 [0, 2, 1, 1]: expert 1 rows 20 21, expert 2 row 22, expert 3 row 23
+//   rank 3 [1, 1, 1, 1]: rows 30, 31, 32, 33 to experts 0 to 3
+// Ranks 0 and 1 receive (expert 0, then expert 1; sources in order)
+// 0 1 10 30 | 2 20 21 31, ranks 2 and 3 11 12 22 32 | 3 4 5 13 23 33. Each
+// rank adds its own bias (100, 200, 300, 400) to the rows; combine sums
+// the two etp ranks' rows: a row v comes back as (2 v + 300, -2 v + 300)
+// from ep rank 0 (100 + 200) and (2 v + 700, -2 v + 700) from ep rank 1.
+TEST(CpuExecutor, MoeDispatchCombineOverExpertTensorParallelRanks) {
+  const std::vector<std::vector<int32_t>> tpes = {
+      {2, 1, 0, 3}, {1, 0, 2, 1}, {0, 2, 1, 1}, {1, 1, 1, 1}};
+  std::vector<std::vector<float>> ys(4);
+  for (int g = 0; g < 4; ++g) {
+    int used = 0;
+    for (int32_t k : tpes[size_t(g)])
+      used += k;
+    for (int i = 0; i < 6; ++i) {
+      const float v = i >= used ? 999.0f : float(10 * g + i);
+      ys[size_t(g)].push_back(v);
+      ys[size_t(g)].push_back(-v);
+    }
+  }
+  const std::vector<float> ids[2] = {{0, 1, 10, 30, 2, 20, 21, 31},
+                                     {11, 12, 22, 32, 3, 4, 5, 13, 23, 33}};
+  const std::vector<int32_t> counts[2] = {{4, 4}, {4, 6}};
+  const std::vector<int32_t> layouts[2] = {{2, 1, 1, 0, 0, 2, 1, 1}, {0, 3, 2, 1, 1, 1, 1, 1}};
+  // back[g]: the row ids of rank g's y in order, and the ep rank of each one's expert.
+  const std::vector<std::pair<float, int>> back[4] = {
+      {{0, 0}, {1, 0}, {2, 0}, {3, 1}, {4, 1}, {5, 1}},
+      {{10, 0}, {11, 1}, {12, 1}, {13, 1}},
+      {{20, 0}, {21, 0}, {22, 1}, {23, 1}},
+      {{30, 0}, {31, 0}, {32, 1}, {33, 1}}};
+  for (int64_t dispatcher : {0, 1}) {
+    EpExchange x(2, 2, 6, 2, dispatcher, 2, true);
+    std::vector<ExchangeResult> out;
+    ASSERT_EQ(run_exchange(x, ys, tpes, out, {100, 200, 300, 400}),
+              std::vector<std::string>(4, ""))
+        << "dispatcher " << dispatcher;
+    for (int g = 0; g < 4; ++g) {
+      const int q = g / 2;
+      const ExchangeResult &o = out[size_t(g)];
+      std::vector<float> got;
+      for (size_t i = 0; i < ids[q].size(); ++i) {
+        EXPECT_EQ(o.rows[2 * i + 1], -o.rows[2 * i]);
+        got.push_back(o.rows[2 * i]);
+      }
+      EXPECT_EQ(got, ids[q]) << "dispatcher " << dispatcher << " rank " << g;
+      for (size_t k = ids[q].size() * 2; k < o.rows.size(); ++k)
+        EXPECT_EQ(o.rows[k], 0.0f) << "rank " << g << " element " << k;
+      EXPECT_EQ(o.counts, counts[q]) << "rank " << g;
+      EXPECT_EQ(o.layout, layouts[q]) << "rank " << g;
+      for (size_t i = 0; i < 6; ++i) {
+        float want0 = 0, want1 = 0;
+        if (i < back[g].size()) {
+          const float v = back[g][i].first, b = back[g][i].second == 0 ? 300.0f : 700.0f;
+          want0 = 2 * v + b;
+          want1 = -2 * v + b;
+        }
+        EXPECT_EQ(o.back[2 * i], want0) << "dispatcher " << dispatcher << " rank " << g << " row " << i;
+        EXPECT_EQ(o.back[2 * i + 1], want1) << "dispatcher " << dispatcher << " rank " << g << " row " << i;
+      }
     }
   }
 }
@@ -2680,8 +2889,8 @@ TEST(CpuExecutor, MoeDispatchErrors) {
   ASSERT_NE(f, nullptr);
   CpuExecutor ex(*f->plan(), 0);
   EXPECT_CONTAINS(ex.run(*ex.program("exchange"), 0),
-                  "MOE_DISPATCH: exchanges tokens over 2 expert-parallel ranks, but its group "
-                  "has 1; run the plan with all its ranks");
+                  "MOE_DISPATCH: exchanges tokens over 2 expert ranks (expert tensor x expert "
+                  "model parallel), but its group has 1; run the plan with all its ranks");
 }
 
 // MOE_ROUTER(_GRAD) with count_group 1 on two tensor-parallel ranks, each
@@ -2882,6 +3091,65 @@ TEST(CpuExecutor, ExpertShardsStartFromTheWholeWeights) {
         << "ep rank " << q;
   }
   EXPECT_NE(all[0], all[12]);
+}
+
+// Expert tensor-parallel shards too (etp 2 x ep 2 on four ranks, through
+// the plan's overload both executors use): fc1 [E 4, 2 x 4, H 3] split
+// column-parallel in SwiGLU's two blocks (tp_blocks 2: each rank keeps its
+// half of the gate and of the up rows), fc2 [4, H 3, F 6] row-parallel
+// (dim 2), both on dim 0 over ep; each rank's values against the whole
+// parameter indexed by hand.
+TEST(CpuExecutor, ExpertTensorParallelShardsStartFromTheWholeWeights) {
+  const char *fc1 = "decoder.layers.0.mlp.experts.linear_fc1.weight";
+  const char *fc2 = "decoder.layers.0.mlp.experts.linear_fc2.weight";
+  PlanDesc one;
+  const int w1 = one.param(fc1, {4, 8, 3}), w2 = one.param(fc2, {4, 3, 6});
+  auto f1 = open_ok(one);
+  ASSERT_NE(f1, nullptr);
+  std::vector<float> all1(96), all2(72);
+  const pl::Plan &plan1 = *f1->plan();
+  mt::rt::initial_weights(plan1, *plan1.ranks()->Get(0), *plan1.ranks()->Get(0)->params()->Get(uint32_t(w1)), 77, all1.data());
+  mt::rt::initial_weights(plan1, *plan1.ranks()->Get(0), *plan1.ranks()->Get(0)->params()->Get(uint32_t(w2)), 77, all2.data());
+  PlanDesc four;
+  four.data_parallel = 4;
+  four.expert_model_parallel = 2;
+  four.expert_tensor_parallel = 2;
+  four.all_ranks = true;
+  const int s1 = four.param(fc1, {2, 4, 3}), s2 = four.param(fc2, {2, 3, 3});
+  for (int k : {s1, s2}) {
+    four.params[size_t(k)].ep_dim = 0;
+    four.params[size_t(k)].expert = true;
+  }
+  four.params[size_t(s1)].tp_dim = 1;
+  four.params[size_t(s1)].tp_blocks = 2;
+  four.params[size_t(s2)].tp_dim = 2;
+  auto f4 = open_ok(four);
+  ASSERT_NE(f4, nullptr);
+  const pl::Plan &plan4 = *f4->plan();
+  for (int g = 0; g < 4; ++g) {
+    const pl::Rank &rank = *mt::rt::find_rank(plan4, g);
+    const int r = g % 2, q = g / 2; // etp rank, ep rank
+    ASSERT_EQ(mt::rt::expert_coords(plan4, rank).etp_rank, r);
+    ASSERT_EQ(mt::rt::expert_coords(plan4, rank).ep_rank, q);
+    std::vector<float> mine1(24), mine2(18);
+    mt::rt::initial_weights(plan4, rank, *rank.params()->Get(uint32_t(s1)), 77, mine1.data());
+    mt::rt::initial_weights(plan4, rank, *rank.params()->Get(uint32_t(s2)), 77, mine2.data());
+    for (int e = 0; e < 2; ++e)
+      for (int f = 0; f < 4; ++f)
+        for (int h = 0; h < 3; ++h) {
+          // Local row f: block f / 2 (gate, up), its piece f % 2 of etp rank r.
+          const int whole_f = (f / 2 * 2 + r) * 2 + f % 2;
+          EXPECT_EQ(mine1[size_t((e * 4 + f) * 3 + h)],
+                    all1[size_t(((q * 2 + e) * 8 + whole_f) * 3 + h)])
+              << "rank " << g << " fc1 " << e << "," << f << "," << h;
+        }
+    for (int e = 0; e < 2; ++e)
+      for (int h = 0; h < 3; ++h)
+        for (int c = 0; c < 3; ++c)
+          EXPECT_EQ(mine2[size_t((e * 3 + h) * 3 + c)],
+                    all2[size_t(((q * 2 + e) * 3 + h) * 6 + r * 3 + c)])
+              << "rank " << g << " fc2 " << e << "," << h << "," << c;
+  }
 }
 
 // An MoE block through the executor: embedding, router, top-2 dispatch to
