@@ -501,19 +501,11 @@ int runCompile(const std::vector<std::string> &args) {
   if (!module)
     return 1;
 
-  // Interim: the passes build expert tensor parallelism (mt-shard-ep), but
-  // plan.bin carries it only from format 17 (the exchange over the
-  // tensor-and-expert-parallel group, expert shards over etp). The IR and
-  // the memory plan can be seen; no plan is written.
-  const int64_t etp = spec.parallel.expert_tensor_parallel_size;
-  const bool planless = spec.model.num_experts > 0 && etp > 1;
-
   MemoryPlan memory = memoryPlanOf(*module, spec);
   // The plan: its GPU steps decide each rank's kernel workspace, which the
   // memory plan states beside cuBLASLt's.
   std::string payload;
-  const plan::Plan *plan = nullptr;
-  if (!planless) {
+  {
     FailureOr<std::string> p = buildPlanPayload(*module, spec, opts.kernels);
     if (failed(p)) {
       llvm::errs() << "mtc: internal error: could not lower '" << opts.specPath
@@ -521,31 +513,30 @@ int runCompile(const std::vector<std::string> &args) {
       return 1;
     }
     payload = std::move(*p);
-    plan = plan::GetPlan(reinterpret_cast<const uint8_t *>(payload.data()));
-    // The pipeline schedule must also complete under NCCL's stricter rules
-    // (messages matched by order, no buffering) than the CPU executor's.
-    if (std::string e = rt::check_comm_order(*plan); !e.empty()) {
-      llvm::errs() << "mtc: internal error: the plan for '" << opts.specPath
-                   << "' would not run on GPUs: " << e
-                   << "; please report this with the spec\n";
-      return 1;
-    }
-    addKernelWorkspace(memory, *plan);
-    suggestFixes(memory, spec, [&](const spec::Spec &variant) -> std::optional<int64_t> {
-      MLIRContext ctx;
-      ctx.loadDialect<MtDialect, func::FuncDialect>();
-      ScopedDiagnosticHandler quiet(&ctx, [](Diagnostic &) { return success(); });
-      OwningOpRef<ModuleOp> m = compileSpec(ctx, variant, opts.specPath, false, opts.pipeline);
-      if (!m)
-        return std::nullopt;
-      MemoryPlan p = memoryPlanOf(*m, variant);
-      FailureOr<std::string> payload = buildPlanPayload(*m, variant, opts.kernels);
-      if (failed(payload))
-        return std::nullopt;
-      addKernelWorkspace(p, *plan::GetPlan(reinterpret_cast<const uint8_t *>(payload->data())));
-      return p.ranks[p.heaviest].total();
-    });
   }
+  const plan::Plan *plan = plan::GetPlan(reinterpret_cast<const uint8_t *>(payload.data()));
+  // The pipeline schedule must also complete under NCCL's stricter rules
+  // (messages matched by order, no buffering) than the CPU executor's.
+  if (std::string e = rt::check_comm_order(*plan); !e.empty()) {
+    llvm::errs() << "mtc: internal error: the plan for '" << opts.specPath
+                 << "' would not run on GPUs: " << e << "; please report this with the spec\n";
+    return 1;
+  }
+  addKernelWorkspace(memory, *plan);
+  suggestFixes(memory, spec, [&](const spec::Spec &variant) -> std::optional<int64_t> {
+    MLIRContext ctx;
+    ctx.loadDialect<MtDialect, func::FuncDialect>();
+    ScopedDiagnosticHandler quiet(&ctx, [](Diagnostic &) { return success(); });
+    OwningOpRef<ModuleOp> m = compileSpec(ctx, variant, opts.specPath, false, opts.pipeline);
+    if (!m)
+      return std::nullopt;
+    MemoryPlan p = memoryPlanOf(*m, variant);
+    FailureOr<std::string> payload = buildPlanPayload(*m, variant, opts.kernels);
+    if (failed(payload))
+      return std::nullopt;
+    addKernelWorkspace(p, *plan::GetPlan(reinterpret_cast<const uint8_t *>(payload->data())));
+    return p.ranks[p.heaviest].total();
+  });
 
   std::string report;
   {
@@ -568,18 +559,6 @@ int runCompile(const std::vector<std::string> &args) {
       os << "\n";
       printMemoryPlanText(os, memory);
     }
-  }
-  if (planless) {
-    if (opts.emit == "mlir" && opts.output.empty()) {
-      module->print(llvm::outs());
-      return 0;
-    }
-    llvm::outs() << report;
-    llvm::errs() << opts.specPath << ": error: expert_tensor_parallel_size = " << etp
-                 << ": mtc builds its IR (--emit=mlir) and memory plan but cannot write its "
-                    "plan yet (plan.bin format 17); set expert_tensor_parallel_size = 1 for a "
-                    "plan\n";
-    return 1;
   }
 
   std::string text;

@@ -58,8 +58,12 @@ int64_t groupNumber(StringRef name) {
   return int64_t(g);
 }
 const int64_t kGroupTp = int64_t(rt::Group::TP);
-// The token exchange's group: the expert-parallel ranks.
-const int64_t kExpertParallelGroup = int64_t(rt::Group::EP);
+// The token exchange's group: the expert-parallel ranks, or with expert
+// tensor parallelism the etp x ep ranks of the tensor-and-expert-parallel
+// group (tp_ep, which is the ep group at etp 1).
+int64_t exchangeGroup(int64_t etp) {
+  return int64_t(etp > 1 ? rt::Group::TP_EP : rt::Group::EP);
+}
 
 // 64-bit FNV-1a: parameter init streams and the model fingerprint.
 uint64_t fnv1a(StringRef s) {
@@ -959,18 +963,21 @@ private:
           i.ints = {o.getCapacityAttr().getInt(), o.getPadToCapacity() ? 1 : 0};
         })
         .Case([&](MoePermuteGradOp) { i.op = pl::Opcode::MOE_PERMUTE_GRAD; })
-        // Expert parallelism: group 4 (ep), the local experts, the
-        // dispatcher as the dialect's enum numbers it (0 alltoall, 1
-        // allgather), expert_tensor_parallel (1).
+        // Expert parallelism: the exchange's group (4 ep, or 7 tp_ep with
+        // expert tensor parallelism), the local experts, the dispatcher as
+        // the dialect's enum numbers it (0 alltoall, 1 allgather),
+        // expert_tensor_parallel.
         .Case([&](MoeDispatchOp o) {
           i.op = pl::Opcode::MOE_DISPATCH;
-          i.ints = {kExpertParallelGroup, o.getNumLocalExpertsAttr().getInt(),
-                    int64_t(o.getDispatcher()), 1};
+          const int64_t etp = o.getEtpSizeAttr().getInt();
+          i.ints = {exchangeGroup(etp), o.getNumLocalExpertsAttr().getInt(),
+                    int64_t(o.getDispatcher()), etp};
         })
         .Case([&](MoeCombineOp o) {
           i.op = pl::Opcode::MOE_COMBINE;
-          i.ints = {kExpertParallelGroup, o.getNumLocalExpertsAttr().getInt(),
-                    int64_t(o.getDispatcher()), 1};
+          const int64_t etp = o.getEtpSizeAttr().getInt();
+          i.ints = {exchangeGroup(etp), o.getNumLocalExpertsAttr().getInt(),
+                    int64_t(o.getDispatcher()), etp};
         })
         .Case([&](MoeGroupedMatmulOp) { i.op = pl::Opcode::GROUPED_MATMUL; })
         .Case([&](MoeGroupedMatmulInputGradOp) { i.op = pl::Opcode::GROUPED_MATMUL_INPUT_GRAD; })

@@ -1,6 +1,8 @@
-// Expert parallelism through the plan writer: what plan.bin (format 16)
-// carries of a tp 2 x ep 2 MoE spec with sequence parallelism, read back
-// through the runtime's reader and verifier.
+// Expert parallelism through the plan writer: what plan.bin (format 17)
+// carries of a tp 2 x ep 2 MoE spec with sequence parallelism, with whole
+// experts (expert_tensor_parallel_size 1) and with each expert split over
+// 2 expert-tensor-parallel ranks, read back through the runtime's reader and
+// verifier.
 #include "compiler/import/ImportSpec.h"
 #include "compiler/plan/PlanWriter.h"
 #include "dialects/mt/MtOps.h"
@@ -25,7 +27,7 @@ namespace pl = mt::plan;
 
 // 4 SwiGLU experts of FFN 24 in both layers, top-2, the z-loss on; each
 // rank's sequence shard is 2 x 8 = 16 tokens.
-std::string specText(const std::string &dispatcher) {
+std::string specText(const std::string &dispatcher, int etp = 1) {
   return R"toml(
 [model]
 num_layers = 2
@@ -49,18 +51,19 @@ lr = 1e-3
 [parallel]
 tensor_model_parallel_size = 2
 sequence_parallel = true
-expert_tensor_parallel_size = 1
 expert_model_parallel_size = 2
-moe_token_dispatcher_type = ")toml" +
-         dispatcher + R"toml("
+data_parallel_size = )toml" +
+         std::to_string(etp) + "\nexpert_tensor_parallel_size = " + std::to_string(etp) +
+         "\nmoe_token_dispatcher_type = \"" + dispatcher + R"toml("
 
 [data]
 mock_data = true
 )toml";
 }
 
-std::unique_ptr<mt::rt::PlanFile> compile(const std::string &dispatcher) {
-  absl::StatusOr<mt::spec::Spec> spec = mt::spec::parseSpecString(specText(dispatcher), "ep.toml");
+std::unique_ptr<mt::rt::PlanFile> compile(const std::string &dispatcher, int etp = 1) {
+  absl::StatusOr<mt::spec::Spec> spec =
+      mt::spec::parseSpecString(specText(dispatcher, etp), "ep.toml");
   EXPECT_TRUE(spec.ok()) << spec.status().message();
   if (!spec.ok())
     return nullptr;
@@ -176,5 +179,61 @@ void checkProgram(const std::string &dispatcher, int64_t code) {
 
 TEST(ExpertPlan, AllToAllExchange) { checkProgram("alltoall", 0); }
 TEST(ExpertPlan, AllGatherExchange) { checkProgram("allgather", 1); }
+
+// Expert tensor parallelism: tp 2 x dp 2 x ep 2 with etp 2 (edp 1). Each
+// rank holds its ep rank's 2 experts, FC1 split on dim 1 in SwiGLU's two
+// halves (48 -> 24 rows), FC2 on dim 2 (24 -> 12 columns); the exchange runs
+// over group 7 (tp_ep) among S = 4 ranks: R = 4 x 16 x min(2, 2) rows and a
+// [4, 2] layout, ints[3] = etp.
+void checkExpertTensorParallel(const std::string &dispatcher, int64_t code) {
+  auto file = compile(dispatcher, 2);
+  ASSERT_TRUE(file);
+  const pl::Plan &plan = *file->plan();
+  EXPECT_EQ(plan.expert_model_parallel(), 2);
+  EXPECT_EQ(plan.expert_tensor_parallel(), 2);
+  std::map<std::string, const pl::Param *> params;
+  for (const pl::Param *p : *plan.ranks()->Get(0)->params())
+    params[p->name()->str()] = p;
+  const pl::Param *fc1 = params.at("decoder.layers.0.mlp.experts.linear_fc1.weight");
+  const pl::Param *fc2 = params.at("decoder.layers.0.mlp.experts.linear_fc2.weight");
+  EXPECT_EQ(std::vector<int64_t>(fc1->shape()->begin(), fc1->shape()->end()),
+            (std::vector<int64_t>{2, 24, 32}));
+  EXPECT_EQ(std::vector<int64_t>(fc2->shape()->begin(), fc2->shape()->end()),
+            (std::vector<int64_t>{2, 32, 12}));
+  EXPECT_EQ(fc1->tp_dim(), 1);
+  EXPECT_EQ(fc1->tp_blocks(), 2);
+  EXPECT_EQ(fc2->tp_dim(), 2);
+  EXPECT_EQ(fc2->tp_blocks(), 1);
+  for (const pl::Param *e : {fc1, fc2}) {
+    EXPECT_EQ(e->ep_dim(), 0);
+    EXPECT_TRUE(e->expert());
+  }
+  const pl::Program *step = nullptr;
+  for (const pl::Program *p : *plan.ranks()->Get(0)->programs())
+    if (p->name()->str() == "train_step")
+      step = p;
+  ASSERT_TRUE(step);
+  int exchanges = 0;
+  for (const pl::Instruction *i : *step->instructions()) {
+    if (i->op() == pl::Opcode::MOE_DISPATCH) {
+      ++exchanges;
+      EXPECT_EQ(ints(*i), (std::vector<int64_t>{7, 2, code, 2}));
+      EXPECT_EQ(shapeOf(*step, i->out()->Get(0)), (std::vector<int64_t>{128, 32}));
+      EXPECT_EQ(shapeOf(*step, i->out()->Get(2)), (std::vector<int64_t>{4, 2}));
+    } else if (i->op() == pl::Opcode::MOE_COMBINE) {
+      ++exchanges;
+      EXPECT_EQ(ints(*i), (std::vector<int64_t>{7, 2, code, 2}));
+      EXPECT_EQ(shapeOf(*step, i->in()->Get(0)), (std::vector<int64_t>{128, 32}));
+    } else if (i->op() == pl::Opcode::GROUPED_MATMUL) {
+      // The first matmul's output is 1/etp of FC1's rows, the second's whole.
+      const int64_t cols = shapeOf(*step, i->out()->Get(0))[1];
+      EXPECT_TRUE(cols == 24 || cols == 32) << cols;
+    }
+  }
+  EXPECT_EQ(exchanges, 8);
+}
+
+TEST(ExpertPlan, ExpertTensorParallelAllToAll) { checkExpertTensorParallel("alltoall", 0); }
+TEST(ExpertPlan, ExpertTensorParallelAllGather) { checkExpertTensorParallel("allgather", 1); }
 
 } // namespace
