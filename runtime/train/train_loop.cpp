@@ -2137,11 +2137,15 @@ int run_training(const RunOptions &opts) {
     char host[256] = "";
     gethostname(host, sizeof host - 1);
     const std::string expert =
-        layout.ep > 1 ? ", ep rank " + std::to_string(groups.coords.ep) + " of " +
-                            std::to_string(layout.ep) + ", expert dp rank " +
-                            std::to_string(groups.coords.edp) + " of " +
-                            std::to_string(layout.edp())
-                      : std::string();
+        layout.ep > 1 || layout.etp > 1
+            ? ", ep rank " + std::to_string(groups.coords.ep) + " of " +
+                  std::to_string(layout.ep) +
+                  (layout.etp > 1 ? ", expert tp rank " + std::to_string(groups.coords.etp) +
+                                        " of " + std::to_string(layout.etp)
+                                  : std::string()) +
+                  ", expert dp rank " + std::to_string(groups.coords.edp) + " of " +
+                  std::to_string(layout.edp())
+            : std::string();
     std::printf("rank %d of %d: tp rank %d of %d, pp rank %d of %d, dp rank %d of %d%s (%s, %s)\n",
                 launch.rank, world, groups.coords.tp, layout.tp, groups.coords.pp, layout.pp,
                 groups.coords.dp, layout.dp, expert.c_str(), host, launch.source.c_str());

@@ -662,4 +662,34 @@ TEST(GpuExecutorParallel, ExpertReceiveRowsWithinAndOverTheBound) {
   }
 }
 
+// Expert tensor parallelism: tp2 x dp2 with sequence parallelism and each
+// expert split over 2 expert tensor-parallel ranks (fc1 column-, fc2
+// row-parallel), 4 ranks: etp 2 x ep 2 with the alltoall dispatcher (the
+// exchange over tp_ep, the combine's sum over expt_tp), and etp 2 at ep 1
+// with the allgather dispatcher and the distributed optimizer (expert shards
+// over expt_dp 2, indexed by (tp_rank + 2 dp_rank) / 2).
+TEST(GpuExecutorParallel, ExpertTensorParallelMatchesTheCpu) {
+  compareLayout(moeEp({{"parallel.tensor_model_parallel_size=2"},
+                       {"parallel.sequence_parallel=true"},
+                       {"parallel.expert_tensor_parallel_size=2"},
+                       {"parallel.data_parallel_size=2"},
+                       {"parallel.moe_token_dispatcher_type=\"alltoall\""},
+                       {"training.global_batch_size=8"}}),
+                8);
+}
+TEST(GpuExecutorParallel, ExpertTensorParallelWithShardsMatchesTheCpu) {
+  std::vector<mt::spec::Override> o = moeEp({{"parallel.tensor_model_parallel_size=2"},
+                                             {"parallel.sequence_parallel=true"},
+                                             {"parallel.expert_tensor_parallel_size=2"},
+                                             {"parallel.data_parallel_size=2"},
+                                             {"parallel.use_distributed_optimizer=true"},
+                                             {"parallel.moe_token_dispatcher_type=\"allgather\""},
+                                             {"training.global_batch_size=8"}});
+  for (mt::spec::Override &x : o) // ep 1: the exchange over the two etp ranks only
+    if (x.text == "parallel.expert_model_parallel_size=2")
+      x.text = "parallel.expert_model_parallel_size=1";
+  compareLayout(o, 8);
+}
+
+
 } // namespace
