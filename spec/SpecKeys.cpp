@@ -213,12 +213,15 @@ std::vector<KeyInfo> buildTable() {
                   "accepted for Megatron's command lines."));
   t.push_back(key("model", "moe_router_dtype", E, false, "not set (the model's precision)", "",
                   "--moe-router-dtype",
-                  "Precision of the routing: scores, top-k, capacity ranking and routing "
-                  "weights are computed in fp32 or fp64 from the router logits. Not set: "
-                  "rounded to the model's precision after each step, as Megatron does. The "
-                  "logits themselves come from the router GEMM in the model's precision "
-                  "(Megatron runs that GEMM in this precision too; mt does not yet), and the "
-                  "weighted sum of the experts' outputs accumulates in fp32 in every setting.",
+                  "Precision of the routing, as Megatron's router_gating_linear: the router "
+                  "GEMM's logits are the fp32 product of the model's input and weight (not "
+                  "rounded to a 16-bit model's precision), its backward GEMMs read their fp32 "
+                  "gradient, and scores, top-k, capacity ranking and routing weights are "
+                  "computed in fp32 or fp64 from the logits. mt has no 64-bit tensors: with "
+                  "fp64 the GEMM runs in fp32 (exact products, fp32 sums) and the routing in "
+                  "fp64. Not set: the logits and each routing step are rounded to the model's "
+                  "precision, as Megatron does. The weighted sum of the experts' outputs "
+                  "accumulates in fp32 in every setting.",
                   none(), {"fp32", "fp64"}));
 
   // [parallel]

@@ -2,6 +2,7 @@
 #include "compiler/cuda/GpuSteps.h"
 
 #include "compiler/cuda/FlashAttentionGen.h"
+#include "compiler/cuda/OpKernelBuilder.h"
 #include "runtime/exec/cuda/launch_limits.h"
 #include "runtime/plan/grad_buckets.h"
 
@@ -258,6 +259,74 @@ GpuLowering lowerAttention(const GpuInstruction &inst, const std::vector<GpuValu
   return l.missing.empty() ? l : refused(l);
 }
 
+// MATMUL_INPUT_GRAD / MATMUL_WEIGHT_GRAD with an f32 gradient against a
+// 16-bit weight or input: the backward of a 16-bit product with an f32
+// result (the MoE router's logits with moe_router_dtype). cuBLASLt
+// multiplies operands of one type, so the 16-bit operand is first widened
+// to f32 in the workspace (exactly), the GEMM runs in f32 and a 16-bit
+// result is rounded once from the f32 product (added into a 16-bit
+// gradient): Megatron's router_gating_linear backward, which multiplies in
+// the router's type and casts the results back.
+GpuLowering lowerWideGemm(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
+                          const std::vector<GpuParamInfo> &params) {
+  GpuLowering l;
+  const bool weightGrad = inst.op == pl::Opcode::MATMUL_WEIGHT_GRAD;
+  const GpuValueInfo &dy = values[inst.in[0]], &other = values[inst.in[1]];
+  if (dy.dtype != pl::DType::F32 ||
+      (other.dtype != pl::DType::BF16 && other.dtype != pl::DType::F16)) {
+    l.missing = "a GEMM of an f32 gradient and a 16-bit operand only (a product of " +
+                std::string(pl::EnumNameDType(dy.dtype)) + " and " +
+                pl::EnumNameDType(other.dtype) + ")";
+    return l;
+  }
+  const pl::DType target = weightGrad ? params.at(inst.params[0]).gradDtype
+                                      : values[inst.out.at(0)].dtype;
+  GemmSpec g = weightGrad ? weightGradGemm(dy, other, pl::DType::F32)
+                          : inputGradGemm(dy, other, values[inst.out[0]]);
+  g.aType = pl::DType::F32; // the widened weight (input grad) or input (weight grad)
+  g.dType = pl::DType::F32;
+  opk::Builder b(std::string(pl::EnumNameOpcode(inst.op)) + " with an f32 gradient");
+  const int64_t n = product(other.shape, 0, other.shape.size());
+  const uint64_t wide = b.alloc(uint64_t(n) * 4);
+  const std::string narrow = opk::storage(other.dtype);
+  const int v = opk::lanesFor({other.dtype, pl::DType::F32}, {});
+  opk::elementwise(b, "widen", "const " + narrow + " *x, float *y", "x, y",
+                   "  float a[V];\n  mt_load<V>(x, i, a);\n  mt_store<V>(y, i, a);\n", n, v,
+                   {opk::in(1), opk::wsAt(wide)});
+  // The GEMM writes f32: into the output or gradient when it is f32,
+  // else into the workspace, rounded into it by a last kernel.
+  const bool round = target != pl::DType::F32;
+  const int64_t outCount = g.m * g.n;
+  const uint64_t product32 = round ? b.alloc(uint64_t(outCount) * 4) : 0;
+  if (round) {
+    g.accumulate = false;
+    const std::string t = opk::storage(target);
+    const int vo = opk::lanesFor({target, pl::DType::F32}, {});
+    if (weightGrad)
+      opk::elementwise(b, "add_rounded", "const float *p, " + t + " *g", "p, g",
+                       "  float a[V], c[V];\n  mt_load<V>(p, i, a);\n  mt_load<V>(g, i, c);\n"
+                       "  for (int l = 0; l < V; ++l) c[l] += a[l];\n  mt_store<V>(g, i, c);\n",
+                       outCount, vo, {opk::wsAt(product32), opk::grad(0)});
+    else
+      opk::elementwise(b, "narrow", "const float *p, " + t + " *y", "p, y",
+                       "  float a[V];\n  mt_load<V>(p, i, a);\n  mt_store<V>(y, i, a);\n",
+                       outCount, vo, {opk::wsAt(product32), opk::outp(0)});
+  }
+  std::string error;
+  std::optional<OpKernels> k = b.finish(&error);
+  if (!k) {
+    l.missing = error;
+    return l;
+  }
+  l = fromOpKernels(*k, inst);
+  const GpuArgSpec d = round        ? GpuArgSpec{pl::GpuArgKind::WORKSPACE, product32}
+                       : weightGrad ? GpuArgSpec{pl::GpuArgKind::GRAD, inst.params[0]}
+                                    : value(inst.out[0]);
+  l.steps.insert(l.steps.begin() + 1,
+                 gemmStep(g, {{pl::GpuArgKind::WORKSPACE, wide}, value(inst.in[0]), d}));
+  return l;
+}
+
 GpuLowering nativeStep() {
   GpuLowering l;
   GpuStepSpec s;
@@ -350,10 +419,14 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
                                {value(inst.in[1]), value(inst.in[0]), value(inst.out[0])}));
     return l;
   case pl::Opcode::MATMUL_INPUT_GRAD:
+    if (in(0).dtype != in(1).dtype)
+      return lowerWideGemm(inst, values, params);
     l.steps.push_back(gemmStep(inputGradGemm(in(0), in(1), out(0)),
                                {value(inst.in[1]), value(inst.in[0]), value(inst.out[0])}));
     return l;
   case pl::Opcode::MATMUL_WEIGHT_GRAD:
+    if (in(0).dtype != in(1).dtype)
+      return lowerWideGemm(inst, values, params);
     l.steps.push_back(gemmStep(weightGradGemm(in(0), in(1), params.at(inst.params[0]).gradDtype),
                                {value(inst.in[1]), value(inst.in[0]),
                                 {pl::GpuArgKind::GRAD, inst.params[0]}}));

@@ -317,7 +317,14 @@ private:
     const int64_t tokens = batch * seq, experts = m.num_experts, topk = m.moe_router_topk,
                   ffn = m.moe_ffn_hidden_size, fc1Out = m.swiglu ? 2 * ffn : ffn;
     Value x = b.create<ReshapeOp>(loc, act({tokens, hidden}), h);
-    Value logits = b.create<MatmulOp>(loc, act({tokens, experts}), x,
+    // With moe_router_dtype, Megatron's router_gating_linear computes the
+    // logits GEMM (and its gradients) in that type: a 16-bit model's
+    // logits are then f32, not rounded (mt holds no 64-bit tensors: fp64
+    // routes in double from these f32 logits).
+    RankedTensorType logitsType = act({tokens, experts});
+    if (m.moe_router_dtype != spec::MoeRouterDtype::None)
+      logitsType = RankedTensorType::get({tokens, experts}, b.getF32Type());
+    Value logits = b.create<MatmulOp>(loc, logitsType, x,
                                       param(p + "mlp.router.weight", {experts, hidden}, normal()));
     // Megatron's get_capacity over the micro-batch's token-expert pairs.
     int64_t capacity = 0;

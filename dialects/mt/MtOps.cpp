@@ -178,9 +178,15 @@ LogicalResult MatmulOp::verify() {
   if (result.getShape() != ArrayRef<int64_t>(expected))
     return emitOpError() << "result shape " << shapeStr(result.getShape())
                          << " should be " << shapeStr(expected);
+  // A 16-bit product may give an f32 result, computed in f32 and not
+  // rounded (the router's logits with moe_router_dtype, as Megatron's
+  // router_gating_linear computes them).
+  const bool wideResult = result.getElementType().isF32() &&
+                          in.getElementType().getIntOrFloatBitWidth() == 16;
   if (in.getElementType() != w.getElementType() ||
-      result.getElementType() != in.getElementType())
-    return emitOpError("input, weight and result must share an element type");
+      (result.getElementType() != in.getElementType() && !wideResult))
+    return emitOpError("input, weight and result must share an element type (or a 16-bit "
+                       "input and weight give an f32 result)");
   return success();
 }
 
@@ -390,7 +396,7 @@ LogicalResult MatmulWeightGradOp::verify() {
 LogicalResult MatmulWeightGradOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
   RankedTensorType dy = tensorOf(getGrad()), x = tensorOf(getInput());
   return verifyParamUse(*this, symbolTable, getParamAttr(),
-                        withShape(dy, {dy.getShape().back(), x.getShape().back()}),
+                        withShape(x, {dy.getShape().back(), x.getShape().back()}),
                         "weight");
 }
 

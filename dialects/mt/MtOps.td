@@ -190,7 +190,11 @@ def Mt_MatmulOp : Mt_Op<"matmul", [DeclareOpInterfaceMethods<Mt_DifferentiableOp
     `result[..., n] = sum_k input[..., k] * weight[n, k]`. The weight is
     stored `[out_features, in_features]`, as Megatron-LM and PyTorch store
     linear weights, so the same op serves every linear layer and the output
-    layer (whose weight may be the word-embedding table).
+    layer (whose weight may be the word-embedding table). With 16-bit input
+    and weight the result may be f32: the product is then computed in f32
+    and not rounded (the MoE router's logits with `moe_router_dtype`, whose
+    backward reads the f32 gradient: `mt.matmul_input_grad` and
+    `mt.matmul_weight_grad` take it as it is).
 
     ```mlir
     %y = mt.matmul %x, %w : (tensor<4x1024x768xf32>, tensor<2304x768xf32>) -> tensor<4x1024x2304xf32>

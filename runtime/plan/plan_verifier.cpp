@@ -844,6 +844,13 @@ private:
                  std::to_string(want);
         if (g->m() <= 0 || g->n() <= 0 || g->k() <= 0 || g->batch() <= 0)
           return at + "has a GEMM with a dimension below 1";
+        // cuBLASLt's types (compute f32): A and B of one type; f32
+        // operands give an f32 result.
+        if (g->a_type() != g->b_type() ||
+            (g->a_type() == pl::DType::F32 && g->d_type() != pl::DType::F32))
+          return at + "has a GEMM of " + pl::EnumNameDType(g->a_type()) + " x " +
+                 pl::EnumNameDType(g->b_type()) + " into " + pl::EnumNameDType(g->d_type()) +
+                 ", which cuBLASLt does not multiply; recompile the spec with this mtc";
         const int64_t rows_a = g->trans_a() ? g->k() : g->m();
         const int64_t rows_b = g->trans_b() ? g->n() : g->k();
         if (g->lda() < rows_a || g->ldb() < rows_b || g->ldd() < g->m())

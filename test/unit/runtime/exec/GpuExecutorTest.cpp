@@ -371,6 +371,143 @@ TEST(GpuExecutor, MoePlanLaunchesTheMoeKernels) {
   EXPECT_EQ(seen[pl::Opcode::GROUPED_MATMUL], 2);             // fc1, fc2 of the one MoE layer
   EXPECT_EQ(seen[pl::Opcode::GROUPED_MATMUL_WEIGHT_GRAD], 2);
 }
+// moe_router_dtype in a bf16 model (Megatron's router_gating_linear): the
+// router's logits GEMM runs in f32. Its logits are the f32 product of the
+// bf16 input and weight, where without the key they are rounded to bf16:
+// on the CPU executor's train_step (the router's input and logits live until
+// its backward reads them, and nothing after writes their bytes: checked),
+// against the product in double of the very input and weight it read,
+// fp32's logits are within f32 rounding and none's within bf16 rounding
+// only. The backward GEMMs read the f32
+// gradient of the logits.
+struct RouterGemm {
+  std::vector<float> x, w, logits;
+  int64_t tokens = 0, experts = 0, hidden = 0;
+  pl::DType logitsType = pl::DType::F32, dlogitsType = pl::DType::F32;
+};
+RouterGemm routerGemm(const char *routerDtype) {
+  RouterGemm r;
+  std::vector<mt::spec::Override> o = {{"training.precision=\"bf16\""}};
+  o.insert(o.end(), kMoe.begin(), kMoe.end());
+  if (routerDtype)
+    o.push_back({std::string("model.moe_router_dtype=\"") + routerDtype + "\""});
+  auto file = compilePlan(o);
+  EXPECT_TRUE(file);
+  if (!file)
+    return r;
+  const pl::Plan &plan = *file->plan();
+  mt::rt::CpuExecutor cpu(plan, 0);
+  cpu.set_seed(1234);
+  EXPECT_EQ(cpu.init_params(1234), "");
+  // The router's GEMM: the one MATMUL with a [num_experts, hidden] weight.
+  auto isRouter = [](const pl::Program &p, const pl::Instruction &ins) {
+    return ins.op() == pl::Opcode::MATMUL &&
+           p.values()->Get(ins.in()->Get(1))->shape()->Get(0) == 4;
+  };
+  const pl::Program &step = *cpu.program("train_step");
+  const auto *code = step.instructions();
+  for (const pl::Instruction *ins : *code)
+    if (ins->op() == pl::Opcode::MATMUL_INPUT_GRAD &&
+        step.values()->Get(ins->in()->Get(1))->shape()->Get(0) == 4)
+      r.dlogitsType = step.values()->Get(ins->in()->Get(0))->dtype();
+  uint32_t at = 0;
+  while (at < code->size() && !isRouter(step, *code->Get(at)))
+    ++at;
+  EXPECT_LT(at, code->size()) << "no router GEMM in train_step";
+  if (at == code->size())
+    return r;
+  const pl::Instruction &mm = *code->Get(at);
+  const pl::Value &xv = *step.values()->Get(mm.in()->Get(0));
+  const pl::Value &wv = *step.values()->Get(mm.in()->Get(1));
+  const pl::Value &lv = *step.values()->Get(mm.out()->Get(0));
+  r.tokens = xv.shape()->Get(0);
+  r.hidden = xv.shape()->Get(1);
+  r.experts = wv.shape()->Get(0);
+  r.logitsType = lv.dtype();
+  // The values are read after the run: no later instruction may write the
+  // arena bytes of the input or the logits.
+  auto bytes = [](const pl::Value &v) {
+    return uint64_t(mt::rt::element_count(v)) * (v.dtype() == pl::DType::F32 ? 4 : 2);
+  };
+  for (uint32_t i = at + 1; i < code->size(); ++i)
+    for (uint32_t o : *code->Get(i)->out()) {
+      const pl::Value &ov = *step.values()->Get(o);
+      for (const pl::Value *kept : {&xv, &lv})
+        if (ov.region() == pl::Region::ARENA && kept->region() == pl::Region::ARENA &&
+            ov.offset() < kept->offset() + bytes(*kept) && kept->offset() < ov.offset() + bytes(ov))
+          ADD_FAILURE() << "train_step's instruction " << i << " overwrites the router GEMM's "
+                        << (kept == &xv ? "input" : "logits");
+  }
+  fillInputs(cpu, step, plan.training()->vocab_size(), 7, 1, 0);
+  EXPECT_EQ(cpu.run(step, 0), "");
+  auto read = [&](const pl::Value &v, uint32_t id) {
+    const float *p = static_cast<const float *>(cpu.value_data(step, id));
+    return std::vector<float>(p, p + mt::rt::element_count(v));
+  };
+  r.x = read(xv, mm.in()->Get(0));
+  r.w = read(wv, mm.in()->Get(1));
+  r.logits = read(lv, mm.out()->Get(0));
+  return r;
+}
+// The logits' largest difference from the product in double, relative to
+// the largest logit.
+double routerLogitsError(const RouterGemm &r) {
+  double diff = 0, mag = 1e-30;
+  for (int64_t t = 0; t < r.tokens; ++t)
+    for (int64_t e = 0; e < r.experts; ++e) {
+      double ref = 0;
+      for (int64_t k = 0; k < r.hidden; ++k)
+        ref += double(r.x[size_t(t * r.hidden + k)]) * double(r.w[size_t(e * r.hidden + k)]);
+      diff = std::max(diff, std::fabs(ref - double(r.logits[size_t(t * r.experts + e)])));
+      mag = std::max(mag, std::fabs(ref));
+    }
+  return diff / mag;
+}
+TEST(GpuExecutor, RouterGemmRunsInTheRouterDtype) {
+  const RouterGemm wide = routerGemm("fp32"), none = routerGemm(nullptr);
+  ASSERT_FALSE(wide.logits.empty());
+  ASSERT_FALSE(none.logits.empty());
+  EXPECT_EQ(wide.logitsType, pl::DType::F32);
+  EXPECT_EQ(wide.dlogitsType, pl::DType::F32);
+  EXPECT_EQ(none.logitsType, pl::DType::BF16);
+  EXPECT_EQ(none.dlogitsType, pl::DType::BF16);
+  const double errWide = routerLogitsError(wide), errNone = routerLogitsError(none);
+  std::printf("[ stats    ] router logits vs the product in double: fp32 %.2e, none %.2e\n",
+              errWide, errNone);
+  EXPECT_LT(errWide, 1e-6);        // f32 accumulation of exact products
+  EXPECT_GT(errNone, 1e-4);        // rounded to bf16 (2^-9 relative)
+  EXPECT_LT(errWide * 100, errNone);
+}
+// The same on the emulated GPU against the CPU: the router's forward GEMM
+// is a bf16 x bf16 -> f32 cuBLASLt GEMM, its backward ones widen the bf16
+// operand to f32 first (cuBLASLt multiplies operands of one type; the plan
+// verifier refuses others) and round the input gradient to bf16 once. With
+// top-2 of 2 experts the routing has no discontinuity, so bf16 steps
+// compare as the dense model's do.
+TEST(GpuExecutor, MoeRouterInF32MatchesTheCpuBf16) {
+  const std::vector<mt::spec::Override> o = {
+      {"training.precision=\"bf16\""}, {"model.num_experts=2"}, {"model.moe_router_topk=2"},
+      {"model.moe_aux_loss_coeff=0.01"}, {"model.moe_z_loss_coeff=0.001"},
+      {"model.moe_layer_freq=[1, 0]"},  {"model.add_bias_linear=false"},
+      {"model.moe_router_dtype=\"fp32\""}};
+  auto file = compilePlan(o);
+  ASSERT_TRUE(file);
+  int widened = 0;
+  for (const pl::Program *p : *mt::rt::find_rank(*file->plan(), 0)->programs())
+    for (const pl::Instruction *ins : *p->instructions())
+      if ((ins->op() == pl::Opcode::MATMUL_INPUT_GRAD ||
+           ins->op() == pl::Opcode::MATMUL_WEIGHT_GRAD) &&
+          p->values()->Get(ins->in()->Get(0))->dtype() == pl::DType::F32) {
+        ++widened;
+        ASSERT_TRUE(ins->gpu() && ins->gpu()->size() >= 2);
+        EXPECT_EQ(ins->gpu()->Get(0)->kind(), pl::GpuStepKind::KERNEL); // widen
+        EXPECT_EQ(ins->gpu()->Get(1)->kind(), pl::GpuStepKind::GEMM);
+        EXPECT_EQ(ins->gpu()->Get(1)->gemm()->a_type(), pl::DType::F32);
+      }
+  EXPECT_GE(widened, 2); // the router's input and weight gradients
+  compareSteps(emulatedDevice, o, 1e-2, 0.1, 0.1);
+}
+
 TEST(GpuExecutor, MoeCapacityTrainingStepsMatchTheCpuF32) {
   compareSteps(emulatedDevice,
                moeWith({{"model.moe_expert_capacity_factor=1.0"},
