@@ -9,7 +9,10 @@
 //                                             mp_rank_{tp:02d}_{pp:03d} otherwise,
 //                                             and _{ep:03d} after either when
 //                                             expert_model_parallel_size > 1
-//                                             (Megatron's get_checkpoint_name)
+//                                             (Megatron's get_checkpoint_name;
+//                                             when expert_tensor_parallel_size
+//                                             > tp, {tp} is the writer's etp
+//                                             rank: checkpoint_layout.h)
 //   SAVE/iter_0000100/mp_rank_00.distrib_optim.mtckpt
 //                                             with the distributed optimizer: every
 //                                             data-parallel rank's shard of the
@@ -24,9 +27,10 @@
 // the distributed optimizer's shards are gathered to it and saved as tensors
 // dp_rank_RR.master / .exp_avg / .exp_avg_sq (SGD: .momentum_buffer) of the
 // distrib_optim file. With expert parallelism the experts of each ep rank
-// are written by its expert-data-parallel rank 0 (their shards gathered
-// over expt_dp as edp_rank_RR.*) and the dense parameters as above, each
-// once: checkpoint_layout.h says which rank writes which file.
+// (with expert tensor parallelism, each etp rank's shard of them) are
+// written by its expert-data-parallel rank 0 (their shards gathered over
+// expt_dp as edp_rank_RR.*) and the dense parameters as above, each once:
+// checkpoint_layout.h says which rank writes which file.
 //
 // Rank file, format version 1 (all integers little-endian):
 //   0   char[8] magic "MTCKPT\0\0"

@@ -53,9 +53,10 @@ int int_value(const CheckpointMeta &m, const char *key, int dflt) {
   return ckpt_detail::parse_int(it->second, 1, 1 << 16, &n) ? int(n) : -1;
 }
 
-std::string layout_text(int tp, int pp, int dp, int ep = 1) {
+std::string layout_text(int tp, int pp, int dp, int ep = 1, int etp = 1) {
   return "tensor " + std::to_string(tp) + " x pipeline " + std::to_string(pp) + " x data " +
-         std::to_string(dp) + (ep > 1 ? ", expert-parallel " + std::to_string(ep) : std::string());
+         std::to_string(dp) + (ep > 1 ? ", expert-parallel " + std::to_string(ep) : std::string()) +
+         (etp > 1 ? ", expert-tensor-parallel " + std::to_string(etp) : std::string());
 }
 
 // One parameter of a rank file, as param_layout records it.
@@ -65,6 +66,7 @@ struct SavedParam {
   int64_t flat_offset = -1;
   std::vector<int64_t> shape; // the shard
   int ep_dim = -1;            // an expert-parallel shard's dim (the file's ep rank's slice)
+  bool etp = false;           // tp_dim is a shard over the expert-tensor-parallel ranks
 };
 
 bool parse_param_layout(const std::string &text, std::vector<SavedParam> *out) {
@@ -79,11 +81,20 @@ bool parse_param_layout(const std::string &text, std::vector<SavedParam> *out) {
     if (!(in >> p.name >> p.tp_dim >> p.tp_blocks >> p.flat_offset >> shape) || p.tp_blocks < 1)
       return false;
     if (in >> ep_dim) {
+      // "EP_DIM" (0..), or "EP_DIM etp" with EP_DIM -1 when ep is 1.
       int64_t v = 0;
-      std::string rest;
-      if (!ckpt_detail::parse_int(ep_dim, 0, 64, &v) || (in >> rest))
+      std::string mark, rest;
+      const bool etp = bool(in >> mark);
+      if (etp && mark != "etp")
+        return false;
+      if (ep_dim == "-1" && etp)
+        v = -1;
+      else if (!ckpt_detail::parse_int(ep_dim, 0, 64, &v))
+        return false;
+      if (in >> rest)
         return false;
       p.ep_dim = int(v);
+      p.etp = etp;
     }
     if (shape != "scalar") {
       std::stringstream dims(shape);
@@ -98,6 +109,7 @@ bool parse_param_layout(const std::string &text, std::vector<SavedParam> *out) {
     uint64_t bytes = 0;
     if (p.tp_dim < -1 || p.tp_dim >= int(p.shape.size()) || p.flat_offset < -1 ||
         p.ep_dim >= int(p.shape.size()) || (p.ep_dim >= 0 && p.ep_dim == p.tp_dim) ||
+        (p.etp && p.tp_dim < 0) ||
         !ckpt_detail::shape_bytes(p.shape, 4, &bytes) ||
         (p.tp_dim >= 0 && p.shape[size_t(p.tp_dim)] % p.tp_blocks != 0))
       return false;
@@ -311,27 +323,76 @@ void flat_to_packed(const ShardLayout &l, bool expert, const float *flat,
 }
 
 // The checkpoint's ranks: a file per writer (checkpoint_role) of each
-// stage, named by (tp_rank, ep_rank): dense writers (t, t % ep), expert
-// writers (e % tp, e) (etp 1: a stage's rank i = tp_rank + tp dp_rank has
-// ep_rank i % ep; the two sets agree where they meet).
+// stage. A stage's rank i = tp_rank + tp dp_rank = etp_rank + etp (ep_rank
+// + ep edp_rank) writes when dp_rank is 0 (i < tp, the dense parameters) or
+// edp_rank is 0 (i < etp ep, the experts); its file is named by
+// (i mod max(tp, etp), ep_rank): the tp rank, as Megatron names it, unless
+// etp > tp, when it is the etp rank (which the tp rank would not tell
+// apart). No two writers share a name.
 struct FileCoords {
-  int tp_rank, ep_rank;
+  int tp_rank, ep_rank; // the name's
+  int etp_rank = 0;     // the expert-tensor-parallel rank of its experts
   bool operator<(const FileCoords &o) const {
     return tp_rank != o.tp_rank ? tp_rank < o.tp_rank : ep_rank < o.ep_rank;
   }
-  bool operator==(const FileCoords &o) const {
-    return tp_rank == o.tp_rank && ep_rank == o.ep_rank;
+};
+std::vector<FileCoords> stage_files(int tp, int ep, int etp) {
+  std::vector<FileCoords> files;
+  const int m = std::max(tp, etp);
+  for (int i = 0; i < std::max(tp, etp * ep); ++i)
+    files.push_back({i % m, (i / etp) % ep, i % etp});
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// How a saved parameter's shard sits in the whole tensor: split over the ep
+// ranks on ep_dim (one block), then within that over the etp ranks (an
+// expert's tp_dim, etp) or the tp ranks (a dense tp_dim) on tp_dim.
+struct Split {
+  int dim = -1, blocks = 1, ranks = 1, slot = 0;
+};
+struct Placement {
+  Split outer, inner; // outer: ep; inner: tp or etp
+  int slots() const { return outer.ranks * inner.ranks; }
+  int slot() const { return outer.slot * inner.ranks + inner.slot; }
+  std::vector<int64_t> whole(const std::vector<int64_t> &shard) const {
+    std::vector<int64_t> w = shard;
+    for (const Split *s : {&inner, &outer})
+      if (s->dim >= 0)
+        w[size_t(s->dim)] =
+            w[size_t(s->dim)] > INT64_MAX / s->ranks ? -1 : w[size_t(s->dim)] * s->ranks;
+    return w;
   }
 };
-std::vector<FileCoords> stage_files(int tp, int ep) {
-  std::vector<FileCoords> files;
-  for (int t = 0; t < tp; ++t)
-    files.push_back({t, t % ep});
-  for (int e = 0; e < ep; ++e)
-    files.push_back({e % tp, e});
-  std::sort(files.begin(), files.end());
-  files.erase(std::unique(files.begin(), files.end()), files.end());
-  return files;
+Placement placement(int tp_dim, int tp_blocks, int ep_dim, bool etp_shard, int tp, int ep,
+                    int etp, int tp_rank, int ep_rank, int etp_rank) {
+  Placement pl;
+  if (ep_dim >= 0)
+    pl.outer = {ep_dim, 1, ep, ep_rank};
+  if (tp_dim >= 0)
+    pl.inner = etp_shard ? Split{tp_dim, tp_blocks, etp, etp_rank}
+                         : Split{tp_dim, tp_blocks, tp, tp_rank};
+  return pl;
+}
+
+// Copies between a whole tensor and the shard `pl` places (both splits).
+void place_shard(const Placement &pl, float *whole, float *shard,
+                 const std::vector<int64_t> &shard_shape, bool to_shard) {
+  if (pl.outer.dim < 0 || pl.inner.dim < 0) {
+    const Split &s = pl.outer.dim >= 0 ? pl.outer : pl.inner;
+    copy_shard(whole, shard, shard_shape, s.dim, s.blocks, s.ranks, s.slot, to_shard);
+    return;
+  }
+  // The ep slice of the whole, then the tp/etp shard within it.
+  std::vector<int64_t> mid_shape = shard_shape;
+  mid_shape[size_t(pl.inner.dim)] *= pl.inner.ranks;
+  std::vector<float> mid(size_t(numel(mid_shape)));
+  copy_shard(whole, mid.data(), mid_shape, pl.outer.dim, 1, pl.outer.ranks, pl.outer.slot, true);
+  copy_shard(mid.data(), shard, shard_shape, pl.inner.dim, pl.inner.blocks, pl.inner.ranks,
+             pl.inner.slot, to_shard);
+  if (!to_shard)
+    copy_shard(whole, mid.data(), mid_shape, pl.outer.dim, 1, pl.outer.ranks, pl.outer.slot,
+               false);
 }
 
 } // namespace
@@ -340,9 +401,9 @@ std::string shard_layout(const pl::Plan &plan, const pl::Rank &r) {
   return layout_string(layout_of(plan, r));
 }
 
-std::vector<std::pair<int, int>> checkpoint_stage_files(int tp, int ep) {
+std::vector<std::pair<int, int>> checkpoint_stage_files(int tp, int ep, int etp) {
   std::vector<std::pair<int, int>> out;
-  for (const FileCoords &f : stage_files(std::max(1, tp), std::max(1, ep)))
+  for (const FileCoords &f : stage_files(std::max(1, tp), std::max(1, ep), std::max(1, etp)))
     out.push_back({f.tp_rank, f.ep_rank});
   return out;
 }
@@ -379,8 +440,14 @@ CheckpointRole checkpoint_role(const pl::Plan &plan, const pl::Rank &rank) {
   return role;
 }
 
+int checkpoint_name_rank(const pl::Plan &plan, const pl::Rank &rank) {
+  const int tp = std::max(1, plan.tensor_parallel());
+  const int m = std::max<int>(tp, int(std::max<int64_t>(1, plan.expert_tensor_parallel())));
+  return int((rank.tp_rank() + int64_t(tp) * rank.dp_rank()) % m);
+}
+
 std::string rank_checkpoint_file(const pl::Plan &plan, const pl::Rank &rank, bool distrib_optim) {
-  return checkpoint_file_name(rank.tp_rank(), rank.pp_rank(), std::max(1, plan.pipeline_parallel()),
+  return checkpoint_file_name(checkpoint_name_rank(plan, rank), rank.pp_rank(), std::max(1, plan.pipeline_parallel()),
                               distrib_optim, int(expert_coords(plan, rank).ep_rank),
                               std::max(1, plan.expert_model_parallel()));
 }
@@ -388,8 +455,9 @@ std::string rank_checkpoint_file(const pl::Plan &plan, const pl::Rank &rank, boo
 const pl::Rank *checkpoint_writer(const pl::Plan &plan, const pl::Rank &rank, bool experts) {
   const int tp = std::max(1, plan.tensor_parallel());
   int tp_rank = rank.tp_rank(), dp_rank = 0;
-  if (experts) { // expert-dp rank 0 of the same ep rank: stage index etp * ep_rank (etp 1)
-    const int64_t i = expert_coords(plan, rank).ep_rank * std::max(1, plan.expert_tensor_parallel());
+  if (experts) { // expert-dp rank 0 of the same etp and ep ranks: stage index etp_rank + etp ep_rank
+    const ExpertCoords c = expert_coords(plan, rank);
+    const int64_t i = c.etp_rank + c.ep_rank * std::max(1, plan.expert_tensor_parallel());
     tp_rank = int(i % tp);
     dp_rank = int(i / tp);
   }
@@ -401,20 +469,17 @@ const pl::Rank *checkpoint_writer(const pl::Plan &plan, const pl::Rank &rank, bo
   return nullptr;
 }
 
-std::string unsupported_checkpoint_layout(int64_t etp, const std::string &what) {
-  if (etp <= 1)
-    return "";
-  return what + " has expert_tensor_parallel_size " + std::to_string(etp) +
-         " (experts sharded over expert-tensor-parallel ranks), whose checkpoints mt does not "
-         "write or convert yet: checkpoint a plan compiled with expert_tensor_parallel_size = 1";
-}
-
 namespace {
 
+// An expert's tp_dim is a shard over the etp ranks (plan.fbs, Param):
+// marked "EP_DIM etp" (EP_DIM -1 without ep), so it is not read as a tp one.
 std::string param_entry(const pl::Param *p) {
+  const bool etp = p->expert() && p->tp_dim() >= 0;
   return str(p->name()) + " " + std::to_string(p->tp_dim()) + " " +
          std::to_string(p->tp_blocks()) + " " + std::to_string(p->flat_offset()) + " " +
-         shape_text(shape_of(p)) + (p->ep_dim() >= 0 ? " " + std::to_string(p->ep_dim()) : "");
+         shape_text(shape_of(p)) +
+         (p->ep_dim() >= 0 || etp ? " " + std::to_string(p->ep_dim()) : "") +
+         (etp ? " etp" : "");
 }
 
 } // namespace
@@ -445,6 +510,10 @@ void add_layout_values(const pl::Plan &plan, const pl::Rank &rank, CheckpointMet
     meta->values["expert_model_parallel"] = std::to_string(plan.expert_model_parallel());
   else
     meta->values.erase("expert_model_parallel");
+  if (plan.expert_tensor_parallel() > 1)
+    meta->values["expert_tensor_parallel"] = std::to_string(plan.expert_tensor_parallel());
+  else
+    meta->values.erase("expert_tensor_parallel");
   if (rank.distributed_optimizer() && rank.shard_elements() > 0 &&
       !meta->values.count("no_save_optim"))
     meta->values["distributed_optimizer"] = shard_layout(plan, rank);
@@ -486,30 +555,38 @@ std::string check_saved_layout(const CheckpointReader &first, const std::string 
   const CheckpointMeta &m = first.meta();
   const int tp = int_value(m, "tensor_parallel", 1), pp = first.pp_size();
   const int dp = int_value(m, "data_parallel", 1), ep = int_value(m, "expert_model_parallel", 1);
+  const int etp = int_value(m, "expert_tensor_parallel", 1);
   const int want_tp = std::max(1, plan.tensor_parallel()),
             want_pp = std::max(1, plan.pipeline_parallel()),
             want_dp = std::max(1, plan.data_parallel()),
-            want_ep = std::max(1, plan.expert_model_parallel());
-  if (tp < 1 || dp < 1 || ep < 1)
+            want_ep = std::max(1, plan.expert_model_parallel()),
+            want_etp = std::max(1, plan.expert_tensor_parallel());
+  if (tp < 1 || dp < 1 || ep < 1 || etp < 1)
     return first.path() + ": error: the metadata value '" +
            (tp < 1   ? "tensor_parallel"
             : dp < 1 ? "data_parallel"
-                     : "expert_model_parallel") +
+            : ep < 1 ? "expert_model_parallel"
+                     : "expert_tensor_parallel") +
            "' is not an integer in [1, 65536]; the file is damaged: load an earlier iteration "
            "instead, or start from scratch";
   if (ep != first.ep_size())
     return first.path() + ": error: its name and header give expert-parallel size " +
            std::to_string(first.ep_size()) + " but its metadata expert_model_parallel " +
            std::to_string(ep) + "; the file is damaged: load an earlier iteration instead";
-  if (tp == want_tp && pp == want_pp && ep == want_ep)
+  if (tp == want_tp && pp == want_pp && ep == want_ep && etp == want_etp)
     return "";
-  const std::string epText =
-      ep != want_ep ? " (expert_model_parallel_size " + std::to_string(ep) + " in the checkpoint, " +
-                          std::to_string(want_ep) + " in the plan)"
-                    : "";
-  return "checkpoint " + first.path() + " was saved by " + layout_text(tp, pp, dp, ep) +
-         " ranks but " + plan_path + " is " + layout_text(want_tp, want_pp, want_dp, want_ep) +
-         epText + "; convert it with 'mtc reshard --load " + load_dir + " --plan " + plan_path +
+  std::string keyText;
+  if (ep != want_ep)
+    keyText += "expert_model_parallel_size " + std::to_string(ep) + " in the checkpoint, " +
+               std::to_string(want_ep) + " in the plan";
+  if (etp != want_etp)
+    keyText += std::string(keyText.empty() ? "" : "; ") + "expert_tensor_parallel_size " +
+               std::to_string(etp) + " in the checkpoint, " + std::to_string(want_etp) +
+               " in the plan";
+  return "checkpoint " + first.path() + " was saved by " + layout_text(tp, pp, dp, ep, etp) +
+         " ranks but " + plan_path + " is " +
+         layout_text(want_tp, want_pp, want_dp, want_ep, want_etp) +
+         (keyText.empty() ? "" : " (" + keyText + ")") + "; convert it with 'mtc reshard --load " + load_dir + " --plan " + plan_path +
          " --save NEW_DIR' and load NEW_DIR, or load it with a plan of the layout it was "
          "saved with";
 }
@@ -638,9 +715,8 @@ struct Whole {
   std::vector<float> weight, master;
   std::map<std::string, std::vector<float>> state; // the optimizer's, by kind
   bool has_master = false;
-  int tp_dim = -1;        // the dim its source shards split (tp_dim, or ep_dim with ep)
-  bool ep = false;        // split over expert-parallel ranks
-  std::vector<bool> have; // which tensor- (or expert-) parallel shards arrived
+  std::string split;      // over which ranks its source shards split ("tensor-parallel")
+  std::vector<bool> have; // which shards arrived (ep_rank * etp + etp_rank for experts)
   std::string from;       // the first rank file that held it
   // A fresh start (from-hf): the weight is the f32 value, the master copy
   // (where the plan keeps one) is it, the weight is rounded to the plan's
@@ -675,13 +751,11 @@ std::string save_in_layout(const std::map<std::string, Whole> &wholes,
   // The target: every parameter of every model-parallel rank, sliced.
   const int tp = std::max(1, plan.tensor_parallel()), pp = std::max(1, plan.pipeline_parallel());
   const int ep = std::max(1, plan.expert_model_parallel());
-  if (std::string e = unsupported_checkpoint_layout(plan.expert_tensor_parallel(), "the plan");
-      !e.empty())
-    return plan_path + ": error: " + e;
+  const int etp = std::max(1, plan.expert_tensor_parallel());
   std::map<std::string, bool> used;
   struct Out {
     const pl::Rank *rank;
-    int ep_rank = 0;
+    int ep_rank = 0, etp_rank = 0;
     std::vector<std::vector<float>> data; // owns the tensors' bytes
     std::vector<CheckpointTensor> tensors, distrib;
     CheckpointMeta meta;
@@ -697,6 +771,7 @@ std::string save_in_layout(const std::map<std::string, Whole> &wholes,
     auto out = std::make_unique<Out>();
     out->rank = rank;
     out->ep_rank = int(expert_coords(plan, *rank).ep_rank);
+    out->etp_rank = int(expert_coords(plan, *rank).etp_rank);
     const ShardLayout layout = layout_of(plan, *rank);
     out->data.reserve(rank->params()->size() * 4 + 3 * size_t(layout.dp + layout.edp));
     const bool distopt =
@@ -715,11 +790,10 @@ std::string save_in_layout(const std::map<std::string, Whole> &wholes,
         used[name] = true; // another rank's file holds it
         continue;
       }
-      std::vector<int64_t> shard = shape_of(p), whole = shard;
-      if (p->tp_dim() >= 0)
-        whole[size_t(p->tp_dim())] *= tp;
-      if (p->ep_dim() >= 0)
-        whole[size_t(p->ep_dim())] *= ep;
+      const Placement at =
+          placement(p->tp_dim(), p->tp_blocks(), p->ep_dim(), p->expert() && p->tp_dim() >= 0,
+                    tp, ep, etp, rank->tp_rank(), out->ep_rank, out->etp_rank);
+      std::vector<int64_t> shard = shape_of(p), whole = at.whole(shard);
       auto it = wholes.find(name);
       if (it == wholes.end())
         return plan_path + ": error: parameter " + name + " is not in " + source + other_model;
@@ -744,12 +818,7 @@ std::string save_in_layout(const std::map<std::string, Whole> &wholes,
       const int64_t n = numel(shard);
       auto slice = [&](const std::vector<float> &src) {
         out->data.emplace_back(size_t(n));
-        if (p->ep_dim() >= 0)
-          copy_shard(const_cast<float *>(src.data()), out->data.back().data(), shard, p->ep_dim(),
-                     1, ep, out->ep_rank, true);
-        else
-          copy_shard(const_cast<float *>(src.data()), out->data.back().data(), shard,
-                     p->tp_dim(), p->tp_blocks(), tp, rank->tp_rank(), true);
+        place_shard(at, const_cast<float *>(src.data()), out->data.back().data(), shard, true);
         return out->data.back().data();
       };
       float *weight = slice(w.weight);
@@ -819,7 +888,8 @@ std::string save_in_layout(const std::map<std::string, Whole> &wholes,
   for (const auto &out : outs) {
     const bool distopt = !out->distrib.empty();
     if (std::string e = write_checkpoint_files(staging, out->meta, out->tensors,
-                                               out->rank->tp_rank(), out->rank->pp_rank(), pp,
+                                               checkpoint_name_rank(plan, *out->rank),
+                                               out->rank->pp_rank(), pp,
                                                distopt ? &out->distrib : nullptr, out->ep_rank,
                                                ep);
         !e.empty()) {
@@ -846,9 +916,6 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
       a.st_dev == b.st_dev && a.st_ino == b.st_ino)
     return save_dir + ": error: --save names the --load directory; save the converted "
                       "checkpoint to another directory";
-  if (std::string e = unsupported_checkpoint_layout(plan.expert_tensor_parallel(), "the plan");
-      !e.empty())
-    return plan_path + ": error: " + e;
   auto first = CheckpointReader::open_first(load_dir, iteration, &err);
   if (!first)
     return err;
@@ -856,6 +923,7 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
   iteration = m0.iteration;
   const int src_tp = int_value(m0, "tensor_parallel", 1), src_pp = first->pp_size();
   const int src_ep = int_value(m0, "expert_model_parallel", 1);
+  const int src_etp = int_value(m0, "expert_tensor_parallel", 1);
   // The optimizer's state kinds (torch's names): Adam's two moments or SGD's
   // momentum buffer. Checkpoints without the record predate SGD.
   // A checkpoint saved without the optimizer's state has the weights alone.
@@ -873,16 +941,18 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
       !with_optimizer      ? std::vector<std::string>{}
       : optimizer == "sgd" ? std::vector<std::string>{"momentum_buffer"}
                            : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
-  if (src_tp < 1 || src_ep < 1)
+  if (src_tp < 1 || src_ep < 1 || src_etp < 1 || int64_t(src_etp) * src_ep > (1 << 16))
     return first->path() + ": error: the metadata value '" +
-           (src_tp < 1 ? "tensor_parallel" : "expert_model_parallel") +
+           (src_tp < 1   ? "tensor_parallel"
+            : src_ep < 1 ? "expert_model_parallel"
+                         : "expert_tensor_parallel") +
            "' is not an integer in [1, 65536]; the file is damaged: convert an earlier "
            "iteration instead";
   if (src_ep != first->ep_size())
     return first->path() + ": error: its name and header give expert-parallel size " +
            std::to_string(first->ep_size()) + " but its metadata expert_model_parallel " +
            std::to_string(src_ep) + "; the file is damaged: convert an earlier iteration";
-  const std::vector<FileCoords> files = stage_files(src_tp, src_ep);
+  const std::vector<FileCoords> files = stage_files(src_tp, src_ep, src_etp);
 
   // Every source rank file is there before anything is assembled.
   for (int s = 0; s < src_pp; ++s)
@@ -909,6 +979,7 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
       if (m.model_fingerprint != m0.model_fingerprint ||
           int_value(m, "tensor_parallel", 1) != src_tp ||
           int_value(m, "expert_model_parallel", 1) != src_ep ||
+          int_value(m, "expert_tensor_parallel", 1) != src_etp ||
           m.values.count("no_save_optim") != m0.values.count("no_save_optim"))
         return path + ": error: belongs to another save than " + first->path() +
                " (another model or layout); the iteration directory mixes files of several "
@@ -1002,30 +1073,27 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
                  shape_text(shard) + " but the file holds " +
                  (reader->has(p.name) ? shape_text(reader->shape(p.name)) : "no such tensor") +
                  "; the file is damaged: convert an earlier iteration";
-        if (p.ep_dim >= 0 && p.tp_dim >= 0)
-          return path + ": error: holds " + p.name + " sharded over both tensor- and "
-                 "expert-parallel ranks (expert tensor parallelism), which mtc reshard does not "
-                 "convert yet: " + unsupported_checkpoint_layout(2, "its layout");
-        // Sharded over tp ranks, over ep ranks, or whole.
-        const int dim = p.ep_dim >= 0 ? p.ep_dim : p.tp_dim;
-        const int ranks = p.ep_dim >= 0 ? src_ep : p.tp_dim >= 0 ? src_tp : 1;
-        const int slot = p.ep_dim >= 0 ? f.ep_rank : p.tp_dim >= 0 ? r : 0;
-        std::vector<int64_t> whole_shape = shard;
+        if (p.etp && src_etp < 2)
+          return path + ": error: the metadata's param_layout gives " + p.name +
+                 " as a shard over expert-tensor-parallel ranks but its "
+                 "expert_tensor_parallel is 1; the file is damaged: convert an earlier iteration";
+        // Sharded over tp ranks, over ep ranks and within them over etp
+        // ranks, or whole.
+        const Placement at = placement(p.tp_dim, p.tp_blocks, p.ep_dim, p.etp, src_tp, src_ep,
+                                       src_etp, r, f.ep_rank, f.etp_rank);
+        const int ranks = at.slots(), slot = at.slot();
+        std::vector<int64_t> whole_shape = at.whole(shard);
         uint64_t whole_bytes = 0;
-        if (dim >= 0) {
-          if (whole_shape[size_t(dim)] > INT64_MAX / ranks)
-            whole_shape[size_t(dim)] = -1;
-          else
-            whole_shape[size_t(dim)] *= ranks;
-        }
         if (!ckpt_detail::shape_bytes(whole_shape, 4, &whole_bytes))
           return path + ": error: the metadata's param_layout makes " + p.name +
                  " too large to assemble; the file is damaged: convert an earlier iteration";
         Whole &w = wholes[p.name];
         if (w.have.empty()) {
           w.shape = whole_shape;
-          w.tp_dim = dim;
-          w.ep = p.ep_dim >= 0;
+          w.split = p.ep_dim >= 0 && p.tp_dim >= 0 ? "expert- and expert-tensor-parallel"
+                    : p.ep_dim >= 0                ? "expert-parallel"
+                    : p.etp                        ? "expert-tensor-parallel"
+                                                   : "tensor-parallel";
           w.have.assign(size_t(ranks), false);
           w.from = path;
           size_t n = size_t(numel(whole_shape));
@@ -1049,8 +1117,7 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
         const size_t bytes = size_t(numel(shard)) * 4;
         std::vector<float> buf(size_t(numel(shard)));
         auto place = [&](std::vector<float> &dst) {
-          copy_shard(dst.data(), buf.data(), shard, dim, p.ep_dim >= 0 ? 1 : p.tp_blocks, ranks,
-                     slot, false);
+          place_shard(at, dst.data(), buf.data(), shard, false);
         };
         struct Part {
           std::string suffix, kind;
@@ -1082,8 +1149,7 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
   for (const auto &[name, w] : wholes)
     for (size_t r = 0; r < w.have.size(); ++r)
       if (!w.have[r])
-        return load_dir + ": error: no rank file holds " +
-               (w.ep ? "expert-parallel" : "tensor-parallel") + " shard " + std::to_string(r) +
+        return load_dir + ": error: no rank file holds " + w.split + " shard " + std::to_string(r) +
                " of " + name + "; the checkpoint is incomplete: convert another iteration";
 
   size_t written = 0;
@@ -1093,10 +1159,11 @@ std::string reshard_checkpoint(const std::string &load_dir, int64_t iteration,
     return e;
   const int tp = std::max(1, plan.tensor_parallel()), pp = std::max(1, plan.pipeline_parallel());
   const int dp = std::max(1, plan.data_parallel()), ep = std::max(1, plan.expert_model_parallel());
+  const int etp = std::max(1, plan.expert_tensor_parallel());
   *summary = "resharded iteration " + std::to_string(iteration) + " of " + load_dir + " (" +
-             layout_text(src_tp, src_pp, int_value(m0, "data_parallel", 1), src_ep) + ", " +
-             std::to_string(wholes.size()) + " tensors) to " + save_dir + " (" +
-             layout_text(tp, pp, dp, ep) + ", " + std::to_string(written) + " rank file" +
+             layout_text(src_tp, src_pp, int_value(m0, "data_parallel", 1), src_ep, src_etp) +
+             ", " + std::to_string(wholes.size()) + " tensors) to " + save_dir + " (" +
+             layout_text(tp, pp, dp, ep, etp) + ", " + std::to_string(written) + " rank file" +
              (written == 1 ? "" : "s") + ")" +
              (with_optimizer ? "" : "; the checkpoint has no optimizer state (no_save_optim)");
   return "";
@@ -1154,9 +1221,12 @@ std::string read_whole_weights(const std::string &load_dir, int64_t iteration,
   iteration = meta->iteration;
   const int tp = int_value(*meta, "tensor_parallel", 1), pp = first->pp_size();
   const int ep = int_value(*meta, "expert_model_parallel", 1);
-  if (tp < 1 || ep < 1)
+  const int etp = int_value(*meta, "expert_tensor_parallel", 1);
+  if (tp < 1 || ep < 1 || etp < 1 || int64_t(etp) * ep > (1 << 16))
     return first->path() + ": error: the metadata value '" +
-           (tp < 1 ? "tensor_parallel" : "expert_model_parallel") +
+           (tp < 1   ? "tensor_parallel"
+            : ep < 1 ? "expert_model_parallel"
+                     : "expert_tensor_parallel") +
            "' is not an integer in [1, 65536]; the file is damaged: use an earlier iteration "
            "instead";
   if (ep != first->ep_size())
@@ -1167,7 +1237,7 @@ std::string read_whole_weights(const std::string &load_dir, int64_t iteration,
   std::map<std::string, std::string> from;
   std::map<std::string, std::string> split; // "tensor-parallel", "expert-parallel" or ""
   for (int s = 0; s < pp; ++s)
-    for (const FileCoords &f : stage_files(tp, ep)) {
+    for (const FileCoords &f : stage_files(tp, ep, etp)) {
       const int r = f.tp_rank;
       auto reader = CheckpointReader::open(load_dir, iteration, r, s, pp, &err, false, f.ep_rank, ep);
       if (!reader)
@@ -1175,7 +1245,8 @@ std::string read_whole_weights(const std::string &load_dir, int64_t iteration,
       const CheckpointMeta &m = reader->meta();
       const std::string &path = reader->path();
       if (m.model_fingerprint != meta->model_fingerprint ||
-          int_value(m, "tensor_parallel", 1) != tp || int_value(m, "expert_model_parallel", 1) != ep)
+          int_value(m, "tensor_parallel", 1) != tp || int_value(m, "expert_model_parallel", 1) != ep ||
+          int_value(m, "expert_tensor_parallel", 1) != etp)
         return path + ": error: belongs to another save than " + first->path() +
                " (another model or layout); the iteration directory mixes files of several "
                "runs: use another iteration";
@@ -1201,17 +1272,15 @@ std::string read_whole_weights(const std::string &load_dir, int64_t iteration,
                  shape_text(p.shape) + " but the file holds " +
                  (reader->has(p.name) ? shape_text(reader->shape(p.name)) : "no such tensor") +
                  "; the file is damaged: use an earlier iteration";
-        if (p.ep_dim >= 0 && p.tp_dim >= 0)
-          return path + ": error: holds " + p.name + " sharded over both tensor- and "
-                 "expert-parallel ranks (expert tensor parallelism); " +
-                 unsupported_checkpoint_layout(2, "its layout");
-        const int dim = p.ep_dim >= 0 ? p.ep_dim : p.tp_dim;
-        const int ranks = p.ep_dim >= 0 ? ep : p.tp_dim >= 0 ? tp : 1;
-        const int slot = p.ep_dim >= 0 ? f.ep_rank : p.tp_dim >= 0 ? r : 0;
-        std::vector<int64_t> whole = p.shape;
-        if (dim >= 0)
-          whole[size_t(dim)] =
-              whole[size_t(dim)] > INT64_MAX / ranks ? -1 : whole[size_t(dim)] * ranks;
+        if (p.etp && etp < 2)
+          return path + ": error: the metadata's param_layout gives " + p.name +
+                 " as a shard over expert-tensor-parallel ranks but its "
+                 "expert_tensor_parallel is 1; the file is damaged: use an earlier iteration";
+        const Placement at =
+            placement(p.tp_dim, p.tp_blocks, p.ep_dim, p.etp, tp, ep, etp, r, f.ep_rank,
+                      f.etp_rank);
+        const int ranks = at.slots(), slot = at.slot();
+        std::vector<int64_t> whole = at.whole(p.shape);
         uint64_t whole_bytes = 0;
         if (!ckpt_detail::shape_bytes(whole, 4, &whole_bytes))
           return path + ": error: the metadata's param_layout makes " + p.name +
@@ -1223,7 +1292,10 @@ std::string read_whole_weights(const std::string &load_dir, int64_t iteration,
           w.data.assign(size_t(numel(whole)), 0.0f);
           got.assign(size_t(ranks), false);
           from[p.name] = path;
-          split[p.name] = p.ep_dim >= 0 ? "expert-parallel" : "tensor-parallel";
+          split[p.name] = p.ep_dim >= 0 && p.tp_dim >= 0 ? "expert- and expert-tensor-parallel"
+                          : p.ep_dim >= 0                ? "expert-parallel"
+                          : p.etp                        ? "expert-tensor-parallel"
+                                                         : "tensor-parallel";
         } else if (w.shape != whole || got.size() != size_t(ranks)) {
           return path + ": error: holds " + p.name + " as a shard of " + shape_text(whole) +
                  " but " + from[p.name] + " of " + shape_text(w.shape) +
@@ -1236,8 +1308,7 @@ std::string read_whole_weights(const std::string &load_dir, int64_t iteration,
         if (std::string e = reader->read(p.name, "f32", p.shape, buf.data(), buf.size() * 4);
             !e.empty())
           return e;
-        copy_shard(w.data.data(), buf.data(), p.shape, dim, p.ep_dim >= 0 ? 1 : p.tp_blocks,
-                   ranks, slot, false);
+        place_shard(at, w.data.data(), buf.data(), p.shape, false);
       }
     }
   for (const auto &[name, got] : have)

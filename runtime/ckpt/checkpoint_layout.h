@@ -5,15 +5,19 @@
 // Each rank file's metadata "values" describe the layout that saved it:
 //   tensor_parallel, pipeline_parallel, data_parallel   the sizes
 //   expert_model_parallel   ep, only when ep > 1 (the file name's _EEE)
+//   expert_tensor_parallel  etp, only when etp > 1
 //   distributed_optimizer   the shard layout ("dp 2, flat 35200, buckets
 //                           [0, 35200)"; with expert buckets "dp 2, edp 1,
 //                           flat 40000, shard 37600, buckets [35200, 40000)
 //                           edp@0 [0, 35200) dp@2400"), only with the
 //                           distributed optimizer
 //   param_layout            the file's parameters, ";"-separated, each
-//                           "NAME TP_DIM TP_BLOCKS FLAT_OFFSET SHAPE [EP_DIM]"
-//                           with the shard's SHAPE as "32x96" and EP_DIM only
-//                           for an expert-parallel shard (plan.fbs, Param)
+//                           "NAME TP_DIM TP_BLOCKS FLAT_OFFSET SHAPE [EP_DIM
+//                           [etp]]" with the shard's SHAPE as "32x96",
+//                           EP_DIM for an expert-parallel shard, and "etp"
+//                           when TP_DIM is an expert's shard over the
+//                           expert-tensor-parallel ranks (EP_DIM then -1
+//                           without ep; plan.fbs, Param)
 // With them a checkpoint is self-describing: a loader refuses another layout
 // by name, and reshard reassembles every whole tensor without the plan that
 // saved it.
@@ -21,11 +25,14 @@
 // Who writes what (nothing is written twice): within a pipeline stage, the
 // dense parameters (and their optimizer state) of tensor-parallel rank t are
 // written by data-parallel rank 0 of t; the expert parameters of
-// expert-parallel rank e (and theirs) by expert-data-parallel rank 0 of e.
-// A writer's file is named by its own coordinates, mp_rank_TT[_PPP][_EEE]
-// (Megatron's get_checkpoint_name: _EEE, the ep rank, when ep > 1); a rank
-// that writes both writes one file. A stage so has max(tp, ep) files, the
-// files of e >= tp (when tp < ep) holding experts alone. The distributed
+// expert-parallel rank e and expert-tensor-parallel rank x (and theirs) by
+// expert-data-parallel rank 0 of (x, e): stage index x + etp e. A writer's
+// file is named by its own coordinates, mp_rank_TT[_PPP][_EEE] (Megatron's
+// get_checkpoint_name: TT the tp rank, _EEE the ep rank when ep > 1; when
+// etp > tp, TT is the stage index modulo etp, the etp rank of an expert
+// writer, see checkpoint_name_rank); a rank that writes both writes one
+// file. A stage so has max(tp, etp ep) files, those of stage index >= tp
+// holding experts alone. The distributed
 // optimizer's state is saved per group: dp_rank_RR.KIND, the dense buckets'
 // shards of dp rank RR (gathered over dp), beside the dense parameters;
 // edp_rank_RR.KIND, the expert buckets' shards of expert-dp rank RR
@@ -59,23 +66,25 @@ struct CheckpointRole {
   bool writes() const { return dense || experts; }
 };
 CheckpointRole checkpoint_role(const mt::plan::Plan &plan, const mt::plan::Rank &rank);
-// The rank's checkpoint file, named by its tp, pp and ep ranks.
+// The TT of the rank's file name: its tp rank, or its stage index modulo
+// etp when expert_tensor_parallel_size > tp (the expert writers of one ep
+// rank then share a tp rank; the dense writers' index is their tp rank).
+int checkpoint_name_rank(const mt::plan::Plan &plan, const mt::plan::Rank &rank);
+// The rank's checkpoint file, named by checkpoint_name_rank, its pp rank
+// and its ep rank.
 std::string rank_checkpoint_file(const mt::plan::Plan &plan, const mt::plan::Rank &rank,
                                  bool distrib_optim);
 // The rank that writes `rank`'s dense (experts false) or expert parameters:
-// the rank of the same stage and tp rank at dp rank 0, or of the same ep
-// rank at expert-dp rank 0. Null when the plan lacks it.
+// the rank of the same stage and tp rank at dp rank 0, or of the same etp
+// and ep ranks at expert-dp rank 0. Null when the plan lacks it.
 const mt::plan::Rank *checkpoint_writer(const mt::plan::Plan &plan, const mt::plan::Rank &rank,
                                         bool experts);
-// "" or the refusal of a layout whose checkpoints mt cannot write or read
-// (expert_tensor_parallel_size > 1), naming the key; `what` says who asks.
-std::string unsupported_checkpoint_layout(int64_t expert_tensor_parallel,
-                                          const std::string &what);
 
-// The files of one pipeline stage of a checkpoint saved by tp x ep ranks,
-// as (tp_rank, ep_rank): the dense writers' (t, t % ep) and the expert
-// writers' (e % tp, e), each once, sorted.
-std::vector<std::pair<int, int>> checkpoint_stage_files(int tp, int ep);
+// The files of one pipeline stage of a checkpoint saved by tp, ep and etp
+// ranks, as (name rank TT, ep_rank), sorted: the writers' stage indices i
+// in [0, max(tp, etp ep)) give (i % max(tp, etp), (i / etp) % ep); at etp 1
+// the dense writers' (t, t % ep) and the expert writers' (e % tp, e).
+std::vector<std::pair<int, int>> checkpoint_stage_files(int tp, int ep, int etp = 1);
 
 // The distributed optimizer's shard state of a rank by group: the shards of
 // its dense buckets (experts false) or of its expert buckets, packed in

@@ -211,10 +211,11 @@ int run_info(const Args &a, const SpecModelReader &read_spec) {
   if (!first)
     return fail(err);
   const CheckpointMeta &m = first->meta();
-  int64_t tp = 1, dp = 1, ep = 1;
+  int64_t tp = 1, dp = 1, ep = 1, etp = 1;
   if (!(err = first->int_value("tensor_parallel", 1, 1 << 16, 1, &tp)).empty() ||
       !(err = first->int_value("data_parallel", 1, 1 << 16, 1, &dp)).empty() ||
-      !(err = first->int_value("expert_model_parallel", 1, 1 << 16, 1, &ep)).empty())
+      !(err = first->int_value("expert_model_parallel", 1, 1 << 16, 1, &ep)).empty() ||
+      !(err = first->int_value("expert_tensor_parallel", 1, (1 << 16) / ep, 1, &etp)).empty())
     return fail(err);
   if (ep != first->ep_size())
     return fail(first->path() + ": error: its name and header give expert-parallel size " +
@@ -228,7 +229,8 @@ int run_info(const Args &a, const SpecModelReader &read_spec) {
               static_cast<long long>(m.consumed_train_samples),
               static_cast<long long>(m.consumed_valid_samples));
   const std::string expert =
-      ep > 1 ? ", expert-parallel " + std::to_string(ep) : "";
+      (ep > 1 ? ", expert-parallel " + std::to_string(ep) : "") +
+      (etp > 1 ? ", expert-tensor-parallel " + std::to_string(etp) : "");
   std::printf("layout: tensor %lld x pipeline %d x data %lld%s, distributed optimizer: %s\n",
               static_cast<long long>(tp), pp, static_cast<long long>(dp), expert.c_str(),
               distopt ? value_or(m, "distributed_optimizer", "").c_str() : "no");
@@ -270,7 +272,7 @@ int run_info(const Args &a, const SpecModelReader &read_spec) {
   uint64_t bytes = 0;
   const int64_t iteration = m.iteration;
   for (int s = 0; s < pp; ++s)
-    for (const auto &[r, e] : checkpoint_stage_files(int(tp), int(ep))) {
+    for (const auto &[r, e] : checkpoint_stage_files(int(tp), int(ep), int(etp))) {
       auto reader = CheckpointReader::open(a.ckpt, iteration, r, s, pp, &err, false, e, int(ep));
       if (!reader)
         return fail(err);

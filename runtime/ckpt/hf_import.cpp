@@ -379,6 +379,9 @@ std::string import_hf(const std::string &dir_in, const HfModelSpec &m,
              (plan.expert_model_parallel() > 1
                   ? ", expert-parallel " + std::to_string(plan.expert_model_parallel())
                   : std::string()) +
+             (plan.expert_tensor_parallel() > 1
+                  ? ", expert-tensor-parallel " + std::to_string(plan.expert_tensor_parallel())
+                  : std::string()) +
              ", " + std::to_string(files) + " rank file" + (files == 1 ? "" : "s") + ")";
   return "";
 }

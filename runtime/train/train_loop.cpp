@@ -193,18 +193,6 @@ public:
       return fail(opts.plan_path + " lacks the train_step, grad_norm or optimizer_step "
                                    "program; recompile it with this mtc");
     trackRouterLosses(*t);
-    // Checkpoints of expert-tensor-parallel runs are not written or read yet:
-    // refused before anything runs.
-    if (!save.empty() || !load.empty()) {
-      const std::string what = !save.empty() ? (opts.save.empty() ? "training.save" : "--save")
-                                             : (opts.load.empty() ? "training.load" : "--load");
-      if (std::string e = unsupported_checkpoint_layout(plan.expert_tensor_parallel(),
-                                                        what + " asks for a checkpoint, but " +
-                                                            opts.plan_path);
-          !e.empty())
-        return fail(e);
-    }
-
     // The printing rank's logs; every rank learns whether they opened, so
     // a failure stops all of them at once.
     std::string logErr = openLogs();
@@ -1035,7 +1023,8 @@ private:
     // dense parameters' writer's, and its experts' writer's when they differ.
     const int ep = std::max(1, plan.expert_model_parallel());
     auto openOf = [&](const pl::Rank *w, bool distribOptim) {
-      return CheckpointReader::open(load, first->meta().iteration, w->tp_rank(), w->pp_rank(), pp,
+      return CheckpointReader::open(load, first->meta().iteration, checkpoint_name_rank(plan, *w),
+                                    w->pp_rank(), pp,
                                     &err, distribOptim, int(expert_coords(plan, *w).ep_rank), ep);
     };
     const pl::Rank *denseWriter = checkpoint_writer(plan, *myRank, false);
@@ -1411,7 +1400,8 @@ private:
     add_layout_values(plan, *rank, &m);
     if (std::string err = save_checkpoint_collective(
             groups.world, this->rank, save, m, checkpoint_files_of(plan, saveOptim), writes,
-            tensors, tpRank, ppRank, pp, distrib.empty() ? nullptr : &distrib,
+            tensors, checkpoint_name_rank(plan, *myRank), ppRank, pp,
+            distrib.empty() ? nullptr : &distrib,
             int(expert_coords(plan, *myRank).ep_rank), ep);
         !err.empty())
       return err;

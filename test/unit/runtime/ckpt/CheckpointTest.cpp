@@ -21,6 +21,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -822,22 +823,6 @@ TEST(CheckpointSample, DISABLED_Write) {
   }
 }
 
-// mtc reshard refuses a target plan with expert tensor parallelism before it
-// reads anything, naming the key.
-TEST(CheckpointReshard, ExpertTensorParallelTargetIsRefused) {
-  flatbuffers::FlatBufferBuilder b;
-  std::vector<flatbuffers::Offset<mt::plan::Rank>> ranks;
-  b.Finish(mt::plan::CreatePlanDirect(b, "mtc test", "", "", 2, 1, 1, 2, 0, nullptr, &ranks, 1, 2),
-           mt::plan::PlanIdentifier());
-  const mt::plan::Plan &plan = *mt::plan::GetPlan(b.GetBufferPointer());
-  std::string summary;
-  EXPECT_EQ(mt::rt::reshard_checkpoint("/nonexistent/load", -1, plan, "etp2.plan",
-                                       "/nonexistent/save", &summary),
-            "etp2.plan: error: the plan has expert_tensor_parallel_size 2 (experts sharded over "
-            "expert-tensor-parallel ranks), whose checkpoints mt does not write or convert yet: "
-            "checkpoint a plan compiled with expert_tensor_parallel_size = 1");
-}
-
 // Megatron's names with an expert-parallel rank, and which (tp, ep) files a
 // stage has: every tp rank's dense parameters and every ep rank's experts,
 // each in exactly one file.
@@ -874,6 +859,87 @@ TEST(CheckpointNames, ExpertParallelFiles) {
         }
         EXPECT_EQ(writers, files.size()) << tp << " " << ep << " " << dp;
       }
+}
+
+// With expert tensor parallelism each (etp, ep) rank pair's expert shard
+// has its own file: the writers (dp rank 0, or expert-dp rank 0) of every
+// layout have distinct names, one per file of checkpoint_stage_files.
+TEST(CheckpointNames, ExpertTensorParallelFiles) {
+  using F = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(mt::rt::checkpoint_stage_files(1, 1, 2), (F{{0, 0}, {1, 0}}));
+  EXPECT_EQ(mt::rt::checkpoint_stage_files(1, 2, 2), (F{{0, 0}, {0, 1}, {1, 0}, {1, 1}}));
+  EXPECT_EQ(mt::rt::checkpoint_stage_files(2, 2, 2), (F{{0, 0}, {0, 1}, {1, 0}, {1, 1}}));
+  EXPECT_EQ(mt::rt::checkpoint_stage_files(4, 1, 2), (F{{0, 0}, {1, 0}, {2, 0}, {3, 0}}));
+  EXPECT_EQ(mt::rt::checkpoint_stage_files(2, 1, 4), (F{{0, 0}, {1, 0}, {2, 0}, {3, 0}}));
+  for (int tp : {1, 2, 4})
+    for (int etp : {1, 2, 4})
+      for (int ep : {1, 2, 4})
+        for (int dp : {1, 2, 4, 8}) {
+          if ((tp * dp) % (etp * ep) != 0)
+            continue;
+          const F files = mt::rt::checkpoint_stage_files(tp, ep, etp);
+          std::set<std::pair<int, int>> names;
+          for (int i = 0; i < tp * dp; ++i) {
+            const mt::rt::ExpertCoords c = mt::rt::expert_coords(tp, ep, etp, i % tp, i / tp);
+            if (i / tp != 0 && c.edp_rank != 0)
+              continue;
+            const std::pair<int, int> name{i % std::max(tp, etp), int(c.ep_rank)};
+            EXPECT_TRUE(names.insert(name).second) << tp << " " << etp << " " << ep << " " << dp;
+            EXPECT_NE(std::find(files.begin(), files.end(), name), files.end())
+                << tp << " " << etp << " " << ep << " " << dp << " " << i;
+          }
+          EXPECT_EQ(names.size(), files.size()) << tp << " " << etp << " " << ep << " " << dp;
+        }
+}
+
+// tp1 x dp4 with ep 2 and etp 2: every rank writes its experts' shard (expert
+// dp 1), rank 0 the dense parameters too; files by (etp rank, ep rank); an
+// expert's tp_dim is recorded as a shard over etp.
+TEST(CheckpointLayout, ExpertTensorParallelRoles) {
+  flatbuffers::FlatBufferBuilder b;
+  const std::vector<int64_t> fc1 = {2, 8, 4}, dense = {4, 4};
+  std::vector<flatbuffers::Offset<mt::plan::Rank>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    std::vector<flatbuffers::Offset<mt::plan::Param>> params;
+    params.push_back(mt::plan::CreateParamDirect(b, "dense.weight", &dense));
+    auto name = b.CreateString("experts.linear_fc1.weight");
+    auto shape = b.CreateVector(fc1);
+    mt::plan::ParamBuilder pb(b);
+    pb.add_name(name);
+    pb.add_shape(shape);
+    pb.add_tp_dim(1);
+    pb.add_tp_blocks(2);
+    pb.add_ep_dim(0);
+    pb.add_expert(true);
+    params.push_back(pb.Finish());
+    ranks.push_back(mt::plan::CreateRankDirect(b, r, 0, 0, r, &params));
+  }
+  b.Finish(mt::plan::CreatePlanDirect(b, "mtc test", "", "", 4, 1, 1, 4, 0, nullptr, &ranks, 2, 2),
+           mt::plan::PlanIdentifier());
+  const mt::plan::Plan &plan = *mt::plan::GetPlan(b.GetBufferPointer());
+  const std::vector<std::string> want = {"mp_rank_00_000.mtckpt", "mp_rank_01_000.mtckpt",
+                                         "mp_rank_00_001.mtckpt", "mp_rank_01_001.mtckpt"};
+  for (int r = 0; r < 4; ++r) {
+    const mt::plan::Rank &rank = *plan.ranks()->Get(uint32_t(r));
+    const mt::rt::CheckpointRole role = mt::rt::checkpoint_role(plan, rank);
+    EXPECT_EQ(role.dense, r == 0);
+    EXPECT_TRUE(role.experts);
+    EXPECT_EQ(mt::rt::checkpoint_name_rank(plan, rank), r % 2);
+    EXPECT_EQ(mt::rt::rank_checkpoint_file(plan, rank, false), want[size_t(r)]);
+    EXPECT_EQ(mt::rt::checkpoint_writer(plan, rank, true), &rank);
+    EXPECT_EQ(mt::rt::checkpoint_writer(plan, rank, false), plan.ranks()->Get(0));
+  }
+  EXPECT_EQ(mt::rt::param_layout(plan, *plan.ranks()->Get(0)),
+            "dense.weight -1 1 -1 4x4;experts.linear_fc1.weight 1 2 -1 2x8x4 0 etp");
+  EXPECT_EQ(mt::rt::param_layout(plan, *plan.ranks()->Get(3)),
+            "experts.linear_fc1.weight 1 2 -1 2x8x4 0 etp");
+  std::vector<std::string> all = want;
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(mt::rt::checkpoint_files_of(plan), all);
+  mt::rt::CheckpointMeta meta;
+  mt::rt::add_layout_values(plan, *plan.ranks()->Get(1), &meta);
+  EXPECT_EQ(meta.values["expert_tensor_parallel"], "2");
+  EXPECT_EQ(meta.values["expert_model_parallel"], "2");
 }
 
 // The distributed optimizer's shards of an expert-parallel rank by group:
