@@ -323,7 +323,9 @@ def main(argv):
     p.add_argument("path", help="a --save directory, an iter_XXXXXXX directory or a file")
     p.add_argument("--iteration", type=int, default=None,
                    help="this iteration instead of the latest")
-    p.add_argument("--tp-rank", type=int, default=0)
+    p.add_argument("--tp-rank", type=int, default=0,
+                   help="the TT of mp_rank_TT: the tensor-parallel rank (the "
+                        "expert-tensor-parallel rank of an expert writer when etp > tp)")
     p.add_argument("--pp-rank", type=int, default=0)
     p.add_argument("--pp-size", type=int, default=None,
                    help="the pipeline size (default: recognised from the file names)")
