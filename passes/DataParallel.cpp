@@ -187,13 +187,20 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
       return success();
     };
     auto allBuckets = llvm::to_vector(llvm::seq<int64_t>(0, int64_t(buckets.size())));
-    // The buckets with something to reduce and gather: a group of one rank
-    // (dp = 1 beside expert buckets, or edp = 1: every expert-parallel rank
-    // holds other experts) has none.
-    SmallVector<int64_t> shared;
-    for (int64_t i : allBuckets)
+    // The buckets with something to gather: a group of one rank (dp = 1
+    // beside expert buckets, or edp = 1: every rank of the stage holds other
+    // experts or other shards of them) has none. Those to reduce: these,
+    // and a group of one whose gradient still takes the scale (edp = 1 with
+    // dp > 1: the rank's expert gradient already sums every token-holding
+    // rank's contribution, and the reduction of one rank is the 1 / dp that
+    // makes it the mean, as the dense buckets' sum over dp does).
+    SmallVector<int64_t> shared, reduced;
+    for (int64_t i : allBuckets) {
       if (groupSize(i) > 1)
         shared.push_back(i);
+      if (groupSize(i) > 1 || scale != 1.0)
+        reduced.push_back(i);
+    }
     // Each of `which` (in index order) right after the op of `f` that
     // completes its gradients, the earliest point its reduction can start;
     // the buckets of one op in index order. `lastMicroBatch`: marked for
@@ -236,7 +243,7 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
       // exchanged: the two stages' buckets differ, and with the
       // distributed optimizer so would their shards.
       SmallVector<int64_t> early, late;
-      for (int64_t i : shared)
+      for (int64_t i : reduced)
         (llvm::any_of(buckets[size_t(i)],
                       [](ParamOp p) { return p->hasAttr("mt.tied_peer"); })
              ? late
@@ -256,9 +263,9 @@ struct MtDataParallelPass : impl::MtDataParallelPassBase<MtDataParallelPass> {
       // A bucket whose parameters get no gradient is reduced at the end.
       Operation *terminator = last.getBody().front().getTerminator();
       OpBuilder ob(terminator);
-      for (int64_t i : reduceAfterCompleting(last, shared, false))
+      for (int64_t i : reduceAfterCompleting(last, reduced, false))
         reduce(ob, terminator->getLoc(), i);
-    } else if (failed(reduceBeforeNorm(shared))) {
+    } else if (failed(reduceBeforeNorm(reduced))) {
       // After the last micro-batch's backward.
       return failure();
     }

@@ -1,7 +1,8 @@
 // mt-data-parallel with expert parameters (mt.expert): buckets of their own
 // after the dense ones, reduced over expt_dp (edp = tp * dp / (etp * ep)
 // ranks) with the dense scale 1/dp; the distributed optimizer shards them
-// over expt_dp; nothing is reduced or gathered over a group of one rank.
+// over expt_dp; nothing is gathered over a group of one rank, and a bucket
+// over a group of one is "reduced" only for its scale.
 // RUN: mtc-opt %s -split-input-file -mt-data-parallel | FileCheck %s --enable-var-scope
 
 // ep 1, tp 1, dp 2: edp = 2. Dense parameters last first, then the experts
@@ -28,8 +29,10 @@ module attributes {mt.parallel = {data_parallel_size = 2 : i64, tensor_model_par
 // -----
 
 // dp 2 x ep 2 on 2 ranks: edp = 1, each rank holds its own experts. The
-// expert bucket is neither reduced nor gathered; the distributed optimizer
-// still updates it (its shard is the whole bucket).
+// expert bucket has no peer to sum with or gather from, but its gradient,
+// which already sums both ranks' tokens, still takes the dense scale 1/dp
+// (a reduction over a group of one rank); the distributed optimizer updates
+// it whole (its shard is the whole bucket).
 // CHECK-LABEL: module attributes
 // CHECK-SAME: mt.distributed_optimizer
 // CHECK-SAME: mt.expert_data_parallel = 1 : i64
@@ -37,6 +40,7 @@ module attributes {mt.parallel = {data_parallel_size = 2 : i64, tensor_model_par
 // CHECK: mt.param @fc1 {{.*}}mt.weight_decay = true
 // CHECK: func.func @grad_norm() -> tensor<f32> {
 // CHECK-NEXT: mt.reduce_grads {bucket = 0 : i64, group = "dp", scale = 5.000000e-01 : f64, scatter = true}
+// CHECK-NEXT: mt.reduce_grads {bucket = 1 : i64, group = "expt_dp", scale = 5.000000e-01 : f64, scatter = true}
 // CHECK-NEXT: mt.sharded_grad_norm {group = "dp"}
 // CHECK: func.func @optimizer_step(
 // CHECK-NEXT: mt.sharded_adamw {{.*}}bucket = 0 : i64
