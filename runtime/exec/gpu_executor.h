@@ -395,6 +395,10 @@ private:
   // sends and receives are counts the host reads from the device.
   std::string moe_exchange(const mt::plan::Program &program, const mt::plan::Instruction &ins,
                            const mt::plan::GpuStep &s);
+  // REDUCE_GRADS over a group of one rank: the bucket times the scale,
+  // through the host (gpu_executor.cpp).
+  std::string scale_alone(const mt::plan::Bucket &bucket, double scale);
+  bool scales_alone(const mt::plan::Instruction &ins) const;
   // "" or why the distributed optimizer's kernels cannot run the plan's
   // expert buckets.
   std::string check_shards() const;
