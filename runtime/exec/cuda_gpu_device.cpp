@@ -6,6 +6,7 @@
 // stream by events. Everything is asynchronous until synchronize().
 #include "runtime/exec/cuda_gpu_device.h"
 
+#include "runtime/exec/cpu_kernels.h"
 #include "runtime/exec/cuda/kernel_cache.h"
 #include "runtime/plan/plan_reader.h"
 
@@ -64,8 +65,11 @@ public:
   }
   ~NcclComm() override {
     live_->erase(this);
-    if (cu::ncclComm_t c = comm_.load())
+    if (cu::ncclComm_t c = comm_.load()) {
+      for (const auto &[key, op] : scaled_ops_)
+        nccl_->ncclRedOpDestroy(op, c);
       nccl_->ncclCommDestroy(c);
+    }
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -102,10 +106,10 @@ public:
   std::string all_reduce(uint64_t in, uint64_t out, uint64_t count, CommElement t, ReduceOp op,
                          double scale) override {
     cu::ncclRedOp_t o = op == ReduceOp::Max ? cu::ncclMax : cu::ncclSum;
-    if (std::string e = scaled(op, scale, &o); !e.empty())
-      return e;
     cu::ncclComm_t c = nullptr;
     if (std::string e = live(&c); !e.empty())
+      return e;
+    if (std::string e = scaled(op, scale, t, c, &o); !e.empty())
       return e;
     return check(nccl_->ncclAllReduce(ptr(in), ptr(out), count, nccl_type(t), o, c, *stream_),
                  "ncclAllReduce");
@@ -120,10 +124,10 @@ public:
   std::string reduce_scatter(uint64_t in, uint64_t out, uint64_t count, CommElement t,
                              double scale) override {
     cu::ncclRedOp_t o = cu::ncclSum;
-    if (std::string e = scaled(ReduceOp::Sum, scale, &o); !e.empty())
-      return e;
     cu::ncclComm_t c = nullptr;
     if (std::string e = live(&c); !e.empty())
+      return e;
+    if (std::string e = scaled(ReduceOp::Sum, scale, t, c, &o); !e.empty())
       return e;
     return check(nccl_->ncclReduceScatter(ptr(in), ptr(out), count, nccl_type(t), o, c, *stream_),
                  "ncclReduceScatter");
@@ -152,17 +156,66 @@ private:
     return "the " + name_ + " group's NCCL communicator was aborted (a collective failed or "
            "timed out)";
   }
-  // A sum times 1/size is NCCL's average; the plans scale by nothing else.
-  std::string scaled(ReduceOp op, double scale, cu::ncclRedOp_t *o) const {
+  // A sum times 1/size is NCCL's average; any other factor (an expert
+  // bucket's 1/dp over an expert data-parallel group of another size, e.g.
+  // tp 2 x dp 2 at expert_tensor_parallel 1: 1/2 over 4 GPUs) is a
+  // pre-multiplied sum, ncclRedOpCreatePreMulSum's operator with the factor
+  // in the reduction's type, made once per (type, factor) and kept until
+  // the communicator goes (a few per run: the plans' scales are per group).
+  std::string scaled(ReduceOp op, double scale, CommElement t, cu::ncclComm_t c,
+                     cu::ncclRedOp_t *o) {
     if (scale == 1.0)
       return "";
     if (op == ReduceOp::Sum && std::fabs(scale * size_ - 1.0) < 1e-12) {
       *o = cu::ncclAvg;
       return "";
     }
+    if (op != ReduceOp::Sum)
+      return "a maximum scaled by " + std::to_string(scale) + " over the " + name_ +
+             " group; NCCL scales sums only";
+    uint64_t bits = 0;
+    if (std::string e = scalar_bits(scale, t, &bits); !e.empty())
+      return e;
+    const std::pair<int, uint64_t> key{int(t), bits};
+    if (auto it = scaled_ops_.find(key); it != scaled_ops_.end()) {
+      *o = it->second;
+      return "";
+    }
+    cu::ncclRedOp_t made = 0;
+    if (std::string e = check(nccl_->ncclRedOpCreatePreMulSum(&made, &bits, nccl_type(t),
+                                                              cu::ncclScalarHostImmediate, c),
+                              "ncclRedOpCreatePreMulSum");
+        !e.empty())
+      return e;
+    scaled_ops_.emplace(key, made);
+    *o = made;
+    return "";
+  }
+  // The factor as NCCL reads it for a reduction of type t (little-endian:
+  // the value's bytes start at the scalar's address).
+  std::string scalar_bits(double scale, CommElement t, uint64_t *bits) const {
+    float f = float(scale);
+    uint32_t u = 0;
+    switch (t) {
+    case CommElement::F64: std::memcpy(bits, &scale, 8); return "";
+    case CommElement::F32: std::memcpy(&u, &f, 4); *bits = u; return "";
+    case CommElement::BF16:
+      cpu::round_to_bf16(&f, 1);
+      std::memcpy(&u, &f, 4);
+      *bits = u >> 16;
+      return "";
+    case CommElement::F16: {
+      cpu::round_to_fp16(&f, 1);
+      std::memcpy(&u, &f, 4);
+      const uint32_t mag = u & 0x7FFFFFFFu;
+      if (mag < 0x38800000u || mag >= 0x47800000u) // outside fp16's normal range
+        break;
+      *bits = ((u >> 16) & 0x8000u) | (((mag >> 23) - 112u) << 10) | ((mag >> 13) & 0x3FFu);
+      return "";
+    }
+    }
     return "a reduction scaled by " + std::to_string(scale) + " over the " + name_ +
-           " group of " + std::to_string(size_) + " GPUs; NCCL reduces by 1 or 1/" +
-           std::to_string(size_) + " only";
+           " group, a factor fp16 cannot hold";
   }
   std::string check(cu::ncclResult_t r, const char *what) const {
     if (r == 0)
@@ -177,6 +230,7 @@ private:
   int rank_, size_;
   std::string name_;
   CommSet live_;
+  std::map<std::pair<int, uint64_t>, cu::ncclRedOp_t> scaled_ops_;
 };
 
 class CudaGpuDevice : public GpuDevice {

@@ -223,6 +223,8 @@ struct ncclUniqueId {
 constexpr ncclDataType_t ncclFloat16 = 6, ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9;
 constexpr ncclRedOp_t ncclSum = 0, ncclMax = 2, ncclAvg = 4;
 constexpr ncclResult_t ncclSuccess = 0, ncclInProgress = 7;
+using ncclScalarResidence_t = int;
+constexpr ncclScalarResidence_t ncclScalarHostImmediate = 1;
 
 struct Nccl {
   std::string path;
@@ -236,6 +238,10 @@ struct Nccl {
   ncclResult_t (*ncclCommGetAsyncError)(ncclComm_t comm, ncclResult_t *asyncError);
   ncclResult_t (*ncclGroupStart)();
   ncclResult_t (*ncclGroupEnd)();
+  // A sum whose inputs are first multiplied by *scalar (of `type`).
+  ncclResult_t (*ncclRedOpCreatePreMulSum)(ncclRedOp_t *op, void *scalar, ncclDataType_t type,
+                                           ncclScalarResidence_t residence, ncclComm_t comm);
+  ncclResult_t (*ncclRedOpDestroy)(ncclRedOp_t op, ncclComm_t comm);
   ncclResult_t (*ncclAllReduce)(const void *send, void *recv, size_t count, ncclDataType_t type,
                                 ncclRedOp_t op, ncclComm_t comm, CUstream stream);
   ncclResult_t (*ncclAllGather)(const void *send, void *recv, size_t sendCount,

@@ -107,6 +107,7 @@ MT_CHECK(Nccl, ncclCommInitRank) MT_CHECK(Nccl, ncclCommDestroy) MT_CHECK(Nccl, 
 MT_CHECK(Nccl, ncclCommGetAsyncError) MT_CHECK(Nccl, ncclGroupStart) MT_CHECK(Nccl, ncclGroupEnd)
 MT_CHECK(Nccl, ncclAllReduce) MT_CHECK(Nccl, ncclAllGather) MT_CHECK(Nccl, ncclReduceScatter)
 MT_CHECK(Nccl, ncclBroadcast) MT_CHECK(Nccl, ncclSend) MT_CHECK(Nccl, ncclRecv)
+MT_CHECK(Nccl, ncclRedOpCreatePreMulSum) MT_CHECK(Nccl, ncclRedOpDestroy)
 
 // Structs passed by value or filled in by the library.
 static_assert(sizeof(cu::ncclUniqueId) == sizeof(::ncclUniqueId));
@@ -167,6 +168,7 @@ static_assert(cu::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES ==
 static_assert(cu::ncclFloat16 == ::ncclFloat16 && cu::ncclFloat32 == ::ncclFloat32 &&
               cu::ncclFloat64 == ::ncclFloat64 && cu::ncclBfloat16 == ::ncclBfloat16);
 static_assert(cu::ncclSum == ::ncclSum && cu::ncclMax == ::ncclMax && cu::ncclAvg == ::ncclAvg);
+static_assert(cu::ncclScalarHostImmediate == ::ncclScalarHostImmediate);
 static_assert(cu::ncclSuccess == ::ncclSuccess && cu::ncclInProgress == ::ncclInProgress);
 } // namespace
 
