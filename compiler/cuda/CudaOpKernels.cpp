@@ -297,6 +297,35 @@ std::optional<OpKernels> generateGradAccumulate(int64_t count, plan::DType grad,
   return b.finish(error);
 }
 
+std::optional<OpKernels> generateGradScale(const std::vector<int64_t> &counts, DType dtype,
+                                           double scale, std::string *error) {
+  if (counts.empty()) {
+    *error = "a gradient scale of no gradients";
+    return std::nullopt;
+  }
+  if (!(scale > 0.0)) {
+    *error = "a gradient scale of " + dbl(scale);
+    return std::nullopt;
+  }
+  Builder b("GRAD_SCALE");
+  const std::string tg = storage(dtype);
+  // The CPU executor multiplies by float(scale).
+  const std::string factor = flt(double(float(scale)));
+  for (size_t k = 0; k < counts.size(); ++k) {
+    if (counts[k] < 1) {
+      *error = "a gradient scale of " + std::to_string(counts[k]) + " values";
+      return std::nullopt;
+    }
+    const int v = lanesFor({dtype}, {counts[k]});
+    elementwise(b, "grad_scale", tg + " *g", "g",
+                "  float a[V];\n  mt_load<V>(g, i, a);\n"
+                "  for (int l = 0; l < V; ++l) a[l] *= " + factor + ";\n"
+                "  mt_store<V>(g, i, a);\n",
+                counts[k], v, {grad(k)});
+  }
+  return b.finish(error);
+}
+
 std::optional<OpKernels> generateAdamWGroup(const std::vector<OpInstruction> &group,
                                             std::string *error) {
   if (group.empty()) {

@@ -269,6 +269,15 @@ std::optional<OpKernels> generateOpKernels(const OpInstruction &ins, std::string
 std::optional<OpKernels> generateGradAccumulate(int64_t count, plan::DType grad,
                                                 std::string *error);
 
+// grad[j] = grad[j] * scale over every element of each of `counts.size()`
+// gradients (OpArg::ParamGrad k, one launch each), the product in f32 and,
+// for bf16 gradients (--grad-reduce-in-bf16), rounded once to nearest even:
+// REDUCE_GRADS over a group of one rank (an expert bucket at
+// expert_data_parallel 1 with dp > 1), whose scale has no collective to ride
+// on. The CPU executor's reduce_grads scales alike.
+std::optional<OpKernels> generateGradScale(const std::vector<int64_t> &counts, plan::DType grad,
+                                           double scale, std::string *error);
+
 // Multi-tensor AdamW: one launch for consecutive ADAMW instructions that
 // share their lr, clip_coeff and step values, beta1, beta2 and eps (the caller
 // checks); each keeps its own weight decay (floats[3]).

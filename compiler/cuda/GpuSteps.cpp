@@ -3,6 +3,7 @@
 
 #include "compiler/cuda/FlashAttentionGen.h"
 #include "compiler/cuda/OpKernelBuilder.h"
+#include "runtime/comm/parallel_groups.h"
 #include "runtime/exec/cuda/launch_limits.h"
 #include "runtime/plan/grad_buckets.h"
 
@@ -335,6 +336,61 @@ GpuLowering nativeStep() {
   return l;
 }
 
+// REDUCE_GRADS (ints: group, bucket, scatter; floats: scale): the
+// executor's own collective, or over a group of one rank the scale alone,
+// one generated kernel per parameter of the bucket (GpuReduceLayout). With
+// one rank a scattered shard is the whole bucket, in place.
+GpuLowering lowerReduceGrads(const GpuInstruction &inst, const std::vector<GpuParamInfo> &params,
+                             const GpuReduceLayout *reduce) {
+  const int64_t group = inst.ints.at(0);
+  const double scale = inst.floats.at(0);
+  int64_t ranks = 0; // unknown: the executor's collective
+  if (reduce)
+    ranks = group == int64_t(rt::Group::DP)        ? reduce->dataParallel
+            : group == int64_t(rt::Group::EXPT_DP) ? reduce->expertDataParallel
+                                                   : 0;
+  if (ranks != 1 || scale == 1.0)
+    return nativeStep();
+  GpuLowering l;
+  const int64_t b = inst.ints.at(1);
+  if (b < 0 || size_t(b) >= reduce->buckets.size()) {
+    l.missing = "REDUCE_GRADS of bucket " + std::to_string(b) + ", but the stage has " +
+                std::to_string(reduce->buckets.size());
+    return l;
+  }
+  const GpuReduceLayout::Range &range = reduce->buckets[size_t(b)];
+  GpuInstruction scaled;
+  std::vector<int64_t> counts;
+  std::optional<pl::DType> dtype;
+  for (uint32_t p = 0; p < params.size() && p < reduce->flatOffset.size(); ++p) {
+    const int64_t at = reduce->flatOffset[p];
+    if (at < range.begin || at >= range.end || params[p].gradOffset < 0)
+      continue;
+    if (dtype && *dtype != params[p].gradDtype) {
+      l.missing = "a gradient bucket of mixed gradient types";
+      return l;
+    }
+    dtype = params[p].gradDtype;
+    int64_t count = 1;
+    for (int64_t d : params[p].shape)
+      count *= d;
+    scaled.params.push_back(p);
+    counts.push_back(count);
+  }
+  if (counts.empty()) {
+    GpuStepSpec s; // an empty bucket: nothing to scale
+    l.steps.push_back(s);
+    return l;
+  }
+  std::string error;
+  std::optional<OpKernels> k = generateGradScale(counts, *dtype, scale, &error);
+  if (!k) {
+    l.missing = error;
+    return l;
+  }
+  return fromOpKernels(*k, scaled);
+}
+
 // MOE_DISPATCH / MOE_COMBINE: the executor's own exchange (NATIVE) over
 // the S = etp x ep ranks of the stage's experts, with two workspace
 // arguments: every rank's tokens_per_expert ([S, E] i32), then the rows'
@@ -409,7 +465,8 @@ static std::vector<std::vector<OpSegment>> rankSegments(const GpuShardLayout &la
 
 GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
                              const std::vector<GpuParamInfo> &params, int64_t tensorParallel,
-                             const GpuShardLayout *shards, const GpuKernelOptions &options) {
+                             const GpuShardLayout *shards, const GpuKernelOptions &options,
+                             const GpuReduceLayout *reduce) {
   GpuLowering l;
   auto in = [&](size_t i) -> const GpuValueInfo & { return values[inst.in[i]]; };
   auto out = [&](size_t i) -> const GpuValueInfo & { return values[inst.out[i]]; };
@@ -441,9 +498,10 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
   // Communication the executor runs itself (NCCL on a GPU) on the
   // instruction's own buffers; SEQ_* and ALL_REDUCE_TIED_GRAD add kernels
   // around theirs (CudaOpKernels.h).
+  case pl::Opcode::REDUCE_GRADS:
+    return lowerReduceGrads(inst, params, reduce);
   case pl::Opcode::ALL_REDUCE:
   case pl::Opcode::ALL_REDUCE_GRADS:
-  case pl::Opcode::REDUCE_GRADS:
   case pl::Opcode::ALL_GATHER_PARAMS:
   case pl::Opcode::SEND:
   case pl::Opcode::RECV:

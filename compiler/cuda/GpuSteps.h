@@ -128,6 +128,23 @@ struct GpuShardLayout {
   int64_t master = -1, expAvg = -1, expAvgSq = -1;
 };
 
+// What REDUCE_GRADS's lowering reads of a stage: the size of each
+// data-parallel group (plan group 0 dp, 6 expt_dp), each bucket's flat
+// element range (plan.fbs Bucket) and each parameter's flat element offset
+// (-1: none). A bucket over a group of one rank (an expert bucket at
+// expert_data_parallel 1 with dp > 1) has no collective to carry its scale
+// 1/dp: its REDUCE_GRADS becomes one kernel per parameter of the bucket
+// multiplying its gradient by the scale (generateGradScale); over more
+// ranks it is the executor's own collective (NATIVE).
+struct GpuReduceLayout {
+  int64_t dataParallel = 1, expertDataParallel = 1;
+  struct Range {
+    int64_t begin = 0, end = 0;
+  };
+  std::vector<Range> buckets;
+  std::vector<int64_t> flatOffset; // by parameter
+};
+
 // The gemm_grad kernel of an mt.fused gemm_grad region, by program value
 // and parameter numbers.
 struct GemmGradKernelShape {
@@ -152,10 +169,12 @@ struct GpuKernelOptions {
 // The steps of an instruction that is not FUSED. `values` and `params` are
 // the program's values and the rank's parameters, indexed as in plan.bin;
 // `shards` the layout SHARDED_* instructions need (null without the
-// distributed optimizer).
+// distributed optimizer); `reduce` the one REDUCE_GRADS needs (null: every
+// REDUCE_GRADS is NATIVE; the plan writer always gives it).
 GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
                              const std::vector<GpuParamInfo> &params, int64_t tensorParallel,
-                             const GpuShardLayout *shards = nullptr, const GpuKernelOptions &options = {});
+                             const GpuShardLayout *shards = nullptr, const GpuKernelOptions &options = {},
+                             const GpuReduceLayout *reduce = nullptr);
 
 // One launch for a run of consecutive ADAMW (or SGD) instructions that read
 // the same lr, clipping coefficient and step (compiler/cuda/CudaOpKernels.h).

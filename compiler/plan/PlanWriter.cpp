@@ -212,6 +212,29 @@ public:
     // The distributed optimizer's layout, for its GPU kernels: dense
     // buckets sharded over dp (tables by dp rank), expert buckets over
     // expt_dp (tables by expt_dp rank), each at its shard_offset.
+    // The data-parallel groups' sizes and the buckets, for REDUCE_GRADS
+    // over a group of one rank (GpuSteps.h GpuReduceLayout).
+    reduceLayout = GpuReduceLayout();
+    reduceLayout.dataParallel = spec.parallel.data_parallel_size;
+    if (auto edp = module->getAttrOfType<IntegerAttr>("mt.expert_data_parallel"))
+      reduceLayout.expertDataParallel = edp.getInt();
+    else if (spec.model.num_experts > 0) // edp = tp dp / (etp ep)
+      reduceLayout.expertDataParallel =
+          spec.parallel.tensor_model_parallel_size * spec.parallel.data_parallel_size /
+          std::max<int64_t>(int64_t(spec.parallel.expert_tensor_parallel_size) *
+                                spec.parallel.expert_model_parallel_size,
+                            1);
+    for (ParamOp p : module.getOps<ParamOp>()) {
+      auto a = p->getAttrOfType<IntegerAttr>("mt.flat_offset");
+      reduceLayout.flatOffset.push_back(a ? a.getInt() : -1);
+    }
+    if (auto bs = module->getAttrOfType<ArrayAttr>("mt.grad_buckets"))
+      for (Attribute a : bs) {
+        auto d = cast<DictionaryAttr>(a);
+        auto begin = d.getAs<IntegerAttr>("begin"), end = d.getAs<IntegerAttr>("end");
+        reduceLayout.buckets.push_back({begin ? begin.getInt() : 0, end ? end.getInt() : 0});
+      }
+
     shardLayout.reset();
     if (auto shard = module->getAttrOfType<DictionaryAttr>("mt.shard_state")) {
       GpuShardLayout g;
@@ -594,7 +617,7 @@ private:
     if (auto sgd = dyn_cast<SgdOp>(op))
       return sgdSteps(sgd);
     return lowerInstruction(gi, valueInfo, paramInfo, spec.parallel.tensor_model_parallel_size,
-                            shardLayout ? &*shardLayout : nullptr, kernelOptions);
+                            shardLayout ? &*shardLayout : nullptr, kernelOptions, &reduceLayout);
   }
 
   // Lowering an instruction generates its kernels' sources, and a pipeline
@@ -614,6 +637,7 @@ private:
     case pl::Opcode::SHARDED_GRAD_NORM:
     case pl::Opcode::SHARDED_ADAMW:
     case pl::Opcode::SHARDED_SGD:
+    case pl::Opcode::REDUCE_GRADS: // its kernels name the bucket's parameters, not its own
       return "";
     default:
       break;
@@ -1300,6 +1324,7 @@ private:
   std::vector<GpuValueInfo> valueInfo;          // the program's values, as `values`
   std::vector<GpuParamInfo> paramInfo;          // the stage's parameters
   std::optional<GpuShardLayout> shardLayout;    // the stage's distributed-optimizer layout
+  GpuReduceLayout reduceLayout;                 // the stage's buckets and data-parallel groups
   // The stage's lowered instructions (loweringKey) with the instruction
   // first lowered, and its lowered mt.fused kernels (sameKernel).
   std::unordered_map<std::string, std::pair<GpuLowering, GpuInstruction>> lowerings;

@@ -712,10 +712,17 @@ std::string GpuExecutor::native(const pl::Program &program, const pl::Instructio
   case pl::Opcode::REDUCE_GRADS:
   case pl::Opcode::ALL_GATHER_PARAMS: {
     DeviceComm *c = comm(ints(0), &err);
-    if (!c && (!err.empty() || ins.op() == pl::Opcode::ALL_GATHER_PARAMS))
-      return err; // one data-parallel rank: the bucket is already whole
-    if (!c) // its own group: nothing to sum, but the bucket still takes the scale
-      return scale_alone(*rank_.buckets()->Get(uint32_t(ints(1))), ins.floats()->Get(0));
+    // One data-parallel rank: the bucket is already whole. A scale below 1
+    // (an expert bucket at expert_data_parallel 1 with dp > 1) comes as
+    // the plan's kernel steps (compiler/cuda/GpuSteps.cpp), never here.
+    if (!c && err.empty() && ins.op() == pl::Opcode::REDUCE_GRADS && ins.floats()->Get(0) != 1.0)
+      return "reduces gradient bucket " + std::to_string(ints(1)) + " over group " +
+             std::to_string(ints(0)) + " of one rank with scale " +
+             std::to_string(ins.floats()->Get(0)) +
+             " and no kernel to apply it (expert_data_parallel 1 with data_parallel_size > 1 "
+             "under expert_model_parallel_size); recompile the spec with this mtc";
+    if (!c)
+      return err;
     const pl::Bucket &b = *rank_.buckets()->Get(uint32_t(ints(1)));
     const uint64_t n = uint64_t(b.end() - b.begin()), shard = n / uint64_t(c->size());
     const uint64_t mine = uint64_t(b.begin()) + uint64_t(c->rank()) * shard;
@@ -756,48 +763,6 @@ std::string GpuExecutor::native(const pl::Program &program, const pl::Instructio
     return "the plan asks the executor to run this opcode's communication itself, which it "
            "has none of; recompile the spec with this mtc";
   }
-}
-
-// REDUCE_GRADS over a group of one rank (an expert bucket at expert data
-// parallel 1 with data parallel > 1): the bucket's gradients times the
-// scale (1/dp), as the CPU executor scales them. The device has no kernel of
-// its own for it, so the bucket goes through the host (a device-to-host
-// copy after the stream, one multiplication per element in f32, rounded
-// to the gradient type, and back): such programs are never captured
-// (host_synchronizing), and a step pays the copy of its expert gradients.
-std::string GpuExecutor::scale_alone(const pl::Bucket &b, double scale) {
-  if (scale == 1.0)
-    return "";
-  const uint64_t n = uint64_t(b.end() - b.begin());
-  const uint64_t at = grad_base_ + uint64_t(b.begin()) * grad_bytes_;
-  if (std::string e = device_->synchronize(); !e.empty())
-    return e;
-  const float f = float(scale);
-  if (grad_element_ == CommElement::F32) {
-    std::vector<float> g(static_cast<size_t>(n));
-    if (std::string e = device_->to_host(g.data(), at, n * 4); !e.empty())
-      return e;
-    for (float &x : g)
-      x *= f;
-    return device_->to_device(at, g.data(), n * 4);
-  }
-  const pl::DType t = grad_element_ == CommElement::BF16 ? pl::DType::BF16 : pl::DType::F16;
-  std::vector<uint16_t> g(static_cast<size_t>(n));
-  if (std::string e = device_->to_host(g.data(), at, n * 2); !e.empty())
-    return e;
-  for (uint16_t &x : g)
-    x = to_half_bits(from_half_bits(x, t) * f, t);
-  return device_->to_device(at, g.data(), n * 2);
-}
-
-// Whether an instruction is REDUCE_GRADS over a group of one rank with a
-// scale (scale_alone: through the host).
-bool GpuExecutor::scales_alone(const pl::Instruction &ins) const {
-  if (ins.op() != pl::Opcode::REDUCE_GRADS || !ins.ints() || ins.ints()->size() < 1 ||
-      !ins.floats() || ins.floats()->size() < 1 || ins.floats()->Get(0) == 1.0)
-    return false;
-  const int64_t g = ins.ints()->Get(0);
-  return g >= 0 && g < kNumGroups && (!groups_ || !groups_->get(Group(g)));
 }
 
 // MOE_DISPATCH and MOE_COMBINE (plan.fbs) over the group of the stage's
@@ -1087,9 +1052,14 @@ std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange
 bool GpuExecutor::on_side(const pl::Instruction &ins) const {
   const pl::Opcode op = ins.op();
   const int g = native_collective_group(ins);
+  // A bucket's scale over a group of one rank is kernels (no collective):
+  // the compute stream's.
+  for (const pl::GpuStep *s : *ins.gpu())
+    if (s->kind() != pl::GpuStepKind::NATIVE)
+      return false;
   return (op == pl::Opcode::REDUCE_GRADS || op == pl::Opcode::ALL_GATHER_PARAMS ||
           op == pl::Opcode::ALL_REDUCE_GRADS) &&
-         (g == int(Group::DP) || g == int(Group::EXPT_DP)) && !scales_alone(ins);
+         (g == int(Group::DP) || g == int(Group::EXPT_DP));
 }
 
 
@@ -1097,15 +1067,14 @@ bool GpuExecutor::on_side(const pl::Instruction &ins) const {
 // communicator the side stream uses (dp or expt_dp, or a group sharing
 // theirs): the side stream's collectives on it come first, so its order
 // is the program's. The expert exchange reads counts on the host, which
-// waits for the compute stream only: it joins the side stream first too,
-// as a bucket scaled through the host does (scale_alone).
+// waits for the compute stream only: it joins the side stream first too.
 bool GpuExecutor::uses_side_comm(const pl::Instruction &ins) const {
   auto on_side_comm = [&](int64_t g) {
     if (g < 0 || g >= kNumGroups || !comms_[g])
       return false;
     return std::find(side_comms_.begin(), side_comms_.end(), comms_[g]) != side_comms_.end();
   };
-  if (moe_exchange_op(ins) || scales_alone(ins))
+  if (moe_exchange_op(ins))
     return true;
   for (const pl::GpuStep *s : *ins.gpu())
     if (s->kind() == pl::GpuStepKind::ALL_REDUCE && on_side_comm(s->group()))
@@ -1153,7 +1122,7 @@ std::string GpuExecutor::check_shards() const {
 bool GpuExecutor::host_synchronizing(const pl::Program &program) const {
   const auto *insts = program.instructions();
   for (uint32_t i = 0; insts && i < insts->size(); ++i)
-    if (moe_exchange_op(*insts->Get(i)) || scales_alone(*insts->Get(i)))
+    if (moe_exchange_op(*insts->Get(i)))
       return true;
   return false;
 }

@@ -51,7 +51,13 @@
 //   ALL_REDUCE_GRADS    each parameter's f32 gradient in place, times the scale
 //   REDUCE_GRADS        the bucket's range of the flat gradient buffer in
 //                       place (all-reduce), or reduce-scattered in place onto
-//                       this rank's shard, times the scale
+//                       this rank's shard, times the scale. Over a group of
+//                       one rank there is nothing to sum: a scale below 1
+//                       (expert buckets at edp = 1 with dp > 1) comes as
+//                       KERNEL steps scaling the bucket's gradients
+//                       (compiler/cuda/GpuSteps.cpp), which run on the
+//                       compute stream; a NATIVE step with such a scale is
+//                       refused when it runs
 //   ALL_GATHER_PARAMS   the bucket's range of the flat weight buffer, in place
 //   SEND, RECV          the value to / from the pipeline peer. A run of
 //                       consecutive SEND/RECV instructions is one group
@@ -395,10 +401,6 @@ private:
   // sends and receives are counts the host reads from the device.
   std::string moe_exchange(const mt::plan::Program &program, const mt::plan::Instruction &ins,
                            const mt::plan::GpuStep &s);
-  // REDUCE_GRADS over a group of one rank: the bucket times the scale,
-  // through the host (gpu_executor.cpp).
-  std::string scale_alone(const mt::plan::Bucket &bucket, double scale);
-  bool scales_alone(const mt::plan::Instruction &ins) const;
   // "" or why the distributed optimizer's kernels cannot run the plan's
   // expert buckets.
   std::string check_shards() const;

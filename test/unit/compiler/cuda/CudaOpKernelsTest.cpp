@@ -509,6 +509,20 @@ TEST(CudaOpKernels, EveryOpcodeCompilesWithNvrtc) {
         }
       }
     }
+  // A gradient bucket's scale over a group of one rank (generateGradScale):
+  // f32 and bf16 gradients, a count with a scalar tail.
+  for (DType g : {DType::F32, DType::BF16}) {
+    std::optional<OpKernels> k = mt::generateGradScale({4096, 1001}, g, 0.5, &error);
+    ASSERT_TRUE(k) << error;
+    for (const mt::OpLaunch &l : k->launches)
+      for (int arch : {80, 90}) {
+        std::string cubin, e;
+        mt::rt::nvrtc_compile(*nvrtc, l.kernel.entry, l.kernel.source, arch,
+                              mt::rt::nvrtc_options(arch), &cubin, &e);
+        EXPECT_EQ(e, "") << "GRAD_SCALE sm_" << arch << "\n" << l.kernel.source;
+        EXPECT_FALSE(cubin.empty());
+      }
+  }
   EXPECT_GT(seen.size(), 60u);
 }
 
@@ -1710,6 +1724,43 @@ MT_KERNEL_TEST(CudaOpKernels, GradAccumulate) {
     ASSERT_EQ(m.download(), "");
     EXPECT_EQ(g, want) << count;
   }
+}
+
+// GRAD_SCALE: each gradient times float(scale) (the CPU executor's
+// product), one launch per gradient, counts with and without a scalar
+// tail; a scale of 0 or an empty gradient is refused.
+MT_KERNEL_TEST(CudaOpKernels, GradScale) {
+  for (double scale : {0.5, 1.0 / 3.0}) {
+    std::string error;
+    std::optional<OpKernels> k =
+        mt::generateGradScale({5003, 64}, mt::plan::DType::F32, scale, &error);
+    ASSERT_TRUE(k) << error;
+    ASSERT_EQ(k->launches.size(), 2u);
+    std::vector<float> g0 = randomValues(5003, 92), g1 = randomValues(64, 93);
+    std::vector<float> want0(g0), want1(g1);
+    for (float &x : want0)
+      x *= float(scale);
+    for (float &x : want1)
+      x *= float(scale);
+    Rank r;
+    r.grads = {&g0, &g1};
+    Mirror m(device);
+    ASSERT_EQ(m.map(g0.data(), g0.size() * 4), "");
+    ASSERT_EQ(m.map(g1.data(), g1.size() * 4), "");
+    ASSERT_EQ(m.upload(), "");
+    for (const OpStep &st : k->steps) {
+      ASSERT_EQ(st.kind, OpStep::Launch);
+      ASSERT_EQ(launch(device, m, k->launches[st.launch], r), "");
+    }
+    ASSERT_EQ(m.download(), "");
+    EXPECT_EQ(g0, want0) << scale;
+    EXPECT_EQ(g1, want1) << scale;
+  }
+  std::string error;
+  EXPECT_FALSE(mt::generateGradScale({16}, mt::plan::DType::F32, 0.0, &error));
+  EXPECT_EQ(error, "a gradient scale of 0.0");
+  EXPECT_FALSE(mt::generateGradScale({0}, mt::plan::DType::F32, 0.5, &error));
+  EXPECT_EQ(error, "a gradient scale of 0 values");
 }
 
 } // namespace

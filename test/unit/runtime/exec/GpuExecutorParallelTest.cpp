@@ -577,7 +577,7 @@ TEST(GpuExecutorParallel, ExpertTensorParallelExchangeMatchesTheContract) {
 // read by the host, rows by all_to_all_v or all_gather / reduce_scatter),
 // expert buckets over expt_dp, the experts' part of the gradient norm over
 // tp_ep_pp. dp2 x ep2 on 2 ranks: expt_dp has one rank, so the expert
-// gradients are not reduced at all.
+// gradients are not summed, only scaled by 1/dp (the plan's kernel steps).
 std::vector<mt::spec::Override> moeEp(std::vector<mt::spec::Override> more) {
   std::vector<mt::spec::Override> o = {
       {"model.num_experts=4"},         {"model.moe_router_topk=2"},
@@ -597,6 +597,53 @@ TEST(GpuExecutorParallel, ExpertParallelAllGatherMatchesTheCpu) {
                        {"parallel.moe_token_dispatcher_type=\"allgather\""}}),
                 4);
 }
+// edp = tp dp / (etp ep) = 1 with dp 2: each expert bucket's REDUCE_GRADS
+// is over expt_dp of one rank with scale 1/2, which the plan lowers to
+// kernels scaling each of the bucket's gradients (no collective). SGD (no
+// normalisation to hide a wrong scale) with f32 gradients, and with bf16
+// gradients (precision bf16) under the distributed optimizer, against the
+// CPU executor.
+TEST(GpuExecutorParallel, ExpertBucketsOfOneRankTakeTheScale) {
+  struct Case {
+    bool bf16, sharded;
+  };
+  for (Case c : {Case{false, false}, Case{true, true}}) {
+    SCOPED_TRACE(std::string(c.bf16 ? "bf16" : "f32") + (c.sharded ? " sharded" : ""));
+    std::vector<mt::spec::Override> o = moeEp({{"parallel.data_parallel_size=2"},
+                                               {"parallel.moe_token_dispatcher_type=\"alltoall\""},
+                                               {"training.optimizer=\"sgd\""}});
+    if (c.bf16) {
+      o.push_back({"training.precision=\"bf16\""});
+      o.push_back({"training.grad_reduce_in_bf16=true"});
+    }
+    if (c.sharded)
+      o.push_back({"parallel.use_distributed_optimizer=true"});
+    auto file = compilePlan(o);
+    ASSERT_TRUE(file);
+    // Every rank scales its expert buckets with kernels: REDUCE_GRADS over
+    // group 6 (expt_dp) with scale 0.5 and KERNEL steps, one per parameter.
+    for (const pl::Rank *rank : *file->plan()->ranks()) {
+      int scaled = 0;
+      for (const pl::Program *prog : *rank->programs())
+        for (const pl::Instruction *ins : *prog->instructions()) {
+          if (ins->op() != pl::Opcode::REDUCE_GRADS || ins->ints()->Get(0) != 6)
+            continue;
+          EXPECT_EQ(ins->floats()->Get(0), 0.5);
+          for (const pl::GpuStep *st : *ins->gpu())
+            EXPECT_EQ(st->kind(), pl::GpuStepKind::KERNEL);
+          scaled += int(ins->gpu()->size());
+        }
+      EXPECT_GT(scaled, 0) << "rank " << rank->rank();
+    }
+    // bf16: the bounds of the other bf16 layouts; a gradient twice too
+    // large is off by 1 relative.
+    if (c.bf16)
+      compareLayout(o, 4, 2e-2, 0.1, 0.2);
+    else
+      compareLayout(o, 4);
+  }
+}
+
 // tp2 x dp2 x ep2 with sequence parallelism and the distributed optimizer
 // on 4 ranks: the router's counts summed over tp, expert buckets sharded
 // over expt_dp (2 ranks: the tables indexed by (tp_rank + 2 dp_rank) / 2),
