@@ -441,6 +441,14 @@ volatile std::sig_atomic_t g_forward_signal = 0;
 extern "C" void on_forward_signal(int sig) { g_forward_signal = sig; }
 } // namespace
 
+void unblock_stop_signals() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  ::pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
+}
+
 int run_local_ranks(int nproc, const std::vector<std::string> &argv, const LocalRunOptions &options) {
   const char *tool = options.tool.c_str();
   if (nproc < 1) {
@@ -518,6 +526,13 @@ int run_local_ranks(int nproc, const std::vector<std::string> &argv, const Local
       if (options.prefix_output) {
         ::dup2(out_pipe[1], STDOUT_FILENO);
         ::dup2(err_pipe[1], STDERR_FILENO);
+      }
+      if (options.block_stop_signals) {
+        sigset_t stop;
+        sigemptyset(&stop);
+        sigaddset(&stop, SIGTERM);
+        sigaddset(&stop, SIGINT);
+        ::sigprocmask(SIG_BLOCK, &stop, nullptr);
       }
       ::execvpe(args[0], args.data(), env.data());
       const char *why = std::strerror(errno);

@@ -63,7 +63,17 @@ struct LocalRunOptions {
   bool prefix_output = true;
   // Launcher's own messages start with this ("mtrun", "mt-launch-selftest").
   std::string tool = "mt-launch";
+  // Start every rank with SIGTERM and SIGINT blocked (the mask survives
+  // exec), for programs that unblock them once their handlers are in place
+  // (mtrun: unblock_stop_signals). A signal passed on while a rank is still
+  // starting then waits for its handler instead of killing it.
+  bool block_stop_signals = false;
 };
+
+// Installs nothing; unblocks SIGTERM and SIGINT in this thread (a rank
+// started with block_stop_signals calls it after its handlers are set: a
+// signal that arrived meanwhile is delivered then).
+void unblock_stop_signals();
 
 // Runs `argv` (argv[0] is the program, looked up in PATH if it has no '/')
 // `nproc` times on this machine with MT_RANK, MT_WORLD_SIZE, MT_LOCAL_RANK,

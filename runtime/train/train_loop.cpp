@@ -2054,8 +2054,12 @@ options:
 int run_training(const RunOptions &opts) {
   g_start = std::chrono::steady_clock::now();
   set_activity("reading the plan " + opts.plan_path);
-  // From the start: a SIGTERM during set-up also ends the run cleanly.
+  // From the start: a SIGTERM during set-up also ends the run cleanly. A
+  // rank of `--nproc` starts with it blocked (LocalRunOptions::
+  // block_stop_signals), so one the launcher passed on before this line is
+  // delivered now, to the handler.
   std::signal(SIGTERM, on_sigterm);
+  unblock_stop_signals();
   // A write past the file size limit (ulimit -f) fails with EFBIG, which
   // the save reports with the file's name, instead of killing the run
   // silently with SIGXFSZ.
@@ -2333,6 +2337,7 @@ int mtrun_main(int argc, char **argv) {
     LocalRunOptions lo;
     lo.tool = "mtrun";
     lo.prefix_output = false; // only the last rank prints, in Megatron's format
+    lo.block_stop_signals = true;
     return run_local_ranks(nproc, args, lo);
   }
   return run_training(o);

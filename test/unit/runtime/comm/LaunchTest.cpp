@@ -299,6 +299,22 @@ TEST(LocalRanks, AllSucceed) {
             0);
 }
 
+// A rank started with block_stop_signals holds a SIGTERM that arrives
+// before it is ready (mtrun unblocks it once its handler is set): here the
+// shell's own SIGTERM stays pending and it exits 0; without the option the
+// same command dies of it (128 + 15).
+TEST(LocalRanks, StopSignalsWaitForTheRanksHandler) {
+  mt::rt::LocalRunOptions options;
+  options.prefix_output = false;
+  ::testing::internal::CaptureStderr();
+  const int plain = mt::rt::run_local_ranks(1, {"sh", "-c", "kill -TERM $$; exit 0"}, options);
+  options.block_stop_signals = true;
+  const int held = mt::rt::run_local_ranks(1, {"sh", "-c", "kill -TERM $$; exit 0"}, options);
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(plain, 128 + 15);
+  EXPECT_EQ(held, 0);
+}
+
 TEST(LocalRanks, FirstFailureIsReportedAndOthersStopped) {
   mt::rt::LocalRunOptions options;
   options.grace = std::chrono::milliseconds(200);
