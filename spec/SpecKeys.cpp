@@ -214,14 +214,15 @@ std::vector<KeyInfo> buildTable() {
   t.push_back(key("model", "moe_router_dtype", E, false, "not set (the model's precision)", "",
                   "--moe-router-dtype",
                   "Precision of the routing, as Megatron's router_gating_linear: the router "
-                  "GEMM's logits are the fp32 product of the model's input and weight (not "
-                  "rounded to a 16-bit model's precision), its backward GEMMs read their fp32 "
-                  "gradient, and scores, top-k, capacity ranking and routing weights are "
-                  "computed in fp32 or fp64 from the logits. mt has no 64-bit tensors: with "
-                  "fp64 the GEMM runs in fp32 (exact products, fp32 sums) and the routing in "
-                  "fp64. Not set: the logits and each routing step are rounded to the model's "
-                  "precision, as Megatron does. The weighted sum of the experts' outputs "
-                  "accumulates in fp32 in every setting.",
+                  "GEMM's logits are the fp32 or fp64 product of the model's input and weight "
+                  "(not rounded to the model's precision), its backward GEMMs read their fp32 "
+                  "or fp64 gradient and round their results once, and scores, top-k, capacity "
+                  "ranking and routing weights are computed in that type from the logits "
+                  "(cuBLASLt's f64 GEMMs on the GPU). The routing weights reach the experts' "
+                  "combine as fp32 in both (Megatron keeps fp64's in fp64 there, a difference "
+                  "below the fp32 outputs' rounding). Not set: the logits and each routing "
+                  "step are rounded to the model's precision, as Megatron does. The weighted "
+                  "sum of the experts' outputs accumulates in fp32 in every setting.",
                   none(), {"fp32", "fp64"}));
 
   // [parallel]

@@ -260,58 +260,79 @@ GpuLowering lowerAttention(const GpuInstruction &inst, const std::vector<GpuValu
   return l.missing.empty() ? l : refused(l);
 }
 
-// MATMUL_INPUT_GRAD / MATMUL_WEIGHT_GRAD with an f32 gradient against a
-// 16-bit weight or input: the backward of a 16-bit product with an f32
-// result (the MoE router's logits with moe_router_dtype). cuBLASLt
-// multiplies operands of one type, so the 16-bit operand is first widened
-// to f32 in the workspace (exactly), the GEMM runs in f32 and a 16-bit
-// result is rounded once from the f32 product (added into a 16-bit
-// gradient): Megatron's router_gating_linear backward, which multiplies in
-// the router's type and casts the results back.
+// A product of wider operands than the values hold: MATMUL_INPUT_GRAD /
+// MATMUL_WEIGHT_GRAD with an f32 gradient against a 16-bit weight or input
+// (the MoE router's logits with moe_router_dtype fp32), or with an f64
+// gradient against any (fp64), and MATMUL with an f64 result (fp64's
+// logits). cuBLASLt multiplies operands of one type, so each narrower
+// operand is first widened in the workspace (exactly), the GEMM runs in
+// the wide type W, and a result of another type is rounded once from W's
+// product (through f32; added into the gradient): Megatron's
+// router_gating_linear, which multiplies in the router's type and casts
+// the results back.
 GpuLowering lowerWideGemm(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values,
                           const std::vector<GpuParamInfo> &params) {
   GpuLowering l;
+  const bool forward = inst.op == pl::Opcode::MATMUL;
   const bool weightGrad = inst.op == pl::Opcode::MATMUL_WEIGHT_GRAD;
-  const GpuValueInfo &dy = values[inst.in[0]], &other = values[inst.in[1]];
-  if (dy.dtype != pl::DType::F32 ||
-      (other.dtype != pl::DType::BF16 && other.dtype != pl::DType::F16)) {
-    l.missing = "a GEMM of an f32 gradient and a 16-bit operand only (a product of " +
-                std::string(pl::EnumNameDType(dy.dtype)) + " and " +
-                pl::EnumNameDType(other.dtype) + ")";
+  const GpuValueInfo &a0 = values[inst.in[0]], &a1 = values[inst.in[1]];
+  const pl::DType wideType = forward ? values[inst.out.at(0)].dtype : a0.dtype;
+  auto isHalf = [](pl::DType d) { return d == pl::DType::BF16 || d == pl::DType::F16; };
+  auto isFloat = [&](pl::DType d) { return d == pl::DType::F32 || isHalf(d); };
+  const bool ok = forward ? wideType == pl::DType::F64 && isFloat(a0.dtype) && a0.dtype == a1.dtype
+                          : (wideType == pl::DType::F32 && isHalf(a1.dtype)) ||
+                                (wideType == pl::DType::F64 && isFloat(a1.dtype));
+  if (!ok) {
+    l.missing = "a GEMM widened to f32 from 16-bit operands or to f64 from any only (a product "
+                "of " + std::string(pl::EnumNameDType(a0.dtype)) + " and " +
+                pl::EnumNameDType(a1.dtype) + " into " + pl::EnumNameDType(wideType) + ")";
     return l;
   }
-  const pl::DType target = weightGrad ? params.at(inst.params[0]).gradDtype
-                                      : values[inst.out.at(0)].dtype;
-  GemmSpec g = weightGrad ? weightGradGemm(dy, other, pl::DType::F32)
-                          : inputGradGemm(dy, other, values[inst.out[0]]);
-  g.aType = pl::DType::F32; // the widened weight (input grad) or input (weight grad)
-  g.dType = pl::DType::F32;
-  opk::Builder b(std::string(pl::EnumNameOpcode(inst.op)) + " with an f32 gradient");
-  const int64_t n = product(other.shape, 0, other.shape.size());
-  const uint64_t wide = b.alloc(uint64_t(n) * 4);
-  const std::string narrow = opk::storage(other.dtype);
-  const int v = opk::lanesFor({other.dtype, pl::DType::F32}, {});
-  opk::elementwise(b, "widen", "const " + narrow + " *x, float *y", "x, y",
-                   "  float a[V];\n  mt_load<V>(x, i, a);\n  mt_store<V>(y, i, a);\n", n, v,
-                   {opk::in(1), opk::wsAt(wide)});
-  // The GEMM writes f32: into the output or gradient when it is f32,
-  // else into the workspace, rounded into it by a last kernel.
-  const bool round = target != pl::DType::F32;
+  const std::string wide = opk::storage(wideType);
+  const int wideBytes = opk::bytesOf(wideType);
+  const pl::DType target = forward      ? wideType
+                           : weightGrad ? params.at(inst.params[0]).gradDtype
+                                        : values[inst.out.at(0)].dtype;
+  GemmSpec g = forward      ? forwardGemm(a0, a1, values[inst.out[0]])
+               : weightGrad ? weightGradGemm(a0, a1, wideType)
+                            : inputGradGemm(a0, a1, values[inst.out[0]]);
+  g.aType = g.bType = g.dType = wideType;
+  opk::Builder b(std::string(pl::EnumNameOpcode(inst.op)) + " in " +
+                 (wideType == pl::DType::F64 ? "f64" : "f32"));
+  // The widened operands: the forward's input and weight, else the
+  // gradient's partner (in[1]).
+  std::vector<uint64_t> widened;
+  for (int k = forward ? 0 : 1; k < 2; ++k) {
+    const GpuValueInfo &x = values[inst.in[size_t(k)]];
+    const int64_t n = product(x.shape, 0, x.shape.size());
+    widened.push_back(b.alloc(uint64_t(n) * uint64_t(wideBytes)));
+    const int v = opk::lanesFor({x.dtype, wideType}, {});
+    opk::elementwise(b, "widen", "const " + std::string(opk::storage(x.dtype)) + " *x, " + wide +
+                                     " *y", "x, y",
+                     "  float a[V];\n  mt_load<V>(x, i, a);\n"
+                     "  for (int l = 0; l < V; ++l) y[i + l] = (" + wide + ")a[l];\n",
+                     n, v, {opk::in(uint64_t(k)), opk::wsAt(widened.back())});
+  }
+  // The GEMM writes W: into the output or gradient when it is W, else
+  // into the workspace, rounded into it by a last kernel.
+  const bool round = target != wideType;
   const int64_t outCount = g.m * g.n;
-  const uint64_t product32 = round ? b.alloc(uint64_t(outCount) * 4) : 0;
+  const uint64_t productAt = round ? b.alloc(uint64_t(outCount) * uint64_t(wideBytes)) : 0;
   if (round) {
     g.accumulate = false;
     const std::string t = opk::storage(target);
-    const int vo = opk::lanesFor({target, pl::DType::F32}, {});
+    const int vo = opk::lanesFor({target, wideType}, {});
     if (weightGrad)
-      opk::elementwise(b, "add_rounded", "const float *p, " + t + " *g", "p, g",
-                       "  float a[V], c[V];\n  mt_load<V>(p, i, a);\n  mt_load<V>(g, i, c);\n"
-                       "  for (int l = 0; l < V; ++l) c[l] += a[l];\n  mt_store<V>(g, i, c);\n",
-                       outCount, vo, {opk::wsAt(product32), opk::grad(0)});
+      opk::elementwise(b, "add_rounded", "const " + wide + " *p, " + t + " *g", "p, g",
+                       "  float c[V];\n  mt_load<V>(g, i, c);\n"
+                       "  for (int l = 0; l < V; ++l) c[l] += (float)p[i + l];\n"
+                       "  mt_store<V>(g, i, c);\n",
+                       outCount, vo, {opk::wsAt(productAt), opk::grad(0)});
     else
-      opk::elementwise(b, "narrow", "const float *p, " + t + " *y", "p, y",
-                       "  float a[V];\n  mt_load<V>(p, i, a);\n  mt_store<V>(y, i, a);\n",
-                       outCount, vo, {opk::wsAt(product32), opk::outp(0)});
+      opk::elementwise(b, "narrow", "const " + wide + " *p, " + t + " *y", "p, y",
+                       "  float a[V];\n  for (int l = 0; l < V; ++l) a[l] = (float)p[i + l];\n"
+                       "  mt_store<V>(y, i, a);\n",
+                       outCount, vo, {opk::wsAt(productAt), opk::outp(0)});
   }
   std::string error;
   std::optional<OpKernels> k = b.finish(&error);
@@ -320,11 +341,15 @@ GpuLowering lowerWideGemm(const GpuInstruction &inst, const std::vector<GpuValue
     return l;
   }
   l = fromOpKernels(*k, inst);
-  const GpuArgSpec d = round        ? GpuArgSpec{pl::GpuArgKind::WORKSPACE, product32}
+  const GpuArgSpec d = round        ? GpuArgSpec{pl::GpuArgKind::WORKSPACE, productAt}
                        : weightGrad ? GpuArgSpec{pl::GpuArgKind::GRAD, inst.params[0]}
                                     : value(inst.out[0]);
-  l.steps.insert(l.steps.begin() + 1,
-                 gemmStep(g, {{pl::GpuArgKind::WORKSPACE, wide}, value(inst.in[0]), d}));
+  // cuBLASLt's A and B (GpuSteps.h): the weight and the input (forward),
+  // the weight or the input and the gradient (backward).
+  const GpuArgSpec a = {pl::GpuArgKind::WORKSPACE, forward ? widened[1] : widened[0]};
+  const GpuArgSpec bArg = forward ? GpuArgSpec{pl::GpuArgKind::WORKSPACE, widened[0]}
+                                  : value(inst.in[0]);
+  l.steps.insert(l.steps.begin() + std::ptrdiff_t(widened.size()), gemmStep(g, {a, bArg, d}));
   return l;
 }
 
@@ -472,6 +497,8 @@ GpuLowering lowerInstruction(const GpuInstruction &inst, const std::vector<GpuVa
   auto out = [&](size_t i) -> const GpuValueInfo & { return values[inst.out[i]]; };
   switch (inst.op) {
   case pl::Opcode::MATMUL:
+    if (out(0).dtype == pl::DType::F64)
+      return lowerWideGemm(inst, values, params);
     l.steps.push_back(gemmStep(forwardGemm(in(0), in(1), out(0)),
                                {value(inst.in[1]), value(inst.in[0]), value(inst.out[0])}));
     return l;

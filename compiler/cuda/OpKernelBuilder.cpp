@@ -96,6 +96,7 @@ const char *dtypeName(DType d) {
   case DType::F16: return "f16";
   case DType::I32: return "i32";
   case DType::I64: return "i64";
+  case DType::F64: return "f64";
   }
   return "?";
 }
@@ -120,7 +121,7 @@ int bytesOf(DType d) {
   switch (d) {
   case DType::F32: case DType::I32: return 4;
   case DType::BF16: case DType::F16: return 2;
-  case DType::I64: return 8;
+  case DType::I64: case DType::F64: return 8;
   }
   return 4;
 }
@@ -131,6 +132,7 @@ const char *storage(DType d) {
   case DType::F16: return "mt_f16";
   case DType::I32: return "int";
   case DType::I64: return "long long";
+  case DType::F64: return "double";
   }
   return "float";
 }

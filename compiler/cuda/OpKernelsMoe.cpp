@@ -97,6 +97,8 @@ __device__ __forceinline__ mt_r mt_warp_sum_r(mt_r v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
   return v;
 }
+// f64 logits (moe_router_dtype fp64) are read as they are.
+__device__ __forceinline__ double mt_get(const double *p, mt_u64 i) { return p[i]; }
 __device__ __forceinline__ mt_r mt_exp_r(float x) { return expf(x); }
 __device__ __forceinline__ mt_r mt_exp_r(double x) { return exp(x); }
 __device__ __forceinline__ mt_r mt_log_r(float x) { return logf(x); }
@@ -509,6 +511,7 @@ void routerGrad(const OpInstruction &ins, Builder &b, const RouterShape &r, cons
 __device__ __forceinline__ void mt_put(float *p, mt_u64 i, float v) { p[i] = v; }
 __device__ __forceinline__ void mt_put(mt_bf16 *p, mt_u64 i, float v) { p[i].bits = (unsigned short)mt_to_bf16(v); }
 __device__ __forceinline__ void mt_put(mt_f16 *p, mt_u64 i, float v) { p[i].bits = (unsigned short)mt_to_f16(v); }
+__device__ __forceinline__ void mt_put(double *p, mt_u64 i, double v) { p[i] = v; }
 extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const float *dprobs, const mt_tl *logits, const int *map,
                                                         const float *scale, ${TD} *dlogits, const unsigned char *ws) {
   const int lane = threadIdx.x & 31;
@@ -585,7 +588,7 @@ extern "C" __global__ void __launch_bounds__(256) @ENTRY@(const float *dprobs, c
   }
   for (int j = 0; j < kEPL; ++j) {
     const int e = j * 32 + lane;
-    if (e < kE) mt_put(dlogits, (mt_u64)t * kE + e, (float)dl[j]);
+    if (e < kE) mt_put(dlogits, (mt_u64)t * kE + e, dl[j]);
   }
 }
 )",

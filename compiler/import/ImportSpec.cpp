@@ -318,12 +318,13 @@ private:
                   ffn = m.moe_ffn_hidden_size, fc1Out = m.swiglu ? 2 * ffn : ffn;
     Value x = b.create<ReshapeOp>(loc, act({tokens, hidden}), h);
     // With moe_router_dtype, Megatron's router_gating_linear computes the
-    // logits GEMM (and its gradients) in that type: a 16-bit model's
-    // logits are then f32, not rounded (mt holds no 64-bit tensors: fp64
-    // routes in double from these f32 logits).
+    // logits GEMM (and its gradients) in that type: the logits are then f32
+    // (a 16-bit model's not rounded) or f64, and the routing runs on them.
     RankedTensorType logitsType = act({tokens, experts});
-    if (m.moe_router_dtype != spec::MoeRouterDtype::None)
+    if (m.moe_router_dtype == spec::MoeRouterDtype::FP32)
       logitsType = RankedTensorType::get({tokens, experts}, b.getF32Type());
+    else if (m.moe_router_dtype == spec::MoeRouterDtype::FP64)
+      logitsType = RankedTensorType::get({tokens, experts}, b.getF64Type());
     Value logits = b.create<MatmulOp>(loc, logitsType, x,
                                       param(p + "mlp.router.weight", {experts, hidden}, normal()));
     // Megatron's get_capacity over the micro-batch's token-expert pairs.

@@ -39,6 +39,7 @@ pl::DType dtypeOf(Type t) {
   if (t.isF32()) return pl::DType::F32;
   if (t.isBF16()) return pl::DType::BF16;
   if (t.isF16()) return pl::DType::F16;
+  if (t.isF64()) return pl::DType::F64;
   if (t.isInteger(64)) return pl::DType::I64;
   return pl::DType::I32;
 }

@@ -88,6 +88,10 @@ def Mt_MoeDispatcher : I32EnumAttr<"MoeDispatcher",
 
 // Floating-point tensors with a static shape: every activation and parameter.
 def Mt_FloatTensor : StaticShapeTensorOf<[F32, F16, BF16]>;
+// The MoE router's logits and their gradient, f64 with moe_router_dtype
+// fp64 (Megatron's router_gating_linear computes them in that type); the
+// linear layer that gives them (mt.matmul, its two gradients) takes them.
+def Mt_WideFloatTensor : StaticShapeTensorOf<[F32, F16, BF16, F64]>;
 // Token ids, labels and positions.
 def Mt_IndexTensor : StaticShapeTensorOf<[I32, I64]>;
 // The scalar loss.

@@ -178,15 +178,17 @@ LogicalResult MatmulOp::verify() {
   if (result.getShape() != ArrayRef<int64_t>(expected))
     return emitOpError() << "result shape " << shapeStr(result.getShape())
                          << " should be " << shapeStr(expected);
-  // A 16-bit product may give an f32 result, computed in f32 and not
-  // rounded (the router's logits with moe_router_dtype, as Megatron's
-  // router_gating_linear computes them).
-  const bool wideResult = result.getElementType().isF32() &&
-                          in.getElementType().getIntOrFloatBitWidth() == 16;
+  // A 16-bit product may give an f32 result, and any product an f64 one,
+  // computed in that type and not rounded (the router's logits with
+  // moe_router_dtype fp32 or fp64, as Megatron's router_gating_linear
+  // computes them).
+  const bool wideResult = (result.getElementType().isF32() &&
+                           in.getElementType().getIntOrFloatBitWidth() == 16) ||
+                          result.getElementType().isF64();
   if (in.getElementType() != w.getElementType() ||
       (result.getElementType() != in.getElementType() && !wideResult))
     return emitOpError("input, weight and result must share an element type (or a 16-bit "
-                       "input and weight give an f32 result)");
+                       "input and weight give an f32 result, or any an f64 one)");
   return success();
 }
 
@@ -968,6 +970,11 @@ LogicalResult verifyRouter(RouterOp op) {
   if (seq < 1 || tokens % seq != 0)
     return op.emitOpError() << "seq_length " << seq << " must divide the " << tokens
                             << " tokens";
+  // fp64 routes f64 logits (router_gating_linear's result), and only it.
+  if (logits.getElementType().isF64() != (op.getRouterDtype() == MoeRouterDtype::FP64))
+    return op.emitOpError() << "logits of " << logits.getElementType()
+                            << " need router dtype fp64 and the reverse, got "
+                            << stringifyMoeRouterDtype(op.getRouterDtype());
   if (auto g = op.getCountGroupAttr(); g && g.getValue() != "tp")
     return op.emitOpError() << "count_group must be \"tp\" (the tensor-parallel group of "
                                "sequence parallelism), got \""

@@ -191,17 +191,19 @@ def Mt_MatmulOp : Mt_Op<"matmul", [DeclareOpInterfaceMethods<Mt_DifferentiableOp
     stored `[out_features, in_features]`, as Megatron-LM and PyTorch store
     linear weights, so the same op serves every linear layer and the output
     layer (whose weight may be the word-embedding table). With 16-bit input
-    and weight the result may be f32: the product is then computed in f32
-    and not rounded (the MoE router's logits with `moe_router_dtype`, whose
-    backward reads the f32 gradient: `mt.matmul_input_grad` and
-    `mt.matmul_weight_grad` take it as it is).
+    and weight the result may be f32, and with any the result may be f64:
+    the product is then computed in that type and not rounded (the MoE
+    router's logits with `moe_router_dtype` fp32 or fp64, whose backward
+    reads the wide gradient: `mt.matmul_input_grad` and
+    `mt.matmul_weight_grad` take it as it is, and round their results
+    once).
 
     ```mlir
     %y = mt.matmul %x, %w : (tensor<4x1024x768xf32>, tensor<2304x768xf32>) -> tensor<4x1024x2304xf32>
     ```
   }];
   let arguments = (ins Mt_FloatTensor:$input, Mt_FloatTensor:$weight);
-  let results = (outs Mt_FloatTensor:$result);
+  let results = (outs Mt_WideFloatTensor:$result);
   let assemblyFormat = "$input `,` $weight attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }
@@ -448,8 +450,8 @@ def Mt_MoeRouterOp : Mt_Op<"moe_router", [DeclareOpInterfaceMethods<Mt_Different
     values, which are for logging. `router_dtype` is Megatron's
     `--moe-router-dtype`: `none` rounds scores and weights to the logits'
     element type as Megatron's `type_as` does, `fp32` computes and keeps
-    them in f32, `fp64` computes them in f64 (the weights are stored in
-    f32). `seq_length` divides T.
+    them in f32, `fp64` computes them in f64 from f64 logits, and only
+    it takes them (the weights are stored in f32). `seq_length` divides T.
 
     `count_group` `"tp"` (set by `mt-shard-tp` under sequence parallelism,
     where T is this rank's sequence shard): the token counts of the
@@ -463,7 +465,7 @@ def Mt_MoeRouterOp : Mt_Op<"moe_router", [DeclareOpInterfaceMethods<Mt_Different
     %probs, %map, %aux, %z = mt.moe_router %logits softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.000000e-02 : f64, capacity = 0 : i64, scaling_factor = 0.000000e+00 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 1.000000e-03 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
     ```
   }];
-  let arguments = !con((ins Mt_FloatTensor:$logits), Mt_MoeRouterAttrs);
+  let arguments = !con((ins Mt_WideFloatTensor:$logits), Mt_MoeRouterAttrs);
   let results = (outs Mt_F32Tensor:$probs, Mt_I32Tensor:$routing_map,
                       Mt_ScalarF32:$aux_loss, Mt_ScalarF32:$z_loss);
   let assemblyFormat = "$logits $score_function $load_balancing `drop` $drop_policy `dtype` $router_dtype attr-dict `:` functional-type(operands, results)";

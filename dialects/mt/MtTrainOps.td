@@ -56,7 +56,7 @@ def Mt_MatmulInputGradOp : Mt_Op<"matmul_input_grad", [Pure]> {
     %dx = mt.matmul_input_grad %dy, %w : (tensor<4x128x256xf32>, tensor<256x64xf32>) -> tensor<4x128x64xf32>
     ```
   }];
-  let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$weight);
+  let arguments = (ins Mt_WideFloatTensor:$grad, Mt_FloatTensor:$weight);
   let results = (outs Mt_FloatTensor:$result);
   let assemblyFormat = "$grad `,` $weight attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -73,7 +73,7 @@ def Mt_MatmulWeightGradOp : Mt_Op<"matmul_weight_grad", [
     mt.matmul_weight_grad %dy, %x into @decoder.layers.0.mlp.linear_fc1.weight : tensor<4x128x256xf32>, tensor<4x128x64xf32>
     ```
   }];
-  let arguments = (ins Mt_FloatTensor:$grad, Mt_FloatTensor:$input,
+  let arguments = (ins Mt_WideFloatTensor:$grad, Mt_FloatTensor:$input,
                        FlatSymbolRefAttr:$param);
   let assemblyFormat = "$grad `,` $input `into` $param attr-dict `:` type($grad) `,` type($input)";
   let hasVerifier = 1;
@@ -282,10 +282,10 @@ def Mt_MoeRouterGradOp : Mt_Op<"moe_router_grad", [Pure,
     %dlogits = mt.moe_router_grad %dprobs, %logits, %probs, %map, %seed softmax aux_loss drop probs dtype none {aux_loss_coeff = 1.000000e-02 : f64, capacity = 0 : i64, scaling_factor = 0.000000e+00 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 1.000000e-03 : f64} : (tensor<64x4xf32>, tensor<64x4xf32>, tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>) -> tensor<64x4xf32>
     ```
   }];
-  let arguments = !con((ins Mt_F32Tensor:$grad, Mt_FloatTensor:$logits, Mt_F32Tensor:$probs,
+  let arguments = !con((ins Mt_F32Tensor:$grad, Mt_WideFloatTensor:$logits, Mt_F32Tensor:$probs,
                             Mt_I32Tensor:$routing_map, Mt_ScalarF32:$scale),
                        Mt_MoeRouterAttrs);
-  let results = (outs Mt_FloatTensor:$result);
+  let results = (outs Mt_WideFloatTensor:$result);
   let assemblyFormat = "$grad `,` $logits `,` $probs `,` $routing_map `,` $scale $score_function $load_balancing `drop` $drop_policy `dtype` $router_dtype attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }

@@ -231,7 +231,9 @@ struct CpuExecutor::Impl {
   std::string moe_combine(const pl::Instruction &ins, const cpu_exec_detail::Frame &f);
   std::string gather_expert_counts(Communicator *c, const int32_t *tpe, int64_t experts,
                                    int64_t rows, std::vector<int32_t> &all);
-  std::string router_group_counts(const pl::Instruction &ins, const float *logits,
+  // T: float, or double for f64 logits (moe_router_dtype fp64).
+  template <class T>
+  std::string router_group_counts(const pl::Instruction &ins, const T *logits,
                                   cpu::MoeRouterConfig &c, std::vector<double> &global);
 
   // cpu_executor_optimizer.cpp (with lr_schedule_of and megatron_lr): the data-parallel

@@ -346,7 +346,8 @@ std::string CpuExecutor::Impl::moe_combine(const pl::Instruction &ins, const Fra
 // MOE_ROUTER / MOE_ROUTER_GRAD with count_group 1: this rank's aux-loss
 // token counts summed over the tensor-parallel group into *global, and the
 // config pointed at them.
-std::string CpuExecutor::Impl::router_group_counts(const pl::Instruction &ins, const float *logits,
+template <class T>
+std::string CpuExecutor::Impl::router_group_counts(const pl::Instruction &ins, const T *logits,
                                                    cpu::MoeRouterConfig &c,
                                                    std::vector<double> &global) {
   if (ins.ints()->Get(9) != 1)
@@ -365,5 +366,14 @@ std::string CpuExecutor::Impl::router_group_counts(const pl::Instruction &ins, c
   c.count_ranks = tp ? tp->size() : 1;
   return "";
 }
+
+template std::string CpuExecutor::Impl::router_group_counts<float>(const pl::Instruction &,
+                                                                   const float *,
+                                                                   cpu::MoeRouterConfig &,
+                                                                   std::vector<double> &);
+template std::string CpuExecutor::Impl::router_group_counts<double>(const pl::Instruction &,
+                                                                    const double *,
+                                                                    cpu::MoeRouterConfig &,
+                                                                    std::vector<double> &);
 
 } // namespace mt::rt

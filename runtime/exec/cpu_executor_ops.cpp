@@ -118,6 +118,10 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
   auto iin = [&](size_t k) { return reinterpret_cast<const int32_t *>(f.ptr[ins.in()->Get(uint32_t(k))]); };
   auto iout = [&](size_t k) { return reinterpret_cast<int32_t *>(f.ptr[ins.out()->Get(uint32_t(k))]); };
   auto lin = [&](size_t k) { return reinterpret_cast<const int64_t *>(f.ptr[ins.in()->Get(uint32_t(k))]); };
+  // f64 values (the router's logits and their gradient with fp64).
+  auto din = [&](size_t k) { return reinterpret_cast<const double *>(f.ptr[ins.in()->Get(uint32_t(k))]); };
+  auto dout = [&](size_t k) { return reinterpret_cast<double *>(f.ptr[ins.out()->Get(uint32_t(k))]); };
+  auto widened = [](const float *p, int64_t count) { return std::vector<double>(p, p + count); };
   auto pid = [&](size_t k) { return ins.params()->Get(uint32_t(k)); };
   auto pgrad = [&](size_t k) { return state_floats(param(pid(k)).grad_offset()); };
   auto ival = [&](size_t k) { return ins.ints()->Get(uint32_t(k)); };
@@ -197,6 +201,11 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
   }
   case pl::Opcode::MATMUL: {
     int64_t out = dim(vin(1), 0), in = dim(vin(1), 1);
+    if (vout(0).dtype() == pl::DType::F64) { // the router's logits with moe_router_dtype fp64
+      const std::vector<double> x = widened(fin(0), n(vin(0))), w = widened(fin(1), n(vin(1)));
+      cpu::matmul_fwd(x.data(), w.data(), n(vin(0)) / in, in, out, dout(0));
+      break;
+    }
     cpu::matmul_fwd(fin(0), fin(1), n(vin(0)) / in, in, out, fout(0));
     break;
   }
@@ -303,12 +312,28 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
   }
   case pl::Opcode::MATMUL_INPUT_GRAD: {
     int64_t out = dim(vin(1), 0), in = dim(vin(1), 1);
+    if (vin(0).dtype() == pl::DType::F64) { // in double, rounded once to dx's type
+      const std::vector<double> w = widened(fin(1), n(vin(1)));
+      std::vector<double> dx(size_t(n(vout(0))));
+      cpu::matmul_bwd_input(din(0), w.data(), n(vin(0)) / out, in, out, dx.data(), false);
+      std::copy(dx.begin(), dx.end(), fout(0));
+      break;
+    }
     cpu::matmul_bwd_input(fin(0), fin(1), n(vin(0)) / out, in, out, fout(0), false);
     break;
   }
   case pl::Opcode::MATMUL_WEIGHT_GRAD: {
     const pl::Param &w = param(pid(0));
     int64_t out = w.shape()->Get(0), in = w.shape()->Get(1);
+    if (vin(0).dtype() == pl::DType::F64) { // in double, then added to the gradient
+      const std::vector<double> x = widened(fin(1), n(vin(1)));
+      std::vector<double> dw(size_t(out * in), 0.0);
+      cpu::matmul_bwd_weight(din(0), x.data(), n(vin(0)) / out, in, out, dw.data());
+      float *g = pgrad(0);
+      for (size_t i = 0; i < dw.size(); ++i)
+        g[i] += float(dw[i]);
+      break;
+    }
     cpu::matmul_bwd_weight(fin(0), fin(1), n(vin(0)) / out, in, out, pgrad(0));
     break;
   }
@@ -533,21 +558,38 @@ std::string CpuExecutor::Impl::execute(const pl::Instruction &ins, const Frame &
     break;
   case pl::Opcode::MOE_ROUTER: {
     cpu::MoeRouterConfig c = moe_router_config(ins, vin(0));
+    const bool f64 = vin(0).dtype() == pl::DType::F64;
     std::vector<double> global;
-    if (std::string e = router_group_counts(ins, fin(0), c, global); !e.empty())
+    if (std::string e = f64 ? router_group_counts(ins, din(0), c, global)
+                            : router_group_counts(ins, fin(0), c, global);
+        !e.empty())
       return e;
     double aux = 0, z = 0;
-    cpu::moe_router_fwd(fin(0), c, fout(0), iout(1), &aux, &z);
+    if (f64) { // fp64: routed in double; the routing weights are f32
+      std::vector<double> probs(size_t(n(vout(0))));
+      cpu::moe_router_fwd(din(0), c, probs.data(), iout(1), &aux, &z);
+      std::copy(probs.begin(), probs.end(), fout(0));
+    } else {
+      cpu::moe_router_fwd(fin(0), c, fout(0), iout(1), &aux, &z);
+    }
     fout(2)[0] = float(aux);
     fout(3)[0] = float(z);
     break;
   }
   case pl::Opcode::MOE_ROUTER_GRAD: {
     cpu::MoeRouterConfig c = moe_router_config(ins, vin(1));
+    const bool f64 = vin(1).dtype() == pl::DType::F64;
     std::vector<double> global;
-    if (std::string e = router_group_counts(ins, fin(1), c, global); !e.empty())
+    if (std::string e = f64 ? router_group_counts(ins, din(1), c, global)
+                            : router_group_counts(ins, fin(1), c, global);
+        !e.empty())
       return e;
-    cpu::moe_router_bwd(fin(0), fin(1), iin(3), c, double(*fin(4)), fout(0));
+    if (f64) {
+      const std::vector<double> dprobs = widened(fin(0), n(vin(0)));
+      cpu::moe_router_bwd(dprobs.data(), din(1), iin(3), c, double(*fin(4)), dout(0));
+    } else {
+      cpu::moe_router_bwd(fin(0), fin(1), iin(3), c, double(*fin(4)), fout(0));
+    }
     break;
   }
   case pl::Opcode::MOE_PERMUTE:

@@ -34,6 +34,7 @@ constexpr uint64_t kCublasWorkspaceBytes = 32ull << 20;
 int cuda_type(pl::DType t) {
   return t == pl::DType::BF16  ? cu::CUDA_R_16BF
          : t == pl::DType::F16 ? cu::CUDA_R_16F
+         : t == pl::DType::F64 ? cu::CUDA_R_64F
                                : cu::CUDA_R_32F;
 }
 
@@ -397,11 +398,15 @@ public:
       return e;
     if (!set_epilogue_pointers(plan->desc, g, ptr))
       return gemm_what(g) + ": cublasLtMatmulDescSetAttribute of the bias or aux pointer failed";
+    // The scales have the compute type's scale type (f64 for f64 GEMMs).
     const float alpha = 1.0f, beta = g.accumulate() ? 1.0f : 0.0f;
+    const double alpha64 = 1.0, beta64 = g.accumulate() ? 1.0 : 0.0;
+    const bool f64 = g.a_type() == pl::DType::F64;
     void *d = reinterpret_cast<void *>(ptr[2]);
     cu::cublasStatus_t s = lt_->cublasLtMatmul(
-        handle_, plan->desc, &alpha, reinterpret_cast<const void *>(ptr[0]), plan->a,
-        reinterpret_cast<const void *>(ptr[1]), plan->b, &beta, d, plan->d, d, plan->d,
+        handle_, plan->desc, f64 ? static_cast<const void *>(&alpha64) : &alpha,
+        reinterpret_cast<const void *>(ptr[0]), plan->a, reinterpret_cast<const void *>(ptr[1]),
+        plan->b, f64 ? static_cast<const void *>(&beta64) : &beta, d, plan->d, d, plan->d,
         &plan->algo, reinterpret_cast<void *>(lt_workspace_), kCublasWorkspaceBytes, stream_);
     if (s != 0)
       return "cublasLtMatmul failed (status " + std::to_string(s) + ") for m " +
@@ -664,7 +669,11 @@ private:
         lt_->cublasLtMatmulDescDestroy(p.desc);
       return what + ": " + why;
     };
-    if (lt_->cublasLtMatmulDescCreate(&p.desc, cu::CUBLAS_COMPUTE_32F, cu::CUDA_R_32F) != 0)
+    // f64 operands (the MoE router's GEMMs with moe_router_dtype fp64)
+    // multiply in f64 with f64 scales; every other GEMM in f32.
+    const bool f64 = g.a_type() == pl::DType::F64;
+    if (lt_->cublasLtMatmulDescCreate(&p.desc, f64 ? cu::CUBLAS_COMPUTE_64F : cu::CUBLAS_COMPUTE_32F,
+                                      f64 ? cu::CUDA_R_64F : cu::CUDA_R_32F) != 0)
       return fail("cublasLtMatmulDescCreate failed");
     auto set = [&](cu::cublasLtMatmulDescAttributes_t attr, const void *value, size_t size) {
       return lt_->cublasLtMatmulDescSetAttribute(p.desc, attr, value, size) == 0;

@@ -60,7 +60,8 @@ size_t element_bytes(pl::DType dtype) {
   case pl::DType::I32: return 4;
   case pl::DType::BF16:
   case pl::DType::F16: return 2;
-  case pl::DType::I64: return 8;
+  case pl::DType::I64:
+  case pl::DType::F64: return 8;
   }
   return 0;
 }
@@ -117,6 +118,7 @@ const char *dtype_label(pl::DType d) {
   case pl::DType::F16: return "f16";
   case pl::DType::I32: return "i32";
   case pl::DType::I64: return "i64";
+  case pl::DType::F64: return "f64";
   }
   return "unknown-dtype";
 }

@@ -25,7 +25,7 @@
 namespace mt::rt {
 
 // Bump whenever plan.fbs or the header changes meaning.
-constexpr uint32_t kPlanFormatVersion = 17;
+constexpr uint32_t kPlanFormatVersion = 18;
 constexpr size_t kPlanHeaderSize = 32;
 // Every persistent-state offset of a Param is a multiple of this.
 constexpr uint64_t kStateAlignment = 64;
@@ -42,7 +42,7 @@ std::string wrap_plan_payload(const uint8_t *payload, size_t size);
 
 // Bytes per element of a dtype as the plan (and the GPU) stores it.
 size_t element_bytes(mt::plan::DType dtype);
-// F32, BF16 or F16.
+// F32, BF16 or F16 (not F64, which only the MoE router's operands take).
 bool is_float_dtype(mt::plan::DType dtype);
 // Product of the dimensions (1 for a scalar shape []). Only meaningful on a
 // verified plan, where every dimension is non-negative and the product fits.

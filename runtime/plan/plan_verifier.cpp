@@ -33,7 +33,9 @@ constexpr int64_t kMaxElements = int64_t(1) << 48;
 // Operand kinds, one letter per operand:
 //   f  a float tensor (F32, BF16 or F16)     i  an I32 tensor (ids, labels)
 //   s  an F32 scalar                         l  an I64 scalar
-//   a  a value of any dtype
+//   a  a value of any dtype but F64         g  a float tensor or an F64 one
+// F64 values are the MoE router's logits and their gradient with
+// moe_router_dtype fp64: only a `g` operand takes one.
 // FUSED takes any number of operands of any kind (in and out are null).
 struct OpSignature {
   pl::Opcode op;
@@ -47,7 +49,7 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::EMBEDDING, "fi", "f", 0, 1, 0},
     {pl::Opcode::LAYER_NORM, "fff", "f", 0, 0, 2},
     {pl::Opcode::RMS_NORM, "ff", "f", 0, 0, 2},
-    {pl::Opcode::MATMUL, "ff", "f", 0, 0, 0},
+    {pl::Opcode::MATMUL, "ff", "g", 0, 0, 0},
     {pl::Opcode::BIAS_ADD, "ff", "f", 0, 0, 0},
     {pl::Opcode::ADD, "ff", "f", 0, 0, 0},
     {pl::Opcode::GELU, "f", "f", 0, 1, 0},
@@ -60,8 +62,8 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::CROSS_ENTROPY, "fi", "s", 0, 1, 0},
     {pl::Opcode::GRAD_SEED, "", "s", 0, 0, 1},
     {pl::Opcode::EMBEDDING_GRAD, "fi", "", 1, 1, 0},
-    {pl::Opcode::MATMUL_INPUT_GRAD, "ff", "f", 0, 0, 0},
-    {pl::Opcode::MATMUL_WEIGHT_GRAD, "ff", "", 1, 0, 0},
+    {pl::Opcode::MATMUL_INPUT_GRAD, "gf", "f", 0, 0, 0},
+    {pl::Opcode::MATMUL_WEIGHT_GRAD, "gf", "", 1, 0, 0},
     {pl::Opcode::BIAS_GRAD, "f", "", 1, 0, 0},
     {pl::Opcode::LAYER_NORM_GRAD, "fff", "f", 2, 0, 2},
     {pl::Opcode::RMS_NORM_GRAD, "fff", "f", 1, 0, 2},
@@ -93,8 +95,8 @@ constexpr OpSignature kSignatures[] = {
     {pl::Opcode::SPLIT_QKV_ROPE_GRAD, "fff", "f", 0, 0, 2},
     {pl::Opcode::SGD, "ss", "", 1, 0, 2},
     {pl::Opcode::SHARDED_SGD, "sss", "", 0, 1, 2},
-    {pl::Opcode::MOE_ROUTER, "f", "Fiss", 0, 10, 3},
-    {pl::Opcode::MOE_ROUTER_GRAD, "FfFis", "f", 0, 10, 3},
+    {pl::Opcode::MOE_ROUTER, "g", "Fiss", 0, 10, 3},
+    {pl::Opcode::MOE_ROUTER_GRAD, "FgFis", "g", 0, 10, 3},
     {pl::Opcode::MOE_PERMUTE, "fi", "fii", 0, 2, 0},
     {pl::Opcode::MOE_PERMUTE_GRAD, "fi", "f", 0, 0, 0},
     {pl::Opcode::GROUPED_MATMUL, "ffi", "f", 0, 0, 0},
@@ -124,6 +126,8 @@ const char *kind_name(char k) {
   case 'i': return "an i32 tensor";
   case 's': return "an f32 scalar";
   case 'l': return "an i64 scalar";
+  case 'g': return "a float tensor (f32, bf16, f16 or f64)";
+  case 'a': return "a value of any type but f64";
   default: return "a value";
   }
 }
@@ -676,7 +680,8 @@ private:
     case 'i': return v.dtype() == pl::DType::I32;
     case 's': return v.dtype() == pl::DType::F32 && element_count(v) == 1;
     case 'l': return v.dtype() == pl::DType::I64 && element_count(v) == 1;
-    default: return true;
+    case 'g': return is_float_dtype(v.dtype()) || v.dtype() == pl::DType::F64;
+    default: return v.dtype() != pl::DType::F64;
     }
   }
 
@@ -716,6 +721,9 @@ private:
       const char *kinds = is_in ? sig.in : sig.out;
       if (kinds && !kind_matches(*s.value(v), kinds[j]))
         return slot + " (" + describe(s, v) + ") must be " + kind_name(kinds[j]);
+      if (!kinds && s.value(v)->dtype() == pl::DType::F64)
+        return slot + " (" + describe(s, v) +
+               ") is f64, which only the MoE router's logits and their gradient are";
     }
     const size_t np = vsize(rank_->params());
     for (size_t k = 0; k < npar; ++k)
@@ -844,10 +852,14 @@ private:
                  std::to_string(want);
         if (g->m() <= 0 || g->n() <= 0 || g->k() <= 0 || g->batch() <= 0)
           return at + "has a GEMM with a dimension below 1";
-        // cuBLASLt's types (compute f32): A and B of one type; f32
-        // operands give an f32 result.
+        // cuBLASLt's types (compute f32, or f64 for f64 operands): A and
+        // B of one type; f32 operands give an f32 result, f64 ones an f64
+        // result without an epilogue, and only they do.
+        const bool f64 = g->a_type() == pl::DType::F64;
         if (g->a_type() != g->b_type() ||
-            (g->a_type() == pl::DType::F32 && g->d_type() != pl::DType::F32))
+            (g->a_type() == pl::DType::F32 && g->d_type() != pl::DType::F32) ||
+            f64 != (g->d_type() == pl::DType::F64) ||
+            (f64 && g->epilogue() != pl::GemmEpilogue::NONE))
           return at + "has a GEMM of " + pl::EnumNameDType(g->a_type()) + " x " +
                  pl::EnumNameDType(g->b_type()) + " into " + pl::EnumNameDType(g->d_type()) +
                  ", which cuBLASLt does not multiply; recompile the spec with this mtc";
@@ -1487,6 +1499,13 @@ private:
       if (!ok)
         return bad(fwd ? "logits[T, E] -> probs[T, E], routing_map[T, E], aux_loss, z_loss"
                        : "dprobs, logits, probs and routing_map [T, E], scale -> dlogits[T, E]");
+      // fp64 (router_dtype 2) routes f64 logits, and only it does.
+      if ((logits.dtype() == pl::DType::F64) != (ins.ints()->Get(8) == 2))
+        return "ints[8] (router_dtype) is " + std::to_string(ins.ints()->Get(8)) +
+               " with " + dtype_label(logits.dtype()) +
+               " logits; fp64 (2) and f64 logits go together";
+      if (!fwd && out(0).dtype() != logits.dtype())
+        return bad("dlogits of the logits' type");
       const int64_t topk = ins.ints()->Get(0), capacity = ins.ints()->Get(4),
                     seq = ins.ints()->Get(7);
       if (topk > e)

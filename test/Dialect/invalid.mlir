@@ -833,3 +833,27 @@ func.func @combine_etp_layout(%r: tensor<32x8xf32>, %lay: tensor<1x4xi32>, %n: t
   %y = mt.moe_combine %r, %lay, %n allgather {ep_size = 1 : i64, etp_size = 2 : i64, num_local_experts = 4 : i64} : (tensor<32x8xf32>, tensor<1x4xi32>, tensor<4xi32>) -> tensor<16x8xf32>
   return
 }
+
+// -----
+
+func.func @f(%l: tensor<64x4xf64>) {
+  // expected-error @+1 {{logits of 'f64' need router dtype fp64 and the reverse, got fp32}}
+  %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype fp32 {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xf64>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @f(%l: tensor<64x4xf32>) {
+  // expected-error @+1 {{logits of 'f32' need router dtype fp64 and the reverse, got fp64}}
+  %p, %m, %a, %z = mt.moe_router %l softmax aux_loss drop probs dtype fp64 {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 32 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xf32>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<2x8xf64>, %w: tensor<4x8xf64>) {
+  // expected-error @+1 {{operand #0 must be statically shaped tensor of 32-bit float or 16-bit float or bfloat16 type values}}
+  %y = mt.matmul %x, %w : (tensor<2x8xf64>, tensor<4x8xf64>) -> tensor<2x4xf64>
+  return
+}

@@ -202,3 +202,18 @@ module @expert_parallel {
     return %back, %local, %p : tensor<128x16xf32>, tensor<2xi32>, tensor<64x4xf32>
   }
 }
+
+// -----
+
+// moe_router_dtype fp64: the router's linear layer gives f64 logits from
+// 16-bit (or f32) operands, routed in double.
+// CHECK-LABEL: module @router_fp64
+module @router_fp64 {
+  func.func @f(%x: tensor<64x16xbf16>, %w: tensor<4x16xbf16>) -> tensor<64x4xf32> {
+    // CHECK: mt.matmul %{{.*}}, %{{.*}} : (tensor<64x16xbf16>, tensor<4x16xbf16>) -> tensor<64x4xf64>
+    %logits = mt.matmul %x, %w : (tensor<64x16xbf16>, tensor<4x16xbf16>) -> tensor<64x4xf64>
+    // CHECK: mt.moe_router %{{.*}} softmax aux_loss drop probs dtype fp64 {{.*}} : (tensor<64x4xf64>) -> (tensor<64x4xf32>
+    %p, %m, %aux, %z = mt.moe_router %logits softmax aux_loss drop probs dtype fp64 {aux_loss_coeff = 1.0e-02 : f64, capacity = 0 : i64, scaling_factor = 0.0 : f64, seq_length = 16 : i64, topk = 2 : i64, z_loss_coeff = 0.0 : f64} : (tensor<64x4xf64>) -> (tensor<64x4xf32>, tensor<64x4xi32>, tensor<f32>, tensor<f32>)
+    return %p : tensor<64x4xf32>
+  }
+}

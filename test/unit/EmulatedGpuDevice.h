@@ -46,7 +46,11 @@ namespace mt::emu {
 namespace pl = mt::plan;
 using mt::rt::GpuDevice;
 
-inline float load(const void *p, pl::DType t, int64_t i) {
+// Values are float but for f64 (the MoE router's fp64 GEMMs), which is
+// read and written as it is.
+inline double load(const void *p, pl::DType t, int64_t i) {
+  if (t == pl::DType::F64)
+    return static_cast<const double *>(p)[i];
   if (t == pl::DType::F32)
     return static_cast<const float *>(p)[i];
   uint16_t h;
@@ -71,7 +75,12 @@ inline float load(const void *p, pl::DType t, int64_t i) {
   return f;
 }
 
-inline void store(void *p, pl::DType t, int64_t i, float x) {
+inline void store(void *p, pl::DType t, int64_t i, double wide) {
+  if (t == pl::DType::F64) {
+    static_cast<double *>(p)[i] = wide;
+    return;
+  }
+  float x = float(wide);
   if (t == pl::DType::F32) {
     static_cast<float *>(p)[i] = x;
     return;
@@ -294,7 +303,7 @@ private:
   static std::vector<float> read(uint64_t at, uint64_t count, mt::rt::CommElement t) {
     std::vector<float> v(count);
     for (uint64_t i = 0; i < count; ++i)
-      v[i] = load(ptr(at), dtypeOf(t), int64_t(i));
+      v[i] = float(load(ptr(at), dtypeOf(t), int64_t(i)));
     return v;
   }
   static void write(uint64_t at, const std::vector<float> &v, mt::rt::CommElement t) {
@@ -588,7 +597,7 @@ public:
           acc *= gelu_tanh_grad(double(load(aux, g.d_type(), di)));
         if (!rowSums.empty())
           rowSums[size_t(i)] += acc;
-        store(d, g.d_type(), di, float(acc));
+        store(d, g.d_type(), di, g.d_type() == pl::DType::F64 ? acc : double(float(acc)));
       }
     for (size_t i = 0; i < rowSums.size(); ++i)
       store(bias, g.bias_type(), int64_t(i), float(rowSums[i]));

@@ -158,8 +158,8 @@ struct cublasLtMatmulHeuristicResult_t {
 };
 
 // cublasLt.h, cublas_api.h and library_types.h values mt uses.
-constexpr cublasComputeType_t CUBLAS_COMPUTE_32F = 68;
-constexpr cudaDataType_t CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14;
+constexpr cublasComputeType_t CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_64F = 70;
+constexpr cudaDataType_t CUDA_R_32F = 0, CUDA_R_64F = 1, CUDA_R_16F = 2, CUDA_R_16BF = 14;
 constexpr int CUBLAS_OP_N = 0, CUBLAS_OP_T = 1;
 constexpr cublasLtMatmulDescAttributes_t CUBLASLT_MATMUL_DESC_TRANSA = 3,
                                          CUBLASLT_MATMUL_DESC_TRANSB = 4,

@@ -85,7 +85,9 @@ float fromHalf(DType d, uint16_t h) {
   return x;
 }
 
-int bytesOf(DType d) { return d == DType::BF16 || d == DType::F16 ? 2 : d == DType::I64 ? 8 : 4; }
+int bytesOf(DType d) {
+  return d == DType::BF16 || d == DType::F16 ? 2 : d == DType::I64 || d == DType::F64 ? 8 : 4;
+}
 
 struct Arr {
   OpTensor t;
@@ -105,6 +107,8 @@ struct Arr {
     for (size_t i = 0; i < v.size(); ++i) {
       if (t.dtype == DType::F32)
         static_cast<float *>(data())[i] = v[i];
+      else if (t.dtype == DType::F64) // the router's logits with fp64
+        static_cast<double *>(data())[i] = v[i];
       else
         static_cast<uint16_t *>(data())[i] = halfBits(t.dtype, v[i]);
     }
@@ -115,8 +119,9 @@ struct Arr {
   std::vector<float> get() {
     std::vector<float> v(size_t(t.elements()));
     for (size_t i = 0; i < v.size(); ++i)
-      v[i] = t.dtype == DType::F32 ? static_cast<float *>(data())[i]
-                                   : fromHalf(t.dtype, static_cast<uint16_t *>(data())[i]);
+      v[i] = t.dtype == DType::F32   ? static_cast<float *>(data())[i]
+             : t.dtype == DType::F64 ? float(static_cast<double *>(data())[i])
+                                     : fromHalf(t.dtype, static_cast<uint16_t *>(data())[i]);
     return v;
   }
   std::vector<int> ints() {
@@ -297,7 +302,7 @@ std::vector<RouterCase> routerCases() {
   v.push_back({"capacity position", 48, 6, c});
   c.pad = 1;
   c.dtype = 2;
-  v.push_back({"capacity position padded fp64", 48, 6, c});
+  v.push_back({"capacity position padded fp64", 48, 6, c, DType::F64});
   c.position = 0;
   c.dtype = 1;
   c.capacity = 11;
@@ -398,8 +403,8 @@ MT_KERNEL_TEST(MoeKernels, RouterGradMatchesFiniteDifferences) {
     for (float v : cpu)
       want.push_back(double(roundTo(rc.dtype, v)));
     EXPECT_TRUE(close(dl.get(), want, std::max(1e-5, typeRel), 1e-6 * mag));
-    if (rc.dtype != DType::F32 || c.dtype == 2)
-      continue; // finite differences of the unrounded f32 router
+    if (rc.dtype != DType::F32 && rc.dtype != DType::F64)
+      continue; // finite differences of the unrounded f32 or f64 router
     mt::cpu::MoeRouterConfig cd = cc;
     auto objective = [&](const std::vector<double> &l) {
       std::vector<double> p(size_t(T * E));

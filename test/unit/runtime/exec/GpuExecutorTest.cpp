@@ -381,7 +381,8 @@ TEST(GpuExecutor, MoePlanLaunchesTheMoeKernels) {
 // only. The backward GEMMs read the f32
 // gradient of the logits.
 struct RouterGemm {
-  std::vector<float> x, w, logits;
+  std::vector<float> x, w;
+  std::vector<double> logits; // f64 with fp64, else the f32 values the CPU holds
   int64_t tokens = 0, experts = 0, hidden = 0;
   pl::DType logitsType = pl::DType::F32, dlogitsType = pl::DType::F32;
 };
@@ -427,7 +428,7 @@ RouterGemm routerGemm(const char *routerDtype) {
   // The values are read after the run: no later instruction may write the
   // arena bytes of the input or the logits.
   auto bytes = [](const pl::Value &v) {
-    return uint64_t(mt::rt::element_count(v)) * (v.dtype() == pl::DType::F32 ? 4 : 2);
+    return uint64_t(mt::rt::element_count(v)) * mt::rt::element_bytes(v.dtype());
   };
   for (uint32_t i = at + 1; i < code->size(); ++i)
     for (uint32_t o : *code->Get(i)->out()) {
@@ -446,7 +447,13 @@ RouterGemm routerGemm(const char *routerDtype) {
   };
   r.x = read(xv, mm.in()->Get(0));
   r.w = read(wv, mm.in()->Get(1));
-  r.logits = read(lv, mm.out()->Get(0));
+  if (lv.dtype() == pl::DType::F64) {
+    const double *p = static_cast<const double *>(cpu.value_data(step, mm.out()->Get(0)));
+    r.logits.assign(p, p + mt::rt::element_count(lv));
+  } else {
+    const std::vector<float> l = read(lv, mm.out()->Get(0));
+    r.logits.assign(l.begin(), l.end());
+  }
   return r;
 }
 // The logits' largest difference from the product in double, relative to
@@ -477,6 +484,57 @@ TEST(GpuExecutor, RouterGemmRunsInTheRouterDtype) {
   EXPECT_LT(errWide, 1e-6);        // f32 accumulation of exact products
   EXPECT_GT(errNone, 1e-4);        // rounded to bf16 (2^-9 relative)
   EXPECT_LT(errWide * 100, errNone);
+}
+// fp64: the logits are the f64 product (Megatron's router_gating_linear
+// in torch.float64), so they agree with the product in double to double
+// rounding, and the backward GEMMs read the f64 gradient.
+TEST(GpuExecutor, RouterGemmRunsInF64) {
+  const RouterGemm f64 = routerGemm("fp64"), f32 = routerGemm("fp32");
+  ASSERT_FALSE(f64.logits.empty());
+  EXPECT_EQ(f64.logitsType, pl::DType::F64);
+  EXPECT_EQ(f64.dlogitsType, pl::DType::F64);
+  const double err64 = routerLogitsError(f64), err32 = routerLogitsError(f32);
+  std::printf("[ stats    ] router logits vs the product in double: fp64 %.2e, fp32 %.2e\n",
+              err64, err32);
+  EXPECT_LT(err64, 1e-14);
+  EXPECT_GT(err32, 1e-9); // f32 accumulation
+}
+// On GPUs against the CPU, in an f32 model and a bf16 one: the
+// router's GEMMs are f64 cuBLASLt GEMMs of widened operands (the forward
+// widens both, the backward the gradient's partner), the routing kernels
+// read and write f64 logits.
+// Emulated, the f32 model alone (the bf16 one adds only the 16-bit widening
+// and rounding kernels, which fp32's router test above already runs).
+void routerInF64MatchesTheCpu(DeviceFactory make, std::vector<const char *> precisions) {
+  for (const char *precision : precisions) {
+    SCOPED_TRACE(precision);
+    const std::vector<mt::spec::Override> o = {
+        {std::string("training.precision=\"") + precision + "\""}, {"model.num_experts=2"},
+        {"model.moe_router_topk=2"}, {"model.moe_aux_loss_coeff=0.01"},
+        {"model.moe_z_loss_coeff=0.001"}, {"model.moe_layer_freq=[1, 0]"},
+        {"model.add_bias_linear=false"}, {"model.moe_router_dtype=\"fp64\""}};
+    auto file = compilePlan(o);
+    ASSERT_TRUE(file);
+    int f64Gemms = 0;
+    for (const pl::Program *p : *mt::rt::find_rank(*file->plan(), 0)->programs())
+      for (const pl::Instruction *ins : *p->instructions())
+        for (uint32_t s = 0; ins->gpu() && s < ins->gpu()->size(); ++s)
+          if (const pl::Gemm *g = ins->gpu()->Get(s)->gemm(); g && g->a_type() == pl::DType::F64) {
+            ++f64Gemms;
+            EXPECT_EQ(g->d_type(), pl::DType::F64);
+          }
+    EXPECT_GE(f64Gemms, 3); // the logits, their input and weight gradients
+    if (std::string(precision) == "fp32")
+      compareSteps(make, o, 1e-5, 1e-4, 1e-5);
+    else
+      compareSteps(make, o, 1e-2, 0.1, 0.1);
+  }
+}
+TEST(GpuExecutor, MoeRouterInF64MatchesTheCpu) {
+  routerInF64MatchesTheCpu(emulatedDevice, {"fp32"});
+}
+TEST_F(GpuExecutorOnGpu, MoeRouterInF64MatchesTheCpu) {
+  routerInF64MatchesTheCpu(realGpu, {"fp32", "bf16"});
 }
 // The same on the emulated GPU against the CPU: the router's forward GEMM
 // is a bf16 x bf16 -> f32 cuBLASLt GEMM, its backward ones widen the bf16

@@ -1981,10 +1981,12 @@ struct MoeChain {
   std::vector<int64_t> router_ints = {K, 0, 0, 1, 0, 0, 0, 3, 0, -1};
   std::vector<double> router_floats = {0.0, 0.01, 0.001};
 
-  explicit MoeChain(int64_t rowsN = T * K, std::vector<int64_t> permute_ints = {0, 0}) {
+  // logits_type: the logits' and their gradient's (f64 with fp64).
+  explicit MoeChain(int64_t rowsN = T * K, std::vector<int64_t> permute_ints = {0, 0},
+                    DType logits_type = DType::F32) {
     w = d.param("decoder.layers.0.mlp.experts.linear_fc1.weight", {E, M, H});
     Prog &p = d.program("moe");
-    logits = d.input(p, "logits", {T, E});
+    logits = d.input(p, "logits", {T, E}, logits_type);
     x = d.input(p, "x", {T, H});
     const uint32_t ww = d.weight(p, w);
     probs = d.arena(p, "probs", {T, E});
@@ -2000,7 +2002,7 @@ struct MoeChain {
     dy = d.arena(p, "dy", {rowsN, H});
     dprobs = d.arena(p, "dprobs", {T, E});
     dx = d.arena(p, "dx", {T, H});
-    dlogits = d.arena(p, "dlogits", {T, E});
+    dlogits = d.arena(p, "dlogits", {T, E}, logits_type);
     PlanDesc::op(p, Opcode::MOE_ROUTER, {logits}, {probs, map, aux, z}, {}, router_ints,
                  router_floats, "router");
     PlanDesc::op(p, Opcode::MOE_PERMUTE, {x, map}, {y, rows, tpe}, {}, permute_ints, {},
@@ -2048,6 +2050,55 @@ TEST(PlanReader, MoeInstructionsOpen) {
 
 // A bf16 chain runs: the router rounds its weights to the logits' bf16 (as
 // Megatron's type_as), and every bf16 result is a bf16 value.
+// fp64 (router_dtype 2): the CPU routes f64 logits, not rounded to f32, and
+// writes their f64 gradient: against the double router kernels on logits
+// that no float holds.
+TEST(CpuExecutor, MoeChainWithF64Logits) {
+  MoeChain c(MoeChain::T * MoeChain::K, {0, 0}, DType::F64);
+  c.ins(Opcode::MOE_ROUTER).ints[8] = 2;
+  c.ins(Opcode::MOE_ROUTER_GRAD).ints[8] = 2;
+  auto f = open_ok(c.d);
+  ASSERT_NE(f, nullptr);
+  CpuExecutor ex(*f->plan(), 0);
+  ex.set_check_memory_plan(true);
+  const pl::Program &p = *ex.program("moe");
+  constexpr int n = MoeChain::T * MoeChain::E;
+  double *logits = static_cast<double *>(ex.value_data(p, c.logits));
+  std::vector<float> seed(n);
+  fill(seed.data(), n, 41, 2.0);
+  for (int i = 0; i < n; ++i) // below f32's resolution: 1 + 2^-40 relative
+    logits[i] = double(seed[size_t(i)]) * (1.0 + 0x1p-40 * double(i % 7));
+  const std::vector<double> in(logits, logits + n);
+  fill(static_cast<float *>(ex.value_data(p, c.x)), MoeChain::T * MoeChain::H, 42, 1.0);
+  fill(ex.weight(c.w), ex.param_elements(c.w), 43, 0.5);
+  ASSERT_EQ(ex.run(p, 0), "");
+  mt::cpu::MoeRouterConfig rc;
+  rc.tokens = MoeChain::T;
+  rc.experts = MoeChain::E;
+  rc.topk = MoeChain::K;
+  rc.load_balancing = 1;
+  rc.seq_length = 3;
+  rc.aux_loss_coeff = 0.01;
+  rc.z_loss_coeff = 0.001;
+  rc.fp64 = true;
+  std::vector<double> probs(n);
+  std::vector<int32_t> map(n);
+  double aux = 0, z = 0;
+  mt::cpu::moe_router_fwd(in.data(), rc, probs.data(), map.data(), &aux, &z);
+  const float *got = static_cast<float *>(ex.value_data(p, c.probs));
+  for (int i = 0; i < n; ++i)
+    EXPECT_EQ(got[i], float(probs[size_t(i)])) << "probs[" << i << "], f32 from double";
+  // The gradient: the chain's dprobs and seed through the double kernel.
+  const float *dprobs = static_cast<float *>(ex.value_data(p, c.dprobs));
+  const std::vector<double> dp(dprobs, dprobs + n);
+  std::vector<double> want(n);
+  mt::cpu::moe_router_bwd(dp.data(), in.data(), map.data(), rc,
+                          double(*static_cast<float *>(ex.value_data(p, c.aux))), want.data());
+  const double *dlogits = static_cast<double *>(ex.value_data(p, c.dlogits));
+  for (int i = 0; i < n; ++i)
+    EXPECT_EQ(dlogits[i], want[size_t(i)]) << "dlogits[" << i << "], bit for bit in double";
+}
+
 TEST(CpuExecutor, MoeChainInBf16) {
   MoeChain c;
   for (uint32_t v : {c.logits, c.x, c.y, c.h, c.dh, c.out, c.dy, c.dx, c.dlogits})
@@ -2130,6 +2181,31 @@ TEST(PlanReader, MoeInstructionErrors) {
     c.ins(Opcode::MOE_ROUTER_GRAD).floats[1] = -0.5;
     EXPECT_CONTAINS(semantic_error(c.d), "(router grad) MOE_ROUTER_GRAD: floats[1] "
                                          "(aux_loss_coeff) is -0.500000; it must be >= 0");
+  }
+  {
+    MoeChain c(MoeChain::T * MoeChain::K, {0, 0}, DType::F64); // f64 logits without fp64
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_ROUTER: ints[8] (router_dtype) is 0 with f64 "
+                                         "logits; fp64 (2) and f64 logits go together");
+  }
+  {
+    MoeChain c; // fp64 on f32 logits
+    c.ins(Opcode::MOE_ROUTER).ints[8] = 2;
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_ROUTER: ints[8] (router_dtype) is 2 with f32 "
+                                         "logits; fp64 (2) and f64 logits go together");
+  }
+  {
+    MoeChain c(MoeChain::T * MoeChain::K, {0, 0}, DType::F64); // fp64, a valid chain
+    c.ins(Opcode::MOE_ROUTER).ints[8] = 2;
+    c.ins(Opcode::MOE_ROUTER_GRAD).ints[8] = 2;
+    EXPECT_NE(open_ok(c.d), nullptr);
+    c.prog().values[c.dlogits].dtype = DType::F32; // an f32 gradient of f64 logits
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_ROUTER_GRAD: needs dlogits of the logits' type");
+  }
+  {
+    MoeChain c; // f64 where only the router's logits may be
+    c.prog().values[c.x].dtype = DType::F64;
+    EXPECT_CONTAINS(semantic_error(c.d), "MOE_PERMUTE: in[0] (%x [6,8] f64) must be a float "
+                                         "tensor (f32, bf16 or f16)");
   }
   {
     MoeChain c; // a routing map of floats

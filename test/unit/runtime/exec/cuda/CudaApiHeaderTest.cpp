@@ -144,9 +144,10 @@ static_assert(cu::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN ==
               ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
 static_assert(cu::NVRTC_SUCCESS == ::NVRTC_SUCCESS);
 static_assert(cu::NVRTC_ERROR_COMPILATION == ::NVRTC_ERROR_COMPILATION);
-static_assert(cu::CUBLAS_COMPUTE_32F == ::CUBLAS_COMPUTE_32F);
-static_assert(cu::CUDA_R_32F == ::CUDA_R_32F && cu::CUDA_R_16F == ::CUDA_R_16F &&
-              cu::CUDA_R_16BF == ::CUDA_R_16BF);
+static_assert(cu::CUBLAS_COMPUTE_32F == ::CUBLAS_COMPUTE_32F &&
+              cu::CUBLAS_COMPUTE_64F == ::CUBLAS_COMPUTE_64F);
+static_assert(cu::CUDA_R_32F == ::CUDA_R_32F && cu::CUDA_R_64F == ::CUDA_R_64F &&
+              cu::CUDA_R_16F == ::CUDA_R_16F && cu::CUDA_R_16BF == ::CUDA_R_16BF);
 static_assert(cu::CUBLAS_OP_N == ::CUBLAS_OP_N && cu::CUBLAS_OP_T == ::CUBLAS_OP_T);
 static_assert(cu::CUBLASLT_MATMUL_DESC_TRANSA == ::CUBLASLT_MATMUL_DESC_TRANSA);
 static_assert(cu::CUBLASLT_MATMUL_DESC_TRANSB == ::CUBLASLT_MATMUL_DESC_TRANSB);
