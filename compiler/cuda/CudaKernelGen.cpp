@@ -345,7 +345,7 @@ private:
               rate >= 1 ? (1u << 24) : static_cast<uint32_t>(std::ceil(rate * 16777216.0));
           double scale = rate >= 1 ? 0.0 : 1.0 / (1.0 - rate);
           std::string first = idx;
-          if (auto d = o.getTpShardDim(); d && *d >= 0 && r.tp > 1) {
+          if (auto d = o.getTpShardDim(); d && int64_t(*d) >= 0 && r.tp > 1) {
             // This shard's element e is element o * len * tp + tp_rank * len + e % len
             // of the whole tensor, o = e / len (runtime's dropout_segments).
             auto shape = cast<RankedTensorType>(o.getInput().getType()).getShape();
@@ -412,7 +412,7 @@ std::string analyse(FusedOp fused, const CudaKernelOptions &options, Region &r) 
       if (!(d.getRateAttr().getValueAsDouble() > 0))
         continue;
       r.dropouts.push_back(d);
-      if (auto dim = d.getTpShardDim(); dim && *dim >= 0 && r.tp > 1) {
+      if (auto dim = d.getTpShardDim(); dim && int64_t(*dim) >= 0 && r.tp > 1) {
         r.sharded = true;
         auto shape = cast<RankedTensorType>(d.getInput().getType()).getShape();
         int64_t len = 1;

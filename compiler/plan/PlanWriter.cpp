@@ -44,6 +44,9 @@ pl::DType dtypeOf(Type t) {
   return pl::DType::I32;
 }
 
+// A tensor-parallel shard dimension attribute as plan.fbs's int (-1: none).
+int64_t shardDim(std::optional<uint64_t> d) { return d ? int64_t(*d) : -1; }
+
 // The number a collective instruction names its group by (plan.fbs): the
 // runtime's own enumeration.
 int64_t groupNumber(StringRef name) {
@@ -893,7 +896,7 @@ private:
         .Case([&](SwiGLUOp) { i.op = pl::Opcode::SWIGLU; })
         .Case([&](DropoutOp o) {
           i.op = pl::Opcode::DROPOUT;
-          i.ints = {o.getStream(), o.getTpShardDim().value_or(-1)};
+          i.ints = {int64_t(o.getStream()), shardDim(o.getTpShardDim())};
           eps(o.getRateAttr());
         })
         .Case([&](ReshapeOp) { i.op = pl::Opcode::RESHAPE; })
@@ -916,7 +919,7 @@ private:
         })
         .Case([&](AttentionOp o) {
           i.op = pl::Opcode::ATTENTION;
-          i.ints = {o.getCausal() ? 1 : 0, o.getStream(), o.getTpShardDim().value_or(-1)};
+          i.ints = {o.getCausal() ? 1 : 0, int64_t(o.getStream()), shardDim(o.getTpShardDim())};
           i.floats = {o.getScale().convertToDouble(), o.getDropoutRate().convertToDouble()};
         })
         .Case([&](CrossEntropyOp o) {
@@ -966,7 +969,7 @@ private:
         })
         .Case([&](AttentionGradOp o) {
           i.op = pl::Opcode::ATTENTION_GRAD;
-          i.ints = {o.getCausal() ? 1 : 0, o.getStream(), o.getTpShardDim().value_or(-1)};
+          i.ints = {o.getCausal() ? 1 : 0, int64_t(o.getStream()), shardDim(o.getTpShardDim())};
           i.floats = {o.getScale().convertToDouble(), o.getDropoutRate().convertToDouble()};
         })
         .Case([&](CrossEntropyGradOp o) {
@@ -1029,23 +1032,23 @@ private:
         })
         .Case([&](SendOp o) {
           i.op = pl::Opcode::SEND;
-          i.ints = {o.getPeer(), o.getTag()};
+          i.ints = {int64_t(o.getPeer()), int64_t(o.getTag())};
         })
         .Case([&](RecvOp o) {
           i.op = pl::Opcode::RECV;
-          i.ints = {o.getPeer(), o.getTag()};
+          i.ints = {int64_t(o.getPeer()), int64_t(o.getTag())};
         })
         .Case([&](AllReduceTiedGradOp o) {
           i.op = pl::Opcode::ALL_REDUCE_TIED_GRAD;
           i.params = {param(o.getParamAttr())};
-          i.ints = {o.getPeer(), o.getTag()};
+          i.ints = {int64_t(o.getPeer()), int64_t(o.getTag())};
         })
         .Case([&](LrScheduleOp o) {
           i.op = pl::Opcode::LR_SCHEDULE;
           // The plan's LrStyle and WsdStyle codes are the dialect's.
           i.ints = {int64_t(o.getStyle()),
-                    o.getWarmupIters(),
-                    o.getDecayIters(),
+                    int64_t(o.getWarmupIters()),
+                    int64_t(o.getDecayIters()),
                     int64_t(o.getSamplesPerStep().value_or(1)),
                     int64_t(o.getWsdStyle().value_or(WsdStyle::Exponential)),
                     int64_t(o.getWsdDecayIters().value_or(0))};
@@ -1062,7 +1065,7 @@ private:
         })
         .Case([&](ReduceGradsOp o) {
           i.op = pl::Opcode::REDUCE_GRADS;
-          i.ints = {groupNumber(o.getGroup()), o.getBucket(), o.getScatter() ? 1 : 0};
+          i.ints = {groupNumber(o.getGroup()), int64_t(o.getBucket()), o.getScatter() ? 1 : 0};
           eps(o.getScaleAttr());
         })
         .Case([&](ShardedGradNormOp o) {
@@ -1073,7 +1076,7 @@ private:
           i.op = pl::Opcode::SHARDED_ADAMW;
           if (!o.getDecoupledLr()) // the decoupled rate is the rate
             i.in.push_back(i.in[0]);
-          i.ints = {o.getBucket()};
+          i.ints = {int64_t(o.getBucket())};
           i.floats = {o.getBeta1().convertToDouble(), o.getBeta2().convertToDouble(),
                       o.getEpsilon().convertToDouble(), o.getWeightDecay().convertToDouble()};
         })
@@ -1081,7 +1084,7 @@ private:
           i.op = pl::Opcode::SHARDED_SGD;
           if (!o.getDecoupledLr()) // the decoupled rate is the rate
             i.in.push_back(i.in[0]);
-          i.ints = {o.getBucket()};
+          i.ints = {int64_t(o.getBucket())};
           i.floats = {o.getMomentum().convertToDouble(), o.getWeightDecay().convertToDouble()};
         })
         .Case([&](SgdOp o) {
@@ -1091,7 +1094,7 @@ private:
         })
         .Case([&](AllGatherParamsOp o) {
           i.op = pl::Opcode::ALL_GATHER_PARAMS;
-          i.ints = {groupNumber(o.getGroup()), o.getBucket()};
+          i.ints = {groupNumber(o.getGroup()), int64_t(o.getBucket())};
         })
         .Case([&](AdamWOp o) {
           i.op = pl::Opcode::ADAMW;

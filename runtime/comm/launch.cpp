@@ -488,6 +488,22 @@ int run_local_ranks(int nproc, const std::vector<std::string> &argv, const Local
     if (!std::getenv(name))
       inherited.push_back(std::string(name) + "=" + share);
 
+  // SIGTERM or SIGINT to the launcher (scancel, a time limit, Ctrl-C) is
+  // passed on to every rank, which then saves and stops on its own. The
+  // handler is in place before the first rank starts, so a signal that
+  // arrives while the ranks start reaches them too (the loop below passes
+  // it on to every rank started).
+  g_forward_signal = 0;
+  struct sigaction forward {}, old_term {}, old_int {};
+  forward.sa_handler = on_forward_signal;
+  sigemptyset(&forward.sa_mask);
+  ::sigaction(SIGTERM, &forward, &old_term);
+  ::sigaction(SIGINT, &forward, &old_int);
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+
   std::vector<Child> children(nproc);
   std::fflush(stdout);
   std::fflush(stderr);
@@ -512,12 +528,21 @@ int run_local_ranks(int nproc, const std::vector<std::string> &argv, const Local
       break;
     }
     const pid_t launcher = ::getpid();
+    // The stop signals are blocked over the fork: the rank starts with the
+    // default actions (not the launcher's handler), and one that arrives
+    // meanwhile waits for them.
+    sigset_t unblocked;
+    ::pthread_sigmask(SIG_BLOCK, &stop_signals, &unblocked);
     pid_t pid = ::fork();
+    if (pid != 0)
+      ::pthread_sigmask(SIG_SETMASK, &unblocked, nullptr);
     if (pid < 0) {
       start_error = std::string("cannot start rank ") + std::to_string(r) + ": " + std::strerror(errno);
       break;
     }
     if (pid == 0) {
+      ::signal(SIGTERM, SIG_DFL);
+      ::signal(SIGINT, SIG_DFL);
       // A rank ends with its launcher, however the launcher ends (SIGKILL
       // included): the kernel sends it SIGKILL then. A launcher that died
       // before this call would go unnoticed, so the parent is checked after.
@@ -527,13 +552,11 @@ int run_local_ranks(int nproc, const std::vector<std::string> &argv, const Local
         ::dup2(out_pipe[1], STDOUT_FILENO);
         ::dup2(err_pipe[1], STDERR_FILENO);
       }
-      if (options.block_stop_signals) {
-        sigset_t stop;
-        sigemptyset(&stop);
-        sigaddset(&stop, SIGTERM);
-        sigaddset(&stop, SIGINT);
-        ::sigprocmask(SIG_BLOCK, &stop, nullptr);
-      }
+      // The stop signals stay blocked across exec with block_stop_signals
+      // (the rank unblocks them once its handler is set), else a pending
+      // one acts now.
+      if (!options.block_stop_signals)
+        ::sigprocmask(SIG_SETMASK, &unblocked, nullptr);
       ::execvpe(args[0], args.data(), env.data());
       const char *why = std::strerror(errno);
       std::string line = std::string(tool) + ": cannot run '" + argv[0] + "': " + why + "\n";
@@ -584,14 +607,6 @@ int run_local_ranks(int nproc, const std::vector<std::string> &argv, const Local
         return true;
     return false;
   };
-  // SIGTERM or SIGINT to the launcher (scancel, a time limit, Ctrl-C) is
-  // passed on to every rank, which then saves and stops on its own.
-  g_forward_signal = 0;
-  struct sigaction forward {}, old_term {}, old_int {};
-  forward.sa_handler = on_forward_signal;
-  sigemptyset(&forward.sa_mask);
-  ::sigaction(SIGTERM, &forward, &old_term);
-  ::sigaction(SIGINT, &forward, &old_int);
   bool forwarded = false;
   Clock::time_point drain_until = Clock::time_point::max();
   while (true) {

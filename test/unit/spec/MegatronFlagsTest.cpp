@@ -82,8 +82,9 @@ TEST(MegatronFlagTable, NamesNoFlagMegatronLacks) {
 TEST(MegatronFlagTable, EveryRowSaysWhy) {
   for (const MegatronFlag &f : megatronFlags()) {
     EXPECT_FALSE(f.text.empty()) << f.flag;
-    if (f.status == FlagStatus::Mtrun)
+    if (f.status == FlagStatus::Mtrun) {
       EXPECT_EQ(f.text.rfind("--", 0), 0u) << f.flag << ": an mtrun flag";
+    }
     if (!f.onlyValue.empty()) {
       EXPECT_EQ(f.status, FlagStatus::Refused) << f.flag;
       EXPECT_FALSE(f.onlyWhy.empty()) << f.flag;
@@ -135,9 +136,10 @@ TEST(MegatronFlagTable, ImplementedRowsReachTheirTranslation) {
     if (f.arity != FlagArity::Switch)
       args.push_back("4");
     absl::StatusOr<MegatronImportResult> r = importMegatronArgs(args);
-    if (!r.ok())
+    if (!r.ok()) {
       EXPECT_EQ(std::string(r.status().message()).find("internal error"), std::string::npos)
           << f.flag << ": " << r.status();
+    }
   }
 }
 

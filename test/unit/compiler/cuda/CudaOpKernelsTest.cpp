@@ -943,9 +943,11 @@ MT_KERNEL_TEST(CudaOpKernels, AdamWGroupAndShard) {
       EXPECT_TRUE(close(std::vector<float>(target, target + c), want, DType::F32, 2.5e-7, 0));
       EXPECT_TRUE(close(std::vector<float>(s.f(q.expAvgOffset), s.f(q.expAvgOffset) + c), wm, DType::F32, 2.5e-7, 0));
       EXPECT_TRUE(close(std::vector<float>(s.f(q.expAvgSqOffset), s.f(q.expAvgSqOffset) + c), wv, DType::F32, 2.5e-7, 0));
-      if (q.masterOffset >= 0)
-        for (size_t i = 0; i < c; ++i)
+      if (q.masterOffset >= 0) {
+        for (size_t i = 0; i < c; ++i) {
           ASSERT_EQ(s.h(q.weightOffset)[i], halfBits(q.dtype, target[i])) << i;
+        }
+      }
     }
     // Step 0 is refused: nothing changes.
     std::vector<uint64_t> before = s.bytes;
@@ -1067,9 +1069,11 @@ MT_KERNEL_TEST(CudaOpKernels, SgdGroupAndShard) {
       EXPECT_TRUE(close(std::vector<float>(target, target + c), want[p], DType::F32, 2.5e-7, 0));
       EXPECT_TRUE(close(std::vector<float>(s.f(q.expAvgOffset), s.f(q.expAvgOffset) + c), buf[p],
                         DType::F32, 2.5e-7, 0));
-      if (q.masterOffset >= 0)
-        for (size_t i = 0; i < c; ++i)
+      if (q.masterOffset >= 0) {
+        for (size_t i = 0; i < c; ++i) {
           ASSERT_EQ(s.h(q.weightOffset)[i], halfBits(q.dtype, target[i])) << i;
+        }
+      }
     }
     // Hand-derived first update of the f32 parameter (no decay): the buffer
     // is the clipped gradient and the weight moves by lr times it.
@@ -1122,9 +1126,11 @@ MT_KERNEL_TEST(CudaOpKernels, SgdGroupAndShard) {
     EXPECT_TRUE(close(got, swant, DType::F32, 2.5e-7, 0));
     EXPECT_TRUE(close(std::vector<float>(s.f(sh.shardExpAvgOffset), s.f(sh.shardExpAvgOffset) + 700),
                       sbuf, DType::F32, 2.5e-7, 0));
-    if (shardTarget)
-      for (int i = 0; i < 500; ++i)
+    if (shardTarget) {
+      for (int i = 0; i < 500; ++i) {
         ASSERT_EQ(s.h(params[0].weightOffset)[3 + i], halfBits(d, shardTarget[i])) << i;
+      }
+    }
   }
 }
 
@@ -1511,8 +1517,9 @@ MT_KERNEL_TEST(CudaOpKernels, NormsAndColumnSums) {
           mt::cpu::rms_norm_bwd(dy.data(), x.data(), w.data(), n, h, 1e-5, wdx.data(), wdw.data(), off);
         EXPECT_TRUE(close(yb.get(), rounded(wdx, d), d, 1e-4, 2e-5));
         EXPECT_TRUE(close(dw, wdw, DType::F32, 1e-5, 2e-5));
-        if (layer)
+        if (layer) {
           EXPECT_TRUE(close(db, wdb, DType::F32, 1e-5, 2e-5));
+        }
       }
       OpParam p;
       p.shape = {h};

@@ -353,10 +353,11 @@ MT_KERNEL_TEST(MoeKernels, Router) {
     int kept = 0;
     for (int v : wantMap)
       kept += v;
-    if (rc.cfg.pad)
+    if (rc.cfg.pad) {
       EXPECT_EQ(kept, std::min(rc.cfg.capacity, T) * E);
-    else if (rc.cfg.capacity)
+    } else if (rc.cfg.capacity) {
       EXPECT_LT(kept, T * rc.cfg.topk); // something was dropped
+    }
   }
 }
 
@@ -647,9 +648,11 @@ MT_KERNEL_TEST(MoeKernels, PermuteUnpermuteAndGradients) {
     EXPECT_EQ(rowIds.ints(), wantRows);
     EXPECT_EQ(tpe.ints(), wantTpe);
     EXPECT_TRUE(close(y.get(), rounded(wantY), 0, 0));
-    if (pc.cfg.pad)
-      for (int r : wantRows)
+    if (pc.cfg.pad) {
+      for (int r : wantRows) {
         EXPECT_GE(r, 0); // padding fills every row with a token (weight 0 if unrouted)
+      }
+    }
 
     // The permute's gradient: each token's rows summed.
     std::vector<float> dys = randomValues(size_t(N * H), 23, 1.0f, pc.dtype);
@@ -817,10 +820,13 @@ MT_KERNEL_TEST(MoeKernels, GroupedMatmul) {
     }
     EXPECT_TRUE(within(grad.get(), wantG, absG, gc.grad == DType::F32 ? 2e-6 : 0x1p-8));
     // An expert without rows keeps its gradient bit for bit.
-    for (int64_t e = 0; e < E; ++e)
-      if (gc.tpe[e] == 0)
-        for (int64_t i = 0; i < M * K; ++i)
+    for (int64_t e = 0; e < E; ++e) {
+      if (gc.tpe[e] == 0) {
+        for (int64_t i = 0; i < M * K; ++i) {
           ASSERT_EQ(grad.get()[e * M * K + i], g0[e * M * K + i]);
+        }
+      }
+    }
   }
 }
 

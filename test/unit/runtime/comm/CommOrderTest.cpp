@@ -298,8 +298,9 @@ TEST(PipelineExpand, MicroBatchCopiesShareTheirParts) {
   ASSERT_EQ(first->gpu()->size(), copy->gpu()->size());
   for (uint32_t k = 0; k < first->gpu()->size(); ++k) {
     const pl::GpuStep &a = *first->gpu()->Get(k), &b = *copy->gpu()->Get(k);
-    if (a.kind() == pl::GpuStepKind::GEMM)
+    if (a.kind() == pl::GpuStepKind::GEMM) {
       EXPECT_EQ(a.gemm(), b.gemm()) << "one descriptor";
+    }
   }
   // The values of the two micro-batches: distinct tables, shared shapes.
   const pl::Value &x = *train->values()->Get(first->in()->Get(0));

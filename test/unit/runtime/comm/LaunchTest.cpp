@@ -315,6 +315,23 @@ TEST(LocalRanks, StopSignalsWaitForTheRanksHandler) {
   EXPECT_EQ(held, 0);
 }
 
+// A SIGTERM to the launcher while its ranks start (here from rank 0 itself,
+// as soon as it runs, while the launcher may still be starting rank 1) is
+// passed on to every rank: the launcher's handler is set before the first
+// fork. The ranks end by their TERM trap (status 3), the launcher lives.
+TEST(LocalRanks, ASignalWhileTheRanksStartIsPassedOn) {
+  mt::rt::LocalRunOptions options;
+  options.prefix_output = false;
+  options.grace = std::chrono::milliseconds(5000);
+  ::testing::internal::CaptureStderr();
+  const int rc = mt::rt::run_local_ranks(
+      2, {"sh", "-c", "trap 'exit 3' TERM; if [ $MT_RANK = 0 ]; then kill -TERM $PPID; fi; "
+                      "sleep 10 & wait"},
+      options);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(rc, 3) << err;
+}
+
 TEST(LocalRanks, FirstFailureIsReportedAndOthersStopped) {
   mt::rt::LocalRunOptions options;
   options.grace = std::chrono::milliseconds(200);

@@ -229,8 +229,9 @@ void checkAgainstReference(const std::vector<mt::spec::Override> &layout) {
   EXPECT_GE(exact, total - total / 100) << offByOne << " one-ulp differences of " << total;
   // The reference tells bf16 from f32: most elements differ from the f32 sum.
   EXPECT_GT(f32Differs, total / 2);
-  if (sharded)
+  if (sharded) {
     EXPECT_GT(owned, 0);
+  }
 }
 
 TEST(GradReduceBf16, AllReduceMatchesStepwiseBf16Reference) { checkAgainstReference({}); }
