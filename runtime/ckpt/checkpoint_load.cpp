@@ -205,6 +205,20 @@ std::string missing_rank_file(const std::string &dir, const std::string &file, i
     return dir + ": error: has no " + file + ", the file of expert-parallel rank " +
            std::to_string(ep_rank) + " of " + std::to_string(ep_size) + " (it has " + have +
            "); the save that made it did not finish or the file was deleted: " + kOtherIteration;
+  // Files named as this one is (mp_rank_TT or mp_rank_TT_PPP) are of the
+  // same layout, which lacks this rank's file; other names, of another
+  // tensor/pipeline layout.
+  // (the rank part's fields, then the kind of file: model or distrib_optim).
+  auto pattern = [](const std::string &n) {
+    const size_t dot = n.find('.');
+    const std::string rank = n.substr(0, dot);
+    return std::make_pair(std::count(rank.begin(), rank.end(), '_'),
+                          dot == std::string::npos ? std::string() : n.substr(dot));
+  };
+  if (std::any_of(ours.begin(), ours.end(),
+                  [&](const std::string &n) { return pattern(n) == pattern(file); }))
+    return dir + ": error: has no " + file + " (it has " + have +
+           "); the save that made it did not finish or the file was deleted: " + kOtherIteration;
   return dir + ": error: has no " + file + " (it has " + have +
          "); the checkpoint was saved with a different tensor/pipeline parallel layout: convert "
          "it with 'mtc reshard', or load it with the layout it was saved with";

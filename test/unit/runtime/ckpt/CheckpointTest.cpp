@@ -309,6 +309,14 @@ TEST_F(CheckpointTest, PipelineRankFileNames) {
                         "tensor/pipeline parallel layout: convert it with 'mtc reshard', or load "
                         "it with the layout it was saved with");
 
+  // A file of the same naming (mp_rank_TT_PPP) is missing from the layout
+  // that is there: a save that did not finish, not another layout.
+  EXPECT_EQ(CheckpointReader::open(save, -1, 0, 2, 4, &err), nullptr);
+  EXPECT_EQ(err, save + "/iter_0000004: error: has no mp_rank_00_002.mtckpt (it has "
+                        "mp_rank_01_002.mtckpt); the save that made it did not finish or the "
+                        "file was deleted: load an earlier iteration instead, or start from "
+                        "scratch");
+
   // A file renamed to another rank's name is caught by its metadata.
   ASSERT_EQ(0, rename((save + "/iter_0000004/mp_rank_01_002.mtckpt").c_str(),
                       (save + "/iter_0000004/mp_rank_00_002.mtckpt").c_str()));
