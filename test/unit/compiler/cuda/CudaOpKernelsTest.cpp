@@ -6,6 +6,7 @@
 #include "KernelDevice.h"
 
 #include "compiler/cuda/CudaOpKernels.h"
+#include "compiler/cuda/GpuSteps.h"
 #include "runtime/exec/cpu_kernels.h"
 #include "runtime/exec/cuda/cuda_api.h"
 #include "runtime/exec/cuda/kernel_cache.h"
@@ -460,9 +461,10 @@ std::vector<OpInstruction> everyOpcode(DType d) {
   for (const std::vector<int64_t> &ints :
        {std::vector<int64_t>{2, 0, 0, 1, 0, 0, 0, 8, 0, -1}, {2, 0, 1, 2, 10, 0, 0, 8, 1, -1},
         {1, 1, 0, 1, 10, 1, 1, 8, 2, -1}, {3, 1, 0, 0, 0, 0, 0, 8, 0, -1}}) {
-    add(Opcode::MOE_ROUTER, {logits}, routerOut, ints, {1.5, 0.01, 1e-3});
-    add(Opcode::MOE_ROUTER_GRAD, {probs, logits, probs, map, scalar}, {logits}, ints,
-        {0.0, 0.01, 1e-3});
+    // fp64 (router_dtype 2) routes f64 logits.
+    const OpTensor l = ints[8] == 2 ? tensor(DType::F64, {T, E}) : logits;
+    add(Opcode::MOE_ROUTER, {l}, routerOut, ints, {1.5, 0.01, 1e-3});
+    add(Opcode::MOE_ROUTER_GRAD, {probs, l, probs, map, scalar}, {l}, ints, {0.0, 0.01, 1e-3});
   }
   add(Opcode::MOE_PERMUTE, {tensor(d, {T, H}), map},
       {tensor(d, {N, H}), rows, tpe}, {0, 0});
@@ -524,6 +526,58 @@ TEST(CudaOpKernels, EveryOpcodeCompilesWithNvrtc) {
       }
   }
   EXPECT_GT(seen.size(), 60u);
+}
+
+// The router's GEMMs with moe_router_dtype (GpuSteps' widened GEMMs): the
+// kernels that widen the operands to f32 or f64 and round the results
+// back, for each model type, compile with NVRTC; fp64's GEMMs are f64.
+TEST(CudaOpKernels, WidenedRouterGemmKernelsCompileWithNvrtc) {
+  std::string error;
+  const mt::cu::Nvrtc *nvrtc = mt::cu::load_nvrtc(&error);
+  if (!nvrtc)
+    GTEST_SKIP() << error;
+  int compiled = 0;
+  for (DType d : kFloatTypes)
+    for (DType wide : {DType::F32, DType::F64}) {
+      if (wide == DType::F32 && d == DType::F32)
+        continue; // f32 operands need no widening
+      // values: x [64, 32], w [4, 32], logits [64, 4] (wide), dx [64, 32]
+      const std::vector<mt::GpuValueInfo> values = {
+          {{64, 32}, d, 0}, {{4, 32}, d, 1 << 16}, {{64, 4}, wide, 2 << 16}, {{64, 32}, d, 3 << 16}};
+      mt::GpuParamInfo w;
+      w.shape = {4, 32};
+      w.dtype = d;
+      std::vector<mt::GpuInstruction> ins(3);
+      ins[0].op = Opcode::MATMUL_INPUT_GRAD;
+      ins[0].in = {2, 1};
+      ins[0].out = {3};
+      ins[1].op = Opcode::MATMUL_WEIGHT_GRAD;
+      ins[1].in = {2, 0};
+      ins[1].params = {0};
+      ins[2].op = Opcode::MATMUL;
+      ins[2].in = {0, 1};
+      ins[2].out = {2};
+      for (const mt::GpuInstruction &in : ins) {
+        mt::GpuLowering l = mt::lowerInstruction(in, values, {w}, 1);
+        ASSERT_EQ(l.missing, "") << mt::plan::EnumNameOpcode(in.op);
+        bool wideGemm = false;
+        for (const mt::GpuStepSpec &st : l.steps)
+          if (st.kind == mt::plan::GpuStepKind::GEMM)
+            wideGemm = wideGemm || st.gemm.aType == wide;
+        EXPECT_EQ(wideGemm, !(in.op == Opcode::MATMUL && wide == DType::F32))
+            << mt::plan::EnumNameOpcode(in.op);
+        for (const mt::CudaKernel &k : l.kernels)
+          for (int arch : {80, 90}) {
+            std::string cubin, e;
+            mt::rt::nvrtc_compile(*nvrtc, k.entry, k.source, arch, mt::rt::nvrtc_options(arch),
+                                  &cubin, &e);
+            EXPECT_EQ(e, "") << mt::plan::EnumNameOpcode(in.op) << " sm_" << arch << "\n"
+                             << k.source;
+            ++compiled;
+          }
+      }
+    }
+  EXPECT_GT(compiled, 20);
 }
 
 // The launch limits (runtime/exec/cuda/launch_limits.h) refuse a launch
