@@ -419,9 +419,10 @@ GpuLowering lowerReduceGrads(const GpuInstruction &inst, const std::vector<GpuPa
 // MOE_DISPATCH / MOE_COMBINE: the executor's own exchange (NATIVE) over
 // the S = etp x ep ranks of the stage's experts, with two workspace
 // arguments: every rank's tokens_per_expert ([S, E] i32), then the rows'
-// staging (alltoall: the R receive rows) or every rank's y (allgather: S * N
-// rows, also the combine's reduce-scatter image). gpu_executor.cpp has the
-// algorithm.
+// staging (alltoall: the R receive rows, where the combine at etp > 1 also
+// reduce-scatters them over expt_tp in place) or every rank's y (allgather:
+// S * N rows, also the combine's reduce-scatter image). gpu_executor.cpp
+// has the algorithm.
 GpuLowering lowerMoeExchange(const GpuInstruction &inst, const std::vector<GpuValueInfo> &values) {
   GpuLowering l;
   const bool dispatch = inst.op == pl::Opcode::MOE_DISPATCH;

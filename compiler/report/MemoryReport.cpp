@@ -45,10 +45,11 @@ std::string factorText(double f) {
 // - alltoall dispatch: at most its own N rows, each to the etp ranks of the
 //   row's expert: etp x N;
 // - alltoall combine of the R received rows: at etp 1 the rows from its
-//   ep - 1 peers go back, (ep - 1) / ep of R; at etp > 1 first an
-//   all-reduce over the etp ranks that hold the same rows (a ring sends
-//   2 (etp - 1) / etp of R), then each rank returns the R / etp rows of the
-//   sources of its own etp rank, less its own: (ep - 1) / S of R;
+//   ep - 1 peers go back, (ep - 1) / ep of R; at etp > 1 first a
+//   reduce-scatter over the etp ranks that hold the same rows, each keeping
+//   the sums of its own sources' rows (a ring sends (etp - 1) / etp of R),
+//   then each rank returns those R / etp rows, less its own:
+//   (ep - 1) / S of R;
 // - allgather: its N rows to each of the S - 1 peers, and the combine, a
 //   reduce-scatter of S x N rows, as many back.
 int64_t exchangeBytes(ModuleOp stage) {
@@ -66,7 +67,7 @@ int64_t exchangeBytes(ModuleOp stage) {
       const int64_t S = etp * ep, R = bytesOf(c.getInput());
       bytes += c.getDispatcher() == MoeDispatcher::AllGather
                    ? (S - 1) * bytesOf(c.getResult())
-                   : R / S * (ep - 1) + R / etp * 2 * (etp - 1);
+                   : R / S * (ep - 1) + R / etp * (etp - 1);
     }
   });
   return bytes;
@@ -233,8 +234,8 @@ MemoryPlan memoryPlanOf(ModuleOp module, const spec::Spec &spec) {
                         ? "each rank's rows gathered by and reduce-scattered from the "
                           "expert_tensor_parallel_size x expert_model_parallel_size - 1 peers"
                         : "each dispatched row sent to the expert_tensor_parallel_size ranks of "
-                          "its expert, and a combine's all-reduce of the received rows over "
-                          "those ranks (a ring) before each returns its share");
+                          "its expert, and a combine's reduce-scatter of the received rows "
+                          "over those ranks (a ring) before each returns its share");
   }
   return plan;
 }

@@ -159,7 +159,7 @@ struct CpuExecutor::Impl {
     std::vector<FlatSegment> all, own;
   };
   std::vector<BucketState> buckets;
-  std::vector<float> packed, gathered; // contiguous staging for collectives
+  std::vector<float> packed, gathered, summed; // contiguous staging for collectives
   int dp = 1, dp_rank = 0;
 
   // This rank's place in its tensor-parallel group, from the plan's table.

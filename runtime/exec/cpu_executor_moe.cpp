@@ -27,9 +27,11 @@
 // the etp ranks' rows for it (their partial products of the row-parallel
 // second expert layer):
 //   alltoall: at etp > 1 the etp ranks of an ep rank, whose rows lie in
-//     the same order, sum them first (all_reduce over expt_tp, group 5);
-//     then each row goes back to its source from the one rank of its
-//     source's etp rank (all_to_all_v over the S ranks);
+//     the same order, sum them first, each only the rows it returns
+//     (reduce_scatter_v over expt_tp, group 5, of the rows packed by their
+//     source's etp rank, as Megatron reduce-scatters over tp); then each
+//     row goes back to its source from the one rank of its source's etp
+//     rank (all_to_all_v over the S ranks);
 //   allgather: the rows go into every source's y-shaped block, zero
 //     elsewhere, and the blocks are reduce-scattered (reduce_scatter_v),
 //     each row arriving as the sum of its etp ranks' rows plus zeros.
@@ -253,7 +255,14 @@ std::string CpuExecutor::Impl::moe_combine(const pl::Instruction &ins, const Fra
     return "its layout holds " + std::to_string(total) + " rows, more than the " +
            std::to_string(r) + " rows of its input";
   // Source-major again: for s, its rows of each local expert j, which sit in
-  // `rows` at expert j's segment after the sources before s.
+  // `rows` at expert j's segment after the sources before s. The alltoall
+  // combine at etp > 1 takes the sources by their etp rank first (those of
+  // etp rank 0, then 1, ...), so that each etp rank's are one block.
+  const bool by_etp = ins.ints()->Get(2) != 1 && etp > 1;
+  std::vector<int64_t> order; // the sources in packing order
+  for (int64_t k = 0; k < (by_etp ? etp : 1); ++k)
+    for (int64_t s = by_etp ? k : 0; s < sources; s += by_etp ? etp : 1)
+      order.push_back(s);
   packed.assign(size_t(total * h), 0.0f);
   std::vector<size_t> send_counts(ns), send_displs(ns);
   {
@@ -265,7 +274,7 @@ std::string CpuExecutor::Impl::moe_combine(const pl::Instruction &ins, const Fra
       expert_start[size_t(j + 1)] = expert_start[size_t(j)] + k;
     }
     int64_t at = 0;
-    for (int64_t s = 0; s < sources; ++s) {
+    for (int64_t s : order) {
       send_displs[size_t(s)] = size_t(at * h);
       send_counts[size_t(s)] = size_t(to[size_t(s)] * h);
       for (int64_t j = 0; j < l; ++j) {
@@ -307,23 +316,38 @@ std::string CpuExecutor::Impl::moe_combine(const pl::Instruction &ins, const Fra
     if (std::string e2 = c->reduce_scatter_v(gathered.data(), sizes, y); !e2.empty())
       return e2;
   } else {
+    const float *from = packed.data();
     if (etp > 1) {
       // The etp ranks of ep rank q hold the same rows in the same order
-      // (their dispatch received the same): the sums of their partial rows,
-      // then each source's rows from the rank of its own etp rank only.
+      // (their dispatch received the same), packed by their source's etp
+      // rank: a reduce-scatter over expt_tp (Megatron's over tp, with
+      // output_split_sizes) leaves etp rank k the sums of the rows of its
+      // own sources only, which it then returns to them.
       Communicator *tp = group(int64_t(Group::EXPT_TP), &err);
       if (!err.empty())
         return err;
-      if (!tp || tp->size() != etp)
+      if (!tp || tp->size() != etp || tp->rank() != g % etp)
         return "sums its rows over " + std::to_string(etp) + " expert tensor-parallel ranks, "
                "but the expt_tp group has " + std::to_string(tp ? tp->size() : 1) +
+               (tp ? " with this rank at " + std::to_string(tp->rank()) : std::string()) +
                "; run the plan with all its ranks";
-      if (std::string e2 = tp->all_reduce(packed.data(), packed.size(), ReduceOp::Sum);
+      std::vector<size_t> blocks(size_t(etp), 0);
+      for (int64_t s = 0; s < sources; ++s)
+        blocks[size_t(s % etp)] += send_counts[size_t(s)];
+      size_t before = 0; // the packed elements of the etp ranks before this one
+      for (int64_t k = 0; k < g % etp; ++k)
+        before += blocks[size_t(k)];
+      summed.assign(blocks[size_t(g % etp)], 0.0f);
+      if (std::string e2 = tp->reduce_scatter_v(packed.data(), blocks, summed.data());
           !e2.empty())
         return e2;
-      for (int64_t s = 0; s < sources; ++s)
+      from = summed.data();
+      for (int64_t s = 0; s < sources; ++s) {
         if (s % etp != g % etp)
           send_counts[size_t(s)] = 0;
+        else
+          send_displs[size_t(s)] -= before;
+      }
     }
     // From group rank p (of this rank's etp rank): this rank's rows of p's
     // ep rank's experts.
@@ -334,7 +358,7 @@ std::string CpuExecutor::Impl::moe_combine(const pl::Instruction &ins, const Fra
       if (p % etp == g % etp)
         recv_counts[size_t(p)] = size_t((start[size_t(b + l)] - start[size_t(b)]) * h);
     }
-    if (std::string e2 = c->all_to_all_v(packed.data(), send_counts, send_displs, y, recv_counts,
+    if (std::string e2 = c->all_to_all_v(from, send_counts, send_displs, y, recv_counts,
                                          recv_displs);
         !e2.empty())
       return e2;

@@ -133,6 +133,15 @@ public:
     return check(nccl_->ncclReduceScatter(ptr(in), ptr(out), count, nccl_type(t), o, c, *stream_),
                  "ncclReduceScatter");
   }
+  std::string reduce(uint64_t in, uint64_t out, uint64_t count, CommElement t,
+                     int root) override {
+    cu::ncclComm_t c = nullptr;
+    if (std::string e = live(&c); !e.empty())
+      return e;
+    return check(nccl_->ncclReduce(ptr(in), ptr(out), count, nccl_type(t), cu::ncclSum, root, c,
+                                   *stream_),
+                 "ncclReduce");
+  }
   std::string group_start() override { return check(nccl_->ncclGroupStart(), "ncclGroupStart"); }
   std::string group_end() override { return check(nccl_->ncclGroupEnd(), "ncclGroupEnd"); }
   std::string send(uint64_t buf, uint64_t count, CommElement t, int peer) override {

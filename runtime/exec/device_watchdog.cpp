@@ -311,6 +311,22 @@ std::string WatchedComm::reduce_scatter(uint64_t in, uint64_t out, uint64_t coun
                [&] { return inner_->reduce_scatter(in, out, count, t, scale); });
 }
 
+std::string WatchedComm::reduce(uint64_t in, uint64_t out, uint64_t count, CommElement t,
+                                int root) {
+  return issue("reduce", count * element_bytes(t), -1,
+               [&] { return inner_->reduce(in, out, count, t, root); });
+}
+
+// One record for the whole group of reduces, as all_to_all_v's.
+std::string WatchedComm::reduce_scatter_v(uint64_t in, const std::vector<uint64_t> &counts,
+                                          uint64_t out, CommElement t) {
+  uint64_t total = 0;
+  for (uint64_t c : counts)
+    total += c;
+  return issue("reduce_scatter_v", total * element_bytes(t), -1,
+               [&] { return inner_->reduce_scatter_v(in, counts, out, t); });
+}
+
 std::string WatchedComm::group_start() {
   ++depth_;
   return inner_->group_start();

@@ -134,6 +134,10 @@ public:
   std::string all_gather(uint64_t in, uint64_t out, uint64_t count, CommElement t) override;
   std::string reduce_scatter(uint64_t in, uint64_t out, uint64_t count, CommElement t,
                              double scale) override;
+  std::string reduce(uint64_t in, uint64_t out, uint64_t count, CommElement t,
+                     int root) override;
+  std::string reduce_scatter_v(uint64_t in, const std::vector<uint64_t> &counts, uint64_t out,
+                               CommElement t) override;
   std::string group_start() override;
   std::string send(uint64_t buf, uint64_t count, CommElement t, int peer) override;
   std::string recv(uint64_t buf, uint64_t count, CommElement t, int peer) override;

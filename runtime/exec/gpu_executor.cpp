@@ -105,6 +105,25 @@ std::string DeviceComm::all_to_all_v(uint64_t send_buf, const std::vector<uint64
   return group_end();
 }
 
+std::string DeviceComm::reduce_scatter_v(uint64_t in, const std::vector<uint64_t> &counts,
+                                         uint64_t out, CommElement t) {
+  const size_t n = size_t(size());
+  if (counts.size() != n)
+    return "reduce_scatter_v: the counts need one entry per rank of the group";
+  const uint64_t bytes = t == CommElement::F64 ? 8 : t == CommElement::F32 ? 4 : 2;
+  if (std::string e = group_start(); !e.empty())
+    return e;
+  uint64_t at = in;
+  for (size_t r = 0; r < n; ++r) {
+    if (counts[r])
+      if (std::string e = reduce(at, int(r) == rank() ? out : at, counts[r], t, int(r));
+          !e.empty())
+        return e;
+    at += counts[r] * bytes;
+  }
+  return group_end();
+}
+
 struct GpuExecutor::HostState {
   struct Param {
     std::vector<float> weight, grad, master, exp_avg, exp_avg_sq;
@@ -999,37 +1018,48 @@ std::string run_moe_exchange(GpuDevice &device, DeviceComm *c, const MoeExchange
     return "";
   }
   // Alltoall: the rows for rank p (those received from it) gathered p-major
-  // in the staging buffer, local expert order within. At etp > 1 the etp
-  // ranks of this ep rank stage the same rows in the same order: their sum
-  // over expt_tp, then p gets its rows from the rank of its own etp rank
-  // only. Rank p sends back this rank's rows of its ep rank's experts,
-  // which land consecutive in y.
+  // in the staging buffer, local expert order within; at etp > 1 the ranks
+  // p of etp rank 0 first, then those of etp rank 1, and so on. The etp
+  // ranks of this ep rank stage the same rows in the same order: a
+  // reduce-scatter over expt_tp of those blocks (in place) leaves etp rank
+  // k the sums of the rows of its own sources (as Megatron reduce-scatters
+  // over tp), and p gets its rows from the rank of its own etp rank only.
+  // Rank p sends back this rank's rows of its ep rank's experts, which land
+  // consecutive in y.
   const size_t peers = static_cast<size_t>(S);
   std::vector<uint64_t> sc(peers), sd(peers), rc(peers), rd(peers);
+  std::vector<uint64_t> blocks(size_t(etp), 0); // staged elements by the source's etp rank
   uint64_t staged_rows = 0;
-  for (int p = 0; p < S; ++p) {
-    sd[size_t(p)] = staged_rows * H;
-    for (int64_t j = 0; j < L; ++j) {
-      const uint64_t n = uint64_t(layout[size_t(p * L + j)]);
-      if (std::string e = copy_rows(buffer + staged_rows * row_bytes,
-                                    rows_at + dest[size_t(p * L + j)] * row_bytes, n);
-          !e.empty())
-        return e;
-      staged_rows += n;
+  for (int64_t k = 0; k < etp; ++k)
+    for (int p = int(k); p < S; p += int(etp)) {
+      sd[size_t(p)] = staged_rows * H;
+      for (int64_t j = 0; j < L; ++j) {
+        const uint64_t n = uint64_t(layout[size_t(p * L + j)]);
+        if (std::string e = copy_rows(buffer + staged_rows * row_bytes,
+                                      rows_at + dest[size_t(p * L + j)] * row_bytes, n);
+            !e.empty())
+          return e;
+        staged_rows += n;
+      }
+      blocks[size_t(k)] += staged_rows * H - sd[size_t(p)];
+      sc[size_t(p)] = p % etp == mine_etp ? staged_rows * H - sd[size_t(p)] : 0;
+      const int64_t b = p / etp * L;
+      rd[size_t(p)] = mine_before[size_t(b)] * H;
+      rc[size_t(p)] =
+          p % etp == mine_etp ? (mine_before[size_t(b + L)] - mine_before[size_t(b)]) * H : 0;
     }
-    sc[size_t(p)] = p % etp == mine_etp ? staged_rows * H - sd[size_t(p)] : 0;
-    const int64_t b = p / etp * L;
-    rd[size_t(p)] = mine_before[size_t(b)] * H;
-    rc[size_t(p)] =
-        p % etp == mine_etp ? (mine_before[size_t(b + L)] - mine_before[size_t(b)]) * H : 0;
-  }
   if (etp > 1) {
-    if (!expt_tp || expt_tp->size() != etp)
+    if (!expt_tp || expt_tp->size() != etp || expt_tp->rank() != mine_etp)
       return "the expert exchange sums its rows over " + std::to_string(etp) +
              " expert tensor-parallel ranks, but the expt_tp group has " +
-             std::to_string(expt_tp ? expt_tp->size() : 1);
+             std::to_string(expt_tp ? expt_tp->size() : 1) +
+             (expt_tp ? " with this rank at " + std::to_string(expt_tp->rank()) : std::string());
+    uint64_t before = 0; // staged elements of the etp ranks before this one
+    for (int k = 0; k < mine_etp; ++k)
+      before += blocks[size_t(k)];
     if (staged_rows)
-      if (std::string e = expt_tp->all_reduce(buffer, buffer, staged_rows * H, t, ReduceOp::Sum, 1.0);
+      if (std::string e = expt_tp->reduce_scatter_v(buffer, blocks,
+                                                    buffer + before * x.element_bytes, t);
           !e.empty())
         return e;
   }

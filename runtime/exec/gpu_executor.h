@@ -152,6 +152,21 @@ public:
   // rank(), times scale (as all_reduce's); out == in + rank() * count is in place.
   virtual std::string reduce_scatter(uint64_t in, uint64_t out, uint64_t count, CommElement t,
                                      double scale) = 0;
+  // out on group rank `root` = the sum over the group of in (count
+  // elements); out is written on the root only (other ranks may pass in);
+  // in == out is in place.
+  virtual std::string reduce(uint64_t in, uint64_t out, uint64_t count, CommElement t,
+                             int root) = 0;
+  // reduce_scatter with a count per rank (size() entries, zeros allowed):
+  // `in` holds the blocks of every rank back to back in rank order, and
+  // rank r gets the sum over the group of block r (counts[r] elements) in
+  // out; out == the block of rank() in `in` is in place. One group of
+  // reduces, one per non-empty block with its rank as the root (NCCL:
+  // ncclReduce between ncclGroupStart and ncclGroupEnd, as
+  // torch.distributed.reduce_scatter does with blocks of unequal sizes),
+  // which this default issues: no rank holds more than `in`.
+  virtual std::string reduce_scatter_v(uint64_t in, const std::vector<uint64_t> &counts,
+                                       uint64_t out, CommElement t);
   // Point to point with a peer of the group. The calls between group_start()
   // and group_end() progress together; messages between two ranks match in
   // the order they were issued.
@@ -262,7 +277,8 @@ public:
 // stream), as Megatron's alltoall dispatcher synchronises for its split
 // sizes; the rows then move by DeviceComm (all_to_all_v, or all_gather /
 // reduce_scatter for the allgather dispatcher; at etp > 1 the alltoall
-// combine's all_reduce over expt_tp) and by device copies, and the
+// combine's reduce_scatter_v over expt_tp, in place in rows_workspace) and
+// by device copies, and the
 // dispatch writes local_counts and layout from the host. Rows past the
 // received (dispatch) or sent (combine) ones are zeroed. Not capturable.
 struct MoeExchange {

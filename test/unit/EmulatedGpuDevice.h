@@ -182,11 +182,16 @@ public:
                              double scale) override {
     return now([=] { return reduce_scatter_now(in, out, count, t, scale); });
   }
+  std::string reduce(uint64_t in, uint64_t out, uint64_t count, mt::rt::CommElement t,
+                     int root) override {
+    return now([=] { return reduce_now(in, out, count, t, root); });
+  }
   std::string group_start() override { return ""; }
   std::string group_end() override { return ""; }
   std::string send(uint64_t buf, uint64_t count, mt::rt::CommElement t, int peer) override {
     return now([=] {
       ++calls;
+      sent_elements += count;
       return c_.send(ptr(buf), count * elementBytes(t), peer, sent_[peer]++);
     });
   }
@@ -208,6 +213,9 @@ public:
     return now([=, this] {
       ++calls;
       ++all_to_alls;
+      for (size_t p = 0; p < send_counts.size(); ++p)
+        if (int(p) != rank())
+          sent_elements += send_counts[p];
       return c_.all_to_all_v(ptr(send), sizes(send_counts), sizes(send_displs), ptr(recv),
                              sizes(recv_counts), sizes(recv_displs), elementBytes(t));
     });
@@ -215,6 +223,11 @@ public:
 
   int calls = 0; // collectives run (graph replays included)
   int all_to_alls = 0;
+  // The elements this rank puts on the wire, as NCCL's ring algorithms
+  // move them on n ranks: an all-reduce of c elements 2 (n - 1) c / n, an
+  // all-gather or reduce-scatter (n - 1) c (c a block), a reduce c from
+  // every rank but the root, a send or all-to-all what goes to the others.
+  uint64_t sent_elements = 0;
 
 private:
   std::string now(std::function<std::string()> f) {
@@ -254,6 +267,7 @@ private:
   std::string all_reduce_now(uint64_t in, uint64_t out, uint64_t count, mt::rt::CommElement t,
                              mt::rt::ReduceOp op, double scale) {
     ++calls;
+    sent_elements += 2 * uint64_t(size() - 1) * count / uint64_t(size());
     if (t == mt::rt::CommElement::F64) {
       std::vector<double> mine(count), all(count * size_t(size()));
       std::memcpy(mine.data(), ptr(in), count * 8);
@@ -282,6 +296,7 @@ private:
   }
   std::string all_gather_now(uint64_t in, uint64_t out, uint64_t count, mt::rt::CommElement t) {
     ++calls;
+    sent_elements += uint64_t(size() - 1) * count;
     std::vector<float> v = read(in, count, t), all(count * size_t(size()));
     if (std::string e = c_.all_gather(v.data(), count, all.data()); !e.empty())
       return e;
@@ -291,12 +306,32 @@ private:
   std::string reduce_scatter_now(uint64_t in, uint64_t out, uint64_t count,
                                  mt::rt::CommElement t, double scale) {
     ++calls;
+    sent_elements += uint64_t(size() - 1) * count;
     std::vector<float> v = read(in, count * size_t(size()), t), mine(count);
     if (std::string e = c_.reduce_scatter(v.data(), count, mine.data()); !e.empty())
       return e;
     if (scale != 1.0)
       mt::cpu::scale(mine.data(), int64_t(count), scale);
     write(out, mine, t);
+    return "";
+  }
+  // The host's reduce_scatter_v with every block but the root's empty.
+  std::string reduce_now(uint64_t in, uint64_t out, uint64_t count, mt::rt::CommElement t,
+                         int root) {
+    ++calls;
+    if (t == mt::rt::CommElement::F64)
+      return "reduce: f64 is not emulated";
+    if (root < 0 || root >= size())
+      return "reduce: root " + std::to_string(root) + " is not a rank of the group";
+    if (root != rank())
+      sent_elements += count;
+    std::vector<size_t> counts(size_t(size()), 0);
+    counts[size_t(root)] = size_t(count);
+    std::vector<float> v = read(in, count, t), mine(root == rank() ? count : 0);
+    if (std::string e = c_.reduce_scatter_v(v.data(), counts, mine.data()); !e.empty())
+      return e;
+    if (root == rank())
+      write(out, mine, t);
     return "";
   }
   static void *ptr(uint64_t a) { return reinterpret_cast<void *>(a); }

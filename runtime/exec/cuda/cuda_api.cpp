@@ -320,7 +320,7 @@ Nccl *load_nccl_from(const LibrarySearch &search, std::string *error) {
       MT_SYM(t, ncclAllGather),      MT_SYM(t, ncclReduceScatter),
       MT_SYM(t, ncclBroadcast),      MT_SYM(t, ncclSend),
       MT_SYM(t, ncclRecv),           MT_SYM(t, ncclRedOpCreatePreMulSum),
-      MT_SYM(t, ncclRedOpDestroy),
+      MT_SYM(t, ncclRedOpDestroy),   MT_SYM(t, ncclReduce),
   };
   if (!resolve(h, path, "NCCL", syms, install, error))
     return nullptr;

@@ -249,6 +249,8 @@ struct Nccl {
   ncclResult_t (*ncclReduceScatter)(const void *send, void *recv, size_t recvCount,
                                     ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                                     CUstream stream);
+  ncclResult_t (*ncclReduce)(const void *send, void *recv, size_t count, ncclDataType_t type,
+                             ncclRedOp_t op, int root, ncclComm_t comm, CUstream stream);
   ncclResult_t (*ncclBroadcast)(const void *send, void *recv, size_t count, ncclDataType_t type,
                                 int root, ncclComm_t comm, CUstream stream);
   ncclResult_t (*ncclSend)(const void *send, size_t count, ncclDataType_t type, int peer,

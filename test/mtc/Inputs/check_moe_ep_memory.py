@@ -36,11 +36,12 @@ received = min(worst, math.ceil(factor * sources * tokens * topk / ep)) if facto
 # backward's (each the other's VJP), every row to another rank (worst case):
 # a dispatch sends the rank's tokens x topk rows to the etp ranks of each
 # row's expert. A combine holds the R received rows: with etp > 1 it
-# all-reduces them over the etp ranks holding the same rows (a ring sends
-# 2 (etp - 1) / etp of them), then returns the rows of the ep - 1 other
-# sources of its own etp rank, R / S from each.
+# reduce-scatters them over the etp ranks holding the same rows, each keeping
+# the rows of its own etp rank's sources (a ring sends (etp - 1) / etp of
+# them), then returns the rows of the ep - 1 other sources of its own etp
+# rank, R / S from each.
 rows_out = etp * tokens * topk
-rows_back = (ep - 1) * received // sources + 2 * (etp - 1) * received // etp
+rows_back = (ep - 1) * received // sources + (etp - 1) * received // etp
 per_layer = 2 * (rows_out + rows_back) * hidden * f32
 expected = layers * micro * per_layer
 want = {"bytes_per_step": expected, "dispatcher": "alltoall", "expert_model_parallel": ep,

@@ -396,6 +396,9 @@ struct Result {
   std::vector<float> rows, back; // dispatched rows [R, H]; combined y [N, H]
   std::vector<int32_t> local, layout;
   int allToAlls = 0, collectives = 0;
+  // Elements the combine put on the wire (EmulatedComm::sent_elements)
+  // over the exchange group and over expt_tp.
+  uint64_t combineSent = 0, combineTpSent = 0;
 };
 
 // MOE_DISPATCH then MOE_COMBINE of the dispatched rows on one emulated GPU
@@ -464,8 +467,13 @@ std::string exchange(mt::rt::Communicator &world, int64_t experts, bool allgathe
   // The combine sends the dispatched rows back, into another y.
   x.dispatch = false;
   x.y = base + backAt;
+  auto &groupComm = static_cast<EmulatedComm &>(*comm);
+  const uint64_t sentBefore = groupComm.sent_elements,
+                 tpBefore = tp ? static_cast<EmulatedComm &>(*tp).sent_elements : 0;
   if (std::string e = mt::rt::run_moe_exchange(dev, comm.get(), x, tp.get()); !e.empty())
     return "combine: " + e;
+  out.combineSent = groupComm.sent_elements - sentBefore;
+  out.combineTpSent = tp ? static_cast<EmulatedComm &>(*tp).sent_elements - tpBefore : 0;
   std::vector<uint8_t> rows(size_t(R) * rowBytes), back(size_t(n) * rowBytes);
   out.local.resize(size_t(L));
   out.layout.resize(size_t(S * L));
@@ -536,10 +544,117 @@ void check(int S, int64_t experts, bool allgather, pl::DType dt, int etp = 1) {
     EXPECT_EQ(got.back, back) << "rank " << g << " combined rows";
     // alltoall: one all-to-all each way; allgather: none.
     EXPECT_EQ(got.allToAlls, allgather ? 0 : 2) << "rank " << g;
+    // The combine's traffic. allgather: every rank's E counts gathered,
+    // then a reduce-scatter of S blocks of N rows. alltoall: the rows from
+    // s return to s from the one rank of s's etp rank; at etp > 1 the etp
+    // ranks first reduce-scatter the rows by the etp rank of their source,
+    // so rank g sends over expt_tp only the rows of the other etp ranks'
+    // sources, once (an all-reduce sent 2 (etp - 1) / etp of all of them).
+    uint64_t groupSent = 0, tpSent = 0;
+    for (int s = 0; s < S; ++s) {
+      uint64_t from = 0; // rows g received from s
+      for (int64_t j = 0; j < L; ++j)
+        from += uint64_t(layout[size_t(s * L + j)]);
+      if (s % etp != g % etp)
+        tpSent += from * uint64_t(h);
+      else if (s != g)
+        groupSent += from * uint64_t(h);
+    }
+    if (allgather) {
+      groupSent = uint64_t(S - 1) * uint64_t(experts + n * h);
+      tpSent = 0;
+    }
+    EXPECT_EQ(got.combineSent, groupSent) << "rank " << g << " combine's elements sent";
+    EXPECT_EQ(got.combineTpSent, tpSent) << "rank " << g << " combine's elements over expt_tp";
   }
 }
 
 } // namespace expert_exchange
+
+// DeviceComm::reduce_scatter_v, the alltoall combine's sum over expt_tp at
+// etp > 1 (one group of reduces, each non-empty block's rank its root),
+// over the emulated NCCL on 2 and 3 ranks: blocks of unequal sizes, one of
+// them empty, out of place and in place (out = this rank's block of in),
+// f32 and bf16, against the sums computed here; no rank writes outside its
+// result, and each sends every block but its own, once (an all-reduce of
+// the whole would send twice (n - 1) / n of it).
+TEST(GpuExecutorParallel, DeviceReduceScatterVSumsBlocksOfUnequalSizes) {
+  for (int n : {2, 3})
+    for (bool inPlace : {false, true})
+      for (mt::rt::CommElement t : {mt::rt::CommElement::F32, mt::rt::CommElement::BF16}) {
+        SCOPED_TRACE(std::to_string(n) + " ranks" + (inPlace ? ", in place" : "") +
+                     (t == mt::rt::CommElement::BF16 ? ", bf16" : ", f32"));
+        const std::vector<uint64_t> counts =
+            n == 2 ? std::vector<uint64_t>{5, 0} : std::vector<uint64_t>{3, 0, 6};
+        uint64_t total = 0;
+        std::vector<uint64_t> first; // each block's first element
+        for (uint64_t c : counts) {
+          first.push_back(total);
+          total += c;
+        }
+        const pl::DType dt = t == mt::rt::CommElement::BF16 ? pl::DType::BF16 : pl::DType::F32;
+        const size_t eb = t == mt::rt::CommElement::BF16 ? 2 : 4;
+        // Exact in bf16 and in any order of summation: multiples of 1/4 below 64.
+        auto value = [](int rank, uint64_t i) { return float(rank * 16 + int(i)) / 4.0f; };
+        const float kUnused = -3.0f;
+        mt::rt::ThreadGroup group(n, std::chrono::milliseconds(60000));
+        std::vector<std::string> errors(static_cast<size_t>(n));
+        std::vector<std::vector<float>> in(static_cast<size_t>(n)), out(static_cast<size_t>(n));
+        std::vector<uint64_t> sent(static_cast<size_t>(n), 0);
+        std::vector<std::thread> threads;
+        for (int r = 0; r < n; ++r)
+          threads.emplace_back([&, r] {
+            std::unique_ptr<mt::rt::Communicator> host = group.rank(r);
+            EmulatedDevice dev;
+            std::string err;
+            std::unique_ptr<mt::rt::DeviceComm> comm = dev.connect(*host, &err);
+            if (!comm) {
+              errors[size_t(r)] = err;
+              return;
+            }
+            uint64_t base = 0;
+            if (std::string e = dev.allocate(2 * total * eb + 64, &base); !e.empty()) {
+              errors[size_t(r)] = e;
+              return;
+            }
+            const uint64_t inAt = base, outAt = base + total * eb + 32;
+            std::vector<uint8_t> bytes(total * eb), spare(total * eb);
+            for (uint64_t i = 0; i < total; ++i) {
+              store(bytes.data(), dt, int64_t(i), value(r, i));
+              store(spare.data(), dt, int64_t(i), kUnused);
+            }
+            dev.to_device(inAt, bytes.data(), bytes.size());
+            dev.to_device(outAt, spare.data(), spare.size());
+            const uint64_t result = inPlace ? inAt + first[size_t(r)] * eb : outAt;
+            errors[size_t(r)] = comm->reduce_scatter_v(inAt, counts, result, t);
+            sent[size_t(r)] = static_cast<EmulatedComm &>(*comm).sent_elements;
+            dev.to_host(bytes.data(), inAt, bytes.size());
+            dev.to_host(spare.data(), outAt, spare.size());
+            for (uint64_t i = 0; i < total; ++i) {
+              in[size_t(r)].push_back(load(bytes.data(), dt, int64_t(i)));
+              out[size_t(r)].push_back(load(spare.data(), dt, int64_t(i)));
+            }
+          });
+        for (std::thread &th : threads)
+          th.join();
+        for (int r = 0; r < n; ++r) {
+          ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
+          std::vector<float> wantIn, wantOut(total, kUnused);
+          for (uint64_t i = 0; i < total; ++i)
+            wantIn.push_back(value(r, i));
+          std::vector<float> &result = inPlace ? wantIn : wantOut;
+          for (uint64_t i = 0; i < counts[size_t(r)]; ++i) {
+            float sum = 0.0f;
+            for (int k = 0; k < n; ++k)
+              sum += value(k, first[size_t(r)] + i);
+            result[size_t((inPlace ? first[size_t(r)] : 0) + i)] = sum;
+          }
+          EXPECT_EQ(in[size_t(r)], wantIn) << "rank " << r << "'s input";
+          EXPECT_EQ(out[size_t(r)], wantOut) << "rank " << r << "'s output";
+          EXPECT_EQ(sent[size_t(r)], total - counts[size_t(r)]) << "rank " << r << " sent";
+        }
+      }
+}
 
 // MOE_DISPATCH / MOE_COMBINE's device exchange (gpu_executor.h
 // run_moe_exchange) over the emulated NCCL (the host communicator's

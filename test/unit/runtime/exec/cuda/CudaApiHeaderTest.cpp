@@ -108,6 +108,7 @@ MT_CHECK(Nccl, ncclCommGetAsyncError) MT_CHECK(Nccl, ncclGroupStart) MT_CHECK(Nc
 MT_CHECK(Nccl, ncclAllReduce) MT_CHECK(Nccl, ncclAllGather) MT_CHECK(Nccl, ncclReduceScatter)
 MT_CHECK(Nccl, ncclBroadcast) MT_CHECK(Nccl, ncclSend) MT_CHECK(Nccl, ncclRecv)
 MT_CHECK(Nccl, ncclRedOpCreatePreMulSum) MT_CHECK(Nccl, ncclRedOpDestroy)
+MT_CHECK(Nccl, ncclReduce)
 
 // Structs passed by value or filled in by the library.
 static_assert(sizeof(cu::ncclUniqueId) == sizeof(::ncclUniqueId));
