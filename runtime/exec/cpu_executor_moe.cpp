@@ -320,9 +320,9 @@ std::string CpuExecutor::Impl::moe_combine(const pl::Instruction &ins, const Fra
     if (etp > 1) {
       // The etp ranks of ep rank q hold the same rows in the same order
       // (their dispatch received the same), packed by their source's etp
-      // rank: a reduce-scatter over expt_tp (Megatron's over tp, with
-      // output_split_sizes) leaves etp rank k the sums of the rows of its
-      // own sources only, which it then returns to them.
+      // rank: a reduce-scatter over expt_tp (Megatron's over its expert
+      // tp group, with input_split_sizes) leaves etp rank k the sums of
+      // the rows of its own sources only, which it then returns to them.
       Communicator *tp = group(int64_t(Group::EXPT_TP), &err);
       if (!err.empty())
         return err;
