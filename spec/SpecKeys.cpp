@@ -126,7 +126,10 @@ std::vector<KeyInfo> buildTable() {
   t.push_back(key("model", "hidden_dropout", F, false, "0.1", "probability", "--hidden-dropout",
                   "Dropout after the attention and MLP blocks.", unitOpen()));
   t.push_back(key("model", "attention_dropout", F, false, "0.1", "probability",
-                  "--attention-dropout", "Dropout on the attention probabilities.", unitOpen()));
+                  "--attention-dropout",
+                  "Dropout on the attention probabilities, drawn at 16-bit resolution "
+                  "(the rate rounds up to a multiple of 2^-16: 0.1 drops 0.1000061).",
+                  unitOpen()));
   t.push_back(key("model", "init_method_std", F, false, "0.02", "", "--init-method-std",
                   "Standard deviation of the normal weight init (output projections are "
                   "scaled by 1 / sqrt(2 * num_layers)).",

@@ -253,23 +253,86 @@ __device__ __forceinline__ void mt_red2(float *p, float a, float b) {
 #endif
 }
 
-// Dropout factor of mask element e: kKeepScale when kept, else 0 (the word
-// test of runtime/exec/cpu_kernels.cpp's DropoutMask).
-__device__ __forceinline__ unsigned mt_word(const unsigned (&w)[4], mt_u64 e) {
-  return (e & 3) == 0 ? w[0] : (e & 3) == 1 ? w[1] : (e & 3) == 2 ? w[2] : w[3];
+// Attention's dropout mask (runtime/exec/cpu_kernels_internal.h's
+// AttentionDropoutMask): element e draws the 16-bit half e % 2 of word
+// (e / 2) % 4 of Philox block e / 8 and is kept when that half >= kThreshold.
+__device__ __forceinline__ unsigned mt_word(const unsigned (&w)[4], mt_u64 k) {
+  return (k & 3) == 0 ? w[0] : (k & 3) == 1 ? w[1] : (k & 3) == 2 ? w[2] : w[3];
+}
+// Half k (0 .. 7) of a block's words.
+__device__ __forceinline__ unsigned mt_half(const unsigned (&w)[4], unsigned k) {
+  return (mt_word(w, k >> 1) >> (16 * (k & 1))) & 0xFFFFu;
 }
 __device__ __forceinline__ float mt_keep1(mt_u64 e, mt_u64 seed, mt_u64 stream, mt_u64 offset) {
   unsigned w[4];
-  mt_philox(e >> 2, seed, stream, offset, w);
-  return (mt_word(w, e) >> 8) >= kThreshold ? kKeepScale : 0.0f;
+  mt_philox(e >> 3, seed, stream, offset, w);
+  return mt_half(w, (unsigned)(e & 7)) >= kThreshold ? kKeepScale : 0.0f;
 }
 // Elements e and e + 1: one Philox block unless they straddle two.
 __device__ __forceinline__ void mt_keep2(mt_u64 e, mt_u64 seed, mt_u64 stream, mt_u64 offset, float &f0, float &f1) {
   unsigned w[4];
-  mt_philox(e >> 2, seed, stream, offset, w);
-  f0 = (mt_word(w, e) >> 8) >= kThreshold ? kKeepScale : 0.0f;
-  if (((e + 1) & 3) == 0) mt_philox((e >> 2) + 1, seed, stream, offset, w);
-  f1 = (mt_word(w, e + 1) >> 8) >= kThreshold ? kKeepScale : 0.0f;
+  mt_philox(e >> 3, seed, stream, offset, w);
+  f0 = mt_half(w, (unsigned)(e & 7)) >= kThreshold ? kKeepScale : 0.0f;
+  if (((e + 1) & 7) == 0) mt_philox((e >> 3) + 1, seed, stream, offset, w);
+  f1 = mt_half(w, (unsigned)((e + 1) & 7)) >= kThreshold ? kKeepScale : 0.0f;
+}
+
+// The keep bits of a forward lane's elements in two key columns of 8 (t =
+// 2p and 2p + 1) of its slab, rows rw and rw + 8, with seq a multiple of 8:
+// each Philox block is one row's eight columns of one t, held as four pairs
+// by the quad's lanes c = 0 .. 3. Lane c draws the block of row rw + 8 (c & 1)
+// at t = 2p + (c >> 1), and the quad transposes the 4 x 4 words with
+// shuffles: one call per eight elements, every draw used. Bit 4 (t & 1) +
+// 2 r + k is element (row rw + 8 r, column 8 t + 2 c + k).
+__device__ __forceinline__ unsigned mt_fwd_keep_bits(mt_u64 maskRow, long long col, int c, mt_u64 seed,
+                                                     mt_u64 stream, mt_u64 offset) {
+  // maskRow: the mask index of (rw, 0); col: the first column of t = 2p.
+  unsigned w[4];
+  mt_philox((maskRow + (mt_u64)(c & 1) * 8 * (mt_u64)kSeq + (mt_u64)(col + 8 * (c >> 1))) >> 3, seed, stream,
+            offset, w);
+  unsigned bits = 0;
+#pragma unroll
+  for (int x = 0; x < 4; ++x) {
+    // From lane c ^ x: word c of its block (it sends word (its c) ^ x).
+    const unsigned mine = mt_word(w, (mt_u64)(c ^ x));
+    const unsigned got = x == 0 ? mine : __shfl_xor_sync(0xFFFFFFFFu, mine, x);
+    const unsigned from = (unsigned)(c ^ x);
+    const unsigned keep = ((got & 0xFFFFu) >= kThreshold ? 1u : 0u) | ((got >> 16) >= kThreshold ? 2u : 0u);
+    bits |= keep << (2 * from);
+  }
+  return bits;
+}
+
+// The keep bits of a backward lane's 4 TT elements in TT query columns of
+// 8 (t = TT G .. TT G + TT - 1; TT is 4, or 2 for a query tile of 16), its
+// keys j0 and j0 + 8 (jw: the warp's first key, j0 = jw + g), with seq a
+// multiple of 8: each Philox block is eight keys (jw .. jw + 7 or jw + 8 ..
+// jw + 15) of one query, one key a lane of the eight lanes g = 0 .. 7 that
+// share c. Each of them draws TT / 2 of the 4 TT blocks (slot e = g & 3 of
+// t = TT G + (g >> 2), and with TT 4 also of t + 2) and the eight trade
+// halves in seven shuffles. Bit 4 (t % TT) + e is the element in slot e of
+// t (query 8 t + 2 c + (e & 1), key j0 + 8 (e >> 1)).
+template <int TT>
+__device__ __forceinline__ unsigned mt_bwd_keep_bits(mt_u64 maskHead, long long m0, long long jw, int G, int g,
+                                                     int c, mt_u64 seed, mt_u64 stream, mt_u64 offset) {
+  static_assert(TT == 2 || TT == 4, "two or four query columns of 8");
+  const int e = g & 3;
+  const long long i = m0 + 8 * (TT * G + (g >> 2)) + 2 * c + (e & 1), key = jw + 8 * (e >> 1);
+  unsigned a[4], b[4] = {0u, 0u, 0u, 0u};
+  mt_philox(((maskHead + (mt_u64)i) * kSeq + (mt_u64)key) >> 3, seed, stream, offset, a);
+  if constexpr (TT == 4) mt_philox(((maskHead + (mt_u64)(i + 16)) * kSeq + (mt_u64)key) >> 3, seed, stream, offset, b);
+  unsigned bits = 0;
+#pragma unroll
+  for (int x = 0; x < 8; ++x) {
+    // From lane g ^ x: half g of its blocks (it sends half (its g) ^ x).
+    const unsigned k = (unsigned)(g ^ x);
+    const unsigned mine = mt_half(a, k) | (TT == 4 ? mt_half(b, k) << 16 : 0u);
+    const unsigned got = x == 0 ? mine : __shfl_xor_sync(0xFFFFFFFFu, mine, 4 * x);
+    unsigned keep = (got & 0xFFFFu) >= kThreshold ? 1u : 0u;
+    if constexpr (TT == 4) keep |= (got >> 16) >= kThreshold ? 0x100u : 0u;
+    bits |= keep << k;
+  }
+  return bits;
 }
 )mtcuda";
 
@@ -440,33 +503,22 @@ __device__ __forceinline__ void mt_flash_fwd(const mt_t *q, const mt_t *k, const
           s[sl][t][e] = p;
         }
       const long long rw = row0[sl];
-      if constexpr (kDropout && kSeq % 4 == 0) {
-        // Every Philox block is four columns of one row, held by lanes c and
-        // c ^ 1 for rows rw and rw + 8: the even lane draws rw's block, the
-        // odd one rw + 8's, and each passes the other the two words it
-        // needs. One call per four elements, every word used.
-        const int odd = c & 1;
+      if constexpr (kDropout && kSeq % 8 == 0) {
+        // Eight columns of one row a Philox block, the quad's lanes trading
+        // words (mt_fwd_keep_bits): one call per eight elements.
 #pragma unroll
-        for (int t = 0; t < kBc / 8; ++t) {
-          const long long jb = n0 + 8 * t + 4 * (c >> 1), j = n0 + 8 * t + 2 * c;
-          unsigned w[4];
-          mt_philox(((maskHead + (mt_u64)(rw + 8 * odd)) * kSeq + (mt_u64)jb) >> 2, seed, stream, offset, w);
-          const unsigned y0 = __shfl_xor_sync(0xFFFFFFFFu, odd ? w[0] : w[2], 1);
-          const unsigned y1 = __shfl_xor_sync(0xFFFFFFFFu, odd ? w[1] : w[3], 1);
-          const unsigned a0 = odd ? y0 : w[0], a1 = odd ? y1 : w[1]; // row rw
-          const unsigned b0 = odd ? w[2] : y0, b1 = odd ? w[3] : y1; // row rw + 8
-          if (j < kSeq) {
-            if (rw < kSeq) {
-              s[sl][t][0] *= (a0 >> 8) >= kThreshold ? kKeepScale : 0.0f;
-              s[sl][t][1] *= (a1 >> 8) >= kThreshold ? kKeepScale : 0.0f;
-            }
-            if (rw + 8 < kSeq) {
-              s[sl][t][2] *= (b0 >> 8) >= kThreshold ? kKeepScale : 0.0f;
-              s[sl][t][3] *= (b1 >> 8) >= kThreshold ? kKeepScale : 0.0f;
-            }
-          }
+        for (int p = 0; p < kBc / 16; ++p) {
+          static_assert(kBc % 16 == 0, "key tiles of whole pairs of 8 columns");
+          const unsigned bits =
+              mt_fwd_keep_bits((maskHead + (mt_u64)rw) * kSeq, n0 + 16 * p, c, seed, stream, offset);
+          // No guards: a column past seq holds 0 already, and a row past
+          // seq is never stored.
+#pragma unroll
+          for (int tt = 0; tt < 2; ++tt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[sl][2 * p + tt][e] *= (bits >> (4 * tt + e)) & 1u ? kKeepScale : 0.0f;
         }
-      } else if constexpr (kDropout) { // rows not 4-aligned in the mask: a block may straddle two
+      } else if constexpr (kDropout) { // rows not 8-aligned in the mask: a block may straddle two
 #pragma unroll
         for (int t = 0; t < kBc / 8; ++t)
 #pragma unroll
@@ -633,30 +685,18 @@ __device__ __forceinline__ void mt_flash_bwd(const mt_t *dout, const mt_t *q, co
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[t][e] = dp[t][e] = 0.0f;
       mt_gemm_nt<kBr / 8, kD, false>(s, nullptr, sK + warp * 16 * kLd, kLd, sQ, kLd);
+      // The dropout keep bits of this lane's elements (mt_bwd_keep_bits):
+      // with rows 8-aligned in the mask, one Philox call per eight elements.
+      constexpr int kTT = kBr % 32 == 0 ? 4 : 2;
+      static_assert(kBr % (8 * kTT) == 0, "query tiles of whole groups of column blocks");
+      unsigned keep[kBr / (8 * kTT)];
+      if constexpr (kDropout && kSeq % 8 == 0) {
+#pragma unroll
+        for (int G = 0; G < kBr / (8 * kTT); ++G)
+          keep[G] = mt_bwd_keep_bits<kTT>(maskHead, m0, n0 + warp * 16, G, g, c, seed, stream, offset);
+      }
 #pragma unroll
       for (int t = 0; t < kBr / 8; ++t) {
-        // The dropout factors of this lane's four elements. With rows
-        // 4-aligned in the mask, a Philox block is four consecutive keys of
-        // one query, held by the lanes g = 4q .. 4q + 3 (same c): each of
-        // them draws the block of one element slot e and the four trade
-        // words (a 4 x 4 transpose in four shuffles).
-        float f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-        if constexpr (kDropout && kSeq % 4 == 0) {
-          const int kq = g & 3;
-          unsigned w[4];
-          mt_philox(((maskHead + (mt_u64)(m0 + 8 * t + 2 * c + (kq & 1))) * kSeq +
-                     (mt_u64)(j0 - kq + 8 * (kq >> 1))) >> 2, seed, stream, offset, w);
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int from = (kq + r) & 3; // the slot whose word this lane gets
-            const unsigned got = __shfl_sync(0xFFFFFFFFu, mt_word(w, (mt_u64)((kq - r) & 3)),
-                                             (lane & ~12) | (from << 2));
-            const float keep = (got >> 8) >= kThreshold ? kKeepScale : 0.0f;
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              if (e == from) f[e] = keep;
-          }
-        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int il = 8 * t + 2 * c + (e & 1);
@@ -665,8 +705,8 @@ __device__ __forceinline__ void mt_flash_bwd(const mt_t *dout, const mt_t *q, co
           const float p = valid ? exp2f(s[t][e] * kScaleLog2 - sLse[il]) : 0.0f;
           s[t][e] = p;
           pd[t][e] = p;
-          if constexpr (kDropout && kSeq % 4 == 0) {
-            pd[t][e] = p * f[e];
+          if constexpr (kDropout && kSeq % 8 == 0) {
+            pd[t][e] = (keep[t / kTT] >> (4 * (t % kTT) + e)) & 1u ? p * kKeepScale : 0.0f;
           } else if constexpr (kDropout) {
             if (valid) pd[t][e] = p * mt_keep1((maskHead + (mt_u64)i) * kSeq + (mt_u64)j, seed, stream, offset);
           }
@@ -886,27 +926,17 @@ __device__ __forceinline__ void mt_flash_bwd(const mt_t *dout, const mt_t *q, co
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[t][e] = dp[t][e] = 0.0f;
       mt_gemm_nt<kBr / 8, kD, kKReg>(s, ka, sK + warp * 16 * kLd, kLd, sQ, kLd);
+      // The dropout keep bits, drawn as kv64 draws them (mt_bwd_keep_bits).
+      constexpr int kTT = kBr % 32 == 0 ? 4 : 2;
+      static_assert(kBr % (8 * kTT) == 0, "query tiles of whole groups of column blocks");
+      unsigned keep[kBr / (8 * kTT)];
+      if constexpr (kDropout && kSeq % 8 == 0) {
+#pragma unroll
+        for (int G = 0; G < kBr / (8 * kTT); ++G)
+          keep[G] = mt_bwd_keep_bits<kTT>(maskHead, m0, kw, G, g, c, seed, stream, offset);
+      }
 #pragma unroll
       for (int t = 0; t < kBr / 8; ++t) {
-        // The dropout factors of this lane's four elements, drawn as kv64
-        // draws them (four lanes trade one Philox block's words).
-        float f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-        if constexpr (kDropout && kSeq % 4 == 0) {
-          const int kq = g & 3;
-          unsigned w[4];
-          mt_philox(((maskHead + (mt_u64)(m0 + 8 * t + 2 * c + (kq & 1))) * kSeq +
-                     (mt_u64)(j0 - kq + 8 * (kq >> 1))) >> 2, seed, stream, offset, w);
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int from = (kq + r) & 3; // the slot whose word this lane gets
-            const unsigned got = __shfl_sync(0xFFFFFFFFu, mt_word(w, (mt_u64)((kq - r) & 3)),
-                                             (lane & ~12) | (from << 2));
-            const float keep = (got >> 8) >= kThreshold ? kKeepScale : 0.0f;
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              if (e == from) f[e] = keep;
-          }
-        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int il = 8 * t + 2 * c + (e & 1);
@@ -915,8 +945,8 @@ __device__ __forceinline__ void mt_flash_bwd(const mt_t *dout, const mt_t *q, co
           const float p = valid ? exp2f(s[t][e] * kScaleLog2 - sLse[il] * kLog2e) : 0.0f;
           s[t][e] = p;
           pd[t][e] = p;
-          if constexpr (kDropout && kSeq % 4 == 0) {
-            pd[t][e] = p * f[e];
+          if constexpr (kDropout && kSeq % 8 == 0) {
+            pd[t][e] = (keep[t / kTT] >> (4 * (t % kTT) + e)) & 1u ? p * kKeepScale : 0.0f;
           } else if constexpr (kDropout) {
             if (valid) pd[t][e] = p * mt_keep1((maskHead + (mt_u64)i) * kSeq + (mt_u64)j, seed, stream, offset);
           }
@@ -1095,8 +1125,8 @@ const char *dtypeName(DType d) { return d == DType::F32 ? "f32" : d == DType::BF
 std::string constants(const FlashAttentionConfig &c, const Tiles &t) {
   const double rate = c.dropoutRate;
   const bool dropout = rate > 0;
-  // runtime/exec/cpu_kernels_internal.h's DropoutMask: kept when (word >> 8) >= ceil(rate * 2^24).
-  const uint32_t threshold = !dropout ? 0u : rate >= 1 ? (1u << 24) : uint32_t(std::ceil(rate * 16777216.0));
+  // runtime/exec/cpu_kernels_internal.h's AttentionDropoutMask: kept when the 16-bit draw >= ceil(rate * 2^16).
+  const uint32_t threshold = !dropout ? 0u : rate >= 1 ? (1u << 16) : uint32_t(std::ceil(rate * 65536.0));
   const double keep = !dropout ? 1.0 : rate >= 1 ? 0.0 : 1.0 / (1.0 - rate);
   std::string s;
   s += "\n// Flash attention: batch " + std::to_string(c.batch) + ", seq " + std::to_string(c.seq) +

@@ -29,7 +29,9 @@
 // as CudaKernelGen names them (seed and rng_offset are pointers to device
 // u64s, read once at entry, so a captured CUDA graph sees each step's). The mask is the CPU's bit for bit: element
 // ((b * heads * tensorParallel + tp_rank * heads + h) * seq + i) * seq + j
-// of Philox4x32-10 with key {seed, stream} and counter {index / 4, rng_offset}.
+// of Philox4x32-10 with key {seed, stream} and counter {index / 8, rng_offset},
+// taking the 16-bit half index % 2 of word (index / 2) % 4 (AttentionDropoutMask:
+// eight draws a Philox call, half the calls of the activations' dropout).
 // No launch of the forward or of the kv64 backward needs more than 48 KiB
 // of shared memory; kv128's main kernel needs up to 77 KiB, within the
 // 99 KiB every GPU mt runs on allows (runtime/exec/cuda/launch_limits.h), and

@@ -25,7 +25,9 @@ namespace mt::cpu {
 //   key     = { low 32 bits of seed, low 32 bits of stream }
 //   counter = { low(i / 4), high(i / 4), low(offset), high(offset) }
 // Element i takes word (i % 4) of the block for counter i / 4 and maps it to
-// u = (word >> 8) * 2^-24 in [0, 1); it is kept when u >= rate.
+// u = (word >> 8) * 2^-24 in [0, 1); it is kept when u >= rate. Attention's
+// dropout (attention_fwd/bwd) draws eight elements a block instead: counter
+// i / 8, the 16-bit half (i % 2) of word (i / 2) % 4, u = half * 2^-16.
 // `offset` separates calls of one op: the runtime passes a number unique to
 // (iteration, micro-batch, train/eval).
 struct RngKey {
@@ -174,7 +176,8 @@ void split_qkv_rope_bwd(const T *dq, const T *dk, const T *dv, int64_t batch,
 // Exact attention. q, out [batch, seq, heads, d]; k, v [batch, seq, groups, d];
 // head h reads group h / (heads / groups). p = softmax(scale * q k^T, causal
 // mask when `causal`), dropout of `dropout_rate` on p with element index
-// ((b * heads + h) * seq + i) * seq + j, out = p v; lse [batch, heads, seq]
+// ((b * heads + h) * seq + i) * seq + j (16-bit draws, eight a Philox
+// block), out = p v; lse [batch, heads, seq]
 // is each row's log-sum-exp of its masked scores (natural log). Backward
 // takes out and lse from the forward: p = exp(scale * q k^T - lse) (no seq x
 // seq matrix is saved) and the softmax's row sums are dout . out; it

@@ -12,7 +12,7 @@
 
 namespace mt::cpu {
 
-using detail::DropoutMask;
+using detail::AttentionDropoutMask;
 using detail::gemm;
 
 namespace {
@@ -239,7 +239,7 @@ void attention_fwd(const T *q, const T *k, const T *v, const AttentionShape &s, 
   const int64_t per_group = s.heads / s.groups;
   const int64_t q_stride = s.heads * s.d, k_stride = s.groups * s.d;
   const int64_t block = std::min(s.seq, kAttentionRows);
-  const DropoutMask mask(s.dropout_rate, key);
+  const AttentionDropoutMask mask(s.dropout_rate, key);
   std::vector<T> p(block * s.seq);
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
@@ -273,7 +273,7 @@ void attention_bwd(const T *dout, const T *q, const T *k, const T *v, const T *o
   const int64_t per_group = s.heads / s.groups;
   const int64_t q_stride = s.heads * s.d, k_stride = s.groups * s.d;
   const int64_t block = std::min(s.seq, kAttentionRows);
-  const DropoutMask mask(s.dropout_rate, key);
+  const AttentionDropoutMask mask(s.dropout_rate, key);
   std::vector<T> p(block * s.seq), dp(block * s.seq);
   // With dropout, the block's mask is drawn once and used for pd and dp.
   std::vector<T> p_dropped(mask.active ? block * s.seq : 0);

@@ -60,40 +60,56 @@ inline void philox_block(const RngKey &key, uint64_t block, uint32_t out[4]) {
   philox4x32_10(counter, k, out);
 }
 
-// The dropout mask of one call. u = (word >> 8) * 2^-24 >= rate holds exactly
-// when (word >> 8) >= ceil(rate * 2^24), so the test is an integer compare
-// (rate * 2^24 is exact in double).
-struct DropoutMask {
+// The dropout mask of one call, drawn from Philox blocks of four 32-bit
+// words. Two kinds (PerBlock):
+// - 4, the activations' dropout: one element a word, u = (word >> 8) * 2^-24;
+// - 8, attention's dropout (the flash kernels'): two elements a word,
+//   element e taking half e % 2 (the low half first), u = half * 2^-16. Half
+//   the Philox blocks of the first kind, for a rate rounded up to a multiple
+//   of 2^-16 (0.1 draws 0.1000061).
+// u >= rate holds exactly when the draw >= ceil(rate * 2^bits), so the test
+// is an integer compare (rate * 2^bits is exact in double).
+template <int PerBlock> struct DropoutMaskOf {
+  static_assert(PerBlock == 4 || PerBlock == 8, "four 24-bit or eight 16-bit draws a block");
+  static constexpr int kBits = PerBlock == 4 ? 24 : 16;
   RngKey key;
   uint32_t threshold = 0;
   double keep_scale = 1;
   bool active = false;
 
-  DropoutMask(double rate, const RngKey &k) : key(k) {
+  DropoutMaskOf(double rate, const RngKey &k) : key(k) {
     if (!(rate > 0))
       return;
     active = true;
     if (rate >= 1) {
-      threshold = 1u << 24; // above every 24-bit word: nothing is kept
+      threshold = 1u << kBits; // above every draw: nothing is kept
       keep_scale = 0;
       return;
     }
-    threshold = static_cast<uint32_t>(std::ceil(rate * 16777216.0));
+    threshold = static_cast<uint32_t>(std::ceil(std::ldexp(rate, kBits)));
     keep_scale = 1.0 / (1.0 - rate);
   }
 
+  // The draw of element `index` from its block's words.
+  static uint32_t draw(const uint32_t words[4], uint64_t index) {
+    if constexpr (PerBlock == 4)
+      return words[index & 3] >> 8;
+    else
+      return (words[(index >> 1) & 3] >> (16 * (index & 1))) & 0xFFFFu;
+  }
+
   // Calls fn(j, keep) for element first + j, j in [0, len), one Philox block
-  // per four elements.
+  // per PerBlock elements.
   template <class Fn> void for_each(int64_t len, uint64_t first, Fn &&fn) const {
     uint32_t words[4];
     uint64_t cached = std::numeric_limits<uint64_t>::max();
     for (int64_t j = 0; j < len; ++j) {
       uint64_t index = first + static_cast<uint64_t>(j);
-      if ((index >> 2) != cached) {
-        cached = index >> 2;
+      if (index / PerBlock != cached) {
+        cached = index / PerBlock;
         philox_block(key, cached, words);
       }
-      fn(j, (words[index & 3] >> 8) >= threshold);
+      fn(j, draw(words, index) >= threshold);
     }
   }
 
@@ -109,6 +125,9 @@ struct DropoutMask {
     for_each(len, first, [&](int64_t j, bool keep) { factor[j] = keep ? keep_scale : 0.0; });
   }
 };
+
+using DropoutMask = DropoutMaskOf<4>;          // activations
+using AttentionDropoutMask = DropoutMaskOf<8>; // attention probabilities
 
 } // namespace mt::cpu::detail
 

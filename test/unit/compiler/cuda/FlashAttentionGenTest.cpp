@@ -479,8 +479,9 @@ MT_KERNEL_TEST(FlashAttention, F32MatchesCpu) {
   checkNumerics(device, smallConfig(DType::F32, 64, false, true, 0.0, 128, 2), Rng{}, 1);
   checkNumerics(device, smallConfig(DType::F32, 128, true, false, 0.1, 80, 1), Rng{}, 2);
   checkNumerics(device, smallConfig(DType::F32, 64, true, true, 0.2, 100, 1), Rng{}, 3);
-  // A seq no multiple of 4: mask rows are not Philox-block aligned (the
-  // per-element draws instead of the lanes' shared blocks).
+  // Seqs no multiple of 8 (100 above, 70 here): mask rows are not Philox-
+  // block aligned (the per-element draws instead of the lanes' shared
+  // blocks; at 100 a block straddles two rows).
   checkNumerics(device, smallConfig(DType::F32, 64, false, true, 0.2, 70, 1), Rng{}, 9);
 }
 
@@ -499,7 +500,7 @@ MT_KERNEL_TEST(FlashAttention, F16MatchesCpu) {
 }
 
 // The kv128 backward against the CPU: every dtype at both head dims, causal
-// or not, dropout on or off (with seqs that are and are not multiples of 4:
+// or not, dropout on or off (with seqs that are and are not multiples of 8:
 // the lanes' shared Philox blocks and the per-element draws), GQA (two
 // heads a group: the double-buffered query tiles run on from one head into
 // the next) and MHA, and seqs no tile divides: a last key block whose last
@@ -532,7 +533,7 @@ MT_KERNEL_TEST(FlashAttention, TensorParallelShardMatchesCpu) {
 // and with v = I (seq == head dim) out[i][j] is row i's probability of key
 // j after dropout, so each element shows its mask bit; they must equal the
 // CPU's element for element. Seq 64 takes the forward's shared Philox
-// blocks (lanes c and c ^ 1 trade words), seq 62 the per-element draws.
+// blocks (the quad's four lanes trade words), seq 62 the per-element draws.
 MT_KERNEL_TEST(FlashAttention, DropoutMaskIsTheCpus) {
   for (DType t : {DType::F32, DType::BF16})
     for (bool causal : {false, true})

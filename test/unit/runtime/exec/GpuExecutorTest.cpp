@@ -114,6 +114,14 @@ double adamBound(const AdamStep &a, int64_t t, double mA, double mB, double vA, 
   return a.lr * dr + startDiff * (1.0 + a.lr * a.weightDecay);
 }
 
+// The spacing of the 16-bit type's numbers at |x| (bf16: 8 significant bits;
+// f16: 11, down to its subnormals' 2^-24).
+double unitInTheLastPlace(pl::DType t, double x) {
+  int e = 0;
+  std::frexp(x, &e); // x = m 2^e, m in [0.5, 1)
+  return t == pl::DType::F16 ? std::ldexp(1.0, std::max(e - 11, -24)) : std::ldexp(1.0, e - 8);
+}
+
 // Two training steps (two micro-batches each) on both executors: losses,
 // gradients, the gradient norm, and the updated weights, master weights and
 // moments. Tolerances: the GPU sums in other orders (tiled GEMMs and
@@ -123,8 +131,8 @@ double adamBound(const AdamStep &a, int64_t t, double mA, double mB, double vA, 
 // adamBound: the update's own sensitivity to the moments' measured
 // difference, plus weightTol of the parameter's largest value for
 // rounding; SGD's update is linear in the gradient, so its weights are held
-// to weightTol relative to the largest, like the 16-bit weights (the
-// master's rounding) under AdamW.
+// to weightTol relative to the largest; under AdamW a 16-bit weight is held
+// to its master's bound plus one unit of its type (the two roundings).
 void compareSteps(DeviceFactory make, const std::vector<mt::spec::Override> &extra,
                   double lossTol, double gradTol, double weightTol, float lossScale = 1.0f,
                   const mt::GpuKernelOptions &kernels = {}) {
@@ -236,13 +244,15 @@ void compareSteps(DeviceFactory make, const std::vector<mt::spec::Override> &ext
       EXPECT_LT(relDiff(gpu.exp_avg_sq(int(i)), cpu.exp_avg_sq(int(i)), n), 2 * gradTol) << name;
       const float *wg = cpu.master(int(i)) ? gpu.master(int(i)) : gpu.weight(int(i));
       const float *wc = cpu.master(int(i)) ? cpu.master(int(i)) : cpu.weight(int(i));
-      if (cpu.master(int(i))) {
-        EXPECT_LT(d, weightTol) << "16-bit weights of " << name;
-      }
+      // A 16-bit weight is its master rounded to nearest, half a unit in the
+      // last place at most on each side: two differ by their masters' bound
+      // and one unit.
+      const bool sixteen = cpu.master(int(i)) != nullptr;
+      const pl::DType wtype = rank.params()->Get(i)->dtype();
       double top = 0;
       for (int64_t k = 0; k < n; ++k)
         top = std::max(top, std::fabs(double(wc[k])));
-      int64_t over = 0, first = -1;
+      int64_t over = 0, first = -1, over16 = 0, first16 = -1;
       double worstRatio = 0;
       for (int64_t k = 0; k < n; ++k) {
         if (!compared[i][size_t(k)])
@@ -256,7 +266,17 @@ void compareSteps(DeviceFactory make, const std::vector<mt::spec::Override> &ext
         worstRatio = std::max(worstRatio, diff / bound);
         if (!(diff <= bound) && over++ == 0)
           first = k;
+        if (sixteen) {
+          const double a16 = gpu.weight(int(i))[k], c16 = cpu.weight(int(i))[k];
+          const double allowed = bound + unitInTheLastPlace(wtype, std::max(std::fabs(a16), std::fabs(c16)));
+          if (!(std::fabs(a16 - c16) <= allowed) && over16++ == 0)
+            first16 = k;
+        }
       }
+      EXPECT_EQ(over16, 0) << "16-bit weights of " << name << ": " << over16
+                           << " elements differ by more than their masters' bound and one unit, the first "
+                           << first16 << " (" << gpu.weight(int(i))[std::max<int64_t>(first16, 0)]
+                           << " against " << cpu.weight(int(i))[std::max<int64_t>(first16, 0)] << ")";
       worstAdam = std::max(worstAdam, worstRatio);
       EXPECT_EQ(over, 0) << "weights of " << name << ": " << over
                          << " elements differ by more than AdamW's update allows for the moments' "
