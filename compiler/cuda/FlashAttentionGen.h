@@ -41,7 +41,8 @@
 // mma.sync. bf16/f16 use tensor cores (mma.sync m16n8k16 with fp32
 // accumulation, ldmatrix, cp.async; sm_80 and later); f32 runs the same
 // algorithm with fp32 FMAs (no TF32), so an f32 model's attention matches the
-// CPU to fp32 rounding.
+// CPU to fp32 rounding. The probabilities' 2^x is one ex2.approx.ftz (what
+// exp2f runs, less its rescaling of results below 2^-126, which flush to 0).
 //   forward, 16-bit: 4 warps, each with two 16-row slabs of query rows at
 //                    head dim 64 (128 rows a CTA; every K and V fragment
 //                    read from shared memory serves both slabs' products)
