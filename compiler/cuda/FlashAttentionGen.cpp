@@ -485,8 +485,9 @@ __device__ __forceinline__ void mt_flash_fwd(const mt_t *q, const mt_t *k, const
         for (int e = 0; e < 4; ++e) {
           float x = s[sl][t][e] * kScaleLog2;
           if (edge) {
-            const long long i = row0[sl] + 8 * (e >> 1), j = n0 + 8 * t + 2 * c + (e & 1);
-            if (j >= kSeq || (kCausal && j > i)) x = -inf;
+            // Positions in 32 bits (seq < 2^30): one compare each.
+            const int i = (int)row0[sl] + 8 * (e >> 1), j = (int)n0 + 8 * t + 2 * c + (e & 1);
+            if (j >= (int)kSeq || (kCausal && j > i)) x = -inf;
           }
           s[sl][t][e] = x;
           tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
@@ -714,8 +715,8 @@ __device__ __forceinline__ void mt_flash_bwd(const mt_t *dout, const mt_t *q, co
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int il = 8 * t + 2 * c + (e & 1);
-          const long long i = m0 + il, j = j0 + 8 * (e >> 1);
-          const bool valid = !edge || (i < kSeq && j < kSeq && (!kCausal || j <= i));
+          const int i = (int)m0 + il, j = (int)j0 + 8 * (e >> 1); // 32 bits: seq < 2^30
+          const bool valid = !edge || (i < (int)kSeq && j < (int)kSeq && (!kCausal || j <= i));
           const float p = valid ? mt_exp2(s[t][e] * kScaleLog2 - sLse[il]) : 0.0f;
           s[t][e] = p;
           pd[t][e] = p;
@@ -954,8 +955,8 @@ __device__ __forceinline__ void mt_flash_bwd(const mt_t *dout, const mt_t *q, co
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int il = 8 * t + 2 * c + (e & 1);
-          const long long i = m0 + il, j = j0 + 8 * (e >> 1);
-          const bool valid = !edge || (i < kSeq && j < kSeq && (!kCausal || j <= i));
+          const int i = (int)m0 + il, j = (int)j0 + 8 * (e >> 1); // 32 bits: seq < 2^30
+          const bool valid = !edge || (i < (int)kSeq && j < (int)kSeq && (!kCausal || j <= i));
           const float p = valid ? mt_exp2(s[t][e] * kScaleLog2 - sLse[il] * kLog2e) : 0.0f;
           s[t][e] = p;
           pd[t][e] = p;
@@ -1120,6 +1121,8 @@ std::string checkConfig(const FlashAttentionConfig &c) {
     return bad("the dropout rate must be in [0, 1]");
   if (c.heads > 65535 || c.groups > 65535 || c.batch > 65535)
     return bad("heads, groups and batch must be at most 65535 (grid y and z)");
+  if (c.seq > (int64_t(1) << 30))
+    return bad("seq " + std::to_string(c.seq) + " is above 2^30 (the kernels' positions are 32-bit)");
   if ((c.seq + 15) / 16 > 0x7FFFFFFF || c.batch * c.seq * c.heads / 4 > 0x7FFFFFFF)
     return bad("batch * seq * heads is too large for one grid");
   return "";

@@ -83,6 +83,11 @@ TEST(FlashAttentionGen, RefusesWhatItCannotGenerate) {
   c.dropoutRate = 0, c.seq = 0;
   EXPECT_FALSE(mt::generateFlashAttentionForward(c, &error));
   EXPECT_TRUE(contains(error, "at least 1")) << error;
+  c.seq = (int64_t(1) << 30) + 1, c.heads = c.groups = c.batch = 1;
+  EXPECT_FALSE(mt::generateFlashAttentionBackward(c, &error));
+  EXPECT_TRUE(contains(error, "seq 1073741825 is above 2^30")) << error;
+  c.seq = int64_t(1) << 30;
+  EXPECT_TRUE(mt::generateFlashAttentionForward(c, &error)) << error;
 }
 
 TEST(FlashAttentionGen, LaunchShapesAndArguments) {
