@@ -32,13 +32,34 @@ struct alignas(16) mt_w4 { unsigned w[4]; };
 struct alignas(8) mt_w2 { unsigned w[2]; };
 
 // Storage conversions, round half to even (runtime/exec/cpu_kernels.cpp's round_to_*).
+// On the GPU (sm_80 and later) one cvt each: the same bits for every number
+// as the bit operations below, which the emulation and older targets run (a
+// NaN stays a NaN, its payload aside).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define MT_CVT16 1
+#else
+#define MT_CVT16 0
+#endif
 __device__ __forceinline__ float mt_round_bf16(float x) {
+#if MT_CVT16
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return __uint_as_float((unsigned)h << 16);
+#else
   unsigned u = __float_as_uint(x);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return __uint_as_float((u | 0x00400000u) & 0xFFFF0000u);
   u += 0x7FFFu + ((u >> 16) & 1u);
   return __uint_as_float(u & 0xFFFF0000u);
+#endif
 }
 __device__ __forceinline__ float mt_round_f16(float x) {
+#if MT_CVT16
+  unsigned short h;
+  float y;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(y) : "h"(h));
+  return y;
+#else
   const unsigned u = __float_as_uint(x), sign = u & 0x80000000u, mag = u & 0x7FFFFFFFu;
   if (mag > 0x7F800000u) return __uint_as_float((u | 0x00400000u) & 0xFFFFE000u);
   const float a = __uint_as_float(mag);
@@ -50,22 +71,35 @@ __device__ __forceinline__ float mt_round_f16(float x) {
     r = rintf(a * 0x1p24f) * 0x1p-24f;
   }
   return __uint_as_float(__float_as_uint(r) | sign);
+#endif
 }
 __device__ __forceinline__ float mt_from_bf16(unsigned h) { return __uint_as_float(h << 16); }
 __device__ __forceinline__ unsigned mt_to_bf16(float x) { return __float_as_uint(mt_round_bf16(x)) >> 16; }
 __device__ __forceinline__ float mt_from_f16(unsigned h) {
+#if MT_CVT16
+  float y;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(y) : "h"((unsigned short)h));
+  return y;
+#else
   const unsigned sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
   if (e == 31) return __uint_as_float(sign | 0x7F800000u | (m << 13));
   if (e == 0) return __uint_as_float(__float_as_uint((float)m * 0x1p-24f) | sign);
   return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+#endif
 }
 __device__ __forceinline__ unsigned mt_to_f16(float x) {
+#if MT_CVT16
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return h;
+#else
   const unsigned u = __float_as_uint(mt_round_f16(x)), sign = (u >> 16) & 0x8000u,
                  mag = u & 0x7FFFFFFFu;
   if (mag > 0x7F800000u) return sign | 0x7E00u | ((mag >> 13) & 0x3FFu);
   if (mag == 0x7F800000u) return sign | 0x7C00u;
   if (mag >= 0x38800000u) return sign | (((mag >> 23) - 112u) << 10) | ((mag >> 13) & 0x3FFu);
   return sign | (unsigned)(__uint_as_float(mag) * 0x1p24f);
+#endif
 }
 
 // N 32-bit words at p, aligned to 4N bytes: N = 4 is one 128-bit access.
