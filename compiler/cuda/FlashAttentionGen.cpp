@@ -230,39 +230,17 @@ __device__ __forceinline__ void mt_gemm_rn(float (&acc)[NT][4], const float (&p)
 #endif
 }
 
-// One float rounded half to even to the 16-bit types: one cvt on the GPU
-// (the prelude's bit operations give the same bits for every number; a NaN
-// keeps being a NaN), the prelude's rounding in the emulation.
-__device__ __forceinline__ unsigned mt_bits16(mt_bf16 *, float a) {
-#if defined(__CUDA_ARCH__)
-  unsigned short h;
-  asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(a));
-  return h;
-#else
-  return mt_to_bf16(a);
-#endif
-}
-__device__ __forceinline__ unsigned mt_bits16(mt_f16 *, float a) {
-#if defined(__CUDA_ARCH__)
-  unsigned short h;
-  asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(a));
-  return h;
-#else
-  return mt_to_f16(a);
-#endif
-}
-
 // Two consecutive elements of an output row, rounded to the storage type.
 __device__ __forceinline__ void mt_store2(float *p, float a, float b) { p[0] = a; p[1] = b; }
 __device__ __forceinline__ void mt_store2(mt_bf16 *p, float a, float b) {
-  *reinterpret_cast<unsigned *>(p) = mt_bits16(p, a) | (mt_bits16(p, b) << 16);
+  *reinterpret_cast<unsigned *>(p) = mt_to_bf16(a) | (mt_to_bf16(b) << 16);
 }
 __device__ __forceinline__ void mt_store2(mt_f16 *p, float a, float b) {
-  *reinterpret_cast<unsigned *>(p) = mt_bits16(p, a) | (mt_bits16(p, b) << 16);
+  *reinterpret_cast<unsigned *>(p) = mt_to_f16(a) | (mt_to_f16(b) << 16);
 }
 __device__ __forceinline__ void mt_store1(float *p, float a) { *p = a; }
-__device__ __forceinline__ void mt_store1(mt_bf16 *p, float a) { p->bits = (unsigned short)mt_bits16(p, a); }
-__device__ __forceinline__ void mt_store1(mt_f16 *p, float a) { p->bits = (unsigned short)mt_bits16(p, a); }
+__device__ __forceinline__ void mt_store1(mt_bf16 *p, float a) { p->bits = (unsigned short)mt_to_bf16(a); }
+__device__ __forceinline__ void mt_store1(mt_f16 *p, float a) { p->bits = (unsigned short)mt_to_f16(a); }
 
 // p[0] += a and p[1] += b atomically (p 8-byte aligned): one vector
 // reduction on sm_90 (half the L2 atomic requests of two), two before.
